@@ -1,0 +1,14 @@
+"""visionpe: positional encodings for vision transformers, axis-generic over 1D/2D/3D grids.
+
+Three families, by where position enters attention:
+
+- ``tokens`` (``sincos``, ``learned``, ``peg``): ``pe(x, grid) -> x``, added to the patch tokens;
+- ``rotary`` (``rope_axial``, ``rope_mixed``): ``pe(q, k, grid) -> (q, k)``, rotating queries and keys;
+- ``bias`` (``swin_bias``, ``rel_bias``, ``cpb``, ``alibi``): ``pe(grid) -> (heads, T, T)`` logit bias.
+"""
+from .attention import Attention, attend
+from .grid import Grid
+from .registry import available, build
+
+__all__ = ["Attention", "Grid", "attend", "available", "build"]
+__version__ = "0.1.0"

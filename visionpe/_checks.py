@@ -1,0 +1,55 @@
+"""Argument checks shared by every encoding: one clear ``ValueError`` per mistake.
+
+Each message names the parameter, the value received and what is allowed, so a user who mistypes a
+keyword sees at once how to fix it.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+def check_choice(param: str, value, allowed: Iterable) -> None:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{param}={value!r} is not supported; allowed values: {', '.join(map(repr, allowed))}")
+
+
+def check_positive_int(param: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{param} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_ndim(ndim) -> int:
+    if ndim not in (1, 2, 3):
+        raise ValueError(f"ndim={ndim!r} is not supported; allowed values: 1, 2, 3")
+    return ndim
+
+
+def to_shape(param: str, value, ndim: int | None = None) -> tuple[int, ...]:
+    """Turn an int or a sequence of ints into a shape tuple, checking every size is positive.
+
+    An int is repeated ``ndim`` times (``window_size=7`` with ``ndim=2`` is ``(7, 7)``).
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if ndim is None:
+            raise ValueError(f"{param} must be a sequence of positive integers, got {value!r}")
+        value = (value,) * ndim
+    if not isinstance(value, Sequence) or len(value) == 0:
+        raise ValueError(f"{param} must be a sequence of positive integers, got {value!r}")
+    shape = tuple(value)
+    if any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in shape):
+        raise ValueError(f"{param} must contain positive integers only, got {value!r}")
+    if ndim is not None and len(shape) != ndim:
+        raise ValueError(f"{param}={value!r} has {len(shape)} axes but ndim={ndim}")
+    return shape
+
+
+def check_divisible(param: str, value: int, divisor: int, why: str) -> None:
+    if value % divisor:
+        raise ValueError(f"{param}={value} must be divisible by {divisor} ({why})")
+
+
+def check_grid_ndim(grid, ndim: int, who: str) -> None:
+    if grid.ndim != ndim:
+        raise ValueError(f"grid has {grid.ndim} axes (shape {grid.shape}) but {who} was built with ndim={ndim}")

@@ -1,0 +1,68 @@
+"""One attention for every encoding: rotary on q/k, bias on the logits, ``scaled_dot_product_attention``."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from .grid import Grid, as_grid
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid, rotary: nn.Module | None = None,
+           bias: nn.Module | None = None, attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+           scale: float | None = None) -> torch.Tensor:
+    """Attention over a grid's tokens with optional rotary and bias encodings.
+
+    Args:
+        q, k, v: ``(B, heads, P + N, head_dim)``.
+        grid: the token layout (prefix tokens are never rotated and get zero bias unless the encoding
+            defines prefix entries).
+        rotary: a rotary-family module, ``rotary(q, k, grid) -> (q, k)``.
+        bias: a bias-family module, ``bias(grid) -> (heads, P + N, P + N)``.
+        attn_mask: extra additive float mask broadcastable to ``(B, heads, T, T)`` (e.g. Swin's shift mask)
+            or a boolean mask (True = attend).
+    Returns:
+        ``(B, heads, P + N, head_dim)``.
+    """
+    grid = as_grid(grid)
+    if rotary is not None:
+        q, k = rotary(q, k, grid)
+    mask = None if bias is None else bias(grid).to(q.dtype)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+                ~attn_mask, float("-inf"))
+        mask = attn_mask.to(q.dtype) if mask is None else mask + attn_mask.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with timm's parameter names (``qkv``, ``q_norm``, ``k_norm``, ``proj``).
+
+    A timm ``Attention``'s weights load unchanged; ``rotary`` and ``bias`` hold the block's encodings.
+
+    Call: ``attn(x, grid)`` with ``x: (B, P + N, dim)`` -> same shape.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, norm_layer=nn.LayerNorm,
+                 rotary: nn.Module | None = None, bias: nn.Module | None = None):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.rotary, self.bias = rotary, bias
+
+    def forward(self, x: torch.Tensor, grid: Grid, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, v = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
+        q, k = self.q_norm(q), self.k_norm(k)
+        out = attend(q, k, v, grid, self.rotary, self.bias, attn_mask,
+                     dropout_p=self.attn_drop if self.training else 0.0)
+        return self.proj_drop(self.proj(rearrange(out, "b h t d -> b t (h d)")))

@@ -1,0 +1,44 @@
+"""ALiBi on nD grids: a per-head linear penalty on the Euclidean distance between patches."""
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_grid_ndim, check_ndim, check_positive_int
+from ..grid import Grid, as_grid
+from ._base import BiasEncoding
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """``2 ** (-8 h / num_heads)`` for ``h = 1..num_heads`` (Press et al. 2022), float32 ``(num_heads,)``."""
+    return 2.0 ** (-8.0 * torch.arange(1, num_heads + 1, dtype=torch.float32) / num_heads)
+
+
+class ALiBi(BiasEncoding):
+    """ALiBi (Press et al. 2022) on a grid, 2D as in CROMA: ``bias[h, i, j] = -slope_h * ||c_i - c_j||_2``.
+
+    No parameters; defined for any grid, so a resolution change needs no adaptation (distances in
+    patches grow with the grid). Prefix rows and columns are zero.
+
+    Call: ``pe(grid) -> (num_heads, P + N, P + N)``.
+    """
+
+    def __init__(self, num_heads: int, ndim: int = 2):
+        super().__init__()
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.ndim = check_ndim(ndim)
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+        self._cache: dict = {}
+
+    def forward(self, grid: Grid) -> torch.Tensor:
+        grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, "alibi")
+        device = self.slopes.device
+        key = (grid.shape, grid.prefix, str(device))
+        if key not in self._cache:
+            coords = grid.coords(device)
+            distance = (coords[:, None] - coords[None]).norm(dim=-1)  # (N, N), exact 0 on the diagonal
+            self._cache[key] = self.pad_prefix(-self.slopes[:, None, None] * distance, grid)
+        return self._cache[key]
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, ndim={self.ndim}"

@@ -1,0 +1,73 @@
+"""Swin-V2 continuous position bias: an MLP on log-spaced relative coordinates."""
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from .._checks import check_grid_ndim, check_positive_int, to_shape
+from ..grid import Grid, as_grid
+from ._base import BiasEncoding, offset_index, relative_offsets
+
+
+def log_relative_coords(shape, norm_window, device=None) -> torch.Tensor:
+    """Swin-V2 log-spaced offsets ``(prod(2 s - 1), ndim)`` for a grid ``shape``.
+
+    ``d / (norm_window - 1) * 8``, then ``sign(d) * log2(1 + |d|) / log2(8)`` (timm ``gen_relative_log_coords``).
+    """
+    axes = [torch.arange(-(s - 1), s, device=device, dtype=torch.float32) for s in shape]
+    coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(shape))
+    coords = coords / torch.tensor([max(w - 1, 1) for w in norm_window], device=device) * 8
+    return torch.sign(coords) * torch.log2(1.0 + coords.abs()) / math.log2(8)
+
+
+class ContinuousPositionBias(BiasEncoding):
+    """Swin-V2 CPB (Liu et al. 2022): ``16 * sigmoid(MLP(log_coords(offset)))`` per head.
+
+    ``cpb_mlp`` is ``Linear(ndim, hidden_dim) -> ReLU -> Linear(hidden_dim, num_heads, bias=False)``, named
+    as in timm's ``SwinTransformerV2`` so its weights load unchanged. Offsets are normalised by
+    ``pretrained_window_size - 1`` if given, else by ``window_size - 1``.
+
+    Resolution change: the MLP is evaluated on the offsets of whatever grid it is called on.
+
+    Call: ``pe(grid) -> (num_heads, P + N, P + N)``.
+    """
+
+    def __init__(self, num_heads: int, window_size=(7, 7), pretrained_window_size=None, hidden_dim: int = 512):
+        super().__init__()
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.window_size = to_shape("window_size", window_size)
+        self.ndim = len(self.window_size)
+        if self.ndim > 3:
+            raise ValueError(f"window_size={window_size!r} has {self.ndim} axes; allowed: 1, 2 or 3")
+        if pretrained_window_size is not None:
+            pretrained_window_size = to_shape("pretrained_window_size", pretrained_window_size, self.ndim)
+            if all(p == 0 for p in pretrained_window_size):
+                pretrained_window_size = None
+        self.pretrained_window_size = pretrained_window_size
+        check_positive_int("hidden_dim", hidden_dim)
+        self.cpb_mlp = nn.Sequential(nn.Linear(self.ndim, hidden_dim, bias=True), nn.ReLU(inplace=True),
+                                     nn.Linear(hidden_dim, num_heads, bias=False))
+        self._cache: dict = {}
+
+    def _build(self, grid: Grid, device) -> torch.Tensor:
+        coords = log_relative_coords(grid.shape, self.pretrained_window_size or self.window_size, device)
+        table = 16 * torch.sigmoid(self.cpb_mlp(coords).float())  # (offsets, heads)
+        index = offset_index(relative_offsets(grid.shape, device), grid.shape)
+        return self.pad_prefix(rearrange(table[index], "n m h -> h n m"), grid)
+
+    def forward(self, grid: Grid) -> torch.Tensor:
+        grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, "cpb")
+        device = self.cpb_mlp[0].weight.device
+        if torch.is_grad_enabled():
+            return self._build(grid, device)
+        key = (grid.shape, grid.prefix, str(device), tuple(p._version for p in self.parameters()))
+        if key not in self._cache:
+            self._cache = {key: self._build(grid, device)}
+        return self._cache[key]
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, window_size={self.window_size}, pretrained={self.pretrained_window_size}"

@@ -1,0 +1,143 @@
+"""Learned relative position bias tables: Swin window bias (2D, Video-Swin 3D, any ndim) and BEiT global bias."""
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from .._checks import check_choice, check_grid_ndim, check_positive_int, to_shape
+from ..grid import Grid, as_grid
+from ..resample import INTERPOLATIONS, resample_grid
+from ._base import BiasEncoding, offset_index, relative_offsets
+
+
+def num_offsets(window) -> int:
+    n = 1
+    for w in window:
+        n *= 2 * w - 1
+    return n
+
+
+class RelativePositionBias(BiasEncoding):
+    """A learned bias per head for every relative offset inside a window of ``window_size`` patches.
+
+    ``relative_position_bias_table: ((2W_0-1)...(2W_{n-1}-1) [+3], num_heads)``, indexed as Swin does,
+    so Swin/Video-Swin/BEiT state dicts load as they are. A grid smaller than the window uses the offsets
+    it has; a grid larger than the window needs a bigger table: ``resize(new_window)`` for good, or,
+    with ``grow="resample"``, the table is resampled on the fly (BEiT at a new resolution).
+
+    ``prefix_entries=True`` adds BEiT's three learned entries (prefix->patch, patch->prefix,
+    prefix->prefix); otherwise prefix rows and columns are zero.
+
+    Call: ``pe(grid) -> (num_heads, P + N, P + N)``.
+    """
+
+    def __init__(self, num_heads: int, window_size=(7, 7), prefix_entries: bool = False, grow: str = "error",
+                 interpolation: str = "bicubic", antialias: bool = False, init_std: float = 0.02):
+        super().__init__()
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.window_size = to_shape("window_size", window_size)
+        if len(self.window_size) > 3:
+            raise ValueError(f"window_size={window_size!r} has {len(self.window_size)} axes; allowed: 1, 2 or 3")
+        self.ndim = len(self.window_size)
+        check_choice("grow", grow, ("error", "resample"))
+        check_choice("interpolation", interpolation, INTERPOLATIONS)
+        self.prefix_entries, self.grow = prefix_entries, grow
+        self.interpolation, self.antialias = interpolation, antialias
+        rows = num_offsets(self.window_size) + (3 if prefix_entries else 0)
+        self.relative_position_bias_table = nn.Parameter(torch.randn(rows, num_heads) * init_std)
+        self._index_cache: dict = {}
+
+    def _index(self, shape, window, device) -> torch.Tensor:
+        key = (tuple(shape), tuple(window), str(device))
+        if key not in self._index_cache:
+            self._index_cache[key] = offset_index(relative_offsets(shape, device), window)
+        return self._index_cache[key]
+
+    def _offset_table(self) -> torch.Tensor:
+        rows = num_offsets(self.window_size)
+        return self.relative_position_bias_table[:rows]
+
+    def _grid_table(self, window) -> torch.Tensor:
+        """Offset table resampled to the window ``window``: ``(prod(2 w - 1), heads)``."""
+        table = self._offset_table()
+        if tuple(window) == self.window_size:
+            return table
+        spatial = table.reshape(*[2 * w - 1 for w in self.window_size], self.num_heads)
+        spatial = resample_grid(spatial, [2 * w - 1 for w in window], self.interpolation, self.antialias)
+        return spatial.reshape(-1, self.num_heads)
+
+    def forward(self, grid: Grid) -> torch.Tensor:
+        grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, type(self).__name__)
+        window = self.window_size
+        if any(g > w for g, w in zip(grid.shape, window)):
+            if self.grow == "error":
+                raise ValueError(f"grid {grid.shape} is larger than window_size={self.window_size}; "
+                                 f"call resize({grid.shape}) first or build with grow='resample'")
+            window = tuple(max(g, w) for g, w in zip(grid.shape, window))
+        table = self._grid_table(window)
+        index = self._index(grid.shape, window, table.device)
+        bias = rearrange(table[index], "n m h -> h n m").float()
+        if not (self.prefix_entries and grid.prefix):
+            return self.pad_prefix(bias, grid)
+        to_patch, from_patch, prefix_prefix = self.relative_position_bias_table[-3:].float()
+        p, n = grid.prefix, grid.num_patches
+        top = torch.cat([prefix_prefix[:, None, None].expand(-1, p, p), to_patch[:, None, None].expand(-1, p, n)], 2)
+        rest = torch.cat([from_patch[:, None, None].expand(-1, n, p), bias], 2)
+        return torch.cat([top, rest], 1)
+
+    @torch.no_grad()
+    def resize(self, new_window, interpolation: str | None = None, antialias: bool | None = None):
+        """Resample the table to a new window for good (timm ``resize_rel_pos_bias_table_simple``)."""
+        new_window = to_shape("new_window", new_window, self.ndim)
+        if interpolation is not None:
+            check_choice("interpolation", interpolation, INTERPOLATIONS)
+        old = (self.interpolation, self.antialias)
+        self.interpolation = interpolation or self.interpolation
+        self.antialias = self.antialias if antialias is None else antialias
+        table = self._grid_table(new_window)
+        self.interpolation, self.antialias = old
+        extra = self.relative_position_bias_table[num_offsets(self.window_size):]
+        self.relative_position_bias_table = nn.Parameter(torch.cat([table, extra], 0))
+        self.window_size = new_window
+        return self
+
+    @classmethod
+    @torch.no_grad()
+    def inflate(cls, source: "RelativePositionBias", window_size) -> "RelativePositionBias":
+        """A 3D window bias from a 2D one (Video-Swin): resize the spatial table, repeat it over time offsets."""
+        window_size = to_shape("window_size", window_size, 3)
+        if source.ndim != 2:
+            raise ValueError(f"inflate needs a 2D source bias, got ndim={source.ndim}")
+        spatial = source._grid_table(window_size[1:])
+        out = cls(source.num_heads, window_size, grow=source.grow, interpolation=source.interpolation,
+                  antialias=source.antialias)
+        out.relative_position_bias_table.copy_(spatial.repeat(2 * window_size[0] - 1, 1))
+        return out
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, window_size={self.window_size}, prefix_entries={self.prefix_entries}"
+
+
+class SwinBias(RelativePositionBias):
+    """Swin window relative position bias (Liu et al. 2021), any ndim (Video-Swin in 3D).
+
+    Windows are fixed, so the resolution never changes the table; ``resize(new_window)`` adapts it to
+    a new window size (bicubic, as timm). A grid larger than the window is an error.
+    """
+
+    def __init__(self, num_heads: int, window_size=(7, 7), interpolation: str = "bicubic", antialias: bool = False):
+        super().__init__(num_heads, window_size, prefix_entries=False, grow="error",
+                         interpolation=interpolation, antialias=antialias)
+
+
+class RelBias(RelativePositionBias):
+    """Global relative position bias over the whole patch grid (BEiT), with BEiT's prefix entries.
+
+    Resolution change: a smaller grid uses its offsets directly; a larger one resamples the table.
+    """
+
+    def __init__(self, num_heads: int, grid=(14, 14), interpolation: str = "bicubic", antialias: bool = False):
+        super().__init__(num_heads, grid, prefix_entries=True, grow="resample",
+                         interpolation=interpolation, antialias=antialias)

@@ -1,0 +1,69 @@
+"""The token layout every encoding reads: a grid of patches after a few prefix tokens."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._checks import check_positive_int, to_shape
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Layout of a token sequence: ``prefix`` tokens (class, registers) then a row-major patch grid.
+
+    Args:
+        shape: patches per axis, ``(H, W)`` for images, ``(T, H, W)`` for video, ``(L,)`` for 1D.
+            Patches are flattened row-major (last axis fastest), as ``x.flatten(2).transpose(1, 2)`` gives.
+        prefix: number of prefix tokens before the patches; they never get a spatial position.
+        offset: coordinate of the first patch per axis (a crop or a later clip starts elsewhere);
+            defaults to zeros.
+
+    A grid is immutable and hashable, so encodings cache their tables per ``(grid, device)``.
+    """
+
+    shape: tuple[int, ...]
+    prefix: int = 0
+    offset: tuple[float, ...] | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", to_shape("shape", self.shape))
+        if self.prefix != 0:
+            check_positive_int("prefix", self.prefix)
+        if self.offset is not None:
+            offset = tuple(float(o) for o in self.offset)
+            if len(offset) != len(self.shape):
+                raise ValueError(f"offset={self.offset!r} must have one value per axis of shape={self.shape}")
+            object.__setattr__(self, "offset", offset if any(offset) else None)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def num_patches(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prefix + self.num_patches
+
+    def with_shape(self, shape) -> "Grid":
+        """The same layout (prefix, offset) on another patch shape."""
+        return Grid(tuple(shape), self.prefix, self.offset)
+
+    def coords(self, device=None, dtype=torch.float32) -> torch.Tensor:
+        """Patch coordinates, ``(num_patches, ndim)``: integer steps from ``offset``, in grid axis order."""
+        axes = [torch.arange(s, device=device, dtype=torch.float32) for s in self.shape]
+        coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, self.ndim)
+        if self.offset is not None:
+            coords = coords + torch.tensor(self.offset, device=device)
+        return coords.to(dtype)
+
+
+def as_grid(grid) -> Grid:
+    """Accept a :class:`Grid` or a bare shape tuple."""
+    return grid if isinstance(grid, Grid) else Grid(tuple(grid))

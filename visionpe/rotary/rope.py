@@ -1,0 +1,220 @@
+"""Rotary position embeddings on nD grids: axial (fixed per-axis bands) and mixed (learned directions).
+
+Both are one mechanism. Each rotation pair ``p`` of a head has a frequency *vector* ``f_p`` in
+coordinate space; the pair at position ``c`` turns by ``angle = <c, f_p>``. Axial RoPE uses axis-aligned
+vectors (``f_p = w_i e_a``), shared by all heads; mixed RoPE (Heo et al., RoPE-ViT 2024) learns them
+per head. Coordinates and frequency components are in ``xy`` order (last grid axis first), as in
+rope-vit and timm (``grid_indexing='xy'``), so 2D pairs ``[0, d/4)`` rotate with x and ``[d/4, d/2)`` with y.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from .._checks import check_choice, check_divisible, check_grid_ndim, check_ndim, check_positive_int, to_shape
+from ..grid import Grid, as_grid
+from .scaling import SCALINGS, attention_factor, axis_scales, scale_frequencies, scale_positions
+
+PAIRS = ("interleaved", "half")
+
+
+def band_frequencies(num_bands: int, theta: float) -> torch.Tensor:
+    """``w_i = 1 / theta ** (i / num_bands)``, ``i < num_bands``: rope-vit's ``1/theta^(4i/d)`` in 2D."""
+    return theta ** -(torch.arange(num_bands, dtype=torch.float32) / num_bands)
+
+
+def band_fractions(sizes) -> torch.Tensor:
+    """``i / (n - 1)`` for band ``i`` of each group of ``n`` pairs, concatenated: NTK's exponents."""
+    return torch.cat([torch.arange(n, dtype=torch.float32) / max(n - 1, 1) for n in sizes])
+
+
+def axial_frequencies(sections_xy, theta: float) -> torch.Tensor:
+    """Axis-aligned frequency vectors ``(ndim, 1, pairs)``: pairs of section ``a`` turn along axis ``a``."""
+    ndim, pairs = len(sections_xy), sum(sections_xy)
+    freqs = torch.zeros(ndim, 1, pairs)
+    start = 0
+    for axis, n in enumerate(sections_xy):
+        freqs[axis, 0, start:start + n] = band_frequencies(n, theta)
+        start += n
+    return freqs
+
+
+def random_rotations(num: int, ndim: int, generator=None) -> torch.Tensor:
+    """``num`` uniformly random rotation matrices ``(num, ndim, ndim)`` (det +1), columns orthonormal."""
+    if ndim == 2:  # rope-vit's parametrisation: one angle per head
+        angle = torch.rand(num, generator=generator) * 2 * math.pi
+        c, s = angle.cos(), angle.sin()
+        return torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)
+    q, r = torch.linalg.qr(torch.randn(num, ndim, ndim, generator=generator))
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[:, None, :]
+    det = torch.linalg.det(q)
+    q[:, :, 0] = q[:, :, 0] * det[:, None]
+    return q
+
+
+def mixed_frequencies(head_dim: int, num_heads: int, ndim: int, theta: float, generator=None) -> torch.Tensor:
+    """RoPE-Mixed initial frequencies ``(ndim, num_heads, head_dim // 2)``.
+
+    Per head a random rotation ``R``; pair group ``g`` (of ``ndim`` groups of ``d / (2 ndim)`` bands) points
+    along ``R``'s column ``g`` with the axial magnitudes. In 2D this is rope-vit's
+    ``init_random_2d_freqs`` (directions ``phi`` and ``phi + pi/2``).
+    """
+    bands = head_dim // (2 * ndim)
+    mags = band_frequencies(bands, theta)  # (bands,)
+    rot = random_rotations(num_heads, ndim, generator)  # (heads, ndim components, ndim groups)
+    freqs = rot[..., None] * mags  # (heads, component, group, bands)
+    return rearrange(freqs, "h a g b -> a h (g b)")
+
+
+def apply_rotary(x: torch.Tensor, cis: torch.Tensor, pairs: str = "interleaved") -> torch.Tensor:
+    """Rotate channel pairs of ``x: (B, heads, T, head_dim)`` by ``cis: (heads or 1, T, head_dim/2)`` complex.
+
+    ``pairs="interleaved"`` rotates ``(x[2p], x[2p+1])`` (rope-vit, timm ``apply_rot_embed``);
+    ``"half"`` rotates ``(x[p], x[p + d/2])`` (GPT-NeoX ``rotate_half``). One complex multiply, in float32.
+    """
+    if pairs == "interleaved":
+        xc = torch.view_as_complex(rearrange(x.float(), "... (p two) -> ... p two", two=2).contiguous())
+        return rearrange(torch.view_as_real(xc * cis), "... p two -> ... (p two)").type_as(x)
+    first, second = x.float().chunk(2, dim=-1)
+    xc = torch.complex(first, second) * cis
+    return torch.cat([xc.real, xc.imag], dim=-1).type_as(x)
+
+
+class RoPE(nn.Module):
+    """Rotary embedding from frequency vectors; use :class:`AxialRoPE` or :class:`MixedRoPE`.
+
+    Call: ``pe(q, k, grid) -> (q, k)`` with ``q, k: (B, num_heads, P + N, head_dim)``; the ``P`` prefix
+    tokens are not rotated. Tables are computed in float32, cached per grid (and per parameter
+    version for learned frequencies when gradients are off), and cast at use.
+    """
+
+    family = "rotary"
+
+    def __init__(self, head_dim: int, num_heads: int, ndim: int, freqs: torch.Tensor, band_fraction: torch.Tensor,
+                 learnable: bool, pairs: str, scaling: str, ref_shape, yarn_alpha: float, yarn_beta: float):
+        super().__init__()
+        check_choice("pairs", pairs, PAIRS)
+        check_choice("scaling", scaling, SCALINGS)
+        self.head_dim, self.num_heads, self.ndim = head_dim, num_heads, ndim
+        self.pairs, self.scaling = pairs, scaling
+        self.ref_shape = None if ref_shape is None else to_shape("ref_shape", ref_shape, ndim)
+        if scaling != "none" and self.ref_shape is None:
+            raise ValueError(f"scaling={scaling!r} needs ref_shape, the training grid (e.g. ref_shape=(14, 14))")
+        self.yarn_alpha, self.yarn_beta = float(yarn_alpha), float(yarn_beta)
+        if learnable:
+            self.freqs = nn.Parameter(freqs)
+        else:
+            self.register_buffer("freqs", freqs, persistent=False)
+        self.register_buffer("band_fraction", band_fraction, persistent=False)
+        self._cache: dict = {}
+
+    def cis(self, grid: Grid, device=None) -> torch.Tensor:
+        """Complex rotations ``(heads or 1, P + N, head_dim / 2)``; prefix rows are the identity."""
+        grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, type(self).__name__)
+        device = device or self.freqs.device
+        if self.freqs.requires_grad and torch.is_grad_enabled():
+            return self._build(grid, device)
+        key = (grid, str(device), self.freqs._version, self.scaling, self.ref_shape)
+        if key not in self._cache:
+            if len(self._cache) > 16:
+                self._cache.clear()
+            self._cache[key] = self._build(grid, device)
+        return self._cache[key]
+
+    def _build(self, grid: Grid, device) -> torch.Tensor:
+        coords = grid.coords(device).flip(-1)  # (N, ndim) in xy order
+        freqs = self.freqs.to(device=device, dtype=torch.float32)
+        scales = torch.ones(self.ndim)
+        if self.ref_shape is not None:
+            scales = axis_scales(grid.shape[::-1], self.ref_shape[::-1])
+            coords = scale_positions(coords, scales, self.scaling)
+            freqs = scale_frequencies(freqs, self.band_fraction, scales, self.ref_shape[::-1], self.scaling,
+                                      self.yarn_alpha, self.yarn_beta)
+        with torch.autocast(device_type=torch.device(device).type, enabled=False):
+            angles = torch.einsum("na,ahp->hnp", coords, freqs)  # (heads, N, pairs), float32
+        magnitude = attention_factor(scales, self.scaling)
+        cis = torch.polar(torch.full_like(angles, magnitude), angles)
+        prefix = torch.full((cis.shape[0], grid.prefix, cis.shape[2]), magnitude, dtype=cis.dtype, device=device)
+        return torch.cat([prefix, cis], dim=1)
+
+    def rotate(self, x: torch.Tensor, grid: Grid) -> torch.Tensor:
+        """Rotate one tensor ``(B, heads, P + N, head_dim)``."""
+        grid = as_grid(grid)
+        if x.shape[-2] != grid.num_tokens or x.shape[-1] != self.head_dim:
+            raise ValueError(f"expected (..., {grid.num_tokens}, {self.head_dim}) for grid {grid.shape} with "
+                             f"prefix={grid.prefix}, got {tuple(x.shape)}")
+        return apply_rotary(x, self.cis(grid, x.device), self.pairs)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rotate(q, grid), self.rotate(k, grid)
+
+    def extra_repr(self) -> str:
+        return (f"head_dim={self.head_dim}, num_heads={self.num_heads}, ndim={self.ndim}, pairs={self.pairs!r}, "
+                f"scaling={self.scaling!r}, ref_shape={self.ref_shape}")
+
+
+def _check_head_dim(head_dim: int, ndim: int, who: str) -> None:
+    check_positive_int("head_dim", head_dim)
+    check_divisible("head_dim", head_dim, 2 * ndim, f"{who} in {ndim}D needs one rotation pair band per axis; "
+                                                    "pass sections=... to split channels unevenly")
+
+
+class AxialRoPE(RoPE):
+    """Axial RoPE: each axis owns a block of rotation pairs with frequencies ``1/theta^(i/n)``.
+
+    Matches rope-vit ``compute_axial_cis`` and timm ``RotaryEmbeddingCat(in_pixels=False)`` in 2D
+    (``theta=100`` is rope-vit's default). ``sections`` gives the pairs per axis in grid order
+    (``(T, H, W)``, as Qwen2-VL's M-RoPE ``mrope_section``); they must sum to ``head_dim / 2``.
+    """
+
+    def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, theta: float = 100.0,
+                 pairs: str = "interleaved", sections=None, scaling: str = "none", ref_shape=None,
+                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0):
+        check_ndim(ndim)
+        check_positive_int("num_heads", num_heads)
+        if theta <= 1:
+            raise ValueError(f"theta must be > 1, got {theta!r}")
+        if sections is None:
+            _check_head_dim(head_dim, ndim, "rope_axial")
+            sections = (head_dim // (2 * ndim),) * ndim
+        else:
+            check_positive_int("head_dim", head_dim)
+            check_divisible("head_dim", head_dim, 2, "rotation pairs")
+            sections = to_shape("sections", sections, ndim)
+            if sum(sections) != head_dim // 2:
+                raise ValueError(f"sections={sections} must sum to head_dim / 2 = {head_dim // 2}")
+        self.theta, self.sections = float(theta), sections
+        sections_xy = sections[::-1]
+        super().__init__(head_dim, num_heads, ndim, axial_frequencies(sections_xy, theta), band_fractions(sections_xy),
+                         learnable=False, pairs=pairs, scaling=scaling, ref_shape=ref_shape,
+                         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta)
+
+
+class MixedRoPE(RoPE):
+    """RoPE-Mixed (Heo et al. 2024): learned frequency vectors per head, ``freqs: (ndim, heads, head_dim/2)``.
+
+    Initialised as rope-vit's ``init_random_2d_freqs`` (``theta=10``), generalised to nD with one random
+    rotation per head. ``freqs`` (timm's ``RotaryEmbeddingMixed.freqs[:, layer]``) is excluded from weight
+    decay through ``no_weight_decay()``.
+    """
+
+    def __init__(self, head_dim: int, num_heads: int, ndim: int = 2, theta: float = 10.0,
+                 pairs: str = "interleaved", scaling: str = "none", ref_shape=None,
+                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0, generator=None):
+        check_ndim(ndim)
+        check_positive_int("num_heads", num_heads)
+        _check_head_dim(head_dim, ndim, "rope_mixed")
+        if theta <= 1:
+            raise ValueError(f"theta must be > 1, got {theta!r}")
+        self.theta = float(theta)
+        freqs = mixed_frequencies(head_dim, num_heads, ndim, theta, generator)
+        super().__init__(head_dim, num_heads, ndim, freqs, band_fractions((head_dim // (2 * ndim),) * ndim),
+                         learnable=True, pairs=pairs, scaling=scaling, ref_shape=ref_shape,
+                         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"freqs"}

@@ -1,0 +1,75 @@
+"""Fixed sinusoidal position embeddings for any number of grid axes (ViT / MAE, video MAE-ST style)."""
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from .._checks import check_choice, check_divisible, check_grid_ndim, check_ndim, check_positive_int
+from ..grid import Grid, as_grid
+from ._base import TokenEncoding
+
+LAYOUTS = ("mae", "timm")
+
+
+def sincos_table(coords: torch.Tensor, dim: int, temperature: float = 10000.0, layout: str = "mae") -> torch.Tensor:
+    """Sinusoidal embedding of ``coords`` ``(N, ndim)`` -> ``(N, dim)``, float32.
+
+    Each axis gets ``dim / ndim`` channels ``[sin(c * w), cos(c * w)]`` with
+    ``w_i = 1 / temperature ** (i / (dim / (2 * ndim)))``. ``layout`` orders the axes:
+    ``"mae"`` puts the last axis first (2D: ``[sin x, cos x, sin y, cos y]``, MAE's
+    ``get_2d_sincos_pos_embed``); ``"timm"`` keeps grid order (2D: ``[sin y, cos y, sin x, cos x]``,
+    timm's ``build_sincos2d_pos_embed(interleave_sin_cos=True)``).
+    """
+    check_choice("layout", layout, LAYOUTS)
+    ndim = coords.shape[-1]
+    check_divisible("dim", dim, 2 * ndim, f"sincos needs sin and cos channels for each of {ndim} axes")
+    bands = dim // (2 * ndim)
+    omega = temperature ** -(torch.arange(bands, dtype=torch.float32, device=coords.device) / bands)
+    if layout == "mae":
+        coords = coords.flip(-1)
+    angles = coords.float()[..., None] * omega  # (N, ndim, bands)
+    table = torch.stack([angles.sin(), angles.cos()], dim=-2)  # (N, ndim, 2, bands)
+    return rearrange(table, "n a s b -> n (a s b)")
+
+
+class SinCos(TokenEncoding):
+    """Fixed sin-cos position vectors added to the patch tokens; prefix tokens get none.
+
+    Resolution change: recomputed on the new grid (integer positions extrapolate). With ``ref_shape``
+    the coordinates of any grid are stretched onto the reference grid's range instead.
+
+    Call: ``pe(x, grid)`` with ``x: (B, P + N, dim)`` -> same shape.
+    """
+
+    def __init__(self, dim: int, ndim: int = 2, layout: str = "mae", temperature: float = 10000.0,
+                 ref_shape=None):
+        super().__init__()
+        self.ndim = check_ndim(ndim)
+        self.dim = check_positive_int("dim", dim)
+        check_choice("layout", layout, LAYOUTS)
+        check_divisible("dim", dim, 2 * ndim, f"sincos needs sin and cos channels for each of {ndim} axes")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {temperature!r}")
+        self.layout, self.temperature = layout, float(temperature)
+        self.ref_shape = None if ref_shape is None else as_grid(ref_shape).shape
+        self._cache: dict = {}
+
+    def table(self, grid: Grid, device=None) -> torch.Tensor:
+        """Position vectors of the patches, ``(N, dim)`` float32, cached per grid and device."""
+        grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, "sincos")
+        key = (grid.shape, grid.offset, str(device))
+        if key not in self._cache:
+            coords = grid.coords(device)
+            if self.ref_shape is not None:
+                coords = coords * torch.tensor([r / s for r, s in zip(self.ref_shape, grid.shape)], device=device)
+            self._cache[key] = sincos_table(coords, self.dim, self.temperature, self.layout)
+        return self._cache[key]
+
+    def forward(self, x: torch.Tensor, grid: Grid) -> torch.Tensor:
+        grid = as_grid(grid)
+        return self.add_to_patches(x, self.table(grid, x.device), grid)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, ndim={self.ndim}, layout={self.layout!r}, temperature={self.temperature}"
