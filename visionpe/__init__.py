@@ -7,8 +7,9 @@ Three families, by where position enters attention:
 - ``bias`` (``swin_bias``, ``rel_bias``, ``cpb``, ``alibi``): ``pe(grid) -> (heads, T, T)`` logit bias.
 """
 from .attention import Attention, attend
+from .backbones import apply, create_model, encodings_of
 from .grid import Grid
 from .registry import available, build
 
-__all__ = ["Attention", "Grid", "attend", "available", "build"]
+__all__ = ["Attention", "Grid", "apply", "attend", "available", "build", "create_model", "encodings_of"]
 __version__ = "0.1.0"
