@@ -8,8 +8,10 @@ Three families, by where position enters attention:
 """
 from .attention import Attention, attend
 from .backbones import apply, create_model, encodings_of
+from .checkpoint import load_timm_checkpoint, load_weights, save_weights
 from .grid import Grid
 from .registry import available, build
 
-__all__ = ["Attention", "Grid", "apply", "attend", "available", "build", "create_model", "encodings_of"]
+__all__ = ["Attention", "Grid", "apply", "attend", "available", "build", "create_model", "encodings_of", "load_timm_checkpoint", "load_weights",
+           "save_weights"]
 __version__ = "0.1.0"

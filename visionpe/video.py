@@ -1,0 +1,73 @@
+"""Video: a timm ViT on tubelets (ViViT / VideoMAE style), with any encoding on the (T, H, W) grid.
+
+``create_video_model`` swaps the image patch embedding for a 3D tubelet embedding; the rest of the timm
+ViT and the encodings are the same code as for images, on a 3-axis :class:`~visionpe.Grid`.
+``inflate_patch_embed`` turns a 2D patch embedding into a tubelet one (I3D: weights repeated over time
+and divided by the tubelet length, so a static clip gives the image's tokens).
+"""
+from __future__ import annotations
+
+import timm
+import torch
+from einops import rearrange
+from torch import nn
+
+from ._checks import to_shape
+from .backbones import apply, parse_pe
+
+
+class TubeletEmbed(nn.Module):
+    """Non-overlapping ``(t, p, p)`` tubelets -> tokens: ``(B, C, T, H, W) -> (B, T/t, H/p, W/p, D)``.
+
+    Exposes ``patch_size`` (the tubelet), ``grid_size`` and ``num_patches`` as timm's ``PatchEmbed`` does.
+    """
+
+    def __init__(self, num_frames: int = 8, img_size=224, tubelet_size=(2, 16, 16), in_chans: int = 3,
+                 embed_dim: int = 768):
+        super().__init__()
+        self.patch_size = to_shape("tubelet_size", tubelet_size, 3)
+        self.img_size = (num_frames, *to_shape("img_size", img_size, 2))
+        self.grid_size = tuple(s // p for s, p in zip(self.img_size, self.patch_size))
+        self.num_patches = self.grid_size[0] * self.grid_size[1] * self.grid_size[2]
+        self.proj = nn.Conv3d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+        self.norm = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(rearrange(self.proj(x), "b d t h w -> b t h w d"))
+
+
+@torch.no_grad()
+def inflate_patch_embed(patch_embed: nn.Module, tubelet: TubeletEmbed) -> TubeletEmbed:
+    """Copy a 2D ``PatchEmbed``'s conv into ``tubelet``: ``w3d[:, :, i] = w2d / t`` for each of the ``t`` frames."""
+    weight = patch_embed.proj.weight  # (D, C, p, p)
+    t = tubelet.patch_size[0]
+    if weight.shape[-2:] != tubelet.proj.weight.shape[-2:]:
+        raise ValueError(f"patch size {tuple(weight.shape[-2:])} differs from tubelet {tubelet.patch_size[1:]}")
+    tubelet.proj.weight.copy_(weight[:, :, None].repeat(1, 1, t, 1, 1) / t)
+    if patch_embed.proj.bias is not None:
+        tubelet.proj.bias.copy_(patch_embed.proj.bias)
+    return tubelet
+
+
+def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int = 8, tubelet_size=(2, 16, 16),
+                       pe_kwargs: dict | None = None, **timm_kwargs) -> nn.Module:
+    """A timm ViT that takes clips ``(B, C, T, H, W)``, with the encoding ``pe`` on the 3D token grid.
+
+    >>> model = create_video_model("vit_tiny_patch16_224", pe="rope_mixed", num_frames=8, img_size=32,
+    ...                            tubelet_size=(2, 8, 8), num_classes=10)
+    >>> model(torch.randn(1, 3, 8, 32, 32)).shape
+    torch.Size([1, 10])
+
+    Any clip length and frame size divisible by the tubelet works at run time.
+    """
+    parse_pe(pe)
+    if not timm.models.is_model_in_modules(model_name, ["vision_transformer"]):
+        raise ValueError(f"model_name={model_name!r}: video models are built on timm ViTs (vit_*, deit_*)")
+    tubelet_size = to_shape("tubelet_size", tubelet_size, 3)
+    model = timm.create_model(model_name, pretrained=timm_kwargs.pop("pretrained", False),
+                              patch_size=tubelet_size[1:], **timm_kwargs)
+    tubelet = TubeletEmbed(num_frames, model.patch_embed.img_size, tubelet_size,
+                           model.patch_embed.proj.in_channels, model.embed_dim)
+    model.patch_embed = inflate_patch_embed(model.patch_embed, tubelet)
+    model.pos_embed = None  # the 2D table has no meaning on a 3D grid; apply() builds the chosen encoding
+    return apply(model, pe, **(pe_kwargs or {}))
