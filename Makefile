@@ -16,7 +16,7 @@ demo: $(VENV)/.installed
 	$(PY) examples/demo.py
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -n 2 tests
+	$(PY) -m pytest -q -n 2 tests
 
 clean:
 	rm -rf $(VENV) runs
