@@ -1,0 +1,362 @@
+"""Datasets for training and resolution benchmarks: built-in synthetic tasks and real image sets.
+
+``build_dataset(name, split, img_size, ...)`` returns a map-style dataset of ``(image, label)`` with
+``image`` a normalized float tensor ``(C, img_size, img_size)``. Every dataset has ``num_classes``,
+``in_chans``, ``mean``, ``std`` and ``set_epoch(epoch)`` (augmentation is a function of
+``(seed, epoch, index)`` only, so runs are reproducible and resumable whatever the loader does).
+
+Built-in tasks (no download; deterministic by ``(seed, split, index)``; **rendered natively**: the
+scene is drawn in normalized coordinates and rasterized at the requested size with 4x supersampling
+and an area (box) filter, so a resolution change is the same scene with more pixels):
+
+- ``shapes-position``: nine shapes on a 3x3 layout, eight of one kind and one odd one; the label
+  is the cell (0..8, row-major) of the odd shape. Needs absolute position. 9 classes.
+- ``shapes-relation``: an anchor circle and a target (square or triangle) anywhere, plus a distractor
+  cross; the label is where the target lies relative to the circle (0 left, 1 right, 2 above,
+  3 below; the dominant axis is at least 1.5x the other). Needs relative position. 4 classes.
+
+Colours are random per shape, the background random and dark, so only shape and place carry the label.
+
+Real data (images resized with antialiasing from their native size to ``img_size``; train split
+augmented with a random translation of up to 1/8 of the side and, except digits, horizontal flips):
+
+- ``fashion-mnist``: torchvision's ``FashionMNIST`` under ``data_dir`` (``download=True`` fetches it),
+  else Debian's ``dataset-fashion-mnist`` idx files in ``/usr/share/datasets/fashion-mnist/``
+  (``apt-get install dataset-fashion-mnist``). Grayscale, so ``in_chans=1``.
+- ``mnist``: torchvision's ``MNIST`` under ``data_dir`` (or idx files there). ``in_chans=1``.
+- ``cifar10`` / ``cifar100``: torchvision's ``CIFAR10/100`` under ``data_dir``.
+- ``imagefolder``: ``data_dir/train/<class>/*`` and ``data_dir/val/<class>/*`` (torchvision ImageFolder).
+
+Grayscale sets keep one channel (``in_chans=1``; the model is built with ``in_chans=1``) rather than
+being copied to three: same information, a third of the patch-embedding input.
+"""
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import random
+from functools import lru_cache
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageDraw
+from torch.utils.data import Dataset
+
+SYNTHETIC = ("shapes-position", "shapes-relation")
+REAL = ("fashion-mnist", "mnist", "cifar10", "cifar100", "imagefolder")
+DATASETS = SYNTHETIC + REAL
+SPLITS = {"train": 0, "val": 1, "test": 2}
+DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+SUPERSAMPLE = 4
+DEFAULT_SIZES = {"train": 10000, "val": 2000, "test": 2000}  # synthetic tasks
+
+
+class DataMissing(FileNotFoundError):
+    """The data set is not on this machine; the message says how to get it."""
+
+
+def _check(name: str, split: str):
+    if name not in DATASETS:
+        raise ValueError(f"unknown data set {name!r}; choose from: {', '.join(DATASETS)}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose from: {', '.join(SPLITS)}")
+
+
+def info(name: str) -> dict:
+    """``{'num_classes', 'in_chans', 'synthetic'}`` for a named data set, without loading it
+    (``imagefolder``'s class count is only known once loaded: ``num_classes=None``)."""
+    _check(name, "train")
+    classes = {"shapes-position": 9, "shapes-relation": 4, "fashion-mnist": 10, "mnist": 10, "cifar10": 10,
+               "cifar100": 100, "imagefolder": None}[name]
+    chans = 1 if name in ("fashion-mnist", "mnist") else 3
+    return {"num_classes": classes, "in_chans": chans, "synthetic": name in SYNTHETIC}
+
+
+# --------------------------------------------------------------------------------------------------
+# Synthetic scenes: geometry in [0, 1] coordinates, rasterized at any size.
+# --------------------------------------------------------------------------------------------------
+KINDS = ("circle", "square", "triangle", "diamond", "cross")
+
+
+def _colour(rng) -> tuple:
+    """A bright colour: random hue, high value, so shapes always stand out from the dark background."""
+    rgb = [rng.random() for _ in range(3)]
+    rgb[rng.randrange(3)] = 1.0
+    return tuple(int(90 + 165 * v) for v in rgb)
+
+
+def scene(task: str, seed: int, index: int, split: str = "train") -> dict:
+    """The scene ``index`` of ``task`` for ``(seed, split)``: ``{'label', 'background', 'shapes'}``, each
+    shape ``(kind, cx, cy, radius, colour)`` in normalized coordinates (x right, y down). Independent of
+    the resolution it is later rendered at."""
+    _check(task, split)
+    rng = random.Random(f"{task}/{int(seed)}/{split}/{int(index)}")  # str seeds hash with sha512: stable everywhere
+    background = tuple(rng.randrange(60) for _ in range(3))
+    shapes = []
+    if task == "shapes-position":
+        common, odd = rng.sample(range(len(KINDS)), 2)
+        label = rng.randrange(9)
+        for cell in range(9):
+            r, c = divmod(cell, 3)
+            radius = rng.uniform(0.075, 0.11)
+            cx = (c + 0.5) / 3 + rng.uniform(-0.04, 0.04)
+            cy = (r + 0.5) / 3 + rng.uniform(-0.04, 0.04)
+            kind = KINDS[odd if cell == label else common]
+            shapes.append((kind, cx, cy, radius, _colour(rng)))
+    elif task == "shapes-relation":
+        while True:
+            pts = [(rng.uniform(0.14, 0.86), rng.uniform(0.14, 0.86)) for _ in range(3)]
+            dx, dy = pts[1][0] - pts[0][0], pts[1][1] - pts[0][1]
+            ok = max(abs(dx), abs(dy)) > 1.5 * min(abs(dx), abs(dy)) and math.hypot(dx, dy) > 0.3
+            ok = ok and all(math.dist(pts[2], p) > 0.25 for p in pts[:2])
+            if ok:
+                break
+        if abs(dx) > abs(dy):
+            label = 0 if dx < 0 else 1  # target left / right of the anchor
+        else:
+            label = 2 if dy < 0 else 3  # target above / below (y grows downwards)
+        target = rng.choice(("square", "triangle"))
+        for kind, (cx, cy) in zip(("circle", target, "cross"), pts):
+            shapes.append((kind, cx, cy, rng.uniform(0.08, 0.11), _colour(rng)))
+    else:
+        raise ValueError(f"{task!r} is not a synthetic task ({', '.join(SYNTHETIC)})")
+    return {"label": label, "background": background, "shapes": shapes}
+
+
+def render(sc: dict, size: int, supersample: int = SUPERSAMPLE) -> np.ndarray:
+    """Rasterize a scene at ``size x size`` pixels: draw at ``supersample`` times the size, then area-average.
+    Returns ``uint8 (size, size, 3)``."""
+    big = size * supersample
+    img = Image.new("RGB", (big, big), sc["background"])
+    draw = ImageDraw.Draw(img)
+    for kind, cx, cy, radius, colour in sc["shapes"]:
+        x, y, r = cx * big, cy * big, radius * big
+        if kind == "circle":
+            draw.ellipse([x - r, y - r, x + r, y + r], fill=colour)
+        elif kind == "square":
+            s = r * 0.85
+            draw.rectangle([x - s, y - s, x + s, y + s], fill=colour)
+        elif kind == "triangle":
+            draw.polygon([(x, y - r), (x + r * 0.95, y + r * 0.75), (x - r * 0.95, y + r * 0.75)], fill=colour)
+        elif kind == "diamond":
+            draw.polygon([(x, y - r), (x + r, y), (x, y + r), (x - r, y)], fill=colour)
+        elif kind == "cross":
+            t = r * 0.35
+            draw.rectangle([x - r, y - t, x + r, y + t], fill=colour)
+            draw.rectangle([x - t, y - r, x + t, y + r], fill=colour)
+        else:
+            raise ValueError(f"unknown shape kind {kind!r}")
+    return np.asarray(img.resize((size, size), Image.BOX))
+
+
+@lru_cache(maxsize=16)
+def _render_split(task: str, split: str, num: int, seed: int, size: int):
+    images = np.empty((num, size, size, 3), dtype=np.uint8)
+    labels = np.empty(num, dtype=np.int64)
+    for i in range(num):
+        sc = scene(task, seed, i, split)
+        images[i], labels[i] = render(sc, size), sc["label"]
+    return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels)
+
+
+# --------------------------------------------------------------------------------------------------
+# Real data: read once at native resolution, cached, resized on demand.
+# --------------------------------------------------------------------------------------------------
+def _read_idx(path: str) -> np.ndarray:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def _find_idx(folder: str, split: str):
+    stem = "train" if split == "train" else "t10k"
+    out = []
+    for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"):
+        for ext in ("", ".gz"):
+            path = os.path.join(folder, f"{stem}-{kind}{ext}")
+            if os.path.isfile(path):
+                out.append(path)
+                break
+    return out if len(out) == 2 else None
+
+
+def _mnist_like(name: str, split: str, data_dir, download: bool):
+    import torchvision
+    cls = torchvision.datasets.FashionMNIST if name == "fashion-mnist" else torchvision.datasets.MNIST
+    train = split == "train"
+    if data_dir is not None:
+        for folder in (data_dir, os.path.join(data_dir, cls.__name__, "raw")):
+            files = _find_idx(folder, split)
+            if files:
+                return _read_idx(files[0]), _read_idx(files[1])
+        if download:
+            ds = cls(root=data_dir, train=train, download=True)
+            return ds.data.numpy(), ds.targets.numpy()
+    if name == "fashion-mnist":
+        files = _find_idx(DEBIAN_FASHION_MNIST, split)
+        if files:
+            return _read_idx(files[0]), _read_idx(files[1])
+    where = f"under {data_dir!r}" if data_dir else "(no --data-dir given)"
+    hint = (f"install Debian's package (apt-get install dataset-fashion-mnist, files in {DEBIAN_FASHION_MNIST}) "
+            "or " if name == "fashion-mnist" else "")
+    raise DataMissing(f"{name} not found {where}: {hint}pass --data-dir DIR --download to fetch it with torchvision")
+
+
+def _cifar(name: str, split: str, data_dir, download: bool):
+    import torchvision
+    cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
+    if data_dir is None:
+        raise DataMissing(f"{name} needs --data-dir DIR (torchvision layout); add --download to fetch it there")
+    try:
+        ds = cls(root=data_dir, train=split == "train", download=download)
+    except RuntimeError:
+        raise DataMissing(f"{name} not found under {data_dir!r}: add --download to fetch it with torchvision") from None
+    return np.asarray(ds.data), np.asarray(ds.targets, dtype=np.int64)
+
+
+@lru_cache(maxsize=8)
+def _native(name: str, split: str, data_dir, download: bool):
+    """``(uint8 images (N, C, H, W), int64 labels (N,))`` at native resolution."""
+    if name in ("fashion-mnist", "mnist"):
+        images, labels = _mnist_like(name, split, data_dir, download)
+        images = torch.from_numpy(np.array(images))[:, None]
+    else:
+        images, labels = _cifar(name, split, data_dir, download)
+        images = torch.from_numpy(np.array(images)).permute(0, 3, 1, 2).contiguous()
+    return images, torch.from_numpy(np.array(labels, dtype=np.int64))
+
+
+def resize(images: torch.Tensor, size: int, chunk: int = 4096) -> torch.Tensor:
+    """Resize uint8 ``(N, C, H, W)`` to ``size x size``: bicubic with antialiasing, rounded back to uint8."""
+    if images.shape[-1] == size and images.shape[-2] == size:
+        return images
+    out = []
+    for part in images.split(chunk):
+        x = F.interpolate(part.float(), size=(size, size), mode="bicubic", antialias=True, align_corners=False)
+        out.append(x.round_().clamp_(0, 255).to(torch.uint8))
+    return torch.cat(out)
+
+
+def _subset(num_total: int, num, seed: int = 1234) -> torch.Tensor | None:
+    """A fixed random subset of ``num`` indices (the same for every run seed), or None for all."""
+    if num is None or num >= num_total:
+        return None
+    return torch.randperm(num_total, generator=torch.Generator().manual_seed(seed))[:num]
+
+
+# --------------------------------------------------------------------------------------------------
+# Datasets
+# --------------------------------------------------------------------------------------------------
+class ImageTensorDataset(Dataset):
+    """uint8 images ``(N, C, H, W)`` in memory, normalized on access, augmented by ``(seed, epoch, index)``."""
+
+    def __init__(self, images, labels, num_classes, mean, std, augment=False, flip=False, seed=0, name=""):
+        self.images, self.labels = images, labels
+        self.num_classes, self.in_chans = num_classes, images.shape[1]
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+        self.augment, self.flip, self.seed, self.epoch, self.name = augment, flip, seed, 0, name
+        self.img_size = images.shape[-1]
+
+    def set_epoch(self, epoch: int):
+        self.epoch = epoch
+
+    def __len__(self):
+        return len(self.labels)
+
+    def _augment(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        rng = np.random.default_rng([self.seed, self.epoch, index, 7])
+        size = x.shape[-1]
+        pad = max(1, size // 8)
+        dy, dx = (int(v) for v in rng.integers(-pad, pad + 1, 2))
+        x = torch.roll(F.pad(x, (pad, pad, pad, pad)), shifts=(dy, dx), dims=(-2, -1))[..., pad:pad + size, pad:pad + size]
+        if self.flip and rng.random() < 0.5:
+            x = x.flip(-1)
+        return x
+
+    def __getitem__(self, index):
+        x = self.images[index]
+        if self.augment:
+            x = self._augment(x, index)
+        x = (x.float() / 255 - self.mean) / self.std
+        return x, int(self.labels[index])
+
+
+class ImageFolderDataset(Dataset):
+    """torchvision ImageFolder, decoded lazily, resized to ``img_size`` with antialiasing."""
+
+    def __init__(self, root, img_size, augment=False, seed=0):
+        import torchvision
+        self.folder = torchvision.datasets.ImageFolder(root)
+        self.num_classes, self.in_chans, self.img_size = len(self.folder.classes), 3, img_size
+        self.mean = torch.tensor([0.485, 0.456, 0.406]).view(-1, 1, 1)
+        self.std = torch.tensor([0.229, 0.224, 0.225]).view(-1, 1, 1)
+        self.augment, self.seed, self.epoch, self.name = augment, seed, 0, "imagefolder"
+
+    def set_epoch(self, epoch: int):
+        self.epoch = epoch
+
+    def __len__(self):
+        return len(self.folder)
+
+    def __getitem__(self, index):
+        path, label = self.folder.samples[index]
+        with Image.open(path) as im:
+            x = torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)[None]
+        x = resize(x, self.img_size)[0]
+        if self.augment and np.random.default_rng([self.seed, self.epoch, index, 7]).random() < 0.5:
+            x = x.flip(-1)
+        return (x.float() / 255 - self.mean) / self.std, label
+
+
+MEAN_STD = {
+    "shapes-position": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "shapes-relation": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "fashion-mnist": ((0.2860,), (0.3530,)),
+    "mnist": ((0.1307,), (0.3081,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+
+
+def build_dataset(name: str, split: str, img_size: int, data_dir=None, download: bool = False, seed: int = 0,
+                  num_samples=None, augment=None) -> Dataset:
+    """The data set ``name`` (see the module docstring) at ``img_size x img_size`` pixels.
+
+    ``num_samples``: synthetic tasks render that many scenes (default 10000 train / 2000 val); real sets use a
+    fixed random subset of that size (default all). ``augment``: default True for real train splits, never
+    for synthetic tasks (a flip or shift would change their labels). ``seed``: synthetic scenes and the
+    augmentation stream; real subsets do not depend on it.
+    """
+    _check(name, split)
+    if not isinstance(img_size, int) or img_size < 4:
+        raise ValueError(f"img_size must be an integer >= 4, got {img_size!r}")
+    if name in SYNTHETIC:
+        num = DEFAULT_SIZES[split] if num_samples is None else int(num_samples)
+        if num < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num}")
+        images, labels = _render_split(name, split, num, seed, img_size)
+        mean, std = MEAN_STD[name]
+        return ImageTensorDataset(images, labels, info(name)["num_classes"], mean, std, augment=False, seed=seed,
+                                  name=name)
+    augment = (split == "train") if augment is None else augment
+    if name == "imagefolder":
+        if data_dir is None:
+            raise DataMissing("imagefolder needs --data-dir DIR holding train/<class>/ and val/<class>/ folders")
+        root = os.path.join(data_dir, "train" if split == "train" else "val")
+        if not os.path.isdir(root):
+            raise DataMissing(f"imagefolder: {root!r} does not exist (expected DIR/train/<class>/ and DIR/val/<class>/)")
+        return ImageFolderDataset(root, img_size, augment=augment, seed=seed)
+    images, labels = _native(name, "train" if split == "train" else "test",
+                             None if data_dir is None else str(data_dir), bool(download))
+    idx = _subset(len(labels), num_samples)
+    if idx is not None:
+        images, labels = images[idx], labels[idx]
+    mean, std = MEAN_STD[name]
+    return ImageTensorDataset(resize(images, img_size), labels, info(name)["num_classes"], mean, std,
+                              augment=augment, flip=name not in ("mnist",), seed=seed, name=name)
