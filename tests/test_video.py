@@ -41,3 +41,11 @@ def test_clip_not_divisible_by_tubelet_is_a_clear_error():
     model = create_video_model("vit_tiny_patch16_224", pe="rope_axial", **KW)
     with pytest.raises(ValueError, match=r"multiple of \(2, 4, 4\)"):
         model(torch.randn(1, 3, 3, 16, 16))
+
+
+def test_rope_on_head_dim_not_divisible_by_six_gets_sections():
+    model = create_video_model("vit_tiny_patch16_224", pe="rope_mixed", num_frames=4, img_size=16,
+                               tubelet_size=(2, 4, 4), embed_dim=64, num_heads=2, depth=1, num_classes=3)
+    rotary = encodings_of(model)["rotary"][0]
+    assert rotary.sections == (5, 5, 6) and rotary.freqs.shape == (3, 2, 16)
+    model(torch.randn(1, 3, 4, 16, 16)).sum().backward()

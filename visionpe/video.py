@@ -49,6 +49,14 @@ def inflate_patch_embed(patch_embed: nn.Module, tubelet: TubeletEmbed) -> Tubele
     return tubelet
 
 
+def video_sections(head_dim: int) -> tuple[int, int, int]:
+    """Rotation pairs per ``(T, H, W)`` axis when ``head_dim / 2`` does not split in three: the spatial axes take
+    the remainder (64 -> ``(10, 11, 11)``)."""
+    pairs = head_dim // 2
+    base, rest = divmod(pairs, 3)
+    return base, base + (rest >= 2), base + (rest >= 1)
+
+
 def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int = 8, tubelet_size=(2, 16, 16),
                        pe_kwargs: dict | None = None, **timm_kwargs) -> nn.Module:
     """A timm ViT that takes clips ``(B, C, T, H, W)``, with the encoding ``pe`` on the 3D token grid.
@@ -58,9 +66,10 @@ def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int 
     >>> model(torch.randn(1, 3, 8, 32, 32)).shape
     torch.Size([1, 10])
 
-    Any clip length and frame size divisible by the tubelet works at run time.
+    Any clip length and frame size divisible by the tubelet works at run time. A rotary encoding whose head_dim
+    does not split into three equal bands gets :func:`video_sections` unless ``pe_kwargs`` sets ``sections``.
     """
-    parse_pe(pe)
+    names = parse_pe(pe)
     if not timm.models.is_model_in_modules(model_name, ["vision_transformer"]):
         raise ValueError(f"model_name={model_name!r}: video models are built on timm ViTs (vit_*, deit_*)")
     tubelet_size = to_shape("tubelet_size", tubelet_size, 3)
@@ -70,4 +79,8 @@ def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int 
                            model.patch_embed.proj.in_channels, model.embed_dim)
     model.patch_embed = inflate_patch_embed(model.patch_embed, tubelet)
     model.pos_embed = None  # the 2D table has no meaning on a 3D grid; apply() builds the chosen encoding
-    return apply(model, pe, **(pe_kwargs or {}))
+    pe_kwargs = dict(pe_kwargs or {})
+    head_dim = model.blocks[0].attn.head_dim
+    if "rotary" in names and "sections" not in pe_kwargs and head_dim % 6:
+        pe_kwargs["sections"] = video_sections(head_dim)
+    return apply(model, pe, **pe_kwargs)

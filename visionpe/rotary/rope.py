@@ -55,18 +55,16 @@ def random_rotations(num: int, ndim: int, generator=None) -> torch.Tensor:
     return q
 
 
-def mixed_frequencies(head_dim: int, num_heads: int, ndim: int, theta: float, generator=None) -> torch.Tensor:
-    """RoPE-Mixed initial frequencies ``(ndim, num_heads, head_dim // 2)``.
+def mixed_frequencies(sections_xy, num_heads: int, theta: float, generator=None) -> torch.Tensor:
+    """RoPE-Mixed initial frequencies ``(ndim, num_heads, sum(sections))``.
 
-    Per head a random rotation ``R``; pair group ``g`` (of ``ndim`` groups of ``d / (2 ndim)`` bands) points
-    along ``R``'s column ``g`` with the axial magnitudes. In 2D this is rope-vit's
-    ``init_random_2d_freqs`` (directions ``phi`` and ``phi + pi/2``).
+    Per head a random rotation ``R``; the ``n_g`` bands of group ``g`` point along ``R``'s column ``g`` with the
+    axial magnitudes ``1/theta^(i/n_g)``. In 2D with equal groups this is rope-vit's ``init_random_2d_freqs``
+    (directions ``phi`` and ``phi + pi/2``, magnitudes ``1/theta^(4i/d)``).
     """
-    bands = head_dim // (2 * ndim)
-    mags = band_frequencies(bands, theta)  # (bands,)
-    rot = random_rotations(num_heads, ndim, generator)  # (heads, ndim components, ndim groups)
-    freqs = rot[..., None] * mags  # (heads, component, group, bands)
-    return rearrange(freqs, "h a g b -> a h (g b)")
+    rot = random_rotations(num_heads, len(sections_xy), generator)  # (heads, ndim components, ndim groups)
+    groups = [rot[:, :, g, None] * band_frequencies(n, theta) for g, n in enumerate(sections_xy)]
+    return rearrange(torch.cat(groups, dim=-1), "h a p -> a h p")
 
 
 def apply_rotary(x: torch.Tensor, cis: torch.Tensor, pairs: str = "interleaved") -> torch.Tensor:
@@ -157,10 +155,18 @@ class RoPE(nn.Module):
                 f"scaling={self.scaling!r}, ref_shape={self.ref_shape}")
 
 
-def _check_head_dim(head_dim: int, ndim: int, who: str) -> None:
+def resolve_sections(head_dim: int, ndim: int, sections, who: str) -> tuple[int, ...]:
+    """Rotation pairs per grid axis: ``sections`` checked, or ``head_dim / (2 ndim)`` each by default."""
     check_positive_int("head_dim", head_dim)
-    check_divisible("head_dim", head_dim, 2 * ndim, f"{who} in {ndim}D needs one rotation pair band per axis; "
-                                                    "pass sections=... to split channels unevenly")
+    if sections is None:
+        check_divisible("head_dim", head_dim, 2 * ndim, f"{who} in {ndim}D needs an equal band of rotation pairs per "
+                                                        "axis; pass sections=... to split channels unevenly")
+        return (head_dim // (2 * ndim),) * ndim
+    check_divisible("head_dim", head_dim, 2, "rotation pairs")
+    sections = to_shape("sections", sections, ndim)
+    if sum(sections) != head_dim // 2:
+        raise ValueError(f"sections={sections} must sum to head_dim / 2 = {head_dim // 2}")
+    return sections
 
 
 class AxialRoPE(RoPE):
@@ -178,43 +184,36 @@ class AxialRoPE(RoPE):
         check_positive_int("num_heads", num_heads)
         if theta <= 1:
             raise ValueError(f"theta must be > 1, got {theta!r}")
-        if sections is None:
-            _check_head_dim(head_dim, ndim, "rope_axial")
-            sections = (head_dim // (2 * ndim),) * ndim
-        else:
-            check_positive_int("head_dim", head_dim)
-            check_divisible("head_dim", head_dim, 2, "rotation pairs")
-            sections = to_shape("sections", sections, ndim)
-            if sum(sections) != head_dim // 2:
-                raise ValueError(f"sections={sections} must sum to head_dim / 2 = {head_dim // 2}")
-        self.theta, self.sections = float(theta), sections
+        sections = resolve_sections(head_dim, ndim, sections, "rope_axial")
         sections_xy = sections[::-1]
         super().__init__(head_dim, num_heads, ndim, axial_frequencies(sections_xy, theta), band_fractions(sections_xy),
                          learnable=False, pairs=pairs, scaling=scaling, ref_shape=ref_shape,
                          yarn_alpha=yarn_alpha, yarn_beta=yarn_beta)
+        self.theta, self.sections = float(theta), sections
 
 
 class MixedRoPE(RoPE):
     """RoPE-Mixed (Heo et al. 2024): learned frequency vectors per head, ``freqs: (ndim, heads, head_dim/2)``.
 
     Initialised as rope-vit's ``init_random_2d_freqs`` (``theta=10``), generalised to nD with one random
-    rotation per head. ``freqs`` (timm's ``RotaryEmbeddingMixed.freqs[:, layer]``) is excluded from weight
-    decay through ``no_weight_decay()``.
+    rotation per head; ``sections`` sets the bands per direction group (grid order), as for ``rope_axial``.
+    ``freqs`` (timm's ``RotaryEmbeddingMixed.freqs[:, layer]``) is excluded from weight decay through
+    ``no_weight_decay()``.
     """
 
     def __init__(self, head_dim: int, num_heads: int, ndim: int = 2, theta: float = 10.0,
-                 pairs: str = "interleaved", scaling: str = "none", ref_shape=None,
+                 pairs: str = "interleaved", sections=None, scaling: str = "none", ref_shape=None,
                  yarn_alpha: float = 1.0, yarn_beta: float = 32.0, generator=None):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
-        _check_head_dim(head_dim, ndim, "rope_mixed")
+        sections = resolve_sections(head_dim, ndim, sections, "rope_mixed")
         if theta <= 1:
             raise ValueError(f"theta must be > 1, got {theta!r}")
-        self.theta = float(theta)
-        freqs = mixed_frequencies(head_dim, num_heads, ndim, theta, generator)
-        super().__init__(head_dim, num_heads, ndim, freqs, band_fractions((head_dim // (2 * ndim),) * ndim),
-                         learnable=True, pairs=pairs, scaling=scaling, ref_shape=ref_shape,
-                         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta)
+        sections_xy = sections[::-1]
+        super().__init__(head_dim, num_heads, ndim, mixed_frequencies(sections_xy, num_heads, theta, generator),
+                         band_fractions(sections_xy), learnable=True, pairs=pairs, scaling=scaling,
+                         ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta)
+        self.theta, self.sections = float(theta), sections
 
     def no_weight_decay(self) -> set[str]:
         return {"freqs"}
