@@ -245,3 +245,20 @@ def test_bad_input_messages():
         vpe.create_model("vit_nonexistent", pe="learned")
     with pytest.raises(ValueError, match="pe keyword 'nope'"):
         vpe.create_model(VIT, pe="learned", pe_kwargs={"nope": 1}, **VIT_KW)
+
+
+@pytest.mark.parametrize("eva_name,pe", [("vit_small_patch16_rope_224", "rope_axial"),
+                                         ("vit_small_patch16_rope_mixed_224", "rope_mixed")])
+def test_timm_rope_vit_ports_load_with_identical_logits(eva_name, pe):
+    """timm's rope-vit ports (Eva classes) -> a visionpe ViT: same logits, at the trained size and beyond."""
+    torch.manual_seed(0)
+    kw = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=2, num_classes=5)
+    eva = _perturb(timm.create_model(eva_name, dynamic_img_size=True, **kw)).eval()
+    ours = vpe.create_model("vit_small_patch16_224", pe=pe, qkv_bias=True, init_values=1e-5, global_pool="token",
+                            **kw).eval()
+    report = vpe.load_timm_checkpoint(ours, eva.state_dict())
+    assert report.new == [] and report.dropped == []
+    for size in (32, 48):
+        x = torch.randn(2, 3, size, size)
+        with torch.no_grad():
+            assert (ours(x) - eva(x)).abs().max() < 1e-5, size

@@ -70,6 +70,27 @@ class LoadReport:
 
 
 _SWIN_POSITIONAL = re.compile(r"(.*\.attn)\.(relative_position_bias_table|cpb_mlp\..*)$")
+_EVA_LAYER_SCALE = re.compile(r"^blocks\.(\d+)\.gamma_([12])$")
+
+
+def _eva_to_vit(state: dict, report: "LoadReport") -> dict:
+    """timm ``Eva`` rope-vit ports (``vit_*_rope_*``) -> ``VisionTransformer`` names: ``gamma_1`` -> ``ls1.gamma``,
+    mixed ``rope.freqs (2, depth, heads, d/2)`` -> each block's ``attn.rotary.freqs``."""
+    out = {}
+    for key, value in state.items():
+        match = _EVA_LAYER_SCALE.match(key)
+        if match:
+            new_key = f"blocks.{match.group(1)}.ls{match.group(2)}.gamma"
+            report.converted.append(f"{key} -> {new_key}")
+            out[new_key] = value
+        elif key == "rope.freqs" and value.ndim == 4:
+            for layer in range(value.shape[1]):
+                new_key = f"blocks.{layer}.attn.rotary.freqs"
+                report.converted.append(f"{key}[:, {layer}] -> {new_key}")
+                out[new_key] = value[:, layer]
+        else:
+            out[key] = value
+    return out
 
 
 def _convert_pos_embed(tokens: nn.Module, pos_embed: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
@@ -91,12 +112,14 @@ def load_timm_checkpoint(model: nn.Module, source) -> LoadReport:
     """Load a plain timm ViT/Swin state dict into a visionpe-patched model and report every key.
 
     ``pos_embed`` becomes the ``learned`` table (resampled to the model's grid), Swin
-    ``relative_position_bias_table`` goes to ``swin_bias``, Swin-V2 ``cpb_mlp`` to ``cpb``; positional weights
-    the model's encoding has no use for are dropped, everything else must match by name and shape.
+    ``relative_position_bias_table`` goes to ``swin_bias``, Swin-V2 ``cpb_mlp`` to ``cpb``, and timm's rope-vit ports
+    (``Eva`` classes: ``vit_small_patch16_rope_224``, ``..._rope_mixed_224``) load into a ViT with
+    ``pe="rope_axial"``/``"rope_mixed"``; positional weights the model's encoding has no use for are dropped,
+    everything else must match by name and shape.
     """
-    state = read_state_dict(source)
-    target = model.state_dict()
     report, load = LoadReport(), {}
+    state = _eva_to_vit(read_state_dict(source), report)
+    target = model.state_dict()
     for key, value in state.items():
         if key == "pos_embed" and "pe_tokens.table" in target:
             for new_key, tensor in _convert_pos_embed(model.pe_tokens, value, "pe_tokens.").items():
@@ -107,7 +130,10 @@ def load_timm_checkpoint(model: nn.Module, source) -> LoadReport:
         new_key = f"{match.group(1)}.bias.{match.group(2)}" if match else key
         if new_key in target and target[new_key].shape == value.shape:
             load[new_key] = value
-            (report.converted if match else report.kept).append(f"{key} -> {new_key}" if match else key)
+            if match:
+                report.converted.append(f"{key} -> {new_key}")
+            elif not any(line.endswith(f"-> {key}") for line in report.converted):
+                report.kept.append(key)
         elif match and match.group(2) == "relative_position_bias_table" and new_key in target:
             bias = model.get_submodule(f"{match.group(1)}.bias")
             source_window = _window_from_rows(value.shape[0])
