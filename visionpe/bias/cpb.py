@@ -42,11 +42,10 @@ class ContinuousPositionBias(BiasEncoding):
         self.ndim = len(self.window_size)
         if self.ndim > 3:
             raise ValueError(f"window_size={window_size!r} has {self.ndim} axes; allowed: 1, 2 or 3")
-        if pretrained_window_size is not None:
-            pretrained_window_size = to_shape("pretrained_window_size", pretrained_window_size, self.ndim)
-            if all(p == 0 for p in pretrained_window_size):
-                pretrained_window_size = None
-        self.pretrained_window_size = pretrained_window_size
+        p = pretrained_window_size
+        if p == 0 or (isinstance(p, (tuple, list)) and len(p) and not any(p)):  # timm's (0, 0) means none
+            p = None
+        self.pretrained_window_size = None if p is None else to_shape("pretrained_window_size", p, self.ndim)
         check_positive_int("hidden_dim", hidden_dim)
         self.cpb_mlp = nn.Sequential(nn.Linear(self.ndim, hidden_dim, bias=True), nn.ReLU(inplace=True),
                                      nn.Linear(hidden_dim, num_heads, bias=False))
@@ -54,7 +53,8 @@ class ContinuousPositionBias(BiasEncoding):
 
     def _build(self, grid: Grid, device) -> torch.Tensor:
         coords = log_relative_coords(grid.shape, self.pretrained_window_size or self.window_size, device)
-        table = 16 * torch.sigmoid(self.cpb_mlp(coords).float())  # (offsets, heads)
+        with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
+            table = 16 * torch.sigmoid(self.cpb_mlp(coords).float())  # (offsets, heads)
         index = offset_index(relative_offsets(grid.shape, device), grid.shape)
         return self.pad_prefix(rearrange(table[index], "n m h -> h n m"), grid)
 

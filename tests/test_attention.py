@@ -1,0 +1,154 @@
+"""attend / Attention against a hand-written reference and timm, permutation (non-)equivariance, and every
+encoding's forward and backward at 2D and 3D grids in float32 and under bf16 autocast."""
+import copy
+
+import pytest
+import torch
+from conftest import DIM, HEAD_DIM, NUM_HEADS, SHAPES, build_kwargs
+from timm.layers import Attention as TimmAttention
+from timm.layers import AttentionRope, RotaryEmbeddingCat
+
+import visionpe as vpe
+from visionpe import Attention, Grid, attend
+from visionpe.tokens import Learned
+
+NAMES = ("sincos", "learned", "peg", "rope_axial", "rope_mixed", "swin_bias", "rel_bias", "cpb", "alibi")
+FAMILIES = {"sincos": "tokens", "learned": "tokens", "peg": "tokens", "rope_axial": "rotary", "rope_mixed": "rotary",
+            "swin_bias": "bias", "rel_bias": "bias", "cpb": "bias", "alibi": "bias"}
+
+
+def test_available_lists_every_core_encoding():
+    available = vpe.available()
+    assert {n: available.get(n) for n in NAMES} == FAMILIES
+    for name in NAMES:
+        assert vpe.build(name, **build_kwargs(name, 2)).family == FAMILIES[name]
+
+
+def reference_attention(q, k, v, bias=None, scale=None):
+    """``softmax(q k^T * scale + bias) v``."""
+    logits = q @ k.transpose(-1, -2) * (scale or q.shape[-1] ** -0.5)
+    if bias is not None:
+        logits = logits + bias
+    return logits.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("bias_name", [None, "rel_bias", "alibi"])
+@pytest.mark.parametrize("rotary_name", [None, "rope_axial", "rope_mixed"])
+def test_attend_matches_reference(rotary_name, bias_name):
+    grid = Grid((3, 4), prefix=1)
+    rotary = rotary_name and vpe.build(rotary_name, **build_kwargs(rotary_name, 2))
+    bias = bias_name and vpe.build(bias_name, **build_kwargs(bias_name, 2))
+    q, k, v = torch.randn(3, 2, NUM_HEADS, grid.num_tokens, HEAD_DIM)
+    with torch.no_grad():
+        rq, rk = rotary(q, k, grid) if rotary else (q, k)
+        ref = reference_attention(rq, rk, v, bias(grid) if bias else None)
+        torch.testing.assert_close(attend(q, k, v, grid, rotary, bias), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_attend_masks_and_scale():
+    grid = Grid((2, 3), prefix=1)
+    q, k, v = torch.randn(3, 2, NUM_HEADS, grid.num_tokens, HEAD_DIM)
+    bias = vpe.build("alibi", num_heads=NUM_HEADS)
+    keep = torch.rand(grid.num_tokens, grid.num_tokens) > 0.3
+    keep.fill_diagonal_(True)
+    float_mask = torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    ref = reference_attention(q, k, v, bias(grid) + float_mask, scale=0.3)
+    torch.testing.assert_close(attend(q, k, v, grid, bias=bias, attn_mask=keep, scale=0.3), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attend(q, k, v, grid, bias=bias, attn_mask=float_mask, scale=0.3), ref,
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_attention_module_loads_timm_attention():
+    timm_attn = TimmAttention(DIM, num_heads=NUM_HEADS, qkv_bias=True).eval()
+    ours = Attention(DIM, NUM_HEADS, qkv_bias=True).eval()
+    ours.load_state_dict(timm_attn.state_dict())
+    x = torch.randn(2, 13, DIM)
+    torch.testing.assert_close(ours(x, Grid((3, 4), prefix=1)), timm_attn(x), atol=1e-5, rtol=1e-5)
+
+
+def test_attention_module_with_axial_rope_matches_timm_attention_rope():
+    """timm's Eva-style ``AttentionRope`` (prefix tokens unrotated) with ``RotaryEmbeddingCat``."""
+    shape = (3, 5)
+    timm_attn = AttentionRope(DIM, num_heads=NUM_HEADS, qkv_bias=True, num_prefix_tokens=1).eval()
+    timm_rope = RotaryEmbeddingCat(dim=HEAD_DIM, temperature=100, in_pixels=False, grid_indexing="xy")
+    ours = Attention(DIM, NUM_HEADS, qkv_bias=True, rotary=vpe.build("rope_axial", head_dim=HEAD_DIM,
+                                                                      num_heads=NUM_HEADS)).eval()
+    ours.load_state_dict(timm_attn.state_dict(), strict=False)
+    x = torch.randn(2, 16, DIM)
+    with torch.no_grad():
+        ref = timm_attn(x, rope=timm_rope.get_embed(list(shape)))
+        torch.testing.assert_close(ours(x, Grid(shape, prefix=1)), ref, atol=1e-5, rtol=1e-5)
+
+
+def encoded_attention(name):
+    """``x -> Attention(tokens(x))`` with the 2D encoding ``name`` in its place (``None``: no encoding)."""
+    pe = vpe.build(name, **build_kwargs(name, 2)) if name else None
+    family = pe.family if pe is not None else None
+    attn = Attention(DIM, NUM_HEADS, rotary=pe if family == "rotary" else None, bias=pe if family == "bias" else None)
+
+    def run(x, grid):
+        return attn(pe(x, grid) if family == "tokens" else x, grid)
+    return run, attn
+
+
+@pytest.mark.parametrize("name", [None, *NAMES])
+def test_permutation_equivariance_only_without_encoding(name):
+    run, attn = encoded_attention(name)
+    grid = Grid(SHAPES[2], prefix=1)
+    x = torch.randn(2, grid.num_tokens, DIM)
+    perm = torch.cat([torch.zeros(1, dtype=torch.long), 1 + torch.randperm(grid.num_patches)])
+    with torch.no_grad():
+        if hasattr(attn.bias, "relative_position_bias_table"):  # well above the 0.02 init: a clear effect
+            attn.bias.relative_position_bias_table.normal_()
+        diff = (run(x[:, perm], grid) - run(x, grid)[:, perm]).abs().max()
+    if name is None:
+        assert diff < 1e-5
+    else:
+        assert diff > 1e-4
+
+
+def make_table(pe, grid) -> torch.Tensor:
+    """The float table an encoding adds or multiplies in: token vectors, rotations or logit bias."""
+    if pe.family == "rotary":
+        return pe.cis(grid)
+    if pe.family == "bias":
+        return pe(grid)
+    return pe.patch_table(grid) if isinstance(pe, Learned) else pe.table(grid)
+
+
+@pytest.mark.parametrize("ndim", [2, 3])
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "peg"])  # PEG is a convolution, it has no table
+def test_tables_float32_under_autocast(name, ndim):
+    kw = build_kwargs(name, ndim)
+    if "grid" in kw:  # a training grid smaller than the call's grid exercises resampling
+        kw["grid"] = tuple(max(s - 1, 1) for s in kw["grid"])
+    pe = vpe.build(name, **kw)
+    fresh = copy.deepcopy(pe)  # its own caches: the autocast table is computed, not looked up
+    grid = Grid(SHAPES[ndim], prefix=1)
+    with torch.no_grad():
+        ref = make_table(pe, grid)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            table = make_table(fresh, grid)
+    assert table.dtype in (torch.float32, torch.complex64)
+    torch.testing.assert_close(table, ref, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("ndim", [2, 3])
+@pytest.mark.parametrize("name", NAMES)
+def test_every_encoding_forward_backward(name, ndim, autocast):
+    pe = vpe.build(name, **build_kwargs(name, ndim))
+    attn = Attention(DIM, NUM_HEADS, rotary=pe if pe.family == "rotary" else None,
+                     bias=pe if pe.family == "bias" else None)
+    grid = Grid(SHAPES[ndim], prefix=1)
+    x = torch.randn(2, grid.num_tokens, DIM, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = attn(pe(x, grid) if pe.family == "tokens" else x, grid)
+    assert out.shape == x.shape and out.dtype == (torch.bfloat16 if autocast else torch.float32)
+    out.float().square().mean().backward()
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    params = dict(pe.named_parameters())
+    assert bool(params) == (name not in ("sincos", "rope_axial", "alibi"))
+    for pname, p in params.items():
+        assert p.dtype == torch.float32
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, pname

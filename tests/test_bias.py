@@ -1,0 +1,194 @@
+"""Bias family: Swin/Video-Swin/BEiT relative tables, Swin-V2 CPB and ALiBi against timm and closed forms."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from timm.layers import RelPosMlp, gen_relative_log_coords, gen_relative_position_index, \
+    resize_rel_pos_bias_table_simple
+
+import visionpe as vpe
+from visionpe import Grid
+from visionpe.bias import RelativePositionBias, alibi_slopes
+from visionpe.bias._base import offset_index, relative_offsets
+from visionpe.bias.cpb import log_relative_coords
+
+
+def timm_style_bias(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Swin/BEiT: ``table[index.view(-1)].view(T, T, heads).permute(2, 0, 1)``."""
+    t = index.shape[0]
+    return table[index.reshape(-1)].reshape(t, t, -1).permute(2, 0, 1)
+
+
+def shifted_pairs_equal(bias: torch.Tensor, shape) -> None:
+    """``bias[h, i, j]`` is unchanged when both patches move by one step along every axis."""
+    b = bias.reshape(bias.shape[0], *shape, *shape)
+    nd = len(shape)
+    head = (slice(None),)
+    early = head + (slice(None, -1),) * 2 * nd
+    late = head + (slice(1, None),) * 2 * nd
+    torch.testing.assert_close(b[late], b[early], rtol=0, atol=1e-6)
+    assert bias.std() > 1e-4  # not trivially constant
+
+
+# -- swin_bias -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("window", [(3, 5), (4, 4), (7, 7)])
+def test_swin_index_matches_timm(window):
+    ours = offset_index(relative_offsets(window), window)
+    torch.testing.assert_close(ours, gen_relative_position_index(window), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("window", [(3, 5), (4, 4)])
+def test_swin_bias_equals_table_lookup(window):
+    pe = vpe.build("swin_bias", num_heads=3, window_size=window)
+    table = pe.relative_position_bias_table
+    assert table.shape == ((2 * window[0] - 1) * (2 * window[1] - 1), 3)
+    torch.testing.assert_close(pe(Grid(window)), timm_style_bias(table, gen_relative_position_index(window)))
+
+
+def test_swin_bias_smaller_grid_uses_window_offsets():
+    """A grid inside the window sees the bias of the window's top-left patches."""
+    window, shape = (3, 5), (2, 3)
+    pe = vpe.build("swin_bias", num_heads=2, window_size=window)
+    full = pe(Grid(window)).reshape(2, *window, *window)
+    ref = full[:, :2, :3, :2, :3].reshape(2, 6, 6)
+    torch.testing.assert_close(pe(Grid(shape)), ref, rtol=0, atol=0)
+
+
+def test_swin_3d_index_matches_video_swin():
+    window = (2, 3, 4)
+    wt, wh, ww = window
+    c = np.stack(np.meshgrid(*[np.arange(w) for w in window], indexing="ij")).reshape(3, -1)
+    dt, dh, dw = c[:, :, None] - c[:, None, :]
+    ref = (dt + wt - 1) * (2 * wh - 1) * (2 * ww - 1) + (dh + wh - 1) * (2 * ww - 1) + (dw + ww - 1)
+    assert torch.equal(offset_index(relative_offsets(window), window), torch.from_numpy(ref))
+    pe = vpe.build("swin_bias", num_heads=2, window_size=window)
+    assert pe.relative_position_bias_table.shape[0] == (2 * wt - 1) * (2 * wh - 1) * (2 * ww - 1)
+    torch.testing.assert_close(pe(Grid(window)),
+                               timm_style_bias(pe.relative_position_bias_table, torch.from_numpy(ref)))
+
+
+@pytest.mark.parametrize("new", [(5, 5), (4, 6), (2, 2)])
+def test_swin_resize_matches_timm(new):
+    pe = vpe.build("swin_bias", num_heads=3, window_size=(3, 3))
+    rows = (2 * new[0] - 1) * (2 * new[1] - 1)
+    ref = resize_rel_pos_bias_table_simple(pe.relative_position_bias_table.detach(), new, (rows, 3))
+    pe.resize(new)
+    assert pe.window_size == new
+    torch.testing.assert_close(pe.relative_position_bias_table, ref, atol=1e-5, rtol=1e-5)
+    assert pe(Grid(new)).shape == (3, math.prod(new), math.prod(new))
+
+
+@pytest.mark.parametrize("spatial", [(3, 3), (4, 5)])
+def test_inflate_2d_to_3d_repeats_resized_table_over_time(spatial):
+    src = vpe.build("swin_bias", num_heads=2, window_size=(3, 3))
+    resized = vpe.build("swin_bias", num_heads=2, window_size=(3, 3))
+    resized.load_state_dict(src.state_dict())
+    resized.resize(spatial)
+    out = RelativePositionBias.inflate(src, (2,) + spatial)
+    per_time = out.relative_position_bias_table.reshape(3, -1, 2)  # 2 * Wt - 1 time offsets
+    torch.testing.assert_close(per_time, resized.relative_position_bias_table[None].expand(3, -1, -1))
+    # every frame pair sees the spatial bias of the 2D window
+    bias = out(Grid((2,) + spatial)).reshape(2, 2, math.prod(spatial), 2, math.prod(spatial))
+    torch.testing.assert_close(bias[:, 0, :, 1], resized(Grid(spatial)))
+
+
+# -- rel_bias (BEiT) -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(3, 3), (2, 4)])
+def test_rel_bias_prefix_entries_match_timm_class_token(shape):
+    pe = vpe.build("rel_bias", num_heads=3, grid=shape)
+    table = pe.relative_position_bias_table  # (offsets + 3, heads)
+    index = gen_relative_position_index(shape, class_token=True)
+    num_rel = table.shape[0] - 3
+    # timm/BEiT: row 0 (class query) -> entry num_rel, column 0 (class key) -> num_rel + 1, corner -> num_rel + 2
+    assert index[0, 1:].unique().tolist() == [num_rel] and index[1:, 0].unique().tolist() == [num_rel + 1]
+    assert index[0, 0] == num_rel + 2
+    bias = pe(Grid(shape, prefix=1))
+    torch.testing.assert_close(bias, timm_style_bias(table, index))
+    # so our last three rows are: prefix -> patch, patch -> prefix, prefix -> prefix
+    n = math.prod(shape)
+    torch.testing.assert_close(bias[:, 0, 1:], table[-3][:, None].expand(-1, n))
+    torch.testing.assert_close(bias[:, 1:, 0], table[-2][:, None].expand(-1, n))
+    torch.testing.assert_close(bias[:, 0, 0], table[-1])
+
+
+def test_rel_bias_larger_grid_resamples_smaller_uses_offsets():
+    pe = vpe.build("rel_bias", num_heads=2, grid=(3, 3))
+    small = pe(Grid((2, 2))).reshape(2, 2, 2, 2, 2)
+    full = pe(Grid((3, 3))).reshape(2, 3, 3, 3, 3)
+    torch.testing.assert_close(small, full[:, :2, :2, :2, :2])
+    grown = pe(Grid((4, 5), prefix=1))
+    resized = vpe.build("rel_bias", num_heads=2, grid=(3, 3))
+    resized.load_state_dict(pe.state_dict())
+    resized.resize((4, 5))
+    torch.testing.assert_close(grown, resized(Grid((4, 5), prefix=1)), atol=1e-6, rtol=1e-6)
+    assert torch.equal(resized.relative_position_bias_table[-3:], pe.relative_position_bias_table[-3:])
+
+
+def test_swin_bias_prefix_rows_are_zero():
+    pe = vpe.build("swin_bias", num_heads=2, window_size=(2, 3))
+    bias = pe(Grid((2, 3), prefix=2))
+    assert bias.shape == (2, 8, 8) and bias[:, :2].abs().max() == 0 and bias[:, :, :2].abs().max() == 0
+    torch.testing.assert_close(bias[:, 2:, 2:], pe(Grid((2, 3))))
+
+
+# -- cpb -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("pretrained", [None, (6, 5)])
+@pytest.mark.parametrize("window", [(3, 4), (4, 4)])
+def test_cpb_log_coords_match_timm(window, pretrained):
+    ours = log_relative_coords(window, pretrained or window)
+    ref = gen_relative_log_coords(window, pretrained or (0, 0), mode="swin")
+    torch.testing.assert_close(ours, ref.reshape(-1, 2), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("pretrained", [None, (0, 0), (6, 5)])  # timm's (0, 0) means "no pretrained window"
+@pytest.mark.parametrize("window", [(3, 4), (4, 4)])
+def test_cpb_matches_timm_rel_pos_mlp(window, pretrained):
+    heads = 3
+    timm_cpb = RelPosMlp(window, num_heads=heads, hidden_dim=512, mode="swin",
+                         pretrained_window_size=pretrained or (0, 0)).eval()
+    pe = vpe.build("cpb", num_heads=heads, window_size=window, pretrained_window_size=pretrained).eval()
+    pe.load_state_dict({"cpb_mlp.0.weight": timm_cpb.mlp.fc1.weight, "cpb_mlp.0.bias": timm_cpb.mlp.fc1.bias,
+                        "cpb_mlp.2.weight": timm_cpb.mlp.fc2.weight})
+    with torch.no_grad():
+        torch.testing.assert_close(pe(Grid(window)), timm_cpb.get_bias()[0], atol=1e-5, rtol=1e-5)
+
+
+def test_cpb_new_window_evaluates_mlp_on_new_offsets():
+    pe = vpe.build("cpb", num_heads=2, window_size=(3, 3), hidden_dim=32)
+    big = vpe.build("cpb", num_heads=2, window_size=(5, 5), pretrained_window_size=(3, 3), hidden_dim=32)
+    big.load_state_dict(pe.state_dict())
+    torch.testing.assert_close(pe(Grid((5, 5))), big(Grid((5, 5))))
+
+
+# -- alibi ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("heads", [1, 4, 6])
+def test_alibi_slopes(heads):
+    ref = torch.tensor([2.0 ** (-8 * h / heads) for h in range(1, heads + 1)])
+    torch.testing.assert_close(alibi_slopes(heads), ref, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 3, 4)])
+def test_alibi_closed_form_symmetric_zero_diagonal(shape):
+    heads = 4
+    grid = Grid(shape, prefix=1)
+    bias = vpe.build("alibi", num_heads=heads, ndim=len(shape))(grid)
+    c = np.stack(np.meshgrid(*[np.arange(s) for s in shape], indexing="ij"), -1).reshape(-1, len(shape))
+    dist = np.sqrt(((c[:, None] - c[None]) ** 2).sum(-1))
+    slopes = 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)
+    ref = torch.from_numpy(-slopes[:, None, None] * dist).float()
+    torch.testing.assert_close(bias[:, 1:, 1:], ref, atol=1e-6, rtol=1e-6)
+    assert bias[:, 0].abs().max() == 0 and bias[:, :, 0].abs().max() == 0
+    assert torch.equal(bias, bias.transpose(1, 2))
+    assert bias.diagonal(dim1=1, dim2=2).abs().max() == 0
+
+
+# -- properties ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["swin_bias", "rel_bias", "cpb", "alibi"])
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 4)])
+def test_bias_translation_invariant(name, shape):
+    kw = {"swin_bias": dict(window_size=shape), "rel_bias": dict(grid=shape),
+          "cpb": dict(window_size=shape, hidden_dim=32), "alibi": dict(ndim=len(shape))}[name]
+    pe = vpe.build(name, num_heads=2, **kw)
+    with torch.no_grad():
+        shifted_pairs_equal(pe(Grid(shape)), shape)
