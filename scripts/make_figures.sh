@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Render the docs figures of fresh encodings into docs/figures/ (small PNGs, dpi 90).
+# Usage, from the repository root:  bash scripts/make_figures.sh  [PYTHON]   (default .venv/bin/python)
+# Every figure is one scripts/visualize.py command; figures of a trained run (--run runs/NAME) go at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${1:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+OUT=docs/figures
+export MPLBACKEND=Agg
+viz() { "$PY" scripts/visualize.py --dpi 90 "$@"; }
+
+# similarity grids (ViT paper figure), 14x14 patches as ViT-B/16 at 224 px; ViT-S sizes (dim 384, 6 heads of 64)
+viz --pe sincos     --grid 14 14 --kind similarity --out $OUT/similarity_sincos.png
+viz --pe rope_axial --grid 14 14 --kind similarity --out $OUT/similarity_rope_axial.png
+viz --pe rope_mixed --grid 14 14 --kind similarity --out $OUT/similarity_rope_mixed.png
+viz --pe rope_mixed --grid 14 14 --kind similarity --head 2 --out $OUT/similarity_rope_mixed_head2.png
+viz --pe alibi      --grid 14 14 --kind similarity --out $OUT/similarity_alibi.png
+# position x channel table, RoPE-Mixed's initial frequencies, a resolution change, a video strip
+viz --pe sincos     --grid 14 14 --kind heatmap --out $OUT/heatmap_sincos.png
+viz --pe rope_mixed --grid 14 14 --kind freqs --out $OUT/freqs_rope_mixed.png
+viz --pe rope_axial --grid 8 8 --new-grid 16 16 --kind resolution --scaling pi --out $OUT/resolution_rope_axial_pi.png
+viz --pe rope_mixed --grid 8 14 14 --kind video --query 4 7 7 --out $OUT/video_rope_mixed.png
+
+# figures of a trained run (added once docs/BENCHMARK.md's runs exist), e.g.:
+# viz --run runs/NAME --pe rope_mixed --layer 0 --kind freqs --out $OUT/freqs_rope_mixed_trained.png
+ls -l $OUT
