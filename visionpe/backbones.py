@@ -43,7 +43,7 @@ def parse_pe(pe: str) -> dict[str, str]:
         return {}
     by_family: dict[str, str] = {}
     for name in pe.split("+"):
-        family = check_name(name).family
+        family = check_name(name, "pe").family
         if family in by_family:
             raise ValueError(f"pe={pe!r} combines {by_family[family]!r} and {name!r}, both of family {family!r}; "
                              f"combine at most one tokens, one rotary and one bias encoding")

@@ -1,6 +1,8 @@
 """Build any encoding by name: ``build(name, **kwargs)``, ``available() -> {name: family}``."""
 from __future__ import annotations
 
+import inspect
+
 from torch import nn
 
 from .bias import ALiBi, ContinuousPositionBias, RelBias, SwinBias
@@ -25,9 +27,9 @@ def available() -> dict[str, str]:
     return {name: cls.family for name, cls in ENCODINGS.items()}
 
 
-def check_name(name: str) -> type[nn.Module]:
+def check_name(name: str, param: str = "name") -> type[nn.Module]:
     if name not in ENCODINGS:
-        raise ValueError(f"pe={name!r} is not a known encoding; available: {', '.join(ENCODINGS)}")
+        raise ValueError(f"{param}={name!r} is not a known encoding; available: {', '.join(ENCODINGS)}")
     return ENCODINGS[name]
 
 
@@ -37,9 +39,8 @@ def build(name: str, **kwargs) -> nn.Module:
     >>> pe = build("rope_mixed", head_dim=64, num_heads=6, ndim=2)
     """
     cls = check_name(name)
-    try:
-        return cls(**kwargs)
-    except TypeError as err:  # a keyword the encoding does not take: name the ones it does
-        import inspect
-        params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-        raise ValueError(f"{name}: {err}; keywords: {', '.join(params)}") from None
+    params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    unknown = sorted(set(kwargs) - set(params))
+    if unknown:
+        raise ValueError(f"{name} does not take {', '.join(map(repr, unknown))}; keywords: {', '.join(params)}")
+    return cls(**kwargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_grid_ndim, check_ndim, check_positive_int
+from ..cache import TableCache
 from ..grid import Grid, as_grid
 from ._base import BiasEncoding
 
@@ -27,18 +28,18 @@ class ALiBi(BiasEncoding):
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.ndim = check_ndim(ndim)
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
-        self._cache: dict = {}
+        self._cache = TableCache()
 
     def forward(self, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, "alibi")
         device = self.slopes.device
-        key = (grid.shape, grid.prefix, str(device))
-        if key not in self._cache:
-            coords = grid.coords(device)
-            distance = (coords[:, None] - coords[None]).norm(dim=-1)  # (N, N), exact 0 on the diagonal
-            self._cache[key] = self.pad_prefix(-self.slopes[:, None, None] * distance, grid)
-        return self._cache[key]
+        return self._cache.get((grid.shape, grid.prefix, str(device)), lambda: self._build(grid, device))
+
+    def _build(self, grid: Grid, device) -> torch.Tensor:
+        coords = grid.coords(device)
+        distance = (coords[:, None] - coords[None]).norm(dim=-1)  # (N, N), exact 0 on the diagonal
+        return self.pad_prefix(-self.slopes[:, None, None] * distance, grid)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, ndim={self.ndim}"

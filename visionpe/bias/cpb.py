@@ -8,6 +8,7 @@ from einops import rearrange
 from torch import nn
 
 from .._checks import check_grid_ndim, check_positive_int, to_shape
+from ..cache import TableCache
 from ..grid import Grid, as_grid
 from ._base import BiasEncoding, offset_index, relative_offsets
 
@@ -49,7 +50,7 @@ class ContinuousPositionBias(BiasEncoding):
         check_positive_int("hidden_dim", hidden_dim)
         self.cpb_mlp = nn.Sequential(nn.Linear(self.ndim, hidden_dim, bias=True), nn.ReLU(inplace=True),
                                      nn.Linear(hidden_dim, num_heads, bias=False))
-        self._cache: dict = {}
+        self._cache = TableCache()
 
     def _build(self, grid: Grid, device) -> torch.Tensor:
         coords = log_relative_coords(grid.shape, self.pretrained_window_size or self.window_size, device)
@@ -62,12 +63,8 @@ class ContinuousPositionBias(BiasEncoding):
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, "cpb")
         device = self.cpb_mlp[0].weight.device
-        if torch.is_grad_enabled():
-            return self._build(grid, device)
-        key = (grid.shape, grid.prefix, str(device), tuple(p._version for p in self.parameters()))
-        if key not in self._cache:
-            self._cache = {key: self._build(grid, device)}
-        return self._cache[key]
+        key = (grid.shape, grid.prefix, str(device))
+        return self._cache.get(key, lambda: self._build(grid, device), self.parameters())
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, window_size={self.window_size}, pretrained={self.pretrained_window_size}"

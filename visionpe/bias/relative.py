@@ -6,6 +6,7 @@ from einops import rearrange
 from torch import nn
 
 from .._checks import check_choice, check_grid_ndim, check_positive_int, to_shape
+from ..cache import TableCache
 from ..grid import Grid, as_grid
 from ..resample import INTERPOLATIONS, resample_grid
 from ._base import BiasEncoding, offset_index, relative_offsets
@@ -46,13 +47,11 @@ class RelativePositionBias(BiasEncoding):
         self.interpolation, self.antialias = interpolation, antialias
         rows = num_offsets(self.window_size) + (3 if prefix_entries else 0)
         self.relative_position_bias_table = nn.Parameter(torch.randn(rows, num_heads) * init_std)
-        self._index_cache: dict = {}
+        self._index_cache = TableCache(maxsize=16)
 
     def _index(self, shape, window, device) -> torch.Tensor:
         key = (tuple(shape), tuple(window), str(device))
-        if key not in self._index_cache:
-            self._index_cache[key] = offset_index(relative_offsets(shape, device), window)
-        return self._index_cache[key]
+        return self._index_cache.get(key, lambda: offset_index(relative_offsets(shape, device), window))
 
     def _offset_table(self) -> torch.Tensor:
         rows = num_offsets(self.window_size)

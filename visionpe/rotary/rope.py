@@ -15,6 +15,7 @@ from einops import rearrange
 from torch import nn
 
 from .._checks import check_choice, check_divisible, check_grid_ndim, check_ndim, check_positive_int, to_shape
+from ..cache import TableCache
 from ..grid import Grid, as_grid
 from .scaling import SCALINGS, attention_factor, axis_scales, scale_frequencies, scale_positions
 
@@ -107,21 +108,15 @@ class RoPE(nn.Module):
         else:
             self.register_buffer("freqs", freqs, persistent=False)
         self.register_buffer("band_fraction", band_fraction, persistent=False)
-        self._cache: dict = {}
+        self._cache = TableCache(maxsize=16)
 
     def cis(self, grid: Grid, device=None) -> torch.Tensor:
         """Complex rotations ``(heads or 1, P + N, head_dim / 2)``; prefix rows are the identity."""
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, type(self).__name__)
         device = device or self.freqs.device
-        if self.freqs.requires_grad and torch.is_grad_enabled():
-            return self._build(grid, device)
-        key = (grid, str(device), self.freqs._version, self.scaling, self.ref_shape)
-        if key not in self._cache:
-            if len(self._cache) > 16:
-                self._cache.clear()
-            self._cache[key] = self._build(grid, device)
-        return self._cache[key]
+        key = (grid, str(device), self.scaling, self.ref_shape)
+        return self._cache.get(key, lambda: self._build(grid, device), [self.freqs])
 
     def _build(self, grid: Grid, device) -> torch.Tensor:
         coords = grid.coords(device).flip(-1)  # (N, ndim) in xy order

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_grid_ndim, check_ndim, check_positive_int, to_shape
+from ..cache import TableCache
 from ..grid import Grid, as_grid
 from ..resample import INTERPOLATIONS, resample_axis, resample_grid
 from ._base import TokenEncoding
@@ -48,7 +49,7 @@ class Learned(TokenEncoding):
         else:
             self.table = nn.Parameter(torch.randn(*self.grid_shape, dim) * init_std)
         self.prefix = nn.Parameter(torch.randn(num_prefix_tokens, dim) * init_std) if num_prefix_tokens else None
-        self._cache: dict = {}
+        self._cache = TableCache(maxsize=4)
 
     # -- tables ---------------------------------------------------------------------------------------
     def _axis_tables(self, shape) -> list[torch.Tensor]:
@@ -76,13 +77,8 @@ class Learned(TokenEncoding):
             return self._window(grid)
         if grid.shape == self.grid_shape and not self.factorized:
             return self.table.reshape(-1, self.dim)
-        if torch.is_grad_enabled():
-            return self._grid_table(grid.shape).reshape(-1, self.dim)
-        versions = tuple(p._version for p in self.parameters())
-        key = (grid.shape, versions, self.interpolation, self.antialias)
-        if key not in self._cache:
-            self._cache = {key: self._grid_table(grid.shape).reshape(-1, self.dim)}
-        return self._cache[key]
+        key = (grid.shape, self.interpolation, self.antialias, str(next(self.parameters()).device))
+        return self._cache.get(key, lambda: self._grid_table(grid.shape).reshape(-1, self.dim), self.parameters())
 
     def _window(self, grid: Grid) -> torch.Tensor:
         start = [int(o) for o in grid.offset]
@@ -117,7 +113,7 @@ class Learned(TokenEncoding):
         else:
             self.table = nn.Parameter(resample_grid(self.table, new_shape, interpolation, antialias))
         self.grid_shape = new_shape
-        self._cache = {}
+        self._cache.clear()
         return self
 
     def extra_repr(self) -> str:

@@ -6,6 +6,7 @@ from einops import rearrange
 from torch import nn
 
 from .._checks import check_choice, check_divisible, check_grid_ndim, check_ndim, check_positive_int
+from ..cache import TableCache
 from ..grid import Grid, as_grid
 from ._base import TokenEncoding
 
@@ -53,19 +54,19 @@ class SinCos(TokenEncoding):
             raise ValueError(f"temperature must be positive, got {temperature!r}")
         self.layout, self.temperature = layout, float(temperature)
         self.ref_shape = None if ref_shape is None else as_grid(ref_shape).shape
-        self._cache: dict = {}
+        self._cache = TableCache()
 
     def table(self, grid: Grid, device=None) -> torch.Tensor:
         """Position vectors of the patches, ``(N, dim)`` float32, cached per grid and device."""
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, "sincos")
-        key = (grid.shape, grid.offset, str(device))
-        if key not in self._cache:
-            coords = grid.coords(device)
-            if self.ref_shape is not None:
-                coords = coords * torch.tensor([r / s for r, s in zip(self.ref_shape, grid.shape)], device=device)
-            self._cache[key] = sincos_table(coords, self.dim, self.temperature, self.layout)
-        return self._cache[key]
+        return self._cache.get((grid.shape, grid.offset, str(device)), lambda: self._build(grid, device))
+
+    def _build(self, grid: Grid, device) -> torch.Tensor:
+        coords = grid.coords(device)
+        if self.ref_shape is not None:
+            coords = coords * torch.tensor([r / s for r, s in zip(self.ref_shape, grid.shape)], device=device)
+        return sincos_table(coords, self.dim, self.temperature, self.layout)
 
     def forward(self, x: torch.Tensor, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)
