@@ -248,3 +248,15 @@ def test_yarn_lowest_bands_divided_by_s():
     torch.testing.assert_close(cis[1, :4].angle(), f / s, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(cis[12, 4:].angle(), f / s, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(cis.abs(), torch.full(cis.shape, 0.1 * math.log(s) + 1), atol=1e-6, rtol=0)
+
+
+def test_with_scaling_is_a_copy_with_the_same_frequencies():
+    from visionpe.rotary import MixedRoPE
+    rope = MixedRoPE(head_dim=8, num_heads=2, ref_shape=(4, 4))
+    pi = rope.with_scaling("pi")
+    assert rope.scaling == "none" and pi.scaling == "pi" and pi.ref_shape == (4, 4)
+    assert torch.equal(pi.freqs, rope.freqs) and pi.freqs is not rope.freqs
+    grid = Grid((8, 8))
+    assert not torch.allclose(pi.cis(grid), rope.cis(grid))
+    with pytest.raises(ValueError, match="scaling='pi' needs ref_shape"):
+        MixedRoPE(head_dim=8, num_heads=2).with_scaling("pi")

@@ -7,11 +7,20 @@ Three families, by where position enters attention:
 - ``bias`` (``swin_bias``, ``rel_bias``, ``cpb``, ``alibi``): ``pe(grid) -> (heads, T, T)`` logit bias.
 """
 from .attention import Attention, attend
-from .backbones import apply, create_model, encodings_of
 from .checkpoint import load_timm_checkpoint, load_weights, save_weights
 from .grid import Grid
 from .registry import available, build
 
-__all__ = ["Attention", "Grid", "apply", "attend", "available", "build", "create_model", "encodings_of", "load_timm_checkpoint", "load_weights",
-           "save_weights"]
+__all__ = ["Attention", "Grid", "apply", "attend", "available", "build", "create_model", "encodings_of",
+           "load_timm_checkpoint", "load_weights", "save_weights"]
 __version__ = "0.1.0"
+
+_LAZY = {"apply": "backbones", "create_model": "backbones", "encodings_of": "backbones"}
+
+
+def __getattr__(name: str):
+    """timm is imported on first use of the backbone helpers, so ``import visionpe`` stays light."""
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'visionpe' has no attribute {name!r}")

@@ -251,7 +251,7 @@ def _apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
     patch_embed.strict_img_size, patch_embed.flatten, patch_embed.output_fmt = False, False, Format.NHWC
     model.dynamic_img_size = True
     grid_shape = tuple(patch_embed.grid_size)
-    dim, depth = model.embed_dim, len(model.blocks)
+    dim = model.embed_dim
     old_table = model.pos_embed.detach() if isinstance(getattr(model, "pos_embed", None), nn.Parameter) else None
     tokens = None
     if "tokens" in names:

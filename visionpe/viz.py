@@ -39,8 +39,7 @@ from ._checks import check_choice, to_shape
 from .bias import ALiBi, ContinuousPositionBias, RelativePositionBias
 from .grid import Grid, as_grid
 from .registry import ENCODINGS, available
-from .rotary.rope import RoPE, axial_frequencies
-from .rotary.scaling import SCALINGS
+from .rotary.rope import axial_frequencies
 from .tokens import PEG, Learned, SinCos
 
 KINDS = ("similarity", "heatmap", "freqs", "resolution", "video")
@@ -296,10 +295,7 @@ def adapt(pe: nn.Module, shape, new_shape, scaling: str | None = None) -> tuple[
     shape, new_shape = tuple(shape), tuple(new_shape)
     if family_of(pe) == "rotary":
         if scaling is not None:
-            check_choice("scaling", scaling, SCALINGS)
-            ref_shape = pe.ref_shape or to_shape("ref_shape", shape, pe.ndim)
-            pe = copy.deepcopy(pe)
-            pe.scaling, pe.ref_shape = scaling, ref_shape  # cache keys include both
+            pe = pe.with_scaling(scaling, pe.ref_shape or shape)
         if new_shape == shape:
             return pe, "native grid"
         if pe.scaling == "none":

@@ -8,6 +8,7 @@ rope-vit and timm (``grid_indexing='xy'``), so 2D pairs ``[0, d/4)`` rotate with
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -133,6 +134,17 @@ class RoPE(nn.Module):
         cis = torch.polar(torch.full_like(angles, magnitude), angles)
         prefix = torch.full((cis.shape[0], grid.prefix, cis.shape[2]), magnitude, dtype=cis.dtype, device=device)
         return torch.cat([prefix, cis], dim=1)
+
+    def with_scaling(self, scaling: str, ref_shape=None) -> "RoPE":
+        """A copy with the same frequencies that adapts to other grids by ``scaling`` against ``ref_shape``
+        (default: this module's ``ref_shape``). Used to compare adaptations of one trained model."""
+        check_choice("scaling", scaling, SCALINGS)
+        ref_shape = self.ref_shape if ref_shape is None else to_shape("ref_shape", ref_shape, self.ndim)
+        if scaling != "none" and ref_shape is None:
+            raise ValueError(f"scaling={scaling!r} needs ref_shape, the training grid (e.g. ref_shape=(14, 14))")
+        other = copy.deepcopy(self)
+        other.scaling, other.ref_shape, other._cache = scaling, ref_shape, TableCache(maxsize=16)
+        return other
 
     def rotate(self, x: torch.Tensor, grid: Grid) -> torch.Tensor:
         """Rotate one tensor ``(B, heads, P + N, head_dim)``."""

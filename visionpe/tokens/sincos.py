@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 from einops import rearrange
-from torch import nn
 
 from .._checks import check_choice, check_divisible, check_grid_ndim, check_ndim, check_positive_int
 from ..cache import TableCache
