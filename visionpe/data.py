@@ -9,13 +9,17 @@ Built-in tasks (no download; deterministic by ``(seed, split, index)``; **render
 scene is drawn in normalized coordinates and rasterized at the requested size with 4x supersampling
 and an area (box) filter, so a resolution change is the same scene with more pixels):
 
-- ``shapes-position``: nine shapes on a 3x3 layout, eight of one kind and one odd one; the label
-  is the cell (0..8, row-major) of the odd shape. Needs absolute position. 9 classes.
-- ``shapes-relation``: an anchor circle and a target (square or triangle) anywhere, plus a distractor
-  cross; the label is where the target lies relative to the circle (0 left, 1 right, 2 above,
-  3 below; the dominant axis is at least 1.5x the other). Needs relative position. 4 classes.
+- ``shapes-position``: nine shapes of random kinds on a 3x3 layout (jittered); eight are cool-coloured
+  (green to violet), the odd one warm (red to yellow). The label is the cell (0..8, row-major) of the odd
+  shape. Finding it is a local colour cue; naming its cell needs absolute position. 9 classes.
+- ``shapes-relation``: a warm anchor circle and a cool target (square or triangle) anywhere in the image;
+  the label is where the target lies relative to the anchor (0 left, 1 right, 2 above, 3 below; the
+  dominant axis is at least 1.5x the other, so no scene is ambiguous). Needs relative position. 4 classes.
 
-Colours are random per shape, the background random and dark, so only shape and place carry the label.
+Hues, saturation, kinds, sizes and the dark background are random, so only colour family and place carry
+the label. Without any positional encoding a ViT is at chance on both (its attention is permutation
+invariant); the cues are deliberately easy so that a tiny ViT learns them in a few epochs on a CPU and the
+benchmark measures position, not shape recognition.
 
 Real data (images resized with antialiasing from their native size to ``img_size``; train split
 augmented with a random translation of up to 1/8 of the side and, except digits, horizontal flips):
@@ -32,6 +36,7 @@ being copied to three: same information, a third of the patch-embedding input.
 """
 from __future__ import annotations
 
+import colorsys
 import gzip
 import math
 import os
@@ -80,11 +85,11 @@ def info(name: str) -> dict:
 KINDS = ("circle", "square", "triangle", "diamond", "cross")
 
 
-def _colour(rng) -> tuple:
-    """A bright colour: random hue, high value, so shapes always stand out from the dark background."""
-    rgb = [rng.random() for _ in range(3)]
-    rgb[rng.randrange(3)] = 1.0
-    return tuple(int(90 + 165 * v) for v in rgb)
+def _colour(rng, warm: bool) -> tuple:
+    """A bright random colour from the warm (red-orange-yellow) or the cool (green-cyan-blue-violet) family."""
+    hue = rng.uniform(-0.06, 0.14) % 1.0 if warm else rng.uniform(0.30, 0.80)
+    r, g, b = colorsys.hsv_to_rgb(hue, rng.uniform(0.65, 1.0), rng.uniform(0.8, 1.0))
+    return int(255 * r), int(255 * g), int(255 * b)
 
 
 def scene(task: str, seed: int, index: int, split: str = "train") -> dict:
@@ -93,33 +98,31 @@ def scene(task: str, seed: int, index: int, split: str = "train") -> dict:
     the resolution it is later rendered at."""
     _check(task, split)
     rng = random.Random(f"{task}/{int(seed)}/{split}/{int(index)}")  # str seeds hash with sha512: stable everywhere
-    background = tuple(rng.randrange(60) for _ in range(3))
+    background = tuple(rng.randrange(50) for _ in range(3))
     shapes = []
     if task == "shapes-position":
-        common, odd = rng.sample(range(len(KINDS)), 2)
         label = rng.randrange(9)
         for cell in range(9):
             r, c = divmod(cell, 3)
-            radius = rng.uniform(0.075, 0.11)
+            radius = rng.uniform(0.08, 0.11)
             cx = (c + 0.5) / 3 + rng.uniform(-0.04, 0.04)
             cy = (r + 0.5) / 3 + rng.uniform(-0.04, 0.04)
-            kind = KINDS[odd if cell == label else common]
-            shapes.append((kind, cx, cy, radius, _colour(rng)))
+            shapes.append((rng.choice(KINDS), cx, cy, radius, _colour(rng, warm=cell == label)))
     elif task == "shapes-relation":
         while True:
-            pts = [(rng.uniform(0.14, 0.86), rng.uniform(0.14, 0.86)) for _ in range(3)]
+            pts = [(rng.uniform(0.15, 0.85), rng.uniform(0.15, 0.85)) for _ in range(2)]
             dx, dy = pts[1][0] - pts[0][0], pts[1][1] - pts[0][1]
-            ok = max(abs(dx), abs(dy)) > 1.5 * min(abs(dx), abs(dy)) and math.hypot(dx, dy) > 0.3
-            ok = ok and all(math.dist(pts[2], p) > 0.25 for p in pts[:2])
-            if ok:
+            if max(abs(dx), abs(dy)) > 1.5 * min(abs(dx), abs(dy)) and math.hypot(dx, dy) > 0.3:
                 break
         if abs(dx) > abs(dy):
             label = 0 if dx < 0 else 1  # target left / right of the anchor
         else:
             label = 2 if dy < 0 else 3  # target above / below (y grows downwards)
-        target = rng.choice(("square", "triangle"))
-        for kind, (cx, cy) in zip(("circle", target, "cross"), pts):
-            shapes.append((kind, cx, cy, rng.uniform(0.08, 0.11), _colour(rng)))
+        anchor = colorsys.hsv_to_rgb(rng.uniform(-0.03, 0.03) % 1.0, rng.uniform(0.7, 1.0), rng.uniform(0.85, 1.0))
+        target = colorsys.hsv_to_rgb(rng.uniform(0.55, 0.65), rng.uniform(0.7, 1.0), rng.uniform(0.85, 1.0))
+        shapes.append(("circle", *pts[0], rng.uniform(0.10, 0.13), tuple(int(255 * v) for v in anchor)))
+        shapes.append((rng.choice(("square", "triangle")), *pts[1], rng.uniform(0.10, 0.13),
+                       tuple(int(255 * v) for v in target)))
     else:
         raise ValueError(f"{task!r} is not a synthetic task ({', '.join(SYNTHETIC)})")
     return {"label": label, "background": background, "shapes": shapes}

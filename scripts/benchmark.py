@@ -1,0 +1,269 @@
+#!/usr/bin/env python
+"""Train every encoding with one recipe, sweep test resolutions, write docs/BENCHMARK.md and plots.
+
+    python scripts/benchmark.py --config configs/bench_vit_tiny.yaml \\
+        --data shapes-position shapes-relation fashion-mnist --seeds 0 1 2 --res 24 32 48 64 --jobs 2
+
+For each (data set, encoding, seed) it runs ``train_vit.py --config CONFIG --data D --pe P --seed S`` in its
+own process (``--jobs`` at a time, one thread each), then ``resolution_sweep`` on the last weights: RoPE
+encodings once per ``--scaling`` (none, pi, ntk, yarn), the others as trained. Finished runs (those with a
+``sweep.csv``) are skipped, so an interrupted benchmark continues where it stopped. The report holds, per
+data set, top-1 mean +- std over seeds at every resolution, the retention acc(res)/acc(train res),
+parameters and training images/s, plus a plot, the recipe and the exact command.
+
+``--swin`` adds the Swin list (swin_bias, cpb, rope_mixed, alibi) with ``--swin-config``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+VIT_LIST = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rope_mixed+learned", "rel_bias", "alibi"]
+SWIN_LIST = ["swin_bias", "cpb", "rope_mixed", "alibi"]
+
+
+WORKER = """
+import sys
+sys.path[:0] = [{root!r}, {scripts!r}]
+import train_vit, resolution_sweep
+train, sweep = {train!r}, {sweep!r}
+if train:
+    train_vit.cli(train)
+if sweep:
+    resolution_sweep.cli(sweep)
+"""
+
+
+def job(cfg_path: Path, data: str, pe: str, seed: int, run: Path, res, scalings, extra, log_dir: Path) -> dict:
+    """Train one run (unless done), then sweep it, in one fresh process; returns {'run', 'ok', 'seconds', 'log'}."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    log = log_dir / f"{run.parent.parent.name}__{run.parent.name}__{run.name}.log"
+    t0 = time.time()
+    train = sweep = []
+    if not (run / "results.json").is_file():
+        train = ["--config", str(cfg_path), "--data", data, "--pe", pe, "--seed", str(seed), "--output", str(run),
+                 "--threads", "1", "--no-progress", "--eval-res"] + list(extra)
+        train += ["--resume"] if (run / "state.pt").is_file() else ["--overwrite"]
+    if not (run / "sweep" / "sweep.csv").is_file():
+        sweep = [str(run), "--res", *map(str, res), "--scaling", *scalings, "--out", str(run / "sweep")]
+    if train or sweep:
+        code = WORKER.format(root=str(ROOT), scripts=str(ROOT / "scripts"), train=train, sweep=sweep)
+        with open(log, "a") as f:
+            f.write(f"$ train_vit.py {shlex.join(train)}\n$ resolution_sweep.py {shlex.join(sweep)}\n")
+            f.flush()
+            rc = subprocess.run([sys.executable, "-c", code], stdout=f, stderr=subprocess.STDOUT, env=env,
+                                cwd=ROOT).returncode
+        if rc:
+            return {"run": run, "ok": False, "seconds": time.time() - t0, "log": log}
+    return {"run": run, "ok": True, "seconds": time.time() - t0, "log": log}
+
+
+def mean_std(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
+    """{(family, data, pe, adaptation): {'acc': {res: [per seed]}, 'ret': ..., 'params', 'img_s', 'epochs'}}"""
+    table = {}
+    for family, data, pe, seed, run in runs:
+        sweep = run / "sweep" / "sweep.csv"
+        if not sweep.is_file():
+            continue
+        results = json.loads((run / "results.json").read_text())
+        with open(sweep) as f:
+            for row in csv.DictReader(f):
+                key = (family, data, pe, row["adaptation"])
+                entry = table.setdefault(key, {"acc": {}, "ret": {}, "params": results["params"], "img_s": [],
+                                               "train_res": int(row["train_res"]), "seeds": set()})
+                entry["acc"].setdefault(int(row["res"]), []).append(float(row["acc"]))
+                entry["ret"].setdefault(int(row["res"]), []).append(float(row["retention"]))
+                if seed not in entry["seeds"]:
+                    entry["seeds"].add(seed)
+                    entry["img_s"].append(results["train_img_per_s"])
+    return table
+
+
+def label(pe: str, adaptation: str) -> str:
+    return pe if adaptation == "default" else f"{pe} [{adaptation}]"
+
+
+def markdown_table(table: dict, family: str, data: str, res: list[int]) -> str:
+    rows = [(k, v) for k, v in table.items() if k[0] == family and k[1] == data]
+    if not rows:
+        return "_no finished runs_\n"
+    train_res = rows[0][1]["train_res"]
+    head = ["encoding"] + [f"{r}px{' (train)' if r == train_res else ''}" for r in res]
+    head += [f"retention {r}px" for r in res if r != train_res] + ["params", "train img/s", "seeds"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (_, _, pe, adaptation), v in rows:
+        cells = [label(pe, adaptation)]
+        for r in res:
+            m, s = mean_std(v["acc"].get(r, []))
+            cells.append(f"{m:.1f} ± {s:.1f}")
+        for r in res:
+            if r != train_res:
+                m, s = mean_std(v["ret"].get(r, []))
+                cells.append(f"{m:.3f} ± {s:.3f}")
+        cells += [f"{v['params'] / 1e3:.1f}k", f"{mean_std(v['img_s'])[0]:.0f}", str(len(v["seeds"]))]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def plot(table: dict, family: str, data: str, res: list[int], path: Path) -> bool:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [(k, v) for k, v in table.items() if k[0] == family and k[1] == data]
+    if not rows:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    styles = {"none": "-", "pi": "--", "ntk": "-.", "yarn": ":", "default": "-"}
+    for (_, _, pe, adaptation), v in rows:
+        rs = [r for r in res if v["acc"].get(r)]
+        name = label(pe, adaptation)
+        for ax, key in zip(axes, ("acc", "ret")):
+            ms = [mean_std(v[key][r]) for r in rs]
+            ax.errorbar(rs, [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3, label=name,
+                        linestyle=styles.get(adaptation.split("/")[0], "-"))
+    train_res = rows[0][1]["train_res"]
+    for ax, ylabel in zip(axes, ("top-1 (%)", "retention acc(res) / acc(train res)")):
+        ax.axvline(train_res, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel("test resolution (px)")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(res)
+        ax.grid(alpha=0.3)
+    axes[0].set_title(f"{data} ({family}): mean ± std over seeds")
+    axes[1].legend(fontsize=7, loc="lower left", ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def verdict(table: dict, family: str, data: str, res: list[int]) -> str:
+    """Plain statement on RoPE-ViT's ordering (mixed >= axial >= learned as the resolution grows)."""
+    get = lambda pe, ad: table.get((family, data, pe, ad))
+    learned = get("learned", "default")
+    rows = [r for r in res if learned and r > learned["train_res"]]
+    if not learned or not rows:
+        return ""
+    lines = []
+    for ad in ("none", "pi", "ntk", "yarn"):
+        axial, mixed = get("rope_axial", ad), get("rope_mixed", ad)
+        if not axial or not mixed:
+            continue
+        parts, holds, within = [], True, True
+        for r in rows:
+            (mm, ms), (am, as_), (lm, ls) = (mean_std(x["acc"][r]) for x in (mixed, axial, learned))
+            holds &= mm >= am >= lm
+            within &= abs(mm - am) <= ms + as_ and abs(am - lm) <= as_ + ls
+            parts.append(f"{r}px: mixed {mm:.1f} ± {ms:.1f}, axial {am:.1f} ± {as_:.1f}, learned {lm:.1f} ± {ls:.1f}")
+        spread = ("the differences are within the seed spread (|Δmean| <= std_a + std_b)" if within else
+                  "at least one gap is larger than the seed spread")
+        lines.append(f"- RoPE `{ad}`: ordering mixed >= axial >= learned **{'holds' if holds else 'does not hold'}** "
+                     f"at every resolution above training; {spread}. " + "; ".join(parts) + ".")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def write_report(path: Path, args, table, runs, command: str, wall: float, configs: dict) -> None:
+    import torch
+    lines = ["# Benchmark: positional encodings under resolution change", "",
+             "Generated by `scripts/benchmark.py` (numbers are measured, not edited). Every encoding is trained with",
+             "the identical recipe; only `--pe` changes. Each model is trained at one resolution and tested at",
+             "several: built-in tasks are re-rendered natively (same scene, more pixels), Fashion-MNIST is resized",
+             "with antialiasing. Cells are top-1 % (mean ± std over seeds) on the validation split; retention is",
+             "acc(res) / acc(train res) per seed, then averaged. RoPE rows show each resolution adaptation",
+             "(`none` = extrapolate integer positions, `pi` = position interpolation to the training grid, `ntk`,",
+             "`yarn`), evaluated on the same trained weights. `train img/s` is per process (1 thread, "
+             f"{args.jobs} processes side by side on a shared machine), so treat it as a rough cost ratio.", "",
+             "## Command", "", "```", command, "```", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
+             f"Python {platform.python_version()}. Wall time of this invocation: {wall / 60:.1f} min "
+             f"({len(runs)} runs).", ""]
+    for family, cfg_path in configs.items():
+        lines += [f"## Recipe ({family}): `{cfg_path.relative_to(ROOT) if cfg_path.is_relative_to(ROOT) else cfg_path}`",
+                  "", "```yaml", cfg_path.read_text().strip(), "```", ""]
+    if args.note:
+        lines += ["## Notes", "", args.note.strip(), ""]
+    for family in configs:
+        for data in args.data:
+            lines += [f"## {data} — {family}", ""]
+            png = path.parent / f"benchmark_{family}_{data}.png"
+            if plot(table, family, data, args.res, png):
+                lines += [f"![{data} {family}]({png.name})", ""]
+            lines += [markdown_table(table, family, data, args.res), ""]
+            v = verdict(table, family, data, args.res)
+            if v:
+                lines += ["RoPE-ViT's ordering (Heo et al. 2024: mixed >= axial >= learned APE as resolution grows):", "",
+                          v]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", type=Path, default=ROOT / "configs" / "bench_vit_tiny.yaml")
+    p.add_argument("--data", nargs="+", default=["shapes-position", "shapes-relation", "fashion-mnist"])
+    p.add_argument("--pe", nargs="+", default=VIT_LIST)
+    p.add_argument("--swin", action="store_true", help="also run the Swin list with --swin-config")
+    p.add_argument("--swin-config", type=Path, default=ROOT / "configs" / "bench_swin_tiny.yaml")
+    p.add_argument("--swin-pe", nargs="+", default=SWIN_LIST)
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--res", nargs="+", type=int, default=[24, 32, 48, 64])
+    p.add_argument("--scaling", nargs="+", default=["none", "pi", "ntk", "yarn"])
+    p.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each")
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmark")
+    p.add_argument("--doc", type=Path, default=ROOT / "docs" / "BENCHMARK.md")
+    p.add_argument("--note", default="", help="free text added to the report (e.g. what was left out)")
+    p.add_argument("--report-only", action="store_true", help="only rebuild the report from finished runs")
+    p.add_argument("extra", nargs="*", help="after --: extra train_vit.py arguments for every run")
+    args = p.parse_args(argv)
+    command = "python scripts/benchmark.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    configs = {"vit": args.config.resolve()}
+    lists = {"vit": args.pe}
+    if args.swin:
+        configs["swin"], lists["swin"] = args.swin_config.resolve(), args.swin_pe
+    runs = [(family, data, pe, seed, args.out / family / data / pe.replace("+", "-") / f"s{seed}")
+            for family in configs for data in args.data for pe in lists[family] for seed in args.seeds]
+    # order: seed-major, so that an early stop leaves every encoding with the same number of seeds
+    runs.sort(key=lambda r: (r[3], list(configs).index(r[0]), args.data.index(r[1])))
+    t0 = time.time()
+    if not args.report_only:
+        log_dir = args.out / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            futures = [pool.submit(job, configs[f], d, pe, s, run, args.res, args.scaling, args.extra, log_dir)
+                       for f, d, pe, s, run in runs]
+            for i, fut in enumerate(futures, 1):
+                r = fut.result()
+                status = "ok" if r["ok"] else f"FAILED (see {r['log']})"
+                print(f"[{i}/{len(runs)}] {time.time() - t0:7.0f}s  {r['run'].relative_to(args.out)}  "
+                      f"{r['seconds']:.0f}s  {status}", flush=True)
+        for d in {r[4].parent for r in runs}:
+            d.mkdir(parents=True, exist_ok=True)
+    table = collect([(f, d, pe, s, run) for f, d, pe, s, run in runs])
+    write_report(args.doc, args, table, runs, command, time.time() - t0, configs)
+    print(f"wrote {args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
