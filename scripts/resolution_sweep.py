@@ -77,12 +77,15 @@ def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), wei
     device = torch.device(device)
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     sets = {r: train_vit.build_data(cfg, "val", r) for r in sorted(set(resolutions) | {cfg["img_size"]})}
-    rows = []
+    rows, at_train = [], None
     for label, kw in adaptations(cfg["pe"], scalings, interpolations):
         model = train_vit.build_model({**cfg, "pe_kwargs": {**cfg["pe_kwargs"], **kw}})
         model.load_state_dict(state)
         model.to(device)
-        accs = {r: train_vit.evaluate(model, ds, cfg, device, autocast, 0, 1) for r, ds in sets.items()}
+        # at the training grid every adaptation is the identity (scale 1), so that size is evaluated once
+        accs = {r: (at_train if r == cfg["img_size"] and at_train is not None else
+                    train_vit.evaluate(model, ds, cfg, device, autocast, 0, 1)) for r, ds in sets.items()}
+        at_train = accs[cfg["img_size"]]
         base = accs[cfg["img_size"]][0]
         for r in sorted(resolutions):
             acc, loss = accs[r]

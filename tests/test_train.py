@@ -168,7 +168,7 @@ def test_resolution_sweep_writes_csv_and_png(rope_run, tmp_path):
     assert {r["adaptation"] for r in table} == {"none", "pi", "yarn"}
     at = {(r["adaptation"], int(r["res"])): r for r in table}
     # at the training size every adaptation is the trained model; elsewhere they differ
-    assert len({at[(a, 16)]["loss"] for a in ("none", "pi", "yarn")}) == 1
+    assert len({at[(a, 16)]["loss"] for a in ("none", "pi", "yarn")}) == 1  # evaluated once: see the next test
     assert all(float(at[(a, 16)]["retention"]) == 1.0 for a in ("none", "pi", "yarn"))
     assert at[("none", 24)]["loss"] != at[("pi", 24)]["loss"]
     # the unadapted model reproduces train_vit's own evaluation of the last weights
@@ -184,3 +184,21 @@ def test_sweep_adaptations_per_encoding():
     got = resolution_sweep.adaptations("rope_mixed+learned", ["pi"], ["bicubic", "bilinear"])
     assert got == [("pi/bicubic", {"scaling": "pi", "interpolation": "bicubic"}),
                    ("pi/bilinear", {"scaling": "pi", "interpolation": "bilinear"})]
+
+
+def test_adaptations_are_the_identity_at_the_training_size(rope_run):
+    """resolution_sweep evaluates the training size once for all adaptations; that is only right if they agree."""
+    out, _ = rope_run
+    cfg = resolution_sweep.load_run(out)
+    state = load_file(out / "last.safetensors")
+    x = torch.randn(4, 3, 16, 16)
+    big = torch.randn(4, 3, 24, 24)
+    logits = {}
+    for scaling in ("none", "pi", "ntk", "yarn"):
+        model = train_vit.build_model({**cfg, "pe_kwargs": {"scaling": scaling}})
+        model.load_state_dict(state)
+        with torch.no_grad():
+            logits[scaling] = model.eval()(x), model(big)
+    for scaling in ("pi", "ntk", "yarn"):
+        torch.testing.assert_close(logits[scaling][0], logits["none"][0])
+        assert not torch.allclose(logits[scaling][1], logits["none"][1])

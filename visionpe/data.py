@@ -104,9 +104,11 @@ def scene(task: str, seed: int, index: int, split: str = "train") -> dict:
         label = rng.randrange(9)
         for cell in range(9):
             r, c = divmod(cell, 3)
-            radius = rng.uniform(0.08, 0.11)
-            cx = (c + 0.5) / 3 + rng.uniform(-0.04, 0.04)
-            cy = (r + 0.5) / 3 + rng.uniform(-0.04, 0.04)
+            # jitter of +-0.065 (more than half a 4 px patch at 24 px) so that where a shape falls inside its
+            # patches says nothing about its cell: without an encoding the task stays at chance
+            radius = rng.uniform(0.075, 0.1)
+            cx = (c + 0.5) / 3 + rng.uniform(-0.065, 0.065)
+            cy = (r + 0.5) / 3 + rng.uniform(-0.065, 0.065)
             shapes.append((rng.choice(KINDS), cx, cy, radius, _colour(rng, warm=cell == label)))
     elif task == "shapes-relation":
         while True:
