@@ -516,7 +516,8 @@ def cli(argv=None) -> None:
     try:
         main(argv)
     except UserError as err:
-        print(f"train_vit: error: {' '.join(str(err).split())}", file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun: one line, not one per process
+            print(f"train_vit: error: {' '.join(str(err).split())}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """The main job, short (`make demo`, a few minutes on 2 CPU cores, no download):
 
-1. train a tiny ViT on the built-in `shapes-position` task at 32 px, once with a learned absolute table
+1. train a tiny ViT on the built-in `shapes-relation` task at 32 px, once with a learned absolute table
    (`learned`) and once with mixed RoPE (`rope_mixed`), side by side (one process and one core each);
 2. test both at 24, 32, 48 and 64 px on the same scenes re-rendered natively, RoPE with and without
    position interpolation (`--scaling none pi`);
 3. print the resolution table and write the plot to runs/demo/sweep.png (CSV next to it).
 
 The same by hand:
-    python train_vit.py --config configs/shapes_tiny.yaml --pe rope_mixed --output runs/demo/rope_mixed
+    python train_vit.py --config configs/shapes_tiny.yaml --data shapes-relation --pe rope_mixed --output runs/demo/rope_mixed
     python scripts/resolution_sweep.py runs/demo/* --res 24 32 48 64 --scaling none pi --out runs/demo
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 OUT = ROOT / "runs" / "demo"
 ENCODINGS = ["learned", "rope_mixed"]
-RECIPE = ["--config", str(ROOT / "configs" / "shapes_tiny.yaml"), "--data", "shapes-position", "--epochs", "4",
+RECIPE = ["--config", str(ROOT / "configs" / "shapes_tiny.yaml"), "--data", "shapes-relation", "--epochs", "4",
           "--train-samples", "6000", "--val-samples", "500", "--eval-res", "--threads", "1", "--no-progress",
           "--overwrite"]
 
@@ -50,7 +50,7 @@ def main() -> None:
     for r in rows:
         name = r["pe"] if r["adaptation"] == "default" else f"{r['pe']} [{r['adaptation']}]"
         lines.setdefault(name, {})[r["res"]] = (r["acc"], r["retention"])
-    print(f"\nshapes-position, tiny ViT trained at 32 px: top-1 % (retention = acc / acc at 32 px)")
+    print(f"\nshapes-relation, tiny ViT trained at 32 px: top-1 % (retention = acc / acc at 32 px)")
     print(f"{'encoding':24s}" + "".join(f"{f'{x}px':>16s}" for x in res))
     for name, v in lines.items():
         print(f"{name:24s}" + "".join(f"{v[x][0]:8.1f} ({v[x][1]:4.2f})" for x in res))

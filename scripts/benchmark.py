@@ -135,13 +135,17 @@ def plot(table: dict, family: str, data: str, res: list[int], path: Path) -> boo
         return False
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     styles = {"none": "-", "pi": "--", "ntk": "-.", "yarn": ":", "default": "-"}
+    markers = {"none": "o", "pi": "s", "ntk": "^", "yarn": "D", "default": "o"}
+    pes = list(dict.fromkeys(k[2] for k, _ in rows))
+    colour = {pe: plt.get_cmap("tab10")(i % 10) for i, pe in enumerate(pes)}  # one colour per encoding
     for (_, _, pe, adaptation), v in rows:
         rs = [r for r in res if v["acc"].get(r)]
         name = label(pe, adaptation)
         for ax, key in zip(axes, ("acc", "ret")):
             ms = [mean_std(v[key][r]) for r in rs]
-            ax.errorbar(rs, [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3, label=name,
-                        linestyle=styles.get(adaptation.split("/")[0], "-"))
+            ax.errorbar(rs, [m for m, _ in ms], yerr=[s for _, s in ms], capsize=3, label=name, color=colour[pe],
+                        linestyle=styles.get(adaptation.split("/")[0], "-"),
+                        marker=markers.get(adaptation.split("/")[0], "o"), markersize=4)
     train_res = rows[0][1]["train_res"]
     for ax, ylabel in zip(axes, ("top-1 (%)", "retention acc(res) / acc(train res)")):
         ax.axvline(train_res, color="grey", linestyle=":", linewidth=1)
@@ -159,27 +163,33 @@ def plot(table: dict, family: str, data: str, res: list[int], path: Path) -> boo
 
 
 def verdict(table: dict, family: str, data: str, res: list[int]) -> str:
-    """Plain statement on RoPE-ViT's ordering (mixed >= axial >= learned as the resolution grows)."""
+    """Plain statement on RoPE-ViT's ordering (mixed >= axial >= learned APE as the resolution grows), per RoPE
+    adaptation, with every gap compared to the seed spread (a gap is "within spread" when
+    |mean_a - mean_b| <= std_a + std_b)."""
     get = lambda pe, ad: table.get((family, data, pe, ad))
     learned = get("learned", "default")
     rows = [r for r in res if learned and r > learned["train_res"]]
     if not learned or not rows:
         return ""
+
+    def gap(a, b, r):
+        (ma, sa), (mb, sb) = mean_std(a["acc"][r]), mean_std(b["acc"][r])
+        return f"{ma - mb:+.1f} ({'within' if abs(ma - mb) <= sa + sb else 'beyond'} spread)", ma >= mb
+
     lines = []
     for ad in ("none", "pi", "ntk", "yarn"):
         axial, mixed = get("rope_axial", ad), get("rope_mixed", ad)
         if not axial or not mixed:
             continue
-        parts, holds, within = [], True, True
+        status, parts = 2, []  # 2 holds, 1 holds up to the seed spread, 0 does not hold
         for r in rows:
-            (mm, ms), (am, as_), (lm, ls) = (mean_std(x["acc"][r]) for x in (mixed, axial, learned))
-            holds &= mm >= am >= lm
-            within &= abs(mm - am) <= ms + as_ and abs(am - lm) <= as_ + ls
-            parts.append(f"{r}px: mixed {mm:.1f} ± {ms:.1f}, axial {am:.1f} ± {as_:.1f}, learned {lm:.1f} ± {ls:.1f}")
-        spread = ("the differences are within the seed spread (|Δmean| <= std_a + std_b)" if within else
-                  "at least one gap is larger than the seed spread")
-        lines.append(f"- RoPE `{ad}`: ordering mixed >= axial >= learned **{'holds' if holds else 'does not hold'}** "
-                     f"at every resolution above training; {spread}. " + "; ".join(parts) + ".")
+            for a, b in ((mixed, axial), (axial, learned)):
+                text, ahead = gap(a, b, r)
+                status = min(status, 2 if ahead else (1 if "within" in text else 0))
+            parts.append(f"{r}px: mixed − axial {gap(mixed, axial, r)[0]}, axial − learned {gap(axial, learned, r)[0]}")
+        word = ("holds", "holds only up to the seed spread", "does not hold")[2 - status]
+        lines.append(f"- RoPE `{ad}`: mixed >= axial >= learned **{word}** at every size above training. "
+                     + "; ".join(parts) + ".")
     return "\n".join(lines) + "\n" if lines else ""
 
 
@@ -197,7 +207,8 @@ def write_report(path: Path, args, table, runs, command: str, wall: float, confi
              "## Command", "", "```", command, "```", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
              f"Python {platform.python_version()}. Wall time of this invocation: {wall / 60:.1f} min "
-             f"({len(runs)} runs).", ""]
+             f"({len(runs)} runs)." + (" Tables rebuilt from those runs with `--report-only`." if args.report_only
+                                       else ""), ""]
     for family, cfg_path in configs.items():
         lines += [f"## Recipe ({family}): `{cfg_path.relative_to(ROOT) if cfg_path.is_relative_to(ROOT) else cfg_path}`",
                   "", "```yaml", cfg_path.read_text().strip(), "```", ""]
@@ -246,7 +257,11 @@ def main(argv=None) -> int:
     # order: seed-major, so that an early stop leaves every encoding with the same number of seeds
     runs.sort(key=lambda r: (r[3], list(configs).index(r[0]), args.data.index(r[1])))
     t0 = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_only and (args.out / "command.txt").is_file():  # report of an earlier invocation
+        command = (args.out / "command.txt").read_text().strip()
     if not args.report_only:
+        (args.out / "command.txt").write_text(command + "\n")
         log_dir = args.out / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(args.jobs) as pool:
@@ -259,8 +274,13 @@ def main(argv=None) -> int:
                       f"{r['seconds']:.0f}s  {status}", flush=True)
         for d in {r[4].parent for r in runs}:
             d.mkdir(parents=True, exist_ok=True)
+    wall = time.time() - t0
+    if args.report_only:
+        wall = json.loads((args.out / "wall.json").read_text())["wall_s"] if (args.out / "wall.json").is_file() else 0.0
+    else:
+        (args.out / "wall.json").write_text(json.dumps({"wall_s": wall}))
     table = collect([(f, d, pe, s, run) for f, d, pe, s, run in runs])
-    write_report(args.doc, args, table, runs, command, time.time() - t0, configs)
+    write_report(args.doc, args, table, runs, command, wall, configs)
     print(f"wrote {args.doc}")
     return 0
 
