@@ -24,13 +24,10 @@ User mistakes (unknown names, bad values, missing data) exit with status 2 and o
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import math
 import os
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
-from safetensors.torch import load_file, safe_open, save_file
+from safetensors.torch import load_file
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
@@ -51,6 +48,7 @@ from tqdm import tqdm
 import visionpe
 from visionpe.backbones import parse_pe
 from visionpe import data as vdata
+from visionpe.checkpoint import atomic_write, save_weights, weights_metadata
 
 # -----------------------------------------------------------------------------------------------------
 # default recipe: every key can be set in a YAML file (--config) and on the command line (--key value)
@@ -259,26 +257,8 @@ def build_data(cfg: dict, split: str, img_size: int):
 
 # -----------------------------------------------------------------------------------------------------
 # small helpers: checkpoints, RNG, distributed reduction
-def atomic_write(path: Path, write) -> None:
-    """``write(tmp_path)``, then ``os.replace`` onto ``path``: readers never see a half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def save_weights(model, path: Path, epoch: int) -> None:
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    atomic_write(path, lambda tmp: save_file(state, tmp, metadata={"epoch": str(epoch)}))
-
-
 def weights_epoch(path: Path) -> int:
-    with safe_open(path, "pt") as f:
-        return int(f.metadata().get("epoch", -1))
+    return int(weights_metadata(path).get("epoch", -1))
 
 
 def write_text(path: Path, text: str) -> None:
@@ -421,9 +401,9 @@ def main(argv=None) -> dict:
         f"{' bf16' if use_bf16 else ''} | {out}")
 
     def save_checkpoint(epoch: int, improved: bool) -> None:
-        save_weights(raw_model, out / "last.safetensors", epoch)
+        save_weights(raw_model, out / "last.safetensors", {"epoch": str(epoch)})
         if improved:
-            save_weights(raw_model, out / "best.safetensors", epoch)
+            save_weights(raw_model, out / "best.safetensors", {"epoch": str(epoch)})
         state = {"epoch": epoch, "best_acc": best_acc, "best_epoch": best_epoch, "optimizer": optimizer.state_dict(),
                  "scheduler": scheduler.state_dict(), "history": json.dumps(history),
                  "rng_torch": torch.get_rng_state()}

@@ -18,7 +18,6 @@ run and adaptation), and prints the table. Errors in the arguments exit with sta
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import sys

@@ -8,26 +8,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .resample import resample_grid
 
 
-def save_weights(model_or_state: nn.Module | dict, path) -> None:
-    """Write a state dict to ``path`` (safetensors) atomically: a temporary file, then ``os.replace``."""
-    state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else model_or_state
-    state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+def atomic_write(path, write) -> None:
+    """``write(tmp_path)`` next to ``path``, then ``os.replace`` onto it: readers never see a half-written file,
+    and a kill mid-write leaves the previous file intact."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file(state, tmp)
+        write(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def save_weights(model_or_state: nn.Module | dict, path, metadata: dict[str, str] | None = None) -> None:
+    """Write a state dict to ``path`` (safetensors) atomically, with optional string ``metadata``."""
+    state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else model_or_state
+    state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
+
+
+def weights_metadata(path) -> dict[str, str]:
+    """The string metadata stored with a safetensors file (e.g. the epoch ``train_vit.py`` wrote it at)."""
+    with safe_open(str(path), "pt") as f:
+        return f.metadata() or {}
 
 
 def read_state_dict(source) -> dict[str, torch.Tensor]:
