@@ -80,17 +80,19 @@ def rope_apply(device, args, sync):
 def forward_cost(device, args, sync):
     kw = dict(img_size=224, num_classes=10)
     x = torch.randn(args.batch, 3, 224, 224, device=device)
-    pes = ["none", "learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]
+    pes = ["none", "none (control)", "learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]
     models = {}
     for pe in pes:
         torch.manual_seed(0)
-        models[pe] = vpe.create_model("vit_small_patch16_224", pe=pe, **kw).to(device).eval()
+        models[pe] = vpe.create_model("vit_small_patch16_224", pe=pe.split()[0], **kw).to(device).eval()
     with torch.no_grad():
         t = side_by_side({pe: (lambda m=m: m(x)) for pe, m in models.items()}, args.repeats, args.min_run_time, sync)
     base = t["none"]
     rows = [(pe, f"{sec * 1e3:.1f}", f"{sec / base:.3f}", f"{(sec / base - 1) * 100:+.1f} %") for pe, sec in t.items()]
+    noise = abs(t["none (control)"] / base - 1) * 100
     return (f"vit_small_patch16_224 forward, batch {args.batch}, 224 px, inference", ["pe", "ms", "vs none", "cost"],
-            rows, None)
+            rows, f"`none (control)` is a second, identical model without position: its {noise:.1f} % gap to `none` "
+                  f"is the measurement noise of this run; smaller costs are within noise.")
 
 
 def versus_timm(device, args, sync):
@@ -101,6 +103,8 @@ def versus_timm(device, args, sync):
     ours = vpe.apply(timm.create_model("vit_small_patch16_224", num_classes=10), "learned")
     ours.load_state_dict(vpe.create_model("vit_small_patch16_224", pe="learned", num_classes=10).state_dict())
     pairs["learned ViT-S/16 vs timm ViT-S/16 (dynamic_img_size)"] = (ours, ref)
+    control = timm.create_model("vit_small_patch16_224", dynamic_img_size=True, num_classes=10)
+    pairs["control: timm ViT-S/16 vs an identical timm ViT-S/16"] = (control, ref)
     ref = timm.create_model("swin_tiny_patch4_window7_224", num_classes=10)
     pairs["swin_bias Swin-T vs timm Swin-T"] = (vpe.apply(timm.create_model("swin_tiny_patch4_window7_224",
                                                                             num_classes=10), "swin_bias"), ref)
@@ -146,7 +150,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--min-run-time", type=float, default=0.5)
     parser.add_argument("--sections", nargs="+", default=["rope", "forward", "timm", "cache"],
                         choices=["rope", "forward", "timm", "cache"])
@@ -159,8 +163,10 @@ def main():
     sections = {"rope": rope_apply, "forward": forward_cost, "timm": versus_timm, "cache": cache_hits}
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"{platform.processor() or 'cpu'}, " \
                                                                        f"{torch.get_num_threads()} threads"
-    out = [f"Device: {name}; torch {torch.__version__}, timm {timm.__version__}; medians over {args.repeats} "
-           f"interleaved rounds.", ""]
+    command = "python scripts/bench_speed.py " + " ".join(sys.argv[1:])
+    out = ["# Performance", "", f"Made by `{command}`.", "",
+           f"Device: {name}; torch {torch.__version__}, timm {timm.__version__}; medians over {args.repeats} "
+           f"interleaved rounds. Only ratios measured side by side mean anything.", ""]
     for key in args.sections:
         title, header, rows, note = sections[key](device, args, sync)
         block = markdown(title, header, rows) + (f"\n\n{note}" if note else "")

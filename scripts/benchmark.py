@@ -217,7 +217,7 @@ def write_report(path: Path, args, table, runs, command: str, wall: float, confi
     for family in configs:
         for data in args.data:
             lines += [f"## {data} — {family}", ""]
-            png = path.parent / f"benchmark_{family}_{data}.png"
+            png = path.parent / f"{path.stem.lower()}_{family}_{data}.png"
             if plot(table, family, data, args.res, png):
                 lines += [f"![{data} {family}]({png.name})", ""]
             lines += [markdown_table(table, family, data, args.res), ""]
