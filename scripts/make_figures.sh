@@ -22,6 +22,15 @@ viz --pe rope_mixed --grid 14 14 --kind freqs --out $OUT/freqs_rope_mixed.png
 viz --pe rope_axial --grid 8 8 --new-grid 16 16 --kind resolution --scaling pi --out $OUT/resolution_rope_axial_pi.png
 viz --pe rope_mixed --grid 8 14 14 --kind video --query 4 7 7 --out $OUT/video_rope_mixed.png
 
-# figures of a trained run (added once docs/BENCHMARK.md's runs exist), e.g.:
-# viz --run runs/NAME --pe rope_mixed --layer 0 --kind freqs --out $OUT/freqs_rope_mixed_trained.png
+# figures of trained runs: the runs of docs/BENCHMARK_8EPOCHS.md (its command makes runs/benchmark_8ep first)
+RUNS=runs/benchmark_8ep/vit/shapes-position
+if [ -d $RUNS/learned/s0 ] && [ -d $RUNS/rope_mixed/s0 ]; then
+    viz --run $RUNS/learned/s0 --kind similarity --out $OUT/trained_similarity_learned.png
+    viz --run $RUNS/learned/s0 --kind resolution --out $OUT/trained_resolution_learned.png
+    viz --run $RUNS/rope_mixed/s0 --layer 0 --kind freqs --out $OUT/trained_freqs_rope_mixed.png
+    viz --run $RUNS/rope_mixed/s0 --layer 0 --kind similarity --out $OUT/trained_similarity_rope_mixed.png
+    viz --run $RUNS/rope_mixed/s0 --layer 0 --kind resolution --scaling pi --out $OUT/trained_resolution_rope_mixed_pi.png
+else
+    echo "skipping trained-run figures: run the command in docs/BENCHMARK_8EPOCHS.md first" >&2
+fi
 ls -l $OUT

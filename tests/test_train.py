@@ -202,3 +202,18 @@ def test_adaptations_are_the_identity_at_the_training_size(rope_run):
     for scaling in ("pi", "ntk", "yarn"):
         torch.testing.assert_close(logits[scaling][0], logits["none"][0])
         assert not torch.allclose(logits[scaling][1], logits["none"][1])
+
+
+def test_visualize_reads_a_real_run_directory(rope_run, tmp_path):
+    """scripts/visualize.py and visionpe.viz rebuild the model from the config.yaml train_vit.py writes."""
+    from visionpe import viz
+    out, _ = rope_run
+    model, cfg = viz.load_model(out)
+    assert torch.equal(viz.pick_encoding(model, "rope_mixed", layer=0).freqs,
+                       load_file(out / "best.safetensors")["blocks.0.attn.rotary.freqs"])
+    png = tmp_path / "freqs.png"
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "visualize.py"), "--run", str(out),
+                             "--kind", "freqs", "--out", str(png)], capture_output=True, text=True,
+                            env={**os.environ, "MPLBACKEND": "Agg"})
+    assert result.returncode == 0, result.stderr
+    assert png.stat().st_size > 1000

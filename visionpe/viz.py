@@ -399,18 +399,18 @@ def load_model(path, which: str = "best") -> tuple[nn.Module, dict]:
     if not checkpoint.is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint} not found")
     cfg = read_config(run_dir)
-    kwargs = dict(cfg.get("model_kwargs") or {})
+    # train_vit.py's model_kwargs already hold img_size, patch_size, num_classes and in_chans; they win
+    kwargs = {"img_size": cfg["img_size"], "num_classes": cfg["num_classes"], **(cfg.get("model_kwargs") or {})}
     if cfg.get("pe_kwargs") and "pe_kwargs" not in kwargs:
         kwargs["pe_kwargs"] = cfg["pe_kwargs"]
     if cfg.get("num_frames"):  # a video run: tubelets over (T, H, W)
         from .video import create_video_model
 
+        kwargs.pop("patch_size", None)
         model = create_video_model(cfg["model"], pe=cfg["pe"], num_frames=cfg["num_frames"],
-                                   tubelet_size=_tubelet(cfg), img_size=cfg["img_size"],
-                                   num_classes=cfg["num_classes"], **kwargs)
+                                   tubelet_size=_tubelet(cfg), **kwargs)
     else:
-        model = visionpe.create_model(cfg["model"], pe=cfg["pe"], img_size=cfg["img_size"],
-                                      patch_size=cfg["patch_size"], num_classes=cfg["num_classes"], **kwargs)
+        model = visionpe.create_model(cfg["model"], pe=cfg["pe"], **{"patch_size": cfg["patch_size"], **kwargs})
     try:
         state = load_file(str(checkpoint))
     except Exception as err:  # safetensors raises its own error type for a damaged file
