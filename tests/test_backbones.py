@@ -157,6 +157,11 @@ def test_apply_twice_switches_encoding_and_keeps_weights():
     assert torch.equal(model.blocks[0].attn.qkv.weight, qkv)
     assert torch.equal(model.pe_tokens.table, table)
     assert model.blocks[0].attn.rotary is not None
+    mixed = vpe.apply(model, "rope_mixed+rel_bias")
+    freqs, bias = mixed.blocks[1].attn.rotary.freqs.clone(), mixed.blocks[1].attn.bias.relative_position_bias_table
+    vpe.apply(model, "rope_mixed+rel_bias", scaling="pi")  # re-applying keeps learned frequencies and tables
+    assert torch.equal(model.blocks[1].attn.rotary.freqs, freqs) and model.blocks[1].attn.rotary.scaling == "pi"
+    assert torch.equal(model.blocks[1].attn.bias.relative_position_bias_table, bias)
     vpe.apply(model, "none")
     assert model.pe_tokens is None and model.blocks[0].attn.rotary is None
     assert isinstance(model.blocks[0].attn, GridAttention)

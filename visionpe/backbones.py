@@ -26,6 +26,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from .attention import attend
+from .checkpoint import pos_embed_tensors
 from .grid import Grid
 from .registry import ENCODINGS, build, check_name
 from .tokens import PEG
@@ -266,7 +267,7 @@ def _apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
             tokens.load_state_dict(existing.state_dict())
         elif name == "learned" and old_table is not None and old_table.shape[1] == \
                 tokens.num_prefix_tokens + math.prod(grid_shape):
-            _load_pos_embed(tokens, old_table)
+            tokens.load_state_dict(pos_embed_tensors(tokens, old_table, grid_shape))
     model.pos_embed = None
     model.pe_tokens = tokens
     model.grid_state = getattr(model, "grid_state", None) or GridState()
@@ -278,25 +279,23 @@ def _apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
         if "rotary" in names:
             rotary = _block_encoding(names["rotary"], shared, head_dim=source.head_dim, num_heads=num_heads,
                                      ndim=len(grid_shape), ref_shape=grid_shape, **kwargs[names["rotary"]])
+            _carry_over(rotary, getattr(source, "rotary", None))
         if "bias" in names:
             name = names["bias"]
             defaults = {"num_heads": num_heads}
             defaults.update({"rel_bias": {"grid": grid_shape}, "cpb": {"window_size": grid_shape},
                              "alibi": {"ndim": len(grid_shape)}}[name])
-            old_bias = getattr(source, "bias", None)
             bias = _block_encoding(name, shared, **{**defaults, **kwargs[name]})
-            if type(old_bias) is type(bias) and name != "alibi":
-                bias.load_state_dict(old_bias.state_dict())
+            _carry_over(bias, getattr(source, "bias", None))
         block.attn = GridAttention(source, model.grid_state, rotary, bias)
 
 
-def _load_pos_embed(learned: nn.Module, pos_embed: torch.Tensor) -> None:
-    """timm ``pos_embed (1, P + N, D)`` -> ``Learned`` prefix rows and grid table."""
-    p = learned.num_prefix_tokens
-    with torch.no_grad():
-        if p:
-            learned.prefix.copy_(pos_embed[0, :p])
-        learned.table.copy_(pos_embed[0, p:].reshape(learned.table.shape))
+def _carry_over(new: nn.Module, old: nn.Module | None) -> None:
+    """Re-applying an encoding to a patched model keeps its learned weights (same type and shapes)."""
+    if type(old) is type(new):
+        old_state, new_state = old.state_dict(), new.state_dict()
+        if old_state.keys() == new_state.keys() and all(old_state[k].shape == v.shape for k, v in new_state.items()):
+            new.load_state_dict(old_state)
 
 
 def _block_encoding(name: str, shared: dict, **kw) -> nn.Module:
@@ -325,6 +324,7 @@ def _apply_swin(model: nn.Module, names: dict, kwargs: dict) -> None:
             if "rotary" in names:
                 rotary = _block_encoding(names["rotary"], shared, head_dim=head_dim, num_heads=source.num_heads,
                                          ndim=2, ref_shape=window, **kwargs[names["rotary"]])
+                _carry_over(rotary, getattr(source, "rotary", None))
             if "bias" in names:
                 bias = _swin_bias(names["bias"], source, window, shared, kwargs[names["bias"]])
             block.attn = WindowGridAttention(source, rotary, bias)
@@ -344,9 +344,8 @@ def _swin_bias(name: str, source: nn.Module, window, shared: dict, kw: dict) -> 
         if pretrained is not None and any(pretrained):
             defaults["pretrained_window_size"] = tuple(pretrained)
     bias = _block_encoding(name, shared, **{**defaults, **kw})
-    old = getattr(source, "bias", None)  # already patched: keep its module's weights
-    if old is not None and type(old) is type(bias) and name != "alibi":
-        bias.load_state_dict(old.state_dict())
+    if type(getattr(source, "bias", None)) is type(bias):  # already patched: keep its module's weights
+        _carry_over(bias, source.bias)
     elif name == "swin_bias" and hasattr(source, "relative_position_bias_table"):
         with torch.no_grad():
             bias.relative_position_bias_table.copy_(source.relative_position_bias_table)

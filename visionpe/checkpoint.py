@@ -1,6 +1,7 @@
 """Weights in and out: safetensors files written atomically, and plain timm checkpoints converted on load."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import tempfile
@@ -106,19 +107,19 @@ def _eva_to_vit(state: dict, report: "LoadReport") -> dict:
     return out
 
 
-def _convert_pos_embed(tokens: nn.Module, pos_embed: torch.Tensor, prefix: str) -> dict[str, torch.Tensor]:
-    """timm ``pos_embed (1, P' + N', D)`` -> a ``Learned`` module's tensors, resampled to its grid."""
+def pos_embed_tensors(tokens: nn.Module, pos_embed: torch.Tensor, source_grid=None) -> dict[str, torch.Tensor]:
+    """timm ``pos_embed (1, P + N, D)`` -> a ``Learned`` module's state dict (``table``, ``prefix``), resampled
+    from ``source_grid`` (default: a square grid of ``N`` patches) to the module's grid."""
     p = tokens.num_prefix_tokens
     patches = pos_embed.shape[1] - p
-    side = int(round(patches ** 0.5))
-    if side * side != patches or tokens.factorized:
+    if source_grid is None:
+        side = int(round(patches ** 0.5))
+        source_grid = (side, side)
+    if math.prod(source_grid) != patches or tokens.factorized:
         raise ValueError(f"cannot convert pos_embed of shape {tuple(pos_embed.shape)} into {tokens!r}")
-    table = resample_grid(pos_embed[0, p:].reshape(side, side, -1), tokens.grid_shape,
+    table = resample_grid(pos_embed[0, p:].reshape(*source_grid, -1), tokens.grid_shape,
                           tokens.interpolation, tokens.antialias)
-    out = {f"{prefix}table": table}
-    if p:
-        out[f"{prefix}prefix"] = pos_embed[0, :p]
-    return out
+    return {"table": table, "prefix": pos_embed[0, :p]} if p else {"table": table}
 
 
 def load_timm_checkpoint(model: nn.Module, source) -> LoadReport:
@@ -135,7 +136,8 @@ def load_timm_checkpoint(model: nn.Module, source) -> LoadReport:
     target = model.state_dict()
     for key, value in state.items():
         if key == "pos_embed" and "pe_tokens.table" in target:
-            for new_key, tensor in _convert_pos_embed(model.pe_tokens, value, "pe_tokens.").items():
+            for name, tensor in pos_embed_tensors(model.pe_tokens, value).items():
+                new_key = f"pe_tokens.{name}"
                 load[new_key] = tensor
                 report.converted.append(f"{key} -> {new_key}")
             continue
