@@ -12,12 +12,12 @@ def build_kwargs(name: str, ndim: int) -> dict:
     shape = SHAPES[ndim]
     return {
         "sincos": dict(dim=DIM, ndim=ndim),
-        "learned": dict(dim=DIM, ndim=ndim, grid=shape, num_prefix_tokens=1),
+        "learned": dict(dim=DIM, ndim=ndim, grid_shape=shape, num_prefix_tokens=1),
         "peg": dict(dim=DIM, ndim=ndim),
         "rope_axial": dict(head_dim=HEAD_DIM, num_heads=NUM_HEADS, ndim=ndim),
         "rope_mixed": dict(head_dim=HEAD_DIM, num_heads=NUM_HEADS, ndim=ndim),
         "swin_bias": dict(num_heads=NUM_HEADS, window_size=shape),
-        "rel_bias": dict(num_heads=NUM_HEADS, grid=shape),
+        "rel_bias": dict(num_heads=NUM_HEADS, grid_shape=shape),
         "cpb": dict(num_heads=NUM_HEADS, window_size=shape, hidden_dim=16),
         "alibi": dict(num_heads=NUM_HEADS, ndim=ndim),
     }[name]

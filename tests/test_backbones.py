@@ -5,7 +5,7 @@ import timm.optim
 import torch
 
 import visionpe as vpe
-from visionpe.backbones import GridAttention
+from visionpe import Attention
 from visionpe.grid import Grid
 
 VIT = "vit_tiny_patch16_224"
@@ -164,7 +164,7 @@ def test_apply_twice_switches_encoding_and_keeps_weights():
     assert torch.equal(model.blocks[1].attn.bias.relative_position_bias_table, bias)
     vpe.apply(model, "none")
     assert model.pe_tokens is None and model.blocks[0].attn.rotary is None
-    assert isinstance(model.blocks[0].attn, GridAttention)
+    assert isinstance(model.blocks[0].attn, Attention)
 
 
 def test_encodings_of_lists_one_per_block():

@@ -96,7 +96,7 @@ def test_inflate_2d_to_3d_repeats_resized_table_over_time(spatial):
 # -- rel_bias (BEiT) -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape", [(3, 3), (2, 4)])
 def test_rel_bias_prefix_entries_match_timm_class_token(shape):
-    pe = vpe.build("rel_bias", num_heads=3, grid=shape)
+    pe = vpe.build("rel_bias", num_heads=3, grid_shape=shape)
     table = pe.relative_position_bias_table  # (offsets + 3, heads)
     index = gen_relative_position_index(shape, class_token=True)
     num_rel = table.shape[0] - 3
@@ -113,12 +113,12 @@ def test_rel_bias_prefix_entries_match_timm_class_token(shape):
 
 
 def test_rel_bias_larger_grid_resamples_smaller_uses_offsets():
-    pe = vpe.build("rel_bias", num_heads=2, grid=(3, 3))
+    pe = vpe.build("rel_bias", num_heads=2, grid_shape=(3, 3))
     small = pe(Grid((2, 2))).reshape(2, 2, 2, 2, 2)
     full = pe(Grid((3, 3))).reshape(2, 3, 3, 3, 3)
     torch.testing.assert_close(small, full[:, :2, :2, :2, :2])
     grown = pe(Grid((4, 5), prefix=1))
-    resized = vpe.build("rel_bias", num_heads=2, grid=(3, 3))
+    resized = vpe.build("rel_bias", num_heads=2, grid_shape=(3, 3))
     resized.load_state_dict(pe.state_dict())
     resized.resize((4, 5))
     torch.testing.assert_close(grown, resized(Grid((4, 5), prefix=1)), atol=1e-6, rtol=1e-6)
@@ -187,7 +187,7 @@ def test_alibi_closed_form_symmetric_zero_diagonal(shape):
 @pytest.mark.parametrize("name", ["swin_bias", "rel_bias", "cpb", "alibi"])
 @pytest.mark.parametrize("shape", [(3, 4), (2, 3, 4)])
 def test_bias_translation_invariant(name, shape):
-    kw = {"swin_bias": dict(window_size=shape), "rel_bias": dict(grid=shape),
+    kw = {"swin_bias": dict(window_size=shape), "rel_bias": dict(grid_shape=shape),
           "cpb": dict(window_size=shape, hidden_dim=32), "alibi": dict(ndim=len(shape))}[name]
     pe = vpe.build(name, num_heads=2, **kw)
     with torch.no_grad():

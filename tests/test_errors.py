@@ -104,7 +104,7 @@ def test_cpb_pretrained_window_size(pretrained):
 
 @pytest.mark.parametrize("offset", [(2, 0), (0, 3), (-1, 0), (0.5, 0)])
 def test_learned_offset_window_outside_table(offset):
-    pe = vpe.build("learned", dim=8, grid=(3, 5))
+    pe = vpe.build("learned", dim=8, grid_shape=(3, 5))
     with raises("offset", "(3, 5)"):
         pe.patch_table(Grid((2, 3), offset=offset))
 
@@ -115,7 +115,7 @@ def test_learned_offset_window_outside_table(offset):
     ("rope_mixed", dict(head_dim=16, num_heads=2, pairs="adjacent")),
     ("rope_axial", dict(head_dim=16, scaling="linear", ref_shape=(4, 4))),
     ("rope_mixed", dict(head_dim=16, num_heads=2, scaling="dynamic", ref_shape=(4, 4))),
-    ("learned", dict(dim=8, grid=(3, 3), interpolation="cubic")),
+    ("learned", dict(dim=8, grid_shape=(3, 3), interpolation="cubic")),
     ("swin_bias", dict(num_heads=2, interpolation="lanczos")),
 ])
 def test_wrong_choice_strings(name, kw):
@@ -128,7 +128,7 @@ def test_wrong_choice_strings(name, kw):
 
 
 def test_learned_resize_wrong_interpolation():
-    pe = vpe.build("learned", dim=8, grid=(3, 3))
+    pe = vpe.build("learned", dim=8, grid_shape=(3, 3))
     with raises("interpolation='cubic'", "'bicubic'"):
         pe.resize((4, 4), interpolation="cubic")
 

@@ -78,7 +78,7 @@ def timm_posemb(pe: Learned) -> torch.Tensor:
 @pytest.mark.parametrize("antialias", [True, False])
 @pytest.mark.parametrize("new", [(6, 9), (2, 3), (5, 2), (3, 5)])
 def test_learned_resample_matches_timm(new, antialias):
-    pe = Learned(8, grid=(3, 5), num_prefix_tokens=1, antialias=antialias)
+    pe = Learned(8, grid_shape=(3, 5), num_prefix_tokens=1, antialias=antialias)
     ref = resample_abs_pos_embed(timm_posemb(pe), list(new), old_size=[3, 5], num_prefix_tokens=1,
                                  antialias=antialias)
     grid = Grid(new, prefix=1)
@@ -93,7 +93,7 @@ def test_learned_resample_matches_timm(new, antialias):
 @pytest.mark.parametrize("factorized", [False, True])
 @pytest.mark.parametrize("shape", [(3, 5), (2, 3, 4)])
 def test_learned_resize_to_same_shape_is_identity(shape, factorized):
-    pe = Learned(8, ndim=len(shape), grid=shape, factorized=factorized)
+    pe = Learned(8, ndim=len(shape), grid_shape=shape, factorized=factorized)
     grid = Grid(shape)
     before = pe.patch_table(grid).detach().clone()
     with torch.no_grad():
@@ -103,7 +103,7 @@ def test_learned_resize_to_same_shape_is_identity(shape, factorized):
 
 @pytest.mark.parametrize("shape", [(3, 5), (2, 3, 4)])
 def test_learned_factorized_is_broadcast_sum(shape):
-    pe = Learned(8, ndim=len(shape), grid=shape, factorized=True)
+    pe = Learned(8, ndim=len(shape), grid_shape=shape, factorized=True)
     total = sum(t.reshape([-1 if i == a else 1 for i in range(len(shape))] + [8])
                 for a, t in enumerate(pe.axis_tables))
     torch.testing.assert_close(pe.patch_table(Grid(shape)), total.reshape(-1, 8))
@@ -112,7 +112,7 @@ def test_learned_factorized_is_broadcast_sum(shape):
 @pytest.mark.parametrize("antialias", [True, False])
 def test_learned_factorized_resizes_each_axis(antialias):
     """Each axis table is resampled alone (timm's resampling of an ``(n, 1)`` grid), then summed."""
-    pe = Learned(8, grid=(3, 5), factorized=True, antialias=antialias)
+    pe = Learned(8, grid_shape=(3, 5), factorized=True, antialias=antialias)
     new = (6, 2)
     axis_refs = [resample_abs_pos_embed(t.detach()[None], [n, 1], old_size=[t.shape[0], 1], num_prefix_tokens=0,
                                         antialias=antialias)[0] for t, n in zip(pe.axis_tables, new)]
@@ -125,13 +125,13 @@ def test_learned_factorized_resizes_each_axis(antialias):
 
 
 def test_learned_offset_selects_window():
-    pe = Learned(4, grid=(3, 5))
+    pe = Learned(4, grid_shape=(3, 5))
     window = pe.patch_table(Grid((2, 3), offset=(1, 2)))
     torch.testing.assert_close(window, pe.table[1:3, 2:5].reshape(-1, 4))
 
 
 def test_learned_eval_cache_follows_parameter_updates():
-    pe = Learned(4, grid=(3, 3))
+    pe = Learned(4, grid_shape=(3, 3))
     with torch.no_grad():
         first = pe.patch_table(Grid((4, 4))).clone()
         pe.table.add_(1.0)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from visionpe import Grid, encodings_of
-from visionpe.video import TubeletEmbed, create_video_model, inflate_patch_embed
+from visionpe.backbones.video import TubeletEmbed, create_video_model, inflate_patch_embed
 
 KW = dict(num_frames=4, img_size=16, tubelet_size=(2, 4, 4), embed_dim=24, num_heads=2, depth=1, num_classes=3)
 
@@ -22,8 +22,8 @@ def test_every_encoding_on_clips_of_any_length(pe):
 
 def test_grid_is_three_dimensional():
     model = create_video_model("vit_tiny_patch16_224", pe="rope_axial", **KW)
-    model(torch.randn(1, 3, 6, 8, 12))
-    assert model.grid_state.grid == Grid((3, 2, 3), prefix=1)
+    _, grid = model.embed(torch.randn(1, 3, 6, 8, 12))
+    assert grid == Grid((3, 2, 3), prefix=1)
 
 
 def test_inflated_patch_embed_gives_image_tokens_for_a_static_clip():

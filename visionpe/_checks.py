@@ -5,7 +5,11 @@ keyword sees at once how to fix it.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
+from numbers import Real
+
+import torch
 
 
 def check_choice(param: str, value, allowed: Iterable) -> None:
@@ -18,6 +22,36 @@ def check_positive_int(param: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{param} must be a positive integer, got {value!r}")
     return value
+
+
+def check_nonnegative_int(param: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{param} must be 0 or a positive integer, got {value!r}")
+    return value
+
+
+def check_number(param: str, value, minimum: float | None = None, inclusive: bool = True,
+                 maximum: float | None = None) -> float:
+    """A finite real number (not a bool or a string), optionally bounded below and above; returned as float."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise ValueError(f"{param} must be a finite number, got {value!r}")
+    if minimum is not None and (value < minimum or (not inclusive and value == minimum)):
+        raise ValueError(f"{param} must be {'>=' if inclusive else '>'} {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{param} must be <= {maximum}, got {value!r}")
+    return float(value)
+
+
+def check_bool(param: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{param} must be True or False, got {value!r}")
+    return value
+
+
+def angle_dtype(device) -> torch.dtype:
+    """float64 for position x frequency products (exact angles on long axes), float32 where the device has no
+    float64 (MPS)."""
+    return torch.float32 if torch.device(device if device is not None else "cpu").type == "mps" else torch.float64
 
 
 def check_ndim(ndim) -> int:

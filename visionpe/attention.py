@@ -15,7 +15,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid, rotary
     """Attention over a grid's tokens with optional rotary and bias encodings.
 
     Args:
-        q, k, v: ``(B, heads, P + N, head_dim)``.
+        q, k, v: ``(B, heads, P + N, head_dim)`` (``v`` may have another head_dim).
         grid: the token layout (prefix tokens are never rotated and get zero bias unless the encoding
             defines prefix entries).
         rotary: a rotary-family module, ``rotary(q, k, grid) -> (q, k)``.
@@ -23,9 +23,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid, rotary
         attn_mask: extra additive float mask broadcastable to ``(B, heads, T, T)`` (e.g. Swin's shift mask)
             or a boolean mask (True = attend).
     Returns:
-        ``(B, heads, P + N, head_dim)``.
+        ``(B, heads, P + N, v_head_dim)``.
     """
     grid = as_grid(grid)
+    check_qkv(q, k, v)
     if rotary is not None:
         q, k = rotary(q, k, grid)
     mask = None if bias is None else bias(grid).to(q.dtype)
@@ -37,12 +38,25 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid, rotary
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q, k, v must be ``(B, heads, T, d)`` floating tensors with matching batch, heads, tokens and q/k width."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.ndim != 4 or not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating (batch, heads, tokens, head_dim) tensor, got "
+                             f"{tuple(getattr(t, 'shape', ()))} {getattr(t, 'dtype', type(t).__name__)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same head_dim, got {q.shape[-1]} and {k.shape[-1]}")
+    if not q.shape[:2] == k.shape[:2] == v.shape[:2] or k.shape[2] != v.shape[2]:
+        raise ValueError(f"q, k, v disagree in batch, heads or tokens: {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+
+
 class Attention(nn.Module):
-    """Multi-head self-attention with timm's parameter names (``qkv``, ``q_norm``, ``k_norm``, ``proj``).
+    """Multi-head self-attention with timm's parameter names (``qkv``, ``q_norm``, ``k_norm``, ``norm``, ``gate``,
+    ``proj``): a timm ``Attention``'s weights load unchanged. ``rotary`` and ``bias`` hold the block's encodings.
 
-    A timm ``Attention``'s weights load unchanged; ``rotary`` and ``bias`` hold the block's encodings.
-
-    Call: ``attn(x, grid)`` with ``x: (B, P + N, dim)`` -> same shape.
+    Call: ``attn(x, grid)`` with ``x: (B, P + N, dim)`` -> same shape. The grid travels with the call, so one
+    module serves concurrent calls on different grids.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
@@ -55,14 +69,34 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.attn_drop = attn_drop
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.norm = nn.Identity()
+        self.gate = None
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         self.rotary, self.bias = rotary, bias
 
+    @classmethod
+    def from_timm(cls, source: nn.Module, rotary: nn.Module | None = None,
+                  bias: nn.Module | None = None) -> "Attention":
+        """Take over a timm ``Attention``'s modules (weights shared, names kept) and add encodings."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.num_heads, self.head_dim = source.num_heads, source.head_dim
+        for name in ("qkv", "q_norm", "k_norm", "attn_drop", "norm", "proj", "proj_drop"):
+            module = getattr(source, name, None)
+            setattr(self, name, nn.Identity() if module is None else module)
+        self.gate = getattr(source, "gate", None)
+        self.rotary, self.bias = rotary, bias
+        return self
+
     def forward(self, x: torch.Tensor, grid: Grid, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        gate = self.gate(x).sigmoid() if self.gate is not None else None
         q, k, v = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
         q, k = self.q_norm(q), self.k_norm(k)
-        out = attend(q, k, v, grid, self.rotary, self.bias, attn_mask,
-                     dropout_p=self.attn_drop if self.training else 0.0)
-        return self.proj_drop(self.proj(rearrange(out, "b h t d -> b t (h d)")))
+        dropout_p = self.attn_drop.p if self.training and isinstance(self.attn_drop, nn.Dropout) else 0.0
+        out = attend(q, k, v, grid, self.rotary, self.bias, attn_mask, dropout_p=dropout_p)
+        out = self.norm(rearrange(out, "b h t d -> b t (h d)"))
+        if gate is not None:
+            out = out * gate
+        return self.proj_drop(self.proj(out))

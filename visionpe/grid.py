@@ -1,11 +1,12 @@
 """The token layout every encoding reads: a grid of patches after a few prefix tokens."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ._checks import check_positive_int, to_shape
+from ._checks import check_nonnegative_int, check_number, to_shape
 
 
 @dataclass(frozen=True)
@@ -28,12 +29,12 @@ class Grid:
 
     def __post_init__(self):
         object.__setattr__(self, "shape", to_shape("shape", self.shape))
-        if self.prefix != 0:
-            check_positive_int("prefix", self.prefix)
+        check_nonnegative_int("prefix", self.prefix)
         if self.offset is not None:
-            offset = tuple(float(o) for o in self.offset)
-            if len(offset) != len(self.shape):
-                raise ValueError(f"offset={self.offset!r} must have one value per axis of shape={self.shape}")
+            if not isinstance(self.offset, Sequence) or isinstance(self.offset, str) \
+                    or len(self.offset) != len(self.shape):
+                raise ValueError(f"offset={self.offset!r} must have one value per axis (numbers) of shape={self.shape}")
+            offset = tuple(check_number("offset", o) for o in self.offset)
             object.__setattr__(self, "offset", offset if any(offset) else None)
 
     @property
@@ -56,14 +57,22 @@ class Grid:
         return Grid(tuple(shape), self.prefix, self.offset)
 
     def coords(self, device=None, dtype=torch.float32) -> torch.Tensor:
-        """Patch coordinates, ``(num_patches, ndim)``: integer steps from ``offset``, in grid axis order."""
-        axes = [torch.arange(s, device=device, dtype=torch.float32) for s in self.shape]
+        """Patch coordinates, ``(num_patches, ndim)``: integer steps from ``offset``, in grid axis order.
+
+        Computed in ``dtype`` when it is a floating type (float64 keeps large offsets exact), else in float32.
+        """
+        work = dtype if dtype.is_floating_point else torch.float32
+        axes = [torch.arange(s, device=device, dtype=work) for s in self.shape]
         coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, self.ndim)
         if self.offset is not None:
-            coords = coords + torch.tensor(self.offset, device=device)
+            coords = coords + torch.tensor(self.offset, device=device, dtype=work)
         return coords.to(dtype)
 
 
 def as_grid(grid) -> Grid:
     """Accept a :class:`Grid` or a bare shape tuple."""
-    return grid if isinstance(grid, Grid) else Grid(tuple(grid))
+    if isinstance(grid, Grid):
+        return grid
+    if not isinstance(grid, Sequence) or isinstance(grid, str):
+        raise ValueError(f"grid must be a visionpe.Grid or a shape tuple like (14, 14), got {grid!r}")
+    return Grid(tuple(grid))

@@ -2,16 +2,28 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 import torch.nn.functional as F
 
-from ..grid import Grid
+from ..encoding import Encoding
+from ..grid import Grid, as_grid
 
 
-class BiasEncoding(nn.Module):
+class BiasEncoding(Encoding):
     """Base class: ``pe(grid) -> (num_heads, P + N, P + N)`` float32 bias added to attention logits."""
 
     family = "bias"
+
+    @torch.no_grad()
+    def pair_map(self, grid) -> torch.Tensor:
+        """The bias on the grid's patches (no prefix rows or columns), ``(heads, N, N)`` float32."""
+        grid = as_grid(grid)
+        return self(Grid(grid.shape, 0, grid.offset)).detach().float().cpu()
+
+    def similarity_label(self, head: int | None = None) -> str:
+        return f"attention bias, {'mean over heads' if head is None else f'head {head}'}"
+
+    def similarity_note(self) -> str:
+        return "bias row of each query"
 
     @staticmethod
     def pad_prefix(bias: torch.Tensor, grid: Grid) -> torch.Tensor:

@@ -41,5 +41,8 @@ class ALiBi(BiasEncoding):
         distance = (coords[:, None] - coords[None]).norm(dim=-1)  # (N, N), exact 0 on the diagonal
         return self.pad_prefix(-self.slopes[:, None, None] * distance, grid)
 
+    def adaptation_label(self) -> str:
+        return "distances on the new grid (no adaptation)"
+
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, ndim={self.ndim}"

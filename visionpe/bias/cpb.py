@@ -66,5 +66,13 @@ class ContinuousPositionBias(BiasEncoding):
         key = (grid.shape, grid.prefix, str(device))
         return self._cache.get(key, lambda: self._build(grid, device), self.parameters())
 
+    @classmethod
+    def model_defaults(cls, context) -> dict:
+        """A window bias: the model's grid (a Swin window, or a ViT's patch grid) is ``window_size``."""
+        return {"num_heads": context.num_heads, "window_size": tuple(context.grid_shape)}
+
+    def adaptation_label(self) -> str:
+        return "MLP evaluated on the new offsets"
+
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, window_size={self.window_size}, pretrained={self.pretrained_window_size}"

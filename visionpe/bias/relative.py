@@ -1,12 +1,15 @@
 """Learned relative position bias tables: Swin window bias (2D, Video-Swin 3D, any ndim) and BEiT global bias."""
 from __future__ import annotations
 
+import copy
+
 import torch
 from einops import rearrange
 from torch import nn
 
-from .._checks import check_choice, check_grid_ndim, check_positive_int, to_shape
+from .._checks import check_bool, check_choice, check_grid_ndim, check_number, check_positive_int, to_shape
 from ..cache import TableCache
+from ..encoding import constructor_keywords
 from ..grid import Grid, as_grid
 from ..resample import INTERPOLATIONS, resample_grid
 from ._base import BiasEncoding, offset_index, relative_offsets
@@ -42,6 +45,9 @@ class RelativePositionBias(BiasEncoding):
             raise ValueError(f"window_size={window_size!r} has {len(self.window_size)} axes; allowed: 1, 2 or 3")
         self.ndim = len(self.window_size)
         check_choice("grow", grow, ("error", "resample"))
+        check_bool("prefix_entries", prefix_entries)
+        check_bool("antialias", antialias)
+        check_number("init_std", init_std, minimum=0.0)
         check_choice("interpolation", interpolation, INTERPOLATIONS)
         self.prefix_entries, self.grow = prefix_entries, grow
         self.interpolation, self.antialias = interpolation, antialias
@@ -102,18 +108,37 @@ class RelativePositionBias(BiasEncoding):
         self.window_size = new_window
         return self
 
-    @classmethod
+    def _like(self, window_size) -> "RelativePositionBias":
+        """A fresh module of the same class and options on another window."""
+        offered = dict(num_heads=self.num_heads, window_size=window_size, grid_shape=window_size,
+                       prefix_entries=self.prefix_entries, grow=self.grow, interpolation=self.interpolation,
+                       antialias=self.antialias)
+        return type(self)(**{k: offered[k] for k in constructor_keywords(type(self)) if k in offered})
+
     @torch.no_grad()
-    def inflate(cls, source: "RelativePositionBias", window_size) -> "RelativePositionBias":
-        """A 3D window bias from a 2D one (Video-Swin): resize the spatial table, repeat it over time offsets."""
+    def inflate(self, window_size) -> "RelativePositionBias":
+        """A 3D window bias of the same class from this 2D one (Video-Swin): the spatial table resized to the
+        window's ``(H, W)``, repeated over every time offset."""
         window_size = to_shape("window_size", window_size, 3)
-        if source.ndim != 2:
-            raise ValueError(f"inflate needs a 2D source bias, got ndim={source.ndim}")
-        spatial = source._grid_table(window_size[1:])
-        out = cls(source.num_heads, window_size, grow=source.grow, interpolation=source.interpolation,
-                  antialias=source.antialias)
-        out.relative_position_bias_table.copy_(spatial.repeat(2 * window_size[0] - 1, 1))
+        if self.ndim != 2:
+            raise ValueError(f"inflate needs a 2D source bias, got ndim={self.ndim}")
+        spatial = self._grid_table(window_size[1:])
+        out = self._like(window_size)
+        rows = num_offsets(window_size)
+        out.relative_position_bias_table[:rows].copy_(spatial.repeat(2 * window_size[0] - 1, 1))
         return out
+
+    def adapt(self, shape, new_shape, scaling: str | None = None) -> tuple["RelativePositionBias", str]:
+        """A fixed window (``grow="error"``) too small for ``new_shape`` is resized on a copy; otherwise the
+        table is resampled on the fly."""
+        pe, label = super().adapt(shape, new_shape, scaling)
+        if self.grow == "error" and any(n > w for n, w in zip(new_shape, self.window_size)):
+            pe = copy.deepcopy(self).resize(new_shape)
+            return pe, f"table resized to window {'x'.join(map(str, new_shape))} ({pe.interpolation})"
+        return pe, label
+
+    def adaptation_label(self) -> str:
+        return f"table resampled ({self.interpolation})"
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, window_size={self.window_size}, prefix_entries={self.prefix_entries}"
@@ -130,6 +155,11 @@ class SwinBias(RelativePositionBias):
         super().__init__(num_heads, window_size, prefix_entries=False, grow="error",
                          interpolation=interpolation, antialias=antialias)
 
+    @classmethod
+    def model_defaults(cls, context) -> dict:
+        """The model's grid (a Swin block's window) is ``window_size``."""
+        return {"num_heads": context.num_heads, "window_size": tuple(context.grid_shape)}
+
 
 class RelBias(RelativePositionBias):
     """Global relative position bias over the whole patch grid (BEiT), with BEiT's prefix entries.
@@ -137,6 +167,6 @@ class RelBias(RelativePositionBias):
     Resolution change: a smaller grid uses its offsets directly; a larger one resamples the table.
     """
 
-    def __init__(self, num_heads: int, grid=(14, 14), interpolation: str = "bicubic", antialias: bool = False):
-        super().__init__(num_heads, grid, prefix_entries=True, grow="resample",
+    def __init__(self, num_heads: int, grid_shape=(14, 14), interpolation: str = "bicubic", antialias: bool = False):
+        super().__init__(num_heads, to_shape("grid_shape", grid_shape), prefix_entries=True, grow="resample",
                          interpolation=interpolation, antialias=antialias)

@@ -15,9 +15,11 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from .._checks import check_choice, check_divisible, check_grid_ndim, check_ndim, check_positive_int, to_shape
+from .._checks import (angle_dtype, check_choice, check_divisible, check_grid_ndim, check_ndim, check_number,
+                       check_positive_int, to_shape)
 from ..cache import TableCache
 from ..grid import Grid, as_grid
+from ._base import RotaryEncoding
 from .scaling import SCALINGS, attention_factor, axis_scales, scale_frequencies, scale_positions
 
 PAIRS = ("interleaved", "half")
@@ -83,15 +85,14 @@ def apply_rotary(x: torch.Tensor, cis: torch.Tensor, pairs: str = "interleaved")
     return torch.cat([xc.real, xc.imag], dim=-1).type_as(x)
 
 
-class RoPE(nn.Module):
+class RoPE(RotaryEncoding):
     """Rotary embedding from frequency vectors; use :class:`AxialRoPE` or :class:`MixedRoPE`.
 
     Call: ``pe(q, k, grid) -> (q, k)`` with ``q, k: (B, num_heads, P + N, head_dim)``; the ``P`` prefix
-    tokens are not rotated. Tables are computed in float32, cached per grid (and per parameter
-    version for learned frequencies when gradients are off), and cast at use.
+    tokens are not rotated. Angles are computed in float64 (exact on long axes), the rotations stored in
+    complex64, cached per grid (and per parameter version for learned frequencies when gradients are off),
+    and applied in float32.
     """
-
-    family = "rotary"
 
     def __init__(self, head_dim: int, num_heads: int, ndim: int, freqs: torch.Tensor, band_fraction: torch.Tensor,
                  learnable: bool, pairs: str, scaling: str, ref_shape, yarn_alpha: float, yarn_beta: float):
@@ -103,7 +104,10 @@ class RoPE(nn.Module):
         self.ref_shape = None if ref_shape is None else to_shape("ref_shape", ref_shape, ndim)
         if scaling != "none" and self.ref_shape is None:
             raise ValueError(f"scaling={scaling!r} needs ref_shape, the training grid (e.g. ref_shape=(14, 14))")
-        self.yarn_alpha, self.yarn_beta = float(yarn_alpha), float(yarn_beta)
+        self.yarn_alpha, self.yarn_beta = check_number("yarn_alpha", yarn_alpha), check_number("yarn_beta", yarn_beta)
+        if self.yarn_alpha >= self.yarn_beta:
+            raise ValueError(f"yarn_alpha={yarn_alpha!r} must be smaller than yarn_beta={yarn_beta!r} (YaRN keeps "
+                             "bands above beta rotations and interpolates those below alpha)")
         if learnable:
             self.freqs = nn.Parameter(freqs)
         else:
@@ -120,18 +124,19 @@ class RoPE(nn.Module):
         return self._cache.get(key, lambda: self._build(grid, device), [self.freqs])
 
     def _build(self, grid: Grid, device) -> torch.Tensor:
-        coords = grid.coords(device).flip(-1)  # (N, ndim) in xy order
-        freqs = self.freqs.to(device=device, dtype=torch.float32)
-        scales = torch.ones(self.ndim)
-        if self.ref_shape is not None:
-            scales = axis_scales(grid.shape[::-1], self.ref_shape[::-1])
-            coords = scale_positions(coords, scales, self.scaling)
-            freqs = scale_frequencies(freqs, self.band_fraction, scales, self.ref_shape[::-1], self.scaling,
-                                      self.yarn_alpha, self.yarn_beta)
+        wide = angle_dtype(device)  # float64 angles: exact to float32 rounding of cos/sin on any axis length
         with torch.autocast(device_type=torch.device(device).type, enabled=False):
-            angles = torch.einsum("na,ahp->hnp", coords, freqs)  # (heads, N, pairs), float32
+            coords = grid.coords(device, wide).flip(-1)  # (N, ndim) in xy order
+            freqs = self.freqs.to(device=device, dtype=wide)
+            scales = torch.ones(self.ndim, dtype=wide)
+            if self.ref_shape is not None:
+                scales = axis_scales(grid.shape[::-1], self.ref_shape[::-1], wide)
+                coords = scale_positions(coords, scales, self.scaling)
+                freqs = scale_frequencies(freqs, self.band_fraction, scales, self.ref_shape[::-1], self.scaling,
+                                          self.yarn_alpha, self.yarn_beta)
+            angles = torch.einsum("na,ahp->hnp", coords, freqs)  # (heads, N, pairs)
         magnitude = attention_factor(scales, self.scaling)
-        cis = torch.polar(torch.full_like(angles, magnitude), angles)
+        cis = torch.polar(torch.full_like(angles, magnitude), angles).to(torch.complex64)
         prefix = torch.full((cis.shape[0], grid.prefix, cis.shape[2]), magnitude, dtype=cis.dtype, device=device)
         return torch.cat([prefix, cis], dim=1)
 
@@ -149,13 +154,38 @@ class RoPE(nn.Module):
     def rotate(self, x: torch.Tensor, grid: Grid) -> torch.Tensor:
         """Rotate one tensor ``(B, heads, P + N, head_dim)``."""
         grid = as_grid(grid)
-        if x.shape[-2] != grid.num_tokens or x.shape[-1] != self.head_dim:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise ValueError(f"rotary input must be a floating-point tensor, got "
+                             f"{getattr(x, 'dtype', type(x).__name__)} (integer rotations would be truncated)")
+        if x.ndim < 3 or x.shape[-2] != grid.num_tokens or x.shape[-1] != self.head_dim:
             raise ValueError(f"expected (..., {grid.num_tokens}, {self.head_dim}) for grid {grid.shape} with "
                              f"prefix={grid.prefix}, got {tuple(x.shape)}")
+        heads = self.freqs.shape[1]
+        if heads > 1 and x.shape[-3] != heads:
+            raise ValueError(f"q/k have {x.shape[-3]} heads but {type(self).__name__} was built with "
+                             f"num_heads={heads}")
         return apply_rotary(x, self.cis(grid, x.device), self.pairs)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotate(q, grid), self.rotate(k, grid)
+
+    @classmethod
+    def model_defaults(cls, context) -> dict:
+        """The model's training grid is the reference of resolution scaling (used unless ``scaling="none"``)."""
+        return {**super().model_defaults(context), "ref_shape": tuple(context.grid_shape)}
+
+    def adapt(self, shape, new_shape, scaling: str | None = None) -> tuple["RoPE", str]:
+        """``scaling=None`` keeps this module's own ``scaling``/``ref_shape``; ``"none"``, ``"pi"``, ``"ntk"``,
+        ``"yarn"`` choose one, with ``ref_shape`` = this module's or else ``shape``."""
+        pe = self if scaling is None else self.with_scaling(scaling, self.ref_shape or tuple(shape))
+        if tuple(new_shape) == tuple(shape):
+            return pe, "native grid"
+        return pe, pe.adaptation_label()
+
+    def adaptation_label(self) -> str:
+        if self.scaling == "none":
+            return "RoPE extrapolated (integer positions)"
+        return f"RoPE scaling={self.scaling}, ref_shape={'x'.join(map(str, self.ref_shape))}"
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, num_heads={self.num_heads}, ndim={self.ndim}, pairs={self.pairs!r}, "
@@ -189,8 +219,7 @@ class AxialRoPE(RoPE):
                  yarn_alpha: float = 1.0, yarn_beta: float = 32.0):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
-        if theta <= 1:
-            raise ValueError(f"theta must be > 1, got {theta!r}")
+        check_number("theta", theta, minimum=1.0, inclusive=False)
         sections = resolve_sections(head_dim, ndim, sections, "rope_axial")
         sections_xy = sections[::-1]
         super().__init__(head_dim, num_heads, ndim, axial_frequencies(sections_xy, theta), band_fractions(sections_xy),
@@ -214,13 +243,10 @@ class MixedRoPE(RoPE):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
         sections = resolve_sections(head_dim, ndim, sections, "rope_mixed")
-        if theta <= 1:
-            raise ValueError(f"theta must be > 1, got {theta!r}")
+        check_number("theta", theta, minimum=1.0, inclusive=False)
         sections_xy = sections[::-1]
         super().__init__(head_dim, num_heads, ndim, mixed_frequencies(sections_xy, num_heads, theta, generator),
                          band_fractions(sections_xy), learnable=True, pairs=pairs, scaling=scaling,
                          ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta)
         self.theta, self.sections = float(theta), sections
 
-    def no_weight_decay(self) -> set[str]:
-        return {"freqs"}

@@ -23,9 +23,9 @@ import torch
 SCALINGS = ("none", "pi", "ntk", "yarn")
 
 
-def axis_scales(shape_xy, ref_xy) -> torch.Tensor:
-    """Per-axis size ratios ``s_a = size_a / ref_a``, float32 ``(ndim,)``."""
-    return torch.tensor([s / r for s, r in zip(shape_xy, ref_xy)], dtype=torch.float32)
+def axis_scales(shape_xy, ref_xy, dtype=torch.float32) -> torch.Tensor:
+    """Per-axis size ratios ``s_a = size_a / ref_a``, ``(ndim,)``."""
+    return torch.tensor([s / r for s, r in zip(shape_xy, ref_xy)], dtype=dtype)
 
 
 def scale_positions(coords_xy: torch.Tensor, scales: torch.Tensor, scaling: str) -> torch.Tensor:
@@ -46,7 +46,7 @@ def scale_frequencies(freqs: torch.Tensor, band_fraction: torch.Tensor, scales: 
     s = scales.clamp(min=1.0).to(freqs.device)[:, None, None]  # (ndim, 1, 1): extension only
     if scaling == "ntk":
         return freqs * s ** -band_fraction.to(freqs.device)
-    ref = torch.tensor(ref_xy, dtype=torch.float32, device=freqs.device)[:, None, None]
+    ref = torch.tensor(ref_xy, dtype=freqs.dtype, device=freqs.device)[:, None, None]
     rotations = ref * freqs.abs() / (2 * math.pi)  # turns per training length along the axis
     keep = ((rotations - yarn_alpha) / (yarn_beta - yarn_alpha)).clamp(0.0, 1.0)
     return freqs * ((1 - keep) / s + keep)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_choice, check_grid_ndim, check_ndim, check_positive_int, to_shape
+from .._checks import (check_bool, check_choice, check_grid_ndim, check_ndim, check_nonnegative_int, check_number,
+                       check_positive_int, to_shape)
 from ..cache import TableCache
 from ..grid import Grid, as_grid
 from ..resample import INTERPOLATIONS, resample_axis, resample_grid
@@ -17,7 +18,7 @@ class Learned(TokenEncoding):
     Args:
         dim: token width.
         ndim: grid axes.
-        grid: the training grid ``(H, W)`` (or ``(T, H, W)``); the table covers it.
+        grid_shape: the training grid ``(H, W)`` (or ``(T, H, W)``); the table covers it.
         num_prefix_tokens: prefix tokens that own a learned vector (timm's class-token ``pos_embed`` rows);
             0 leaves prefix tokens without position (timm's ``no_embed_class``).
         factorized: one table per axis, ``(size_a, dim)`` each, summed (ViViT/MViT style).
@@ -30,15 +31,17 @@ class Learned(TokenEncoding):
     Call: ``pe(x, grid)`` with ``x: (B, P + N, dim)`` -> same shape.
     """
 
-    def __init__(self, dim: int, ndim: int = 2, grid=(14, 14), num_prefix_tokens: int = 0,
+    def __init__(self, dim: int, ndim: int = 2, grid_shape=(14, 14), num_prefix_tokens: int = 0,
                  factorized: bool = False, interpolation: str = "bicubic", antialias: bool = True,
                  init_std: float = 0.02):
         super().__init__()
         self.ndim = check_ndim(ndim)
         self.dim = check_positive_int("dim", dim)
-        self.grid_shape = to_shape("grid", grid, ndim)
-        if num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens!r}")
+        self.grid_shape = to_shape("grid_shape", grid_shape, ndim)
+        check_nonnegative_int("num_prefix_tokens", num_prefix_tokens)
+        check_bool("factorized", factorized)
+        check_bool("antialias", antialias)
+        check_number("init_std", init_std, minimum=0.0)
         check_choice("interpolation", interpolation, INTERPOLATIONS)
         self.num_prefix_tokens = num_prefix_tokens
         self.factorized = factorized
@@ -100,6 +103,14 @@ class Learned(TokenEncoding):
             prefix_table = self.prefix
         return self.add_to_patches(x, self.patch_table(grid), grid, prefix_table)
 
+    def position_vectors(self, grid) -> torch.Tensor:
+        grid = as_grid(grid)
+        with torch.no_grad():
+            return self.patch_table(Grid(grid.shape, 0, grid.offset)).float().cpu()
+
+    def adaptation_label(self) -> str:
+        return f"table resampled ({self.interpolation}{', antialias' if self.antialias else ''})"
+
     @torch.no_grad()
     def resize(self, new_shape, interpolation: str | None = None, antialias: bool | None = None) -> "Learned":
         """Resample the stored table to ``new_shape`` for good (fine-tuning at a new resolution)."""
@@ -117,5 +128,5 @@ class Learned(TokenEncoding):
         return self
 
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, grid={self.grid_shape}, num_prefix_tokens={self.num_prefix_tokens}, "
+        return (f"dim={self.dim}, grid_shape={self.grid_shape}, num_prefix_tokens={self.num_prefix_tokens}, "
                 f"factorized={self.factorized}, interpolation={self.interpolation!r}, antialias={self.antialias}")

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 
-from .._checks import check_choice, check_divisible, check_grid_ndim, check_ndim, check_positive_int
+from .._checks import angle_dtype, check_choice, check_divisible, check_grid_ndim, check_ndim, check_number, \
+    check_positive_int, to_shape
 from ..cache import TableCache
 from ..grid import Grid, as_grid
 from ._base import TokenEncoding
@@ -14,6 +15,9 @@ LAYOUTS = ("mae", "timm")
 
 def sincos_table(coords: torch.Tensor, dim: int, temperature: float = 10000.0, layout: str = "mae") -> torch.Tensor:
     """Sinusoidal embedding of ``coords`` ``(N, ndim)`` -> ``(N, dim)``, float32.
+
+    Angles are computed in float64 (on any device but MPS), so the table is exact to float32 rounding on
+    long axes too (a float32 angle at position 262 144 is off by up to 1.6e-2 rad).
 
     Each axis gets ``dim / ndim`` channels ``[sin(c * w), cos(c * w)]`` with
     ``w_i = 1 / temperature ** (i / (dim / (2 * ndim)))``. ``layout`` orders the axes:
@@ -25,11 +29,12 @@ def sincos_table(coords: torch.Tensor, dim: int, temperature: float = 10000.0, l
     ndim = coords.shape[-1]
     check_divisible("dim", dim, 2 * ndim, f"sincos needs sin and cos channels for each of {ndim} axes")
     bands = dim // (2 * ndim)
-    omega = temperature ** -(torch.arange(bands, dtype=torch.float32, device=coords.device) / bands)
+    wide = angle_dtype(coords.device)
+    omega = float(temperature) ** -(torch.arange(bands, dtype=wide, device=coords.device) / bands)
     if layout == "mae":
         coords = coords.flip(-1)
-    angles = coords.float()[..., None] * omega  # (N, ndim, bands)
-    table = torch.stack([angles.sin(), angles.cos()], dim=-2)  # (N, ndim, 2, bands)
+    angles = coords.to(wide)[..., None] * omega  # (N, ndim, bands)
+    table = torch.stack([angles.sin(), angles.cos()], dim=-2).float()  # (N, ndim, 2, bands)
     return rearrange(table, "n a s b -> n (a s b)")
 
 
@@ -49,10 +54,9 @@ class SinCos(TokenEncoding):
         self.dim = check_positive_int("dim", dim)
         check_choice("layout", layout, LAYOUTS)
         check_divisible("dim", dim, 2 * ndim, f"sincos needs sin and cos channels for each of {ndim} axes")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {temperature!r}")
+        check_number("temperature", temperature, minimum=0.0, inclusive=False)
         self.layout, self.temperature = layout, float(temperature)
-        self.ref_shape = None if ref_shape is None else as_grid(ref_shape).shape
+        self.ref_shape = None if ref_shape is None else to_shape("ref_shape", ref_shape, ndim)
         self._cache = TableCache()
 
     def table(self, grid: Grid, device=None) -> torch.Tensor:
@@ -70,6 +74,13 @@ class SinCos(TokenEncoding):
     def forward(self, x: torch.Tensor, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)
         return self.add_to_patches(x, self.table(grid, x.device), grid)
+
+    def position_vectors(self, grid) -> torch.Tensor:
+        grid = as_grid(grid)
+        return self.table(Grid(grid.shape, 0, grid.offset)).float().cpu()
+
+    def adaptation_label(self) -> str:
+        return "recomputed" if self.ref_shape is None else "coordinates stretched to ref_shape"
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, ndim={self.ndim}, layout={self.layout!r}, temperature={self.temperature}"

@@ -12,8 +12,9 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from ._checks import to_shape
-from .backbones import apply, parse_pe
+from .._checks import to_shape
+from .adapter import parse_pe
+from .api import apply
 
 
 class TubeletEmbed(nn.Module):

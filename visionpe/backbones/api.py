@@ -1,0 +1,112 @@
+"""Put any visionpe encoding into a backbone: :func:`create_model`, :func:`apply`, :func:`encodings_of`.
+
+Supported: timm ``VisionTransformer`` (``vit_*``, ``deit_*``), ``SwinTransformer`` and ``SwinTransformerV2``; a
+video ViT on tubelets (:func:`visionpe.create_video_model`). ``apply`` keeps every weight that is not
+positional, converts positional weights where that has a meaning (a learned ``pos_embed`` becomes the ``learned``
+table, a Swin table or a Swin-V2 CPB MLP stays) and lets the model run at any input size.
+
+How it is wired: the model's class is swapped for a thin subclass (``VisionTransformerPE``, ...) from the
+adapter of its family (``vit.py``, ``swin.py``); a new backbone is one more adapter module and one more row
+of :data:`ADAPTERS`.
+"""
+from __future__ import annotations
+
+import timm
+from timm.models.swin_transformer import SwinTransformer
+from timm.models.swin_transformer_v2 import SwinTransformerV2
+from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+
+from ..attention import Attention
+from ..encoding import Encoding
+from .adapter import parse_pe, route_kwargs
+from .swin import SwinTransformerPE, SwinTransformerV2PE, WindowAttention, apply_swin
+from .vit import VisionTransformerPE, apply_vit
+
+# model class -> (patched subclass, function putting the encodings in place)
+ADAPTERS = {
+    VisionTransformer: (VisionTransformerPE, apply_vit),
+    SwinTransformer: (SwinTransformerPE, apply_swin),
+    SwinTransformerV2: (SwinTransformerV2PE, apply_swin),
+}
+SUPPORTED = ", ".join(cls.__name__ for cls in ADAPTERS)
+
+
+def _base_class(model: nn.Module) -> type:
+    cls = type(model)
+    for base, (patched, _) in ADAPTERS.items():
+        if cls in (base, patched):
+            return base
+    raise ValueError(f"model class {cls.__name__} is not supported; supported timm classes: {SUPPORTED}")
+
+
+def apply(model: nn.Module, pe: str = "learned", **pe_kwargs) -> nn.Module:
+    """Give a backbone the encoding ``pe`` in place and return it; non-positional weights are kept.
+
+    Args:
+        model: a timm ``VisionTransformer``, ``SwinTransformer`` or ``SwinTransformerV2`` (patched or not).
+        pe: an encoding name from :func:`visionpe.available`, a ``+`` combination of one encoding per family
+            (``"rope_mixed+learned"``), or ``"none"``.
+        pe_kwargs: constructor keywords, each given to the encodings of the combination that take it
+            (e.g. ``scaling="pi"``, ``interpolation="bilinear"``, ``theta=10``).
+    """
+    names = parse_pe(pe)
+    kwargs = route_kwargs(names, pe_kwargs)
+    base = _base_class(model)
+    patched, put_encodings = ADAPTERS[base]
+    put_encodings(model, names, kwargs)
+    model.__class__ = patched
+    model.pe = pe
+    return model
+
+
+def create_model(model_name: str, pe: str = "learned", pretrained: bool = False, pe_kwargs: dict | None = None,
+                 **timm_kwargs) -> nn.Module:
+    """``timm.create_model(model_name, **timm_kwargs)`` with the encoding ``pe``, runnable at any input size.
+
+    >>> model = create_model("deit_tiny_patch16_224", pe="rope_mixed", img_size=64, patch_size=8, num_classes=10)
+    >>> model(torch.randn(2, 3, 96, 96)).shape
+    torch.Size([2, 10])
+
+    ``pe_kwargs`` go to the encodings (see :func:`apply`); every other keyword goes to timm.
+    """
+    parse_pe(pe)
+    if not isinstance(model_name, str) or not timm.is_model(model_name):
+        raise ValueError(f"model_name={model_name!r} is not a timm model; use a vit_*, deit_* or swin* name "
+                         f"(timm.list_models('vit_*'))")
+    if timm.models.is_model_in_modules(model_name, ["vision_transformer"]):
+        timm_kwargs.setdefault("dynamic_img_size", True)
+        check_img_size(timm_kwargs)
+    elif timm.models.is_model_in_modules(model_name, ["swin_transformer", "swin_transformer_v2"]):
+        timm_kwargs.setdefault("strict_img_size", False)
+    model = timm.create_model(model_name, pretrained=pretrained, **timm_kwargs)
+    return apply(model, pe, **(pe_kwargs or {}))
+
+
+def check_img_size(timm_kwargs: dict) -> None:
+    """``img_size`` must be a multiple of ``patch_size`` at construction, not only at the first forward."""
+    img, patch = timm_kwargs.get("img_size"), timm_kwargs.get("patch_size")
+    if img is None or patch is None:
+        return
+    img = (img, img) if isinstance(img, int) else tuple(img)
+    patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    if any(not isinstance(v, int) or isinstance(v, bool) or v <= 0 for v in img + patch):
+        raise ValueError(f"img_size={timm_kwargs['img_size']!r} and patch_size={timm_kwargs['patch_size']!r} "
+                         "must be positive integers")
+    if any(i % p for i, p in zip(img, patch)):
+        raise ValueError(f"img_size={timm_kwargs['img_size']!r} must be a multiple of "
+                         f"patch_size={timm_kwargs['patch_size']!r}")
+
+
+def encodings_of(model: nn.Module) -> dict[str, list[Encoding]]:
+    """The encodings of a patched model: ``{"tokens": [...], "rotary": [one per block], "bias": [one per block]}``."""
+    found = {"tokens": [], "rotary": [], "bias": []}
+    tokens = getattr(model, "pe_tokens", None)
+    if tokens is not None:
+        found["tokens"].append(tokens)
+    for module in model.modules():
+        if isinstance(module, (Attention, WindowAttention)):
+            for family, enc in (("rotary", module.rotary), ("bias", module.bias)):
+                if enc is not None:
+                    found[family].append(enc)
+    return found

@@ -1,0 +1,118 @@
+"""timm ``SwinTransformer`` and ``SwinTransformerV2`` with visionpe encodings inside their (shifted) windows.
+
+A window is a fixed grid, so each block's encodings are built for its window and every window attention
+reads ``Grid(window_size)``; nothing travels between calls. A Swin table (``relative_position_bias_table``) or a
+Swin-V2 ``cpb_mlp`` is taken over by ``swin_bias`` / ``cpb`` with its weights.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from timm.models.swin_transformer import SwinTransformer
+from timm.models.swin_transformer_v2 import SwinTransformerV2
+from torch import nn
+
+from ..attention import attend
+from ..bias import ContinuousPositionBias, SwinBias
+from ..encoding import ModelContext
+from ..grid import Grid
+from .adapter import EncodingSet, PositionalModel
+
+
+class WindowAttention(nn.Module):
+    """Replaces Swin (v1/v2) ``WindowAttention``: same projections, encodings over one window's grid.
+
+    Swin-V2's cosine attention (``logit_scale``, ``q_bias``/``v_bias``) is kept when the source has it.
+    """
+
+    def __init__(self, source: nn.Module, rotary=None, bias=None):
+        super().__init__()
+        self.num_heads = source.num_heads
+        self.window_size = tuple(source.window_size)
+        self.qkv, self.attn_drop, self.proj, self.proj_drop = source.qkv, source.attn_drop, source.proj, source.proj_drop
+        self.cosine = hasattr(source, "logit_scale")
+        if self.cosine:
+            self.logit_scale = source.logit_scale
+            self.q_bias, self.v_bias = source.q_bias, source.v_bias
+        self.rotary, self.bias = rotary, bias
+
+    def set_window_size(self, window_size) -> None:
+        """Called by timm's ``set_input_size``: a new window resizes a table bias (as timm does)."""
+        window_size = tuple(window_size)
+        if window_size != self.window_size and hasattr(self.bias, "resize"):
+            self.bias.resize(window_size)
+        self.window_size = window_size
+
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cosine and self.q_bias is not None:
+            return F.linear(x, self.qkv.weight, torch.cat([self.q_bias, torch.zeros_like(self.v_bias), self.v_bias]))
+        return self.qkv(x)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``x: (num_windows * B, Wh * Ww, C)``; ``mask: (num_windows, N, N)`` shift mask or None."""
+        q, k, v = rearrange(self._qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
+        scale = None
+        if self.cosine:
+            logit_scale = torch.clamp(self.logit_scale, max=math.log(1.0 / 0.01)).exp()
+            q, k, scale = F.normalize(q, dim=-1) * logit_scale, F.normalize(k, dim=-1), 1.0
+        if mask is not None:
+            num_windows = mask.shape[0]
+            mask = rearrange(mask.expand(x.shape[0] // num_windows, -1, -1, -1), "b w n m -> (b w) 1 n m")
+        out = attend(q, k, v, Grid(self.window_size), self.rotary, self.bias, mask,
+                     dropout_p=self.attn_drop.p if self.training else 0.0, scale=scale)
+        return self.proj_drop(self.proj(rearrange(out, "b h t d -> b t (h d)")))
+
+
+class SwinTransformerPE(PositionalModel, SwinTransformer):
+    """timm ``SwinTransformer`` with visionpe encodings inside its windows."""
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        return super().forward_features(x)
+
+
+class SwinTransformerV2PE(PositionalModel, SwinTransformerV2):
+    """timm ``SwinTransformerV2`` with visionpe encodings inside its windows."""
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        return super().forward_features(x)
+
+
+def apply_swin(model: nn.Module, names: dict, kwargs: dict) -> None:
+    """Put the encodings ``names`` (family -> name) into every window attention of a timm Swin, in place."""
+    if "tokens" in names:
+        raise ValueError(f"{type(model).__name__} takes bias and rotary encodings (swin_bias, cpb, alibi, "
+                         f"rope_axial, rope_mixed); tokens encodings ({names['tokens']}) need a ViT")
+    if names.get("bias") == "rel_bias":
+        raise ValueError("rel_bias is a global (whole-image) table for ViTs; in Swin windows use swin_bias")
+    model.patch_embed.strict_img_size = False
+    model.dynamic_img_size = True
+    encodings = EncodingSet(names, kwargs)
+    for stage in model.layers:
+        for block in stage.blocks:
+            block.dynamic_mask = True
+            source = block.attn
+            head_dim = source.qkv.weight.shape[0] // 3 // source.num_heads
+            context = ModelContext(tuple(source.window_size), source.qkv.in_features, source.num_heads, head_dim)
+            rotary = encodings.block("rotary", context, getattr(source, "rotary", None))
+            defaults = {}
+            pretrained = getattr(source, "pretrained_window_size", None)
+            if names.get("bias") == "cpb" and pretrained is not None and any(pretrained):
+                defaults["pretrained_window_size"] = tuple(pretrained)
+            bias = encodings.block("bias", context, getattr(source, "bias", None), **defaults)
+            take_over_bias(bias, source)
+            block.attn = WindowAttention(source, rotary, bias)
+
+
+@torch.no_grad()
+def take_over_bias(bias: nn.Module | None, source: nn.Module) -> None:
+    """A timm block's own Swin table or Swin-V2 CPB MLP goes into the matching visionpe bias."""
+    if isinstance(bias, SwinBias) and hasattr(source, "relative_position_bias_table"):
+        bias.relative_position_bias_table.copy_(source.relative_position_bias_table)
+    elif isinstance(bias, ContinuousPositionBias) and hasattr(source, "cpb_mlp") \
+            and source.cpb_mlp[0].in_features == 2 and source.cpb_mlp[0].out_features == bias.cpb_mlp[0].out_features:
+        bias.cpb_mlp.load_state_dict(source.cpb_mlp.state_dict())

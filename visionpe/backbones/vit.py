@@ -1,0 +1,166 @@
+"""timm ``VisionTransformer`` (``vit_*``, ``deit_*``: class and register tokens, ``no_embed_class``, every
+``global_pool``) with visionpe encodings, at any input size.
+
+The grid travels with the call: :meth:`VisionTransformerPE.forward_features` builds the token
+:class:`~visionpe.Grid` from the patch embedding's output (and the caller's ``grid_offset``) and passes it to
+every block, as timm's Eva passes ``rope=``; no state is shared between calls, so one model serves concurrent
+forwards at different sizes. Blocks become :class:`GridBlock` (timm ``Block``) or :class:`GridResPostBlock`,
+their attention :class:`visionpe.Attention` with timm's weights and names.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import rearrange
+from timm.layers import Format
+from timm.models._features import feature_take_indices
+from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..attention import Attention
+from ..checkpoint import pos_embed_tensors
+from ..encoding import ModelContext
+from ..grid import Grid
+from ..tokens import Learned
+from .adapter import EncodingSet, PositionalModel, build_for
+
+
+class GridBlock(Block):
+    """timm ``Block`` whose forward takes the token grid: ``block(x, grid, attn_mask=None)``."""
+
+    def forward(self, x: torch.Tensor, grid: Grid, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), grid, attn_mask)))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+class GridResPostBlock(ResPostBlock):
+    """timm ``ResPostBlock`` (post-norm) whose forward takes the token grid."""
+
+    def forward(self, x: torch.Tensor, grid: Grid, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop_path1(self.norm1(self.attn(x, grid, attn_mask)))
+        return x + self.drop_path2(self.norm2(self.mlp(x)))
+
+
+GRID_BLOCKS = {Block: GridBlock, ResPostBlock: GridResPostBlock}
+
+
+class VisionTransformerPE(PositionalModel, VisionTransformer):
+    """timm ``VisionTransformer`` whose position comes from visionpe encodings, at any input size.
+
+    ``forward(x, grid_offset=None)``: ``grid_offset`` is the coordinate of the first patch per grid axis (a crop
+    of a larger image, a later clip of a video); encodings that read coordinates see the shifted grid.
+    """
+
+    pe_tokens: nn.Module | None
+
+    def embed(self, x: torch.Tensor, grid_offset=None) -> tuple[torch.Tensor, Grid]:
+        """Image (or clip) -> tokens ``(B, P + N, C)`` with prefix tokens and position, and their grid."""
+        self.check_input(x)
+        x = self.patch_embed(x)  # (B, *grid, C)
+        grid = Grid(tuple(x.shape[1:-1]), prefix=self.num_prefix_tokens, offset=grid_offset)
+        x = rearrange(x, "b ... c -> b (...) c")
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        x = torch.cat(prefix + [x], dim=1)
+        if self.pe_tokens is not None:
+            x = self.pe_tokens(x, grid)
+        x = self.pos_drop(x)
+        if self.training and getattr(self.patch_drop, "prob", 0.0) > 0 and any(
+                isinstance(b.attn, Attention) and (b.attn.rotary is not None or b.attn.bias is not None)
+                for b in self.blocks):
+            raise ValueError("patch_drop_rate > 0 with a rotary or bias encoding is not supported yet: dropped "
+                             "tokens would lose their positions; use a tokens encoding or patch_drop_rate=0")
+        return self.norm_pre(self.patch_drop(x)), grid
+
+    def run_block(self, block: nn.Module, x: torch.Tensor, grid: Grid, attn_mask=None) -> torch.Tensor:
+        if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
+            return checkpoint(block, x, grid, attn_mask, use_reentrant=False)
+        return block(x, grid, attn_mask)
+
+    def forward_features(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                         grid_offset=None) -> torch.Tensor:
+        check_not_causal(is_causal)
+        x, grid = self.embed(x, grid_offset)
+        for block in self.blocks:
+            x = self.run_block(block, x, grid, attn_mask)
+        return self.norm(x)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                grid_offset=None) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x, attn_mask, is_causal, grid_offset))
+
+    def forward_intermediates(self, x: torch.Tensor, indices=None, return_prefix_tokens: bool = False,
+                              norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
+                              intermediates_only: bool = False, output_dict: bool = False,
+                              attn_mask: torch.Tensor | None = None, is_causal: bool = False, grid_offset=None):
+        """timm's ``forward_intermediates`` (same arguments and outputs), with the grid passed to each block."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt={output_fmt!r} is not supported; allowed values: 'NCHW', 'NLC'")
+        check_not_causal(is_causal)
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        x, grid = self.embed(x, grid_offset)
+        intermediates = []
+        for i, block in enumerate(self.blocks[:max_index + 1] if stop_early else self.blocks):
+            x = self.run_block(block, x, grid, attn_mask)
+            if i in take_indices:
+                intermediates.append(self.norm(x) if norm else x)
+        p = self.num_prefix_tokens
+        prefix_tokens = [y[:, :p] for y in intermediates] if p else None
+        intermediates = [y[:, p:] for y in intermediates]
+        if output_fmt == "NCHW":
+            intermediates = [y.reshape(y.shape[0], *grid.shape, -1).movedim(-1, 1).contiguous() for y in intermediates]
+        if output_dict:
+            out = {"image_intermediates": intermediates}
+            if prefix_tokens is not None and return_prefix_tokens:
+                out["image_intermediates_prefix"] = prefix_tokens
+            if not intermediates_only:
+                out["image_features"] = self.norm(x)
+            return out
+        if return_prefix_tokens and prefix_tokens is not None:
+            intermediates = list(zip(intermediates, prefix_tokens))
+        return intermediates if intermediates_only else (self.norm(x), intermediates)
+
+
+def check_not_causal(is_causal: bool) -> None:
+    if is_causal:
+        raise ValueError("is_causal=True is not supported with positional encodings over a grid")
+
+
+def apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
+    """Put the encodings ``names`` (family -> name) into a timm ViT in place; weights kept."""
+    if names.get("bias") == "swin_bias":
+        raise ValueError("swin_bias needs window attention (Swin); for a ViT use rel_bias (BEiT's global table), "
+                         "cpb or alibi")
+    patch_embed = model.patch_embed
+    patch_embed.strict_img_size, patch_embed.flatten, patch_embed.output_fmt = False, False, Format.NHWC
+    model.dynamic_img_size = True
+    grid_shape = tuple(patch_embed.grid_size)
+    first = model.blocks[0].attn
+    context = ModelContext(grid_shape, model.embed_dim, first.num_heads, first.head_dim,
+                           num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens)
+    old_table = model.pos_embed.detach() if isinstance(getattr(model, "pos_embed", None), nn.Parameter) else None
+    tokens = None
+    if "tokens" in names:
+        tokens = build_for(names["tokens"], context, kwargs[names["tokens"]])
+        existing = getattr(model, "pe_tokens", None)
+        if isinstance(tokens, Learned) and isinstance(existing, Learned) and existing.grid_shape == grid_shape:
+            tokens.load_state_dict(existing.state_dict())
+        elif isinstance(tokens, Learned) and old_table is not None and \
+                old_table.shape[1] == tokens.num_prefix_tokens + math.prod(grid_shape):
+            tokens.load_state_dict(pos_embed_tensors(tokens, old_table, grid_shape))
+    model.pos_embed = None
+    model.pe_tokens = tokens
+    encodings = EncodingSet(names, kwargs)
+    for block in model.blocks:
+        base = next((b for b in GRID_BLOCKS if isinstance(block, b)), None)
+        if base is None:
+            raise ValueError(f"block type {type(block).__name__} is not supported; supported timm blocks: "
+                             f"{', '.join(b.__name__ for b in GRID_BLOCKS)}")
+        block.__class__ = GRID_BLOCKS[base]
+        source = block.attn
+        block_context = ModelContext(grid_shape, model.embed_dim, source.num_heads, source.head_dim,
+                                     context.num_prefix_tokens)
+        rotary = encodings.block("rotary", block_context, getattr(source, "rotary", None))
+        bias = encodings.block("bias", block_context, getattr(source, "bias", None))
+        block.attn = Attention.from_timm(source, rotary, bias)
