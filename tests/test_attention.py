@@ -120,8 +120,8 @@ def make_table(pe, grid) -> torch.Tensor:
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "peg"])  # PEG is a convolution, it has no table
 def test_tables_float32_under_autocast(name, ndim):
     kw = build_kwargs(name, ndim)
-    if "grid" in kw:  # a training grid smaller than the call's grid exercises resampling
-        kw["grid"] = tuple(max(s - 1, 1) for s in kw["grid"])
+    if "grid_shape" in kw:  # a training grid smaller than the call's grid exercises resampling
+        kw["grid_shape"] = tuple(max(s - 1, 1) for s in kw["grid_shape"])
     pe = vpe.build(name, **kw)
     fresh = copy.deepcopy(pe)  # its own caches: the autocast table is computed, not looked up
     grid = Grid(SHAPES[ndim], prefix=1)

@@ -106,7 +106,7 @@ class Learned(TokenEncoding):
     def position_vectors(self, grid) -> torch.Tensor:
         grid = as_grid(grid)
         with torch.no_grad():
-            return self.patch_table(Grid(grid.shape, 0, grid.offset)).float().cpu()
+            return self.patch_table(Grid(grid.shape, 0, grid.offset)).detach().float().cpu()
 
     def adaptation_label(self) -> str:
         return f"table resampled ({self.interpolation}{', antialias' if self.antialias else ''})"
