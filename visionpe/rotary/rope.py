@@ -25,9 +25,9 @@ from .scaling import SCALINGS, attention_factor, axis_scales, scale_frequencies,
 PAIRS = ("interleaved", "half")
 
 
-def band_frequencies(num_bands: int, theta: float) -> torch.Tensor:
+def band_frequencies(num_bands: int, theta: float, dtype=torch.float32) -> torch.Tensor:
     """``w_i = 1 / theta ** (i / num_bands)``, ``i < num_bands``: rope-vit's ``1/theta^(4i/d)`` in 2D."""
-    return theta ** -(torch.arange(num_bands, dtype=torch.float32) / num_bands)
+    return theta ** -(torch.arange(num_bands, dtype=dtype) / num_bands)
 
 
 def band_fractions(sizes) -> torch.Tensor:
@@ -35,13 +35,13 @@ def band_fractions(sizes) -> torch.Tensor:
     return torch.cat([torch.arange(n, dtype=torch.float32) / max(n - 1, 1) for n in sizes])
 
 
-def axial_frequencies(sections_xy, theta: float) -> torch.Tensor:
+def axial_frequencies(sections_xy, theta: float, dtype=torch.float32) -> torch.Tensor:
     """Axis-aligned frequency vectors ``(ndim, 1, pairs)``: pairs of section ``a`` turn along axis ``a``."""
     ndim, pairs = len(sections_xy), sum(sections_xy)
-    freqs = torch.zeros(ndim, 1, pairs)
+    freqs = torch.zeros(ndim, 1, pairs, dtype=dtype)
     start = 0
     for axis, n in enumerate(sections_xy):
-        freqs[axis, 0, start:start + n] = band_frequencies(n, theta)
+        freqs[axis, 0, start:start + n] = band_frequencies(n, theta, dtype)
         start += n
     return freqs
 
@@ -127,7 +127,7 @@ class RoPE(RotaryEncoding):
         wide = angle_dtype(device)  # float64 angles: exact to float32 rounding of cos/sin on any axis length
         with torch.autocast(device_type=torch.device(device).type, enabled=False):
             coords = grid.coords(device, wide).flip(-1)  # (N, ndim) in xy order
-            freqs = self.freqs.to(device=device, dtype=wide)
+            freqs = self.frequencies(wide).to(device)
             scales = torch.ones(self.ndim, dtype=wide)
             if self.ref_shape is not None:
                 scales = axis_scales(grid.shape[::-1], self.ref_shape[::-1], wide)
@@ -139,6 +139,10 @@ class RoPE(RotaryEncoding):
         cis = torch.polar(torch.full_like(angles, magnitude), angles).to(torch.complex64)
         prefix = torch.full((cis.shape[0], grid.prefix, cis.shape[2]), magnitude, dtype=cis.dtype, device=device)
         return torch.cat([prefix, cis], dim=1)
+
+    def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
+        """The frequency vectors ``(ndim, heads or 1, pairs)`` in ``dtype`` (learned ones: as stored)."""
+        return self.freqs.to(dtype)
 
     def with_scaling(self, scaling: str, ref_shape=None) -> "RoPE":
         """A copy with the same frequencies that adapts to other grids by ``scaling`` against ``ref_shape``
@@ -227,6 +231,11 @@ class AxialRoPE(RoPE):
                          yarn_alpha=yarn_alpha, yarn_beta=yarn_beta)
         self.theta, self.sections = float(theta), sections
 
+    def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
+        """Fixed frequencies recomputed in ``dtype`` (float64: exact angles on long axes; the float32 buffer is
+        off by ~2e-9 relative, 5e-4 rad at position 262 144)."""
+        return axial_frequencies(self.sections[::-1], self.theta, dtype).to(self.freqs.device)
+
 
 class MixedRoPE(RoPE):
     """RoPE-Mixed (Heo et al. 2024): learned frequency vectors per head, ``freqs: (ndim, heads, head_dim/2)``.
@@ -242,6 +251,8 @@ class MixedRoPE(RoPE):
                  yarn_alpha: float = 1.0, yarn_beta: float = 32.0, generator=None):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
         sections = resolve_sections(head_dim, ndim, sections, "rope_mixed")
         check_number("theta", theta, minimum=1.0, inclusive=False)
         sections_xy = sections[::-1]
