@@ -1,4 +1,5 @@
-"""Speed of visionpe encodings, as ratios measured side by side in one run (DESIGN.md section 8).
+"""Speed of visionpe encodings, as ratios measured side by side in one run (docs/PERFORMANCE.md holds the
+results and, under "Reading these numbers", how to read them).
 
     python scripts/bench_speed.py [--device cpu|cuda] [--repeats 7] [--out docs/PERFORMANCE.md]
 

@@ -15,7 +15,6 @@ parameters and training images/s, plus a plot, the recipe and the exact command.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -29,46 +28,40 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))  # a checkout without `pip install -e .`
+from visionpe.data import DATASETS  # noqa: E402
+from visionpe.rotary.scaling import SCALINGS  # noqa: E402
+from visionpe.train import cli, config, rundir  # noqa: E402
+from visionpe.train.cli import UserError  # noqa: E402
 
 VIT_LIST = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rope_mixed+learned", "rel_bias", "alibi"]
 SWIN_LIST = ["swin_bias", "cpb", "rope_mixed", "alibi"]
 
 
-WORKER = """
-import sys
-sys.path[:0] = [{root!r}, {scripts!r}]
-import train_vit, resolution_sweep
-train, sweep = {train!r}, {sweep!r}
-if train:
-    train_vit.cli(train)
-if sweep:
-    resolution_sweep.cli(sweep)
-"""
-
-
 def job(cfg_path: Path, data: str, pe: str, seed: int, run: Path, res, scalings, extra, log_dir: Path) -> dict:
-    """Train one run (unless done), then sweep it, in one fresh process; returns {'run', 'ok', 'seconds', 'log'}."""
+    """Train one run (unless done: ``python train_vit.py ...``), then sweep it (``python scripts/resolution_sweep.py
+    ...``), each in its own process; returns {'run', 'ok', 'seconds', 'log'}."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
     log = log_dir / f"{run.parent.parent.name}__{run.parent.name}__{run.name}.log"
     t0 = time.time()
-    train = sweep = []
+    commands = []
     if not (run / "results.json").is_file():
         train = ["--config", str(cfg_path), "--data", data, "--pe", pe, "--seed", str(seed), "--output", str(run),
                  "--threads", "1", "--no-progress", "--eval-res"] + list(extra)
-        train += ["--resume"] if (run / "state.pt").is_file() else ["--overwrite"]
+        # a run directory with a config.yaml is continued (from its last saved epoch, or from the start)
+        train += ["--resume"] if (run / "config.yaml").is_file() else ["--overwrite"]
+        commands.append([str(ROOT / "train_vit.py"), *train])
     if not (run / "sweep" / "sweep.csv").is_file():
-        sweep = [str(run), "--res", *map(str, res), "--scaling", *scalings, "--out", str(run / "sweep")]
-    if train or sweep:
-        code = WORKER.format(root=str(ROOT), scripts=str(ROOT / "scripts"), train=train, sweep=sweep)
-        with open(log, "a") as f:
-            f.write(f"$ train_vit.py {shlex.join(train)}\n$ resolution_sweep.py {shlex.join(sweep)}\n")
+        commands.append([str(ROOT / "scripts" / "resolution_sweep.py"), str(run), "--res", *map(str, res),
+                         "--scaling", *scalings, "--out", str(run / "sweep")])
+    with open(log, "a") as f:
+        for cmd in commands:
+            f.write(f"$ python {shlex.join([str(Path(cmd[0]).relative_to(ROOT)), *cmd[1:]])}\n")
             f.flush()
-            rc = subprocess.run([sys.executable, "-c", code], stdout=f, stderr=subprocess.STDOUT, env=env,
+            rc = subprocess.run([sys.executable, *cmd], stdout=f, stderr=subprocess.STDOUT, env=env,
                                 cwd=ROOT).returncode
-        if rc:
-            return {"run": run, "ok": False, "seconds": time.time() - t0, "log": log}
+            if rc:
+                return {"run": run, "ok": False, "seconds": time.time() - t0, "log": log}
     return {"run": run, "ok": True, "seconds": time.time() - t0, "log": log}
 
 
@@ -86,7 +79,7 @@ def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
         sweep = run / "sweep" / "sweep.csv"
         if not sweep.is_file():
             continue
-        results = json.loads((run / "results.json").read_text())
+        results = rundir.read_results(run)
         with open(sweep) as f:
             for row in csv.DictReader(f):
                 key = (family, data, pe, row["adaptation"])
@@ -229,24 +222,71 @@ def write_report(path: Path, args, table, runs, command: str, wall: float, confi
     path.write_text("\n".join(lines))
 
 
+def build_parser() -> cli.Parser:
+    head, _, tail = __doc__.partition("\n\n")
+    p = cli.Parser(prog="benchmark", description=head, epilog=tail)
+    what = p.add_argument_group("what to train")
+    what.add_argument("--config", type=Path, default=ROOT / "configs" / "bench_vit_tiny.yaml", metavar="YAML",
+                      help="train_vit.py recipe of the ViT list (default: configs/bench_vit_tiny.yaml)")
+    what.add_argument("--data", nargs="+", default=["shapes-position", "shapes-relation", "fashion-mnist"],
+                      metavar="NAME", help=f"data sets, each one of {', '.join(DATASETS)} "
+                                           "(default: shapes-position shapes-relation fashion-mnist)")
+    what.add_argument("--pe", nargs="+", default=VIT_LIST, metavar="NAME",
+                      help=f"encodings of the ViT list, as train_vit.py --pe (default: {' '.join(VIT_LIST)})")
+    what.add_argument("--swin", action="store_true", help="also run the Swin list with --swin-config")
+    what.add_argument("--swin-config", type=Path, default=ROOT / "configs" / "bench_swin_tiny.yaml", metavar="YAML",
+                      help="recipe of the Swin list (default: configs/bench_swin_tiny.yaml)")
+    what.add_argument("--swin-pe", nargs="+", default=SWIN_LIST, metavar="NAME",
+                      help=f"encodings of the Swin list (default: {' '.join(SWIN_LIST)})")
+    what.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], metavar="N",
+                      help="seeds, integers >= 0 (default: 0 1 2)")
+    what.add_argument("extra", nargs="*", help="after --: extra train_vit.py arguments for every run")
+    ev = p.add_argument_group("evaluation")
+    ev.add_argument("--res", nargs="+", type=int, default=[24, 32, 48, 64], metavar="PX",
+                    help="test resolutions in pixels (default: 24 32 48 64)")
+    ev.add_argument("--scaling", nargs="+", default=["none", "pi", "ntk", "yarn"], choices=SCALINGS, metavar="NAME",
+                    help=f"RoPE adaptations, of {', '.join(SCALINGS)} (default: all)")
+    run = p.add_argument_group("run and report")
+    run.add_argument("--jobs", type=int, default=2, metavar="N",
+                     help="runs in parallel, one thread each; an integer >= 1 (default: 2)")
+    run.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmark", metavar="DIR",
+                     help="folder of the runs and logs (default: runs/benchmark)")
+    run.add_argument("--doc", type=Path, default=ROOT / "docs" / "BENCHMARK.md", metavar="MD",
+                     help="report to write (default: docs/BENCHMARK.md)")
+    run.add_argument("--note", default="", help="free text added to the report (e.g. what was left out)")
+    run.add_argument("--report-only", action="store_true", help="only rebuild the report from finished runs")
+    p.add_debug(run)
+    return p
+
+
+def check(args) -> None:
+    """Every run's settings, resolved as train_vit.py will resolve them, before the first process starts."""
+    if args.jobs < 1:
+        raise UserError(f"--jobs must be an integer >= 1, got {args.jobs}")
+    if any(s < 0 for s in args.seeds):
+        raise UserError(f"--seeds must be integers >= 0, got {' '.join(map(str, args.seeds))}")
+    if any(r < 1 for r in args.res):
+        raise UserError(f"--res takes positive sizes, got {' '.join(map(str, args.res))}")
+    extra = config.parse_args(list(args.extra), prog="benchmark (train_vit.py arguments after --)")
+    recipes = {"vit": (args.config, args.pe)} | ({"swin": (args.swin_config, args.swin_pe)} if args.swin else {})
+    for cfg_path, pes in recipes.values():
+        for data in args.data:
+            for pe in pes:
+                cfg = config.resolve({**extra, "config": str(cfg_path), "data": data, "pe": pe})
+                bad = [r for r in args.res if r % cfg["patch_size"]]
+                if bad:
+                    raise UserError(f"--res {' '.join(map(str, bad))}: not a multiple of {cfg_path.name}'s "
+                                    f"patch_size {cfg['patch_size']}")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", type=Path, default=ROOT / "configs" / "bench_vit_tiny.yaml")
-    p.add_argument("--data", nargs="+", default=["shapes-position", "shapes-relation", "fashion-mnist"])
-    p.add_argument("--pe", nargs="+", default=VIT_LIST)
-    p.add_argument("--swin", action="store_true", help="also run the Swin list with --swin-config")
-    p.add_argument("--swin-config", type=Path, default=ROOT / "configs" / "bench_swin_tiny.yaml")
-    p.add_argument("--swin-pe", nargs="+", default=SWIN_LIST)
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--res", nargs="+", type=int, default=[24, 32, 48, 64])
-    p.add_argument("--scaling", nargs="+", default=["none", "pi", "ntk", "yarn"])
-    p.add_argument("--jobs", type=int, default=2, help="runs in parallel, one thread each")
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "benchmark")
-    p.add_argument("--doc", type=Path, default=ROOT / "docs" / "BENCHMARK.md")
-    p.add_argument("--note", default="", help="free text added to the report (e.g. what was left out)")
-    p.add_argument("--report-only", action="store_true", help="only rebuild the report from finished runs")
-    p.add_argument("extra", nargs="*", help="after --: extra train_vit.py arguments for every run")
-    args = p.parse_args(argv)
+    return cli.run(benchmark, prog="benchmark", argv=argv)
+
+
+def benchmark(argv) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.report_only:
+        check(args)
     command = "python scripts/benchmark.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     configs = {"vit": args.config.resolve()}
     lists = {"vit": args.pe}
@@ -286,4 +326,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

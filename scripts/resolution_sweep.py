@@ -24,22 +24,22 @@ import sys
 from pathlib import Path
 
 import torch
-import yaml
-from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import train_vit  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout without `pip install -e .`
 from visionpe.backbones import parse_pe  # noqa: E402
+from visionpe.resample import INTERPOLATIONS  # noqa: E402
 from visionpe.rotary.scaling import SCALINGS  # noqa: E402
+from visionpe.train import cli, loop, rundir  # noqa: E402
+from visionpe.train.cli import UserError  # noqa: E402
 
-INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "area")
 FIELDS = ["run", "data", "model", "pe", "seed", "train_res", "adaptation", "weights", "res", "acc", "loss",
           "retention"]
 
 
 def adaptations(pe: str, scalings, interpolations) -> list[tuple[str, dict]]:
     """``[(label, pe_kwargs overrides)]`` for one encoding: RoPE scalings x learned interpolations."""
-    names = parse_pe(pe)
+    with cli.user_errors("pe"):
+        names = parse_pe(pe)
     rope = names.get("rotary") in ("rope_axial", "rope_mixed")
     learned = names.get("tokens") == "learned"
     out = [("", {})]
@@ -51,48 +51,36 @@ def adaptations(pe: str, scalings, interpolations) -> list[tuple[str, dict]]:
     return [(label or "default", kw) for label, kw in out]
 
 
-def load_run(run: Path) -> dict:
-    path = run / "config.yaml"
-    if not path.is_file():
-        raise train_vit.UserError(f"{str(run)!r} is not a run directory (no config.yaml)")
-    with open(path) as f:
-        cfg = yaml.safe_load(f)
-    cfg = train_vit.resolve({"output": str(run)}, base=cfg)
-    cfg.update(threads=0, workers=0)
-    return cfg
-
-
 def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), weights="last", val_samples=None,
               device="cpu", batch_size=256, log=print) -> list[dict]:
     """Rows of the sweep for one run directory."""
-    cfg = load_run(run)
+    run = Path(run)
+    cfg = rundir.load_run(run, require=("data",))
+    cfg.update(workers=0, eval_batch_size=batch_size)
     if val_samples is not None:
         cfg["val_samples"] = val_samples
-    cfg["eval_batch_size"] = batch_size
-    wpath = run / f"{weights}.safetensors"
-    if not wpath.is_file():
-        raise train_vit.UserError(f"{str(wpath)!r} does not exist (train the run first)")
-    state = load_file(wpath)
+    for r in resolutions:
+        if r < cfg["patch_size"] or r % cfg["patch_size"]:
+            raise UserError(f"resolution {r} is not a positive multiple of {run}'s patch_size {cfg['patch_size']}")
+    state = rundir.read_weights(run / f"{weights}.safetensors")
     device = torch.device(device)
-    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    sets = {r: train_vit.build_data(cfg, "val", r) for r in sorted(set(resolutions) | {cfg["img_size"]})}
-    rows, at_train = [], None
+    eval_kw = dict(batch_size=batch_size, device=device, autocast=loop.autocast_for(device, device.type == "cuda"))
+    sets = {r: loop.dataset(cfg, "val", r) for r in sorted(set(resolutions) | {cfg["img_size"]})}
+    rows, known = [], {}
     for label, kw in adaptations(cfg["pe"], scalings, interpolations):
-        model = train_vit.build_model({**cfg, "pe_kwargs": {**cfg["pe_kwargs"], **kw}})
-        model.load_state_dict(state)
+        model = rundir.build_model({**cfg, "pe_kwargs": {**cfg["pe_kwargs"], **kw}})
+        rundir.load_state(model, state, run / f"{weights}.safetensors")
         model.to(device)
         # at the training grid every adaptation is the identity (scale 1), so that size is evaluated once
-        accs = {r: (at_train if r == cfg["img_size"] and at_train is not None else
-                    train_vit.evaluate(model, ds, cfg, device, autocast, 0, 1)) for r, ds in sets.items()}
-        at_train = accs[cfg["img_size"]]
-        base = accs[cfg["img_size"]][0]
+        res = loop.evaluate_resolutions(model, sets, cfg["img_size"], known=known, **eval_kw)
+        known = {cfg["img_size"]: (res[cfg["img_size"]]["acc"], res[cfg["img_size"]]["loss"])}
         for r in sorted(resolutions):
-            acc, loss = accs[r]
+            m = res[r]
             rows.append({"run": str(run), "data": cfg["data"], "model": cfg["model"], "pe": cfg["pe"],
                          "seed": cfg["seed"], "train_res": cfg["img_size"], "adaptation": label, "weights": weights,
-                         "res": r, "acc": round(acc, 4), "loss": round(loss, 8),
-                         "retention": round(acc / base, 5) if base > 0 else 0.0})
-        log(f"{run.name:40s} {label:16s} " + "  ".join(f"{r}px {accs[r][0]:6.2f}" for r in sorted(resolutions)))
+                         "res": r, "acc": round(m["acc"], 4), "loss": m["loss"],
+                         "retention": round(m["retention"], 5)})
+        log(f"{run.name:40s} {label:16s} " + "  ".join(f"{r}px {res[r]['acc']:6.2f}" for r in sorted(resolutions)))
     return rows
 
 
@@ -132,31 +120,46 @@ def plot(rows, path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> list[dict]:
-    p = train_vit.OneLineParser(prog="resolution_sweep", description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", type=Path, help="run directories written by train_vit.py")
-    p.add_argument("--res", nargs="+", type=int, required=True, help="test resolutions (px)")
-    p.add_argument("--scaling", nargs="+", default=["none"], help=f"RoPE adaptations: {' '.join(SCALINGS)}")
-    p.add_argument("--interpolation", nargs="*", default=[],
-                   help=f"learned-table resampling modes to compare: {' '.join(INTERPOLATIONS)}")
-    p.add_argument("--weights", default="last", choices=["last", "best"])
-    p.add_argument("--val-samples", type=int, default=None, help="validation images (default: the run's)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--out", type=Path, default=Path("runs/sweep"), help="folder for sweep.csv and sweep.png")
-    args = p.parse_args(argv)
-    for s in args.scaling:
-        if s not in SCALINGS:
-            raise train_vit.UserError(f"unknown scaling {s!r}; choose from {', '.join(SCALINGS)}")
-    for m in args.interpolation:
-        if m not in INTERPOLATIONS:
-            raise train_vit.UserError(f"unknown interpolation {m!r}; choose from {', '.join(INTERPOLATIONS)}")
+def build_parser() -> cli.Parser:
+    head, _, tail = __doc__.partition("\n\n")
+    p = cli.Parser(prog="resolution_sweep", description=head, epilog=tail)
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directories written by train_vit.py")
+    ev = p.add_argument_group("evaluation")
+    ev.add_argument("--res", nargs="+", type=int, required=True, metavar="PX",
+                    help="test resolutions in pixels, each a positive multiple of the runs' patch_size (required)")
+    ev.add_argument("--scaling", nargs="+", default=["none"], choices=SCALINGS, metavar="NAME",
+                    help=f"RoPE adaptations to compare: {', '.join(SCALINGS)} (default: none)")
+    ev.add_argument("--interpolation", nargs="*", default=[], choices=INTERPOLATIONS, metavar="MODE",
+                    help=f"learned-table resampling modes to compare: {', '.join(INTERPOLATIONS)} "
+                         "(default: the run's own)")
+    ev.add_argument("--weights", default="last", choices=["last", "best"],
+                    help="which weights of each run: last or best (default: last)")
+    ev.add_argument("--val-samples", type=int, default=None, metavar="N",
+                    help="validation images, an integer >= 1 (default: the run's)")
+    ev.add_argument("--batch-size", type=int, default=256, metavar="N",
+                    help="evaluation batch size, an integer >= 1 (default: 256)")
+    ev.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu or cuda (default: cpu)")
+    out = p.add_argument_group("output and misc")
+    out.add_argument("--out", type=Path, default=Path("runs/sweep"), metavar="DIR",
+                     help="folder for sweep.csv and sweep.png (default: runs/sweep)")
+    p.add_debug(out)
+    return p
+
+
+def sweep(argv) -> list[dict]:
+    args = build_parser().parse_args(argv)
+    if args.val_samples is not None and args.val_samples < 1:
+        raise UserError(f"--val-samples must be an integer >= 1, got {args.val_samples}")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be an integer >= 1, got {args.batch_size}")
+    if any(r < 1 for r in args.res):
+        raise UserError(f"--res takes positive sizes, got {' '.join(map(str, args.res))}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but no CUDA device is available")
+    for run in args.runs:  # every run is checked before the first is evaluated
+        rundir.load_run(run, require=("data",))
     rows = []
     for run in args.runs:
-        cfg = load_run(run)
-        for r in args.res:
-            if r < cfg["patch_size"] or r % cfg["patch_size"]:
-                raise train_vit.UserError(f"resolution {r} is not a multiple of {run}'s patch_size {cfg['patch_size']}")
         rows += sweep_run(run, args.res, args.scaling, args.interpolation, args.weights, args.val_samples,
                           args.device, args.batch_size)
     write_csv(rows, args.out / "sweep.csv")
@@ -165,13 +168,10 @@ def main(argv=None) -> list[dict]:
     return rows
 
 
-def cli(argv=None) -> None:
-    try:
-        main(argv)
-    except train_vit.UserError as err:
-        print(f"resolution_sweep: error: {' '.join(str(err).split())}", file=sys.stderr)
-        sys.exit(2)
+def main(argv=None) -> list[dict]:
+    """The command line: returns the rows; a user mistake prints one line and exits with status 2."""
+    return cli.run(sweep, prog="resolution_sweep", argv=argv)
 
 
 if __name__ == "__main__":
-    cli()
+    main()

@@ -19,7 +19,6 @@ User mistakes exit with status 2 and one line on stderr.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -31,47 +30,50 @@ import torch  # noqa: E402
 
 import visionpe  # noqa: E402
 from visionpe import viz  # noqa: E402
-
-SCALINGS = ("none", "pi", "ntk", "yarn")
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a mistake as ONE line on stderr (no usage block) and exits with status 2."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())}\n")
+from visionpe.rotary.scaling import SCALINGS  # noqa: E402
+from visionpe.train import cli, rundir  # noqa: E402
+from visionpe.train.cli import UserError  # noqa: E402
 
 
-def build_parser() -> OneLineParser:
-    p = OneLineParser(prog="visualize.py", description=__doc__.split("\n\n")[0],
-                      epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pe", help="encoding name (fresh: required; from a run: which of its encodings, "
-                                f"default the first in its config); one of {', '.join(visionpe.available())}")
-    p.add_argument("--kind", default="similarity", help=f"one of {', '.join(viz.KINDS)} (default similarity)")
-    p.add_argument("--out", help="output PNG (default <pe>_<kind>.png)")
-    p.add_argument("--grid", nargs="+", type=int, metavar="N",
-                   help="patch grid: H W (image) or T H W (video); fresh default 14 14; for a run, "
-                        "the trained grid unless given (then the encoding is adapted to it)")
-    p.add_argument("--new-grid", nargs="+", type=int, metavar="N",
-                   help="larger grid of --kind resolution (default: 2x the spatial axes)")
-    p.add_argument("--scaling", help=f"RoPE adaptation on another grid: {', '.join(SCALINGS)} "
-                                     "(default: as the encoding is configured)")
-    p.add_argument("--head", type=int, help="one head (rotary, bias; default: mean over heads)")
-    p.add_argument("--layer", type=int, default=0, help="block whose encoding is shown (per-block encodings)")
-    p.add_argument("--query", nargs="+", type=int, metavar="I", help="query position of --kind video "
-                                                                       "(default: the centre)")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--checkpoint", help="a .safetensors file inside a train_vit.py run directory")
-    source.add_argument("--run", help="a train_vit.py run directory (config.yaml + best/last.safetensors)")
-    p.add_argument("--which", default="best", choices=("best", "last"), help="checkpoint of --run (default best)")
+def build_parser() -> cli.Parser:
+    p = cli.Parser(prog="visualize.py", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2])
+    what = p.add_argument_group("what to draw")
+    what.add_argument("--kind", default="similarity", metavar="KIND",
+                      help=f"one of {', '.join(viz.KINDS)} (default: similarity)")
+    what.add_argument("--pe", metavar="NAME",
+                      help="encoding name (fresh: required; from a run: which of its encodings, default the first in "
+                           f"its config); one of {', '.join(visionpe.available())}")
+    what.add_argument("--grid", nargs="+", type=int, metavar="N",
+                      help="patch grid: H W (image) or T H W (video), positive sizes; fresh default 14 14; for a "
+                           "run, the trained grid unless given (then the encoding is adapted to it)")
+    what.add_argument("--new-grid", nargs="+", type=int, metavar="N",
+                      help="larger grid of --kind resolution, positive sizes (default: 2x the spatial axes)")
+    what.add_argument("--scaling", metavar="NAME", help=f"RoPE adaptation on another grid: {', '.join(SCALINGS)} "
+                                                       "(default: as the encoding is configured)")
+    what.add_argument("--head", type=int, metavar="H",
+                      help="one head, 0..heads-1 (rotary, bias; default: mean over heads)")
+    what.add_argument("--layer", type=int, default=0, metavar="L",
+                      help="block whose encoding is shown (per-block encodings; default: 0)")
+    what.add_argument("--query", nargs="+", type=int, metavar="I",
+                      help="query position of --kind video, one index per axis (default: the centre)")
+    trained = p.add_argument_group("trained encoding (from a train_vit.py run)")
+    source = trained.add_mutually_exclusive_group()
+    source.add_argument("--checkpoint", metavar="FILE", help="a .safetensors file inside a train_vit.py run directory")
+    source.add_argument("--run", metavar="DIR",
+                        help="a train_vit.py run directory (config.yaml + best/last.safetensors)")
+    trained.add_argument("--which", default="best", choices=("best", "last"),
+                         help="weights of --run: best or last (default: best)")
     fresh = p.add_argument_group("fresh encoding")
-    fresh.add_argument("--dim", type=int, default=384, help="token width (tokens family; default 384)")
-    fresh.add_argument("--head-dim", type=int, help="per-head width (rotary; default 64 in 2D, 96 in 3D)")
-    fresh.add_argument("--num-heads", type=int, default=6, help="heads (rotary, bias; default 6)")
-    fresh.add_argument("--theta", type=float, help="RoPE theta (default: the encoding's)")
+    fresh.add_argument("--dim", type=int, default=384, metavar="D", help="token width (tokens family; default: 384)")
+    fresh.add_argument("--head-dim", type=int, metavar="D", help="per-head width (rotary; default 64 in 2D, 96 in 3D)")
+    fresh.add_argument("--num-heads", type=int, default=6, metavar="H", help="heads (rotary, bias; default: 6)")
+    fresh.add_argument("--theta", type=float, help="RoPE theta, a number > 0 (default: the encoding's)")
     fresh.add_argument("--factorized", action="store_true", help="learned: one table per axis")
-    fresh.add_argument("--seed", type=int, default=0, help="seed of random initialisations (default 0)")
-    p.add_argument("--dpi", type=int, default=90, help="PNG resolution (default 90)")
+    fresh.add_argument("--seed", type=int, default=0, metavar="N", help="seed of random initialisations (default: 0)")
+    out = p.add_argument_group("output and misc")
+    out.add_argument("--out", metavar="PNG", help="output PNG (default: <pe>_<kind>.png)")
+    out.add_argument("--dpi", type=int, default=90, help="PNG resolution, an integer >= 1 (default: 90)")
+    p.add_debug(out)
     return p
 
 
@@ -105,11 +107,11 @@ def fresh_encoding(args, shape):
 
 def trained_encoding(args):
     """``(encoding, trained grid, label)`` from --run/--checkpoint."""
-    model, cfg = viz.load_model(args.run or args.checkpoint, args.which)
+    model, cfg = rundir.load_model(args.run or args.checkpoint, args.which)
     name = args.pe or str(cfg["pe"]).split("+")[0]
     pe = viz.pick_encoding(model, name, args.layer)
     where = f"layer {args.layer}" if viz.family_of(pe) != "tokens" else "tokens"
-    return pe, viz.run_grid(cfg), f"{name} ({Path(args.run or args.checkpoint).name}, {where})"
+    return pe, rundir.run_grid(cfg), f"{name} ({Path(args.run or args.checkpoint).name}, {where})"
 
 
 def run(args, parser) -> Path:
@@ -137,15 +139,29 @@ def run(args, parser) -> Path:
     return viz.save(fig, out, dpi=args.dpi)
 
 
-def main(argv=None) -> int:
+def draw(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    for name in ("dim", "num_heads", "dpi"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(args, name)}")
+    if args.head_dim is not None and args.head_dim < 1:
+        parser.error(f"--head-dim must be an integer >= 1, got {args.head_dim}")
+    if args.theta is not None and not args.theta > 0:
+        parser.error(f"--theta must be a number > 0, got {args.theta}")
+    if args.layer < 0:
+        parser.error(f"--layer must be an integer >= 0, got {args.layer}")
     try:
         out = run(args, parser)
-    except (ValueError, OSError) as err:  # user mistakes: one line, status 2
-        parser.error(str(err))
+    except (ValueError, OSError) as err:  # the library's checks of what the user asked for: one line
+        raise UserError(str(err)) from err
     print(out)
     return 0
+
+
+def main(argv=None) -> int:
+    """The command line: 0 when the picture is written; a user mistake prints one line and exits with status 2."""
+    return cli.run(draw, prog="visualize.py", argv=argv)
 
 
 if __name__ == "__main__":

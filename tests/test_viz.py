@@ -12,6 +12,8 @@ import torch
 import yaml
 
 import visionpe
+from visionpe import ModelContext
+from visionpe.registry import ENCODINGS
 from visionpe import Grid, viz
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,19 +21,11 @@ SHAPES = {2: (4, 4), 3: (2, 3, 3)}
 
 
 def make(name: str, shape, num_heads: int = 2, seed: int = 0):
-    """A small fresh encoding for the grid ``shape``."""
-    ndim = len(shape)
-    family = visionpe.available()[name]
-    if family == "tokens":
-        kwargs = {"dim": 48, "ndim": ndim, **({"grid": shape} if name == "learned" else {})}
-    elif family == "rotary":
-        kwargs = {"head_dim": 24, "num_heads": num_heads, "ndim": ndim}
-    else:
-        kwargs = {"num_heads": num_heads, **{"swin_bias": {"window_size": shape}, "cpb": {"window_size": shape},
-                                             "rel_bias": {"grid": shape}, "alibi": {"ndim": ndim}}[name]}
+    """A small fresh encoding for the grid ``shape``, built as a model would build it."""
+    context = ModelContext(tuple(shape), dim=48, num_heads=num_heads, head_dim=24)
     torch.manual_seed(seed)
-    pe = visionpe.build(name, **kwargs)
-    if family == "bias":  # fresh learned tables are ~0; make every offset distinct and visible
+    pe = ENCODINGS[name].for_model(context)
+    if pe.family == "bias":  # fresh learned tables are ~0; make every offset distinct and visible
         with torch.no_grad():
             for p in pe.parameters():
                 p.normal_()
@@ -116,7 +110,7 @@ def test_token_similarities():
     table = learned.table.detach().reshape(16, -1)
     torch.testing.assert_close(viz.similarity(learned, shape), torch.nn.functional.cosine_similarity(
         table[:, None], table[None], dim=-1))
-    factorized = visionpe.build("learned", dim=48, grid=shape, factorized=True)
+    factorized = visionpe.build("learned", dim=48, grid_shape=shape, factorized=True)
     assert torch.allclose(viz.similarity(factorized, shape).diagonal(), torch.ones(16))
     # PEG has no position vectors: its output for a constant input differs only near the borders
     peg = viz.similarity(make("peg", shape), shape)
@@ -275,9 +269,10 @@ def run_dir(tmp_path_factory):
 
 
 def test_load_run_gives_the_trained_encodings(run_dir):
+    from visionpe.train import rundir
     directory, model = run_dir
-    loaded, cfg = viz.load_model(directory)
-    assert viz.run_grid(cfg) == (4, 4)
+    loaded, cfg = rundir.load_model(directory)
+    assert rundir.run_grid(cfg) == (4, 4)
     rope = viz.pick_encoding(loaded, "rope_mixed", layer=1)
     torch.testing.assert_close(viz.rope_frequencies(rope), viz.rope_frequencies(
         visionpe.encodings_of(model)["rotary"][1]))

@@ -1,10 +1,13 @@
 """Weights in and out: safetensors files written atomically, and plain timm checkpoints converted on load."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
-import tempfile
+import reprlib
+import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,18 +16,37 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .resample import resample_grid
+from .resample import resample_axis, resample_grid
+
+logger = logging.getLogger(__name__)
 
 
 def atomic_write(path, write) -> None:
     """``write(tmp_path)`` next to ``path``, then ``os.replace`` onto it: readers never see a half-written file,
-    and a kill mid-write leaves the previous file intact."""
+    and a kill mid-write leaves the previous file intact (and at most a stray ``.<name>.<random>.tmp`` beside it).
+
+    The result has mode ``0o666`` minus the umask, as ``open(path, "w")`` would give, like any file the user writes
+    (``tempfile.mkstemp`` would make it ``0o600``, and so does safetensors' own writer)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
-        write(tmp)
+        mode = os.fstat(fd).st_mode & 0o777  # 0o666 minus the umask
+        os.close(fd)
+        write(str(tmp))
+        if os.stat(tmp).st_mode & 0o777 != mode:  # a writer that replaced the file (safetensors makes it 0o600)
+            os.chmod(tmp, mode)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the data is on disk before the new name points at it
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -45,24 +67,94 @@ def weights_metadata(path) -> dict[str, str]:
 
 
 def read_state_dict(source) -> dict[str, torch.Tensor]:
-    """A state dict from a dict, a ``.safetensors`` file, or a torch file (loaded with ``weights_only=True``)."""
-    if isinstance(source, dict):
-        return source
+    """A state dict from a dict, a ``.safetensors`` file, or a torch file (loaded with ``weights_only=True``).
+
+    Anything else, a file that cannot be read (garbage, truncated) or one that holds no state dict raises a
+    ``ValueError`` naming the source."""
+    if isinstance(source, Mapping):
+        return _check_state_dict(_unwrap(source), "source")
+    if not isinstance(source, (str, os.PathLike)):
+        shown = "" if isinstance(source, torch.Tensor) else f" {reprlib.repr(source)}"
+        raise ValueError(f"source must be a state dict (a dict of tensors) or the path of a checkpoint file, got "
+                         f"{type(source).__name__}{shown}")
     path = Path(source)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist (or is not a file)")
     if path.suffix == ".safetensors":
-        return load_file(path)
-    state = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            return _check_state_dict(load_file(path), f"checkpoint {str(path)!r}")
+        except Exception as err:  # SafetensorError (garbage, truncated), OSError, ...
+            if isinstance(err, ValueError) and str(path) in str(err):
+                raise
+            raise ValueError(f"checkpoint {str(path)!r} is not a readable safetensors file: {err}") from err
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError, a corrupt zip archive, EOFError, ...
+        raise ValueError(f"checkpoint {str(path)!r} is not a readable torch checkpoint (corrupt or truncated, not a "
+                         f"torch file, or it holds objects that torch.load(weights_only=True) refuses): "
+                         f"{_load_error(err)}") from err
+    return _check_state_dict(_unwrap(state), f"checkpoint {str(path)!r}")
+
+
+def _unwrap(state):
+    """A training checkpoint's model weights (``{"state_dict": ...}``, ``{"model": ...}``, ``{"module": ...}``)."""
     for key in ("state_dict", "model", "module"):
-        if isinstance(state, dict) and key in state and isinstance(state[key], dict):
+        if isinstance(state, Mapping) and key in state and isinstance(state[key], Mapping):
             state = state[key]
     return state
 
 
+def _load_error(err: Exception) -> str:
+    """The informative line of a ``torch.load`` error (the weights-only unpickler buries it under advice)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        if line.endswith("WeightsUnpickler error:") and i + 1 < len(lines):
+            return lines[i + 1][:300]
+    return lines[0][:300] if lines else type(err).__name__
+
+
+def _check_state_dict(state, where: str) -> dict[str, torch.Tensor]:
+    """``state`` must be a mapping of string keys to tensors."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"{where} does not hold a state dict (a dict of tensors); it holds a "
+                         f"{type(state).__name__}")
+    for key, value in state.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise ValueError(f"{where} is not a state dict: entry {key!r} holds a {type(value).__name__}, not a "
+                             "tensor")
+    return state if isinstance(state, dict) else dict(state)
+
+
+def _check_strict(strict) -> None:
+    if not isinstance(strict, bool):
+        raise ValueError(f"strict must be True or False, got {strict!r}")
+
+
+def _where(source) -> str:
+    return "state dict" if isinstance(source, Mapping) else f"checkpoint {str(source)!r}"
+
+
 def load_weights(model: nn.Module, source, strict: bool = True):
-    """Load a visionpe model's own checkpoint (as written by :func:`save_weights`)."""
-    return model.load_state_dict(read_state_dict(source), strict=strict)
+    """Load a visionpe model's own checkpoint (as written by :func:`save_weights`).
+
+    A checkpoint of another model (keys missing or unexpected with ``strict=True``, or any tensor of another
+    shape) raises a ``ValueError`` naming the file and the keys."""
+    _check_strict(strict)
+    state = read_state_dict(source)
+    target = model.state_dict()
+    problems = [f"{k}: {tuple(v.shape)} in the checkpoint, {tuple(target[k].shape)} in the model"
+                for k, v in state.items() if k in target and v.shape != target[k].shape]
+    if strict:
+        missing = [k for k in target if k not in state]
+        unexpected = [k for k in state if k not in target]
+        problems += [f"missing {k}" for k in missing[:10]] + ([f"... {len(missing) - 10} more missing"]
+                                                              if len(missing) > 10 else [])
+        problems += [f"unexpected {k}" for k in unexpected[:10]] + ([f"... {len(unexpected) - 10} more unexpected"]
+                                                                    if len(unexpected) > 10 else [])
+    if problems:
+        raise ValueError(f"{_where(source)} does not fit {type(model).__name__}"
+                         f"{'' if strict else ' (strict=False)'}:\n  " + "\n  ".join(problems))
+    return model.load_state_dict(state, strict=strict)
 
 
 @dataclass
@@ -122,18 +214,27 @@ def pos_embed_tensors(tokens: nn.Module, pos_embed: torch.Tensor, source_grid=No
     return {"table": table, "prefix": pos_embed[0, :p]} if p else {"table": table}
 
 
-def load_timm_checkpoint(model: nn.Module, source) -> LoadReport:
-    """Load a plain timm ViT/Swin state dict into a visionpe-patched model and report every key.
+def load_timm_checkpoint(model: nn.Module, source, strict: bool = False) -> LoadReport:
+    """Load a plain timm ViT/Swin state dict (or a visionpe one of another size) into a visionpe-patched model and
+    report every key.
 
     ``pos_embed`` becomes the ``learned`` table (resampled to the model's grid), Swin
     ``relative_position_bias_table`` goes to ``swin_bias``, Swin-V2 ``cpb_mlp`` to ``cpb``, and timm's rope-vit ports
     (``Eva`` classes: ``vit_small_patch16_rope_224``, ``..._rope_mixed_224``) load into a ViT with
-    ``pe="rope_axial"``/``"rope_mixed"``; positional weights the model's encoding has no use for are dropped,
-    everything else must match by name and shape.
+    ``pe="rope_axial"``/``"rope_mixed"``. A visionpe ``learned`` table (``pe_tokens.table``, or the factorized
+    ``pe_tokens.axis_tables.N``) or relative-bias table saved at another grid or window size is resampled to the
+    model's, as timm's ``pos_embed`` is. Everything else must match by name and shape.
+
+    Keys that cannot be used are reported as ``dropped`` (checkpoint keys) and ``new`` (model keys left at their
+    initial values); when any of them is more than the classifier head (``head.*``) a warning summary is logged on
+    the ``visionpe.checkpoint`` logger. ``strict=True`` raises a ``ValueError`` listing them instead, before the
+    model is changed: only kept and converted keys are allowed.
     """
+    _check_strict(strict)
     report, load = LoadReport(), {}
     state = _eva_to_vit(read_state_dict(source), report)
     target = model.state_dict()
+    mismatched: dict[str, str] = {}
     for key, value in state.items():
         if key == "pos_embed" and "pe_tokens.table" in target:
             for name, tensor in pos_embed_tensors(model.pe_tokens, value).items():
@@ -149,22 +250,93 @@ def load_timm_checkpoint(model: nn.Module, source) -> LoadReport:
                 report.converted.append(f"{key} -> {new_key}")
             elif not any(line.endswith(f"-> {key}") for line in report.converted):
                 report.kept.append(key)
-        elif match and match.group(2) == "relative_position_bias_table" and new_key in target:
-            bias = model.get_submodule(f"{match.group(1)}.bias")
-            source_window = _window_from_rows(value.shape[0])
-            resized = resample_grid(value.reshape(*[2 * w - 1 for w in source_window], -1),
-                                    [2 * w - 1 for w in bias.window_size], bias.interpolation, bias.antialias)
-            load[new_key] = resized.reshape(-1, value.shape[1])
-            report.converted.append(f"{key} -> {new_key} (resized)")
-        else:
-            report.dropped.append(key)
+            continue
+        resized = _resample_positional(model, new_key, value, target) if new_key in target else None
+        if resized is not None:
+            load[new_key], how = resized
+            report.converted.append(f"{key} -> {new_key} ({how})")
+            continue
+        if new_key in target:
+            mismatched[key] = f"{tuple(value.shape)} in the checkpoint, {tuple(target[new_key].shape)} in the model"
+        report.dropped.append(key)
     report.new = [k for k in target if k not in load]
+    notable = [k for k in report.dropped + report.new if not _is_classifier(k)]
+    if strict and (report.new or report.dropped):
+        raise ValueError(f"load_timm_checkpoint(strict=True): {_where(source)} does not fit {type(model).__name__} "
+                         f"(nothing was loaded):\n" + _summary(report, mismatched, limit=None))
     model.load_state_dict(load, strict=False)
+    if notable:
+        logger.warning("load_timm_checkpoint: %s into %s left keys unused or unset (positional: %s):\n%s",
+                       _where(source), type(model).__name__,
+                       ", ".join(k for k in notable if _is_positional(k)) or "none",
+                       _summary(report, mismatched, limit=10))
+    elif report.new or report.dropped:
+        logger.info("load_timm_checkpoint: classifier head not loaded (%s)", ", ".join(report.dropped + report.new))
     return report
 
 
-def _window_from_rows(rows: int) -> tuple[int, int]:
-    side = int(round(rows ** 0.5))
-    if side * side != rows or side % 2 == 0:
-        raise ValueError(f"cannot infer a square window from a bias table of {rows} rows")
-    return ((side + 1) // 2,) * 2
+def _is_classifier(key: str) -> bool:
+    return key.startswith("head.") or key == "head"
+
+
+_POSITIONAL_PARTS = ("pos_embed", "pe_tokens.", ".rotary.", "rope.", "relative_position", "cpb_mlp", ".attn.bias.")
+
+
+def _is_positional(key: str) -> bool:
+    return any(part in key for part in _POSITIONAL_PARTS)
+
+
+def _summary(report: LoadReport, mismatched: dict[str, str], limit: int | None) -> str:
+    """The dropped and new keys, one a line (``limit`` of each at most), shape mismatches annotated."""
+    lines = []
+    for label, keys in (("dropped", report.dropped), ("new", report.new)):
+        shown = keys if limit is None else keys[:limit]
+        lines += [f"  {label:7s} {k}" + (f" (shape {mismatched[k]})" if label == "dropped" and k in mismatched else "")
+                  for k in shown]
+        if len(keys) > len(shown):
+            lines.append(f"  ... {len(keys) - len(shown)} more {label}")
+    return "\n".join(lines)
+
+
+@torch.no_grad()
+def _resample_positional(model: nn.Module, key: str, value: torch.Tensor, target: dict):
+    """A visionpe position table of another grid/window size resampled to the model's one, and how; None when
+    ``key`` is no such table or the shapes cannot be matched (other width, heads or number of axes)."""
+    want = target[key]
+    if key.startswith("pe_tokens."):
+        tokens = model.get_submodule("pe_tokens")
+        interpolation, antialias = getattr(tokens, "interpolation", "bicubic"), getattr(tokens, "antialias", True)
+        if key == "pe_tokens.table" and value.ndim == want.ndim and value.shape[-1] == want.shape[-1]:
+            table = resample_grid(value, want.shape[:-1], interpolation, antialias)
+            return table, f"resampled {_x(value.shape[:-1])} -> {_x(want.shape[:-1])}"
+        if re.fullmatch(r"pe_tokens\.axis_tables\.\d+", key) and value.ndim == want.ndim == 2 \
+                and value.shape[1] == want.shape[1]:
+            return (resample_axis(value, 0, want.shape[0], interpolation, antialias),
+                    f"resampled {value.shape[0]} -> {want.shape[0]}")
+        return None
+    if key.endswith(".relative_position_bias_table"):
+        bias = model.get_submodule(key.rsplit(".", 1)[0])
+        window = getattr(bias, "window_size", None)
+        if window is None or value.ndim != 2 or value.shape[1] != want.shape[1]:
+            return None
+        extra = 3 if getattr(bias, "prefix_entries", False) else 0
+        source_window = _window_from_rows(value.shape[0] - extra, len(window))
+        if source_window is None:
+            return None
+        rows = value.shape[0] - extra
+        spatial = value[:rows].reshape(*[2 * w - 1 for w in source_window], -1)
+        resized = resample_grid(spatial, [2 * w - 1 for w in window], bias.interpolation, bias.antialias)
+        return torch.cat([resized.reshape(-1, value.shape[1]), value[rows:]], 0), "resized"
+    return None
+
+
+def _x(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def _window_from_rows(rows: int, ndim: int = 2) -> tuple[int, ...] | None:
+    """The cubic window whose relative-offset table has ``rows`` rows (``(2 w - 1) ** ndim``), or None."""
+    side = int(round(rows ** (1 / ndim))) if rows > 0 else 0
+    if side <= 0 or side ** ndim != rows or side % 2 == 0:
+        return None
+    return ((side + 1) // 2,) * ndim

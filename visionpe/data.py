@@ -202,11 +202,14 @@ def _mnist_like(name: str, split: str, data_dir, download: bool):
         if download:
             ds = cls(root=data_dir, train=train, download=True)
             return ds.data.numpy(), ds.targets.numpy()
+        # an explicit folder is the data's place: no silent fall back to another copy
+        raise DataMissing(f"{name} not found under --data-dir {data_dir!r} (expected the idx files or "
+                          f"{cls.__name__}/raw/ there): pass --download to fetch it there with torchvision")
     if name == "fashion-mnist":
         files = _find_idx(DEBIAN_FASHION_MNIST, split)
         if files:
             return _read_idx(files[0]), _read_idx(files[1])
-    where = f"under {data_dir!r}" if data_dir else "(no --data-dir given)"
+    where = "(no --data-dir given)"
     hint = (f"install Debian's package (apt-get install dataset-fashion-mnist, files in {DEBIAN_FASHION_MNIST}) "
             "or " if name == "fashion-mnist" else "")
     raise DataMissing(f"{name} not found {where}: {hint}pass --data-dir DIR --download to fetch it with torchvision")
@@ -356,7 +359,11 @@ def build_dataset(name: str, split: str, img_size: int, data_dir=None, download:
         root = os.path.join(data_dir, "train" if split == "train" else "val")
         if not os.path.isdir(root):
             raise DataMissing(f"imagefolder: {root!r} does not exist (expected DIR/train/<class>/ and DIR/val/<class>/)")
-        return ImageFolderDataset(root, img_size, augment=augment, seed=seed)
+        try:
+            return ImageFolderDataset(root, img_size, augment=augment, seed=seed)
+        except FileNotFoundError as err:  # torchvision: no class folder, or no image in them
+            raise DataMissing(f"imagefolder: {root!r} holds no images in class folders (expected "
+                              f"DIR/{os.path.basename(root)}/<class>/*.png|jpg; torchvision: {err})") from None
     images, labels = _native(name, "train" if split == "train" else "test",
                              None if data_dir is None else str(data_dir), bool(download))
     idx = _subset(len(labels), num_samples)

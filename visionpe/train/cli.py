@@ -1,0 +1,85 @@
+"""One command-line convention for every script (train_vit.py, scripts/resolution_sweep.py, scripts/visualize.py,
+scripts/benchmark.py).
+
+- A user mistake (a bad flag or value, a missing file, data that is not there, a damaged run directory) is a
+  :class:`UserError`. :func:`run` prints it as ONE line ``prog: error: ...`` on stderr and exits with status 2;
+  under torchrun only rank 0 prints (every rank exits 2). ``--debug`` shows the traceback instead.
+- :class:`Parser` is an ``argparse.ArgumentParser`` whose errors are ``UserError`` s (so they take the same path).
+- :func:`user_errors` turns a library's ``ValueError`` (bad encoding name, bad ``pe_kwargs``, bad model keywords)
+  into a ``UserError`` at the boundary where the value came from the user; elsewhere a ``ValueError`` is a bug
+  and keeps its traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+
+
+class UserError(Exception):
+    """A mistake in the settings or the environment: reported on one line, exit status 2."""
+
+
+def one_line(text) -> str:
+    return " ".join(str(text).split())
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are :class:`UserError` (one line, status 2 through :func:`run`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        raise UserError(message)
+
+    def add_debug(self, group=None) -> None:
+        """``--debug``: show the traceback of an error instead of one line (read by :func:`run`)."""
+        (group or self).add_argument("--debug", action="store_true",
+                                     help="on an error, show the full traceback instead of one line")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=30, width=110)
+
+
+@contextlib.contextmanager
+def user_errors(prefix: str = "", types=(ValueError, TypeError)):
+    """Re-raise ``types`` raised inside the block as :class:`UserError` (``prefix: message``)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except types as err:
+        raise UserError(f"{prefix}: {one_line(err)}" if prefix else one_line(err)) from err
+
+
+def is_rank0() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def run(main, prog: str, argv=None):
+    """``main(argv)``; a :class:`UserError` becomes ``prog: error: ...`` on stderr (rank 0 only) and exit status 2.
+
+    Returns what ``main`` returned. With ``--debug`` in ``argv`` the error propagates with its traceback.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return main(argv)
+    except UserError as err:
+        if "--debug" in argv:
+            raise
+        if is_rank0():
+            print(f"{prog}: error: {one_line(err)}", file=sys.stderr, flush=True)
+        _close_process_group()
+        sys.exit(2)
+
+
+def _close_process_group() -> None:
+    """Leave a torchrun process group cleanly (every rank raised the same error at the same point)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,358 @@
+"""The training recipe: every setting, its default, what it does, and the values it takes.
+
+Settings resolve as ``DEFAULTS < YAML recipe (--config) < command line``; a resumed run starts from its own
+``config.yaml`` instead of the defaults (see :func:`visionpe.train.rundir.resume_config`). Every value is
+checked by :func:`check`, whatever its source, and a bad one is a :class:`~visionpe.train.cli.UserError`
+naming the setting and the values it takes. Each setting ``key`` is ``--key-with-dashes`` on the command line
+and ``key:`` in YAML.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+import yaml
+
+from .. import data as vdata
+from .cli import Parser, UserError, one_line
+
+MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN = ("model", "data", "optimizer", "learning-rate schedule",
+                                             "augmentation and regularization", "evaluation", "run and misc")
+GROUPS = (MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN)
+AMP = ("auto", "bf16", "none")
+DEVICES = ("auto", "cpu", "cuda")
+SIZE_KEYS = ("embed_dim", "depth", "num_heads")  # command-line shortcuts into model_kwargs
+RUN_KEYS = ("num_classes", "in_chans", "num_frames", "tubelet_size")  # written to / read from config.yaml only
+NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
+# settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
+SAFE_ON_RESUME = ("eval_res", "eval_batch_size", "workers", "threads", "progress", "device", "stop_after",
+                  "download")
+
+
+@dataclass(frozen=True)
+class Setting:
+    default: object
+    group: str
+    kind: str  # int, float, bool, str, choice, ints, mapping, int?, str?
+    help: str
+    choices: tuple = ()
+    metavar: str | None = None
+
+
+def _pe_help() -> str:
+    import visionpe
+    return (f"positional encoding: one of {', '.join(visionpe.available())}; a combination of one per family joined by '+' "
+            "(e.g. rope_mixed+learned); or none")
+
+
+S = Setting
+SETTINGS: dict[str, Setting] = {
+    # model
+    "model": S("vit_tiny_patch16_224", MODEL, "str", "timm model name: a ViT/DeiT (vit_*, deit_*) or Swin "
+               "(swin_*), e.g. vit_tiny_patch16_224, deit_small_patch16_224, swin_tiny_patch4_window7_224",
+               metavar="NAME"),
+    "pe": S("learned", MODEL, "str", "", metavar="NAME"),  # help filled from the registry
+    "pe_kwargs": S({}, MODEL, "mapping", "encoding keywords as KEY=VALUE (VALUE read as YAML), e.g. theta=100 "
+                   "scaling=pi; see visionpe.build for each encoding's keywords", metavar="KEY=VALUE"),
+    "img_size": S(32, MODEL, "int", "training resolution in pixels (square); a positive multiple of patch_size",
+                  metavar="PX"),
+    "patch_size": S(4, MODEL, "int", "patch side in pixels; an integer >= 1", metavar="PX"),
+    "model_kwargs": S({"embed_dim": 64, "depth": 4, "num_heads": 4}, MODEL, "mapping",
+                      "timm model keywords as KEY=VALUE (mlp_ratio, global_pool, ...); replaces the default "
+                      "mapping as a whole", metavar="KEY=VALUE"),
+    "drop_path": S(0.0, AUG, "float", "stochastic depth rate (timm drop_path_rate); in [0, 1)", metavar="P"),
+    # data
+    "data": S("shapes-position", DATA, "choice", "data set", choices=vdata.DATASETS),
+    "data_dir": S(None, DATA, "str?", "folder of a real data set (torchvision layout; imagefolder: DIR/train/<class>/ "
+                  "and DIR/val/<class>/); must hold the data unless --download", metavar="DIR"),
+    "download": S(False, DATA, "bool", "fetch a torchvision data set into --data-dir if it is not there"),
+    "train_samples": S(None, DATA, "int?", "training images: synthetic scenes rendered (default 10000), real sets a "
+                       "fixed random subset (default all); an integer >= 1", metavar="N"),
+    "val_samples": S(None, DATA, "int?", "validation images (synthetic default 2000, real default all); an integer "
+                     ">= 1", metavar="N"),
+    "workers": S(0, DATA, "int", "DataLoader worker processes; an integer >= 0 (0 = load in the main process)",
+                 metavar="N"),
+    # optimizer
+    "opt": S("adamw", OPTIM, "str", "timm optimizer name (timm.optim.list_optimizers()), e.g. adamw, sgd, lamb",
+             metavar="NAME"),
+    "weight_decay": S(0.05, OPTIM, "float", "weight decay; a number >= 0; never applied to position parameters "
+                      "(model.no_weight_decay())", metavar="WD"),
+    "clip_grad": S(1.0, OPTIM, "float", "max global gradient norm; a number >= 0 (0 = off)", metavar="NORM"),
+    "batch_size": S(128, OPTIM, "int", "global batch size over all processes (each of N takes batch_size / N); an "
+                    "integer >= 1", metavar="N"),
+    "amp": S("auto", OPTIM, "choice", "mixed precision: auto = bf16 autocast on CUDA, none on CPU; bf16; none",
+             choices=AMP),
+    # schedule
+    "epochs": S(10, SCHED, "int", "training epochs; an integer >= 1", metavar="N"),
+    "lr": S(1e-3, SCHED, "float", "peak learning rate after warmup; a number > 0", metavar="LR"),
+    "min_lr": S(1e-5, SCHED, "float", "learning rate at the end of the cosine decay; a number >= 0", metavar="LR"),
+    "warmup_epochs": S(1.0, SCHED, "float", "linear warmup length in epochs (fractions allowed); in [0, epochs]",
+                       metavar="E"),
+    # augmentation and regularization
+    "label_smoothing": S(0.1, AUG, "float", "label smoothing; in [0, 1)", metavar="EPS"),
+    "mixup": S(0.0, AUG, "float", "timm Mixup alpha; a number >= 0 (0 = off); needs an even batch_size",
+               metavar="ALPHA"),
+    "cutmix": S(0.0, AUG, "float", "timm CutMix alpha; a number >= 0 (0 = off); needs an even batch_size",
+                metavar="ALPHA"),
+    # evaluation
+    "eval_res": S([], EVAL, "ints", "test resolutions (pixels) for the last and the best model after training, each a "
+                  "positive multiple of patch_size; the training resolution is always included", metavar="PX"),
+    "eval_batch_size": S(256, EVAL, "int", "batch size of evaluation; an integer >= 1", metavar="N"),
+    # run
+    "seed": S(0, RUN, "int", "seed of the model, data order, synthetic scenes and augmentation; an integer >= 0",
+              metavar="N"),
+    "device": S("auto", RUN, "choice", "auto = CUDA if available, else CPU", choices=DEVICES),
+    "threads": S(0, RUN, "int", "torch.set_num_threads; an integer >= 0 (0 = torch's default)", metavar="N"),
+    "output": S(None, RUN, "str?", "run directory (default runs/<data>_<pe>_s<seed>)", metavar="DIR"),
+    "overwrite": S(False, RUN, "bool", "delete the previous run's files in the run directory and start again"),
+    "stop_after": S(0, RUN, "int", "stop after this many epochs as if interrupted (0 = never); --resume continues; "
+                    "an integer >= 0", metavar="N"),
+    "progress": S(True, RUN, "bool", "a progress bar per epoch (only on a terminal)"),
+}
+DEFAULTS = {key: s.default for key, s in SETTINGS.items()}
+SIZE_HELP = {"embed_dim": "token width (sets model_kwargs.embed_dim); an integer >= 1",
+             "depth": "number of transformer blocks (sets model_kwargs.depth); an integer >= 1",
+             "num_heads": "attention heads (sets model_kwargs.num_heads); an integer >= 1"}
+
+
+def _kv(text: str):
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        return key, yaml.safe_load(value)
+    except yaml.YAMLError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: the value is not plain YAML ({one_line(err)})") from None
+
+
+def _default_text(key: str) -> str:
+    default = DEFAULTS[key]
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if isinstance(default, dict):
+        return " ".join(f"{k}={v}" for k, v in default.items()) or "none"
+    if isinstance(default, list):
+        return " ".join(map(str, default)) or "none"
+    return str(default)
+
+
+def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "") -> Parser:
+    """The training command line, flags grouped as timm's train.py groups them."""
+    p = Parser(prog=prog, description=description, epilog=epilog, argument_default=argparse.SUPPRESS)
+    groups = {g: p.add_argument_group(f"{g} settings") for g in GROUPS}
+    groups[RUN].add_argument("--config", metavar="YAML", help="YAML recipe: a mapping of settings (keys as below, "
+                             "with underscores); the command line overrides it")
+    groups[RUN].add_argument("--resume", nargs="?", const=True, metavar="DIR",
+                             help="continue the run in DIR (default: --output) exactly where it stopped; only "
+                                  f"{', '.join(SAFE_ON_RESUME)} may change")
+    for key, s in SETTINGS.items():
+        flag = "--" + key.replace("_", "-")
+        text = (s.help or _pe_help()) + ("" if s.default is None else f" (default: {_default_text(key)})")
+        g = groups[s.group]
+        if s.kind == "mapping":
+            g.add_argument(flag, nargs="*", type=_kv, metavar=s.metavar, help=text)
+        elif s.kind == "bool":
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
+        elif s.kind == "ints":
+            g.add_argument(flag, nargs="*", type=int, metavar=s.metavar, help=text)
+        elif s.kind == "choice":
+            g.add_argument(flag, choices=s.choices, help=text)
+        else:
+            kind = {"int": int, "int?": int, "float": float}.get(s.kind, str)
+            g.add_argument(flag, type=kind, metavar=s.metavar, help=text)
+        if key == "model_kwargs":
+            for size in SIZE_KEYS:
+                g.add_argument("--" + size.replace("_", "-"), type=int, metavar="N", help=SIZE_HELP[size])
+    p.add_debug(groups[RUN])
+    return p
+
+
+def parse_args(argv, prog: str = "train_vit", description: str = "", epilog: str = "") -> dict:
+    """The settings given on the command line (only those), plus ``config``/``resume``/``debug`` if given."""
+    args = vars(build_parser(prog, description, epilog).parse_args(argv))
+    for key in ("pe_kwargs", "model_kwargs"):
+        if key in args:
+            args[key] = dict(args[key])
+    return args
+
+
+def read_yaml(path, what: str = "config file") -> dict:
+    """A YAML mapping from ``path`` (``yaml.safe_load``: Python tags are refused), or a :class:`UserError`."""
+    try:
+        with open(path) as f:
+            cfg = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise UserError(f"{what} {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"{what} {str(path)!r} is a directory, not a YAML file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{what} {str(path)!r} is not a text file") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"{what} {str(path)!r} is not plain YAML (only plain mappings, no tags): "
+                        f"{one_line(err)}") from None
+    if cfg is None:
+        cfg = {}
+    if not isinstance(cfg, dict):
+        raise UserError(f"{what} {str(path)!r} must hold a mapping of settings, got {type(cfg).__name__}")
+    return cfg
+
+
+def resolve(args: dict, base: dict | None = None) -> dict:
+    """Defaults (or ``base``, a resumed run's config) < ``args['config']`` YAML < the other ``args``; checked.
+
+    Adds the derived ``num_classes`` and ``in_chans`` (kept from ``base`` when the data set is unchanged; an
+    ImageFolder's class count is ``None`` until its data is loaded)."""
+    cfg = _copy(DEFAULTS if base is None else base)
+    if args.get("config"):
+        recipe = read_yaml(args["config"])
+        misplaced = sorted(set(recipe) & set(RUN_KEYS))
+        if misplaced:
+            raise UserError(f"config file {args['config']!r}: {', '.join(misplaced)} are derived from the data and "
+                            "the model, not settings; remove them")
+        cfg.update(_copy(recipe))
+    cfg.update({k: _copy(v) for k, v in args.items() if k in DEFAULTS})
+    for key in ("model_kwargs", "pe_kwargs"):
+        if cfg.get(key) is None:
+            cfg[key] = {}
+    for key in SIZE_KEYS:
+        if key in args and isinstance(cfg["model_kwargs"], dict):
+            cfg["model_kwargs"][key] = args[key]
+    unknown = sorted(set(cfg) - set(DEFAULTS) - set(RUN_KEYS))
+    if unknown:
+        raise UserError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
+    check(cfg)
+    if base is None or cfg["data"] != base.get("data") or base.get("num_classes") is None:
+        info = vdata.info(cfg["data"])
+        cfg["num_classes"], cfg["in_chans"] = info["num_classes"], info["in_chans"]
+    if cfg["output"] is None:
+        cfg["output"] = f"runs/{cfg['data']}_{cfg['pe'].replace('+', '-')}_s{cfg['seed']}"
+    return cfg
+
+
+def _copy(value):
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def check(cfg: dict, training: bool = True) -> None:
+    """Check every setting in ``cfg`` (types, ranges, names); ``training=False`` skips what only matters to
+    training on this machine (the CUDA device). Floats given as strings (YAML reads ``1e-3`` as a string) are
+    converted in place."""
+    def need(ok, message):
+        if not ok:
+            raise UserError(message)
+
+    for key, s in SETTINGS.items():
+        value = cfg[key]
+        if s.kind in ("int", "int?"):
+            if value is None and s.kind == "int?":
+                continue
+            need(isinstance(value, int) and not isinstance(value, bool),
+                 f"{key} must be an integer, got {value!r}")
+        elif s.kind == "float":
+            if isinstance(value, str):
+                try:
+                    value = cfg[key] = float(value)
+                except ValueError:
+                    pass
+            need(isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value),
+                 f"{key} must be a number, got {value!r}")
+        elif s.kind == "bool":
+            need(isinstance(value, bool), f"{key} must be true or false, got {value!r}")
+        elif s.kind in ("str", "str?"):
+            if value is None and s.kind == "str?":
+                continue
+            need(isinstance(value, str) and value != "", f"{key} must be a non-empty string, got {value!r}")
+        elif s.kind == "choice":
+            need(value in s.choices, f"{key} must be one of {', '.join(s.choices)}, got {value!r}")
+        elif s.kind == "mapping":
+            need(isinstance(value, dict) and all(isinstance(k, str) for k in value),
+                 f"{key} must be a mapping of KEY=VALUE, got {value!r}")
+        elif s.kind == "ints":
+            need(isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+                 f"{key} must be a list of integers, got {value!r}")
+    for key in ("epochs", "batch_size", "eval_batch_size", "patch_size"):
+        need(cfg[key] >= 1, f"{key} must be an integer >= 1, got {cfg[key]}")
+    for key in ("train_samples", "val_samples"):
+        need(cfg[key] is None or cfg[key] >= 1, f"{key} must be an integer >= 1, got {cfg[key]}")
+    for key in ("workers", "threads", "stop_after", "seed"):
+        need(cfg[key] >= 0, f"{key} must be an integer >= 0, got {cfg[key]}")
+    need(cfg["lr"] > 0, f"lr must be a number > 0, got {cfg['lr']}")
+    for key in ("weight_decay", "min_lr", "clip_grad", "mixup", "cutmix"):
+        need(cfg[key] >= 0, f"{key} must be a number >= 0, got {cfg[key]}")
+    need(0 <= cfg["warmup_epochs"] <= cfg["epochs"],
+         f"warmup_epochs must be in [0, epochs={cfg['epochs']}], got {cfg['warmup_epochs']}")
+    need(0 <= cfg["label_smoothing"] < 1, f"label_smoothing must be in [0, 1), got {cfg['label_smoothing']}")
+    need(0 <= cfg["drop_path"] < 1, f"drop_path must be in [0, 1), got {cfg['drop_path']}")
+    need(cfg["img_size"] >= cfg["patch_size"] and cfg["img_size"] % cfg["patch_size"] == 0,
+         f"img_size {cfg['img_size']} must be a positive multiple of patch_size {cfg['patch_size']}")
+    for res in cfg["eval_res"]:
+        need(res >= cfg["patch_size"] and res % cfg["patch_size"] == 0,
+             f"eval_res {res} must be a positive multiple of patch_size {cfg['patch_size']}")
+    for key in SIZE_KEYS:
+        value = cfg["model_kwargs"].get(key)
+        need(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+             f"{key} (model_kwargs.{key}) must be an integer >= 1, got {value!r}")
+    dim, heads = cfg["model_kwargs"].get("embed_dim"), cfg["model_kwargs"].get("num_heads")
+    need(dim is None or heads is None or dim % heads == 0,
+         f"embed_dim {dim} must be divisible by num_heads {heads}")
+    if cfg["mixup"] > 0 or cfg["cutmix"] > 0:
+        need(cfg["batch_size"] % 2 == 0, f"mixup/cutmix need an even batch_size, got {cfg['batch_size']}")
+    from ..backbones import parse_pe
+    try:
+        parse_pe(cfg["pe"])
+    except ValueError as err:
+        raise UserError(f"pe: {one_line(err)} (or 'none')") from None
+    import timm
+    need(timm.is_model(cfg["model"]), f"unknown timm model {cfg['model']!r}; try e.g. vit_tiny_patch16_224, "
+                                      "deit_small_patch16_224, swin_tiny_patch4_window7_224")
+    from timm.optim import list_optimizers
+    need(cfg["opt"].lower() in list_optimizers(),
+         f"unknown optimizer opt={cfg['opt']!r}; e.g. adamw, adam, sgd, lamb, lion (timm.optim.list_optimizers())")
+    if training:
+        import torch
+        need(cfg["device"] != "cuda" or torch.cuda.is_available(),
+             "device=cuda but no CUDA device is available (use --device cpu or auto)")
+
+
+def saved_form(cfg: dict) -> dict:
+    """What config.yaml holds: the settings that define the run, with ``model_kwargs`` complete (everything
+    ``visionpe.create_model(model, pe, pe_kwargs=..., **model_kwargs)`` needs)."""
+    saved = {k: _copy(v) for k, v in cfg.items() if k not in NOT_SAVED}
+    saved["model_kwargs"] = model_kwargs(cfg)
+    return saved
+
+
+def model_kwargs(cfg: dict) -> dict:
+    """Everything timm needs besides the name: size overrides, resolution, classes, channels, drop path."""
+    kw = dict(cfg.get("model_kwargs") or {})
+    kw.update(img_size=cfg["img_size"], patch_size=cfg["patch_size"], num_classes=cfg["num_classes"],
+              in_chans=cfg["in_chans"])
+    kw.pop("drop_path_rate", None)
+    if cfg.get("drop_path"):
+        kw["drop_path_rate"] = cfg["drop_path"]
+    return kw
+
+
+def changes(old: dict, new: dict) -> list[tuple[str, object, object]]:
+    """``[(setting, old value, new value)]`` between two resolved configs (``model_kwargs`` per key)."""
+    a, b = saved_form(old), saved_form(new)
+    out = []
+    for key in dict.fromkeys([*a, *b]):
+        if key == "output":
+            continue
+        if key == "model_kwargs":
+            for sub in dict.fromkeys([*a[key], *b[key]]):
+                if a[key].get(sub) != b[key].get(sub) and sub not in ("img_size", "patch_size", "num_classes",
+                                                                       "in_chans", "drop_path_rate"):
+                    out.append((f"model_kwargs.{sub}", a[key].get(sub), b[key].get(sub)))
+        elif a.get(key) != b.get(key):
+            out.append((key, a.get(key), b.get(key)))
+    for key in NOT_SAVED:
+        if old.get(key, DEFAULTS[key]) != new.get(key, DEFAULTS[key]) and key != "overwrite":
+            out.append((key, old.get(key, DEFAULTS[key]), new.get(key, DEFAULTS[key])))
+    return out

@@ -1,0 +1,139 @@
+"""The pieces of the training loop: data sets from settings, RNG streams, one epoch of training, evaluation, and
+evaluation across resolutions (used by ``train_vit.py`` and ``scripts/resolution_sweep.py``)."""
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Subset
+from tqdm import tqdm
+
+from .. import data as vdata
+from .cli import UserError, one_line
+
+
+class NonFiniteLoss(UserError):
+    """The training loss became NaN or infinite: the run stops without saving (its last checkpoint stays)."""
+
+
+def dataset(cfg: dict, split: str, img_size: int):
+    """The run's data set ``split`` at ``img_size`` pixels; missing or empty data is a :class:`UserError`."""
+    num = cfg["train_samples"] if split == "train" else cfg["val_samples"]
+    try:
+        ds = vdata.build_dataset(cfg["data"], split, img_size, data_dir=cfg["data_dir"], download=cfg["download"],
+                                 seed=cfg["seed"], num_samples=num)
+    except (vdata.DataMissing, ValueError) as err:
+        raise UserError(one_line(err)) from None
+    if len(ds) == 0:
+        raise UserError(f"{cfg['data']}: the {split} split under {cfg['data_dir']!r} holds no images")
+    return ds
+
+
+def seed_everything(seed: int, epoch: int, rank: int) -> None:
+    """RNG streams (dropout, drop path, mixup) as a function of (seed, epoch, rank): resume is exact."""
+    s = (seed * 1_000_003 + epoch * 7_919 + rank * 104_729) % 2**31
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
+
+
+def all_sum(values, device) -> list[float]:
+    """Sum of ``values`` over the processes of a torchrun group (the values themselves without one)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def autocast_for(device: torch.device, bf16: bool):
+    """A function returning the autocast context of ``device`` (a no-op unless ``bf16``)."""
+    return lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: int, epochs: int, device, autocast,
+                    mixup=None, clip_grad: float = 0.0, world: int = 1, progress: bool = False,
+                    last_finite: tuple | None = None) -> dict:
+    """One pass over ``loader`` (the learning rate is set per step: ``scheduler.step_update``).
+
+    Each step's loss is summed over the processes before the backward pass, so when it is NaN or infinite on any
+    of them every process raises :class:`NonFiniteLoss` at the same step (none waits for the others). Returns
+    ``{'train_loss', 'seen', 'elapsed', 'last_finite'}`` (``train_loss`` and ``seen`` over all processes,
+    ``last_finite`` = ``(loss, epoch, step)`` of the last finite step, 1-based)."""
+    model.train()
+    steps = len(loader)
+    loss_sum = seen = 0.0
+    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True,
+               disable=None if progress else True)  # None: off when not a terminal
+    t0 = time.perf_counter()
+    for step, (x, y) in enumerate(bar):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        if mixup is not None:
+            x, y = mixup(x, y)
+        scheduler.step_update(epoch * steps + step)
+        with autocast():
+            loss = criterion(model(x), y)
+        total = loss.detach().float().reshape(1).clone()
+        if world > 1:
+            dist.all_reduce(total)
+        if not bool(torch.isfinite(total).all()):
+            where = f"step {step + 1}/{steps} of epoch {epoch + 1} (global step {epoch * steps + step + 1})"
+            before = ("no finite loss before it" if last_finite is None else
+                      f"last finite loss {last_finite[0]:.6g} at step {last_finite[2]} of epoch {last_finite[1]}")
+            kept = f"its checkpoint of epoch {epoch} is kept" if epoch else "no epoch was saved"
+            raise NonFiniteLoss(f"non-finite training loss ({total.item() / world}) at {where}; {before}; the run "
+                                f"stopped without saving ({kept}); lower --lr or check the data")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if clip_grad > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+        optimizer.step()
+        value = loss.item()
+        last_finite = (value, epoch + 1, step + 1)
+        loss_sum += value * len(x)
+        seen += len(x)
+        bar.set_postfix(loss=f"{value:.3f}", img_s=f"{seen * world / (time.perf_counter() - t0):.0f}")
+    elapsed = time.perf_counter() - t0
+    loss_sum, seen = all_sum([loss_sum, seen], device)
+    return {"train_loss": loss_sum / seen, "seen": seen, "elapsed": elapsed, "last_finite": last_finite}
+
+
+@torch.no_grad()
+def evaluate(model, dataset, *, batch_size: int, device, autocast, workers: int = 0, rank: int = 0,
+             world: int = 1) -> tuple[float, float]:
+    """Top-1 (%) and mean cross-entropy over the whole set; each process takes every world-th image."""
+    model.eval()
+    loader = DataLoader(Subset(dataset, range(rank, len(dataset), world)), batch_size=batch_size,
+                        num_workers=workers)
+    correct = loss = count = 0.0
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        with autocast():
+            logits = model(x)
+        loss += F.cross_entropy(logits.float(), y, reduction="sum").item()
+        correct += (logits.argmax(-1) == y).sum().item()
+        count += len(y)
+    correct, loss, count = all_sum([correct, loss, count], device)
+    return 100.0 * correct / count, (loss / count if count else math.nan)
+
+
+def evaluate_resolutions(model, sets: dict, train_res: int, known: dict | None = None, **eval_kwargs) -> dict:
+    """``{res: {'acc', 'loss', 'retention'}}`` of ``model`` on ``sets`` (``{res: dataset}``, the training
+    resolution among them); retention = acc(res) / acc(train_res). ``known``: ``{res: (acc, loss)}`` already
+    measured (not evaluated again)."""
+    known = known or {}
+    accs = {r: known[r] if r in known else evaluate(model, ds, **eval_kwargs) for r, ds in sorted(sets.items())}
+    base = accs[train_res][0]
+    return {r: {"acc": a, "loss": l, "retention": a / base if base > 0 else 0.0} for r, (a, l) in accs.items()}
+
+
+def table(rows: list[list], header: list[str]) -> str:
+    """A plain-text table, right-aligned columns."""
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    line = lambda r: "  ".join(c.rjust(w) for c, w in zip(r, widths))
+    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
