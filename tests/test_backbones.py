@@ -223,6 +223,78 @@ def test_timm_checkpoint_resizes_pos_embed_and_swin_tables():
     assert all("(resized)" in line for line in report.converted) and len(report.converted) == 2
 
 
+TINY = dict(patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3)
+
+
+@pytest.mark.parametrize("factorized", [False, True])
+def test_timm_checkpoint_resamples_visionpe_learned_table(factorized, tmp_path, caplog):
+    """A visionpe learned checkpoint from img_size 32 into a model at 48: the table is resampled (reported as
+    converted), so the model gives the logits the source gives at 48 (where it resamples on the fly)."""
+    torch.manual_seed(0)
+    kw = {"pe_kwargs": {"factorized": factorized}, **TINY}
+    small = _perturb(vpe.create_model(VIT, pe="learned", img_size=32, **kw)).eval()
+    vpe.save_weights(small, tmp_path / "small.safetensors")
+    big = vpe.create_model(VIT, pe="learned", img_size=48, **kw).eval()
+    with caplog.at_level("WARNING", logger="visionpe.checkpoint"):
+        report = vpe.load_timm_checkpoint(big, tmp_path / "small.safetensors", strict=True)
+    assert report.new == [] and report.dropped == [] and not caplog.records
+    expected = (["pe_tokens.axis_tables.0 -> pe_tokens.axis_tables.0 (resampled 4 -> 6)",
+                 "pe_tokens.axis_tables.1 -> pe_tokens.axis_tables.1 (resampled 4 -> 6)"] if factorized else
+                ["pe_tokens.table -> pe_tokens.table (resampled 4x4 -> 6x6)"])
+    assert report.converted == expected
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        assert (big(x) - small(x)).abs().max() < 1e-5
+
+
+def test_timm_checkpoint_warns_when_more_than_the_head_is_dropped_or_new(caplog):
+    torch.manual_seed(0)
+    model = vpe.create_model(VIT, pe="learned", img_size=16, **TINY)
+    with caplog.at_level("INFO", logger="visionpe.checkpoint"):
+        report = vpe.load_timm_checkpoint(model, {})
+    assert report.new and not report.kept
+    [record] = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert record.name == "visionpe.checkpoint"
+    assert "pe_tokens.table" in record.getMessage() and "blocks.0.attn.qkv.weight" in record.getMessage()
+    caplog.clear()
+    deeper = vpe.create_model(VIT, pe="learned", img_size=16, **{**TINY, "depth": 2})
+    with caplog.at_level("WARNING", logger="visionpe.checkpoint"):
+        report = vpe.load_timm_checkpoint(model, deeper.state_dict())
+    assert "blocks.1.attn.qkv.weight" in report.dropped
+    assert len(caplog.records) == 1 and "dropped blocks.1." in caplog.records[0].getMessage()
+    caplog.clear()
+    plain = timm.create_model(VIT, img_size=16, **TINY)
+    rope = vpe.create_model(VIT, pe="rope_axial", img_size=16, **TINY)
+    with caplog.at_level("WARNING", logger="visionpe.checkpoint"):
+        report = vpe.load_timm_checkpoint(rope, plain.state_dict())
+    assert report.dropped == ["pos_embed"]
+    assert len(caplog.records) == 1 and "positional: pos_embed" in caplog.records[0].getMessage()
+    caplog.clear()
+    other_head = vpe.create_model(VIT, pe="learned", img_size=16, **{**TINY, "num_classes": 5})
+    with caplog.at_level("WARNING", logger="visionpe.checkpoint"):
+        report = vpe.load_timm_checkpoint(model, other_head.state_dict())
+    assert set(report.dropped) == set(report.new) == {"head.weight", "head.bias"}
+    assert not caplog.records  # only the classifier differs: no warning
+
+
+def test_timm_checkpoint_strict_raises_listing_new_and_dropped_keys():
+    torch.manual_seed(0)
+    model = vpe.create_model(VIT, pe="learned", img_size=16, **TINY)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"strict=True") as info:
+        vpe.load_timm_checkpoint(model, {}, strict=True)
+    assert all(f"new     {k}\n" in f"{info.value}\n" for k in ("pe_tokens.table", "head.weight", "cls_token"))
+    other_head = _perturb(vpe.create_model(VIT, pe="learned", img_size=16, **{**TINY, "num_classes": 5}))
+    with pytest.raises(ValueError, match=r"dropped head\.weight \(shape \(5, 16\) in the checkpoint, \(3, 16\)"):
+        vpe.load_timm_checkpoint(model, other_head.state_dict(), strict=True)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # nothing loaded on failure
+    same = _perturb(vpe.create_model(VIT, pe="learned", img_size=16, **TINY))
+    report = vpe.load_timm_checkpoint(model, same.state_dict(), strict=True)
+    assert report.new == report.dropped == [] and torch.equal(model.pe_tokens.table, same.pe_tokens.table)
+    plain = timm.create_model(VIT, img_size=16, **TINY)  # pos_embed converted: allowed under strict
+    assert vpe.load_timm_checkpoint(model, plain.state_dict(), strict=True).converted
+
+
 def test_no_weight_decay_excludes_position_params_from_timm_optimizer():
     model = vpe.create_model(VIT, pe="rope_mixed+learned", **VIT_KW)
     optimizer = timm.optim.create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05)

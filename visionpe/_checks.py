@@ -55,7 +55,7 @@ def angle_dtype(device) -> torch.dtype:
 
 
 def check_ndim(ndim) -> int:
-    if ndim not in (1, 2, 3):
+    if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim not in (1, 2, 3):
         raise ValueError(f"ndim={ndim!r} is not supported; allowed values: 1, 2, 3")
     return ndim
 
@@ -76,6 +76,14 @@ def to_shape(param: str, value, ndim: int | None = None) -> tuple[int, ...]:
         raise ValueError(f"{param} must contain positive integers only, got {value!r}")
     if ndim is not None and len(shape) != ndim:
         raise ValueError(f"{param}={value!r} has {len(shape)} axes but ndim={ndim}")
+    return shape
+
+
+def check_axes(param: str, shape: tuple[int, ...], value=None) -> tuple[int, ...]:
+    """A grid or window shape has 1, 2 or 3 axes."""
+    if len(shape) > 3:
+        raise ValueError(f"{param}={value if value is not None else shape!r} has {len(shape)} axes; "
+                         "allowed: 1, 2 or 3")
     return shape
 
 

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from ._checks import check_number, check_positive_int
 from .grid import Grid, as_grid
 
 
@@ -27,15 +28,43 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid, rotary
     """
     grid = as_grid(grid)
     check_qkv(q, k, v)
+    check_number("dropout_p", dropout_p, minimum=0.0, maximum=1.0)
+    if scale is not None:
+        check_number("scale", scale)
+    if (rotary is not None or bias is not None) and q.shape[2] != grid.num_tokens:
+        raise ValueError(f"q, k, v have {q.shape[2]} tokens but grid {grid.shape} with prefix={grid.prefix} has "
+                         f"{grid.num_tokens}")
     if rotary is not None:
         q, k = rotary(q, k, grid)
-    mask = None if bias is None else bias(grid).to(q.dtype)
+    mask = None
+    if bias is not None:
+        mask = bias(grid)
+        expected = (q.shape[1], q.shape[2], k.shape[2])
+        if not isinstance(mask, torch.Tensor) or mask.ndim != 3 or mask.shape[0] not in (1, q.shape[1]) \
+                or tuple(mask.shape[1:]) != expected[1:]:
+            heads = f"{mask.shape[0]} heads, " if getattr(mask, "ndim", 0) == 3 else ""
+            raise ValueError(f"bias gives {heads}shape {tuple(getattr(mask, 'shape', ()))} but q, k have "
+                             f"{q.shape[1]} heads: expected (num_heads, q tokens, k tokens) = {expected} (build the "
+                             f"bias with num_heads={q.shape[1]})")
+        mask = mask.to(q.dtype)
     if attn_mask is not None:
+        expected = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        if not isinstance(attn_mask, torch.Tensor) or attn_mask.ndim > 4 or not _broadcasts(attn_mask.shape, expected):
+            raise ValueError(f"attn_mask of shape {tuple(getattr(attn_mask, 'shape', ()))} does not broadcast to "
+                             f"(batch, heads, q tokens, k tokens) = {expected}")
         if attn_mask.dtype == torch.bool:
             attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(
                 ~attn_mask, float("-inf"))
         mask = attn_mask.to(q.dtype) if mask is None else mask + attn_mask.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
+def _broadcasts(shape, target) -> bool:
+    """``shape`` broadcasts to ``target`` without changing it."""
+    try:
+        return tuple(torch.broadcast_shapes(tuple(shape), tuple(target))) == tuple(target)
+    except RuntimeError:
+        return False
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -63,6 +92,8 @@ class Attention(nn.Module):
                  attn_drop: float = 0.0, proj_drop: float = 0.0, norm_layer=nn.LayerNorm,
                  rotary: nn.Module | None = None, bias: nn.Module | None = None):
         super().__init__()
+        check_positive_int("dim", dim)
+        check_positive_int("num_heads", num_heads)
         if dim % num_heads:
             raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
         self.num_heads, self.head_dim = num_heads, dim // num_heads
@@ -91,6 +122,10 @@ class Attention(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor, grid: Grid, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        dim = self.qkv.in_features
+        if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != dim:
+            got = f"width {x.shape[-1]} (shape {tuple(x.shape)})" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must be a (batch, tokens, dim={dim}) tensor, got {got}")
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         q, k, v = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
         q, k = self.q_norm(q), self.k_norm(k)

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from einops import rearrange
 
 from ._checks import check_nonnegative_int, check_number, to_shape
 
@@ -76,3 +77,54 @@ def as_grid(grid) -> Grid:
     if not isinstance(grid, Sequence) or isinstance(grid, str):
         raise ValueError(f"grid must be a visionpe.Grid or a shape tuple like (14, 14), got {grid!r}")
     return Grid(tuple(grid))
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """The tokens of one forward: a :class:`Grid` and, optionally, which of its patches each sample keeps.
+
+    ``keep: (B, K)`` long indices into the grid's patches (row-major), per sample: masked image modelling (MAE),
+    patch dropout, token pruning. Each kept token keeps its own position: encodings compute their tables on the
+    full grid and gather the kept rows (rotary) or rows and columns (bias) per sample; tokens encodings are added
+    before dropping. The token sequence is ``P`` prefix tokens then the ``K`` kept patches in ``keep`` order.
+    """
+
+    grid: Grid
+    keep: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.grid, Grid):
+            raise ValueError(f"grid must be a visionpe.Grid, got {self.grid!r}")
+        keep = self.keep
+        if keep is not None:
+            if not isinstance(keep, torch.Tensor) or keep.ndim != 2 or keep.dtype not in (torch.int64, torch.int32):
+                raise ValueError(f"keep must be a (batch, kept) integer tensor of patch indices, got "
+                                 f"{getattr(keep, 'dtype', type(keep).__name__)} {tuple(getattr(keep, 'shape', ()))}")
+
+    @property
+    def num_tokens(self) -> int:
+        return self.grid.num_tokens if self.keep is None else self.grid.prefix + self.keep.shape[1]
+
+    def token_index(self) -> torch.Tensor:
+        """``(B, P + K)`` indices of this layout's tokens among the full grid's ``P + N`` tokens."""
+        prefix = torch.arange(self.grid.prefix, device=self.keep.device).expand(self.keep.shape[0], -1)
+        return torch.cat([prefix, self.keep.long() + self.grid.prefix], dim=1)
+
+    def rows(self, table: torch.Tensor) -> torch.Tensor:
+        """Per-token rows of a full-grid table ``(heads, P + N, C)`` -> ``(B, heads, P + K, C)`` (unchanged without
+        ``keep``)."""
+        if self.keep is None:
+            return table
+        return rearrange(table[:, self.token_index()], "h b t c -> b h t c")
+
+    def pairs(self, bias: torch.Tensor) -> torch.Tensor:
+        """Rows and columns of a full-grid bias ``(heads, P + N, P + N)`` -> ``(B, heads, P + K, P + K)``."""
+        if self.keep is None:
+            return bias
+        index = self.token_index()
+        return rearrange(bias[:, index[:, :, None], index[:, None, :]], "h b t s -> b h t s")
+
+
+def as_layout(layout) -> Layout:
+    """Accept a :class:`Layout`, a :class:`Grid` or a bare shape tuple."""
+    return layout if isinstance(layout, Layout) else Layout(as_grid(layout))

@@ -1,7 +1,7 @@
 """Encodings by name: ``build(name, **kwargs)``, ``available() -> {name: family}``, ``register(name, cls)``."""
 from __future__ import annotations
 
-from .bias import ALiBi, ContinuousPositionBias, RelBias, SwinBias
+from .bias import ALiBi, BucketedBias, ContinuousPositionBias, RelBias, SwinBias
 from .encoding import Encoding, constructor_keywords
 from .rotary import AxialRoPE, MixedRoPE
 from .tokens import PEG, Learned, SinCos
@@ -18,7 +18,10 @@ ENCODINGS: dict[str, type[Encoding]] = {
     "rel_bias": RelBias,
     "cpb": ContinuousPositionBias,
     "alibi": ALiBi,
+    "bucket_bias": BucketedBias,
 }
+
+BUILTIN: dict[str, type[Encoding]] = dict(ENCODINGS)
 
 
 def available() -> dict[str, str]:
@@ -50,8 +53,15 @@ def register(name: str, cls: type[Encoding] | None = None, overwrite: bool = Fal
 
 
 def unregister(name: str) -> None:
-    """Remove a user's encoding (the built-in ones stay)."""
+    """Remove a user's encoding; a built-in name overwritten by :func:`register` gets its built-in class back (the
+    built-in encodings themselves cannot be removed)."""
     check_name(name)
+    if name in BUILTIN:
+        if ENCODINGS[name] is BUILTIN[name]:
+            raise ValueError(f"name={name!r} is a built-in encoding and cannot be unregistered; built-in: "
+                             f"{', '.join(BUILTIN)}")
+        ENCODINGS[name] = BUILTIN[name]
+        return
     ENCODINGS.pop(name)
 
 

@@ -6,6 +6,8 @@ encodings go; everything about *which* encodings and *how they are built* is her
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -34,7 +36,7 @@ def parse_pe(pe: str) -> dict[str, str]:
 
 def route_kwargs(names: dict[str, str], pe_kwargs: dict) -> dict[str, dict]:
     """Give each keyword to every encoding of the combination whose constructor takes it."""
-    if not isinstance(pe_kwargs, dict):
+    if not isinstance(pe_kwargs, Mapping):
         raise ValueError(f"pe_kwargs must be a mapping of encoding keywords, got {pe_kwargs!r}")
     routed = {name: {} for name in names.values()}
     for key, value in pe_kwargs.items():
@@ -90,8 +92,10 @@ def check_input(x, patch_size, in_chans: int, model_name: str) -> None:
     spatial = len(patch_size)
     if not isinstance(x, torch.Tensor) or x.ndim != 2 + spatial:
         layout = "(B, C, T, H, W)" if spatial == 3 else "(B, C, H, W)"
-        raise ValueError(f"{model_name} takes a {layout} batch, got shape {tuple(getattr(x, 'shape', ()))}"
-                         f"{' (add a batch axis: x[None])' if getattr(x, 'ndim', 0) == 1 + spatial else ''}")
+        got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        hint = f" (one {layout.replace('B, ', '')} sample? add a batch axis: x[None])" \
+            if getattr(x, "ndim", 0) == 1 + spatial else ""
+        raise ValueError(f"{model_name} takes a {layout} batch tensor, got {got}{hint}")
     if not x.is_floating_point():
         raise ValueError(f"{model_name} takes a floating-point image batch, got {x.dtype} (convert and normalise, "
                          f"e.g. x.float() / 255)")

@@ -12,8 +12,8 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from .._checks import to_shape
-from .adapter import parse_pe
+from .._checks import check_divisible, check_positive_int, to_shape
+from .adapter import parse_pe, route_kwargs
 from .api import apply
 
 
@@ -71,9 +71,18 @@ def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int 
     does not split into three equal bands gets :func:`video_sections` unless ``pe_kwargs`` sets ``sections``.
     """
     names = parse_pe(pe)
-    if not timm.models.is_model_in_modules(model_name, ["vision_transformer"]):
+    route_kwargs(names, {} if pe_kwargs is None else pe_kwargs)
+    if not isinstance(model_name, str) or not timm.is_model(model_name) \
+            or not timm.models.is_model_in_modules(model_name, ["vision_transformer"]):
         raise ValueError(f"model_name={model_name!r}: video models are built on timm ViTs (vit_*, deit_*)")
     tubelet_size = to_shape("tubelet_size", tubelet_size, 3)
+    check_positive_int("num_frames", num_frames)
+    check_divisible("num_frames", num_frames, tubelet_size[0], f"whole tubelets of tubelet_size={tubelet_size}")
+    if "img_size" in timm_kwargs:
+        img_size = to_shape("img_size", timm_kwargs["img_size"], 2)
+        if any(s % t for s, t in zip(img_size, tubelet_size[1:])):
+            raise ValueError(f"img_size={timm_kwargs['img_size']!r} must be a multiple of the tubelet's frame patch "
+                             f"{tubelet_size[1:]} (tubelet_size={tubelet_size})")
     model = timm.create_model(model_name, pretrained=timm_kwargs.pop("pretrained", False),
                               patch_size=tubelet_size[1:], **timm_kwargs)
     tubelet = TubeletEmbed(num_frames, model.patch_embed.img_size, tubelet_size,

@@ -1,8 +1,9 @@
 """Bias family: per-head biases added to the attention logits."""
 from ._base import BiasEncoding
 from .alibi import ALiBi, alibi_slopes
+from .bucketed import BucketedBias, piecewise_index, t5_bucket
 from .cpb import ContinuousPositionBias
 from .relative import RelBias, RelativePositionBias, SwinBias
 
-__all__ = ["ALiBi", "BiasEncoding", "ContinuousPositionBias", "RelBias", "RelativePositionBias", "SwinBias",
-           "alibi_slopes"]
+__all__ = ["ALiBi", "BiasEncoding", "BucketedBias", "ContinuousPositionBias", "RelBias", "RelativePositionBias", "SwinBias",
+           "alibi_slopes", "piecewise_index", "t5_bucket"]

@@ -7,7 +7,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from .._checks import check_bool, check_choice, check_grid_ndim, check_number, check_positive_int, to_shape
+from .._checks import check_axes, check_bool, check_choice, check_grid_ndim, check_number, check_positive_int, to_shape
 from ..cache import TableCache
 from ..encoding import constructor_keywords
 from ..grid import Grid, as_grid
@@ -168,5 +168,6 @@ class RelBias(RelativePositionBias):
     """
 
     def __init__(self, num_heads: int, grid_shape=(14, 14), interpolation: str = "bicubic", antialias: bool = False):
-        super().__init__(num_heads, to_shape("grid_shape", grid_shape), prefix_entries=True, grow="resample",
+        shape = check_axes("grid_shape", to_shape("grid_shape", grid_shape), grid_shape)
+        super().__init__(num_heads, shape, prefix_entries=True, grow="resample",
                          interpolation=interpolation, antialias=antialias)

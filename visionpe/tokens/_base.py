@@ -41,7 +41,12 @@ class TokenEncoding(Encoding):
 def check_tokens(x: torch.Tensor, grid: Grid, dim: int) -> None:
     """``x`` must be ``(B, P + N, dim)`` for the grid: a clear error instead of a broadcasting one."""
     if not isinstance(x, torch.Tensor) or x.ndim != 3:
-        raise ValueError(f"x must be a (batch, tokens, dim) tensor, got shape {tuple(getattr(x, 'shape', ()))}")
+        got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a (batch, tokens, dim) tensor, got {got}"
+                         f"{' (add a batch axis: x[None])' if getattr(x, 'ndim', 0) == 2 else ''}")
+    if not x.is_floating_point():
+        raise ValueError(f"x must be a floating-point (batch, tokens, dim) tensor, got {x.dtype} (position vectors "
+                         "added to integer tokens would be truncated)")
     if x.shape[1] != grid.num_tokens:
         raise ValueError(f"x has {x.shape[1]} tokens but grid {grid.shape} with prefix={grid.prefix} "
                          f"has {grid.num_tokens}")

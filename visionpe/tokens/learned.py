@@ -9,7 +9,7 @@ from .._checks import (check_bool, check_choice, check_grid_ndim, check_ndim, ch
 from ..cache import TableCache
 from ..grid import Grid, as_grid
 from ..resample import INTERPOLATIONS, resample_axis, resample_grid
-from ._base import TokenEncoding
+from ._base import TokenEncoding, check_tokens
 
 
 class Learned(TokenEncoding):
@@ -95,6 +95,8 @@ class Learned(TokenEncoding):
 
     def forward(self, x: torch.Tensor, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, "learned")
+        check_tokens(x, grid, self.dim)
         prefix_table = None
         if self.prefix is not None:
             if grid.prefix != self.num_prefix_tokens:

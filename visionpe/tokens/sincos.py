@@ -8,7 +8,7 @@ from .._checks import angle_dtype, check_choice, check_divisible, check_grid_ndi
     check_positive_int, to_shape
 from ..cache import TableCache
 from ..grid import Grid, as_grid
-from ._base import TokenEncoding
+from ._base import TokenEncoding, check_tokens
 
 LAYOUTS = ("mae", "timm")
 
@@ -73,6 +73,8 @@ class SinCos(TokenEncoding):
 
     def forward(self, x: torch.Tensor, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, "sincos")
+        check_tokens(x, grid, self.dim)
         return self.add_to_patches(x, self.table(grid, x.device), grid)
 
     def position_vectors(self, grid) -> torch.Tensor:
