@@ -17,10 +17,12 @@ from timm.models.swin_transformer_v2 import SwinTransformerV2
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
+from .._checks import check_bool, to_shape
 from ..attention import Attention
 from ..encoding import Encoding
 from .adapter import parse_pe, route_kwargs
 from .swin import SwinTransformerPE, SwinTransformerV2PE, WindowAttention, apply_swin
+from .video_swin import SwinTransformer3d, SwinTransformer3dPE, apply_video_swin
 from .vit import VisionTransformerPE, apply_vit
 
 # model class -> (patched subclass, function putting the encodings in place)
@@ -28,6 +30,7 @@ ADAPTERS = {
     VisionTransformer: (VisionTransformerPE, apply_vit),
     SwinTransformer: (SwinTransformerPE, apply_swin),
     SwinTransformerV2: (SwinTransformerV2PE, apply_swin),
+    SwinTransformer3d: (SwinTransformer3dPE, apply_video_swin),  # torchvision swin3d_t/s/b
 }
 SUPPORTED = ", ".join(cls.__name__ for cls in ADAPTERS)
 
@@ -70,15 +73,19 @@ def create_model(model_name: str, pe: str = "learned", pretrained: bool = False,
 
     ``pe_kwargs`` go to the encodings (see :func:`apply`); every other keyword goes to timm.
     """
-    parse_pe(pe)
+    route_kwargs(parse_pe(pe), {} if pe_kwargs is None else pe_kwargs)  # bad pe / pe_kwargs fail before timm builds
     if not isinstance(model_name, str) or not timm.is_model(model_name):
         raise ValueError(f"model_name={model_name!r} is not a timm model; use a vit_*, deit_* or swin* name "
                          f"(timm.list_models('vit_*'))")
+    check_bool("pretrained", pretrained)
     if timm.models.is_model_in_modules(model_name, ["vision_transformer"]):
         timm_kwargs.setdefault("dynamic_img_size", True)
         check_img_size(timm_kwargs)
     elif timm.models.is_model_in_modules(model_name, ["swin_transformer", "swin_transformer_v2"]):
         timm_kwargs.setdefault("strict_img_size", False)
+        check_img_size(timm_kwargs)
+        if "window_size" in timm_kwargs:
+            to_shape("window_size", timm_kwargs["window_size"], 2)
     model = timm.create_model(model_name, pretrained=pretrained, **timm_kwargs)
     return apply(model, pe, **(pe_kwargs or {}))
 
@@ -86,13 +93,13 @@ def create_model(model_name: str, pe: str = "learned", pretrained: bool = False,
 def check_img_size(timm_kwargs: dict) -> None:
     """``img_size`` must be a multiple of ``patch_size`` at construction, not only at the first forward."""
     img, patch = timm_kwargs.get("img_size"), timm_kwargs.get("patch_size")
-    if img is None or patch is None:
+    if patch is not None:
+        patch = to_shape("patch_size", patch, 2)
+    if img is None:
         return
-    img = (img, img) if isinstance(img, int) else tuple(img)
-    patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
-    if any(not isinstance(v, int) or isinstance(v, bool) or v <= 0 for v in img + patch):
-        raise ValueError(f"img_size={timm_kwargs['img_size']!r} and patch_size={timm_kwargs['patch_size']!r} "
-                         "must be positive integers")
+    img = to_shape("img_size", img, 2)
+    if patch is None:
+        return
     if any(i % p for i, p in zip(img, patch)):
         raise ValueError(f"img_size={timm_kwargs['img_size']!r} must be a multiple of "
                          f"patch_size={timm_kwargs['patch_size']!r}")
