@@ -81,8 +81,8 @@ def test_grid_offset_reaches_the_encodings(pe):
     x = torch.randn(1, 3, 12, 12)
     with torch.no_grad():
         plain, shifted = model(x), model(x, grid_offset=(1, 2))
-        tokens, grid = model.embed(x, grid_offset=(1, 2))
-    assert grid == Grid((3, 3), prefix=0, offset=(1, 2))
+        tokens, layout = model.embed(x, grid_offset=(1, 2))
+    assert layout.grid == Grid((3, 3), prefix=0, offset=(1, 2)) and layout.keep is None
     if pe in ("rope_axial", "alibi"):
         torch.testing.assert_close(shifted, plain, atol=1e-5, rtol=1e-5)
     else:

@@ -22,8 +22,8 @@ def test_every_encoding_on_clips_of_any_length(pe):
 
 def test_grid_is_three_dimensional():
     model = create_video_model("vit_tiny_patch16_224", pe="rope_axial", **KW)
-    _, grid = model.embed(torch.randn(1, 3, 6, 8, 12))
-    assert grid == Grid((3, 2, 3), prefix=1)
+    _, layout = model.embed(torch.randn(1, 3, 6, 8, 12))
+    assert layout.grid == Grid((3, 2, 3), prefix=1)
 
 
 def test_inflated_patch_embed_gives_image_tokens_for_a_static_clip():

@@ -7,18 +7,19 @@ from einops import rearrange
 from torch import nn
 
 from ._checks import check_number, check_positive_int
-from .grid import Grid, as_grid
+from .grid import Grid, Layout, as_layout
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid, rotary: nn.Module | None = None,
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layout, rotary: nn.Module | None = None,
            bias: nn.Module | None = None, attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
            scale: float | None = None) -> torch.Tensor:
     """Attention over a grid's tokens with optional rotary and bias encodings.
 
     Args:
-        q, k, v: ``(B, heads, P + N, head_dim)`` (``v`` may have another head_dim).
-        grid: the token layout (prefix tokens are never rotated and get zero bias unless the encoding
-            defines prefix entries).
+        q, k, v: ``(B, heads, P + N, head_dim)`` (``v`` may have another head_dim); ``P + K`` tokens when
+            ``grid`` is a :class:`Layout` that keeps ``K`` patches per sample.
+        grid: the token layout, a :class:`Grid` or a :class:`Layout` (prefix tokens are never rotated and get
+            zero bias unless the encoding defines prefix entries; kept tokens keep their own positions).
         rotary: a rotary-family module, ``rotary(q, k, grid) -> (q, k)``.
         bias: a bias-family module, ``bias(grid) -> (heads, P + N, P + N)``.
         attn_mask: extra additive float mask broadcastable to ``(B, heads, T, T)`` (e.g. Swin's shift mask)
@@ -26,27 +27,28 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid, rotary
     Returns:
         ``(B, heads, P + N, v_head_dim)``.
     """
-    grid = as_grid(grid)
+    layout = as_layout(grid)
+    grid = layout.grid
     check_qkv(q, k, v)
     check_number("dropout_p", dropout_p, minimum=0.0, maximum=1.0)
     if scale is not None:
         check_number("scale", scale)
-    if (rotary is not None or bias is not None) and q.shape[2] != grid.num_tokens:
+    if (rotary is not None or bias is not None) and q.shape[2] != layout.num_tokens:
         raise ValueError(f"q, k, v have {q.shape[2]} tokens but grid {grid.shape} with prefix={grid.prefix} has "
-                         f"{grid.num_tokens}")
+                         f"{layout.num_tokens}{'' if layout.keep is None else ' kept'}")
     if rotary is not None:
-        q, k = rotary(q, k, grid)
+        q, k = rotary(q, k, layout.unwrap())
     mask = None
     if bias is not None:
         mask = bias(grid)
-        expected = (q.shape[1], q.shape[2], k.shape[2])
+        expected = (q.shape[1], grid.num_tokens, grid.num_tokens)
         if not isinstance(mask, torch.Tensor) or mask.ndim != 3 or mask.shape[0] not in (1, q.shape[1]) \
                 or tuple(mask.shape[1:]) != expected[1:]:
             heads = f"{mask.shape[0]} heads, " if getattr(mask, "ndim", 0) == 3 else ""
             raise ValueError(f"bias gives {heads}shape {tuple(getattr(mask, 'shape', ()))} but q, k have "
                              f"{q.shape[1]} heads: expected (num_heads, q tokens, k tokens) = {expected} (build the "
                              f"bias with num_heads={q.shape[1]})")
-        mask = mask.to(q.dtype)
+        mask = layout.pairs(mask).to(q.dtype)  # kept rows and columns per sample: (B, heads, P + K, P + K)
     if attn_mask is not None:
         expected = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         if not isinstance(attn_mask, torch.Tensor) or attn_mask.ndim > 4 or not _broadcasts(attn_mask.shape, expected):

@@ -23,7 +23,7 @@ class ModelContext:
 
     ``grid_shape``: the training patch grid (a Swin block's window); ``dim``: token width; ``num_heads`` and
     ``head_dim`` of the attention; ``num_prefix_tokens``: prefix tokens that own a position vector (timm's
-    ``pos_embed`` rows for class/register tokens; 0 with ``no_embed_class``).
+    ``pos_embed`` rows for class/register tokens; 0 with ``no_embed_class``); ``depth``: number of blocks.
     """
 
     grid_shape: tuple[int, ...]
@@ -31,6 +31,7 @@ class ModelContext:
     num_heads: int
     head_dim: int
     num_prefix_tokens: int = 0
+    depth: int = 1
 
     @property
     def ndim(self) -> int:
@@ -39,7 +40,7 @@ class ModelContext:
     def words(self) -> dict:
         """The shared constructor vocabulary with this model's values."""
         return dict(grid_shape=tuple(self.grid_shape), ndim=self.ndim, dim=self.dim, num_heads=self.num_heads,
-                    head_dim=self.head_dim, num_prefix_tokens=self.num_prefix_tokens)
+                    head_dim=self.head_dim, num_prefix_tokens=self.num_prefix_tokens, depth=self.depth)
 
 
 class Encoding(nn.Module):

@@ -105,6 +105,10 @@ class Layout:
     def num_tokens(self) -> int:
         return self.grid.num_tokens if self.keep is None else self.grid.prefix + self.keep.shape[1]
 
+    def unwrap(self) -> "Grid | Layout":
+        """The grid itself when every patch is kept (what encodings that know only grids expect), else ``self``."""
+        return self.grid if self.keep is None else self
+
     def token_index(self) -> torch.Tensor:
         """``(B, P + K)`` indices of this layout's tokens among the full grid's ``P + N`` tokens."""
         prefix = torch.arange(self.grid.prefix, device=self.keep.device).expand(self.keep.shape[0], -1)

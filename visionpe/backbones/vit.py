@@ -2,9 +2,9 @@
 ``global_pool``) with visionpe encodings, at any input size.
 
 The grid travels with the call: :meth:`VisionTransformerPE.forward_features` builds the token
-:class:`~visionpe.Grid` from the patch embedding's output (and the caller's ``grid_offset``) and passes it to
-every block, as timm's Eva passes ``rope=``; no state is shared between calls, so one model serves concurrent
-forwards at different sizes. Blocks become :class:`GridBlock` (timm ``Block``) or :class:`GridResPostBlock`,
+:class:`~visionpe.grid.Layout` (the :class:`~visionpe.Grid` from the patch embedding's output and the caller's
+``grid_offset``, plus the kept patches under patch dropout or masking) and passes it to every block, as timm's Eva
+passes ``rope=``; no state is shared between calls, so one model serves concurrent forwards at different sizes. Blocks become :class:`GridBlock` (timm ``Block``) or :class:`GridResPostBlock`,
 their attention :class:`visionpe.Attention` with timm's weights and names.
 """
 from __future__ import annotations
@@ -13,7 +13,8 @@ import math
 
 import torch
 from einops import rearrange
-from timm.layers import Format
+from timm.layers import Format, PatchDropout
+from timm.layers.patch_dropout import patch_dropout_forward
 from timm.models._features import feature_take_indices
 from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
 from torch import nn
@@ -22,24 +23,25 @@ from torch.utils.checkpoint import checkpoint
 from ..attention import Attention
 from ..checkpoint import pos_embed_tensors
 from ..encoding import ModelContext
-from ..grid import Grid
+from .._checks import check_number
+from ..grid import Grid, Layout
 from ..tokens import Learned
 from .adapter import EncodingSet, PositionalModel, build_for
 
 
 class GridBlock(Block):
-    """timm ``Block`` whose forward takes the token grid: ``block(x, grid, attn_mask=None)``."""
+    """timm ``Block`` whose forward takes the token layout: ``block(x, layout, attn_mask=None)``."""
 
-    def forward(self, x: torch.Tensor, grid: Grid, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), grid, attn_mask)))
+    def forward(self, x: torch.Tensor, layout: Layout, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), layout, attn_mask)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
 class GridResPostBlock(ResPostBlock):
-    """timm ``ResPostBlock`` (post-norm) whose forward takes the token grid."""
+    """timm ``ResPostBlock`` (post-norm) whose forward takes the token layout."""
 
-    def forward(self, x: torch.Tensor, grid: Grid, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.drop_path1(self.norm1(self.attn(x, grid, attn_mask)))
+    def forward(self, x: torch.Tensor, layout: Layout, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop_path1(self.norm1(self.attn(x, layout, attn_mask)))
         return x + self.drop_path2(self.norm2(self.mlp(x)))
 
 
@@ -51,65 +53,105 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
 
     ``forward(x, grid_offset=None)``: ``grid_offset`` is the coordinate of the first patch per grid axis (a crop
     of a larger image, a later clip of a video); encodings that read coordinates see the shifted grid.
+    Token subsets keep their positions: timm's ``patch_drop_rate`` (training) and :meth:`forward_masked` (MAE's
+    encoder on the visible patches) pass a :class:`~visionpe.grid.Layout` with the kept patches to every block.
+    A tokens encoding with ``block_index = i > 0`` (PEG after the first block, as CPVT) is added before block ``i``.
     """
 
     pe_tokens: nn.Module | None
 
-    def embed(self, x: torch.Tensor, grid_offset=None) -> tuple[torch.Tensor, Grid]:
-        """Image (or clip) -> tokens ``(B, P + N, C)`` with prefix tokens and position, and their grid."""
+    def embed(self, x: torch.Tensor, grid_offset=None, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, Layout]:
+        """Image (or clip) -> tokens ``(B, P + N, C)`` (``P + K`` with kept patches) with prefix tokens and position,
+        and their layout. ``keep: (B, K)`` patch indices to keep; in training, timm's patch dropout draws them."""
         self.check_input(x)
         x = self.patch_embed(x)  # (B, *grid, C)
         grid = Grid(tuple(x.shape[1:-1]), prefix=self.num_prefix_tokens, offset=grid_offset)
         x = rearrange(x, "b ... c -> b (...) c")
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         x = torch.cat(prefix + [x], dim=1)
-        if self.pe_tokens is not None:
+        if self.pe_tokens is not None and self.pe_tokens.block_index == 0:
             x = self.pe_tokens(x, grid)
         x = self.pos_drop(x)
-        if self.training and getattr(self.patch_drop, "prob", 0.0) > 0 and any(
-                isinstance(b.attn, Attention) and (b.attn.rotary is not None or b.attn.bias is not None)
-                for b in self.blocks):
-            raise ValueError("patch_drop_rate > 0 with a rotary or bias encoding is not supported yet: dropped "
-                             "tokens would lose their positions; use a tokens encoding or patch_drop_rate=0")
-        return self.norm_pre(self.patch_drop(x)), grid
+        if keep is None and isinstance(self.patch_drop, PatchDropout):
+            x, keep = patch_dropout_forward(x, self.patch_drop.prob, grid.prefix, self.patch_drop.ordered,
+                                            self.training)
+        elif keep is not None:
+            x = keep_tokens(x, grid, keep)
+        return self.norm_pre(x), Layout(grid, keep)
 
-    def run_block(self, block: nn.Module, x: torch.Tensor, grid: Grid, attn_mask=None) -> torch.Tensor:
-        if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
-            return checkpoint(block, x, grid, attn_mask, use_reentrant=False)
-        return block(x, grid, attn_mask)
+    def run_blocks(self, x: torch.Tensor, layout: Layout, attn_mask=None, blocks=None):
+        """Run ``blocks`` (default all), yielding the tokens after each; a late tokens encoding (PEG after block
+        0) is added before its block."""
+        late = self.pe_tokens if self.pe_tokens is not None and self.pe_tokens.block_index > 0 else None
+        for i, block in enumerate(self.blocks if blocks is None else blocks):
+            if late is not None and i == late.block_index:
+                x = late(x, layout.unwrap())
+            if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
+                x = checkpoint(block, x, layout, attn_mask, use_reentrant=False)
+            else:
+                x = block(x, layout, attn_mask)
+            yield x
 
     def forward_features(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                          grid_offset=None) -> torch.Tensor:
         check_not_causal(is_causal)
-        x, grid = self.embed(x, grid_offset)
-        for block in self.blocks:
-            x = self.run_block(block, x, grid, attn_mask)
+        x, layout = self.embed(x, grid_offset)
+        for x in self.run_blocks(x, layout, attn_mask):
+            pass
         return self.norm(x)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                 grid_offset=None) -> torch.Tensor:
         return self.forward_head(self.forward_features(x, attn_mask, is_causal, grid_offset))
 
+    def forward_masked(self, x: torch.Tensor, mask_ratio: float = 0.75, keep: torch.Tensor | None = None,
+                       grid_offset=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """MAE's encoder: the blocks run on the visible patches only, each with its own position.
+
+        Args:
+            x: images ``(B, C, H, W)`` (clips ``(B, C, T, H, W)``).
+            mask_ratio: fraction of patches hidden, drawn uniformly per sample as MAE does (ignored with ``keep``).
+            keep: ``(B, K)`` patch indices (row-major) to keep instead of a random draw.
+        Returns:
+            ``(tokens, keep)``: normed tokens ``(B, P + K, D)`` (prefix first, then the kept patches in ``keep``
+            order) and the ``(B, K)`` indices.
+        """
+        if keep is None:
+            check_number("mask_ratio", mask_ratio, minimum=0.0, maximum=1.0)
+            if mask_ratio == 1.0:
+                raise ValueError("mask_ratio must be < 1 (at least one visible patch), got 1.0")
+            num_patches = math.prod(s // p for s, p in zip(x.shape[2:], self.patch_embed.patch_size))
+            num_keep = max(1, int(num_patches * (1 - mask_ratio)))
+            keep = torch.rand(x.shape[0], num_patches, device=x.device).argsort(dim=-1)[:, :num_keep]
+        if self.pe_tokens is not None and self.pe_tokens.block_index > 0:
+            raise ValueError(f"{type(self.pe_tokens).__name__} is added after block 0 and needs every patch; a "
+                             "masked forward needs it at block_index=0")
+        x, layout = self.embed(x, grid_offset, keep)
+        for x in self.run_blocks(x, layout):
+            pass
+        return self.norm(x), layout.keep
+
     def forward_intermediates(self, x: torch.Tensor, indices=None, return_prefix_tokens: bool = False,
                               norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
                               intermediates_only: bool = False, output_dict: bool = False,
                               attn_mask: torch.Tensor | None = None, is_causal: bool = False, grid_offset=None):
-        """timm's ``forward_intermediates`` (same arguments and outputs), with the grid passed to each block."""
+        """timm's ``forward_intermediates`` (same arguments and outputs), with the layout passed to each block."""
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt={output_fmt!r} is not supported; allowed values: 'NCHW', 'NLC'")
         check_not_causal(is_causal)
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        x, grid = self.embed(x, grid_offset)
+        x, layout = self.embed(x, grid_offset)
         intermediates = []
-        for i, block in enumerate(self.blocks[:max_index + 1] if stop_early else self.blocks):
-            x = self.run_block(block, x, grid, attn_mask)
+        blocks = self.blocks[:max_index + 1] if stop_early else self.blocks
+        for i, x in enumerate(self.run_blocks(x, layout, attn_mask, blocks)):
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
         p = self.num_prefix_tokens
         prefix_tokens = [y[:, :p] for y in intermediates] if p else None
         intermediates = [y[:, p:] for y in intermediates]
-        if output_fmt == "NCHW":
-            intermediates = [y.reshape(y.shape[0], *grid.shape, -1).movedim(-1, 1).contiguous() for y in intermediates]
+        if output_fmt == "NCHW" and layout.keep is None:
+            intermediates = [y.reshape(y.shape[0], *layout.grid.shape, -1).movedim(-1, 1).contiguous()
+                             for y in intermediates]
         if output_dict:
             out = {"image_intermediates": intermediates}
             if prefix_tokens is not None and return_prefix_tokens:
@@ -120,6 +162,16 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
         if return_prefix_tokens and prefix_tokens is not None:
             intermediates = list(zip(intermediates, prefix_tokens))
         return intermediates if intermediates_only else (self.norm(x), intermediates)
+
+
+def keep_tokens(x: torch.Tensor, grid: Grid, keep: torch.Tensor) -> torch.Tensor:
+    """The prefix tokens and the kept patches of each sample: ``(B, P + N, D) -> (B, P + K, D)``."""
+    if not isinstance(keep, torch.Tensor) or keep.ndim != 2 or keep.shape[0] != x.shape[0] \
+            or keep.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"keep must be a (batch={x.shape[0]}, kept) integer tensor of patch indices, got "
+                         f"{getattr(keep, 'dtype', type(keep).__name__)} {tuple(getattr(keep, 'shape', ()))}")
+    index = Layout(grid, keep).token_index()
+    return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
 
 
 def check_not_causal(is_causal: bool) -> None:
@@ -138,7 +190,8 @@ def apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
     grid_shape = tuple(patch_embed.grid_size)
     first = model.blocks[0].attn
     context = ModelContext(grid_shape, model.embed_dim, first.num_heads, first.head_dim,
-                           num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens)
+                           num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens,
+                           depth=len(model.blocks))
     old_table = model.pos_embed.detach() if isinstance(getattr(model, "pos_embed", None), nn.Parameter) else None
     tokens = None
     if "tokens" in names:
@@ -149,6 +202,9 @@ def apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
         elif isinstance(tokens, Learned) and not tokens.factorized and old_table is not None and \
                 old_table.shape[1] == tokens.num_prefix_tokens + math.prod(grid_shape):
             tokens.load_state_dict(pos_embed_tensors(tokens, old_table, grid_shape))
+    if tokens is not None and tokens.block_index >= len(model.blocks):
+        raise ValueError(f"block_index={tokens.block_index} is out of range: the model has {len(model.blocks)} "
+                         f"blocks, 0..{len(model.blocks) - 1}")
     model.pos_embed = None
     model.pe_tokens = tokens
     encodings = EncodingSet(names, kwargs)
@@ -160,7 +216,7 @@ def apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
         block.__class__ = GRID_BLOCKS[base]
         source = block.attn
         block_context = ModelContext(grid_shape, model.embed_dim, source.num_heads, source.head_dim,
-                                     context.num_prefix_tokens)
+                                     context.num_prefix_tokens, context.depth)
         rotary = encodings.block("rotary", block_context, getattr(source, "rotary", None))
         bias = encodings.block("bias", block_context, getattr(source, "bias", None))
         block.attn = Attention.from_timm(source, rotary, bias)

@@ -18,7 +18,7 @@ from torch import nn
 from .._checks import (angle_dtype, check_choice, check_divisible, check_grid_ndim, check_ndim, check_number,
                        check_positive_int, to_shape)
 from ..cache import TableCache
-from ..grid import Grid, as_grid
+from ..grid import Grid, Layout, as_grid, as_layout
 from ._base import RotaryEncoding
 from .scaling import SCALINGS, attention_factor, axis_scales, scale_frequencies, scale_positions
 
@@ -72,7 +72,8 @@ def mixed_frequencies(sections_xy, num_heads: int, theta: float, generator=None)
 
 
 def apply_rotary(x: torch.Tensor, cis: torch.Tensor, pairs: str = "interleaved") -> torch.Tensor:
-    """Rotate channel pairs of ``x: (B, heads, T, head_dim)`` by ``cis: (heads or 1, T, head_dim/2)`` complex.
+    """Rotate channel pairs of ``x: (B, heads, T, head_dim)`` by ``cis: ([B,] heads or 1, T, head_dim/2)`` complex
+    (a leading batch axis when each sample keeps its own tokens).
 
     ``pairs="interleaved"`` rotates ``(x[2p], x[2p+1])`` (rope-vit, timm ``apply_rot_embed``);
     ``"half"`` rotates ``(x[p], x[p + d/2])`` (GPT-NeoX ``rotate_half``). One complex multiply, in float32.
@@ -155,22 +156,25 @@ class RoPE(RotaryEncoding):
         other.scaling, other.ref_shape, other._cache = scaling, ref_shape, TableCache(maxsize=16)
         return other
 
-    def rotate(self, x: torch.Tensor, grid: Grid) -> torch.Tensor:
-        """Rotate one tensor ``(B, heads, P + N, head_dim)``."""
-        grid = as_grid(grid)
+    def rotate(self, x: torch.Tensor, grid: Grid | Layout) -> torch.Tensor:
+        """Rotate one tensor ``(B, heads, P + N, head_dim)`` (``P + K`` tokens for a layout keeping ``K`` patches:
+        each kept token is rotated by its own position)."""
+        layout = as_layout(grid)
+        grid = layout.grid
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise ValueError(f"rotary input must be a floating-point tensor, got "
                              f"{getattr(x, 'dtype', type(x).__name__)} (integer rotations would be truncated)")
-        if x.ndim < 3 or x.shape[-2] != grid.num_tokens or x.shape[-1] != self.head_dim:
-            raise ValueError(f"expected (..., {grid.num_tokens}, {self.head_dim}) for grid {grid.shape} with "
-                             f"prefix={grid.prefix}, got {tuple(x.shape)}")
+        if x.ndim < 3 or x.shape[-2] != layout.num_tokens or x.shape[-1] != self.head_dim:
+            raise ValueError(f"expected (..., {layout.num_tokens}, {self.head_dim}) for grid {grid.shape} with "
+                             f"prefix={grid.prefix}{'' if layout.keep is None else ' and kept patches'}, got "
+                             f"{tuple(x.shape)}")
         heads = self.freqs.shape[1]
         if heads > 1 and x.shape[-3] != heads:
             raise ValueError(f"q/k have {x.shape[-3]} heads but {type(self).__name__} was built with "
                              f"num_heads={heads}")
-        return apply_rotary(x, self.cis(grid, x.device), self.pairs)
+        return apply_rotary(x, layout.rows(self.cis(grid, x.device)), self.pairs)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid | Layout) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotate(q, grid), self.rotate(k, grid)
 
     @classmethod

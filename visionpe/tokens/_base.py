@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..encoding import Encoding
-from ..grid import Grid, as_grid
+from ..grid import Grid, Layout, as_grid, as_layout
 
 
 class TokenEncoding(Encoding):
@@ -12,14 +12,20 @@ class TokenEncoding(Encoding):
     unless the encoding owns vectors for them."""
 
     family = "tokens"
+    block_index = 0  # in a model: added before this block (0: to the patch embeddings)
 
     @staticmethod
-    def add_to_patches(x: torch.Tensor, table: torch.Tensor, grid: Grid, prefix_table: torch.Tensor | None = None):
-        """``x + [prefix_table; table]`` where ``table: (N, dim)``, ``prefix_table: (P, dim)`` or None."""
-        check_tokens(x, grid, table.shape[-1])
+    def add_to_patches(x: torch.Tensor, table: torch.Tensor, layout: Grid | Layout,
+                       prefix_table: torch.Tensor | None = None):
+        """``x + [prefix_table; table]`` where ``table: (N, dim)``, ``prefix_table: (P, dim)`` or None; with kept
+        patches (``layout.keep``) each sample gets the rows of its own patches."""
+        layout = as_layout(layout)
+        check_tokens(x, layout, table.shape[-1])
         if prefix_table is None:
-            prefix_table = table.new_zeros(grid.prefix, table.shape[-1])
-        full = torch.cat([prefix_table, table], dim=0)
+            prefix_table = table.new_zeros(layout.grid.prefix, table.shape[-1])
+        full = torch.cat([prefix_table, table], dim=0)  # (P + N, dim)
+        if layout.keep is not None:
+            full = full[layout.token_index()]  # (B, P + K, dim)
         return x + full.to(x.dtype)
 
     @torch.no_grad()
@@ -38,8 +44,10 @@ class TokenEncoding(Encoding):
         return "cosine similarity of position vectors"
 
 
-def check_tokens(x: torch.Tensor, grid: Grid, dim: int) -> None:
-    """``x`` must be ``(B, P + N, dim)`` for the grid: a clear error instead of a broadcasting one."""
+def check_tokens(x: torch.Tensor, layout: Grid | Layout, dim: int) -> None:
+    """``x`` must be ``(B, P + N, dim)`` for the grid (``P + K`` kept tokens for a layout with ``keep``): a clear
+    error instead of a broadcasting one."""
+    layout = as_layout(layout)
     if not isinstance(x, torch.Tensor) or x.ndim != 3:
         got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"x must be a (batch, tokens, dim) tensor, got {got}"
@@ -47,8 +55,11 @@ def check_tokens(x: torch.Tensor, grid: Grid, dim: int) -> None:
     if not x.is_floating_point():
         raise ValueError(f"x must be a floating-point (batch, tokens, dim) tensor, got {x.dtype} (position vectors "
                          "added to integer tokens would be truncated)")
-    if x.shape[1] != grid.num_tokens:
-        raise ValueError(f"x has {x.shape[1]} tokens but grid {grid.shape} with prefix={grid.prefix} "
-                         f"has {grid.num_tokens}")
+    if x.shape[1] != layout.num_tokens:
+        kept = "" if layout.keep is None else f" and {layout.keep.shape[1]} kept patches"
+        raise ValueError(f"x has {x.shape[1]} tokens but grid {layout.grid.shape} with prefix={layout.grid.prefix}"
+                         f"{kept} has {layout.num_tokens}")
+    if layout.keep is not None and layout.keep.shape[0] != x.shape[0]:
+        raise ValueError(f"keep has {layout.keep.shape[0]} rows but x has batch size {x.shape[0]}")
     if x.shape[2] != dim:
         raise ValueError(f"x has width {x.shape[2]} but the encoding was built with dim={dim}")

@@ -7,7 +7,7 @@ from torch import nn
 from .._checks import (check_bool, check_choice, check_grid_ndim, check_ndim, check_nonnegative_int, check_number,
                        check_positive_int, to_shape)
 from ..cache import TableCache
-from ..grid import Grid, as_grid
+from ..grid import Grid, Layout, as_grid, as_layout
 from ..resample import INTERPOLATIONS, resample_axis, resample_grid
 from ._base import TokenEncoding, check_tokens
 
@@ -93,17 +93,18 @@ class Learned(TokenEncoding):
         window = full[tuple(slice(s, s + n) for s, n in zip(start, grid.shape))]
         return window.reshape(-1, self.dim)
 
-    def forward(self, x: torch.Tensor, grid: Grid) -> torch.Tensor:
-        grid = as_grid(grid)
+    def forward(self, x: torch.Tensor, grid: Grid | Layout) -> torch.Tensor:
+        layout = as_layout(grid)
+        grid = layout.grid
         check_grid_ndim(grid, self.ndim, "learned")
-        check_tokens(x, grid, self.dim)
+        check_tokens(x, layout, self.dim)
         prefix_table = None
         if self.prefix is not None:
             if grid.prefix != self.num_prefix_tokens:
                 raise ValueError(f"grid has prefix={grid.prefix} but the table owns "
                                  f"num_prefix_tokens={self.num_prefix_tokens} vectors")
             prefix_table = self.prefix
-        return self.add_to_patches(x, self.patch_table(grid), grid, prefix_table)
+        return self.add_to_patches(x, self.patch_table(grid), layout, prefix_table)
 
     def position_vectors(self, grid) -> torch.Tensor:
         grid = as_grid(grid)

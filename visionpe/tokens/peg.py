@@ -5,8 +5,8 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from .._checks import check_grid_ndim, check_ndim, check_positive_int
-from ..grid import Grid, as_grid
+from .._checks import check_grid_ndim, check_ndim, check_nonnegative_int, check_positive_int
+from ..grid import Grid, Layout, as_layout
 from ._base import TokenEncoding, check_tokens
 
 
@@ -16,12 +16,16 @@ class PEG(TokenEncoding):
     Position comes from zero padding at the borders, so it is defined for any grid size without
     any resampling. Prefix tokens pass through unchanged.
 
+    ``block_index``: where a model adds it, before block ``block_index``; the default 1 is CPVT's best placement
+    (after the first encoder block); 0 adds it to the patch embeddings.
+
     Call: ``pe(x, grid)`` with ``x: (B, P + N, dim)`` -> same shape.
     """
 
-    def __init__(self, dim: int, ndim: int = 2, kernel_size: int = 3):
+    def __init__(self, dim: int, ndim: int = 2, kernel_size: int = 3, block_index: int = 1):
         super().__init__()
         self.ndim = check_ndim(ndim)
+        self.block_index = check_nonnegative_int("block_index", block_index)
         self.dim = check_positive_int("dim", dim)
         check_positive_int("kernel_size", kernel_size)
         if kernel_size % 2 == 0:
@@ -29,8 +33,11 @@ class PEG(TokenEncoding):
         conv = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[ndim - 1]
         self.proj = conv(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)
 
-    def forward(self, x: torch.Tensor, grid: Grid) -> torch.Tensor:
-        grid = as_grid(grid)
+    def forward(self, x: torch.Tensor, grid: Grid | Layout) -> torch.Tensor:
+        layout = as_layout(grid)
+        if layout.keep is not None:
+            raise ValueError("peg convolves the full patch grid: apply it before dropping or masking tokens")
+        grid = layout.grid
         check_grid_ndim(grid, self.ndim, "peg")
         check_tokens(x, grid, self.dim)
         prefix, patches = x[:, :grid.prefix], x[:, grid.prefix:]
@@ -42,6 +49,11 @@ class PEG(TokenEncoding):
             encoded = self.proj(feature_map)
         encoded = rearrange(encoded, "b c ... -> b (...) c")
         return torch.cat([prefix, patches + encoded.to(patches.dtype)], dim=1)
+
+    @classmethod
+    def model_defaults(cls, context) -> dict:
+        """CPVT's placement: after the first block (on the embeddings in a one-block model)."""
+        return {**super().model_defaults(context), "block_index": min(1, context.depth - 1)}
 
     def no_weight_decay(self) -> set[str]:
         """The convolution is an ordinary layer (CPVT decays it); nothing is excluded."""

@@ -7,7 +7,7 @@ from einops import rearrange
 from .._checks import angle_dtype, check_choice, check_divisible, check_grid_ndim, check_ndim, check_number, \
     check_positive_int, to_shape
 from ..cache import TableCache
-from ..grid import Grid, as_grid
+from ..grid import Grid, Layout, as_grid, as_layout
 from ._base import TokenEncoding, check_tokens
 
 LAYOUTS = ("mae", "timm")
@@ -71,11 +71,11 @@ class SinCos(TokenEncoding):
             coords = coords * torch.tensor([r / s for r, s in zip(self.ref_shape, grid.shape)], device=device)
         return sincos_table(coords, self.dim, self.temperature, self.layout)
 
-    def forward(self, x: torch.Tensor, grid: Grid) -> torch.Tensor:
-        grid = as_grid(grid)
-        check_grid_ndim(grid, self.ndim, "sincos")
-        check_tokens(x, grid, self.dim)
-        return self.add_to_patches(x, self.table(grid, x.device), grid)
+    def forward(self, x: torch.Tensor, grid: Grid | Layout) -> torch.Tensor:
+        layout = as_layout(grid)
+        check_grid_ndim(layout.grid, self.ndim, "sincos")
+        check_tokens(x, layout, self.dim)
+        return self.add_to_patches(x, self.table(layout.grid, x.device), layout)
 
     def position_vectors(self, grid) -> torch.Tensor:
         grid = as_grid(grid)

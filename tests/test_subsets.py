@@ -1,0 +1,141 @@
+"""Token subsets (MAE masking, patch dropout, pruning): each kept token keeps its own position, per sample."""
+import pytest
+import torch
+
+import visionpe as vpe
+from visionpe import Grid
+from visionpe.grid import Layout
+from visionpe.registry import ENCODINGS
+
+SHAPES = {2: (3, 4), 3: (2, 3, 3)}
+HEADS, HEAD_DIM = 2, 12
+ROTARY_BIAS = [n for n, f in vpe.available().items() if f in ("rotary", "bias")]
+
+
+def random_keep(batch: int, num_patches: int, num_keep: int, seed: int = 0) -> torch.Tensor:
+    """A different, unsorted keep set per sample."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(num_patches, generator=g)[:num_keep] for _ in range(batch)])
+
+
+def gather_tokens(t: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """``(B, heads, P + N, d) -> (B, heads, P + K, d)``: the layout's tokens."""
+    index = layout.token_index()[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1])
+    return t.gather(2, index)
+
+
+@pytest.mark.parametrize("ndim", [2, 3])
+@pytest.mark.parametrize("name", ROTARY_BIAS)
+def test_kept_tokens_attend_as_the_full_grid_restricted_to_them(name, ndim):
+    torch.manual_seed(0)
+    shape = SHAPES[ndim]
+    context = vpe.ModelContext(shape, HEADS * HEAD_DIM, HEADS, HEAD_DIM)
+    pe = ENCODINGS[name].for_model(context)
+    for p in pe.parameters():  # fresh tables are ~0: make every entry count
+        torch.nn.init.normal_(p)
+    grid = Grid(shape, prefix=1)
+    layout = Layout(grid, random_keep(3, grid.num_patches, 5))
+    q, k, v = torch.randn(3, 3, HEADS, grid.num_tokens, HEAD_DIM).unbind(0)
+    rotary, bias = (pe, None) if pe.family == "rotary" else (None, pe)
+    out = vpe.attend(gather_tokens(q, layout), gather_tokens(k, layout), gather_tokens(v, layout), layout,
+                     rotary, bias)
+    for b in range(3):  # full grid, keys limited to sample b's kept set, queries restricted afterwards
+        index = layout.token_index()[b]
+        allowed = torch.zeros(grid.num_tokens, dtype=torch.bool)
+        allowed[index] = True
+        full = vpe.attend(q[b:b + 1], k[b:b + 1], v[b:b + 1], grid, rotary, bias,
+                          attn_mask=allowed[None, :].expand(grid.num_tokens, -1))
+        torch.testing.assert_close(out[b], full[0][:, index], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("ndim", [2, 3])
+@pytest.mark.parametrize("name", ["sincos", "learned"])
+def test_tokens_encodings_give_kept_tokens_their_own_vectors(name, ndim):
+    torch.manual_seed(0)
+    shape = SHAPES[ndim]
+    pe = ENCODINGS[name].for_model(vpe.ModelContext(shape, 24, HEADS, HEAD_DIM, num_prefix_tokens=1))
+    grid = Grid(shape, prefix=1)
+    layout = Layout(grid, random_keep(2, grid.num_patches, 4, seed=1))
+    x = torch.randn(2, grid.num_tokens, 24)
+    index = layout.token_index()[..., None].expand(-1, -1, 24)
+    torch.testing.assert_close(pe(x.gather(1, index), layout), pe(x, grid).gather(1, index))
+
+
+def test_peg_refuses_a_subset():
+    pe = vpe.build("peg", dim=8)
+    layout = Layout(Grid((3, 3)), random_keep(1, 9, 4))
+    with pytest.raises(ValueError, match="full patch grid"):
+        pe(torch.randn(1, 4, 8), layout)
+
+
+VIT_KW = dict(img_size=16, patch_size=4, embed_dim=24, depth=2, num_heads=2, num_classes=3)
+
+
+@pytest.mark.parametrize("pe", ["none", "sincos", "learned", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi",
+                                "bucket_bias", "rope_mixed+learned", "rope_axial+alibi"])
+def test_timm_patch_dropout_trains_with_every_encoding(pe):
+    torch.manual_seed(0)
+    model = vpe.create_model("vit_tiny_patch16_224", pe=pe, patch_drop_rate=0.5, **VIT_KW).train()
+    logits = model(torch.randn(2, 3, 16, 20))
+    assert logits.shape == (2, 3) and torch.isfinite(logits).all()
+    logits.sum().backward()
+    for enc in sum(vpe.encodings_of(model).values(), []):
+        for p in enc.parameters():
+            assert p.grad is not None
+    model.eval()  # no dropping in evaluation
+    assert model(torch.randn(1, 3, 16, 20)).shape == (1, 3)
+
+
+def test_patch_dropout_keeps_positions_of_the_kept_patches():
+    """With the same keep draw, patch dropout equals the masked forward on those patches."""
+    model = vpe.create_model("vit_tiny_patch16_224", pe="rope_mixed+rel_bias", patch_drop_rate=0.5, **VIT_KW)
+    x = torch.randn(2, 3, 16, 16)
+    torch.manual_seed(3)
+    dropped = model.train().forward_features(x)
+    torch.manual_seed(3)
+    keep = torch.argsort(torch.randn(2, 16), dim=-1)[:, :8]  # timm's draw
+    masked, _ = model.forward_masked(x, keep=keep)
+    torch.testing.assert_close(dropped, masked)
+
+
+def test_forward_masked_keeps_positions_and_draws_per_sample():
+    torch.manual_seed(0)
+    model = vpe.create_model("vit_tiny_patch16_224", pe="rope_axial+learned", **VIT_KW).eval()
+    x = torch.randn(2, 3, 16, 24)
+    with torch.no_grad():
+        everything = torch.arange(24).expand(2, -1)
+        torch.testing.assert_close(model.forward_masked(x, keep=everything)[0], model.forward_features(x))
+        tokens, keep = model.forward_masked(x, mask_ratio=0.75)
+    assert tokens.shape == (2, 1 + 6, 24) and keep.shape == (2, 6)
+    assert all(len(set(row.tolist())) == 6 for row in keep) and not torch.equal(keep[0], keep[1])
+    with pytest.raises(ValueError, match="mask_ratio"):
+        model.forward_masked(x, mask_ratio=1.5)
+    with pytest.raises(ValueError, match="keep"):
+        model.forward_masked(x, keep=torch.zeros(3, 4, dtype=torch.long))
+
+
+def test_masked_video_clip_keeps_3d_positions():
+    torch.manual_seed(0)
+    model = vpe.create_video_model("vit_tiny_patch16_224", pe="rope_axial", num_frames=4, img_size=8,
+                                   tubelet_size=(2, 4, 4), embed_dim=24, depth=1, num_heads=2, num_classes=3).eval()
+    tokens, keep = model.forward_masked(torch.randn(2, 3, 4, 8, 8), mask_ratio=0.5)
+    assert tokens.shape == (2, 1 + 4, 24) and keep.shape == (2, 4)
+
+
+def test_peg_after_the_first_block_as_cpvt():
+    torch.manual_seed(0)
+    model = vpe.create_model("vit_tiny_patch16_224", pe="peg", **VIT_KW).eval()
+    assert model.pe_tokens.block_index == 1
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        tokens, layout = model.embed(x)  # no position yet
+        tokens = model.blocks[0](tokens, layout.grid)
+        tokens = model.pe_tokens(tokens, layout.grid)
+        expected = model.norm(model.blocks[1](tokens, layout.grid))
+        torch.testing.assert_close(model.forward_features(x), expected)
+    early = vpe.create_model("vit_tiny_patch16_224", pe="peg", pe_kwargs={"block_index": 0}, **VIT_KW)
+    assert early.pe_tokens.block_index == 0
+    with pytest.raises(ValueError, match="block_index=5 is out of range"):
+        vpe.create_model("vit_tiny_patch16_224", pe="peg", pe_kwargs={"block_index": 5}, **VIT_KW)
+    one_block = vpe.create_model("vit_tiny_patch16_224", pe="peg", **{**VIT_KW, "depth": 1})
+    assert one_block.pe_tokens.block_index == 0
