@@ -23,6 +23,8 @@ from ._base import RotaryEncoding
 from .scaling import SCALINGS, attention_factor, axis_scales, scale_frequencies, scale_positions
 
 PAIRS = ("interleaved", "half")
+AXIS_ORDERS = ("xy", "ij")
+SPECTRA = ("axial", "mrope", "mrope_interleaved")
 
 
 def band_frequencies(num_bands: int, theta: float, dtype=torch.float32) -> torch.Tensor:
@@ -43,6 +45,31 @@ def axial_frequencies(sections_xy, theta: float, dtype=torch.float32) -> torch.T
     for axis, n in enumerate(sections_xy):
         freqs[axis, 0, start:start + n] = band_frequencies(n, theta, dtype)
         start += n
+    return freqs
+
+
+def mrope_axes(sections, num_pairs: int, interleaved: bool) -> list[int]:
+    """Grid axis of each rotation pair of M-RoPE's one spectrum.
+
+    Chunked (Qwen2-VL): the first ``sections[0]`` pairs turn with axis 0 (time), the next ``sections[1]`` with
+    axis 1, ... Interleaved (Qwen3-VL; timm ``RotaryEmbeddingMRope``): pairs ``a, a + n, a + 2n, ...`` (``n`` axes)
+    below ``sections[a] * n`` turn with axis ``a >= 1``; every other pair with axis 0.
+    """
+    if not interleaved:
+        return [axis for axis, n in enumerate(sections) for _ in range(n)]
+    ndim, axes = len(sections), [0] * num_pairs
+    for axis in range(1, ndim):
+        for pair in range(axis, min(sections[axis] * ndim, num_pairs), ndim):
+            axes[pair] = axis
+    return axes
+
+
+def spectrum_frequencies(pair_components, ndim: int, theta: float, dtype=torch.float32) -> torch.Tensor:
+    """One spectrum ``1/theta^(p/n)`` over all ``n`` pairs (M-RoPE), pair ``p`` turning along coordinate
+    component ``pair_components[p]``: ``(ndim, 1, n)``."""
+    n = len(pair_components)
+    freqs = torch.zeros(ndim, 1, n, dtype=dtype)
+    freqs[torch.tensor(pair_components), 0, torch.arange(n)] = band_frequencies(n, theta, dtype)
     return freqs
 
 
@@ -96,11 +123,13 @@ class RoPE(RotaryEncoding):
     """
 
     def __init__(self, head_dim: int, num_heads: int, ndim: int, freqs: torch.Tensor, band_fraction: torch.Tensor,
-                 learnable: bool, pairs: str, scaling: str, ref_shape, yarn_alpha: float, yarn_beta: float):
+                 learnable: bool, pairs: str, scaling: str, ref_shape, yarn_alpha: float, yarn_beta: float,
+                 axis_order: str = "xy"):
         super().__init__()
         check_choice("pairs", pairs, PAIRS)
         check_choice("scaling", scaling, SCALINGS)
-        self.head_dim, self.num_heads, self.ndim = head_dim, num_heads, ndim
+        check_choice("axis_order", axis_order, AXIS_ORDERS)
+        self.head_dim, self.num_heads, self.ndim, self.axis_order = head_dim, num_heads, ndim, axis_order
         self.pairs, self.scaling = pairs, scaling
         self.ref_shape = None if ref_shape is None else to_shape("ref_shape", ref_shape, ndim)
         if scaling != "none" and self.ref_shape is None:
@@ -127,13 +156,15 @@ class RoPE(RotaryEncoding):
     def _build(self, grid: Grid, device) -> torch.Tensor:
         wide = angle_dtype(device)  # float64 angles: exact to float32 rounding of cos/sin on any axis length
         with torch.autocast(device_type=torch.device(device).type, enabled=False):
-            coords = grid.coords(device, wide).flip(-1)  # (N, ndim) in xy order
+            coords = grid.coords(device, wide)  # (N, ndim) in grid order
+            coords = coords.flip(-1) if self.axis_order == "xy" else coords  # in component order
             freqs = self.frequencies(wide).to(device)
             scales = torch.ones(self.ndim, dtype=wide)
             if self.ref_shape is not None:
-                scales = axis_scales(grid.shape[::-1], self.ref_shape[::-1], wide)
+                ref = self.components(self.ref_shape)
+                scales = axis_scales(self.components(grid.shape), ref, wide)
                 coords = scale_positions(coords, scales, self.scaling)
-                freqs = scale_frequencies(freqs, self.band_fraction, scales, self.ref_shape[::-1], self.scaling,
+                freqs = scale_frequencies(freqs, self.band_fraction, scales, ref, self.scaling,
                                           self.yarn_alpha, self.yarn_beta)
             angles = torch.einsum("na,ahp->hnp", coords, freqs)  # (heads, N, pairs)
         magnitude = attention_factor(scales, self.scaling)
@@ -144,6 +175,11 @@ class RoPE(RotaryEncoding):
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
         """The frequency vectors ``(ndim, heads or 1, pairs)`` in ``dtype`` (learned ones: as stored)."""
         return self.freqs.to(dtype)
+
+    def components(self, per_axis) -> tuple:
+        """Per-grid-axis values in coordinate-component order: reversed for ``axis_order="xy"`` (x, the last grid
+        axis, first), as given for ``"ij"``."""
+        return tuple(per_axis)[::-1] if self.axis_order == "xy" else tuple(per_axis)
 
     def with_scaling(self, scaling: str, ref_shape=None) -> "RoPE":
         """A copy with the same frequencies that adapts to other grids by ``scaling`` against ``ref_shape``
@@ -219,26 +255,53 @@ class AxialRoPE(RoPE):
 
     Matches rope-vit ``compute_axial_cis`` and timm ``RotaryEmbeddingCat(in_pixels=False)`` in 2D
     (``theta=100`` is rope-vit's default). ``sections`` gives the pairs per axis in grid order
-    (``(T, H, W)``, as Qwen2-VL's M-RoPE ``mrope_section``); they must sum to ``head_dim / 2``.
+    (``(T, H, W)``); they must sum to ``head_dim / 2``.
+
+    ``axis_order``: which axis owns the first block of pairs: ``"xy"`` (the last grid axis, x: rope-vit, timm
+    ``grid_indexing="xy"``) or ``"ij"`` (grid order, y first: timm Eva's default ``grid_indexing="ij"``).
+
+    ``spectrum``: ``"axial"`` restarts the spectrum on every axis (``n`` bands each); ``"mrope"`` is Qwen2-VL's
+    M-RoPE: ONE spectrum ``1/theta^(p/(d/2))`` over all pairs, cut into consecutive chunks of ``sections`` pairs
+    for (t, h, w); ``"mrope_interleaved"`` assigns the pairs of that spectrum in a t, h, w stride (Qwen3-VL, timm
+    ``RotaryEmbeddingMRope``; ``sections`` bound the strided extents, pairs left over turn with axis 0). Use
+    ``pairs="half"`` and ``theta=10000`` for Qwen's layout.
     """
 
     def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, theta: float = 100.0,
                  pairs: str = "interleaved", sections=None, scaling: str = "none", ref_shape=None,
-                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0):
+                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0, axis_order: str = "xy", spectrum: str = "axial"):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
         check_number("theta", theta, minimum=1.0, inclusive=False)
-        sections = resolve_sections(head_dim, ndim, sections, "rope_axial")
-        sections_xy = sections[::-1]
-        super().__init__(head_dim, num_heads, ndim, axial_frequencies(sections_xy, theta), band_fractions(sections_xy),
+        check_choice("axis_order", axis_order, AXIS_ORDERS)
+        check_choice("spectrum", spectrum, SPECTRA)
+        if spectrum == "mrope_interleaved":
+            check_divisible("head_dim", head_dim, 2, "rotation pairs")
+            sections = to_shape("sections", sections if sections is not None else (head_dim // (2 * ndim),) * ndim,
+                                ndim)
+        else:
+            sections = resolve_sections(head_dim, ndim, sections, "rope_axial")
+        self.theta, self.sections, self.spectrum, self.num_pairs = float(theta), sections, spectrum, head_dim // 2
+        order = sections[::-1] if axis_order == "xy" else sections
+        fraction = band_fractions([head_dim // 2]) if spectrum != "axial" else band_fractions(order)
+        super().__init__(head_dim, num_heads, ndim, self._frequencies(axis_order, torch.float32), fraction,
                          learnable=False, pairs=pairs, scaling=scaling, ref_shape=ref_shape,
-                         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta)
-        self.theta, self.sections = float(theta), sections
+                         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order)
+
+    def _frequencies(self, axis_order: str, dtype: torch.dtype) -> torch.Tensor:
+        ndim = len(self.sections)
+        if self.spectrum == "axial":
+            order = self.sections[::-1] if axis_order == "xy" else self.sections
+            return axial_frequencies(order, self.theta, dtype)
+        axes = mrope_axes(self.sections, self.num_pairs,
+                          interleaved=self.spectrum == "mrope_interleaved")
+        components = [ndim - 1 - a if axis_order == "xy" else a for a in axes]
+        return spectrum_frequencies(components, ndim, self.theta, dtype)
 
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
         """Fixed frequencies recomputed in ``dtype`` (float64: exact angles on long axes; the float32 buffer is
         off by ~2e-9 relative, 5e-4 rad at position 262 144)."""
-        return axial_frequencies(self.sections[::-1], self.theta, dtype).to(self.freqs.device)
+        return self._frequencies(self.axis_order, dtype).to(self.freqs.device)
 
 
 class MixedRoPE(RoPE):
@@ -252,16 +315,17 @@ class MixedRoPE(RoPE):
 
     def __init__(self, head_dim: int, num_heads: int, ndim: int = 2, theta: float = 10.0,
                  pairs: str = "interleaved", sections=None, scaling: str = "none", ref_shape=None,
-                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0, generator=None):
+                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0, generator=None, axis_order: str = "xy"):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
         sections = resolve_sections(head_dim, ndim, sections, "rope_mixed")
         check_number("theta", theta, minimum=1.0, inclusive=False)
-        sections_xy = sections[::-1]
-        super().__init__(head_dim, num_heads, ndim, mixed_frequencies(sections_xy, num_heads, theta, generator),
-                         band_fractions(sections_xy), learnable=True, pairs=pairs, scaling=scaling,
-                         ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta)
+        check_choice("axis_order", axis_order, AXIS_ORDERS)
+        order = sections[::-1] if axis_order == "xy" else sections
+        super().__init__(head_dim, num_heads, ndim, mixed_frequencies(order, num_heads, theta, generator),
+                         band_fractions(order), learnable=True, pairs=pairs, scaling=scaling,
+                         ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order)
         self.theta, self.sections = float(theta), sections
 

@@ -19,7 +19,8 @@ from .numbers import (KINDS, adapt, as_frames, axial_reference, centre, encoding
 
 AXIS_NAMES_XY = ("x", "y", "t")  # frequency components are in xy order: last grid axis first
 
-__all__ = ["AXIS_NAMES_XY", "draw_images", "draw_similarity", "draw_resolution", "draw_video", "draw_heatmap", "draw_frequencies", "save", "render"]
+__all__ = ["AXIS_NAMES_XY", "draw_images", "draw_similarity", "draw_resolution", "draw_video", "draw_heatmap",
+           "draw_frequencies", "save", "render"]
 
 
 def _grid_text(shape) -> str:

@@ -21,7 +21,11 @@ from ..rotary.rope import axial_frequencies
 
 KINDS = ("similarity", "heatmap", "freqs", "resolution", "video")
 
-__all__ = ["KINDS", "rope_kernel", "family_of", "name_of", "num_heads_of", "patch_grid", "position_vectors", "cosine_similarity", "pair_maps", "select_head", "similarity", "quantity_of", "note_of", "arrange", "grid_image", "similarity_mosaic", "query_map", "as_frames", "centre", "encoding_channels", "rope_frequencies", "axial_reference", "adapt", "larger_shape", "resolution_similarity", "pick_encoding"]
+__all__ = ["KINDS", "rope_kernel", "family_of", "name_of", "num_heads_of", "patch_grid", "position_vectors",
+           "cosine_similarity", "pair_maps", "select_head", "similarity", "quantity_of", "note_of", "arrange",
+           "grid_image", "similarity_mosaic", "query_map", "as_frames", "centre", "encoding_channels",
+           "rope_frequencies", "axial_reference", "adapt", "larger_shape", "resolution_similarity",
+           "pick_encoding"]
 
 
 def family_of(pe: nn.Module) -> str:
@@ -210,7 +214,8 @@ def axial_reference(pe: nn.Module) -> torch.Tensor:
     ``head_dim`` and ``theta``: for ``rope_mixed`` the magnitudes its initialisation draws directions for."""
     _check_rotary(pe)
     sections = getattr(pe, "sections", None) or (pe.head_dim // (2 * pe.ndim),) * pe.ndim
-    return rearrange(axial_frequencies(tuple(sections)[::-1], pe.theta), "a 1 p -> p a")
+    order = pe.components(sections) if hasattr(pe, "components") else tuple(sections)[::-1]
+    return rearrange(axial_frequencies(order, pe.theta), "a 1 p -> p a")
 
 
 def adapt(pe: nn.Module, shape, new_shape, scaling: str | None = None) -> tuple[nn.Module, str]:

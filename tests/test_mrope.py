@@ -1,0 +1,79 @@
+"""M-RoPE as Qwen2-VL (chunked) and Qwen3-VL / timm (interleaved) define it, and EVA's ``ij`` axis order."""
+import pytest
+import torch
+from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingMixed, apply_rot_embed_cat
+from timm.layers.pos_embed_sincos import RotaryEmbeddingMRope
+
+import visionpe as vpe
+from visionpe import Grid
+
+
+@pytest.mark.parametrize("head_dim,sections", [(72, (12, 12, 12)), (72, (8, 12, 12)), (64, (8, 12, 12))])
+@pytest.mark.parametrize("shape", [(3, 5), (4, 4)])
+def test_interleaved_mrope_matches_timm(head_dim, sections, shape):
+    """timm's RotaryEmbeddingMRope on an image is a 3D rope with time at 0: our 3D grid (1, H, W)."""
+    timm_rope = RotaryEmbeddingMRope(head_dim, mrope_section=sections, temperature=10000.0)
+    pe = vpe.build("rope_axial", head_dim=head_dim, ndim=3, theta=10000, pairs="half", spectrum="mrope_interleaved",
+                   sections=sections)
+    q = torch.randn(2, 3, shape[0] * shape[1], head_dim)
+    expected = apply_rot_embed_cat(q, timm_rope.get_embed(list(shape)), half=True)
+    torch.testing.assert_close(pe.rotate(q, Grid((1, *shape))), expected, atol=2e-5, rtol=1e-5)
+
+
+def test_chunked_mrope_is_one_spectrum_cut_in_chunks():
+    """Qwen2-VL: inv_freq = theta^(-2p/d) over all d/2 pairs; pairs [0, s_t) read t, [s_t, s_t + s_h) h, rest w."""
+    head_dim, sections, theta = 32, (4, 6, 6), 10000.0
+    pe = vpe.build("rope_axial", head_dim=head_dim, ndim=3, theta=theta, pairs="half", spectrum="mrope",
+                   sections=sections)
+    grid = Grid((2, 3, 4))
+    pos = grid.coords(dtype=torch.float64)  # (N, 3): t, h, w
+    inv_freq = theta ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    axis = torch.tensor([0] * 4 + [1] * 6 + [2] * 6)
+    angles = pos[:, axis] * inv_freq
+    expected = torch.polar(torch.ones_like(angles), angles)
+    assert (pe.cis(grid)[0].to(torch.complex128) - expected).abs().max() < 1e-6
+    # the per-axis form restarts the spectrum on every axis: a different rotation
+    per_axis = vpe.build("rope_axial", head_dim=head_dim, ndim=3, theta=theta, pairs="half", sections=sections)
+    assert not torch.allclose(per_axis.cis(grid), pe.cis(grid))
+
+
+def test_mrope_sections_must_cover_the_pairs():
+    with pytest.raises(ValueError, match="sections"):
+        vpe.build("rope_axial", head_dim=32, ndim=3, spectrum="mrope", sections=(4, 4, 4))
+    with pytest.raises(ValueError, match="spectrum"):
+        vpe.build("rope_axial", head_dim=32, ndim=3, spectrum="qwen")
+    with pytest.raises(ValueError, match="axis_order"):
+        vpe.build("rope_axial", head_dim=32, axis_order="yx")
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (5, 2)])
+def test_ij_axis_order_matches_timm_eva_default(shape):
+    """timm's default grid_indexing='ij' (EVA): the first block of pairs turns with the row (y)."""
+    timm_rope = RotaryEmbeddingCat(dim=16, temperature=100, in_pixels=False, feat_shape=None, grid_indexing="ij")
+    pe = vpe.build("rope_axial", head_dim=16, axis_order="ij")
+    q = torch.randn(1, 2, shape[0] * shape[1], 16)
+    torch.testing.assert_close(pe.rotate(q, Grid(shape)), apply_rot_embed_cat(q, timm_rope.get_embed(list(shape))),
+                               atol=1e-5, rtol=1e-5)
+    xy = vpe.build("rope_axial", head_dim=16)
+    assert not torch.allclose(xy.rotate(q, Grid(shape)), pe.rotate(q, Grid(shape)))
+
+
+def test_ij_mixed_matches_timm_given_same_freqs():
+    heads, head_dim, shape = 2, 16, (3, 4)
+    timm_rope = RotaryEmbeddingMixed(head_dim * heads, depth=1, num_heads=heads, temperature=10, grid_indexing="ij")
+    pe = vpe.build("rope_mixed", head_dim=head_dim, num_heads=heads, axis_order="ij")
+    with torch.no_grad():
+        pe.freqs.copy_(timm_rope.freqs[:, 0])
+        q = torch.randn(1, heads, 12, head_dim)
+        expected = apply_rot_embed_cat(q, timm_rope.get_embed(list(shape))[0])
+        torch.testing.assert_close(pe.rotate(q, Grid(shape)), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_ij_scaling_reads_the_right_axis():
+    """PI with ij order: each axis is scaled by its own ratio (a 6x10 grid against 3x4)."""
+    timm_rope = RotaryEmbeddingCat(dim=16, temperature=100, in_pixels=False, feat_shape=None, grid_indexing="ij",
+                                   ref_feat_shape=[3, 4])
+    pe = vpe.build("rope_axial", head_dim=16, axis_order="ij", scaling="pi", ref_shape=(3, 4))
+    q = torch.randn(1, 1, 60, 16)
+    torch.testing.assert_close(pe.rotate(q, Grid((6, 10))), apply_rot_embed_cat(q, timm_rope.get_embed([6, 10])),
+                               atol=1e-5, rtol=1e-5)
