@@ -200,18 +200,61 @@ def _eva_to_vit(state: dict, report: "LoadReport") -> dict:
 
 
 def pos_embed_tensors(tokens: nn.Module, pos_embed: torch.Tensor, source_grid=None) -> dict[str, torch.Tensor]:
-    """timm ``pos_embed (1, P + N, D)`` -> a ``Learned`` module's state dict (``table``, ``prefix``), resampled
-    from ``source_grid`` (default: a square grid of ``N`` patches) to the module's grid."""
+    """timm ``pos_embed (1, P + N, D)`` -> a ``Learned`` module's state dict (its tables and ``prefix``), from
+    ``source_grid`` (default: a square grid of ``N`` patches) to the module's grid (:func:`spatial_tables`)."""
     p = tokens.num_prefix_tokens
     patches = pos_embed.shape[1] - p
     if source_grid is None:
         side = int(round(patches ** 0.5))
         source_grid = (side, side)
-    if math.prod(source_grid) != patches or tokens.factorized:
+    if math.prod(source_grid) != patches or len(source_grid) != 2:
         raise ValueError(f"cannot convert pos_embed of shape {tuple(pos_embed.shape)} into {tokens!r}")
-    table = resample_grid(pos_embed[0, p:].reshape(*source_grid, -1), tokens.grid_shape,
-                          tokens.interpolation, tokens.antialias)
-    return {"table": table, "prefix": pos_embed[0, :p]} if p else {"table": table}
+    tables = spatial_tables(tokens, pos_embed[0, p:].reshape(*source_grid, -1))
+    return {**tables, "prefix": pos_embed[0, :p]} if p else tables
+
+
+@torch.no_grad()
+def spatial_tables(tokens: nn.Module, spatial: torch.Tensor) -> dict[str, torch.Tensor]:
+    """An image's ``(H, W, dim)`` position table as a ``Learned`` module's own tables, resampled to its grid.
+
+    For a video module ``(T, H, W)`` the image table is the spatial part and time starts at zero, so a static clip
+    gets the image's positions (ViViT): joint: repeated over time; ``"space_time"``: ``table`` plus a zero
+    ``time_table``. Per-axis factors (``factorized=True``) get the least-squares additive fit of the image table
+    (row means and column means, the grand mean split between them) and a zero time table.
+    """
+    interpolation, antialias = tokens.interpolation, tokens.antialias
+    space_shape = tokens.grid_shape[-2:]
+    space = resample_grid(spatial, space_shape, interpolation, antialias)
+    time = tokens.grid_shape[:-2]  # () for an image module, (T,) for a video one
+    if tokens.factorized is True:
+        half = space.mean((0, 1)) / 2
+        tables = [space.new_zeros(t, space.shape[-1]) for t in time] + [space.mean(1) - half, space.mean(0) - half]
+        return {f"axis_tables.{a}": t for a, t in enumerate(tables)}
+    if tokens.factorized == "space_time":
+        return {"table": space, "time_table": space.new_zeros(*time, space.shape[-1])}
+    return {"table": space.expand(*time, *space.shape).clone()}
+
+
+@torch.no_grad()
+def _image_to_video(model: nn.Module, key: str, value: torch.Tensor, want: torch.Tensor):
+    """An image model's weight inflated for the video model, and how; None when ``key`` is no such weight.
+
+    The 2D patch embedding is repeated over the tubelet's ``t`` frames and divided by ``t`` (I3D), so a static clip
+    gives the image's tokens; a 2D RoPE-Mixed frequency vector gains a zero time component, so it starts as the image
+    model's rotation and learns time.
+    """
+    if key in ("patch_embed.proj.weight",) and value.ndim == 4 and want.ndim == 5 \
+            and value.shape == want.shape[:2] + want.shape[3:]:
+        t = want.shape[2]
+        return value[:, :, None].repeat(1, 1, t, 1, 1) / t, f"inflated over {t} frames (I3D)"
+    if key.endswith(".rotary.freqs") and value.ndim == 3 and want.ndim == 3 and value.shape[0] == 2 \
+            and want.shape[0] == 3 and value.shape[1:] == want.shape[1:]:
+        rotary = model.get_submodule(key.rsplit(".", 1)[0])
+        zero = value.new_zeros(1, *value.shape[1:])
+        # component order: xy puts time last (x, y, t); ij puts it first (t, y, x)
+        freqs = torch.cat([value, zero] if getattr(rotary, "axis_order", "xy") == "xy" else [zero, value])
+        return freqs, "zero time component added"
+    return None
 
 
 def load_timm_checkpoint(model: nn.Module, source, strict: bool = False) -> LoadReport:
@@ -235,9 +278,17 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False) -> Load
     state = _eva_to_vit(read_state_dict(source), report)
     target = model.state_dict()
     mismatched: dict[str, str] = {}
+    tokens = getattr(model, "pe_tokens", None)
+    learned = tokens if hasattr(tokens, "factor_tables") else None
     for key, value in state.items():
-        if key == "pos_embed" and "pe_tokens.table" in target:
-            for name, tensor in pos_embed_tensors(model.pe_tokens, value).items():
+        tables = None
+        if key == "pos_embed" and learned is not None:
+            tables = pos_embed_tensors(learned, value)
+        elif key == "pe_tokens.table" and learned is not None and value.ndim == 3 and \
+                (learned.ndim == 3 or learned.factorized is not False):  # an image run's table
+            tables = spatial_tables(learned, value)
+        if tables is not None:
+            for name, tensor in tables.items():
                 new_key = f"pe_tokens.{name}"
                 load[new_key] = tensor
                 report.converted.append(f"{key} -> {new_key}")
@@ -251,7 +302,10 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False) -> Load
             elif not any(line.endswith(f"-> {key}") for line in report.converted):
                 report.kept.append(key)
             continue
-        resized = _resample_positional(model, new_key, value, target) if new_key in target else None
+        resized = None
+        if new_key in target:
+            resized = _image_to_video(model, new_key, value, target[new_key]) or \
+                _resample_positional(model, new_key, value, target)
         if resized is not None:
             load[new_key], how = resized
             report.converted.append(f"{key} -> {new_key} ({how})")

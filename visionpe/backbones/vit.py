@@ -199,7 +199,7 @@ def apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
         existing = getattr(model, "pe_tokens", None)
         if isinstance(tokens, Learned) and isinstance(existing, Learned) and existing.grid_shape == grid_shape:
             tokens.load_state_dict(existing.state_dict())
-        elif isinstance(tokens, Learned) and not tokens.factorized and old_table is not None and \
+        elif isinstance(tokens, Learned) and old_table is not None and \
                 old_table.shape[1] == tokens.num_prefix_tokens + math.prod(grid_shape):
             tokens.load_state_dict(pos_embed_tensors(tokens, old_table, grid_shape))
     if tokens is not None and tokens.block_index >= len(model.blocks):

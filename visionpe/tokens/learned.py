@@ -8,12 +8,15 @@ from .._checks import (check_bool, check_choice, check_grid_ndim, check_ndim, ch
                        check_positive_int, to_shape)
 from ..cache import TableCache
 from ..grid import Grid, Layout, as_grid, as_layout
-from ..resample import INTERPOLATIONS, resample_axis, resample_grid
+from ..resample import INTERPOLATIONS, resample_grid
 from ._base import TokenEncoding, check_tokens
 
 
+FACTORIZATIONS = (False, True, "space_time")
+
+
 class Learned(TokenEncoding):
-    """A learned vector per grid position (ViT), or a sum of per-axis vectors (``factorized=True``).
+    """A learned vector per grid position (ViT), or a sum of factor tables (``factorized``).
 
     Args:
         dim: token width.
@@ -21,52 +24,69 @@ class Learned(TokenEncoding):
         grid_shape: the training grid ``(H, W)`` (or ``(T, H, W)``); the table covers it.
         num_prefix_tokens: prefix tokens that own a learned vector (timm's class-token ``pos_embed`` rows);
             0 leaves prefix tokens without position (timm's ``no_embed_class``).
-        factorized: one table per axis, ``(size_a, dim)`` each, summed (ViViT/MViT style).
+        factorized: ``False``: one joint table ``table: (*grid_shape, dim)``; ``True``: one table per axis,
+            ``axis_tables[a]: (size_a, dim)``, summed (MViT style); ``"space_time"`` (3D): a joint spatial table
+            ``table: (H, W, dim)`` plus a time table ``time_table: (T, dim)`` (ViViT's factorization: an image
+            model's 2D table is its spatial part, so image weights carry over).
         interpolation, antialias: how the table is resampled for another grid (timm defaults:
             bicubic with antialias; ``antialias=False`` matches DeiT/MAE/HF transformers).
 
-    Resolution change: called on a grid of another shape, the table is resampled to it (per axis when
-    factorized). A grid with an ``offset`` selects the window ``[offset, offset + shape)`` of the table.
+    Resolution change: called on a grid of another shape, each factor table is resampled to its axes' new sizes. A grid with an ``offset`` selects the window ``[offset, offset + shape)`` of the table.
 
     Call: ``pe(x, grid)`` with ``x: (B, P + N, dim)`` -> same shape.
     """
 
     def __init__(self, dim: int, ndim: int = 2, grid_shape=(14, 14), num_prefix_tokens: int = 0,
-                 factorized: bool = False, interpolation: str = "bicubic", antialias: bool = True,
+                 factorized: bool | str = False, interpolation: str = "bicubic", antialias: bool = True,
                  init_std: float = 0.02):
         super().__init__()
         self.ndim = check_ndim(ndim)
         self.dim = check_positive_int("dim", dim)
         self.grid_shape = to_shape("grid_shape", grid_shape, ndim)
         check_nonnegative_int("num_prefix_tokens", num_prefix_tokens)
-        check_bool("factorized", factorized)
+        if not (isinstance(factorized, bool) or factorized == "space_time") or \
+                (factorized == "space_time" and self.ndim != 3):
+            raise ValueError(f"factorized={factorized!r} is not supported; allowed values: False, True, 'space_time' "
+                             f"(space_time needs ndim=3, got ndim={self.ndim})")
         check_bool("antialias", antialias)
         check_number("init_std", init_std, minimum=0.0)
         check_choice("interpolation", interpolation, INTERPOLATIONS)
         self.num_prefix_tokens = num_prefix_tokens
         self.factorized = factorized
         self.interpolation, self.antialias = interpolation, antialias
-        if factorized:
-            self.axis_tables = nn.ParameterList(
-                [nn.Parameter(torch.randn(size, dim) * init_std) for size in self.grid_shape])
+        tables = [nn.Parameter(torch.randn(*[self.grid_shape[a] for a in axes], dim) * init_std)
+                  for axes in self.factor_axes()]
+        if factorized is True:
+            self.axis_tables = nn.ParameterList(tables)
         else:
-            self.table = nn.Parameter(torch.randn(*self.grid_shape, dim) * init_std)
+            self.table = tables[0]
+            if factorized == "space_time":
+                self.time_table = tables[1]
         self.prefix = nn.Parameter(torch.randn(num_prefix_tokens, dim) * init_std) if num_prefix_tokens else None
         self._cache = TableCache(maxsize=4)
 
     # -- tables ---------------------------------------------------------------------------------------
-    def _axis_tables(self, shape) -> list[torch.Tensor]:
-        return [resample_axis(t, 0, s, self.interpolation, self.antialias) for t, s in zip(self.axis_tables, shape)]
+    def factor_axes(self) -> list[tuple[int, ...]]:
+        """The grid axes each factor table spans, in the order of :meth:`factor_tables`."""
+        if self.factorized is True:
+            return [(axis,) for axis in range(self.ndim)]
+        return [(1, 2), (0,)] if self.factorized == "space_time" else [tuple(range(self.ndim))]
 
-    def _grid_table(self, shape) -> torch.Tensor:
-        """The table resampled to ``shape``: ``(*shape, dim)``."""
-        if not self.factorized:
-            return resample_grid(self.table, shape, self.interpolation, self.antialias)
+    def factor_tables(self) -> list[torch.Tensor]:
+        if self.factorized is True:
+            return list(self.axis_tables)
+        return [self.table, self.time_table] if self.factorized == "space_time" else [self.table]
+
+    def _grid_table(self, shape, interpolation: str | None = None, antialias: bool | None = None) -> torch.Tensor:
+        """The sum of the factor tables, each resampled to its axes of ``shape``: ``(*shape, dim)``."""
+        interpolation = interpolation or self.interpolation
+        antialias = self.antialias if antialias is None else antialias
         total = 0
-        for axis, t in enumerate(self._axis_tables(shape)):
+        for axes, table in zip(self.factor_axes(), self.factor_tables()):
             view = [1] * self.ndim + [self.dim]
-            view[axis] = t.shape[0]
-            total = total + t.reshape(view)
+            for a in axes:
+                view[a] = shape[a]
+            total = total + resample_grid(table, [shape[a] for a in axes], interpolation, antialias).reshape(view)
         return total
 
     def patch_table(self, grid: Grid) -> torch.Tensor:
@@ -78,7 +98,7 @@ class Learned(TokenEncoding):
         check_grid_ndim(grid, self.ndim, "learned")
         if grid.offset is not None:
             return self._window(grid)
-        if grid.shape == self.grid_shape and not self.factorized:
+        if grid.shape == self.grid_shape and self.factorized is False:
             return self.table.reshape(-1, self.dim)
         key = (grid.shape, self.interpolation, self.antialias, str(next(self.parameters()).device))
         return self._cache.get(key, lambda: self._grid_table(grid.shape).reshape(-1, self.dim), self.parameters())
@@ -121,11 +141,13 @@ class Learned(TokenEncoding):
         interpolation = interpolation or self.interpolation
         antialias = self.antialias if antialias is None else antialias
         check_choice("interpolation", interpolation, INTERPOLATIONS)
-        if self.factorized:
-            for i, s in enumerate(new_shape):
-                self.axis_tables[i] = nn.Parameter(resample_axis(self.axis_tables[i], 0, s, interpolation, antialias))
-        else:
-            self.table = nn.Parameter(resample_grid(self.table, new_shape, interpolation, antialias))
+        names = [f"axis_tables.{a}" for a in range(self.ndim)] if self.factorized is True else ["table", "time_table"]
+        for name, axes, table in zip(names, self.factor_axes(), self.factor_tables()):
+            resized = nn.Parameter(resample_grid(table, [new_shape[a] for a in axes], interpolation, antialias))
+            if name.startswith("axis_tables."):
+                self.axis_tables[int(name.split(".")[1])] = resized
+            else:
+                setattr(self, name, resized)
         self.grid_shape = new_shape
         self._cache.clear()
         return self
