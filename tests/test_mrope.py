@@ -1,5 +1,6 @@
 """M-RoPE as Qwen2-VL (chunked) and Qwen3-VL / timm (interleaved) define it, and EVA's ``ij`` axis order."""
 import pytest
+import timm
 import torch
 from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingMixed, apply_rot_embed_cat
 from timm.layers.pos_embed_sincos import RotaryEmbeddingMRope
@@ -77,3 +78,25 @@ def test_ij_scaling_reads_the_right_axis():
     q = torch.randn(1, 1, 60, 16)
     torch.testing.assert_close(pe.rotate(q, Grid((6, 10))), apply_rot_embed_cat(q, timm_rope.get_embed([6, 10])),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_timm_sbb_eva_rope_model_loads_with_identical_logits():
+    """timm's own RoPE ViTs (Eva, rope_type='cat', grid_indexing='ij', temperature 10000, ref_feat_shape 16x16, q/v
+    biases, layer scale, a register token, average pooling) -> a visionpe ViT with axial RoPE in ij order."""
+    torch.manual_seed(0)
+    kw = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3)
+    eva = timm.create_model("vit_medium_patch16_rope_reg1_gap_256", dynamic_img_size=True, **kw).eval()
+    with torch.no_grad():
+        for name, p in eva.named_parameters():
+            if name.endswith(("q_bias", "v_bias", "gamma_1", "gamma_2")):
+                p.normal_()  # zero / tiny at init: make every converted weight matter
+    ours = vpe.create_model("vit_base_patch16_224", pe="rope_axial", class_token=False, reg_tokens=1,
+                            global_pool="avg", qkv_bias=True, init_values=1e-5,
+                            pe_kwargs=dict(theta=10000, axis_order="ij", scaling="pi", ref_shape=(16, 16)),
+                            **kw).eval()
+    report = vpe.load_timm_checkpoint(ours, eva.state_dict(), strict=True)
+    assert "blocks.0.attn.q_bias + blocks.0.attn.v_bias -> blocks.0.attn.qkv.bias" in report.converted
+    for size in ((32, 32), (48, 32)):
+        x = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            assert (ours(x) - eva(x)).abs().max() < 1e-5, size

@@ -177,13 +177,23 @@ class LoadReport:
 
 _SWIN_POSITIONAL = re.compile(r"(.*\.attn)\.(relative_position_bias_table|cpb_mlp\..*)$")
 _EVA_LAYER_SCALE = re.compile(r"^blocks\.(\d+)\.gamma_([12])$")
+_EVA_QV_BIAS = re.compile(r"^(blocks\.\d+\.attn)\.([qv])_bias$")
 
 
 def _eva_to_vit(state: dict, report: "LoadReport") -> dict:
-    """timm ``Eva`` rope-vit ports (``vit_*_rope_*``) -> ``VisionTransformer`` names: ``gamma_1`` -> ``ls1.gamma``,
-    mixed ``rope.freqs (2, depth, heads, d/2)`` -> each block's ``attn.rotary.freqs``."""
+    """timm ``Eva`` models (rope-vit ports ``vit_*_rope_*``, timm's SBB ``vit_*_rope_reg*_gap_256``) ->
+    ``VisionTransformer`` names: ``gamma_1`` -> ``ls1.gamma``, mixed ``rope.freqs (2, depth, heads, d/2)`` -> each
+    block's ``attn.rotary.freqs``, separate ``q_bias``/``v_bias`` -> one ``qkv.bias`` (the key bias is zero)."""
     out = {}
     for key, value in state.items():
+        match = _EVA_QV_BIAS.match(key)
+        if match and match.group(2) == "q" and f"{match.group(1)}.v_bias" in state:
+            new_key = f"{match.group(1)}.qkv.bias"
+            report.converted.append(f"{key} + {match.group(1)}.v_bias -> {new_key}")
+            out[new_key] = torch.cat([value, torch.zeros_like(value), state[f"{match.group(1)}.v_bias"]])
+            continue
+        if match and match.group(2) == "v" and f"{match.group(1)}.q_bias" in state:
+            continue
         match = _EVA_LAYER_SCALE.match(key)
         if match:
             new_key = f"blocks.{match.group(1)}.ls{match.group(2)}.gamma"
