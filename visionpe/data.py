@@ -33,6 +33,18 @@ augmented with a random translation of up to 1/8 of the side and, except digits,
 
 Grayscale sets keep one channel (``in_chans=1``; the model is built with ``in_chans=1``) rather than
 being copied to three: same information, a third of the patch-embedding input.
+
+Video (``build_dataset(..., num_frames=T)``; clips ``(C, T, img_size, img_size)``): built-in tasks defined in
+continuous time ``[0, 1]`` and sampled at ``T`` evenly spaced instants, so more frames is the same clip at a higher
+frame rate, and a larger size the same clip with more pixels:
+
+- ``moving-shapes``: one shape crosses the frame in one of 8 directions (E, NE, N, ..., SE); the label is the
+  direction. Reversing time swaps opposite classes, so a model blind to frame order cannot solve it (with a
+  temporal tubelet of 1 frame: a longer tubelet sees local motion inside itself). 8 classes.
+- ``shape-endpoint``: a warm shape moves in a straight line from one cell of a 3x3 layout to another among cool
+  still distractors; the label is the cell where it ends. Needs where (space) and when (time order). 9 classes.
+- ``videofolder``: ``data_dir/train/<class>/<clip>/*.png|jpg`` (and ``val/``): each clip a folder of frames in
+  name order, ``T`` frames sampled evenly, resized with antialiasing.
 """
 from __future__ import annotations
 
@@ -51,7 +63,9 @@ from torch.utils.data import Dataset
 
 SYNTHETIC = ("shapes-position", "shapes-relation")
 REAL = ("fashion-mnist", "mnist", "cifar10", "cifar100", "imagefolder")
-DATASETS = SYNTHETIC + REAL
+VIDEO_SYNTHETIC = ("moving-shapes", "shape-endpoint")
+VIDEO = VIDEO_SYNTHETIC + ("videofolder",)
+DATASETS = SYNTHETIC + REAL + VIDEO
 SPLITS = {"train": 0, "val": 1, "test": 2}
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 SUPERSAMPLE = 4
@@ -70,13 +84,15 @@ def _check(name: str, split: str):
 
 
 def info(name: str) -> dict:
-    """``{'num_classes', 'in_chans', 'synthetic'}`` for a named data set, without loading it
-    (``imagefolder``'s class count is only known once loaded: ``num_classes=None``)."""
+    """``{'num_classes', 'in_chans', 'synthetic', 'video'}`` for a named data set, without loading it
+    (``imagefolder``'s and ``videofolder``'s class counts are only known once loaded: ``num_classes=None``)."""
     _check(name, "train")
     classes = {"shapes-position": 9, "shapes-relation": 4, "fashion-mnist": 10, "mnist": 10, "cifar10": 10,
-               "cifar100": 100, "imagefolder": None}[name]
+               "cifar100": 100, "imagefolder": None, "moving-shapes": 8, "shape-endpoint": 9,
+               "videofolder": None}[name]
     chans = 1 if name in ("fashion-mnist", "mnist") else 3
-    return {"num_classes": classes, "in_chans": chans, "synthetic": name in SYNTHETIC}
+    return {"num_classes": classes, "in_chans": chans, "synthetic": name in SYNTHETIC + VIDEO_SYNTHETIC,
+            "video": name in VIDEO}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -333,7 +349,7 @@ MEAN_STD = {
 
 
 def build_dataset(name: str, split: str, img_size: int, data_dir=None, download: bool = False, seed: int = 0,
-                  num_samples=None, augment=None) -> Dataset:
+                  num_samples=None, augment=None, num_frames: int | None = None) -> Dataset:
     """The data set ``name`` (see the module docstring) at ``img_size x img_size`` pixels.
 
     ``num_samples``: synthetic tasks render that many scenes (default 10000 train / 2000 val); real sets use a
@@ -344,6 +360,11 @@ def build_dataset(name: str, split: str, img_size: int, data_dir=None, download:
     _check(name, split)
     if not isinstance(img_size, int) or img_size < 4:
         raise ValueError(f"img_size must be an integer >= 4, got {img_size!r}")
+    if (name in VIDEO) != (num_frames is not None):
+        raise ValueError(f"{name} is {'a video' if name in VIDEO else 'an image'} data set: "
+                         f"{'give' if name in VIDEO else 'do not give'} num_frames (clips of T frames)")
+    if name in VIDEO:
+        return build_video_dataset(name, split, img_size, num_frames, data_dir, seed, num_samples)
     if name in SYNTHETIC:
         num = DEFAULT_SIZES[split] if num_samples is None else int(num_samples)
         if num < 1:
@@ -372,3 +393,141 @@ def build_dataset(name: str, split: str, img_size: int, data_dir=None, download:
     mean, std = MEAN_STD[name]
     return ImageTensorDataset(resize(images, img_size), labels, info(name)["num_classes"], mean, std,
                               augment=augment, flip=name not in ("mnist",), seed=seed, name=name)
+
+
+# --------------------------------------------------------------------------------------------------
+# Video: clips in continuous time, sampled at any frame count, rasterized at any size.
+# --------------------------------------------------------------------------------------------------
+DIRECTIONS = 8  # moving-shapes: angle 2 pi k / 8, counter-clockwise from east (y grows downwards)
+
+
+def clip_scene(task: str, seed: int, index: int, split: str = "train") -> dict:
+    """Clip ``index`` of ``task``: ``{'label', 'background', 'shapes'}``, each shape ``(kind, start, end, radius,
+    colour)`` with ``start``/``end`` its centre ``(x, y)`` at time 0 and 1 (normalized coordinates)."""
+    if task not in VIDEO_SYNTHETIC or split not in SPLITS:
+        raise ValueError(f"{task!r}/{split!r}: a synthetic video task is one of {', '.join(VIDEO_SYNTHETIC)}")
+    rng = random.Random(f"{task}/{int(seed)}/{split}/{int(index)}")
+    background = tuple(rng.randrange(50) for _ in range(3))
+    shapes = []
+    if task == "moving-shapes":
+        label = rng.randrange(DIRECTIONS)
+        angle = 2 * math.pi * label / DIRECTIONS
+        dx, dy = math.cos(angle), -math.sin(angle)
+        length = rng.uniform(0.45, 0.6)
+        cx, cy = rng.uniform(0.35, 0.65), rng.uniform(0.35, 0.65)  # path centre: the path stays inside
+        start = (cx - dx * length / 2, cy - dy * length / 2)
+        end = (cx + dx * length / 2, cy + dy * length / 2)
+        shapes.append((rng.choice(KINDS), start, end, rng.uniform(0.08, 0.11), _colour(rng, warm=rng.random() < .5)))
+    else:
+        label = rng.randrange(9)
+        first = rng.choice([c for c in range(9) if c != label])
+        cell = lambda c: ((c % 3 + 0.5) / 3 + rng.uniform(-0.05, 0.05), (c // 3 + 0.5) / 3 + rng.uniform(-0.05, 0.05))
+        shapes.append((rng.choice(KINDS), cell(first), cell(label), rng.uniform(0.07, 0.09), _colour(rng, warm=True)))
+        for c in rng.sample([c for c in range(9) if c not in (first, label)], 3):
+            at = cell(c)
+            shapes.append((rng.choice(KINDS), at, at, rng.uniform(0.07, 0.09), _colour(rng, warm=False)))
+    return {"label": label, "background": background, "shapes": shapes}
+
+
+def render_clip(sc: dict, size: int, num_frames: int) -> np.ndarray:
+    """``uint8 (T, size, size, 3)``: the clip at ``T`` evenly spaced instants of ``[0, 1]``."""
+    frames = []
+    for k in range(num_frames):
+        t = k / (num_frames - 1) if num_frames > 1 else 0.0
+        shapes = [(kind, s[0] + (e[0] - s[0]) * t, s[1] + (e[1] - s[1]) * t, r, colour)
+                  for kind, s, e, r, colour in sc["shapes"]]
+        frames.append(render({"background": sc["background"], "shapes": shapes}, size))
+    return np.stack(frames)
+
+
+@lru_cache(maxsize=8)
+def _render_clips(task: str, split: str, num: int, seed: int, size: int, num_frames: int):
+    clips = np.empty((num, num_frames, size, size, 3), dtype=np.uint8)
+    labels = np.empty(num, dtype=np.int64)
+    for i in range(num):
+        sc = clip_scene(task, seed, i, split)
+        clips[i], labels[i] = render_clip(sc, size, num_frames), sc["label"]
+    return torch.from_numpy(clips).permute(0, 4, 1, 2, 3).contiguous(), torch.from_numpy(labels)
+
+
+class ClipTensorDataset(Dataset):
+    """uint8 clips ``(N, C, T, H, W)`` in memory, normalized on access (no augmentation)."""
+
+    def __init__(self, clips, labels, num_classes, mean, std, name=""):
+        self.images, self.labels = clips, labels
+        self.num_classes, self.in_chans, self.name = num_classes, clips.shape[1], name
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1, 1)
+        self.img_size, self.num_frames, self.epoch = clips.shape[-1], clips.shape[2], 0
+
+    def set_epoch(self, epoch: int):
+        self.epoch = epoch
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, index):
+        return (self.images[index].float() / 255 - self.mean) / self.std, int(self.labels[index])
+
+
+FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+
+
+def read_clip_folder(folder: str, num_frames: int, size: int) -> torch.Tensor:
+    """The frames of one clip folder (name order), ``num_frames`` sampled evenly: uint8 ``(3, T, size, size)``."""
+    names = sorted(n for n in os.listdir(folder) if n.lower().endswith(FRAME_SUFFIXES))
+    if not names:
+        raise DataMissing(f"videofolder: clip folder {folder!r} holds no frames (*.png|jpg)")
+    picks = np.linspace(0, len(names) - 1, num_frames).round().astype(int)
+    frames = []
+    for k in picks:
+        with Image.open(os.path.join(folder, names[k])) as im:
+            frames.append(torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1))
+    return resize(torch.stack(frames), size).permute(1, 0, 2, 3)
+
+
+class ClipFolderDataset(Dataset):
+    """``root/<class>/<clip>/<frames>``: clips decoded lazily, ``T`` frames sampled evenly, resized."""
+
+    def __init__(self, root: str, img_size: int, num_frames: int):
+        if not os.path.isdir(root):
+            raise DataMissing(f"videofolder: {root!r} does not exist (expected DIR/train/<class>/<clip>/ frames)")
+        classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        self.samples = [(os.path.join(root, c, clip), i) for i, c in enumerate(classes)
+                        for clip in sorted(os.listdir(os.path.join(root, c)))
+                        if os.path.isdir(os.path.join(root, c, clip))]
+        if not self.samples:
+            raise DataMissing(f"videofolder: {root!r} holds no clips (expected {root}/<class>/<clip>/ folders of "
+                              "frames)")
+        self.classes, self.num_classes, self.in_chans = classes, len(classes), 3
+        self.img_size, self.num_frames, self.epoch, self.name = img_size, num_frames, 0, "videofolder"
+        self.mean = torch.tensor([0.485, 0.456, 0.406]).view(-1, 1, 1, 1)
+        self.std = torch.tensor([0.229, 0.224, 0.225]).view(-1, 1, 1, 1)
+
+    def set_epoch(self, epoch: int):
+        self.epoch = epoch
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, index):
+        folder, label = self.samples[index]
+        clip = read_clip_folder(folder, self.num_frames, self.img_size)
+        return (clip.float() / 255 - self.mean) / self.std, label
+
+
+def build_video_dataset(name: str, split: str, img_size: int, num_frames: int, data_dir=None, seed: int = 0,
+                        num_samples=None) -> Dataset:
+    """A video data set of clips ``(C, num_frames, img_size, img_size)`` (see the module docstring)."""
+    if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 1:
+        raise ValueError(f"num_frames must be a positive integer, got {num_frames!r}")
+    if name == "videofolder":
+        if data_dir is None:
+            raise DataMissing("videofolder needs --data-dir DIR holding train/<class>/<clip>/ and val/<class>/<clip>/")
+        return ClipFolderDataset(os.path.join(data_dir, "train" if split == "train" else "val"), img_size,
+                                 num_frames)
+    num = DEFAULT_SIZES[split] if num_samples is None else int(num_samples)
+    if num < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num}")
+    clips, labels = _render_clips(name, split, num, seed, img_size, num_frames)
+    return ClipTensorDataset(clips, labels, info(name)["num_classes"], (0.5,) * 3, (0.5,) * 3, name=name)
