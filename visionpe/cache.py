@@ -13,7 +13,8 @@ class TableCache:
     ``get(key, build, params)`` returns ``build()`` for ``key``. When any of ``params`` requires grad and
     autograd is on, the table is rebuilt every call so gradients flow into it (training a learned table);
     otherwise the parameters' versions join the key, so an optimizer step or ``load_state_dict`` invalidates
-    it. The cache is not part of the state dict.
+    it. Under ``torch.compile`` the table is built inside the graph (no Python dictionary lookups to guard on).
+    The cache is not part of the state dict.
     """
 
     def __init__(self, maxsize: int = 8):
@@ -22,8 +23,8 @@ class TableCache:
 
     def get(self, key: Hashable, build: Callable[[], torch.Tensor], params: Iterable[torch.Tensor] = ()):
         params = tuple(params)
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            return build()
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
+            return build()  # traced into the compiled graph (a function of shapes only), or gradients must flow
         key = (key, tuple(p._version for p in params))
         if key in self._tables:
             self._tables.move_to_end(key)
