@@ -14,6 +14,7 @@ import importlib
 from .attention import Attention, attend
 from .bias import ALiBi, BiasEncoding, ContinuousPositionBias, RelBias, RelativePositionBias, SwinBias
 from .checkpoint import load_timm_checkpoint, load_weights, save_weights
+from .coords import CoordinateSystem
 from .encoding import Encoding, ModelContext
 from .grid import Grid
 from .registry import available, build, register, unregister
@@ -25,10 +26,10 @@ __version__ = "0.1.0"
 _LAZY = {"apply": "backbones", "create_model": "backbones", "create_video_model": "backbones",
          "encodings_of": "backbones"}
 
-__all__ = ["ALiBi", "Attention", "AxialRoPE", "BiasEncoding", "ContinuousPositionBias", "Encoding", "Grid", "Learned",
-           "MixedRoPE", "ModelContext", "PEG", "RelBias", "RelativePositionBias", "RoPE", "RotaryEncoding", "SinCos",
-           "SwinBias", "TokenEncoding", "attend", "available", "build", "load_timm_checkpoint", "load_weights",
-           "register", "save_weights", "unregister", *_LAZY]
+__all__ = ["ALiBi", "Attention", "AxialRoPE", "BiasEncoding", "ContinuousPositionBias", "CoordinateSystem", "Encoding",
+           "Grid", "Learned", "MixedRoPE", "ModelContext", "PEG", "RelBias", "RelativePositionBias", "RoPE",
+           "RotaryEncoding", "SinCos", "SwinBias", "TokenEncoding", "attend", "available", "build",
+           "load_timm_checkpoint", "load_weights", "register", "save_weights", "unregister", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -5,6 +5,7 @@ import torch
 
 from .._checks import check_grid_ndim, check_ndim, check_positive_int
 from ..cache import TableCache
+from ..coords import CoordinateSystem
 from ..grid import Grid, as_grid
 from ._base import BiasEncoding
 
@@ -17,16 +18,26 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 class ALiBi(BiasEncoding):
     """ALiBi (Press et al. 2022) on a grid, 2D as in CROMA: ``bias[h, i, j] = -slope_h * ||c_i - c_j||_2``.
 
-    No parameters; defined for any grid, so a resolution change needs no adaptation (distances in
-    patches grow with the grid). Prefix rows and columns are zero.
+    No parameters; defined for any grid, so a resolution change needs no adaptation. Prefix rows and columns are
+    zero.
+
+    Coordinates (:mod:`visionpe.coords`): ``coords="index"`` (default) measures distances in patches, which grow
+    with the grid; ``"normalized"`` in DINOv3's centred coordinates (``normalize_coords`` ``"separate"``: each axis
+    spans ``[-1, 1]``, so a distance of 1 is half the grid's extent on every grid; ``"min"``/``"max"``: half the
+    shortest/longest side, keeping distances isotropic). ``shift_coords``, ``jitter_coords``, ``rescale_coords``:
+    timm's train-time augmentation (training mode only, uncached); a shift cancels in distances, jitter and
+    rescale scale them.
 
     Call: ``pe(grid) -> (num_heads, P + N, P + N)``.
     """
 
-    def __init__(self, num_heads: int, ndim: int = 2):
+    def __init__(self, num_heads: int, ndim: int = 2, coords: str = "index", normalize_coords: str = "separate",
+                 shift_coords: float | None = None, jitter_coords: float | None = None,
+                 rescale_coords: float | None = None):
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.ndim = check_ndim(ndim)
+        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
         self._cache = TableCache()
 
@@ -34,15 +45,23 @@ class ALiBi(BiasEncoding):
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, "alibi")
         device = self.slopes.device
+        transform = self.coordinates.draw(self.training, self.ndim, device)
+        if transform is not None:
+            return self._build(grid, device, transform)
         return self._cache.get((grid.shape, grid.prefix, str(device)), lambda: self._build(grid, device))
 
-    def _build(self, grid: Grid, device) -> torch.Tensor:
-        coords = grid.coords(device)
+    def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
+        coords = self.coordinates.positions(grid, device)
+        if transform is not None:
+            coords = transform(coords)
         distance = (coords[:, None] - coords[None]).norm(dim=-1)  # (N, N), exact 0 on the diagonal
         return self.pad_prefix(-self.slopes[:, None, None] * distance, grid)
 
     def adaptation_label(self) -> str:
+        if self.coordinates.normalized:
+            return f"distances in {self.coordinates.label()}"
         return "distances on the new grid (no adaptation)"
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, ndim={self.ndim}"
+        extra = self.coordinates.describe()
+        return f"num_heads={self.num_heads}, ndim={self.ndim}{', ' + extra if extra else ''}"

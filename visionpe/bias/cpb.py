@@ -9,18 +9,23 @@ from torch import nn
 
 from .._checks import check_grid_ndim, check_positive_int, to_shape
 from ..cache import TableCache
+from ..coords import CoordinateSystem, axis_offsets
 from ..grid import Grid, as_grid
 from ._base import BiasEncoding, offset_index, relative_offsets
 
 
-def log_relative_coords(shape, norm_window, device=None) -> torch.Tensor:
+def log_relative_coords(shape, norm_window, device=None, offsets=None, units=None) -> torch.Tensor:
     """Swin-V2 log-spaced offsets ``(prod(2 s - 1), ndim)`` for a grid ``shape``.
 
     ``d / (norm_window - 1) * 8``, then ``sign(d) * log2(1 + |d|) / log2(8)`` (timm ``gen_relative_log_coords``).
+    ``offsets`` (per axis ``(2 s - 1,)``, default: the integer offsets ``-(s-1) .. s-1``) and ``units`` (per axis,
+    default ``norm_window - 1``) measure them in another coordinate system (:mod:`visionpe.coords`).
     """
-    axes = [torch.arange(-(s - 1), s, device=device, dtype=torch.float32) for s in shape]
-    coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(shape))
-    coords = coords / torch.tensor([max(w - 1, 1) for w in norm_window], device=device) * 8
+    if offsets is None:
+        offsets = [torch.arange(-(s - 1), s, device=device, dtype=torch.float32) for s in shape]
+    units = [max(w - 1, 1) for w in norm_window] if units is None else units
+    coords = torch.stack(torch.meshgrid(*offsets, indexing="ij"), dim=-1).reshape(-1, len(shape))
+    coords = coords / torch.tensor(units, device=device, dtype=coords.dtype) * 8
     return torch.sign(coords) * torch.log2(1.0 + coords.abs()) / math.log2(8)
 
 
@@ -31,12 +36,22 @@ class ContinuousPositionBias(BiasEncoding):
     as in timm's ``SwinTransformerV2`` so its weights load unchanged. Offsets are normalised by
     ``pretrained_window_size - 1`` if given, else by ``window_size - 1``.
 
+    Coordinates (:mod:`visionpe.coords`): ``coords="index"`` (default, Swin-V2) measures offsets ``d`` in patches
+    and feeds ``8 d / (W - 1)`` to the log map (``W`` the window above); ``"normalized"`` measures them in DINOv3's
+    centred coordinates (``normalize_coords`` ``"separate"``, ``"min"``, ``"max"``), in units of the grid extent,
+    and feeds ``8 d / 2`` (the grid spans 2 normalised units; with ``"separate"`` this is ``8 d_patches / size``
+    on every grid, Swin-V2's ``8 d / (W - 1)`` measured on the grid itself). ``shift_coords``, ``jitter_coords``,
+    ``rescale_coords``: timm's train-time augmentation (training mode only, uncached); a shift cancels in offsets,
+    jitter and rescale scale them.
+
     Resolution change: the MLP is evaluated on the offsets of whatever grid it is called on.
 
     Call: ``pe(grid) -> (num_heads, P + N, P + N)``.
     """
 
-    def __init__(self, num_heads: int, window_size=(7, 7), pretrained_window_size=None, hidden_dim: int = 512):
+    def __init__(self, num_heads: int, window_size=(7, 7), pretrained_window_size=None, hidden_dim: int = 512,
+                 coords: str = "index", normalize_coords: str = "separate", shift_coords: float | None = None,
+                 jitter_coords: float | None = None, rescale_coords: float | None = None):
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.window_size = to_shape("window_size", window_size)
@@ -48,12 +63,21 @@ class ContinuousPositionBias(BiasEncoding):
             p = None
         self.pretrained_window_size = None if p is None else to_shape("pretrained_window_size", p, self.ndim)
         check_positive_int("hidden_dim", hidden_dim)
+        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
         self.cpb_mlp = nn.Sequential(nn.Linear(self.ndim, hidden_dim, bias=True), nn.ReLU(inplace=True),
                                      nn.Linear(hidden_dim, num_heads, bias=False))
         self._cache = TableCache()
 
-    def _build(self, grid: Grid, device) -> torch.Tensor:
-        coords = log_relative_coords(grid.shape, self.pretrained_window_size or self.window_size, device)
+    def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
+        window = self.pretrained_window_size or self.window_size
+        offsets = units = None
+        if self.coordinates.normalized or transform is not None:
+            axes = self.coordinates.axis_positions(grid.shape, device=device)
+            if transform is not None:
+                axes = [transform.on_axis(a, p) for a, p in enumerate(axes)]
+            offsets = [axis_offsets(p) for p in axes]
+            units = [2.0] * grid.ndim if self.coordinates.normalized else None
+        coords = log_relative_coords(grid.shape, window, device, offsets, units)
         with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
             table = 16 * torch.sigmoid(self.cpb_mlp(coords).float())  # (offsets, heads)
         index = offset_index(relative_offsets(grid.shape, device), grid.shape)
@@ -63,6 +87,9 @@ class ContinuousPositionBias(BiasEncoding):
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, "cpb")
         device = self.cpb_mlp[0].weight.device
+        transform = self.coordinates.draw(self.training, self.ndim, device)
+        if transform is not None:
+            return self._build(grid, device, transform)
         key = (grid.shape, grid.prefix, str(device))
         return self._cache.get(key, lambda: self._build(grid, device), self.parameters())
 
@@ -72,7 +99,11 @@ class ContinuousPositionBias(BiasEncoding):
         return {"num_heads": context.num_heads, "window_size": tuple(context.grid_shape)}
 
     def adaptation_label(self) -> str:
+        if self.coordinates.normalized:
+            return f"MLP evaluated on the new offsets in {self.coordinates.label()}"
         return "MLP evaluated on the new offsets"
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, window_size={self.window_size}, pretrained={self.pretrained_window_size}"
+        extra = self.coordinates.describe()
+        return (f"num_heads={self.num_heads}, window_size={self.window_size}, pretrained={self.pretrained_window_size}"
+                f"{', ' + extra if extra else ''}")

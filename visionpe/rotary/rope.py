@@ -3,8 +3,11 @@
 Both are one mechanism. Each rotation pair ``p`` of a head has a frequency *vector* ``f_p`` in
 coordinate space; the pair at position ``c`` turns by ``angle = <c, f_p>``. Axial RoPE uses axis-aligned
 vectors (``f_p = w_i e_a``), shared by all heads; mixed RoPE (Heo et al., RoPE-ViT 2024) learns them
-per head. Coordinates and frequency components are in ``xy`` order (last grid axis first), as in
-rope-vit and timm (``grid_indexing='xy'``), so 2D pairs ``[0, d/4)`` rotate with x and ``[d/4, d/2)`` with y.
+per head. The coordinates ``c`` are one of the systems of :mod:`visionpe.coords` (``coords="index"``: integer
+patch positions; ``"normalized"``: DINOv3's centred ``[-1, 1]``), optionally augmented in training
+(``shift_coords``, ``jitter_coords``, ``rescale_coords``). Coordinates and frequency components are in ``xy``
+order (last grid axis first), as in rope-vit and timm (``grid_indexing='xy'``), so 2D pairs ``[0, d/4)`` rotate
+with x and ``[d/4, d/2)`` with y.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from torch import nn
 from .._checks import (angle_dtype, check_choice, check_divisible, check_grid_ndim, check_ndim, check_number,
                        check_positive_int, to_shape)
 from ..cache import TableCache
+from ..coords import CoordinateSystem
 from ..grid import Grid, Layout, as_grid, as_layout
 from ._base import RotaryEncoding
 from .scaling import SCALINGS, attention_factor, axis_scales, scale_frequencies, scale_positions
@@ -27,9 +31,20 @@ AXIS_ORDERS = ("xy", "ij")
 SPECTRA = ("axial", "mrope", "mrope_interleaved")
 
 
-def band_frequencies(num_bands: int, theta: float, dtype=torch.float32) -> torch.Tensor:
-    """``w_i = 1 / theta ** (i / num_bands)``, ``i < num_bands``: rope-vit's ``1/theta^(4i/d)`` in 2D."""
-    return theta ** -(torch.arange(num_bands, dtype=dtype) / num_bands)
+def band_frequencies(num_bands: int, theta: float, dtype=torch.float32, per_turn: bool = False,
+                     periods=None) -> torch.Tensor:
+    """``w_i = 1 / theta ** (i / num_bands)``, ``i < num_bands``: rope-vit's ``1/theta^(4i/d)`` in 2D.
+
+    DINOv3's parametrisation (timm ``RotaryEmbeddingDinoV3``) gives *periods* instead, ``w_i = 2 pi / period_i``:
+    ``per_turn=True`` reads ``theta ** (i / num_bands)`` as the periods (DINOv3's ``temperature``), and
+    ``periods=(min_period, max_period)`` spaces them geometrically, ``min_period (max/min) ** (i / (n - 1))``.
+    """
+    if periods is not None:
+        low, high = periods
+        exponents = torch.linspace(0, 1, num_bands, dtype=dtype)
+        return 2 * math.pi / (low * (high / low) ** exponents)
+    freqs = theta ** -(torch.arange(num_bands, dtype=dtype) / num_bands)
+    return 2 * math.pi * freqs if per_turn else freqs
 
 
 def band_fractions(sizes) -> torch.Tensor:
@@ -37,13 +52,14 @@ def band_fractions(sizes) -> torch.Tensor:
     return torch.cat([torch.arange(n, dtype=torch.float32) / max(n - 1, 1) for n in sizes])
 
 
-def axial_frequencies(sections_xy, theta: float, dtype=torch.float32) -> torch.Tensor:
-    """Axis-aligned frequency vectors ``(ndim, 1, pairs)``: pairs of section ``a`` turn along axis ``a``."""
+def axial_frequencies(sections_xy, theta: float, dtype=torch.float32, **bands) -> torch.Tensor:
+    """Axis-aligned frequency vectors ``(ndim, 1, pairs)``: pairs of section ``a`` turn along axis ``a``
+    (``bands``: :func:`band_frequencies`'s ``per_turn`` and ``periods``)."""
     ndim, pairs = len(sections_xy), sum(sections_xy)
     freqs = torch.zeros(ndim, 1, pairs, dtype=dtype)
     start = 0
     for axis, n in enumerate(sections_xy):
-        freqs[axis, 0, start:start + n] = band_frequencies(n, theta, dtype)
+        freqs[axis, 0, start:start + n] = band_frequencies(n, theta, dtype, **bands)
         start += n
     return freqs
 
@@ -64,12 +80,12 @@ def mrope_axes(sections, num_pairs: int, interleaved: bool) -> list[int]:
     return axes
 
 
-def spectrum_frequencies(pair_components, ndim: int, theta: float, dtype=torch.float32) -> torch.Tensor:
+def spectrum_frequencies(pair_components, ndim: int, theta: float, dtype=torch.float32, **bands) -> torch.Tensor:
     """One spectrum ``1/theta^(p/n)`` over all ``n`` pairs (M-RoPE), pair ``p`` turning along coordinate
     component ``pair_components[p]``: ``(ndim, 1, n)``."""
     n = len(pair_components)
     freqs = torch.zeros(ndim, 1, n, dtype=dtype)
-    freqs[torch.tensor(pair_components), 0, torch.arange(n)] = band_frequencies(n, theta, dtype)
+    freqs[torch.tensor(pair_components), 0, torch.arange(n)] = band_frequencies(n, theta, dtype, **bands)
     return freqs
 
 
@@ -86,7 +102,7 @@ def random_rotations(num: int, ndim: int, generator=None) -> torch.Tensor:
     return q
 
 
-def mixed_frequencies(sections_xy, num_heads: int, theta: float, generator=None) -> torch.Tensor:
+def mixed_frequencies(sections_xy, num_heads: int, theta: float, generator=None, **bands) -> torch.Tensor:
     """RoPE-Mixed initial frequencies ``(ndim, num_heads, sum(sections))``.
 
     Per head a random rotation ``R``; the ``n_g`` bands of group ``g`` point along ``R``'s column ``g`` with the
@@ -94,7 +110,7 @@ def mixed_frequencies(sections_xy, num_heads: int, theta: float, generator=None)
     (directions ``phi`` and ``phi + pi/2``, magnitudes ``1/theta^(4i/d)``).
     """
     rot = random_rotations(num_heads, len(sections_xy), generator)  # (heads, ndim components, ndim groups)
-    groups = [rot[:, :, g, None] * band_frequencies(n, theta) for g, n in enumerate(sections_xy)]
+    groups = [rot[:, :, g, None] * band_frequencies(n, theta, **bands) for g, n in enumerate(sections_xy)]
     return rearrange(torch.cat(groups, dim=-1), "h a p -> a h p")
 
 
@@ -120,17 +136,27 @@ class RoPE(RotaryEncoding):
     tokens are not rotated. Angles are computed in float64 (exact on long axes), the rotations stored in
     complex64, cached per grid (and per parameter version for learned frequencies when gradients are off),
     and applied in float32.
+
+    Coordinates (``coordinates``, a :class:`~visionpe.coords.CoordinateSystem`): ``coords="index"`` (integer patch
+    positions; ``scaling`` adapts them to other grids against ``ref_shape``: ``"pi"`` is interpolation to the
+    reference grid) or ``"normalized"`` (DINOv3's centred ``[-1, 1]``, ``normalize_coords`` ``"separate"``,
+    ``"min"``, ``"max"``: every grid spans the same range, so it takes no ``scaling``). Augmentation
+    (``shift_coords``, ``jitter_coords``, ``rescale_coords``) runs in :meth:`forward` in training mode: one draw
+    per call shared by q, k and all heads, on the coordinates in component order (``axis_order``, timm's
+    ``grid_indexing``), so the same RNG state gives timm's transform; augmented rotations are never cached.
     """
 
     def __init__(self, head_dim: int, num_heads: int, ndim: int, freqs: torch.Tensor, band_fraction: torch.Tensor,
                  learnable: bool, pairs: str, scaling: str, ref_shape, yarn_alpha: float, yarn_beta: float,
-                 axis_order: str = "xy"):
+                 axis_order: str = "xy", coordinates: CoordinateSystem | None = None):
         super().__init__()
         check_choice("pairs", pairs, PAIRS)
         check_choice("scaling", scaling, SCALINGS)
         check_choice("axis_order", axis_order, AXIS_ORDERS)
         self.head_dim, self.num_heads, self.ndim, self.axis_order = head_dim, num_heads, ndim, axis_order
         self.pairs, self.scaling = pairs, scaling
+        self.coordinates = coordinates or CoordinateSystem()
+        check_scaling(scaling, self.coordinates)
         self.ref_shape = None if ref_shape is None else to_shape("ref_shape", ref_shape, ndim)
         if scaling != "none" and self.ref_shape is None:
             raise ValueError(f"scaling={scaling!r} needs ref_shape, the training grid (e.g. ref_shape=(14, 14))")
@@ -145,18 +171,24 @@ class RoPE(RotaryEncoding):
         self.register_buffer("band_fraction", band_fraction, persistent=False)
         self._cache = TableCache(maxsize=16)
 
-    def cis(self, grid: Grid, device=None) -> torch.Tensor:
-        """Complex rotations ``(heads or 1, P + N, head_dim / 2)``; prefix rows are the identity."""
+    def cis(self, grid: Grid, device=None, augment: bool = False) -> torch.Tensor:
+        """Complex rotations ``(heads or 1, P + N, head_dim / 2)``; prefix rows are the identity.
+
+        ``augment=True`` (:meth:`forward` in training mode) applies a fresh coordinate augmentation draw, uncached,
+        when one is set; otherwise the rotations are cached per grid."""
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, type(self).__name__)
         device = device or self.freqs.device
+        transform = self.coordinates.draw(augment, self.ndim, device)
+        if transform is not None:
+            return self._build(grid, device, transform)
         key = (grid, str(device), self.scaling, self.ref_shape)
         return self._cache.get(key, lambda: self._build(grid, device), [self.freqs])
 
-    def _build(self, grid: Grid, device) -> torch.Tensor:
+    def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
         wide = angle_dtype(device)  # float64 angles: exact to float32 rounding of cos/sin on any axis length
         with torch.autocast(device_type=torch.device(device).type, enabled=False):
-            coords = grid.coords(device, wide)  # (N, ndim) in grid order
+            coords = self.coordinates.positions(grid, device, wide)  # (N, ndim) in grid order
             coords = coords.flip(-1) if self.axis_order == "xy" else coords  # in component order
             freqs = self.frequencies(wide).to(device)
             scales = torch.ones(self.ndim, dtype=wide)
@@ -166,6 +198,8 @@ class RoPE(RotaryEncoding):
                 coords = scale_positions(coords, scales, self.scaling)
                 freqs = scale_frequencies(freqs, self.band_fraction, scales, ref, self.scaling,
                                           self.yarn_alpha, self.yarn_beta)
+            if transform is not None:  # after PI, as timm augments after ref_feat_shape
+                coords = transform(coords)
             angles = torch.einsum("na,ahp->hnp", coords, freqs)  # (heads, N, pairs)
         magnitude = attention_factor(scales, self.scaling)
         cis = torch.polar(torch.full_like(angles, magnitude), angles).to(torch.complex64)
@@ -185,6 +219,7 @@ class RoPE(RotaryEncoding):
         """A copy with the same frequencies that adapts to other grids by ``scaling`` against ``ref_shape``
         (default: this module's ``ref_shape``). Used to compare adaptations of one trained model."""
         check_choice("scaling", scaling, SCALINGS)
+        check_scaling(scaling, self.coordinates)
         ref_shape = self.ref_shape if ref_shape is None else to_shape("ref_shape", ref_shape, self.ndim)
         if scaling != "none" and ref_shape is None:
             raise ValueError(f"scaling={scaling!r} needs ref_shape, the training grid (e.g. ref_shape=(14, 14))")
@@ -192,10 +227,16 @@ class RoPE(RotaryEncoding):
         other.scaling, other.ref_shape, other._cache = scaling, ref_shape, TableCache(maxsize=16)
         return other
 
-    def rotate(self, x: torch.Tensor, grid: Grid | Layout) -> torch.Tensor:
+    def rotate(self, x: torch.Tensor, grid: Grid | Layout, cis: torch.Tensor | None = None) -> torch.Tensor:
         """Rotate one tensor ``(B, heads, P + N, head_dim)`` (``P + K`` tokens for a layout keeping ``K`` patches:
-        each kept token is rotated by its own position)."""
+        each kept token is rotated by its own position) by ``cis`` (default: :meth:`cis` of the grid, never
+        augmented: augmentation belongs to :meth:`forward`, which draws once for q and k)."""
         layout = as_layout(grid)
+        self._check_input(x, layout)
+        cis = self.cis(layout.grid, x.device) if cis is None else cis
+        return apply_rotary(x, layout.rows(cis), self.pairs)
+
+    def _check_input(self, x: torch.Tensor, layout: Layout) -> None:
         grid = layout.grid
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise ValueError(f"rotary input must be a floating-point tensor, got "
@@ -208,10 +249,14 @@ class RoPE(RotaryEncoding):
         if heads > 1 and x.shape[-3] != heads:
             raise ValueError(f"q/k have {x.shape[-3]} heads but {type(self).__name__} was built with "
                              f"num_heads={heads}")
-        return apply_rotary(x, layout.rows(self.cis(grid, x.device)), self.pairs)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid | Layout) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rotate(q, grid), self.rotate(k, grid)
+        """Rotate q and k by one table (in training mode with augmentation set: one fresh draw for both)."""
+        layout = as_layout(grid)
+        self._check_input(q, layout)
+        self._check_input(k, layout)
+        rows = layout.rows(self.cis(layout.grid, q.device, augment=self.training))
+        return apply_rotary(q, rows, self.pairs), apply_rotary(k, rows, self.pairs)
 
     @classmethod
     def model_defaults(cls, context) -> dict:
@@ -227,13 +272,36 @@ class RoPE(RotaryEncoding):
         return pe, pe.adaptation_label()
 
     def adaptation_label(self) -> str:
+        if self.coordinates.normalized:
+            return f"RoPE on {self.coordinates.label()}"
         if self.scaling == "none":
             return "RoPE extrapolated (integer positions)"
         return f"RoPE scaling={self.scaling}, ref_shape={'x'.join(map(str, self.ref_shape))}"
 
     def extra_repr(self) -> str:
+        extra = self.coordinates.describe()
         return (f"head_dim={self.head_dim}, num_heads={self.num_heads}, ndim={self.ndim}, pairs={self.pairs!r}, "
-                f"scaling={self.scaling!r}, ref_shape={self.ref_shape}")
+                f"scaling={self.scaling!r}, ref_shape={self.ref_shape}{', ' + extra if extra else ''}")
+
+
+def check_scaling(scaling: str, coordinates: CoordinateSystem) -> None:
+    """Resolution scaling (PI, NTK, YaRN) works on index coordinates against a reference grid; normalised
+    coordinates span [-1, 1] on every grid and take none."""
+    if coordinates.normalized and scaling != "none":
+        raise ValueError(f"scaling={scaling!r} applies to coords='index'; coords='normalized' maps every grid onto "
+                         "[-1, 1] already (a form of interpolation): use scaling='none'")
+
+
+def check_periods(min_period, max_period) -> tuple[float, float] | None:
+    """DINOv3's period range: both or neither, ``0 < min_period <= max_period``."""
+    if min_period is None and max_period is None:
+        return None
+    if min_period is None or max_period is None:
+        raise ValueError(f"min_period and max_period go together (DINOv3's periods min * (max/min)^(i/(n-1))), got "
+                         f"min_period={min_period!r}, max_period={max_period!r}")
+    low = check_number("min_period", min_period, minimum=0.0, inclusive=False)
+    high = check_number("max_period", max_period, minimum=low)
+    return low, high
 
 
 def resolve_sections(head_dim: int, ndim: int, sections, who: str) -> tuple[int, ...]:
@@ -265,11 +333,24 @@ class AxialRoPE(RoPE):
     for (t, h, w); ``"mrope_interleaved"`` assigns the pairs of that spectrum in a t, h, w stride (Qwen3-VL, timm
     ``RotaryEmbeddingMRope``; ``sections`` bound the strided extents, pairs left over turn with axis 0). Use
     ``pairs="half"`` and ``theta=10000`` for Qwen's layout.
+
+    Coordinates and augmentation (:mod:`visionpe.coords`, the same keywords as every coordinate-reading encoding):
+    ``coords="index"`` (default; ``theta`` gives ``w_i = theta^(-i/n)`` radians per patch) or ``"normalized"``
+    (DINOv3: centred ``[-1, 1]`` by ``normalize_coords`` ``"separate"``, ``"min"``, ``"max"``; ``theta`` is then
+    DINOv3's ``temperature``: periods ``theta^(i/n)`` in normalised units, ``w_i = 2 pi theta^(-i/n)``).
+    ``min_period``/``max_period`` (both or neither) give DINOv3's geometric periods instead,
+    ``w_i = 2 pi / (min_period (max_period/min_period)^(i/(n-1)))``, in the units of ``coords``.
+    ``shift_coords``, ``jitter_coords``, ``rescale_coords``: timm's train-time augmentation (see :class:`RoPE`).
+    ``AxialRoPE(head_dim, theta=T, coords="normalized", axis_order="ij", pairs="half")`` is timm's
+    ``RotaryEmbeddingDinoV3(head_dim, temperature=T)`` (its ``rotate_half`` layout, y pairs first).
     """
 
     def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, theta: float = 100.0,
                  pairs: str = "interleaved", sections=None, scaling: str = "none", ref_shape=None,
-                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0, axis_order: str = "xy", spectrum: str = "axial"):
+                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0, axis_order: str = "xy", spectrum: str = "axial",
+                 coords: str = "index", normalize_coords: str = "separate", min_period: float | None = None,
+                 max_period: float | None = None, shift_coords: float | None = None,
+                 jitter_coords: float | None = None, rescale_coords: float | None = None):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
         check_number("theta", theta, minimum=1.0, inclusive=False)
@@ -281,22 +362,24 @@ class AxialRoPE(RoPE):
                                 ndim)
         else:
             sections = resolve_sections(head_dim, ndim, sections, "rope_axial")
+        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
         self.theta, self.sections, self.spectrum, self.num_pairs = float(theta), sections, spectrum, head_dim // 2
+        self.bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
         order = sections[::-1] if axis_order == "xy" else sections
         fraction = band_fractions([head_dim // 2]) if spectrum != "axial" else band_fractions(order)
         super().__init__(head_dim, num_heads, ndim, self._frequencies(axis_order, torch.float32), fraction,
                          learnable=False, pairs=pairs, scaling=scaling, ref_shape=ref_shape,
-                         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order)
+                         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order, coordinates=coordinates)
 
     def _frequencies(self, axis_order: str, dtype: torch.dtype) -> torch.Tensor:
         ndim = len(self.sections)
         if self.spectrum == "axial":
             order = self.sections[::-1] if axis_order == "xy" else self.sections
-            return axial_frequencies(order, self.theta, dtype)
+            return axial_frequencies(order, self.theta, dtype, **self.bands)
         axes = mrope_axes(self.sections, self.num_pairs,
                           interleaved=self.spectrum == "mrope_interleaved")
         components = [ndim - 1 - a if axis_order == "xy" else a for a in axes]
-        return spectrum_frequencies(components, ndim, self.theta, dtype)
+        return spectrum_frequencies(components, ndim, self.theta, dtype, **self.bands)
 
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
         """Fixed frequencies recomputed in ``dtype`` (float64: exact angles on long axes; the float32 buffer is
@@ -311,11 +394,23 @@ class MixedRoPE(RoPE):
     rotation per head; ``sections`` sets the bands per direction group (grid order), as for ``rope_axial``.
     ``freqs`` (timm's ``RotaryEmbeddingMixed.freqs[:, layer]``) is excluded from weight decay through
     ``no_weight_decay()``.
+
+    Coordinates and augmentation (:mod:`visionpe.coords`, the same keywords as every coordinate-reading encoding):
+    ``coords="index"`` (default; initial magnitudes ``|f_i| = theta^(-i/n)`` radians per patch) or
+    ``"normalized"`` (DINOv3: centred ``[-1, 1]`` by ``normalize_coords`` ``"separate"``, ``"min"``, ``"max"``;
+    initial magnitudes ``|f_i| = 2 pi theta^(-i/n)``, periods ``theta^(i/n)`` in normalised units).
+    ``min_period``/``max_period`` (both or neither) initialise DINOv3's geometric periods instead,
+    ``|f_i| = 2 pi / (min_period (max_period/min_period)^(i/(n-1)))``, in the units of ``coords``; the
+    directions are drawn as above. ``shift_coords``, ``jitter_coords``, ``rescale_coords``: timm's train-time
+    augmentation (see :class:`RoPE`).
     """
 
     def __init__(self, head_dim: int, num_heads: int, ndim: int = 2, theta: float = 10.0,
                  pairs: str = "interleaved", sections=None, scaling: str = "none", ref_shape=None,
-                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0, generator=None, axis_order: str = "xy"):
+                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0, generator=None, axis_order: str = "xy",
+                 coords: str = "index", normalize_coords: str = "separate", min_period: float | None = None,
+                 max_period: float | None = None, shift_coords: float | None = None,
+                 jitter_coords: float | None = None, rescale_coords: float | None = None):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
         if generator is not None and not isinstance(generator, torch.Generator):
@@ -324,8 +419,11 @@ class MixedRoPE(RoPE):
         check_number("theta", theta, minimum=1.0, inclusive=False)
         check_choice("axis_order", axis_order, AXIS_ORDERS)
         order = sections[::-1] if axis_order == "xy" else sections
-        super().__init__(head_dim, num_heads, ndim, mixed_frequencies(order, num_heads, theta, generator),
+        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
+        super().__init__(head_dim, num_heads, ndim, mixed_frequencies(order, num_heads, theta, generator, **bands),
                          band_fractions(order), learnable=True, pairs=pairs, scaling=scaling,
-                         ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order)
-        self.theta, self.sections = float(theta), sections
+                         ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order,
+                         coordinates=coordinates)
+        self.theta, self.sections, self.bands = float(theta), sections, bands
 

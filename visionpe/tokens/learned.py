@@ -7,6 +7,7 @@ from torch import nn
 from .._checks import (check_bool, check_choice, check_grid_ndim, check_ndim, check_nonnegative_int, check_number,
                        check_positive_int, to_shape)
 from ..cache import TableCache
+from ..coords import SAMPLING, CoordinateSystem, denominators, sample_grid
 from ..grid import Grid, Layout, as_grid, as_layout
 from ..resample import INTERPOLATIONS, resample_grid
 from ._base import TokenEncoding, check_tokens
@@ -31,14 +32,31 @@ class Learned(TokenEncoding):
         interpolation, antialias: how the table is resampled for another grid (timm defaults:
             bicubic with antialias; ``antialias=False`` matches DeiT/MAE/HF transformers).
 
-    Resolution change: called on a grid of another shape, each factor table is resampled to its axes' new sizes. A grid with an ``offset`` selects the window ``[offset, offset + shape)`` of the table.
+        coords, normalize_coords: where a grid's patches read the table (:mod:`visionpe.coords`).
+            ``"index"`` (default): a grid of another shape reads the table resampled to it (``F.interpolate``, i.e.
+            interpolation onto the training grid's index range: patch ``j`` of ``n`` reads table position
+            ``(j + 0.5) S / n - 0.5``); a grid with an ``offset`` selects the window ``[offset, offset + shape)``.
+            ``"normalized"``: the table sits at its own grid's normalised coordinates (DINOv3's centred ``[-1, 1]``,
+            ``normalize_coords`` ``"separate"``, ``"min"``, ``"max"``) and each patch reads it at its normalised
+            coordinate (offset included), sampled (bicubic, bilinear or nearest ``F.grid_sample``,
+            ``align_corners=False``, border padding; no antialias). With ``"separate"`` this is ``F.interpolate``
+            without antialias; ``"min"``/``"max"`` keep the aspect ratio of distances. At the training grid both
+            read the table itself.
+        shift_coords, jitter_coords, rescale_coords: timm's train-time coordinate augmentation (training mode
+            only): the table is sampled at the augmented positions (in table patches for ``"index"``, in normalised
+            units for ``"normalized"``), uncached, with gradients to the table.
+
+    Resolution change: called on a grid of another shape, each factor table is resampled to its axes' new sizes
+    (``"index"``) or sampled at the grid's normalised positions (``"normalized"``).
 
     Call: ``pe(x, grid)`` with ``x: (B, P + N, dim)`` -> same shape.
     """
 
     def __init__(self, dim: int, ndim: int = 2, grid_shape=(14, 14), num_prefix_tokens: int = 0,
                  factorized: bool | str = False, interpolation: str = "bicubic", antialias: bool = True,
-                 init_std: float = 0.02):
+                 init_std: float = 0.02, coords: str = "index", normalize_coords: str = "separate",
+                 shift_coords: float | None = None, jitter_coords: float | None = None,
+                 rescale_coords: float | None = None):
         super().__init__()
         self.ndim = check_ndim(ndim)
         self.dim = check_positive_int("dim", dim)
@@ -46,11 +64,16 @@ class Learned(TokenEncoding):
         check_nonnegative_int("num_prefix_tokens", num_prefix_tokens)
         if not (isinstance(factorized, bool) or factorized == "space_time") or \
                 (factorized == "space_time" and self.ndim != 3):
-            raise ValueError(f"factorized={factorized!r} is not supported; allowed values: False, True, 'space_time' "
-                             f"(space_time needs ndim=3, got ndim={self.ndim})")
+            raise ValueError(f"factorized={factorized!r} is not supported; allowed values: True or False, or "
+                             f"'space_time' (space_time needs ndim=3, got ndim={self.ndim})")
         check_bool("antialias", antialias)
         check_number("init_std", init_std, minimum=0.0)
         check_choice("interpolation", interpolation, INTERPOLATIONS)
+        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        if (self.coordinates.normalized or self.coordinates.augments) and interpolation not in SAMPLING:
+            raise ValueError(f"interpolation={interpolation!r} cannot sample a table at points (coords="
+                             f"{coords!r}{', coordinate augmentation' if self.coordinates.augments else ''}); "
+                             f"allowed values: {', '.join(map(repr, SAMPLING))}")
         self.num_prefix_tokens = num_prefix_tokens
         self.factorized = factorized
         self.interpolation, self.antialias = interpolation, antialias
@@ -89,13 +112,23 @@ class Learned(TokenEncoding):
             total = total + resample_grid(table, [shape[a] for a in axes], interpolation, antialias).reshape(view)
         return total
 
-    def patch_table(self, grid: Grid) -> torch.Tensor:
+    def patch_table(self, grid: Grid, augment: bool = False) -> torch.Tensor:
         """Position vectors of the grid's patches, ``(N, dim)``.
 
-        Cached when gradients are off (evaluation at a new size does not resample every batch).
+        Cached when gradients are off (evaluation at a new size does not resample every batch). ``augment=True``
+        (the forward in training mode) samples the table at a fresh coordinate augmentation draw, uncached, if one
+        is set.
         """
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, "learned")
+        if not self.coordinates.normalized and grid.offset is not None:
+            self._check_window(grid)
+        transform = self.coordinates.draw(augment, self.ndim, next(self.parameters()).device)
+        if transform is not None:
+            return self._sampled_table(grid, transform).reshape(-1, self.dim)
+        if self.coordinates.normalized and (grid.shape != self.grid_shape or grid.offset is not None):
+            key = ("sampled", grid.shape, grid.offset, self.interpolation, str(next(self.parameters()).device))
+            return self._cache.get(key, lambda: self._sampled_table(grid).reshape(-1, self.dim), self.parameters())
         if grid.offset is not None:
             return self._window(grid)
         if grid.shape == self.grid_shape and self.factorized is False:
@@ -103,12 +136,45 @@ class Learned(TokenEncoding):
         key = (grid.shape, self.interpolation, self.antialias, str(next(self.parameters()).device))
         return self._cache.get(key, lambda: self._grid_table(grid.shape).reshape(-1, self.dim), self.parameters())
 
-    def _window(self, grid: Grid) -> torch.Tensor:
+    def table_positions(self, grid: Grid, transform=None) -> list[torch.Tensor]:
+        """Where the grid's patches read the table: per grid axis, fractional table indices ``(size_a,)`` (float64),
+        after the augmentation ``transform`` if given (see the class docstring)."""
+        grid = as_grid(grid)
+        device = next(self.parameters()).device
+        if self.coordinates.normalized:
+            axes = self.coordinates.axis_positions(grid.shape, grid.offset, device=device, dtype=torch.float64)
+            if transform is not None:
+                axes = [transform.on_axis(a, p) for a, p in enumerate(axes)]
+            # the table's own patch i sits at 2 (i + 0.5) / d - 1 on the training grid's denominators d
+            dens = denominators(self.grid_shape, self.coordinates.normalize_coords)
+            return [(p + 1) * (d / 2) - 0.5 for p, d in zip(axes, dens)]
+        if grid.offset is not None:  # a window of the table
+            axes = [torch.arange(n, device=device, dtype=torch.float64) + o for n, o in zip(grid.shape, grid.offset)]
+        else:  # F.interpolate's source positions (align_corners=False): j itself on the training grid
+            axes = [(torch.arange(n, device=device, dtype=torch.float64) + 0.5) * (m / n) - 0.5
+                    for n, m in zip(grid.shape, self.grid_shape)]
+        return axes if transform is None else [transform.on_axis(a, p) for a, p in enumerate(axes)]
+
+    def _sampled_table(self, grid: Grid, transform=None) -> torch.Tensor:
+        """The sum of the factor tables, each sampled at :meth:`table_positions` on its axes: ``(*shape, dim)``."""
+        positions = self.table_positions(grid, transform)
+        total = 0
+        for axes, table in zip(self.factor_axes(), self.factor_tables()):
+            view = [1] * self.ndim + [self.dim]
+            for a in axes:
+                view[a] = grid.shape[a]
+            total = total + sample_grid(table, [positions[a] for a in axes], self.interpolation).reshape(view)
+        return total
+
+    def _check_window(self, grid: Grid) -> None:
         start = [int(o) for o in grid.offset]
         if any(o != int(o) or o < 0 for o in grid.offset) or any(
                 s + n > m for s, n, m in zip(start, grid.shape, self.grid_shape)):
             raise ValueError(f"grid window offset={grid.offset} shape={grid.shape} must lie inside the learned "
                              f"grid {self.grid_shape} with non-negative integer offsets")
+
+    def _window(self, grid: Grid) -> torch.Tensor:
+        start = [int(o) for o in grid.offset]
         full = self._grid_table(self.grid_shape)
         window = full[tuple(slice(s, s + n) for s, n in zip(start, grid.shape))]
         return window.reshape(-1, self.dim)
@@ -124,7 +190,7 @@ class Learned(TokenEncoding):
                 raise ValueError(f"grid has prefix={grid.prefix} but the table owns "
                                  f"num_prefix_tokens={self.num_prefix_tokens} vectors")
             prefix_table = self.prefix
-        return self.add_to_patches(x, self.patch_table(grid), layout, prefix_table)
+        return self.add_to_patches(x, self.patch_table(grid, augment=self.training), layout, prefix_table)
 
     def position_vectors(self, grid) -> torch.Tensor:
         grid = as_grid(grid)
@@ -132,6 +198,8 @@ class Learned(TokenEncoding):
             return self.patch_table(Grid(grid.shape, 0, grid.offset)).detach().float().cpu()
 
     def adaptation_label(self) -> str:
+        if self.coordinates.normalized:
+            return f"table sampled at {self.coordinates.label()} ({self.interpolation})"
         return f"table resampled ({self.interpolation}{', antialias' if self.antialias else ''})"
 
     @torch.no_grad()
@@ -153,5 +221,7 @@ class Learned(TokenEncoding):
         return self
 
     def extra_repr(self) -> str:
+        extra = self.coordinates.describe()
         return (f"dim={self.dim}, grid_shape={self.grid_shape}, num_prefix_tokens={self.num_prefix_tokens}, "
-                f"factorized={self.factorized}, interpolation={self.interpolation!r}, antialias={self.antialias}")
+                f"factorized={self.factorized}, interpolation={self.interpolation!r}, antialias={self.antialias}"
+                f"{', ' + extra if extra else ''}")

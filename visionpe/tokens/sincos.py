@@ -1,19 +1,23 @@
 """Fixed sinusoidal position embeddings for any number of grid axes (ViT / MAE, video MAE-ST style)."""
 from __future__ import annotations
 
+import math
+
 import torch
 from einops import rearrange
 
 from .._checks import angle_dtype, check_choice, check_divisible, check_grid_ndim, check_ndim, check_number, \
     check_positive_int, to_shape
 from ..cache import TableCache
+from ..coords import CoordinateSystem
 from ..grid import Grid, Layout, as_grid, as_layout
 from ._base import TokenEncoding, check_tokens
 
 LAYOUTS = ("mae", "timm")
 
 
-def sincos_table(coords: torch.Tensor, dim: int, temperature: float = 10000.0, layout: str = "mae") -> torch.Tensor:
+def sincos_table(coords: torch.Tensor, dim: int, temperature: float = 10000.0, layout: str = "mae",
+                 per_turn: bool = False) -> torch.Tensor:
     """Sinusoidal embedding of ``coords`` ``(N, ndim)`` -> ``(N, dim)``, float32.
 
     Angles are computed in float64 (on any device but MPS), so the table is exact to float32 rounding on
@@ -24,6 +28,9 @@ def sincos_table(coords: torch.Tensor, dim: int, temperature: float = 10000.0, l
     ``"mae"`` puts the last axis first (2D: ``[sin x, cos x, sin y, cos y]``, MAE's
     ``get_2d_sincos_pos_embed``); ``"timm"`` keeps grid order (2D: ``[sin y, cos y, sin x, cos x]``,
     timm's ``build_sincos2d_pos_embed(interleave_sin_cos=True)``).
+
+    ``per_turn=True`` (normalised coordinates) reads ``temperature ** (i / bands)`` as *periods*, DINOv3's
+    convention: ``w_i = 2 pi / temperature ** (i / bands)``, one full turn per unit for the first band.
     """
     check_choice("layout", layout, LAYOUTS)
     ndim = coords.shape[-1]
@@ -31,6 +38,8 @@ def sincos_table(coords: torch.Tensor, dim: int, temperature: float = 10000.0, l
     bands = dim // (2 * ndim)
     wide = angle_dtype(coords.device)
     omega = float(temperature) ** -(torch.arange(bands, dtype=wide, device=coords.device) / bands)
+    if per_turn:
+        omega = 2 * math.pi * omega
     if layout == "mae":
         coords = coords.flip(-1)
     angles = coords.to(wide)[..., None] * omega  # (N, ndim, bands)
@@ -41,14 +50,22 @@ def sincos_table(coords: torch.Tensor, dim: int, temperature: float = 10000.0, l
 class SinCos(TokenEncoding):
     """Fixed sin-cos position vectors added to the patch tokens; prefix tokens get none.
 
-    Resolution change: recomputed on the new grid (integer positions extrapolate). With ``ref_shape``
-    the coordinates of any grid are stretched onto the reference grid's range instead.
+    Coordinates (:mod:`visionpe.coords`): ``coords="index"`` (default) reads integer patch positions, which
+    extrapolate on a larger grid; with ``ref_shape`` the coordinates of any grid are stretched onto the reference
+    grid's range instead (interpolation, PI). ``coords="normalized"`` reads DINOv3's centred coordinates in
+    ``[-1, 1]`` (``normalize_coords`` ``"separate"``, ``"min"``, ``"max"``), where ``temperature ** (i / bands)``
+    are periods in normalised units (``w_i = 2 pi / temperature ** (i / bands)``; a small temperature such as
+    DINOv3's 100 suits them); it needs no ``ref_shape``, as every grid already spans ``[-1, 1]``.
+    ``shift_coords``, ``jitter_coords``, ``rescale_coords``: timm's train-time coordinate augmentation (training
+    mode only; a fresh table each training call, the cache serves evaluation).
 
     Call: ``pe(x, grid)`` with ``x: (B, P + N, dim)`` -> same shape.
     """
 
     def __init__(self, dim: int, ndim: int = 2, layout: str = "mae", temperature: float = 10000.0,
-                 ref_shape=None):
+                 ref_shape=None, coords: str = "index", normalize_coords: str = "separate",
+                 shift_coords: float | None = None, jitter_coords: float | None = None,
+                 rescale_coords: float | None = None):
         super().__init__()
         self.ndim = check_ndim(ndim)
         self.dim = check_positive_int("dim", dim)
@@ -57,32 +74,44 @@ class SinCos(TokenEncoding):
         check_number("temperature", temperature, minimum=0.0, inclusive=False)
         self.layout, self.temperature = layout, float(temperature)
         self.ref_shape = None if ref_shape is None else to_shape("ref_shape", ref_shape, ndim)
+        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        if self.coordinates.normalized and self.ref_shape is not None:
+            raise ValueError(f"ref_shape={self.ref_shape} applies to coords='index' (interpolation to a reference "
+                             "grid); coords='normalized' maps every grid onto [-1, 1] already: drop ref_shape")
         self._cache = TableCache()
 
-    def table(self, grid: Grid, device=None) -> torch.Tensor:
-        """Position vectors of the patches, ``(N, dim)`` float32, cached per grid and device."""
+    def table(self, grid: Grid, device=None, augment: bool = False) -> torch.Tensor:
+        """Position vectors of the patches, ``(N, dim)`` float32, cached per grid and device; ``augment=True``
+        (the forward in training mode) applies a fresh coordinate augmentation draw, uncached, if one is set."""
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, "sincos")
+        transform = self.coordinates.draw(augment, self.ndim, device)
+        if transform is not None:
+            return self._build(grid, device, transform)
         return self._cache.get((grid.shape, grid.offset, str(device)), lambda: self._build(grid, device))
 
-    def _build(self, grid: Grid, device) -> torch.Tensor:
-        coords = grid.coords(device)
-        if self.ref_shape is not None:
-            coords = coords * torch.tensor([r / s for r, s in zip(self.ref_shape, grid.shape)], device=device)
-        return sincos_table(coords, self.dim, self.temperature, self.layout)
+    def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
+        coords = self.coordinates.positions(grid, device, angle_dtype(device), ref_shape=self.ref_shape)
+        if transform is not None:
+            coords = transform(coords)
+        return sincos_table(coords, self.dim, self.temperature, self.layout, per_turn=self.coordinates.normalized)
 
     def forward(self, x: torch.Tensor, grid: Grid | Layout) -> torch.Tensor:
         layout = as_layout(grid)
         check_grid_ndim(layout.grid, self.ndim, "sincos")
         check_tokens(x, layout, self.dim)
-        return self.add_to_patches(x, self.table(layout.grid, x.device), layout)
+        return self.add_to_patches(x, self.table(layout.grid, x.device, augment=self.training), layout)
 
     def position_vectors(self, grid) -> torch.Tensor:
         grid = as_grid(grid)
         return self.table(Grid(grid.shape, 0, grid.offset)).float().cpu()
 
     def adaptation_label(self) -> str:
+        if self.coordinates.normalized:
+            return f"recomputed on {self.coordinates.label()}"
         return "recomputed" if self.ref_shape is None else "coordinates stretched to ref_shape"
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, ndim={self.ndim}, layout={self.layout!r}, temperature={self.temperature}"
+        extra = self.coordinates.describe()
+        return (f"dim={self.dim}, ndim={self.ndim}, layout={self.layout!r}, temperature={self.temperature}"
+                f"{', ' + extra if extra else ''}")

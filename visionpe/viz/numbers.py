@@ -215,7 +215,7 @@ def axial_reference(pe: nn.Module) -> torch.Tensor:
     _check_rotary(pe)
     sections = getattr(pe, "sections", None) or (pe.head_dim // (2 * pe.ndim),) * pe.ndim
     order = pe.components(sections) if hasattr(pe, "components") else tuple(sections)[::-1]
-    return rearrange(axial_frequencies(order, pe.theta), "a 1 p -> p a")
+    return rearrange(axial_frequencies(order, pe.theta, **getattr(pe, "bands", {})), "a 1 p -> p a")
 
 
 def adapt(pe: nn.Module, shape, new_shape, scaling: str | None = None) -> tuple[nn.Module, str]:
