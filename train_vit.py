@@ -6,6 +6,13 @@ test resolution changes.
     python train_vit.py --config configs/shapes_tiny.yaml --pe rope_mixed+learned --pe-kwargs theta=10
     torchrun --nproc_per_node 2 train_vit.py --config configs/shapes_tiny.yaml      # DDP (gloo on CPU, nccl on GPU)
     python train_vit.py --resume runs/NAME                                          # continue exactly
+    python train_vit.py --init-from runs/NAME --pe rope_mixed --epochs 2 --output runs/NAME_to_rope
+                                                         # convert a trained run to another encoding, fine-tune
+
+--init-from starts a NEW run (fresh optimizer and schedule, epochs from 1) from another model's weights: every
+non-positional weight is kept, positional ones are converted where that has a meaning (a learned table resampled
+to the new grid; timm's pos_embed into learned) and the rest are dropped or start fresh, with a printed
+kept / converted / new / dropped report. The model and data settings default to the source run's.
 
 Settings: defaults < YAML recipe (--config) < command line (visionpe/train/config.py lists every one). The run
 directory (--output, default runs/<data>_<pe>_s<seed>) holds config.yaml, state.pt (the checkpoint),
@@ -42,7 +49,7 @@ def main(argv: list[str]) -> dict:
     if resume:
         cfg, changed = rundir.resume_config(args)  # the run's config.yaml; only safe settings may change
     else:
-        cfg, changed = config.resolve(args), []
+        cfg, changed = rundir.new_config(args), []  # with --init-from: the source run's model settings as defaults
         rundir.check_fresh(Path(cfg["output"]), cfg["overwrite"])
     out = Path(cfg["output"])
 
@@ -84,8 +91,13 @@ def main(argv: list[str]) -> dict:
         raise UserError(f"batch_size {cfg['batch_size']} is larger than the training set ({len(train_set)} images)")
 
     # -- model, optimizer, schedule, loss --------------------------------------------------------------------
+    state = rundir.load_checkpoint(out) if resume else None
     torch.manual_seed(cfg["seed"])
-    raw_model = rundir.build_model(cfg).to(device)
+    raw_model = rundir.build_model(cfg)
+    init = None
+    if cfg["init_from"] and state is None:  # a new run from another model's weights (or one resumed before epoch 1)
+        init = rundir.init_weights(raw_model, cfg)
+    raw_model = raw_model.to(device)
     model = DDP(raw_model, device_ids=[local_rank] if use_cuda else None) if world > 1 else raw_model
     num_params = sum(p.numel() for p in raw_model.parameters())
     with cli.user_errors(f"opt={cfg['opt']}", (ValueError, TypeError, ImportError)):
@@ -106,8 +118,7 @@ def main(argv: list[str]) -> dict:
         criterion = torch.nn.CrossEntropyLoss()
 
     # -- run directory: fresh, or continue from the last saved epoch -----------------------------------------
-    start_epoch, best_acc, best_epoch, history = 0, -1.0, -1, []
-    state = rundir.load_checkpoint(out) if resume else None
+    start_epoch, best_acc, best_epoch, history = 0, -1.0, -1, [init] if init else []
     if state is not None:
         rundir.load_state(raw_model, state["model"], out / rundir.STATE)
         with cli.user_errors(f"{out / rundir.STATE} does not fit the optimizer or schedule"):
@@ -122,6 +133,8 @@ def main(argv: list[str]) -> dict:
             log(note)
     if resume:
         log(f"resuming {out} after epoch {start_epoch}")
+    if init:
+        log(rundir.init_text(init))
     log(f"{cfg['model']} pe={cfg['pe']} {num_params / 1e6:.3f}M params | {cfg['data']} {len(train_set)} train "
         f"{len(val_set)} val at {cfg['img_size']}px | {world} process(es) on {device.type}"
         f"{' bf16' if use_bf16 else ''} | {out}")
@@ -169,7 +182,8 @@ def main(argv: list[str]) -> dict:
         history += [{"kind": "eval_res", "model": which, "res": r, **m} for r, m in results[which].items()]
     epochs_run = [h for h in history if h["kind"] == "epoch"]
     summary = {"model": cfg["model"], "pe": cfg["pe"], "data": cfg["data"], "seed": cfg["seed"],
-               "img_size": cfg["img_size"], "params": num_params, "epochs": cfg["epochs"], "best_epoch": best_epoch,
+               "img_size": cfg["img_size"], "init_from": cfg["init_from"], "params": num_params,
+               "epochs": cfg["epochs"], "best_epoch": best_epoch,
                "train_img_per_s": float(np.median([h["img_per_s"] for h in epochs_run])) if epochs_run else None,
                "final_train_loss": epochs_run[-1]["train_loss"] if epochs_run else None,
                "results": {w: {str(r): m for r, m in rs.items()} for w, rs in results.items()}}

@@ -19,6 +19,7 @@ import csv
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -41,7 +42,6 @@ SWIN_LIST = ["swin_bias", "cpb", "rope_mixed", "alibi"]
 def job(cfg_path: Path, data: str, pe: str, seed: int, run: Path, res, scalings, extra, log_dir: Path) -> dict:
     """Train one run (unless done: ``python train_vit.py ...``), then sweep it (``python scripts/resolution_sweep.py
     ...``), each in its own process; returns {'run', 'ok', 'seconds', 'log'}."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
     log = log_dir / f"{run.parent.parent.name}__{run.parent.name}__{run.name}.log"
     t0 = time.time()
     commands = []
@@ -52,17 +52,27 @@ def job(cfg_path: Path, data: str, pe: str, seed: int, run: Path, res, scalings,
         train += ["--resume"] if (run / "config.yaml").is_file() else ["--overwrite"]
         commands.append([str(ROOT / "train_vit.py"), *train])
     if not (run / "sweep" / "sweep.csv").is_file():
-        commands.append([str(ROOT / "scripts" / "resolution_sweep.py"), str(run), "--res", *map(str, res),
-                         "--scaling", *scalings, "--out", str(run / "sweep")])
+        commands.append(sweep_command(run, res, scalings))
+    return {"run": run, "ok": run_logged(commands, log), "seconds": time.time() - t0, "log": log}
+
+
+def sweep_command(run: Path, res, scalings) -> list[str]:
+    """``scripts/resolution_sweep.py`` on a run's last weights, writing ``run/sweep/``."""
+    return [str(ROOT / "scripts" / "resolution_sweep.py"), str(run), "--res", *map(str, res), "--scaling", *scalings,
+            "--out", str(run / "sweep")]
+
+
+def run_logged(commands: list[list[str]], log: Path) -> bool:
+    """Run each ``[script, *args]`` with this Python, one thread each, appending its output to ``log``; stop at the
+    first failure. True when all succeeded."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
     with open(log, "a") as f:
         for cmd in commands:
             f.write(f"$ python {shlex.join([str(Path(cmd[0]).relative_to(ROOT)), *cmd[1:]])}\n")
             f.flush()
-            rc = subprocess.run([sys.executable, *cmd], stdout=f, stderr=subprocess.STDOUT, env=env,
-                                cwd=ROOT).returncode
-            if rc:
-                return {"run": run, "ok": False, "seconds": time.time() - t0, "log": log}
-    return {"run": run, "ok": True, "seconds": time.time() - t0, "log": log}
+            if subprocess.run([sys.executable, *cmd], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode:
+                return False
+    return True
 
 
 def mean_std(values):
@@ -70,6 +80,12 @@ def mean_std(values):
     if not values:
         return float("nan"), float("nan")
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def accuracy_cells(entry: dict, res, train_res: int) -> list[str]:
+    """``mean ± std`` of top-1 at every resolution, then of the retention at every other resolution."""
+    cells = ["{:.1f} ± {:.1f}".format(*mean_std(entry["acc"].get(r, []))) for r in res]
+    return cells + ["{:.3f} ± {:.3f}".format(*mean_std(entry["ret"].get(r, []))) for r in res if r != train_res]
 
 
 def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
@@ -106,14 +122,7 @@ def markdown_table(table: dict, family: str, data: str, res: list[int]) -> str:
     head += [f"retention {r}px" for r in res if r != train_res] + ["params", "train img/s", "seeds"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (_, _, pe, adaptation), v in rows:
-        cells = [label(pe, adaptation)]
-        for r in res:
-            m, s = mean_std(v["acc"].get(r, []))
-            cells.append(f"{m:.1f} ± {s:.1f}")
-        for r in res:
-            if r != train_res:
-                m, s = mean_std(v["ret"].get(r, []))
-                cells.append(f"{m:.3f} ± {s:.3f}")
+        cells = [label(pe, adaptation)] + accuracy_cells(v, res, train_res)
         cells += [f"{v['params'] / 1e3:.1f}k", f"{mean_std(v['img_s'])[0]:.0f}", str(len(v["seeds"]))]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
@@ -219,7 +228,14 @@ def write_report(path: Path, args, table, runs, command: str, wall: float, confi
                 lines += ["RoPE-ViT's ordering (Heo et al. 2024: mixed >= axial >= learned APE as resolution grows):", "",
                           v]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
+    # sections written by other scripts (scripts/convert_benchmark.py) between <!-- BEGIN x --> / <!-- END x -->
+    # markers are kept at the end
+    kept = re.findall(r"<!-- BEGIN [\w.-]+ -->.*?<!-- END [\w.-]+ -->\n?", path.read_text(), re.S) \
+        if path.is_file() else []
+    text = "\n".join(lines)
+    for block in kept:
+        text = text.rstrip("\n") + "\n\n" + block.rstrip("\n") + "\n"
+    path.write_text(text)
 
 
 def build_parser() -> cli.Parser:

@@ -105,6 +105,9 @@ ROWS = [
     (T, ["--patch-size", "0"], ["patch_size", ">= 1"]),
     (T, ["--drop-path", "1"], ["drop_path", "[0, 1)"]),
     (T, ["--drop-path", "-0.1"], ["drop_path"]),
+    (T, ["--init-from", "{tmp}/nowhere", "--pe", "rope_mixed"], ["--init-from", "{tmp}/nowhere", "no such run"]),
+    (T, ["--init-from", "{run}", "--embed-dim", "32"], ["--init-from", "does not fit", "embed_dim=32"]),
+    (T, ["--init-head-reset"], ["--init-head-reset needs --init-from"]),
     # -- data ---------------------------------------------------------------------------------------------------
     (T, ["--data", "imagenet-1k"], ["--data", "imagenet-1k", "shapes-position"]),
     (T, ["--data", "mnist", "--data-dir", "{tmp}"], ["mnist", "{tmp}", "--download"]),

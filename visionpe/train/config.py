@@ -61,6 +61,18 @@ SETTINGS: dict[str, Setting] = {
     "model_kwargs": S({"embed_dim": 64, "depth": 4, "num_heads": 4}, MODEL, "mapping",
                       "timm model keywords as KEY=VALUE (mlp_ratio, global_pool, ...); replaces the default "
                       "mapping as a whole", metavar="KEY=VALUE"),
+    "init_from": S(None, MODEL, "str?", "start from another model's weights and train them as a NEW run (a fresh "
+                   "optimizer and schedule; not --resume): a run directory (its last.safetensors), a weights file in "
+                   "one (DIR/best.safetensors), or a timm/visionpe checkpoint (.safetensors, .pth, .pt). Every "
+                   "non-positional weight is kept; positional ones are converted where that has a meaning (a learned "
+                   "table, or timm's pos_embed, into a target that has learned, resampled to its grid), the rest are "
+                   "dropped or start fresh; the kept / converted / new / dropped report is printed and stored in "
+                   "metrics.jsonl. From a run, model, model_kwargs, img_size, patch_size, data and data_dir default "
+                   "to the source run's (a recipe or flags override them), so '--init-from DIR --pe rope_mixed' "
+                   "converts that run. Other sizes (embed_dim, depth, patch_size, model) are an error naming the "
+                   "keys; so is another classifier head unless --init-head-reset", metavar="PATH"),
+    "init_head_reset": S(False, MODEL, "bool", "with --init-from: do not take the source's classifier head "
+                         "(head.*); train a new one (needed when the number of classes differs)"),
     "drop_path": S(0.0, AUG, "float", "stochastic depth rate (timm drop_path_rate); in [0, 1)", metavar="P"),
     # data
     "data": S("shapes-position", DATA, "choice", "data set", choices=vdata.DATASETS),
@@ -282,6 +294,8 @@ def check(cfg: dict, training: bool = True) -> None:
     for key in ("workers", "threads", "stop_after", "seed"):
         need(cfg[key] >= 0, f"{key} must be an integer >= 0, got {cfg[key]}")
     need(cfg["lr"] > 0, f"lr must be a number > 0, got {cfg['lr']}")
+    need(not cfg["init_head_reset"] or cfg["init_from"], "--init-head-reset needs --init-from PATH (it resets the "
+         "classifier head of the weights taken from PATH)")
     for key in ("weight_decay", "min_lr", "clip_grad", "mixup", "cutmix"):
         need(cfg[key] >= 0, f"{key} must be a number >= 0, got {cfg[key]}")
     need(0 <= cfg["warmup_epochs"] <= cfg["epochs"],

@@ -11,7 +11,8 @@
     results.json        the final resolution table; written last, so it exists only for a finished run
 
 Everything that reads a run goes through here: training and resume (``train_vit.py``), the resolution sweep,
-the benchmark and the visualization (:func:`load_run`, :func:`build_model`, :func:`load_model`).
+the benchmark and the visualization (:func:`load_run`, :func:`build_model`, :func:`load_model`), and a new run
+that starts from another run's weights (``--init-from``: :func:`new_config`, :func:`init_weights`).
 
 Checkpoint protocol (a kill at any instant leaves a run that ``--resume`` continues exactly):
 
@@ -160,6 +161,9 @@ def resume_config(args: dict) -> tuple[dict, list[tuple]]:
     (``config.SAFE_ON_RESUME``). Returns ``(cfg, [(setting, old, new)] applied)``; any other change is refused
     with one line naming it."""
     resume = args["resume"]
+    if args.get("init_from") is not None:
+        raise UserError("--init-from starts a new run from another model's weights and --resume continues this run "
+                        "from its own; give one of them")
     out = Path(resume if isinstance(resume, str) else args.get("output") or "")
     if str(out) in ("", "."):
         raise UserError("--resume needs the run directory: --resume DIR (or --output DIR)")
@@ -180,6 +184,144 @@ def resume_config(args: dict) -> tuple[dict, list[tuple]]:
                         f"of the run (only {', '.join(config.SAFE_ON_RESUME)} may change); start a new run with "
                         "another --output, or --overwrite this one")
     return cfg, diff
+
+
+def new_config(args: dict) -> dict:
+    """Settings of a new run: :func:`config.resolve`; with ``--init-from`` a run (directory, or a weights file in
+    one), the source run's model and data settings (:data:`INHERITED`) take the place of the defaults, below the
+    recipe and the command line, and ``init_from`` becomes the weights file itself."""
+    init = args.get("init_from")
+    if init is None and args.get("config"):
+        init = config.read_yaml(args["config"]).get("init_from")
+    if init is None:
+        return config.resolve(args)
+    if not isinstance(init, str) or not init:
+        raise UserError(f"init_from must be a path, got {init!r}")
+    weights, source = init_source(init)
+    base = None
+    if source is not None:
+        base = config._copy(config.DEFAULTS)
+        base.update({k: config._copy(source[k]) for k in INHERITED})
+        base["model_kwargs"] = {k: v for k, v in base["model_kwargs"].items() if k not in DERIVED_MODEL_KWARGS}
+    cfg = config.resolve({**args, "init_from": str(weights)}, base=base)
+    if Path(cfg["output"]).resolve() == weights.parent.resolve():
+        raise UserError(f"--init-from {init}: the weights are in the new run's own --output {cfg['output']}; give "
+                        "another --output")
+    return cfg
+
+
+# -----------------------------------------------------------------------------------------------------
+# --init-from: a new run that starts from another model's weights
+INHERITED = ("model", "model_kwargs", "img_size", "patch_size", "data", "data_dir")  # taken from a source run
+DERIVED_MODEL_KWARGS = ("img_size", "patch_size", "num_classes", "in_chans", "drop_path_rate")  # set from settings
+CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+
+
+def init_source(path) -> tuple[Path, dict | None]:
+    """``(weights file, the source run's settings or None)`` of ``--init-from path``: a run directory (its
+    last.safetensors), a weights file in one, or a checkpoint file of no run (timm or visionpe)."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / CONFIG).is_file():
+            raise UserError(f"--init-from {path}: not a run directory ({CONFIG} not found) and not a weights file")
+        source = _source_run(path)
+        if not (path / LAST).is_file():
+            raise UserError(f"--init-from {path}: {LAST} not found (the run has finished no epoch)")
+        return path / LAST, source
+    if not path.exists():
+        raise UserError(f"--init-from {path}: no such run directory or weights file")
+    if path.suffix not in CHECKPOINT_SUFFIXES:
+        raise UserError(f"--init-from {path}: expected a run directory or a {', '.join(CHECKPOINT_SUFFIXES)} file")
+    return path, (_source_run(path.parent) if (path.parent / CONFIG).is_file() else None)
+
+
+def _source_run(run: Path) -> dict:
+    try:
+        return load_run(run)
+    except UserError as err:
+        raise UserError(f"--init-from {run}: {err}") from None
+
+
+def init_weights(model: torch.nn.Module, cfg: dict) -> dict:
+    """Load ``cfg['init_from']`` into ``model`` (:func:`visionpe.load_timm_checkpoint`: non-positional weights by
+    name and shape, positional ones converted where possible) and return the report as a history record
+    ``{'kind': 'init', 'source', 'source_pe', 'source_epoch', 'kept', 'converted', 'new', 'dropped'}``.
+
+    A non-positional weight that is dropped or new (another embed_dim, depth, patch size or model), or a classifier
+    head that does not fit unless ``cfg['init_head_reset']`` (which leaves the head new), is a :class:`UserError`
+    naming the keys; the model may then be partly loaded."""
+    import logging
+    path = Path(cfg["init_from"])
+    source_cfg = _source_run(path.parent) if (path.parent / CONFIG).is_file() else None
+    with user_errors(f"--init-from {path}", (ValueError, OSError)):
+        state = checkpoint.read_state_dict(path)
+    head = [k for k in state if checkpoint._is_classifier(k)] if cfg["init_head_reset"] else []
+    state = {k: v for k, v in state.items() if k not in head}
+    positional = _positional_names(model)
+    is_positional = lambda key: checkpoint._is_positional(key) or key.startswith(positional)
+    target = model.state_dict()
+    quiet = logging.getLogger(checkpoint.__name__)
+    was_disabled, quiet.disabled = quiet.disabled, True  # the report is printed by the caller
+    try:
+        report = checkpoint.load_timm_checkpoint(model, state)
+    finally:
+        quiet.disabled = was_disabled
+    order = {k: i for i, k in enumerate(target)}
+    loose = sorted((k for k in dict.fromkeys(report.dropped + report.new) if not is_positional(k)
+                    and not (cfg["init_head_reset"] and checkpoint._is_classifier(k))),
+                   key=lambda k: order.get(k, len(order)))  # in the model's order
+    if loose:
+        def describe(key):
+            if key in state and key in target:
+                return f"{key} {_shape(state[key])} in the source, {_shape(target[key])} here"
+            return f"{key} only in the {'source' if key in state else 'new model'}"
+        shown = ", ".join(describe(k) for k in loose[:6]) + (f", ... {len(loose) - 6} more" if len(loose) > 6 else "")
+        if all(checkpoint._is_classifier(k) for k in loose):
+            raise UserError(f"--init-from {path}: the classifier head does not fit ({shown}); pass --init-head-reset "
+                            "to train a new head")
+        source = "" if source_cfg is None else f"source {source_cfg['model']} [{_sizes(source_cfg)}], "
+        raise UserError(f"--init-from {path} does not fit the new model ({source}new {cfg['model']} "
+                        f"[{_sizes(cfg)}] pe={cfg['pe']}): {shown}; only positional weights (and the head, with "
+                        "--init-head-reset) may differ; leave out the model settings to take the source run's")
+    epoch = checkpoint.weights_metadata(path).get("epoch") if path.suffix == ".safetensors" else None
+    return {"kind": "init", "source": str(path), "source_pe": source_cfg["pe"] if source_cfg else None,
+            "source_epoch": int(epoch) if epoch is not None else None, "head_reset": cfg["init_head_reset"],
+            "kept": report.kept, "converted": report.converted, "new": report.new,
+            "dropped": report.dropped}
+
+
+def _positional_names(model) -> tuple[str, ...]:
+    """Name prefixes (``name.``) of the model's encoding modules."""
+    from .. import encodings_of
+    modules = {id(m) for family in encodings_of(model).values() for m in family}
+    return tuple(f"{name}." for name, m in model.named_modules() if id(m) in modules and name)
+
+
+def _shape(t) -> str:
+    return "x".join(map(str, t.shape)) or "scalar"
+
+
+def _sizes(cfg: dict) -> str:
+    kw = cfg.get("model_kwargs") or {}
+    sizes = [f"{k}={kw[k]}" for k in ("embed_dim", "depth", "num_heads") if k in kw]
+    sizes += [f"{k}={cfg.get(k)}" for k in ("patch_size", "in_chans", "num_classes")]
+    return " ".join(sizes)
+
+
+def init_text(record: dict) -> str:
+    """The report of :func:`init_weights`: one summary line, then one line per converted, new and dropped key
+    (and per positional weight kept as it was)."""
+    source = record["source"] + "".join(
+        [f" pe={record['source_pe']}" if record["source_pe"] else "",
+         f" epoch {record['source_epoch']}" if record["source_epoch"] is not None else ""])
+    counts = ", ".join(f"{len(record[k])} {k}" for k in ("kept", "converted", "new", "dropped"))
+    lines = [f"init from {source}: {counts}" + (" (classifier head reset)" if record["head_reset"] else "")
+             + "; a new run: fresh optimizer and schedule"]
+    lines += [f"  kept      {k}" for k in record["kept"] if checkpoint._is_positional(k)]
+    lines += [f"  converted {k}" for k in record["converted"]]
+    lines += [f"  new       {k}" for k in record["new"]]
+    lines += [f"  dropped   {k}" for k in record["dropped"]]
+    return "\n".join(lines)
 
 
 # -----------------------------------------------------------------------------------------------------
