@@ -7,10 +7,11 @@ from einops import rearrange
 from torch import nn
 
 from ._checks import check_number, check_positive_int
-from .grid import Grid, Layout, as_layout
+from .grid import Grid, Layout, MixedLayout, as_layout
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layout, rotary: nn.Module | None = None,
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layout | MixedLayout,
+           rotary: nn.Module | None = None,
            bias: nn.Module | None = None, attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
            scale: float | None = None) -> torch.Tensor:
     """Attention over a grid's tokens with optional rotary and bias encodings.
@@ -18,8 +19,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
     Args:
         q, k, v: ``(B, heads, P + N, head_dim)`` (``v`` may have another head_dim); ``P + K`` tokens when
             ``grid`` is a :class:`Layout` that keeps ``K`` patches per sample.
-        grid: the token layout, a :class:`Grid` or a :class:`Layout` (prefix tokens are never rotated and get
-            zero bias unless the encoding defines prefix entries; kept tokens keep their own positions).
+        grid: the token layout, a :class:`Grid`, a :class:`Layout` (kept patches per sample) or a
+            :class:`MixedLayout` (a grid per sample, padded; padded keys are masked). Prefix tokens are never rotated
+            and get zero bias unless the encoding defines prefix entries; kept tokens keep their own positions.
         rotary: a rotary-family module, ``rotary(q, k, grid) -> (q, k)``.
         bias: a bias-family module, ``bias(grid) -> (heads, P + N, P + N)``.
         attn_mask: extra additive float mask broadcastable to ``(B, heads, T, T)`` (e.g. Swin's shift mask)
@@ -27,28 +29,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
     Returns:
         ``(B, heads, P + N, v_head_dim)``.
     """
-    layout = as_layout(grid)
-    grid = layout.grid
     check_qkv(q, k, v)
     check_number("dropout_p", dropout_p, minimum=0.0, maximum=1.0)
     if scale is not None:
         check_number("scale", scale)
-    if (rotary is not None or bias is not None) and q.shape[2] != layout.num_tokens:
-        raise ValueError(f"q, k, v have {q.shape[2]} tokens but grid {grid.shape} with prefix={grid.prefix} has "
-                         f"{layout.num_tokens}{'' if layout.keep is None else ' kept'}")
-    if rotary is not None:
-        q, k = rotary(q, k, layout.unwrap())
-    mask = None
-    if bias is not None:
-        mask = bias(grid)
-        expected = (q.shape[1], grid.num_tokens, grid.num_tokens)
-        if not isinstance(mask, torch.Tensor) or mask.ndim != 3 or mask.shape[0] not in (1, q.shape[1]) \
-                or tuple(mask.shape[1:]) != expected[1:]:
-            heads = f"{mask.shape[0]} heads, " if getattr(mask, "ndim", 0) == 3 else ""
-            raise ValueError(f"bias gives {heads}shape {tuple(getattr(mask, 'shape', ()))} but q, k have "
-                             f"{q.shape[1]} heads: expected (num_heads, q tokens, k tokens) = {expected} (build the "
-                             f"bias with num_heads={q.shape[1]})")
-        mask = layout.pairs(mask).to(q.dtype)  # kept rows and columns per sample: (B, heads, P + K, P + K)
+    if isinstance(grid, MixedLayout):
+        q, k, mask = _mixed_positions(q, k, grid, rotary, bias)
+    else:
+        q, k, mask = _positions(q, k, as_layout(grid), rotary, bias)
     if attn_mask is not None:
         expected = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         if not isinstance(attn_mask, torch.Tensor) or attn_mask.ndim > 4 or not _broadcasts(attn_mask.shape, expected):
@@ -59,6 +47,46 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
                 ~attn_mask, float("-inf"))
         mask = attn_mask.to(q.dtype) if mask is None else mask + attn_mask.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
+def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias):
+    """q and k rotated, and the bias of the layout (``None`` without a bias encoding)."""
+    grid = layout.grid
+    if (rotary is not None or bias is not None) and q.shape[2] != layout.num_tokens:
+        raise ValueError(f"q, k, v have {q.shape[2]} tokens but grid {grid.shape} with prefix={grid.prefix} has "
+                         f"{layout.num_tokens}{'' if layout.keep is None else ' kept'}")
+    if rotary is not None:
+        q, k = rotary(q, k, layout.unwrap())
+    if bias is None:
+        return q, k, None
+    mask = bias(grid)
+    expected = (q.shape[1], grid.num_tokens, grid.num_tokens)
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 3 or mask.shape[0] not in (1, q.shape[1]) \
+            or tuple(mask.shape[1:]) != expected[1:]:
+        heads = f"{mask.shape[0]} heads, " if getattr(mask, "ndim", 0) == 3 else ""
+        raise ValueError(f"bias gives {heads}shape {tuple(getattr(mask, 'shape', ()))} but q, k have "
+                         f"{q.shape[1]} heads: expected (num_heads, q tokens, k tokens) = {expected} (build the "
+                         f"bias with num_heads={q.shape[1]})")
+    return q, k, layout.pairs(mask).to(q.dtype)  # kept rows and columns per sample: (B, heads, P + K, P + K)
+
+
+def _mixed_positions(q: torch.Tensor, k: torch.Tensor, layout: MixedLayout, rotary, bias):
+    """Per-sample grids: every encoding runs once per distinct grid on its samples' real tokens; padded keys are
+    masked. Returns q, k and the ``(B, heads or 1, T, T)`` additive mask."""
+    if q.shape[2] != layout.num_tokens:
+        raise ValueError(f"q, k, v have {q.shape[2]} tokens but the longest sample of the mixed layout has "
+                         f"{layout.num_tokens}")
+    mask = q.new_zeros(q.shape[0], q.shape[1] if bias is not None else 1, q.shape[2], q.shape[2])
+    rotated_q, rotated_k = (q.clone(), k.clone()) if rotary is not None else (q, k)
+    for index, grid in layout.groups(q.device):
+        n = grid.num_tokens
+        group_q, group_k, group_bias = _positions(q[index, :, :n], k[index, :, :n], Layout(grid), rotary, bias)
+        if rotary is not None:
+            rotated_q[index, :, :n], rotated_k[index, :, :n] = group_q, group_k
+        if group_bias is not None:
+            mask[index, :, :n, :n] = group_bias
+    mask = mask.masked_fill(~layout.key_mask(q.device)[:, None, None, :], float("-inf"))
+    return rotated_q, rotated_k, mask
 
 
 def _broadcasts(shape, target) -> bool:

@@ -132,3 +132,49 @@ class Layout:
 def as_layout(layout) -> Layout:
     """Accept a :class:`Layout`, a :class:`Grid` or a bare shape tuple."""
     return layout if isinstance(layout, Layout) else Layout(as_grid(layout))
+
+
+@dataclass(frozen=True, eq=False)
+class MixedLayout:
+    """The tokens of a mixed-size batch: sample ``b`` has its own grid ``grids[b]`` (its size and aspect ratio) and
+    its ``P + N_b`` tokens first, padded to the longest sample (NaFlexViT's setting).
+
+    Encodings never see padding: :func:`visionpe.attend` and the models run every encoding once per distinct grid on
+    the samples that have it (their real tokens only) and mask padded keys, so each sample gets exactly the positions
+    it would get alone.
+    """
+
+    grids: tuple[Grid, ...]
+
+    def __post_init__(self):
+        grids = tuple(self.grids) if isinstance(self.grids, (list, tuple)) else ()
+        if not grids or not all(isinstance(g, Grid) for g in grids):
+            raise ValueError(f"grids must be a non-empty sequence of visionpe.Grid, one per sample, got {self.grids!r}")
+        if len({g.prefix for g in grids}) != 1 or len({g.ndim for g in grids}) != 1:
+            raise ValueError("every sample's grid must have the same prefix and number of axes, got "
+                             f"{[(g.shape, g.prefix) for g in grids]}")
+        object.__setattr__(self, "grids", grids)
+
+    @property
+    def num_tokens(self) -> int:
+        return max(g.num_tokens for g in self.grids)
+
+    def groups(self, device=None) -> list[tuple[torch.Tensor, Grid]]:
+        """``[(sample indices, grid)]``, one entry per distinct grid, in order of first appearance."""
+        order: dict[Grid, list[int]] = {}
+        for b, g in enumerate(self.grids):
+            order.setdefault(g, []).append(b)
+        return [(torch.tensor(idx, device=device), g) for g, idx in order.items()]
+
+    def key_mask(self, device=None) -> torch.Tensor:
+        """``(B, T)`` bool, True for real tokens, False for padding."""
+        counts = torch.tensor([g.num_tokens for g in self.grids], device=device)
+        return torch.arange(self.num_tokens, device=device) < counts[:, None]
+
+    def per_grid(self, x: torch.Tensor, fn) -> torch.Tensor:
+        """``x: (B, T, ...)`` with ``fn(x_group, grid) -> same shape`` applied to each group's real tokens; padding
+        passes through unchanged."""
+        out = x.clone()
+        for index, grid in self.groups(x.device):
+            out[index, :grid.num_tokens] = fn(x[index, :grid.num_tokens], grid)
+        return out

@@ -18,13 +18,14 @@ from timm.layers.patch_dropout import patch_dropout_forward
 from timm.models._features import feature_take_indices
 from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.checkpoint import checkpoint
 
 from ..attention import Attention
 from ..checkpoint import pos_embed_tensors
 from ..encoding import ModelContext
 from .._checks import check_number
-from ..grid import Grid, Layout
+from ..grid import Grid, Layout, MixedLayout
 from ..tokens import Learned
 from .adapter import EncodingSet, PositionalModel, build_for
 
@@ -60,15 +61,19 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
 
     pe_tokens: nn.Module | None
 
-    def embed(self, x: torch.Tensor, grid_offset=None, keep: torch.Tensor | None = None) -> tuple[torch.Tensor, Layout]:
+    def embed(self, x: torch.Tensor, grid_offset=None, keep: torch.Tensor | None = None,
+              with_position: bool = True) -> tuple[torch.Tensor, Layout]:
         """Image (or clip) -> tokens ``(B, P + N, C)`` (``P + K`` with kept patches) with prefix tokens and position,
-        and their layout. ``keep: (B, K)`` patch indices to keep; in training, timm's patch dropout draws them."""
+        and their layout. ``keep: (B, K)`` patch indices to keep; in training, timm's patch dropout draws them.
+        ``with_position=False`` stops after the prefix tokens (:meth:`embed_batch` adds position per grid)."""
         self.check_input(x)
         x = self.patch_embed(x)  # (B, *grid, C)
         grid = Grid(tuple(x.shape[1:-1]), prefix=self.num_prefix_tokens, offset=grid_offset)
         x = rearrange(x, "b ... c -> b (...) c")
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         x = torch.cat(prefix + [x], dim=1)
+        if not with_position:
+            return x, Layout(grid)
         if self.pe_tokens is not None and self.pe_tokens.block_index == 0:
             x = self.pe_tokens(x, grid)
         x = self.pos_drop(x)
@@ -79,13 +84,49 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
             x = keep_tokens(x, grid, keep)
         return self.norm_pre(x), Layout(grid, keep)
 
-    def run_blocks(self, x: torch.Tensor, layout: Layout, attn_mask=None, blocks=None):
+    def embed_batch(self, images) -> tuple[torch.Tensor, MixedLayout]:
+        """Images of different sizes and aspect ratios -> one padded batch ``(B, T, C)`` (``T`` the longest
+        sample's ``P + N_b``) and its :class:`~visionpe.grid.MixedLayout`: each image has its own grid and gets
+        exactly the positions it would get alone."""
+        if not isinstance(images, (list, tuple)) or not images:
+            raise ValueError(f"images must be a non-empty list of (C, H, W) tensors, got {type(images).__name__}")
+        tokens, grids = [], []
+        for image in images:
+            x, layout = self.embed(image[None] if isinstance(image, torch.Tensor) else image, with_position=False)
+            tokens.append(x[0])
+            grids.append(layout.grid)
+        layout = MixedLayout(tuple(grids))
+        x = pad_sequence(tokens, batch_first=True)
+        if self.pe_tokens is not None and self.pe_tokens.block_index == 0:
+            x = layout.per_grid(x, self.pe_tokens)
+        return self.norm_pre(self.pos_drop(x)), layout
+
+    def forward_batch(self, images) -> torch.Tensor:
+        """Logits ``(B, num_classes)`` of a list of images of different sizes, run as one padded batch (padded keys
+        masked, each image on its own grid). Pooling: ``"token"`` or ``"avg"`` over each image's own patches."""
+        if self.training and getattr(self.patch_drop, "prob", 0.0) > 0:
+            raise ValueError("patch dropout is not supported with mixed-size batches (patch_drop_rate must be 0)")
+        if self.global_pool not in ("token", "avg") or self.attn_pool is not None:
+            raise ValueError(f"mixed-size batches pool with global_pool 'token' or 'avg', not {self.global_pool!r}")
+        x, layout = self.embed_batch(images)
+        for x in self.run_blocks(x, layout):
+            pass
+        x = self.norm(x)
+        if self.global_pool == "token":
+            pooled = x[:, 0]
+        else:
+            real = layout.key_mask(x.device)
+            real[:, :self.num_prefix_tokens] = self.pool_include_prefix
+            pooled = (x * real[..., None]).sum(1) / real.sum(1, keepdim=True)
+        return self.head(self.head_drop(self.fc_norm(pooled)))
+
+    def run_blocks(self, x: torch.Tensor, layout: Layout | MixedLayout, attn_mask=None, blocks=None):
         """Run ``blocks`` (default all), yielding the tokens after each; a late tokens encoding (PEG after block
         0) is added before its block."""
         late = self.pe_tokens if self.pe_tokens is not None and self.pe_tokens.block_index > 0 else None
         for i, block in enumerate(self.blocks if blocks is None else blocks):
             if late is not None and i == late.block_index:
-                x = late(x, layout.unwrap())
+                x = layout.per_grid(x, late) if isinstance(layout, MixedLayout) else late(x, layout.unwrap())
             if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
                 x = checkpoint(block, x, layout, attn_mask, use_reentrant=False)
             else:
