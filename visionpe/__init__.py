@@ -16,7 +16,7 @@ from .bias import ALiBi, BiasEncoding, ContinuousPositionBias, RelBias, Relative
 from .checkpoint import load_timm_checkpoint, load_weights, save_weights
 from .coords import CoordinateSystem
 from .encoding import Encoding, ModelContext
-from .grid import Grid
+from .grid import Grid, Layout, MixedLayout
 from .registry import available, build, register, unregister
 from .rotary import AxialRoPE, MixedRoPE, RoPE, RotaryEncoding
 from .tokens import PEG, Learned, SinCos, TokenEncoding
@@ -27,7 +27,7 @@ _LAZY = {"apply": "backbones", "create_model": "backbones", "create_video_model"
          "encodings_of": "backbones"}
 
 __all__ = ["ALiBi", "Attention", "AxialRoPE", "BiasEncoding", "ContinuousPositionBias", "CoordinateSystem", "Encoding",
-           "Grid", "Learned", "MixedRoPE", "ModelContext", "PEG", "RelBias", "RelativePositionBias", "RoPE",
+           "Grid", "Layout", "Learned", "MixedLayout", "MixedRoPE", "ModelContext", "PEG", "RelBias", "RelativePositionBias", "RoPE",
            "RotaryEncoding", "SinCos", "SwinBias", "TokenEncoding", "attend", "available", "build",
            "load_timm_checkpoint", "load_weights", "register", "save_weights", "unregister", *_LAZY]
 
