@@ -5,6 +5,8 @@ test resolution changes.
     python train_vit.py --data shapes-position --pe rope_mixed --epochs 2 --eval-res 32 48 64
     python train_vit.py --config configs/shapes_tiny.yaml --pe rope_mixed+learned --pe-kwargs theta=10
     torchrun --nproc_per_node 2 train_vit.py --config configs/shapes_tiny.yaml      # DDP (gloo on CPU, nccl on GPU)
+    python train_vit.py --data moving-shapes --num-frames 8 --pe rope_axial --eval-frames 4 16 --eval-res 24 48
+                                                         # video: a tubelet ViT, frames x resolution table
     python train_vit.py --resume runs/NAME                                          # continue exactly
     python train_vit.py --init-from runs/NAME --pe rope_mixed --epochs 2 --output runs/NAME_to_rope
                                                          # convert a trained run to another encoding, fine-tune
@@ -75,6 +77,7 @@ def main(argv: list[str]) -> dict:
                    rank=rank, world=world)
 
     # -- data ----------------------------------------------------------------------------------------------
+    video = bool(cfg["num_frames"])  # clips (C, T, H, W) and a tubelet video model
     train_set = loop.dataset(cfg, "train", cfg["img_size"])
     val_set = loop.dataset(cfg, "val", cfg["img_size"])
     if cfg["num_classes"] is None:  # imagefolder: the class count is known once the folders are read
@@ -135,8 +138,10 @@ def main(argv: list[str]) -> dict:
         log(f"resuming {out} after epoch {start_epoch}")
     if init:
         log(rundir.init_text(init))
+    clips = (f" clips of {cfg['num_frames']} frames, tubelet {'x'.join(map(str, rundir.tubelet(cfg)))}"
+             if video else "")
     log(f"{cfg['model']} pe={cfg['pe']} {num_params / 1e6:.3f}M params | {cfg['data']} {len(train_set)} train "
-        f"{len(val_set)} val at {cfg['img_size']}px | {world} process(es) on {device.type}"
+        f"{len(val_set)} val at {cfg['img_size']}px{clips} | {world} process(es) on {device.type}"
         f"{' bf16' if use_bf16 else ''} | {out}")
 
     # -- training --------------------------------------------------------------------------------------------
@@ -169,32 +174,41 @@ def main(argv: list[str]) -> dict:
                 dist.destroy_process_group()
             return {"stopped": epoch + 1}
 
-    # -- resolution evaluation: last and best model, same scenes at every resolution -------------------------
+    # -- resolution evaluation: last and best model, same scenes at every resolution (and frame count) --------
     resolutions = sorted(set(cfg["eval_res"]) | {cfg["img_size"]})
-    eval_sets = {r: (val_set if r == cfg["img_size"] else loop.dataset(cfg, "val", r)) for r in resolutions}
+    keys, train_key = loop.eval_grid(cfg, cfg["eval_res"], cfg["eval_frames"])
+    eval_sets = {k: (val_set if k == train_key else
+                     loop.dataset(cfg, "val", k[1], k[0]) if video else loop.dataset(cfg, "val", k)) for k in keys}
     results = {}
     for which in ("last", "best"):
         if world > 1:
             dist.barrier()  # rank 0 has finished writing the weights
         path = out / f"{which}.safetensors"
         rundir.load_state(raw_model, rundir.read_weights(path, device), path)
-        results[which] = loop.evaluate_resolutions(model, eval_sets, cfg["img_size"], **eval_kw)
-        history += [{"kind": "eval_res", "model": which, "res": r, **m} for r, m in results[which].items()]
+        results[which] = loop.evaluate_resolutions(model, eval_sets, train_key, **eval_kw)
+        history += [{"kind": "eval_res", "model": which, **({"res": k[1], "frames": k[0]} if video else {"res": k}),
+                     **m} for k, m in results[which].items()]
     epochs_run = [h for h in history if h["kind"] == "epoch"]
     summary = {"model": cfg["model"], "pe": cfg["pe"], "data": cfg["data"], "seed": cfg["seed"],
-               "img_size": cfg["img_size"], "init_from": cfg["init_from"], "params": num_params,
+               "img_size": cfg["img_size"], **({"num_frames": cfg["num_frames"],
+                                                "tubelet_size": list(rundir.tubelet(cfg))} if video else {}),
+               "init_from": cfg["init_from"], "params": num_params,
                "epochs": cfg["epochs"], "best_epoch": best_epoch,
                "train_img_per_s": float(np.median([h["img_per_s"] for h in epochs_run])) if epochs_run else None,
                "final_train_loss": epochs_run[-1]["train_loss"] if epochs_run else None,
-               "results": {w: {str(r): m for r, m in rs.items()} for w, rs in results.items()}}
+               "results": {w: {loop.key_text(k): m for k, m in rs.items()} for w, rs in results.items()}}
     if master:
         rundir.finish(out, history, summary)  # metrics.jsonl, then results.json: the run is finished
     rows = []
     for which in ("last", "best"):
-        rows.append([f"{which} top-1 %"] + [f"{results[which][r]['acc']:.2f}" for r in resolutions])
-        rows.append([f"{which} retention"] + [f"{results[which][r]['retention']:.3f}" for r in resolutions])
-    log(f"\n{cfg['data']}  {cfg['model']}  pe={cfg['pe']}  trained at {cfg['img_size']}px, best epoch {best_epoch}\n"
-        + loop.table(rows, ["resolution"] + [f"{r}px" for r in resolutions]))
+        for f in (sorted({k[0] for k in keys}) if video else [None]):
+            at = (lambda r: results[which][(f, r)]) if video else (lambda r: results[which][r])
+            name = f"{which} {f} frames" if video else which
+            rows.append([f"{name} top-1 %"] + [f"{at(r)['acc']:.2f}" for r in resolutions])
+            rows.append([f"{name} retention"] + [f"{at(r)['retention']:.3f}" for r in resolutions])
+    trained = f"{cfg['num_frames']} frames at {cfg['img_size']}px" if video else f"{cfg['img_size']}px"
+    log(f"\n{cfg['data']}  {cfg['model']}  pe={cfg['pe']}  trained at {trained}, best epoch {best_epoch}\n"
+        + loop.table(rows, ["frames x resolution" if video else "resolution"] + [f"{r}px" for r in resolutions]))
     if world > 1:
         dist.destroy_process_group()
     return summary

@@ -12,6 +12,14 @@ data set, top-1 mean +- std over seeds at every resolution, the retention acc(re
 parameters and training images/s, plus a plot, the recipe and the exact command.
 
 ``--swin`` adds the Swin list (swin_bias, cpb, rope_mixed, alibi) with ``--swin-config``.
+
+Video: a recipe with ``num_frames`` (or ``-- --num-frames T`` in the extra arguments) on a video data set trains
+tubelet video ViTs; ``--frames`` gives the test frame counts, crossed with ``--res`` in the sweep. The report of a
+video benchmark is its own marked section of the doc (``<!-- BEGIN video_benchmark -->``), so the image sections
+are left as they are:
+
+    python scripts/benchmark.py --config configs/bench_video_tiny.yaml --data moving-shapes \\
+        --pe none sincos learned rope_axial rope_mixed --frames 4 8 16 --res 24 32 48 --scaling none pi --jobs 2
 """
 from __future__ import annotations
 
@@ -39,7 +47,8 @@ VIT_LIST = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rop
 SWIN_LIST = ["swin_bias", "cpb", "rope_mixed", "alibi"]
 
 
-def job(cfg_path: Path, data: str, pe: str, seed: int, run: Path, res, scalings, extra, log_dir: Path) -> dict:
+def job(cfg_path: Path, data: str, pe: str, seed: int, run: Path, res, scalings, extra, log_dir: Path,
+        frames=()) -> dict:
     """Train one run (unless done: ``python train_vit.py ...``), then sweep it (``python scripts/resolution_sweep.py
     ...``), each in its own process; returns {'run', 'ok', 'seconds', 'log'}."""
     log = log_dir / f"{run.parent.parent.name}__{run.parent.name}__{run.name}.log"
@@ -52,14 +61,15 @@ def job(cfg_path: Path, data: str, pe: str, seed: int, run: Path, res, scalings,
         train += ["--resume"] if (run / "config.yaml").is_file() else ["--overwrite"]
         commands.append([str(ROOT / "train_vit.py"), *train])
     if not (run / "sweep" / "sweep.csv").is_file():
-        commands.append(sweep_command(run, res, scalings))
+        commands.append(sweep_command(run, res, scalings, frames))
     return {"run": run, "ok": run_logged(commands, log), "seconds": time.time() - t0, "log": log}
 
 
-def sweep_command(run: Path, res, scalings) -> list[str]:
-    """``scripts/resolution_sweep.py`` on a run's last weights, writing ``run/sweep/``."""
+def sweep_command(run: Path, res, scalings, frames=()) -> list[str]:
+    """``scripts/resolution_sweep.py`` on a run's last weights, writing ``run/sweep/`` (``frames``: a video run's
+    test frame counts)."""
     return [str(ROOT / "scripts" / "resolution_sweep.py"), str(run), "--res", *map(str, res), "--scaling", *scalings,
-            "--out", str(run / "sweep")]
+            *(["--frames", *map(str, frames)] if frames else []), "--out", str(run / "sweep")]
 
 
 def run_logged(commands: list[list[str]], log: Path) -> bool:
@@ -99,10 +109,13 @@ def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
         with open(sweep) as f:
             for row in csv.DictReader(f):
                 key = (family, data, pe, row["adaptation"])
+                video = bool(row.get("frames"))  # a video run: columns are (frames, res)
+                col = (int(row["frames"]), int(row["res"])) if video else int(row["res"])
+                train = (int(row["train_frames"]), int(row["train_res"])) if video else int(row["train_res"])
                 entry = table.setdefault(key, {"acc": {}, "ret": {}, "params": results["params"], "img_s": [],
-                                               "train_res": int(row["train_res"]), "seeds": set()})
-                entry["acc"].setdefault(int(row["res"]), []).append(float(row["acc"]))
-                entry["ret"].setdefault(int(row["res"]), []).append(float(row["retention"]))
+                                               "train_res": train, "seeds": set()})
+                entry["acc"].setdefault(col, []).append(float(row["acc"]))
+                entry["ret"].setdefault(col, []).append(float(row["retention"]))
                 if seed not in entry["seeds"]:
                     entry["seeds"].add(seed)
                     entry["img_s"].append(results["train_img_per_s"])
@@ -195,6 +208,102 @@ def verdict(table: dict, family: str, data: str, res: list[int]) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
+VIDEO_SECTION = "video_benchmark"
+
+
+def video_table(table: dict, data: str, cols: list) -> str:
+    """Top-1 mean ± std per encoding (and adaptation) at every (frames, res) cell of a video benchmark."""
+    rows = [(k, v) for k, v in table.items() if k[1] == data]
+    if not rows:
+        return "_no finished runs_\n"
+    train = rows[0][1]["train_res"]
+    head = ["encoding"] + [f"{f}f {r}px{' (train)' if (f, r) == train else ''}" for f, r in cols]
+    head += ["params", "train clips/s", "seeds"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (_, _, pe, adaptation), v in rows:
+        cells = [label(pe, adaptation)] + ["{:.1f} ± {:.1f}".format(*mean_std(v["acc"].get(c, []))) for c in cols]
+        cells += [f"{v['params'] / 1e3:.1f}k", f"{mean_std(v['img_s'])[0]:.0f}", str(len(v["seeds"]))]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def video_verdict(table: dict, data: str, cols: list, chance: float) -> str:
+    """Plain statements on a video benchmark, every gap compared to the seed spread (within when
+    |mean_a - mean_b| <= std_a + std_b): learning above chance at the training cell; the best encoding per cell
+    and its gap to the runner-up; RoPE pi against none where frames or size change."""
+    rows = {label(k[2], k[3]): v for k, v in table.items() if k[1] == data}
+    if not rows:
+        return ""
+    train = next(iter(rows.values()))["train_res"]
+
+    def gap(a, b, c):
+        (ma, sa), (mb, sb) = mean_std(rows[a]["acc"].get(c, [])), mean_std(rows[b]["acc"].get(c, []))
+        if min(len(rows[a]["acc"].get(c, [])), len(rows[b]["acc"].get(c, []))) < 2:
+            return f"{ma - mb:+.1f} points (one seed: no spread to compare with)"
+        return f"{ma - mb:+.1f} points ({'within' if abs(ma - mb) <= sa + sb else 'beyond'} the seed spread)"
+
+    lines = []
+    m = {n: mean_std(v["acc"].get(train, [])) for n, v in rows.items()}
+    above = [n for n, (mu, sd) in m.items() if mu - sd > chance + 5]
+    lines.append(f"- Chance is {chance:.1f} %. At the training cell ({train[0]} frames, {train[1]} px) "
+                 + (f"{', '.join(f'`{n}`' for n in above)} learned clearly above it (mean − std > chance + 5 points)"
+                    if above else "no encoding learned clearly above it (mean − std > chance + 5 points)")
+                 + (f"; {', '.join(f'`{n}`' for n in m if n not in above)} did not" if above and len(above) < len(m)
+                    else "") + ".")
+    for c in cols:
+        ranked = sorted(rows, key=lambda n: -mean_std(rows[n]["acc"].get(c, []))[0])
+        if len(ranked) < 2:
+            break
+        where = f"{c[0]} frames, {c[1]} px" + (" (training)" if c == train else "")
+        lines.append(f"- {where}: best `{ranked[0]}` {mean_std(rows[ranked[0]]['acc'][c])[0]:.1f} %, "
+                     f"ahead of `{ranked[1]}` by {gap(ranked[0], ranked[1], c)}.")
+    for pe in ("rope_axial", "rope_mixed"):
+        a, b = f"{pe} [pi]", f"{pe} [none]"
+        if a in rows and b in rows:
+            parts = [f"{c[0]}f {c[1]}px {gap(a, b, c)}" for c in cols if c != train]
+            lines.append(f"- `{pe}` pi − none (interpolate vs extrapolate): " + "; ".join(parts) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def write_video_section(path: Path, args, table, runs, command: str, wall: float, configs: dict, cols) -> None:
+    """The video benchmark's own marked section of the doc (replaced, or appended); the rest is left as it is."""
+    import torch
+    from visionpe.data import info
+    cfg_path = configs["vit"]
+    lines = [f"<!-- BEGIN {VIDEO_SECTION} -->", "## Video: positional encodings under frame-count and resolution "
+             "change", "",
+             "Generated by `scripts/benchmark.py` with a video recipe (numbers are measured, not edited). Tubelet "
+             "video ViTs (`visionpe.create_video_model`) are trained on clips of one frame count and size and tested "
+             "at others: the built-in task renders the same clip duration at every frame count (more frames = a "
+             "higher frame rate) and size. Cells are top-1 % (mean ± std over seeds) on the validation split. RoPE "
+             "rows show each adaptation on the same weights (`none` extrapolates integer positions, `pi` interpolates "
+             "to the training token grid, per axis, time included); `learned` tables are resampled to the new "
+             "(T, H, W) grid. `train clips/s` is per process (1 thread, "
+             f"{args.jobs} processes side by side).", "",
+             "```", command, "```", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}. Wall time of "
+             f"this invocation: {wall / 60:.1f} min ({len(runs)} runs)."
+             + (" Tables rebuilt from those runs with `--report-only`." if args.report_only else ""), "",
+             f"Recipe `{cfg_path.relative_to(ROOT) if cfg_path.is_relative_to(ROOT) else cfg_path}`"
+             + (f" with `{shlex.join(args.extra)}`" if args.extra else "") + ":", "",
+             "```yaml", cfg_path.read_text().strip(), "```", ""]
+    if args.note:
+        lines += [args.note.strip(), ""]
+    for data in args.data:
+        lines += [f"### {data}", "", video_table(table, data, cols), "Verdict (generated):", "",
+                  video_verdict(table, data, cols, 100.0 / info(data)["num_classes"])]
+    text = "\n".join(lines).rstrip("\n") + f"\n<!-- END {VIDEO_SECTION} -->\n"
+    old = path.read_text() if path.is_file() else ""
+    pattern = re.compile(re.escape(f"<!-- BEGIN {VIDEO_SECTION} -->") + r".*?"
+                         + re.escape(f"<!-- END {VIDEO_SECTION} -->") + r"\n?", re.S)
+    new = pattern.sub(lambda _: text, old, count=1) if pattern.search(old) else \
+        old.rstrip("\n") + ("\n\n" if old else "") + text
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(new)
+    os.replace(tmp, path)
+
+
 def write_report(path: Path, args, table, runs, command: str, wall: float, configs: dict) -> None:
     import torch
     lines = ["# Benchmark: positional encodings under resolution change", "",
@@ -260,6 +369,9 @@ def build_parser() -> cli.Parser:
     ev = p.add_argument_group("evaluation")
     ev.add_argument("--res", nargs="+", type=int, default=[24, 32, 48, 64], metavar="PX",
                     help="test resolutions in pixels (default: 24 32 48 64)")
+    ev.add_argument("--frames", nargs="+", type=int, default=[], metavar="T",
+                    help="video recipes (num_frames): test frame counts, crossed with --res (default: the training "
+                         "count only)")
     ev.add_argument("--scaling", nargs="+", default=["none", "pi", "ntk", "yarn"], choices=SCALINGS, metavar="NAME",
                     help=f"RoPE adaptations, of {', '.join(SCALINGS)} (default: all)")
     run = p.add_argument_group("run and report")
@@ -275,8 +387,9 @@ def build_parser() -> cli.Parser:
     return p
 
 
-def check(args) -> None:
-    """Every run's settings, resolved as train_vit.py will resolve them, before the first process starts."""
+def check(args) -> int | None:
+    """Every run's settings, resolved as train_vit.py will resolve them, before the first process starts; returns
+    the training frame count of a video benchmark (None for images)."""
     if args.jobs < 1:
         raise UserError(f"--jobs must be an integer >= 1, got {args.jobs}")
     if any(s < 0 for s in args.seeds):
@@ -285,6 +398,7 @@ def check(args) -> None:
         raise UserError(f"--res takes positive sizes, got {' '.join(map(str, args.res))}")
     extra = config.parse_args(list(args.extra), prog="benchmark (train_vit.py arguments after --)")
     recipes = {"vit": (args.config, args.pe)} | ({"swin": (args.swin_config, args.swin_pe)} if args.swin else {})
+    frames = set()
     for cfg_path, pes in recipes.values():
         for data in args.data:
             for pe in pes:
@@ -293,6 +407,20 @@ def check(args) -> None:
                 if bad:
                     raise UserError(f"--res {' '.join(map(str, bad))}: not a multiple of {cfg_path.name}'s "
                                     f"patch_size {cfg['patch_size']}")
+                frames.add(cfg["num_frames"])
+                t = config.tubelet(cfg)[0] if cfg["num_frames"] else 1
+                bad = [f for f in args.frames if f < 1 or f % t]
+                if bad:
+                    raise UserError(f"--frames {' '.join(map(str, bad))}: not a positive multiple of the tubelet's "
+                                    f"{t} frames")
+    if len(frames) > 1:
+        raise UserError("mix of video and image runs (or of frame counts): give one video recipe or only image ones")
+    video = frames.pop()
+    if args.frames and not video:
+        raise UserError("--frames is for video recipes (num_frames, video data); these runs are image runs")
+    if video and args.swin:
+        raise UserError("--swin has no video recipe: give a video recipe without --swin")
+    return video
 
 
 def main(argv=None) -> int:
@@ -301,8 +429,7 @@ def main(argv=None) -> int:
 
 def benchmark(argv) -> int:
     args = build_parser().parse_args(argv)
-    if not args.report_only:
-        check(args)
+    video = check(args)
     command = "python scripts/benchmark.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     configs = {"vit": args.config.resolve()}
     lists = {"vit": args.pe}
@@ -321,8 +448,8 @@ def benchmark(argv) -> int:
         log_dir = args.out / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(args.jobs) as pool:
-            futures = [pool.submit(job, configs[f], d, pe, s, run, args.res, args.scaling, args.extra, log_dir)
-                       for f, d, pe, s, run in runs]
+            futures = [pool.submit(job, configs[f], d, pe, s, run, args.res, args.scaling, args.extra, log_dir,
+                                   args.frames) for f, d, pe, s, run in runs]
             for i, fut in enumerate(futures, 1):
                 r = fut.result()
                 status = "ok" if r["ok"] else f"FAILED (see {r['log']})"
@@ -336,7 +463,11 @@ def benchmark(argv) -> int:
     else:
         (args.out / "wall.json").write_text(json.dumps({"wall_s": wall}))
     table = collect([(f, d, pe, s, run) for f, d, pe, s, run in runs])
-    write_report(args.doc, args, table, runs, command, wall, configs)
+    if video:
+        cols = [(f, r) for f in sorted(set(args.frames) | {video}) for r in sorted(args.res)]
+        write_video_section(args.doc, args, table, runs, command, wall, configs, cols)
+    else:
+        write_report(args.doc, args, table, runs, command, wall, configs)
     print(f"wrote {args.doc}")
     return 0
 

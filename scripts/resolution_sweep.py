@@ -2,6 +2,7 @@
 """Evaluate trained runs at several resolutions, with each encoding's resolution adaptation.
 
     python scripts/resolution_sweep.py runs/A runs/B --res 24 32 48 64 --scaling none pi ntk yarn --out runs/sweep
+    python scripts/resolution_sweep.py runs/VIDEO --frames 4 8 16 --res 24 32 48 --scaling none pi   # video runs
 
 For every run directory (as written by train_vit.py) the model is rebuilt from its config.yaml once per
 adaptation and the weights loaded (strictly: adaptations change no parameter):
@@ -10,6 +11,12 @@ adaptation and the weights loaded (strictly: adaptations change no parameter):
   (``none`` extrapolates, ``pi``/``ntk``/``yarn`` scale relative to ``ref_shape`` = the training grid);
 - ``learned`` (and combinations): one model per ``--interpolation`` (table resampling mode, default bicubic);
 - every other encoding: as trained (``default``).
+
+A video run (``num_frames`` in its config) is evaluated at every ``--frames`` x ``--res`` pair (its training
+frame count and size always among them): the built-in tasks sample the same clip duration at every frame count
+(more frames = a higher frame rate), and the adaptations act on time as on space (``ref_shape`` = the training
+token grid ``(T/t, H/p, W/p)``). Rows then carry ``frames`` and ``train_frames``; retention is against the
+training pair. ``--frames`` with an image run is an error.
 
 The validation images are the run's own (synthetic tasks re-rendered natively at each size, real images
 resized with antialiasing). Writes ``OUT/sweep.csv`` (one row per run x adaptation x resolution, with
@@ -33,7 +40,7 @@ from visionpe.train import cli, loop, rundir  # noqa: E402
 from visionpe.train.cli import UserError  # noqa: E402
 
 FIELDS = ["run", "data", "model", "pe", "seed", "train_res", "adaptation", "weights", "res", "acc", "loss",
-          "retention"]
+          "retention", "frames", "train_frames"]
 
 
 def adaptations(pe: str, scalings, interpolations) -> list[tuple[str, dict]]:
@@ -51,11 +58,24 @@ def adaptations(pe: str, scalings, interpolations) -> list[tuple[str, dict]]:
     return [(label or "default", kw) for label, kw in out]
 
 
+def check_frames(run: Path, cfg: dict, frames) -> None:
+    """``--frames`` fits the run: only for a video run, each a positive multiple of its tubelet's frames."""
+    if not frames:
+        return
+    if not cfg.get("num_frames"):
+        raise UserError(f"--frames is for video runs; {run} is an image run ({cfg['data']})")
+    t = rundir.tubelet(cfg)[0]
+    bad = [f for f in frames if f < 1 or f % t]
+    if bad:
+        raise UserError(f"--frames {' '.join(map(str, bad))}: not a positive multiple of {run}'s tubelet frames {t}")
+
+
 def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), weights="last", val_samples=None,
-              device="cpu", batch_size=256, log=print) -> list[dict]:
-    """Rows of the sweep for one run directory."""
+              device="cpu", batch_size=256, log=print, frames=()) -> list[dict]:
+    """Rows of the sweep for one run directory (a video run: at every ``frames`` x ``resolutions`` pair)."""
     run = Path(run)
     cfg = rundir.load_run(run, require=("data",))
+    check_frames(run, cfg, frames)
     cfg.update(workers=0, eval_batch_size=batch_size)
     if val_samples is not None:
         cfg["val_samples"] = val_samples
@@ -65,22 +85,27 @@ def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), wei
     state = rundir.read_weights(run / f"{weights}.safetensors")
     device = torch.device(device)
     eval_kw = dict(batch_size=batch_size, device=device, autocast=loop.autocast_for(device, device.type == "cuda"))
-    sets = {r: loop.dataset(cfg, "val", r) for r in sorted(set(resolutions) | {cfg["img_size"]})}
+    video = bool(cfg.get("num_frames"))
+    keys, train_key = loop.eval_grid(cfg, resolutions, frames)
+    sets = {k: loop.dataset(cfg, "val", k[1], k[0]) if video else loop.dataset(cfg, "val", k) for k in keys}
+    wanted = [k for k in keys if (k[1] if video else k) in resolutions]  # the training size only if asked for
     rows, known = [], {}
     for label, kw in adaptations(cfg["pe"], scalings, interpolations):
         model = rundir.build_model({**cfg, "pe_kwargs": {**cfg["pe_kwargs"], **kw}})
         rundir.load_state(model, state, run / f"{weights}.safetensors")
         model.to(device)
         # at the training grid every adaptation is the identity (scale 1), so that size is evaluated once
-        res = loop.evaluate_resolutions(model, sets, cfg["img_size"], known=known, **eval_kw)
-        known = {cfg["img_size"]: (res[cfg["img_size"]]["acc"], res[cfg["img_size"]]["loss"])}
-        for r in sorted(resolutions):
-            m = res[r]
+        res = loop.evaluate_resolutions(model, sets, train_key, known=known, **eval_kw)
+        known = {train_key: (res[train_key]["acc"], res[train_key]["loss"])}
+        for k in wanted:
+            m = res[k]
             rows.append({"run": str(run), "data": cfg["data"], "model": cfg["model"], "pe": cfg["pe"],
                          "seed": cfg["seed"], "train_res": cfg["img_size"], "adaptation": label, "weights": weights,
-                         "res": r, "acc": round(m["acc"], 4), "loss": m["loss"],
-                         "retention": round(m["retention"], 5)})
-        log(f"{run.name:40s} {label:16s} " + "  ".join(f"{r}px {res[r]['acc']:6.2f}" for r in sorted(resolutions)))
+                         "res": k[1] if video else k, "acc": round(m["acc"], 4), "loss": m["loss"],
+                         "retention": round(m["retention"], 5), "frames": k[0] if video else "",
+                         "train_frames": cfg["num_frames"] if video else ""})
+        log(f"{run.name:40s} {label:16s} " + "  ".join(
+            f"{f'{k[0]}f ' if video else ''}{k[1] if video else k}px {res[k]['acc']:6.2f}" for k in wanted))
     return rows
 
 
@@ -127,6 +152,9 @@ def build_parser() -> cli.Parser:
     ev = p.add_argument_group("evaluation")
     ev.add_argument("--res", nargs="+", type=int, required=True, metavar="PX",
                     help="test resolutions in pixels, each a positive multiple of the runs' patch_size (required)")
+    ev.add_argument("--frames", nargs="+", type=int, default=[], metavar="T",
+                    help="video runs: test frame counts, crossed with --res; each a positive multiple of the runs' "
+                         "tubelet frames (default: the training frame count only)")
     ev.add_argument("--scaling", nargs="+", default=["none"], choices=SCALINGS, metavar="NAME",
                     help=f"RoPE adaptations to compare: {', '.join(SCALINGS)} (default: none)")
     ev.add_argument("--interpolation", nargs="*", default=[], choices=INTERPOLATIONS, metavar="MODE",
@@ -156,12 +184,14 @@ def sweep(argv) -> list[dict]:
         raise UserError(f"--res takes positive sizes, got {' '.join(map(str, args.res))}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but no CUDA device is available")
+    if any(f < 1 for f in args.frames):
+        raise UserError(f"--frames takes positive frame counts, got {' '.join(map(str, args.frames))}")
     for run in args.runs:  # every run is checked before the first is evaluated
-        rundir.load_run(run, require=("data",))
+        check_frames(run, rundir.load_run(run, require=("data",)), args.frames)
     rows = []
     for run in args.runs:
         rows += sweep_run(run, args.res, args.scaling, args.interpolation, args.weights, args.val_samples,
-                          args.device, args.batch_size)
+                          args.device, args.batch_size, frames=args.frames)
     write_csv(rows, args.out / "sweep.csv")
     plot(rows, args.out / "sweep.png")
     print(f"wrote {args.out / 'sweep.csv'} and {args.out / 'sweep.png'}")

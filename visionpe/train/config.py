@@ -23,10 +23,17 @@ GROUPS = (MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN)
 AMP = ("auto", "bf16", "none")
 DEVICES = ("auto", "cpu", "cuda")
 SIZE_KEYS = ("embed_dim", "depth", "num_heads")  # command-line shortcuts into model_kwargs
-RUN_KEYS = ("num_classes", "in_chans", "num_frames", "tubelet_size")  # written to / read from config.yaml only
+RUN_KEYS = ("num_classes", "in_chans")  # written to / read from config.yaml only
+# torchvision's Video Swin constructors (video runs only): torchvision's own sizes; model_kwargs override any of them
+_SWIN3D = dict(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24], window_size=[8, 7, 7],
+               stochastic_depth_prob=0.1)
+VIDEO_SWIN = {"swin3d_t": _SWIN3D, "swin3d_s": {**_SWIN3D, "depths": [2, 2, 18, 2]},
+              "swin3d_b": {**_SWIN3D, "embed_dim": 128, "depths": [2, 2, 18, 2], "num_heads": [4, 8, 16, 32]}}
+SWIN3D_KEYS = ("embed_dim", "depths", "num_heads", "window_size", "mlp_ratio", "dropout", "attention_dropout",
+               "stochastic_depth_prob")
 NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
 # settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
-SAFE_ON_RESUME = ("eval_res", "eval_batch_size", "workers", "threads", "progress", "device", "stop_after",
+SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "threads", "progress", "device", "stop_after",
                   "download")
 
 
@@ -50,8 +57,11 @@ S = Setting
 SETTINGS: dict[str, Setting] = {
     # model
     "model": S("vit_tiny_patch16_224", MODEL, "str", "timm model name: a ViT/DeiT (vit_*, deit_*) or Swin "
-               "(swin_*), e.g. vit_tiny_patch16_224, deit_small_patch16_224, swin_tiny_patch4_window7_224",
-               metavar="NAME"),
+               "(swin_*), e.g. vit_tiny_patch16_224, deit_small_patch16_224, swin_tiny_patch4_window7_224; with "
+               "--num-frames (video) a timm ViT, built as its tubelet version (visionpe.create_video_model), or "
+               "torchvision's Video Swin swin3d_t / swin3d_s / swin3d_b (torchvision's sizes; --model-kwargs "
+               "embed_dim=, depths=[..], num_heads=[..], window_size=[t,h,w] make a smaller one; its patch is "
+               "--tubelet-size)", metavar="NAME"),
     "pe": S("learned", MODEL, "str", "", metavar="NAME"),  # help filled from the registry
     "pe_kwargs": S({}, MODEL, "mapping", "encoding keywords as KEY=VALUE (VALUE read as YAML), e.g. theta=100 "
                    "scaling=pi; see visionpe.build for each encoding's keywords", metavar="KEY=VALUE"),
@@ -61,6 +71,12 @@ SETTINGS: dict[str, Setting] = {
     "model_kwargs": S({"embed_dim": 64, "depth": 4, "num_heads": 4}, MODEL, "mapping",
                       "timm model keywords as KEY=VALUE (mlp_ratio, global_pool, ...); replaces the default "
                       "mapping as a whole", metavar="KEY=VALUE"),
+    "tubelet_size": S([], MODEL, "ints", "video: tubelet T P P (frames, height, width of one token); P must be "
+                      "patch_size. Default 1 P P: one token per frame patch, so the order of frames is carried only "
+                      "by the positional encoding (an encoding without a time axis cannot tell the direction of "
+                      "motion), and any frame count can be evaluated; 2 P P is ViViT/VideoMAE's (half the tokens, "
+                      "but each token sees local motion inside itself); num_frames and eval_frames must be "
+                      "multiples of T", metavar="N"),
     "init_from": S(None, MODEL, "str?", "start from another model's weights and train them as a NEW run (a fresh "
                    "optimizer and schedule; not --resume): a run directory (its last.safetensors), a weights file in "
                    "one (DIR/best.safetensors), or a timm/visionpe checkpoint (.safetensors, .pth, .pt). Every "
@@ -79,6 +95,9 @@ SETTINGS: dict[str, Setting] = {
     "data_dir": S(None, DATA, "str?", "folder of a real data set (torchvision layout; imagefolder: DIR/train/<class>/ "
                   "and DIR/val/<class>/); must hold the data unless --download", metavar="DIR"),
     "download": S(False, DATA, "bool", "fetch a torchvision data set into --data-dir if it is not there"),
+    "num_frames": S(None, DATA, "int?", "frames per clip: required by the video data sets (moving-shapes, "
+                    "shape-endpoint, videofolder), refused by image ones; the model is then a video model "
+                    "(--tubelet-size); a multiple of the tubelet's frames", metavar="T"),
     "train_samples": S(None, DATA, "int?", "training images: synthetic scenes rendered (default 10000), real sets a "
                        "fixed random subset (default all); an integer >= 1", metavar="N"),
     "val_samples": S(None, DATA, "int?", "validation images (synthetic default 2000, real default all); an integer "
@@ -110,6 +129,12 @@ SETTINGS: dict[str, Setting] = {
     # evaluation
     "eval_res": S([], EVAL, "ints", "test resolutions (pixels) for the last and the best model after training, each a "
                   "positive multiple of patch_size; the training resolution is always included", metavar="PX"),
+    "eval_frames": S([], EVAL, "ints", "video: test frame counts for the last and the best model after training, "
+                     "crossed with eval_res (a frames x resolution table); the built-in tasks sample the same clip "
+                     "duration, so more frames = a higher frame rate; each a multiple of the tubelet's frames; "
+                     "num_frames is always included. RoPE adapts time as space (pe_kwargs scaling=none "
+                     "extrapolates, scaling=pi interpolates to the training grid), learned tables are resampled",
+                     metavar="T"),
     "eval_batch_size": S(256, EVAL, "int", "batch size of evaluation; an integer >= 1", metavar="N"),
     # run
     "seed": S(0, RUN, "int", "seed of the model, data order, synthetic scenes and augmentation; an integer >= 0",
@@ -227,6 +252,8 @@ def resolve(args: dict, base: dict | None = None) -> dict:
     for key in ("model_kwargs", "pe_kwargs"):
         if cfg.get(key) is None:
             cfg[key] = {}
+    if cfg["model"] in VIDEO_SWIN and cfg["model_kwargs"] == DEFAULTS["model_kwargs"]:
+        cfg["model_kwargs"] = {}  # the ViT default sizes do not apply: torchvision's swin3d sizes
     for key in SIZE_KEYS:
         if key in args and isinstance(cfg["model_kwargs"], dict):
             cfg["model_kwargs"][key] = args[key]
@@ -307,12 +334,19 @@ def check(cfg: dict, training: bool = True) -> None:
     for res in cfg["eval_res"]:
         need(res >= cfg["patch_size"] and res % cfg["patch_size"] == 0,
              f"eval_res {res} must be a positive multiple of patch_size {cfg['patch_size']}")
-    for key in SIZE_KEYS:
+    _check_video(cfg, need)
+    swin3d = cfg["model"] in VIDEO_SWIN
+    if swin3d:
+        bad = sorted(set(cfg["model_kwargs"]) - set(SWIN3D_KEYS) - {"num_classes"})
+        need(not bad, f"{cfg['model']} (torchvision SwinTransformer3d) takes model_kwargs {', '.join(SWIN3D_KEYS)}, "
+             f"not {', '.join(bad)} (e.g. --model-kwargs embed_dim=24 depths=[1,1] num_heads=[2,4] "
+             "window_size=[4,4,4])")
+    for key in SIZE_KEYS if not swin3d else ("embed_dim",):
         value = cfg["model_kwargs"].get(key)
         need(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
              f"{key} (model_kwargs.{key}) must be an integer >= 1, got {value!r}")
     dim, heads = cfg["model_kwargs"].get("embed_dim"), cfg["model_kwargs"].get("num_heads")
-    need(dim is None or heads is None or dim % heads == 0,
+    need(swin3d or dim is None or heads is None or dim % heads == 0,
          f"embed_dim {dim} must be divisible by num_heads {heads}")
     if cfg["mixup"] > 0 or cfg["cutmix"] > 0:
         need(cfg["batch_size"] % 2 == 0, f"mixup/cutmix need an even batch_size, got {cfg['batch_size']}")
@@ -322,8 +356,12 @@ def check(cfg: dict, training: bool = True) -> None:
     except ValueError as err:
         raise UserError(f"pe: {one_line(err)} (or 'none')") from None
     import timm
-    need(timm.is_model(cfg["model"]), f"unknown timm model {cfg['model']!r}; try e.g. vit_tiny_patch16_224, "
+    need(cfg["model"] in VIDEO_SWIN or timm.is_model(cfg["model"]), f"unknown timm model {cfg['model']!r}; try e.g. vit_tiny_patch16_224, "
                                       "deit_small_patch16_224, swin_tiny_patch4_window7_224")
+    if cfg["num_frames"] is not None:
+        need(cfg["model"] in VIDEO_SWIN or timm.models.is_model_in_modules(cfg["model"], ["vision_transformer"]),
+             f"video runs (--num-frames) build a tubelet timm ViT or a Video Swin: --model {cfg['model']} is not a "
+             f"ViT (vit_*, deit_*) nor one of {', '.join(VIDEO_SWIN)}")
     from timm.optim import list_optimizers
     need(cfg["opt"].lower() in list_optimizers(),
          f"unknown optimizer opt={cfg['opt']!r}; e.g. adamw, adam, sgd, lamb, lion (timm.optim.list_optimizers())")
@@ -331,6 +369,41 @@ def check(cfg: dict, training: bool = True) -> None:
         import torch
         need(cfg["device"] != "cuda" or torch.cuda.is_available(),
              "device=cuda but no CUDA device is available (use --device cpu or auto)")
+
+
+def tubelet(cfg: dict) -> tuple[int, int, int]:
+    """A video run's tubelet: ``tubelet_size`` if given, else ``(1, patch, patch)`` (see the --tubelet-size help)."""
+    if cfg.get("tubelet_size"):
+        return tuple(int(v) for v in cfg["tubelet_size"])
+    patch = cfg["patch_size"]
+    return (1, *((patch, patch) if isinstance(patch, int) else tuple(patch)))
+
+
+def _check_video(cfg: dict, need) -> None:
+    """Video settings: num_frames exactly for video data, tubelet and frame counts that fit each other."""
+    video = cfg["data"] in vdata.VIDEO
+    frames = cfg["num_frames"]
+    if frames is None:
+        need(not video, f"--data {cfg['data']} is a video data set: give --num-frames T (frames per clip)")
+        need(cfg["model"] not in VIDEO_SWIN, f"--model {cfg['model']} is a video model (torchvision Video Swin): "
+             "it needs video data and --num-frames")
+        need(not cfg["tubelet_size"], "--tubelet-size is for video runs (video data and --num-frames)")
+        need(not cfg["eval_frames"], "--eval-frames is for video runs (video data and --num-frames)")
+        return
+    need(video, f"--num-frames is for video data ({', '.join(vdata.VIDEO)}); --data {cfg['data']} is an image "
+         "data set")
+    need(frames >= 1, f"num_frames must be an integer >= 1, got {frames}")
+    tub = cfg["tubelet_size"]
+    if tub:
+        need(len(tub) == 3 and all(v >= 1 for v in tub),
+             f"tubelet_size must be 3 integers >= 1 (frames height width), got {' '.join(map(str, tub))}")
+        need(tub[1] == tub[2] == cfg["patch_size"], f"tubelet_size {' '.join(map(str, tub))}: its frame patch "
+             f"must be patch_size {cfg['patch_size']} (set --patch-size {tub[1]} for {tub[1]} px patches)")
+    t = tubelet(cfg)[0]
+    need(frames % t == 0, f"num_frames {frames} must be a multiple of the tubelet's {t} frames "
+         f"(tubelet_size {' '.join(map(str, tubelet(cfg)))})")
+    for f in cfg["eval_frames"]:
+        need(f >= 1 and f % t == 0, f"eval_frames {f} must be a positive multiple of the tubelet's {t} frames")
 
 
 def saved_form(cfg: dict) -> dict:
@@ -344,6 +417,10 @@ def saved_form(cfg: dict) -> dict:
 def model_kwargs(cfg: dict) -> dict:
     """Everything timm needs besides the name: size overrides, resolution, classes, channels, drop path."""
     kw = dict(cfg.get("model_kwargs") or {})
+    if cfg.get("model") in VIDEO_SWIN:  # SwinTransformer3d's keywords (its patch is the tubelet: build_model)
+        # stochastic depth from --drop-path (torchvision's own default 0.1 only through model_kwargs)
+        return {**VIDEO_SWIN[cfg["model"]], "stochastic_depth_prob": cfg.get("drop_path") or 0.0, **kw,
+                "num_classes": cfg["num_classes"]}
     kw.update(img_size=cfg["img_size"], patch_size=cfg["patch_size"], num_classes=cfg["num_classes"],
               in_chans=cfg["in_chans"])
     kw.pop("drop_path_rate", None)

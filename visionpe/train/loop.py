@@ -21,17 +21,34 @@ class NonFiniteLoss(UserError):
     """The training loss became NaN or infinite: the run stops without saving (its last checkpoint stays)."""
 
 
-def dataset(cfg: dict, split: str, img_size: int):
-    """The run's data set ``split`` at ``img_size`` pixels; missing or empty data is a :class:`UserError`."""
+def dataset(cfg: dict, split: str, img_size: int, num_frames: int | None = None):
+    """The run's data set ``split`` at ``img_size`` pixels (a video run's: clips of ``num_frames`` frames, default
+    the run's ``num_frames``); missing or empty data is a :class:`UserError`."""
     num = cfg["train_samples"] if split == "train" else cfg["val_samples"]
+    frames = (num_frames or cfg["num_frames"]) if cfg.get("num_frames") else None
     try:
         ds = vdata.build_dataset(cfg["data"], split, img_size, data_dir=cfg["data_dir"], download=cfg["download"],
-                                 seed=cfg["seed"], num_samples=num)
+                                 seed=cfg["seed"], num_samples=num, num_frames=frames)
     except (vdata.DataMissing, ValueError) as err:
         raise UserError(one_line(err)) from None
     if len(ds) == 0:
         raise UserError(f"{cfg['data']}: the {split} split under {cfg['data_dir']!r} holds no images")
     return ds
+
+
+def eval_grid(cfg: dict, resolutions=(), frames=()) -> tuple[list, object]:
+    """The evaluation keys of a run and its training key: resolutions (image run) or ``(frames, res)`` pairs
+    (video run: ``frames`` x ``resolutions``), the training size and frame count always among them."""
+    res = sorted(set(resolutions) | {cfg["img_size"]})
+    if not cfg.get("num_frames"):
+        return res, cfg["img_size"]
+    counts = sorted(set(frames) | {cfg["num_frames"]})
+    return [(f, r) for f in counts for r in res], (cfg["num_frames"], cfg["img_size"])
+
+
+def key_text(key) -> str:
+    """``"32"`` (image run) or ``"8x32"`` (video run: frames x pixels): the keys of results.json."""
+    return f"{key[0]}x{key[1]}" if isinstance(key, tuple) else str(key)
 
 
 def seed_everything(seed: int, epoch: int, rank: int) -> None:
@@ -121,10 +138,10 @@ def evaluate(model, dataset, *, batch_size: int, device, autocast, workers: int 
     return 100.0 * correct / count, (loss / count if count else math.nan)
 
 
-def evaluate_resolutions(model, sets: dict, train_res: int, known: dict | None = None, **eval_kwargs) -> dict:
+def evaluate_resolutions(model, sets: dict, train_res, known: dict | None = None, **eval_kwargs) -> dict:
     """``{res: {'acc', 'loss', 'retention'}}`` of ``model`` on ``sets`` (``{res: dataset}``, the training
     resolution among them); retention = acc(res) / acc(train_res). ``known``: ``{res: (acc, loss)}`` already
-    measured (not evaluated again)."""
+    measured (not evaluated again). A video run's keys are ``(frames, res)``, ``train_res`` the training pair."""
     known = known or {}
     accs = {r: known[r] if r in known else evaluate(model, ds, **eval_kwargs) for r, ds in sorted(sets.items())}
     base = accs[train_res][0]

@@ -212,7 +212,8 @@ def new_config(args: dict) -> dict:
 
 # -----------------------------------------------------------------------------------------------------
 # --init-from: a new run that starts from another model's weights
-INHERITED = ("model", "model_kwargs", "img_size", "patch_size", "data", "data_dir")  # taken from a source run
+INHERITED = ("model", "model_kwargs", "img_size", "patch_size", "data", "data_dir", "num_frames",
+             "tubelet_size")  # taken from a source run
 DERIVED_MODEL_KWARGS = ("img_size", "patch_size", "num_classes", "in_chans", "drop_path_rate")  # set from settings
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 
@@ -326,13 +327,7 @@ def init_text(record: dict) -> str:
 
 # -----------------------------------------------------------------------------------------------------
 # models
-def tubelet(cfg: dict) -> tuple[int, int, int]:
-    """A video run's tubelet: ``tubelet_size`` if given, else ``(2, patch, patch)``."""
-    from .._checks import to_shape
-    if cfg.get("tubelet_size"):
-        return to_shape("tubelet_size", cfg["tubelet_size"], 3)
-    patch = cfg["patch_size"]
-    return (2, *((patch, patch) if isinstance(patch, int) else tuple(patch)))
+tubelet = config.tubelet  # a video run's tubelet: tubelet_size, else (1, patch, patch)
 
 
 def run_grid(cfg: dict) -> tuple[int, ...]:
@@ -359,10 +354,15 @@ def _create_video_model():
 
 def build_model(cfg: dict) -> torch.nn.Module:
     """The one place a model is made from settings (training, resume, sweep, benchmark, visualization).
-    A video run (``num_frames`` set) is a tubelet ViT from ``create_video_model``."""
+    A video run (``num_frames`` set) is a tubelet ViT from ``create_video_model``, or torchvision's Video Swin
+    (``swin3d_t/s/b``: ``SwinTransformer3d`` with the tubelet as its patch, then ``visionpe.apply``)."""
     import visionpe
     kwargs = config.model_kwargs(cfg)
     with user_errors(f"cannot build {cfg['model']} with pe={cfg['pe']}", (ValueError, TypeError, AssertionError)):
+        if cfg["model"] in config.VIDEO_SWIN:  # torchvision's Video Swin, its patch the tubelet
+            from torchvision.models.video.swin_transformer import SwinTransformer3d
+            model = SwinTransformer3d(patch_size=list(tubelet(cfg)), **kwargs)
+            return visionpe.apply(model, cfg["pe"], **cfg["pe_kwargs"])
         if cfg.get("num_frames"):
             kwargs.pop("patch_size", None)
             return _create_video_model()(cfg["model"], pe=cfg["pe"], num_frames=cfg["num_frames"],
