@@ -33,4 +33,10 @@ if [ -d $RUNS/learned/s0 ] && [ -d $RUNS/rope_mixed/s0 ]; then
 else
     echo "skipping trained-run figures: run the command in docs/BENCHMARK_8EPOCHS.md first" >&2
 fi
+VIDEO_RUN=runs/bench_video/vit/moving-shapes/rope_mixed/s0
+if [ -f "$VIDEO_RUN/config.yaml" ]; then  # the video section of docs/BENCHMARK.md
+    viz --run $VIDEO_RUN --pe rope_mixed --layer 0 --kind video --out $OUT/trained_video_rope_mixed.png
+else
+    echo "skipping the trained video figure: run the video command in docs/BENCHMARK.md first" >&2
+fi
 ls -l $OUT
