@@ -72,3 +72,15 @@ def test_space_time_table_is_spatial_plus_time():
         vpe.build("learned", dim=4, ndim=2, factorized="space_time")
     tokens.resize((4, 6, 6))
     assert tokens.table.shape == (6, 6, 4) and tokens.time_table.shape == (4, 4)
+
+
+def test_swin_bias_inflates_to_a_video_swin_table():
+    """Video Swin's rule on the SwinBias class itself (it used to crash on an unexpected keyword)."""
+    torch.manual_seed(0)
+    image = vpe.build("swin_bias", num_heads=2, window_size=(3, 3))
+    torch.nn.init.normal_(image.relative_position_bias_table)
+    video = image.inflate((2, 3, 3))
+    assert isinstance(video, vpe.SwinBias) and video.window_size == (2, 3, 3)
+    full = video(vpe.Grid((2, 3, 3)))
+    torch.testing.assert_close(full[:, :9, :9], image(vpe.Grid((3, 3))))  # same frame: the image's bias
+    torch.testing.assert_close(full[:, :9, 9:], image(vpe.Grid((3, 3))))  # other frame: repeated over time
