@@ -153,7 +153,7 @@ def main(argv: list[str]) -> dict:
         stats = loop.train_one_epoch(model, loader, optimizer, scheduler, criterion, epoch=epoch,
                                      epochs=cfg["epochs"], device=device, autocast=autocast, mixup=mixup,
                                      clip_grad=cfg["clip_grad"], world=world, progress=master and cfg["progress"],
-                                     last_finite=last_finite)
+                                     last_finite=last_finite, train_res=cfg["train_res"], seed=cfg["seed"])
         last_finite = stats["last_finite"]
         val_acc, val_loss = loop.evaluate(model, val_set, **eval_kw)
         improved = val_acc > best_acc

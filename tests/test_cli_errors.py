@@ -164,6 +164,8 @@ ROWS = [
     (T, ["--cutmix", "-0.5"], ["cutmix", ">= 0"]),
     (T, ["--mixup", "0.5", "--batch-size", "15"], ["even batch_size"]),
     (T, ["--eval-res", "30"], ["eval_res 30", "patch_size 4"]),
+    (T, ["--train-res", "30"], ["train_res 30", "patch_size 4"]),
+    (T, ["--train-res", "x"], ["--train-res", "'x'"]),
     (T, ["--eval-res", "0"], ["eval_res 0"]),
     (T, ["--eval-res", "x"], ["--eval-res", "'x'"]),
     (T, ["--eval-batch-size", "-5"], ["eval_batch_size", ">= 1"]),

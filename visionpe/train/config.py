@@ -121,6 +121,10 @@ SETTINGS: dict[str, Setting] = {
     "warmup_epochs": S(1.0, SCHED, "float", "linear warmup length in epochs (fractions allowed); in [0, epochs]",
                        metavar="E"),
     # augmentation and regularization
+    "train_res": S([], AUG, "ints", "multi-resolution training (ResFormer / FlexiViT): each step's batch is resized "
+                   "(bicubic, antialias) to one of these sizes, drawn from (seed, epoch, step), so every process "
+                   "draws the same; the learning-rate schedule is unchanged; each a positive multiple of patch_size; "
+                   "images only (empty = train at img_size only)", metavar="PX"),
     "label_smoothing": S(0.1, AUG, "float", "label smoothing; in [0, 1)", metavar="EPS"),
     "mixup": S(0.0, AUG, "float", "timm Mixup alpha; a number >= 0 (0 = off); needs an even batch_size",
                metavar="ALPHA"),
@@ -331,9 +335,12 @@ def check(cfg: dict, training: bool = True) -> None:
     need(0 <= cfg["drop_path"] < 1, f"drop_path must be in [0, 1), got {cfg['drop_path']}")
     need(cfg["img_size"] >= cfg["patch_size"] and cfg["img_size"] % cfg["patch_size"] == 0,
          f"img_size {cfg['img_size']} must be a positive multiple of patch_size {cfg['patch_size']}")
-    for res in cfg["eval_res"]:
-        need(res >= cfg["patch_size"] and res % cfg["patch_size"] == 0,
-             f"eval_res {res} must be a positive multiple of patch_size {cfg['patch_size']}")
+    for key in ("eval_res", "train_res"):
+        for res in cfg[key]:
+            need(res >= cfg["patch_size"] and res % cfg["patch_size"] == 0,
+                 f"{key} {res} must be a positive multiple of patch_size {cfg['patch_size']}")
+    need(not (cfg["train_res"] and cfg.get("num_frames")), "train_res is for image data; video runs train at "
+         "img_size and num_frames (evaluate other sizes with --eval-res / --eval-frames)")
     _check_video(cfg, need)
     swin3d = cfg["model"] in VIDEO_SWIN
     if swin3d:

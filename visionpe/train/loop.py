@@ -72,10 +72,21 @@ def autocast_for(device: torch.device, bf16: bool):
     return lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
+def step_resolution(train_res, seed: int, epoch: int, step: int) -> int | None:
+    """The resolution of one multi-resolution training step: drawn from ``train_res`` by ``(seed, epoch, step)``
+    alone, so every process of a DDP run (and a resumed run) draws the same; None without ``train_res``."""
+    if not train_res:
+        return None
+    return train_res[random.Random(f"train_res/{seed}/{epoch}/{step}").randrange(len(train_res))]
+
+
 def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: int, epochs: int, device, autocast,
                     mixup=None, clip_grad: float = 0.0, world: int = 1, progress: bool = False,
-                    last_finite: tuple | None = None) -> dict:
+                    last_finite: tuple | None = None, train_res=(), seed: int = 0) -> dict:
     """One pass over ``loader`` (the learning rate is set per step: ``scheduler.step_update``).
+
+    With ``train_res`` each step's images are resized (bicubic, antialias) to :func:`step_resolution`'s size: the
+    steps, and so the schedule, are the same as without it.
 
     Each step's loss is summed over the processes before the backward pass, so when it is NaN or infinite on any
     of them every process raises :class:`NonFiniteLoss` at the same step (none waits for the others). Returns
@@ -91,6 +102,9 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         if mixup is not None:
             x, y = mixup(x, y)
+        size = step_resolution(train_res, seed, epoch, step)
+        if size is not None and x.shape[-1] != size:
+            x = F.interpolate(x, size=(size, size), mode="bicubic", antialias=True, align_corners=False)
         scheduler.step_update(epoch * steps + step)
         with autocast():
             loss = criterion(model(x), y)
