@@ -53,6 +53,10 @@ class Grid:
     def num_tokens(self) -> int:
         return self.prefix + self.num_patches
 
+    def without_prefix(self) -> "Grid":
+        """The same patches (shape, offset) with no prefix tokens: what position maps and tables cover."""
+        return Grid(self.shape, 0, self.offset)
+
     def with_shape(self, shape) -> "Grid":
         """The same layout (prefix, offset) on another patch shape."""
         return Grid(tuple(shape), self.prefix, self.offset)
@@ -154,6 +158,10 @@ class MixedLayout:
             raise ValueError("every sample's grid must have the same prefix and number of axes, got "
                              f"{[(g.shape, g.prefix) for g in grids]}")
         object.__setattr__(self, "grids", grids)
+        samples: dict[Grid, list[int]] = {}  # distinct grid -> its samples, computed once for every block
+        for b, g in enumerate(grids):
+            samples.setdefault(g, []).append(b)
+        object.__setattr__(self, "_samples", samples)
 
     @property
     def num_tokens(self) -> int:
@@ -161,10 +169,7 @@ class MixedLayout:
 
     def groups(self, device=None) -> list[tuple[torch.Tensor, Grid]]:
         """``[(sample indices, grid)]``, one entry per distinct grid, in order of first appearance."""
-        order: dict[Grid, list[int]] = {}
-        for b, g in enumerate(self.grids):
-            order.setdefault(g, []).append(b)
-        return [(torch.tensor(idx, device=device), g) for g, idx in order.items()]
+        return [(torch.tensor(idx, device=device), g) for g, idx in self._samples.items()]
 
     def key_mask(self, device=None) -> torch.Tensor:
         """``(B, T)`` bool, True for real tokens, False for padding."""

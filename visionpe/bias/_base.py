@@ -17,7 +17,7 @@ class BiasEncoding(Encoding):
     def pair_map(self, grid) -> torch.Tensor:
         """The bias on the grid's patches (no prefix rows or columns), ``(heads, N, N)`` float32."""
         grid = as_grid(grid)
-        return self(Grid(grid.shape, 0, grid.offset)).detach().float().cpu()
+        return self(grid.without_prefix()).detach().float().cpu()
 
     def similarity_label(self, head: int | None = None) -> str:
         return f"attention bias, {'mean over heads' if head is None else f'head {head}'}"

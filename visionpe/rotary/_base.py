@@ -32,7 +32,7 @@ class RotaryEncoding(Encoding):
     def pair_map(self, grid) -> torch.Tensor:
         """The positional kernel :func:`rope_kernel` on the grid's patches, ``(heads or 1, N, N)`` float32."""
         grid = as_grid(grid)
-        return rope_kernel(self.cis(Grid(grid.shape, 0, grid.offset))).float().cpu()
+        return rope_kernel(self.cis(grid.without_prefix())).float().cpu()
 
     def similarity_label(self, head: int | None = None) -> str:
         return f"RoPE kernel, {'mean over heads' if head is None else f'head {head}'}"

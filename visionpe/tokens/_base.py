@@ -35,7 +35,7 @@ class TokenEncoding(Encoding):
         Default: ``pe(1, grid) - 1``, the encoding's output for a constant input (an encoding with a table
         returns its table instead).
         """
-        grid = Grid(as_grid(grid).shape, 0, as_grid(grid).offset)
+        grid = as_grid(grid).without_prefix()
         device = next(iter(self.parameters()), torch.empty(0)).device
         ones = torch.ones(1, grid.num_tokens, self.dim, device=device)
         return (self(ones, grid) - ones)[0].float().cpu()

@@ -195,7 +195,7 @@ class Learned(TokenEncoding):
     def position_vectors(self, grid) -> torch.Tensor:
         grid = as_grid(grid)
         with torch.no_grad():
-            return self.patch_table(Grid(grid.shape, 0, grid.offset)).detach().float().cpu()
+            return self.patch_table(grid.without_prefix()).detach().float().cpu()
 
     def adaptation_label(self) -> str:
         if self.coordinates.normalized:

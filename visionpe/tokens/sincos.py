@@ -104,7 +104,7 @@ class SinCos(TokenEncoding):
 
     def position_vectors(self, grid) -> torch.Tensor:
         grid = as_grid(grid)
-        return self.table(Grid(grid.shape, 0, grid.offset)).float().cpu()
+        return self.table(grid.without_prefix()).float().cpu()
 
     def adaptation_label(self) -> str:
         if self.coordinates.normalized:

@@ -50,8 +50,7 @@ def num_heads_of(pe: nn.Module) -> int:
 
 def patch_grid(grid) -> Grid:
     """The grid without prefix tokens (maps only cover patches)."""
-    grid = as_grid(grid)
-    return Grid(grid.shape, 0, grid.offset)
+    return as_grid(grid).without_prefix()
 
 
 def position_vectors(pe: nn.Module, grid) -> torch.Tensor:
