@@ -67,7 +67,9 @@ def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias):
         raise ValueError(f"bias gives {heads}shape {tuple(getattr(mask, 'shape', ()))} but q, k have "
                          f"{q.shape[1]} heads: expected (num_heads, q tokens, k tokens) = {expected} (build the "
                          f"bias with num_heads={q.shape[1]})")
-    return q, k, layout.pairs(mask).to(q.dtype)  # kept rows and columns per sample: (B, heads, P + K, P + K)
+    mask = layout.pairs(mask)  # kept rows and columns per sample: (B, heads, P + K, P + K)
+    # 4-D always: SDPA's CPU kernels take a (heads, T, T) mask through a slow broadcasting path (2-3x the attention)
+    return q, k, (mask if mask.ndim == 4 else mask[None]).to(q.dtype)
 
 
 def _mixed_positions(q: torch.Tensor, k: torch.Tensor, layout: MixedLayout, rotary, bias):

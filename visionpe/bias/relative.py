@@ -54,6 +54,7 @@ class RelativePositionBias(BiasEncoding):
         rows = num_offsets(self.window_size) + (3 if prefix_entries else 0)
         self.relative_position_bias_table = nn.Parameter(torch.randn(rows, num_heads) * init_std)
         self._index_cache = TableCache(maxsize=16)
+        self._bias_cache = TableCache()  # eval / no-grad: the gathered bias per grid, rebuilt after a weight change
 
     def _index(self, shape, window, device) -> torch.Tensor:
         key = (tuple(shape), tuple(window), str(device))
@@ -81,6 +82,11 @@ class RelativePositionBias(BiasEncoding):
                 raise ValueError(f"grid {grid.shape} is larger than window_size={self.window_size}; "
                                  f"call resize({grid.shape}) first or build with grow='resample'")
             window = tuple(max(g, w) for g, w in zip(grid.shape, window))
+        key = (grid.shape, grid.prefix, window, str(self.relative_position_bias_table.device))
+        return self._bias_cache.get(key, lambda: self._build(grid, window), self.parameters())
+
+    def _build(self, grid: Grid, window) -> torch.Tensor:
+        """The bias of ``grid`` read from the offset table resampled to ``window``: ``(heads, P + N, P + N)``."""
         table = self._grid_table(window)
         index = self._index(grid.shape, window, table.device)
         bias = rearrange(table[index], "n m h -> h n m").float()
