@@ -2,6 +2,7 @@
 """Evaluate trained runs at several resolutions, with each encoding's resolution adaptation.
 
     python scripts/resolution_sweep.py runs/A runs/B --res 24 32 48 64 --scaling none pi ntk yarn --out runs/sweep
+    python scripts/resolution_sweep.py runs/A --res 32 32x48 48x32          # non-square sizes: HEIGHTxWIDTH
     python scripts/resolution_sweep.py runs/VIDEO --frames 4 8 16 --res 24 32 48 --scaling none pi   # video runs
 
 For every run directory (as written by train_vit.py) the model is rebuilt from its config.yaml once per
@@ -17,6 +18,11 @@ frame count and size always among them): the built-in tasks sample the same clip
 (more frames = a higher frame rate), and the adaptations act on time as on space (``ref_shape`` = the training
 token grid ``(T/t, H/p, W/p)``). Rows then carry ``frames`` and ``train_frames``; retention is against the
 training pair. ``--frames`` with an image run is an error.
+
+An image run also takes non-square sizes ``HxW`` (height x width, e.g. ``32x48``; ``32x32`` is ``32``): the
+synthetic scenes are rendered stretched to that aspect, real images resized to it. Their rows read ``res`` =
+``32x48`` in the CSV and are left out of the plot (its x-axis is the side of a square). A video run takes square
+sizes only.
 
 The validation images are the run's own (synthetic tasks re-rendered natively at each size, real images
 resized with antialiasing). Writes ``OUT/sweep.csv`` (one row per run x adaptation x resolution, with
@@ -36,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout witho
 from visionpe.backbones import parse_pe  # noqa: E402
 from visionpe.resample import INTERPOLATIONS  # noqa: E402
 from visionpe.rotary.scaling import SCALINGS  # noqa: E402
-from visionpe.train import cli, loop, rundir  # noqa: E402
+from visionpe.train import cli, config, loop, rundir  # noqa: E402
 from visionpe.train.cli import UserError  # noqa: E402
 
 FIELDS = ["run", "data", "model", "pe", "seed", "train_res", "adaptation", "weights", "res", "acc", "loss",
@@ -45,6 +51,8 @@ FIELDS = ["run", "data", "model", "pe", "seed", "train_res", "adaptation", "weig
 
 def adaptations(pe: str, scalings, interpolations) -> list[tuple[str, dict]]:
     """``[(label, pe_kwargs overrides)]`` for one encoding: RoPE scalings x learned interpolations."""
+    if pe == config.TIMM_NATIVE:  # timm's own model: it adapts to a new size its own way
+        return [("default", {})]
     with cli.user_errors("pe"):
         names = parse_pe(pe)
     rope = names.get("rotary") in ("rope_axial", "rope_mixed")
@@ -56,6 +64,19 @@ def adaptations(pe: str, scalings, interpolations) -> list[tuple[str, dict]]:
         out = [(f"{label}{'/' if label else ''}{m}", {**kw, "interpolation": m})
                for label, kw in out for m in interpolations]
     return [(label or "default", kw) for label, kw in out]
+
+
+def check_sizes(run: Path, cfg: dict, sizes) -> None:
+    """``--res`` fits the run: every side a positive multiple of its patch_size, and ``HxW`` for image runs only."""
+    video = bool(cfg.get("num_frames"))
+    for size in sizes:
+        if video and not isinstance(size, int):
+            raise UserError(f"--res {loop.size_text(size)}: non-square sizes (HxW) are for image runs; {run} is a "
+                            f"video run ({cfg['data']}), give square sizes in pixels")
+        sides = (size,) if isinstance(size, int) else size
+        if any(s < cfg["patch_size"] or s % cfg["patch_size"] for s in sides):
+            raise UserError(f"resolution {loop.size_text(size)} is not a positive multiple of {run}'s patch_size "
+                            f"{cfg['patch_size']}" + ("" if isinstance(size, int) else " on each side"))
 
 
 def check_frames(run: Path, cfg: dict, frames) -> None:
@@ -70,6 +91,14 @@ def check_frames(run: Path, cfg: dict, frames) -> None:
         raise UserError(f"--frames {' '.join(map(str, bad))}: not a positive multiple of {run}'s tubelet frames {t}")
 
 
+def res_cell(key, video: bool) -> int | str:
+    """The ``res`` column of a row: the pixels of a square size (an int, as a video key's ``res``), ``"HxW"`` of a
+    non-square one."""
+    if video:
+        return key[1]
+    return key if isinstance(key, int) else loop.size_text(key)
+
+
 def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), weights="last", val_samples=None,
               device="cpu", batch_size=256, log=print, frames=()) -> list[dict]:
     """Rows of the sweep for one run directory (a video run: at every ``frames`` x ``resolutions`` pair)."""
@@ -79,9 +108,7 @@ def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), wei
     cfg.update(workers=0, eval_batch_size=batch_size)
     if val_samples is not None:
         cfg["val_samples"] = val_samples
-    for r in resolutions:
-        if r < cfg["patch_size"] or r % cfg["patch_size"]:
-            raise UserError(f"resolution {r} is not a positive multiple of {run}'s patch_size {cfg['patch_size']}")
+    check_sizes(run, cfg, resolutions)
     state = rundir.read_weights(run / f"{weights}.safetensors")
     device = torch.device(device)
     eval_kw = dict(batch_size=batch_size, device=device, autocast=loop.autocast_for(device, device.type == "cuda"))
@@ -101,11 +128,12 @@ def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), wei
             m = res[k]
             rows.append({"run": str(run), "data": cfg["data"], "model": cfg["model"], "pe": cfg["pe"],
                          "seed": cfg["seed"], "train_res": cfg["img_size"], "adaptation": label, "weights": weights,
-                         "res": k[1] if video else k, "acc": round(m["acc"], 4), "loss": m["loss"],
+                         "res": res_cell(k, video), "acc": round(m["acc"], 4), "loss": m["loss"],
                          "retention": round(m["retention"], 5), "frames": k[0] if video else "",
                          "train_frames": cfg["num_frames"] if video else ""})
         log(f"{run.name:40s} {label:16s} " + "  ".join(
-            f"{f'{k[0]}f ' if video else ''}{k[1] if video else k}px {res[k]['acc']:6.2f}" for k in wanted))
+            f"{f'{k[0]}f ' if video else ''}{k[1] if video else loop.size_text(k)}px {res[k]['acc']:6.2f}"
+            for k in wanted))
     return rows
 
 
@@ -120,12 +148,17 @@ def write_csv(rows, path: Path) -> None:
 
 
 def plot(rows, path: Path, title: str = "") -> None:
-    """Accuracy vs resolution, one line per (run, adaptation); a dotted line marks the training size."""
+    """Accuracy vs resolution, one line per (run, adaptation); a dotted line marks the training size.
+
+    The x-axis is the side of a square image: rows of non-square sizes (``res`` = ``HxW``) are left out of the plot
+    (they stay in the CSV)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     lines = {}
     for r in rows:
+        if not isinstance(r["res"], int):
+            continue  # a non-square size has no place on the axis
         lines.setdefault((Path(r["run"]).name, r["adaptation"]), []).append((r["res"], r["acc"]))
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for (run, label), pts in lines.items():
@@ -150,8 +183,9 @@ def build_parser() -> cli.Parser:
     p = cli.Parser(prog="resolution_sweep", description=head, epilog=tail)
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directories written by train_vit.py")
     ev = p.add_argument_group("evaluation")
-    ev.add_argument("--res", nargs="+", type=int, required=True, metavar="PX",
-                    help="test resolutions in pixels, each a positive multiple of the runs' patch_size (required)")
+    ev.add_argument("--res", nargs="+", type=loop.parse_size, required=True, metavar="PX|HxW",
+                    help="test resolutions in pixels: PX (square) or HxW (height x width, image runs only), each side "
+                         "a positive multiple of the runs' patch_size (required)")
     ev.add_argument("--frames", nargs="+", type=int, default=[], metavar="T",
                     help="video runs: test frame counts, crossed with --res; each a positive multiple of the runs' "
                          "tubelet frames (default: the training frame count only)")
@@ -180,14 +214,14 @@ def sweep(argv) -> list[dict]:
         raise UserError(f"--val-samples must be an integer >= 1, got {args.val_samples}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be an integer >= 1, got {args.batch_size}")
-    if any(r < 1 for r in args.res):
-        raise UserError(f"--res takes positive sizes, got {' '.join(map(str, args.res))}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but no CUDA device is available")
     if any(f < 1 for f in args.frames):
         raise UserError(f"--frames takes positive frame counts, got {' '.join(map(str, args.frames))}")
     for run in args.runs:  # every run is checked before the first is evaluated
-        check_frames(run, rundir.load_run(run, require=("data",)), args.frames)
+        cfg = rundir.load_run(run, require=("data",))
+        check_frames(run, cfg, args.frames)
+        check_sizes(run, cfg, args.res)
     rows = []
     for run in args.runs:
         rows += sweep_run(run, args.res, args.scaling, args.interpolation, args.weights, args.val_samples,

@@ -1,7 +1,9 @@
 """Datasets for training and resolution benchmarks: built-in synthetic tasks and real image sets.
 
 ``build_dataset(name, split, img_size, ...)`` returns a map-style dataset of ``(image, label)`` with
-``image`` a normalized float tensor ``(C, img_size, img_size)``. Every dataset has ``num_classes``,
+``image`` a normalized float tensor ``(C, img_size, img_size)``; image data sets also take ``img_size`` as a pair
+``(height, width)`` (images ``(C, height, width)``: a synthetic scene is stretched to that aspect, a real image
+resized to it). Every dataset has ``num_classes``,
 ``in_chans``, ``mean``, ``std`` and ``set_epoch(epoch)`` (augmentation is a function of
 ``(seed, epoch, index)`` only, so runs are reproducible and resumable whatever the loader does).
 
@@ -76,6 +78,23 @@ class DataMissing(FileNotFoundError):
     """The data set is not on this machine; the message says how to get it."""
 
 
+def image_hw(size, name: str = "img_size", minimum: int = 4) -> tuple[int, int]:
+    """``(height, width)`` of an image size: an integer ``s`` (square, ``(s, s)``) or a pair ``(height, width)``
+    (tuple or list) of integers, each ``>= minimum``; anything else is a ValueError naming ``name``."""
+    sides = [size] * 2 if isinstance(size, int) else list(size) if isinstance(size, (tuple, list)) else None
+    if (sides is None or len(sides) != 2
+            or any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in sides)):
+        raise ValueError(f"{name} must be an integer >= {minimum} (a square) or a (height, width) pair of integers "
+                         f">= {minimum}, got {size!r}")
+    return sides[0], sides[1]
+
+
+def _size_key(size) -> int | tuple[int, int]:
+    """An image size in one canonical form: ``s`` for a square (also given as ``(s, s)``), else ``(height, width)``."""
+    height, width = image_hw(size)
+    return height if height == width else (height, width)
+
+
 def _check(name: str, split: str):
     if name not in DATASETS:
         raise ValueError(f"unknown data set {name!r}; choose from: {', '.join(DATASETS)}")
@@ -146,35 +165,43 @@ def scene(task: str, seed: int, index: int, split: str = "train") -> dict:
     return {"label": label, "background": background, "shapes": shapes}
 
 
-def render(sc: dict, size: int, supersample: int = SUPERSAMPLE) -> np.ndarray:
-    """Rasterize a scene at ``size x size`` pixels: draw at ``supersample`` times the size, then area-average.
-    Returns ``uint8 (size, size, 3)``."""
-    big = size * supersample
-    img = Image.new("RGB", (big, big), sc["background"])
+def _draw_shape(draw: ImageDraw.ImageDraw, kind: str, x: float, y: float, rx: float, ry: float, colour) -> None:
+    """One shape centred at pixel ``(x, y)`` with half-extents ``rx`` (horizontal) and ``ry`` (vertical)."""
+    if kind == "circle":
+        draw.ellipse([x - rx, y - ry, x + rx, y + ry], fill=colour)
+    elif kind == "square":
+        sx, sy = rx * 0.85, ry * 0.85
+        draw.rectangle([x - sx, y - sy, x + sx, y + sy], fill=colour)
+    elif kind == "triangle":
+        draw.polygon([(x, y - ry), (x + rx * 0.95, y + ry * 0.75), (x - rx * 0.95, y + ry * 0.75)], fill=colour)
+    elif kind == "diamond":
+        draw.polygon([(x, y - ry), (x + rx, y), (x, y + ry), (x - rx, y)], fill=colour)
+    elif kind == "cross":
+        tx, ty = rx * 0.35, ry * 0.35
+        draw.rectangle([x - rx, y - ty, x + rx, y + ty], fill=colour)
+        draw.rectangle([x - tx, y - ry, x + tx, y + ry], fill=colour)
+    else:
+        raise ValueError(f"unknown shape kind {kind!r}")
+
+
+def render(sc: dict, size, supersample: int = SUPERSAMPLE) -> np.ndarray:
+    """Rasterize a scene at ``size`` pixels (an integer: square; or ``(height, width)``): draw at ``supersample``
+    times the size, then area-average. x scales with the width and y with the height, and so does each shape's
+    radius per axis (a non-square size stretches the scene as resizing a photo would). Returns ``uint8 (H, W, 3)``."""
+    height, width = image_hw(size, "size", 1)
+    big_h, big_w = height * supersample, width * supersample
+    img = Image.new("RGB", (big_w, big_h), sc["background"])
     draw = ImageDraw.Draw(img)
     for kind, cx, cy, radius, colour in sc["shapes"]:
-        x, y, r = cx * big, cy * big, radius * big
-        if kind == "circle":
-            draw.ellipse([x - r, y - r, x + r, y + r], fill=colour)
-        elif kind == "square":
-            s = r * 0.85
-            draw.rectangle([x - s, y - s, x + s, y + s], fill=colour)
-        elif kind == "triangle":
-            draw.polygon([(x, y - r), (x + r * 0.95, y + r * 0.75), (x - r * 0.95, y + r * 0.75)], fill=colour)
-        elif kind == "diamond":
-            draw.polygon([(x, y - r), (x + r, y), (x, y + r), (x - r, y)], fill=colour)
-        elif kind == "cross":
-            t = r * 0.35
-            draw.rectangle([x - r, y - t, x + r, y + t], fill=colour)
-            draw.rectangle([x - t, y - r, x + t, y + r], fill=colour)
-        else:
-            raise ValueError(f"unknown shape kind {kind!r}")
-    return np.asarray(img.resize((size, size), Image.BOX))
+        _draw_shape(draw, kind, cx * big_w, cy * big_h, radius * big_w, radius * big_h, colour)
+    return np.asarray(img.resize((width, height), Image.BOX))
 
 
 @lru_cache(maxsize=16)
-def _render_split(task: str, split: str, num: int, seed: int, size: int):
-    images = np.empty((num, size, size, 3), dtype=np.uint8)
+def _render_split(task: str, split: str, num: int, seed: int, size):
+    """``(uint8 images (N, 3, H, W), int64 labels (N,))``: ``num`` scenes rendered at ``size`` (int or ``(H, W)``)."""
+    height, width = image_hw(size)
+    images = np.empty((num, height, width, 3), dtype=np.uint8)
     labels = np.empty(num, dtype=np.int64)
     for i in range(num):
         sc = scene(task, seed, i, split)
@@ -255,13 +282,15 @@ def _native(name: str, split: str, data_dir, download: bool):
     return images, torch.from_numpy(np.array(labels, dtype=np.int64))
 
 
-def resize(images: torch.Tensor, size: int, chunk: int = 4096) -> torch.Tensor:
-    """Resize uint8 ``(N, C, H, W)`` to ``size x size``: bicubic with antialiasing, rounded back to uint8."""
-    if images.shape[-1] == size and images.shape[-2] == size:
+def resize(images: torch.Tensor, size, chunk: int = 4096) -> torch.Tensor:
+    """Resize uint8 ``(N, C, H, W)`` to ``size`` (an integer: square; or ``(height, width)``): bicubic with
+    antialiasing, rounded back to uint8. Returns ``(N, C, height, width)``."""
+    height, width = image_hw(size, "size", 1)
+    if images.shape[-2] == height and images.shape[-1] == width:
         return images
     out = []
     for part in images.split(chunk):
-        x = F.interpolate(part.float(), size=(size, size), mode="bicubic", antialias=True, align_corners=False)
+        x = F.interpolate(part.float(), size=(height, width), mode="bicubic", antialias=True, align_corners=False)
         out.append(x.round_().clamp_(0, 255).to(torch.uint8))
     return torch.cat(out)
 
@@ -277,7 +306,8 @@ def _subset(num_total: int, num, seed: int = 1234) -> torch.Tensor | None:
 # Datasets
 # --------------------------------------------------------------------------------------------------
 class ImageTensorDataset(Dataset):
-    """uint8 images ``(N, C, H, W)`` in memory, normalized on access, augmented by ``(seed, epoch, index)``."""
+    """uint8 images ``(N, C, H, W)`` in memory, normalized on access, augmented by ``(seed, epoch, index)``.
+    ``img_size``: ``H`` for square images, else ``(H, W)``."""
 
     def __init__(self, images, labels, num_classes, mean, std, augment=False, flip=False, seed=0, name=""):
         self.images, self.labels = images, labels
@@ -285,7 +315,8 @@ class ImageTensorDataset(Dataset):
         self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
         self.augment, self.flip, self.seed, self.epoch, self.name = augment, flip, seed, 0, name
-        self.img_size = images.shape[-1]
+        height, width = images.shape[-2:]
+        self.img_size = height if height == width else (height, width)
 
     def set_epoch(self, epoch: int):
         self.epoch = epoch
@@ -293,12 +324,22 @@ class ImageTensorDataset(Dataset):
     def __len__(self):
         return len(self.labels)
 
+    @staticmethod
+    def _shifts(rng, pad_h: int, pad_w: int) -> tuple[int, int]:
+        """``(dy, dx)`` uniform in ``[-pad_h, pad_h] x [-pad_w, pad_w]``; equal pads draw both at once, as square
+        images always have (the same stream, so their augmentation is unchanged)."""
+        if pad_h == pad_w:
+            dy, dx = (int(v) for v in rng.integers(-pad_h, pad_h + 1, 2))
+            return dy, dx
+        return int(rng.integers(-pad_h, pad_h + 1)), int(rng.integers(-pad_w, pad_w + 1))
+
     def _augment(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """A random translation of ``x (C, H, W)`` by up to 1/8 of each side (zero fill), then maybe a flip."""
         rng = np.random.default_rng([self.seed, self.epoch, index, 7])
-        size = x.shape[-1]
-        pad = max(1, size // 8)
-        dy, dx = (int(v) for v in rng.integers(-pad, pad + 1, 2))
-        x = torch.roll(F.pad(x, (pad, pad, pad, pad)), shifts=(dy, dx), dims=(-2, -1))[..., pad:pad + size, pad:pad + size]
+        height, width = x.shape[-2:]
+        ph, pw = max(1, height // 8), max(1, width // 8)
+        dy, dx = self._shifts(rng, ph, pw)
+        x = torch.roll(F.pad(x, (pw, pw, ph, ph)), shifts=(dy, dx), dims=(-2, -1))[..., ph:ph + height, pw:pw + width]
         if self.flip and rng.random() < 0.5:
             x = x.flip(-1)
         return x
@@ -312,7 +353,7 @@ class ImageTensorDataset(Dataset):
 
 
 class ImageFolderDataset(Dataset):
-    """torchvision ImageFolder, decoded lazily, resized to ``img_size`` with antialiasing."""
+    """torchvision ImageFolder, decoded lazily, resized to ``img_size`` (int or ``(H, W)``) with antialiasing."""
 
     def __init__(self, root, img_size, augment=False, seed=0):
         import torchvision
@@ -348,9 +389,18 @@ MEAN_STD = {
 }
 
 
-def build_dataset(name: str, split: str, img_size: int, data_dir=None, download: bool = False, seed: int = 0,
+def _check_size(name: str, img_size) -> None:
+    """``img_size``: an integer >= 4, or for an image data set a ``(height, width)`` pair of them (ValueError)."""
+    if name in VIDEO and (isinstance(img_size, bool) or not isinstance(img_size, int) or img_size < 4):
+        raise ValueError(f"img_size must be an integer >= 4 for the video data set {name} (clips are square), "
+                         f"got {img_size!r}")
+    image_hw(img_size)
+
+
+def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool = False, seed: int = 0,
                   num_samples=None, augment=None, num_frames: int | None = None) -> Dataset:
-    """The data set ``name`` (see the module docstring) at ``img_size x img_size`` pixels.
+    """The data set ``name`` (see the module docstring) at ``img_size x img_size`` pixels; an image data set also
+    takes ``img_size = (height, width)`` (a square pair is the same as the integer).
 
     ``num_samples``: synthetic tasks render that many scenes (default 10000 train / 2000 val); real sets use a
     fixed random subset of that size (default all). ``augment``: default True for real train splits, never
@@ -358,13 +408,13 @@ def build_dataset(name: str, split: str, img_size: int, data_dir=None, download:
     augmentation stream; real subsets do not depend on it.
     """
     _check(name, split)
-    if not isinstance(img_size, int) or img_size < 4:
-        raise ValueError(f"img_size must be an integer >= 4, got {img_size!r}")
+    _check_size(name, img_size)
     if (name in VIDEO) != (num_frames is not None):
         raise ValueError(f"{name} is {'a video' if name in VIDEO else 'an image'} data set: "
                          f"{'give' if name in VIDEO else 'do not give'} num_frames (clips of T frames)")
     if name in VIDEO:
         return build_video_dataset(name, split, img_size, num_frames, data_dir, seed, num_samples)
+    img_size = _size_key(img_size)
     if name in SYNTHETIC:
         num = DEFAULT_SIZES[split] if num_samples is None else int(num_samples)
         if num < 1:

@@ -2,6 +2,8 @@
 evaluation across resolutions (used by ``train_vit.py`` and ``scripts/resolution_sweep.py``)."""
 from __future__ import annotations
 
+import argparse
+
 import math
 import random
 import time
@@ -21,9 +23,10 @@ class NonFiniteLoss(UserError):
     """The training loss became NaN or infinite: the run stops without saving (its last checkpoint stays)."""
 
 
-def dataset(cfg: dict, split: str, img_size: int, num_frames: int | None = None):
-    """The run's data set ``split`` at ``img_size`` pixels (a video run's: clips of ``num_frames`` frames, default
-    the run's ``num_frames``); missing or empty data is a :class:`UserError`."""
+def dataset(cfg: dict, split: str, img_size, num_frames: int | None = None):
+    """The run's data set ``split`` at ``img_size`` pixels (an image run also takes ``(height, width)``; a video
+    run's: clips of ``num_frames`` frames, default the run's ``num_frames``); missing or empty data is a
+    :class:`UserError`."""
     num = cfg["train_samples"] if split == "train" else cfg["val_samples"]
     frames = (num_frames or cfg["num_frames"]) if cfg.get("num_frames") else None
     try:
@@ -36,18 +39,47 @@ def dataset(cfg: dict, split: str, img_size: int, num_frames: int | None = None)
     return ds
 
 
+def parse_size(text: str) -> int | tuple[int, int]:
+    """One ``--res`` entry: ``PX`` (square) or ``HxW`` (height x width) -> ``int`` or ``(height, width)``; a square
+    ``HxH`` is the integer ``H``. A malformed or non-positive size is an ``argparse.ArgumentTypeError``."""
+    parts = text.strip().lower().split("x")
+    if len(parts) > 2 or not all(p.isascii() and p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give PX or HxW (height x width), e.g. 32 or 32x48")
+    sides = [int(p) for p in parts]
+    if min(sides) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes are positive (PX or HxW with H, W >= 1)")
+    if len(sides) == 1 or sides[0] == sides[1]:
+        return sides[0]
+    return sides[0], sides[1]
+
+
+def size_order(key) -> tuple[int, int]:
+    """Sort key of an evaluation key: an image size by ``(height, width)``, an integer ``r`` counting as ``(r, r)``
+    (so square and non-square sizes mix); a video key ``(frames, res)`` sorts as itself."""
+    return (key, key) if isinstance(key, int) else (int(key[0]), int(key[1]))
+
+
 def eval_grid(cfg: dict, resolutions=(), frames=()) -> tuple[list, object]:
-    """The evaluation keys of a run and its training key: resolutions (image run) or ``(frames, res)`` pairs
-    (video run: ``frames`` x ``resolutions``), the training size and frame count always among them."""
-    res = sorted(set(resolutions) | {cfg["img_size"]})
+    """The evaluation keys of a run and its training key: image sizes (image run: integers, or ``(height, width)``
+    tuples for non-square sizes; ordered by :func:`size_order`) or ``(frames, res)`` pairs (video run: ``frames`` x
+    ``resolutions``, integer resolutions only), the training size and frame count always among them."""
+    res = sorted(set(resolutions) | {cfg["img_size"]}, key=size_order)
     if not cfg.get("num_frames"):
         return res, cfg["img_size"]
     counts = sorted(set(frames) | {cfg["num_frames"]})
     return [(f, r) for f in counts for r in res], (cfg["num_frames"], cfg["img_size"])
 
 
+def size_text(size) -> str:
+    """An image size as text: ``"32"`` for the integer 32, ``"32x48"`` for ``(height, width) = (32, 48)``."""
+    return str(size) if isinstance(size, int) else f"{size[0]}x{size[1]}"
+
+
 def key_text(key) -> str:
-    """``"32"`` (image run) or ``"8x32"`` (video run: frames x pixels): the keys of results.json."""
+    """The keys of results.json: ``"32"`` (image run) or ``"8x32"`` (video run: ``(frames, res)``, frames x pixels).
+
+    A pair cannot say whether it is a video key or an image ``(height, width)``; both read ``AxB``, so the text is
+    right either way, but callers that hold image sizes (scripts/resolution_sweep.py) use :func:`size_text`."""
     return f"{key[0]}x{key[1]}" if isinstance(key, tuple) else str(key)
 
 
@@ -154,10 +186,12 @@ def evaluate(model, dataset, *, batch_size: int, device, autocast, workers: int 
 
 def evaluate_resolutions(model, sets: dict, train_res, known: dict | None = None, **eval_kwargs) -> dict:
     """``{res: {'acc', 'loss', 'retention'}}`` of ``model`` on ``sets`` (``{res: dataset}``, the training
-    resolution among them); retention = acc(res) / acc(train_res). ``known``: ``{res: (acc, loss)}`` already
-    measured (not evaluated again). A video run's keys are ``(frames, res)``, ``train_res`` the training pair."""
+    resolution among them; an image run's keys are integers or ``(height, width)`` tuples, in :func:`size_order`);
+    retention = acc(res) / acc(train_res). ``known``: ``{res: (acc, loss)}`` already measured (not evaluated
+    again). A video run's keys are ``(frames, res)``, ``train_res`` the training pair."""
     known = known or {}
-    accs = {r: known[r] if r in known else evaluate(model, ds, **eval_kwargs) for r, ds in sorted(sets.items())}
+    accs = {r: known[r] if r in known else evaluate(model, sets[r], **eval_kwargs)
+            for r in sorted(sets, key=size_order)}
     base = accs[train_res][0]
     return {r: {"acc": a, "loss": l, "retention": a / base if base > 0 else 0.0} for r, (a, l) in accs.items()}
 
