@@ -40,23 +40,25 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout without `pip install -e .`
 from visionpe.data import DATASETS  # noqa: E402
 from visionpe.rotary.scaling import SCALINGS  # noqa: E402
-from visionpe.train import cli, config, rundir  # noqa: E402
+from visionpe.train import cli, config, loop, rundir  # noqa: E402
+from visionpe.train.loop import size_text  # noqa: E402
 from visionpe.train.cli import UserError  # noqa: E402
 
 VIT_LIST = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rope_mixed+learned", "rel_bias", "alibi"]
 SWIN_LIST = ["swin_bias", "cpb", "rope_mixed", "alibi"]
 
 
-def job(cfg_path: Path, data: str, pe: str, seed: int, run: Path, res, scalings, extra, log_dir: Path,
+def job(cfg_path: Path, data: str, seed: int, run: Path, train_args: list[str], res, scalings, log_dir: Path,
         frames=()) -> dict:
-    """Train one run (unless done: ``python train_vit.py ...``), then sweep it (``python scripts/resolution_sweep.py
-    ...``), each in its own process; returns {'run', 'ok', 'seconds', 'log'}."""
+    """Train one run (unless done: ``python train_vit.py --config CFG --data D --seed S TRAIN_ARGS ...``), then sweep
+    it (``python scripts/resolution_sweep.py ...``), each in its own process; returns {'run', 'ok', 'seconds',
+    'log'}."""
     log = log_dir / f"{run.parent.parent.name}__{run.parent.name}__{run.name}.log"
     t0 = time.time()
     commands = []
     if not (run / "results.json").is_file():
-        train = ["--config", str(cfg_path), "--data", data, "--pe", pe, "--seed", str(seed), "--output", str(run),
-                 "--threads", "1", "--no-progress", "--eval-res"] + list(extra)
+        train = ["--config", str(cfg_path), "--data", data, "--seed", str(seed), "--output", str(run),
+                 "--threads", "1", "--no-progress", "--eval-res"] + list(train_args)
         # a run directory with a config.yaml is continued (from its last saved epoch, or from the start)
         train += ["--resume"] if (run / "config.yaml").is_file() else ["--overwrite"]
         commands.append([str(ROOT / "train_vit.py"), *train])
@@ -68,7 +70,7 @@ def job(cfg_path: Path, data: str, pe: str, seed: int, run: Path, res, scalings,
 def sweep_command(run: Path, res, scalings, frames=()) -> list[str]:
     """``scripts/resolution_sweep.py`` on a run's last weights, writing ``run/sweep/`` (``frames``: a video run's
     test frame counts)."""
-    return [str(ROOT / "scripts" / "resolution_sweep.py"), str(run), "--res", *map(str, res), "--scaling", *scalings,
+    return [str(ROOT / "scripts" / "resolution_sweep.py"), str(run), "--res", *map(size_text, res), "--scaling", *scalings,
             *(["--frames", *map(str, frames)] if frames else []), "--out", str(run / "sweep")]
 
 
@@ -110,7 +112,7 @@ def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
             for row in csv.DictReader(f):
                 key = (family, data, pe, row["adaptation"])
                 video = bool(row.get("frames"))  # a video run: columns are (frames, res)
-                col = (int(row["frames"]), int(row["res"])) if video else int(row["res"])
+                col = (int(row["frames"]), int(row["res"])) if video else loop.parse_size(row["res"])
                 train = (int(row["train_frames"]), int(row["train_res"])) if video else int(row["train_res"])
                 entry = table.setdefault(key, {"acc": {}, "ret": {}, "params": results["params"], "img_s": [],
                                                "train_res": train, "seeds": set()})
@@ -131,8 +133,8 @@ def markdown_table(table: dict, family: str, data: str, res: list[int]) -> str:
     if not rows:
         return "_no finished runs_\n"
     train_res = rows[0][1]["train_res"]
-    head = ["encoding"] + [f"{r}px{' (train)' if r == train_res else ''}" for r in res]
-    head += [f"retention {r}px" for r in res if r != train_res] + ["params", "train img/s", "seeds"]
+    head = ["encoding"] + [f"{size_text(r)}px{' (train)' if r == train_res else ''}" for r in res]
+    head += [f"retention {size_text(r)}px" for r in res if r != train_res] + ["params", "train img/s", "seeds"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (_, _, pe, adaptation), v in rows:
         cells = [label(pe, adaptation)] + accuracy_cells(v, res, train_res)
@@ -154,7 +156,7 @@ def plot(table: dict, family: str, data: str, res: list[int], path: Path) -> boo
     pes = list(dict.fromkeys(k[2] for k, _ in rows))
     colour = {pe: plt.get_cmap("tab10")(i % 10) for i, pe in enumerate(pes)}  # one colour per encoding
     for (_, _, pe, adaptation), v in rows:
-        rs = [r for r in res if v["acc"].get(r)]
+        rs = [r for r in res if isinstance(r, int) and v["acc"].get(r)]  # non-square sizes: in the tables only
         name = label(pe, adaptation)
         for ax, key in zip(axes, ("acc", "ret")):
             ms = [mean_std(v[key][r]) for r in rs]
@@ -166,7 +168,7 @@ def plot(table: dict, family: str, data: str, res: list[int], path: Path) -> boo
         ax.axvline(train_res, color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("test resolution (px)")
         ax.set_ylabel(ylabel)
-        ax.set_xticks(res)
+        ax.set_xticks([r for r in res if isinstance(r, int)])
         ax.grid(alpha=0.3)
     axes[0].set_title(f"{data} ({family}): mean ± std over seeds")
     axes[1].legend(fontsize=7, loc="lower left", ncol=2)
@@ -183,7 +185,7 @@ def verdict(table: dict, family: str, data: str, res: list[int]) -> str:
     |mean_a - mean_b| <= std_a + std_b)."""
     get = lambda pe, ad: table.get((family, data, pe, ad))
     learned = get("learned", "default")
-    rows = [r for r in res if learned and r > learned["train_res"]]
+    rows = [r for r in res if learned and isinstance(r, int) and r > learned["train_res"]]
     if not learned or not rows:
         return ""
 
@@ -292,16 +294,134 @@ def write_video_section(path: Path, args, table, runs, command: str, wall: float
     for data in args.data:
         lines += [f"### {data}", "", video_table(table, data, cols), "Verdict (generated):", "",
                   video_verdict(table, data, cols, 100.0 / info(data)["num_classes"])]
-    text = "\n".join(lines).rstrip("\n") + f"\n<!-- END {VIDEO_SECTION} -->\n"
-    old = path.read_text() if path.is_file() else ""
-    pattern = re.compile(re.escape(f"<!-- BEGIN {VIDEO_SECTION} -->") + r".*?"
-                         + re.escape(f"<!-- END {VIDEO_SECTION} -->") + r"\n?", re.S)
+    write_section(path, VIDEO_SECTION, "\n".join(lines).rstrip("\n") + f"\n<!-- END {VIDEO_SECTION} -->\n")
+
+
+def write_section(doc: Path, name: str, text: str) -> None:
+    """Put ``text`` (which starts with ``<!-- BEGIN name -->`` and ends with ``<!-- END name -->``) in place of that
+    marked section of ``doc``, or append it when absent; the rest of the file is left as it is. Atomic."""
+    old = doc.read_text() if doc.is_file() else ""
+    pattern = re.compile(re.escape(f"<!-- BEGIN {name} -->") + r".*?" + re.escape(f"<!-- END {name} -->") + r"\n?",
+                         re.S)
     new = pattern.sub(lambda _: text, old, count=1) if pattern.search(old) else \
         old.rstrip("\n") + ("\n\n" if old else "") + text
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    tmp = doc.with_suffix(doc.suffix + ".tmp")
     tmp.write_text(new)
-    os.replace(tmp, path)
+    os.replace(tmp, doc)
+
+
+ROW_KEYS = {"label": "the row's name in the table", "args": "train_vit.py arguments of the row (--pe ...)",
+            "scaling": "RoPE adaptations to sweep (default: none)"}
+OWN_KEYS = ("config", "data", "seed", "output", "resume", "overwrite")  # set by the benchmark for every run
+
+
+def read_rows(path: Path) -> dict:
+    """A rows file (``--rows``): ``{section, title, note?, rows: [{label, args, scaling?}]}``, checked; each row gets
+    ``train`` (its arguments as a list), ``timm`` (True for a ``--pe timm`` reference row) and ``slug`` (its folder)."""
+    spec = config.read_yaml(path, "rows file")
+    where = f"rows file {str(path)!r}"
+    for key in ("section", "title", "rows"):
+        if key not in spec:
+            raise UserError(f"{where}: missing {key!r} (keys: section, title, note, rows)")
+    if not re.fullmatch(r"[\w.-]+", str(spec["section"])):
+        raise UserError(f"{where}: section must be letters, digits, '_', '.', '-', got {spec['section']!r}")
+    if not isinstance(spec["rows"], list) or not spec["rows"]:
+        raise UserError(f"{where}: rows must be a non-empty list of mappings with keys {', '.join(ROW_KEYS)}")
+    rows, slugs = [], set()
+    for i, row in enumerate(spec["rows"]):
+        if not isinstance(row, dict) or not {"label", "args"} <= set(row) or set(row) - set(ROW_KEYS):
+            raise UserError(f"{where}: row {i} must be a mapping with keys label, args and optionally scaling, "
+                            f"got {row!r}")
+        train = shlex.split(str(row["args"]))
+        parsed = config.parse_args(train, prog=f"benchmark (row {row['label']!r} of {path.name})")
+        own = [k for k in OWN_KEYS if parsed.get(k) not in (None, False)]
+        if own:
+            raise UserError(f"{where}: row {row['label']!r} sets {', '.join(own)}; the benchmark sets those for "
+                            "every run")
+        scaling = row.get("scaling", ["none"])
+        if not isinstance(scaling, list) or not scaling or any(v not in SCALINGS for v in scaling):
+            raise UserError(f"{where}: row {row['label']!r}: scaling must be a list of {', '.join(SCALINGS)}, "
+                            f"got {scaling!r}")
+        slug = re.sub(r"[^\w.+-]+", "-", str(row["label"])).strip("-").replace("+", "-")
+        if slug in slugs:
+            raise UserError(f"{where}: two rows share the label {row['label']!r} (or its folder name {slug!r})")
+        slugs.add(slug)
+        rows.append({"label": str(row["label"]), "train": train, "scaling": scaling, "slug": slug,
+                     "timm": parsed.get("pe") == config.TIMM_NATIVE})
+    return {**spec, "rows": rows}
+
+
+def compare_text(a: dict, b: dict, r) -> tuple[float, str]:
+    """``(mean_a - mean_b, 'within' | 'beyond')`` at size ``r``: beyond the seed spread when the gap exceeds
+    std_a + std_b."""
+    (ma, sa), (mb, sb) = mean_std(a["acc"].get(r, [])), mean_std(b["acc"].get(r, []))
+    return ma - mb, ("within" if abs(ma - mb) <= sa + sb else "beyond")
+
+
+def rows_verdict(table: dict, data: str, rows: list[dict], res: list) -> str:
+    """visionpe against timm's reference rows, every gap compared with the seed spread: the best row of each side
+    (highest mean top-1 over the test sizes other than training) compared at every size, then the best of each side
+    per size."""
+    timm_labels = {r["label"] for r in rows if r["timm"]}
+    entries = {label(k[2], k[3]): (k[2] in timm_labels, v) for k, v in table.items() if k[1] == data}
+    ours = {n: v for n, (is_timm, v) in entries.items() if not is_timm}
+    ref = {n: v for n, (is_timm, v) in entries.items() if is_timm}
+    if not ours or not ref:
+        return ""
+    train = next(iter(entries.values()))[1]["train_res"]
+    tests = [r for r in res if r != train]
+    score = lambda v: statistics.fmean(mean_std(v["acc"].get(r, []))[0] for r in tests)
+    best_ours, best_ref = max(ours, key=lambda n: score(ours[n])), max(ref, key=lambda n: score(ref[n]))
+    gaps = {r: compare_text(ours[best_ours], ref[best_ref], r) for r in res}
+    ahead = [r for r in tests if gaps[r][0] > 0 and gaps[r][1] == "beyond"]
+    behind = [r for r in tests if gaps[r][0] < 0 and gaps[r][1] == "beyond"]
+    word = ("beats it beyond the seed spread at every test size" if len(ahead) == len(tests) else
+            f"is ahead beyond the seed spread at {len(ahead)} of {len(tests)} test sizes"
+            + (f", behind beyond it at {len(behind)}" if behind else "") + ", within it elsewhere")
+    lines = [f"- Best visionpe row (mean over the test sizes): `{best_ours}` ({score(ours[best_ours]):.1f} %); best "
+             f"timm row: `{best_ref}` ({score(ref[best_ref]):.1f} %). visionpe's best **{word}**: "
+             + "; ".join(f"{size_text(r)}px {gaps[r][0]:+.1f} ({gaps[r][1]})" for r in res) + "."]
+    for r in tests:
+        a = max(ours, key=lambda n: mean_std(ours[n]["acc"].get(r, []))[0])
+        b = max(ref, key=lambda n: mean_std(ref[n]["acc"].get(r, []))[0])
+        gap, spread = compare_text(ours[a], ref[b], r)
+        lines.append(f"- {size_text(r)} px: best visionpe `{a}` {mean_std(ours[a]['acc'][r])[0]:.1f} %, best timm "
+                     f"`{b}` {mean_std(ref[b]['acc'][r])[0]:.1f} %: {gap:+.1f} points ({spread} the seed spread).")
+    return "\n".join(lines) + "\n"
+
+
+def rows_section(path: Path, args, spec: dict, table: dict, runs, command: str, wall: float) -> None:
+    """The rows benchmark's marked section of ``path`` (``<!-- BEGIN section -->``); the rest is left as it is."""
+    import torch
+    name, cfg_path = spec["section"], args.config.resolve()
+    lines = [f"<!-- BEGIN {name} -->", f"## {spec['title']}", "",
+             "Generated by `scripts/benchmark.py --rows` (numbers are measured, not edited). Every row is trained "
+             "with the recipe below and its own `train_vit.py` arguments; rows marked *timm* are timm's own "
+             "models (`--pe timm`: the model exactly as timm builds it, its position encoding included, run at new "
+             "sizes the way timm does it). Cells are top-1 % (mean ± std over seeds) on the validation split; "
+             "`HxW` columns are non-square test sizes (height x width). A gap is *beyond* the seed spread when "
+             "|mean_a - mean_b| > std_a + std_b.", "", "```", command, "```", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}. Wall time of "
+             f"this invocation: {wall / 60:.1f} min ({len(runs)} runs)."
+             + (" Tables rebuilt from those runs with `--report-only`." if args.report_only else ""), "",
+             f"Recipe `{cfg_path.relative_to(ROOT) if cfg_path.is_relative_to(ROOT) else cfg_path}`"
+             + (f" with `{shlex.join(args.extra)}`" if args.extra else "") + ":", "",
+             "```yaml", cfg_path.read_text().strip(), "```", "", "Rows:", "",
+             "| row | train_vit.py arguments | swept adaptations |", "|---|---|---|"]
+    lines += [f"| {r['label']}{' *(timm)*' if r['timm'] else ''} | `{shlex.join(r['train'])}` | "
+              f"{', '.join(r['scaling'])} |" for r in spec["rows"]] + [""]
+    for note in (spec.get("note"), args.note):
+        if note:
+            lines += [str(note).strip(), ""]
+    for data in args.data:
+        lines += [f"### {data}", ""]
+        png = path.parent / f"{path.stem.lower()}_{name}_{data}.png"
+        if plot(table, "rows", data, args.res, png):
+            lines += [f"![{data}]({png.name})", ""]
+        lines += [markdown_table(table, "rows", data, args.res), "Verdict (generated):", "",
+                  rows_verdict(table, data, spec["rows"], args.res)]
+    write_section(path, name, "\n".join(lines).rstrip("\n") + f"\n<!-- END {name} -->\n")
 
 
 def write_report(path: Path, args, table, runs, command: str, wall: float, configs: dict) -> None:
@@ -363,12 +483,17 @@ def build_parser() -> cli.Parser:
                       help="recipe of the Swin list (default: configs/bench_swin_tiny.yaml)")
     what.add_argument("--swin-pe", nargs="+", default=SWIN_LIST, metavar="NAME",
                       help=f"encodings of the Swin list (default: {' '.join(SWIN_LIST)})")
+    what.add_argument("--rows", type=Path, default=None, metavar="YAML",
+                      help="a rows file instead of --pe/--swin: each row a label and its own train_vit.py arguments, "
+                           "timm's own models (--pe timm) as reference rows; its report is a marked section of --doc "
+                           "(e.g. configs/bench_rows_resolution.yaml)")
     what.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], metavar="N",
                       help="seeds, integers >= 0 (default: 0 1 2)")
     what.add_argument("extra", nargs="*", help="after --: extra train_vit.py arguments for every run")
     ev = p.add_argument_group("evaluation")
-    ev.add_argument("--res", nargs="+", type=int, default=[24, 32, 48, 64], metavar="PX",
-                    help="test resolutions in pixels (default: 24 32 48 64)")
+    ev.add_argument("--res", nargs="+", type=loop.parse_size, default=[24, 32, 48, 64], metavar="PX|HxW",
+                    help="test sizes in pixels, square (32) or height x width (32x48; image recipes) "
+                         "(default: 24 32 48 64)")
     ev.add_argument("--frames", nargs="+", type=int, default=[], metavar="T",
                     help="video recipes (num_frames): test frame counts, crossed with --res (default: the training "
                          "count only)")
@@ -394,19 +519,25 @@ def check(args) -> int | None:
         raise UserError(f"--jobs must be an integer >= 1, got {args.jobs}")
     if any(s < 0 for s in args.seeds):
         raise UserError(f"--seeds must be integers >= 0, got {' '.join(map(str, args.seeds))}")
-    if any(r < 1 for r in args.res):
-        raise UserError(f"--res takes positive sizes, got {' '.join(map(str, args.res))}")
     extra = config.parse_args(list(args.extra), prog="benchmark (train_vit.py arguments after --)")
-    recipes = {"vit": (args.config, args.pe)} | ({"swin": (args.swin_config, args.swin_pe)} if args.swin else {})
+    if args.rows is not None:
+        if args.swin:
+            raise UserError("--rows replaces the encoding lists: give --rows or --swin, not both")
+        rows = [config.parse_args(r["train"]) for r in read_rows(args.rows)["rows"]]
+    recipes = {"vit": (args.config, rows if args.rows else [{"pe": pe} for pe in args.pe])}
+    if args.swin:
+        recipes["swin"] = (args.swin_config, [{"pe": pe} for pe in args.swin_pe])
     frames = set()
-    for cfg_path, pes in recipes.values():
+    for cfg_path, settings in recipes.values():
         for data in args.data:
-            for pe in pes:
-                cfg = config.resolve({**extra, "config": str(cfg_path), "data": data, "pe": pe})
-                bad = [r for r in args.res if r % cfg["patch_size"]]
+            for own in settings:
+                cfg = config.resolve({**extra, **own, "config": str(cfg_path), "data": data})
+                bad = [r for r in args.res if any(side % cfg["patch_size"] for side in loop.size_order(r))]
                 if bad:
-                    raise UserError(f"--res {' '.join(map(str, bad))}: not a multiple of {cfg_path.name}'s "
+                    raise UserError(f"--res {' '.join(map(size_text, bad))}: not a multiple of {cfg_path.name}'s "
                                     f"patch_size {cfg['patch_size']}")
+                if cfg["num_frames"] and not all(isinstance(r, int) for r in args.res):
+                    raise UserError("--res HxW (non-square) is for image recipes; video sizes are square")
                 frames.add(cfg["num_frames"])
                 t = config.tubelet(cfg)[0] if cfg["num_frames"] else 1
                 bad = [f for f in args.frames if f < 1 or f % t]
@@ -420,6 +551,8 @@ def check(args) -> int | None:
         raise UserError("--frames is for video recipes (num_frames, video data); these runs are image runs")
     if video and args.swin:
         raise UserError("--swin has no video recipe: give a video recipe without --swin")
+    if video and args.rows:
+        raise UserError("--rows is for image recipes: give an image recipe (no num_frames) with --rows")
     return video
 
 
@@ -435,8 +568,17 @@ def benchmark(argv) -> int:
     lists = {"vit": args.pe}
     if args.swin:
         configs["swin"], lists["swin"] = args.swin_config.resolve(), args.swin_pe
-    runs = [(family, data, pe, seed, args.out / family / data / pe.replace("+", "-") / f"s{seed}")
-            for family in configs for data in args.data for pe in lists[family] for seed in args.seeds]
+    spec = read_rows(args.rows) if args.rows else None
+    if spec:  # rows: (family "rows", data, row label, seed, folder) and each row's own arguments and adaptations
+        rows = {r["label"]: r for r in spec["rows"]}
+        runs = [("rows", data, r["label"], seed, args.out / data / r["slug"] / f"s{seed}")
+                for data in args.data for r in spec["rows"] for seed in args.seeds]
+        configs = {"rows": configs["vit"]}
+        plan = lambda pe: ([*rows[pe]["train"], *args.extra], rows[pe]["scaling"])
+    else:
+        runs = [(family, data, pe, seed, args.out / family / data / pe.replace("+", "-") / f"s{seed}")
+                for family in configs for data in args.data for pe in lists[family] for seed in args.seeds]
+        plan = lambda pe: (["--pe", pe, *args.extra], args.scaling)
     # order: seed-major, so that an early stop leaves every encoding with the same number of seeds
     runs.sort(key=lambda r: (r[3], list(configs).index(r[0]), args.data.index(r[1])))
     t0 = time.time()
@@ -448,7 +590,7 @@ def benchmark(argv) -> int:
         log_dir = args.out / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(args.jobs) as pool:
-            futures = [pool.submit(job, configs[f], d, pe, s, run, args.res, args.scaling, args.extra, log_dir,
+            futures = [pool.submit(job, configs[f], d, s, run, plan(pe)[0], args.res, plan(pe)[1], log_dir,
                                    args.frames) for f, d, pe, s, run in runs]
             for i, fut in enumerate(futures, 1):
                 r = fut.result()
@@ -463,7 +605,9 @@ def benchmark(argv) -> int:
     else:
         (args.out / "wall.json").write_text(json.dumps({"wall_s": wall}))
     table = collect([(f, d, pe, s, run) for f, d, pe, s, run in runs])
-    if video:
+    if spec:
+        rows_section(args.doc, args, spec, table, runs, command, wall)
+    elif video:
         cols = [(f, r) for f in sorted(set(args.frames) | {video}) for r in sorted(args.res)]
         write_video_section(args.doc, args, table, runs, command, wall, configs, cols)
     else:

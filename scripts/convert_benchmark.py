@@ -26,7 +26,6 @@ import csv
 import json
 import os
 import platform
-import re
 import shlex
 import sys
 import time
@@ -42,9 +41,10 @@ from visionpe.train import cli, config, rundir  # noqa: E402
 from visionpe.train.cli import UserError  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from benchmark import accuracy_cells, mean_std, run_logged, sweep_command  # noqa: E402
+from benchmark import accuracy_cells, mean_std, run_logged, sweep_command, write_section  # noqa: E402
 
-BEGIN, END = "<!-- BEGIN convert_benchmark -->", "<!-- END convert_benchmark -->"
+SECTION = "convert_benchmark"
+BEGIN, END = f"<!-- BEGIN {SECTION} -->", f"<!-- END {SECTION} -->"
 TITLE = "## Converting a trained APE model to RoPE"
 SOURCE_PE = "learned"
 
@@ -252,20 +252,6 @@ def section(args, table: dict, runs: list[dict], command: str, wall: float) -> s
     return "\n".join(lines) + "\n"
 
 
-def write_section(doc: Path, text: str) -> None:
-    """Replace the marked section of ``doc`` (append it when absent); the rest of the file is left as it is."""
-    old = doc.read_text() if doc.is_file() else ""
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
-    if pattern.search(old):
-        new = pattern.sub(lambda _: text, old, count=1)
-    else:
-        new = old.rstrip("\n") + ("\n\n" if old else "") + text
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    tmp = doc.with_suffix(doc.suffix + ".tmp")
-    tmp.write_text(new)
-    os.replace(tmp, doc)
-
-
 # -----------------------------------------------------------------------------------------------------
 def build_parser() -> cli.Parser:
     head, _, tail = __doc__.partition("\n\n")
@@ -357,7 +343,7 @@ def benchmark(argv) -> int:
     previous = json.loads(wall_file.read_text())["wall_s"] if wall_file.is_file() else 0.0
     wall = previous + (0.0 if args.report_only else time.time() - t0)  # summed over the invocations that ran
     wall_file.write_text(json.dumps({"wall_s": wall}))
-    write_section(args.doc, section(args, collect(runs), runs, command, wall))
+    write_section(args.doc, SECTION, section(args, collect(runs), runs, command, wall))
     print(f"wrote the section '{TITLE[3:]}' of {args.doc}")
     return 0
 

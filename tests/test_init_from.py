@@ -218,6 +218,6 @@ def test_benchmark_section_replaced_in_place(tmp_path):
     doc = tmp_path / "BENCHMARK.md"
     doc.write_text("# Benchmark\n\ntable\n")
     section = lambda text: f"{bench.BEGIN}\n{bench.TITLE}\n\n{text}\n{bench.END}\n"
-    bench.write_section(doc, section("first"))
-    bench.write_section(doc, section("second"))
+    bench.write_section(doc, bench.SECTION, section("first"))
+    bench.write_section(doc, bench.SECTION, section("second"))
     assert doc.read_text() == "# Benchmark\n\ntable\n\n" + section("second")

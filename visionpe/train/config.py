@@ -22,6 +22,9 @@ MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN = ("model", "data", "optimizer", "lear
 GROUPS = (MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN)
 AMP = ("auto", "bf16", "none")
 DEVICES = ("auto", "cpu", "cuda")
+TIMM_NATIVE = "timm"  # pe: the timm model with its own position encoding, untouched (benchmark reference rows)
+# timm modules whose models run at any input size as timm builds them (ViT/DeiT, Eva RoPE ViTs, Swin v1/v2)
+TIMM_NATIVE_MODULES = ("vision_transformer", "eva", "swin_transformer", "swin_transformer_v2")
 SIZE_KEYS = ("embed_dim", "depth", "num_heads")  # command-line shortcuts into model_kwargs
 RUN_KEYS = ("num_classes", "in_chans")  # written to / read from config.yaml only
 # torchvision's Video Swin constructors (video runs only): torchvision's own sizes; model_kwargs override any of them
@@ -50,7 +53,8 @@ class Setting:
 def _pe_help() -> str:
     import visionpe
     return (f"positional encoding: one of {', '.join(visionpe.available())}; a combination of one per family joined by '+' "
-            "(e.g. rope_mixed+learned); or none")
+            "(e.g. rope_mixed+learned); none; or timm: the model exactly as timm builds it, with its own position "
+            "encoding (a reference row: timm's learned ViT, an Eva RoPE ViT with its rope_* keywords in --model-kwargs)")
 
 
 S = Setting
@@ -358,11 +362,19 @@ def check(cfg: dict, training: bool = True) -> None:
     if cfg["mixup"] > 0 or cfg["cutmix"] > 0:
         need(cfg["batch_size"] % 2 == 0, f"mixup/cutmix need an even batch_size, got {cfg['batch_size']}")
     from ..backbones import parse_pe
-    try:
-        parse_pe(cfg["pe"])
-    except ValueError as err:
-        raise UserError(f"pe: {one_line(err)} (or 'none')") from None
     import timm
+    if cfg["pe"] == TIMM_NATIVE:
+        need(not cfg["pe_kwargs"], f"pe=timm keeps timm's own encoding: give its keywords in --model-kwargs (e.g. "
+             f"ref_feat_shape=8, rope_type=dinov3), not --pe-kwargs {' '.join(cfg['pe_kwargs'])}")
+        need(cfg["num_frames"] is None and timm.is_model(cfg["model"]) and timm.models.is_model_in_modules(
+            cfg["model"], list(TIMM_NATIVE_MODULES)), f"pe=timm trains one of timm's image models as timm builds "
+             f"it (modules {', '.join(TIMM_NATIVE_MODULES)}), got --model {cfg['model']}"
+             + (" with --num-frames" if cfg["num_frames"] is not None else ""))
+    else:
+        try:
+            parse_pe(cfg["pe"])
+        except ValueError as err:
+            raise UserError(f"pe: {one_line(err)} (or 'none', or 'timm')") from None
     need(cfg["model"] in VIDEO_SWIN or timm.is_model(cfg["model"]), f"unknown timm model {cfg['model']!r}; try e.g. vit_tiny_patch16_224, "
                                       "deit_small_patch16_224, swin_tiny_patch4_window7_224")
     if cfg["num_frames"] is not None:

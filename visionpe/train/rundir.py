@@ -367,7 +367,21 @@ def build_model(cfg: dict) -> torch.nn.Module:
             kwargs.pop("patch_size", None)
             return _create_video_model()(cfg["model"], pe=cfg["pe"], num_frames=cfg["num_frames"],
                                          tubelet_size=tubelet(cfg), pe_kwargs=cfg["pe_kwargs"], **kwargs)
+        if cfg["pe"] == config.TIMM_NATIVE:
+            return timm_native(cfg["model"], kwargs)
         return visionpe.create_model(cfg["model"], pe=cfg["pe"], pe_kwargs=cfg["pe_kwargs"], **kwargs)
+
+
+def timm_native(name: str, kwargs: dict) -> torch.nn.Module:
+    """``pe=timm``: the model exactly as timm builds it, its own position encoding included, made to run at any
+    input size the way timm does it (``dynamic_img_size`` for ViT/Eva: learned tables resampled bicubic, RoPE
+    recomputed per grid; ``strict_img_size=False`` for Swin)."""
+    import timm
+    if timm.models.is_model_in_modules(name, ["vision_transformer", "eva"]):
+        kwargs = {"dynamic_img_size": True, **kwargs}
+    else:
+        kwargs = {"strict_img_size": False, **kwargs}
+    return timm.create_model(name, pretrained=False, **kwargs)
 
 
 def read_weights(path: Path, device="cpu") -> dict[str, torch.Tensor]:
