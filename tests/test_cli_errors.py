@@ -80,7 +80,27 @@ SETUPS = {
     "config_other_size": lambda tmp, run: run_config(run, model_kwargs={"embed_dim": 32, "depth": 1,
                                                                          "num_heads": 2}),
     "no_config": lambda tmp, run: (run / "config.yaml").unlink(),
+    "rows_missing_title": lambda tmp, run: rows_file(tmp, "section: s\nrows: [{label: a, args: --pe learned}]\n"),
+    "rows_bad_section": lambda tmp, run: rows_file(tmp, "section: a b\ntitle: t\nrows: [{label: a, args: --pe learned}]\n"),
+    "rows_empty": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: []\n"),
+    "rows_no_args": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a}]\n"),
+    "rows_unknown_key": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: x, "
+                                                        "colour: red}]\n"),
+    "rows_sets_seed": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --seed 3}]\n"),
+    "rows_bad_scaling": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe "
+                                                        "rope_mixed, scaling: [linear]}]\n"),
+    "rows_same_label": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a b, args: --pe learned}, "
+                                                       "{label: a-b, args: --pe sincos}]\n"),
+    "rows_bad_pe": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe rope_bogus}]\n"),
+    "rows_empty_ok": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe learned}]\n"),
+    "rows_bad_flag": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --bogus-flag 1}]\n"),
 }
+
+
+def rows_file(tmp, text):
+    path = tmp / "rows.yaml"
+    path.write_text(text)
+    return path
 
 T, S, V, B = "train", "sweep", "visualize", "benchmark"
 ROWS = [
@@ -253,6 +273,25 @@ ROWS = [
     (B, ["--data", "moving-shapes", "--pe", "learned", "--frames", "3", "--", "--num-frames", "4", "--tubelet-size",
          "2", "4", "4"], ["--frames 3", "2 frames"]),
     (B, ["--data", "shapes-position", "--pe", "learned", "--", "--lr", "-1"], ["lr", "> 0"]),
+    (B, ["--res", "32x30", "--data", "shapes-position", "--pe", "learned"], ["--res 32x30", "patch_size"]),
+    (B, ["--res", "32xx", "--data", "shapes-position", "--pe", "learned"], ["--res", "32xx", "HxW"]),
+    (B, ["--rows", "{tmp}/nowhere.yaml", "--data", "shapes-position"], ["{tmp}/nowhere.yaml"]),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["missing 'title'"], "rows_missing_title"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["section must be"], "rows_bad_section"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["non-empty list"], "rows_empty"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["row 0", "label, args"], "rows_no_args"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["row 0", "colour"], "rows_unknown_key"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["row 'a'", "seed", "the benchmark sets"],
+     "rows_sets_seed"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["scaling", "linear", "pi"], "rows_bad_scaling"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["two rows", "a-b"], "rows_same_label"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["rope_bogus"], "rows_bad_pe"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["--bogus-flag"], "rows_bad_flag"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position", "--swin"], ["--rows", "--swin"], "rows_empty_ok"),
+    # -- pe=timm (timm's own model, benchmark reference rows) -----------------------------------------------------
+    (T, ["--pe", "timm", "--pe-kwargs", "theta=10"], ["pe=timm", "--model-kwargs", "theta"]),
+    (T, ["--pe", "timm", "--data", "moving-shapes", "--num-frames", "4"], ["pe=timm", "--num-frames"]),
+    (T, ["--pe", "timm", "--model", "resnet18"], ["pe=timm", "resnet18", "vision_transformer"]),
 ]
 
 
