@@ -10,7 +10,7 @@ from timm.layers import RelPosMlp, gen_relative_log_coords, gen_relative_positio
 import visionpe as vpe
 from visionpe import Grid
 from visionpe.bias import RelativePositionBias, alibi_slopes
-from visionpe.bias._base import offset_index, relative_offsets
+from visionpe.bias._base import grid_offset_index
 from visionpe.bias.cpb import log_relative_coords
 
 
@@ -34,7 +34,7 @@ def shifted_pairs_equal(bias: torch.Tensor, shape) -> None:
 # -- swin_bias -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("window", [(3, 5), (4, 4), (7, 7)])
 def test_swin_index_matches_timm(window):
-    ours = offset_index(relative_offsets(window), window)
+    ours = grid_offset_index(window, window)
     torch.testing.assert_close(ours, gen_relative_position_index(window), rtol=0, atol=0)
 
 
@@ -61,7 +61,7 @@ def test_swin_3d_index_matches_video_swin():
     c = np.stack(np.meshgrid(*[np.arange(w) for w in window], indexing="ij")).reshape(3, -1)
     dt, dh, dw = c[:, :, None] - c[:, None, :]
     ref = (dt + wt - 1) * (2 * wh - 1) * (2 * ww - 1) + (dh + wh - 1) * (2 * ww - 1) + (dw + ww - 1)
-    assert torch.equal(offset_index(relative_offsets(window), window), torch.from_numpy(ref))
+    assert torch.equal(grid_offset_index(window, window), torch.from_numpy(ref))
     pe = vpe.build("swin_bias", num_heads=2, window_size=window)
     assert pe.relative_position_bias_table.shape[0] == (2 * wt - 1) * (2 * wh - 1) * (2 * ww - 1)
     torch.testing.assert_close(pe(Grid(window)),

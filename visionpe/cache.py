@@ -7,6 +7,16 @@ from collections.abc import Callable, Hashable, Iterable
 import torch
 
 
+MAX_TABLE_BYTES = 64 * 2**20  # larger tables are rebuilt per call: a 4096-token (heads, T, T) bias is 400 MB
+
+
+def nbytes(table) -> int:
+    """Bytes held by a table: a tensor, or a tuple/list of tensors."""
+    if isinstance(table, torch.Tensor):
+        return table.numel() * table.element_size()
+    return sum(nbytes(t) for t in table) if isinstance(table, (tuple, list)) else 0
+
+
 class TableCache:
     """A small LRU of computed tables (position vectors, rotations, biases, indices).
 
@@ -14,11 +24,13 @@ class TableCache:
     autograd is on, the table is rebuilt every call so gradients flow into it (training a learned table);
     otherwise the parameters' versions join the key, so an optimizer step or ``load_state_dict`` invalidates
     it. Under ``torch.compile`` the table is built inside the graph (no Python dictionary lookups to guard on).
-    The cache is not part of the state dict.
+    A table of more than ``max_bytes`` is returned but not kept, so at large grids (4096 tokens and more) each
+    block's ``(heads, T, T)`` bias lives only while its attention runs instead of one per block for the model's
+    lifetime. The cache is not part of the state dict.
     """
 
-    def __init__(self, maxsize: int = 8):
-        self.maxsize = maxsize
+    def __init__(self, maxsize: int = 8, max_bytes: int = MAX_TABLE_BYTES):
+        self.maxsize, self.max_bytes = maxsize, max_bytes
         self._tables: OrderedDict = OrderedDict()
 
     def get(self, key: Hashable, build: Callable[[], torch.Tensor], params: Iterable[torch.Tensor] = ()):
@@ -29,10 +41,16 @@ class TableCache:
         if key in self._tables:
             self._tables.move_to_end(key)
             return self._tables[key]
-        table = self._tables[key] = build()
-        if len(self._tables) > self.maxsize:
-            self._tables.popitem(last=False)
+        table = build()
+        if nbytes(table) <= self.max_bytes:
+            self._tables[key] = table
+            if len(self._tables) > self.maxsize:
+                self._tables.popitem(last=False)
         return table
+
+    def tables(self) -> list:
+        """The tables held now (for memory reports)."""
+        return list(self._tables.values())
 
     def clear(self) -> None:
         self._tables.clear()

@@ -38,10 +38,16 @@ def relative_offsets(shape, device=None) -> torch.Tensor:
     return coords[:, None, :] - coords[None, :, :]
 
 
-def offset_index(offsets: torch.Tensor, window) -> torch.Tensor:
-    """Index of each offset in a ``prod(2 W_a - 1)`` table, first axis slowest (Swin's convention:
-    ``(dh + Wh - 1) * (2 Ww - 1) + (dw + Ww - 1)`` in 2D, Video-Swin's in 3D)."""
-    index = torch.zeros(offsets.shape[:-1], dtype=torch.long, device=offsets.device)
-    for axis, w in enumerate(window):
-        index = index * (2 * w - 1) + offsets[..., axis] + (w - 1)
+def grid_offset_index(shape, window, device=None) -> torch.Tensor:
+    """Index of each pairwise offset ``c_i - c_j`` of a grid's patches in a ``prod(2 W_a - 1)`` table, first axis
+    slowest (Swin's convention: ``(dh + Wh - 1) * (2 Ww - 1) + (dw + Ww - 1)`` in 2D, Video-Swin's in 3D):
+    ``(N, N)`` long. Built one axis at a time from the per-axis patch indices, so no ``(N, N, ndim)`` offsets
+    tensor is held (at 4096 tokens that would be 268 MB)."""
+    axes = [torch.arange(s, device=device) for s in shape]
+    coords = [c.reshape(-1) for c in torch.meshgrid(*axes, indexing="ij")]  # per axis, (N,)
+    index = None
+    for c, w in zip(coords, window):
+        term = c[:, None] - c[None, :] + (w - 1)
+        index = term if index is None else index.mul_(2 * w - 1).add_(term)
     return index
+

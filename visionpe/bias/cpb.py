@@ -11,7 +11,7 @@ from .._checks import check_grid_ndim, check_positive_int, to_shape
 from ..cache import TableCache
 from ..coords import CoordinateSystem, axis_offsets
 from ..grid import Grid, as_grid
-from ._base import BiasEncoding, offset_index, relative_offsets
+from ._base import BiasEncoding, grid_offset_index
 
 
 def log_relative_coords(shape, norm_window, device=None, offsets=None, units=None) -> torch.Tensor:
@@ -80,7 +80,7 @@ class ContinuousPositionBias(BiasEncoding):
         coords = log_relative_coords(grid.shape, window, device, offsets, units)
         with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
             table = 16 * torch.sigmoid(self.cpb_mlp(coords).float())  # (offsets, heads)
-        index = offset_index(relative_offsets(grid.shape, device), grid.shape)
+        index = grid_offset_index(grid.shape, grid.shape, device)
         return self.pad_prefix(rearrange(table[index], "n m h -> h n m"), grid)
 
     def forward(self, grid: Grid) -> torch.Tensor:

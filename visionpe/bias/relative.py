@@ -12,7 +12,7 @@ from ..cache import TableCache
 from ..encoding import constructor_keywords
 from ..grid import Grid, as_grid
 from ..resample import INTERPOLATIONS, resample_grid
-from ._base import BiasEncoding, offset_index, relative_offsets
+from ._base import BiasEncoding, grid_offset_index
 
 
 def num_offsets(window) -> int:
@@ -58,7 +58,7 @@ class RelativePositionBias(BiasEncoding):
 
     def _index(self, shape, window, device) -> torch.Tensor:
         key = (tuple(shape), tuple(window), str(device))
-        return self._index_cache.get(key, lambda: offset_index(relative_offsets(shape, device), window))
+        return self._index_cache.get(key, lambda: grid_offset_index(shape, window, device))
 
     def _offset_table(self) -> torch.Tensor:
         rows = num_offsets(self.window_size)
