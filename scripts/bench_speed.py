@@ -1,61 +1,317 @@
-"""Speed of visionpe encodings, as ratios measured side by side in one run (docs/PERFORMANCE.md holds the
+"""Speed and memory of visionpe encodings, as ratios measured side by side in one run (docs/PERFORMANCE.md holds the
 results and, under "Reading these numbers", how to read them).
 
-    python scripts/bench_speed.py [--device cpu|cuda] [--repeats 7] [--out docs/PERFORMANCE.md]
+    python scripts/bench_speed.py [--device cpu|cuda] [--sections rope forward ...] [--pes rope_mixed ...]
+                                  [--repeats 5] [--min-run-time 0.25] [--scale-repeats 1] [--threads N]
+                                  [--compile-large] [--quick] [--out PATH]
 
-Every ratio compares two timings taken in the same process, interleaved round by round, and reports the
-median over rounds (``torch.utils.benchmark``'s median per round). Sections:
+Every time ratio compares timings taken in the same process, interleaved round-robin: each round times every
+function in turn for a block of calls lasting at least ``--min-run-time`` seconds, and the median of the rounds'
+per-call times is reported. Rows named ``... (control)`` repeat the baseline with a second, identical model or op:
+their gap to the baseline is the noise of the run. Sections (``--sections``, default all, in this order):
 
-1. RoPE apply on q and k of ViT-S/16 shape vs a plain copy of q and k (the memory floor), ours and timm's
-   ``apply_rot_embed_cat``.
-2. Forward (inference) of a ViT-S/16 at 224 with each encoding vs the same model without position.
-3. visionpe vs timm native: learned ViT vs timm ViT (dynamic size), swin_bias Swin-T vs timm Swin-T,
-   cpb SwinV2-T vs timm SwinV2-T.
-4. Alternating resolutions (224/256) vs a fixed resolution: the table caches at work.
+- ``rope``: RoPE apply on q and k of ViT-S/16 shape at batch 8 and 64, eager and compiled, vs a plain copy of q
+  and k (the memory floor) and timm's ``apply_rot_embed_cat``.
+- ``forward``: eval forward of each encoding vs the same model without position, at ViT-S/16 224 px and at the
+  small training config (``configs/bench_vit_tiny.yaml``).
+- ``train``: a training step (forward, backward, AdamW step; train mode, same batch, fixed seed), same models.
+- ``memory``: peak memory of that training step per encoding vs none (CUDA: ``max_memory_allocated``; CPU: the
+  peak of live tensor storages allocated in the step, tracked per operator by :class:`LiveTensorBytes`).
+- ``compile``: ``torch.compile(model, fullgraph=True)`` eval forward per encoding vs compiled none (small config);
+  with ``--compile-large`` also compiled visionpe vs compiled timm ViT-S/16 and Swin-T.
+- ``timm``: visionpe vs timm native, eager: learned ViT vs timm ViT (dynamic size), swin_bias Swin-T, cpb SwinV2-T.
+- ``cache``: alternating resolutions (224/256) vs fixed ones: the table caches at work.
+- ``scale``: large grids, batch 1 (ViT-S/16 at 1024 px, a 16-frame video): forward time and the position tables
+  each encoding uses per forward.
+
+``--quick`` swaps every model for a tiny one and times one short round: a smoke test of the script, not a
+measurement. ``--out`` rewrites the file's tables and keeps its hand-written "Reading these numbers" section.
+Targets (printed with each ratio): time and memory of an encoding <= 1.05x none (``peg`` <= 1.10x).
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import math
 import platform
 import statistics
 import sys
+import time
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import timm
 import torch
-from torch.utils.benchmark import Timer
+import torch.nn.functional as F
+import yaml
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 import visionpe as vpe  # noqa: E402
+from visionpe.cache import TableCache  # noqa: E402
 from visionpe.rotary.rope import apply_rotary  # noqa: E402
 
-
-def median_time(fn, min_run_time: float) -> float:
-    return Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median
-
-
-def side_by_side(fns: dict, repeats: int, min_run_time: float, sync) -> dict[str, float]:
-    """Median seconds per call of each function, measured round-robin ``repeats`` times."""
-    times = {name: [] for name in fns}
-    for fn in fns.values():
-        fn(), sync()  # warm-up: caches, allocator
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            times[name].append(median_time(lambda: (fn(), sync()), min_run_time))
-    return {name: statistics.median(t) for name, t in times.items()}
+SECTIONS = ["rope", "forward", "train", "memory", "compile", "timm", "cache", "scale"]
+PES = ["learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]
+CONTROL = " (control)"
+TINY_RECIPE = ROOT / "configs" / "bench_vit_tiny.yaml"
+NUM_CLASSES = 10
+MB = 2 ** 20
 
 
-def rope_apply(device, args, sync):
+# -- what is measured on which model ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Setup:
+    """A model recipe and its input batch: ``create(pe)`` builds the model (same seed for every encoding)."""
+
+    label: str
+    model: str
+    kwargs: dict
+    batch: int
+    size: tuple[int, ...]  # input size, (H, W), or (T, H, W) for a video model
+    video: dict | None = None  # create_video_model keywords (num_frames, tubelet_size)
+
+    def create(self, pe: str, device) -> torch.nn.Module:
+        torch.manual_seed(0)
+        if self.video is None:
+            model = vpe.create_model(self.model, pe=pe, num_classes=NUM_CLASSES, **self.kwargs)
+        else:
+            model = vpe.create_video_model(self.model, pe=pe, num_classes=NUM_CLASSES, **self.video, **self.kwargs)
+        return model.to(device)
+
+    def input(self, device, size: tuple[int, ...] | None = None) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(0)
+        return torch.randn(self.batch, 3, *(size or self.size), generator=generator).to(device)
+
+    def labels(self, device) -> torch.Tensor:
+        return torch.randint(NUM_CLASSES, (self.batch,), generator=torch.Generator().manual_seed(1)).to(device)
+
+    def tokens(self, model: torch.nn.Module) -> int:
+        """Tokens per sample: prefix + patches."""
+        patches = math.prod(s // p for s, p in zip(self.size, model.patch_embed.patch_size))
+        return model.num_prefix_tokens + patches
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Model and input sizes of every section: the full ones, or tiny ones under ``--quick``."""
+
+    vit: Setup  # ViT-S/16 at 224 px: forward, train, memory, timm, cache
+    tiny: Setup  # the small training config: forward, train, memory
+    compiled: Setup  # the compile section's per-encoding model (the small training config; quick: the quick ViT)
+    large: tuple[Setup, ...]  # the scale section's grids
+    rope: tuple[int, tuple[int, int], int, tuple[int, ...]]  # heads, patch grid, head_dim, batches
+    swin: dict[str, tuple[str, dict, tuple[int, int]]]  # (timm name, kwargs, input size) of Swin-T and SwinV2-T
+    alt_size: tuple[int, int]  # the cache section's second input size
+
+
+def tiny_recipe(batch: int | None = None) -> Setup:
+    """The model of ``configs/bench_vit_tiny.yaml`` (the CPU training benchmark's recipe) at its batch size."""
+    cfg = yaml.safe_load(TINY_RECIPE.read_text())
+    size = cfg["img_size"]
+    kwargs = dict(cfg.get("model_kwargs", {}), img_size=size, patch_size=cfg["patch_size"])
+    return Setup(f"{cfg['model']} of {TINY_RECIPE.name} ({kwargs['embed_dim']}-dim, {kwargs['depth']} blocks, "
+                 f"{size} px / {cfg['patch_size']})", cfg["model"], kwargs, batch or cfg["batch_size"], (size, size))
+
+
+def make_plan(quick: bool, batch: int) -> Plan:
+    """The full sizes (ViT-S/16, Swin-T, 1024 px...) or, with ``quick``, tiny models that run in seconds."""
+    if quick:
+        width = dict(embed_dim=48, depth=2, num_heads=2)  # 48: sin and cos channels for 3 axes
+        kw = dict(width, img_size=32, patch_size=8)
+        swin = dict(img_size=32, patch_size=4, window_size=4, embed_dim=16, depths=(1, 1), num_heads=(2, 2))
+        vit = Setup("quick ViT (32 px / 8)", "vit_tiny_patch16_224", kw, 2, (32, 32))
+        return Plan(
+            vit=vit,
+            tiny=tiny_recipe(batch=8),
+            compiled=vit,
+            large=(Setup("quick ViT, 64 px", "vit_tiny_patch16_224", kw, 1, (64, 64)),
+                   Setup("quick video ViT, 4 frames of 32 px", "vit_tiny_patch16_224", dict(width, img_size=32), 1,
+                         (4, 32, 32),
+                         video=dict(num_frames=4, tubelet_size=(2, 8, 8)))),
+            rope=(2, (4, 4), 16, (2, 4)),
+            swin={"Swin-T": ("swin_tiny_patch4_window7_224", swin, (32, 32)),
+                  "SwinV2-T": ("swinv2_tiny_window8_256", swin, (32, 32))},
+            alt_size=(48, 48))
+    return Plan(
+        vit=Setup("vit_small_patch16_224 (ViT-S/16), 224 px", "vit_small_patch16_224", {}, batch, (224, 224)),
+        tiny=tiny_recipe(),
+        compiled=tiny_recipe(),
+        large=(Setup("ViT-S/16, 1024 px", "vit_small_patch16_224", {}, 1, (1024, 1024)),
+               Setup("ViT-S/16 video, 16 frames of 224 px, tubelets 2x16x16", "vit_small_patch16_224", {}, 1,
+                     (16, 224, 224), video=dict(num_frames=16, tubelet_size=(2, 16, 16)))),
+        rope=(6, (14, 14), 64, (batch, 64)),
+        swin={"Swin-T": ("swin_tiny_patch4_window7_224", {}, (224, 224)),
+              "SwinV2-T": ("swinv2_tiny_window8_256", {}, (256, 256))},
+        alt_size=(256, 256))
+
+
+@dataclass
+class Run:
+    """What every section needs: the device, the timing settings, the sizes and the encodings to compare."""
+
+    device: torch.device
+    repeats: int
+    min_run_time: float
+    plan: Plan
+    pes: list[str]
+    scale_repeats: int = 1
+    compile_large: bool = False
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def side_by_side(self, fns: dict, repeats: int | None = None) -> dict[str, float]:
+        """Median seconds per call of each function, measured round-robin ``repeats`` times after one warm-up
+        call each (caches, allocator, compilation)."""
+        times = {name: [] for name in fns}
+        for fn in fns.values():
+            fn(), self.sync()
+        for _ in range(repeats or self.repeats):
+            for name, fn in fns.items():
+                times[name].append(self.time_per_call(fn))
+        return {name: statistics.median(t) for name, t in times.items()}
+
+    def time_per_call(self, fn) -> float:
+        """Mean seconds per call of a block of calls lasting at least ``min_run_time`` (at least one call)."""
+        calls, start = 0, time.perf_counter()
+        while True:
+            fn(), self.sync()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= self.min_run_time:
+                return elapsed / calls
+
+    def models(self, setup: Setup) -> dict[str, torch.nn.Module]:
+        """``none``, ``none (control)`` (a second, identical model) and each encoding of ``--pes``."""
+        names = ["none", "none" + CONTROL, *self.pes]
+        return {name: setup.create(name.removesuffix(CONTROL), self.device) for name in names}
+
+
+def timed_or_error(run: Run, fns: dict) -> dict:
+    """Times the callable entries side by side; error strings are kept as they are."""
+    callables = {k: f for k, f in fns.items() if callable(f)}
+    times = run.side_by_side(callables) if callables else {}
+    return {k: times.get(k, f) for k, f in fns.items()}
+
+
+def allow_recompiles(limit: int = 64) -> None:
+    """One compiled graph per model on the same ``forward``: raise dynamo's recompile limit (default 8) so that no
+    model falls back to eager."""
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(limit, getattr(torch._dynamo.config, name)))
+
+
+def compiled(fn, *inputs):
+    """``(call, seconds)``: ``torch.compile(fn, fullgraph=True, dynamic=False)`` compiled by a first call on
+    ``inputs`` (the seconds it took) and ``call()`` running it again, both without gradients; ``(error text,
+    seconds)`` when compiling fails."""
+    compiled_fn = torch.compile(fn, fullgraph=True, dynamic=False)
+
+    def call():
+        with torch.no_grad():  # always: a call with gradients on would compile a second graph
+            return compiled_fn(*inputs)
+
+    start = time.perf_counter()
+    try:
+        call()
+    except Exception as error:  # a failing encoding is a row of the table, not the end of the run
+        first = (str(error).strip().splitlines() or [""])[0][:120].replace("|", "/")
+        return f"error: {type(error).__name__}: {first}", time.perf_counter() - start
+    return call, time.perf_counter() - start
+
+
+# -- report tables ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Table:
+    """One markdown table of the report, with the sentence under it."""
+
+    title: str
+    header: list[str]
+    rows: list[tuple]
+    note: str | None = None
+
+    def markdown(self) -> str:
+        lines = [f"**{self.title}**", "", "| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
+        lines += ["| " + " | ".join(map(str, row)) + " |" for row in self.rows]
+        return "\n".join(lines) + (f"\n\n{self.note}" if self.note else "")
+
+
+def encoding_limit(name: str) -> float:
+    """The issue's target ratio to ``none``: 1.10 for PEG (a convolution per forward), 1.05 otherwise."""
+    return 1.10 if name == "peg" else 1.05
+
+
+def versus(title: str, values: dict, base: str, unit: str, fmt, limit=None, note: str | None = None,
+           extra: tuple[list[str], dict] | None = None, name: str = "pe") -> Table:
+    """The shared "ratio table vs baseline": one row per entry of ``values`` (name -> seconds or bytes, or an error
+    string) with its value (``fmt``), its ratio to ``values[base]`` and, when ``limit(name)`` gives a target ratio,
+    whether it is met. ``extra = (headers, {name: cells})`` adds columns; a ``... (control)`` row adds the noise
+    sentence."""
+    header = [name, unit, f"vs {base}"] + (["target"] if limit else []) + (extra[0] if extra else [])
+    rows = []
+    for key, value in values.items():
+        ok = not isinstance(value, str) and not isinstance(values[base], str)
+        ratio = value / values[base] if ok else None
+        row = [key, value if isinstance(value, str) else fmt(value), f"{ratio:.3f}x" if ratio is not None else "-"]
+        if limit:
+            row.append(target_cell(key, base, ratio, limit))
+        rows.append(tuple(row + list(extra[1].get(key, ()) if extra else [])))
+    control = base + CONTROL
+    if control in values and not isinstance(values[control], str) and not isinstance(values[base], str):
+        gap = abs(values[control] / values[base] - 1) * 100
+        noise = (f"`{control}` repeats `{base}` with a second, identical model or op: its {gap:.1f} % gap is the "
+                 f"noise of this run; smaller differences are within noise.")
+        note = noise + (f" {note}" if note else "")
+    return Table(title, header, rows, note)
+
+
+def target_cell(key: str, base: str, ratio: float | None, limit) -> str:
+    if key == base:
+        return "baseline"
+    if key.endswith(CONTROL):
+        return "noise"
+    if ratio is None:
+        return "-"
+    bound = limit(key)
+    return f"{'met' if ratio <= bound else 'NOT met'} (<= {bound:.2f}x)"
+
+
+def ms(seconds) -> str:
+    return f"{seconds * 1e3:.1f}" if seconds >= 0.01 else f"{seconds * 1e3:.3f}"
+
+
+def megabytes(nbytes) -> str:
+    return f"{nbytes / MB:.1f}"
+
+
+# -- 1. RoPE apply ----------------------------------------------------------------------------------------------
+
+def rope_apply(run: Run) -> list[Table]:
+    """RoPE on q and k vs a copy of q and k, eager and compiled, at each batch size of the plan."""
+    heads, shape, head_dim, batches = run.plan.rope
+    return [rope_table(run, batch, heads, shape, head_dim) for batch in batches]
+
+
+def rope_table(run: Run, batch: int, heads: int, shape, head_dim: int) -> Table:
     torch.manual_seed(0)
-    batch, heads, tokens, head_dim = args.batch, 6, 197, 64
-    grid = vpe.Grid((14, 14), prefix=1)
-    q = torch.randn(batch, heads, tokens, head_dim, device=device)
+    grid = vpe.Grid(shape, prefix=1)
+    q = torch.randn(batch, heads, 1 + math.prod(shape), head_dim, device=run.device)
     k = torch.randn_like(q)
-    axial = vpe.build("rope_axial", head_dim=head_dim, num_heads=heads).to(device)
-    mixed = vpe.build("rope_mixed", head_dim=head_dim, num_heads=heads).to(device).eval()
+    axial = vpe.build("rope_axial", head_dim=head_dim, num_heads=heads).to(run.device).eval()
+    mixed = vpe.build("rope_mixed", head_dim=head_dim, num_heads=heads).to(run.device).eval()
+    cis = axial.cis(grid, run.device)
     timm_rope = timm.layers.RotaryEmbeddingCat(head_dim, in_pixels=False, temperature=100, grid_indexing="xy")
-    timm_embed = timm_rope.get_embed((14, 14)).to(device)
-    cis = axial.cis(grid, device)
+    timm_embed = timm_rope.get_embed(shape).to(run.device)
 
     def timm_apply():
         # timm rotates the patch tokens only; the prefix is concatenated back, as in timm's Eva
@@ -64,117 +320,431 @@ def rope_apply(device, args, sync):
         return torch.cat([q[:, :, :1], rq], 2), torch.cat([k[:, :, :1], rk], 2)
 
     with torch.no_grad():
-        t = side_by_side({
+        t = timed_or_error(run, {
             "copy q, k": lambda: (q.clone(), k.clone()),
-            "visionpe rope_axial (cached table)": lambda: axial(q, k, grid),
-            "visionpe rope_mixed (cached table)": lambda: mixed(q, k, grid),
-            "visionpe apply_rotary only": lambda: (apply_rotary(q, cis), apply_rotary(k, cis)),
-            "timm apply_rot_embed_cat": timm_apply,
-        }, args.repeats, args.min_run_time, sync)
-    base = t["copy q, k"]
-    rows = [(name, f"{sec * 1e3:.3f}", f"{sec / base:.2f}x") for name, sec in t.items()]
-    ratio = t["timm apply_rot_embed_cat"] / t["visionpe rope_axial (cached table)"]
-    return (f"q and k of shape {tuple(q.shape)}, float32", ["apply", "ms", "vs copy"], rows,
-            f"visionpe rope_axial is {ratio:.2f}x faster than timm's eager apply_rot_embed_cat.")
+            "copy q, k" + CONTROL: lambda: (q.clone(), k.clone()),
+            "rope_axial, eager (cached table)": lambda: axial(q, k, grid),
+            "rope_mixed, eager (cached table)": lambda: mixed(q, k, grid),
+            "apply_rotary only, eager": lambda: (apply_rotary(q, cis), apply_rotary(k, cis)),
+            "timm apply_rot_embed_cat, eager": timm_apply,
+            "rope_axial, compiled (table in graph)": compiled(axial, q, k, grid)[0],
+            "rope_mixed, compiled (table in graph)": compiled(mixed, q, k, grid)[0],
+            "apply_rotary only, compiled": compiled(lambda: (apply_rotary(q, cis), apply_rotary(k, cis)))[0],
+        })
+    speedup = t["timm apply_rot_embed_cat, eager"] / t["rope_axial, eager (cached table)"]
+    return versus(f"RoPE apply: q and k of shape {tuple(q.shape)}, float32", t, "copy q, k", "ms", ms,
+                  name="apply", note=f"Eager visionpe rope_axial is {speedup:.2f}x faster than timm's eager "
+                                     "apply_rot_embed_cat. Compiled: `torch.compile(fullgraph=True)` of the module "
+                                     "(under compile the table is built inside the graph, not cached) and of the "
+                                     "apply alone on the cached table.")
 
 
-def forward_cost(device, args, sync):
-    kw = dict(img_size=224, num_classes=10)
-    x = torch.randn(args.batch, 3, 224, 224, device=device)
-    pes = ["none", "none (control)", "learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]
-    models = {}
-    for pe in pes:
-        torch.manual_seed(0)
-        models[pe] = vpe.create_model("vit_small_patch16_224", pe=pe.split()[0], **kw).to(device).eval()
-    with torch.no_grad():
-        t = side_by_side({pe: (lambda m=m: m(x)) for pe, m in models.items()}, args.repeats, args.min_run_time, sync)
-    base = t["none"]
-    rows = [(pe, f"{sec * 1e3:.1f}", f"{sec / base:.3f}", f"{(sec / base - 1) * 100:+.1f} %") for pe, sec in t.items()]
-    noise = abs(t["none (control)"] / base - 1) * 100
-    return (f"vit_small_patch16_224 forward, batch {args.batch}, 224 px, inference", ["pe", "ms", "vs none", "cost"],
-            rows, f"`none (control)` is a second, identical model without position: its {noise:.1f} % gap to `none` "
-                  f"is the measurement noise of this run; smaller costs are within noise.")
+# -- 2. forward and training step per encoding ------------------------------------------------------------------
 
-
-def versus_timm(device, args, sync):
-    x = torch.randn(args.batch, 3, 224, 224, device=device)
-    pairs = {}
-    torch.manual_seed(0)
-    ref = timm.create_model("vit_small_patch16_224", dynamic_img_size=True, num_classes=10)
-    ours = vpe.apply(timm.create_model("vit_small_patch16_224", num_classes=10), "learned")
-    ours.load_state_dict(vpe.create_model("vit_small_patch16_224", pe="learned", num_classes=10).state_dict())
-    pairs["learned ViT-S/16 vs timm ViT-S/16 (dynamic_img_size)"] = (ours, ref)
-    control = timm.create_model("vit_small_patch16_224", dynamic_img_size=True, num_classes=10)
-    pairs["control: timm ViT-S/16 vs an identical timm ViT-S/16"] = (control, ref)
-    ref = timm.create_model("swin_tiny_patch4_window7_224", num_classes=10)
-    pairs["swin_bias Swin-T vs timm Swin-T"] = (vpe.apply(timm.create_model("swin_tiny_patch4_window7_224",
-                                                                            num_classes=10), "swin_bias"), ref)
-    x_v2 = torch.randn(args.batch, 3, 256, 256, device=device)
-    ref = timm.create_model("swinv2_tiny_window8_256", num_classes=10)
-    pairs["cpb SwinV2-T vs timm SwinV2-T (256 px)"] = (vpe.apply(timm.create_model("swinv2_tiny_window8_256",
-                                                                                   num_classes=10), "cpb"), ref)
-    rows = []
-    with torch.no_grad():
-        for name, (a, b) in pairs.items():
-            a, b = a.to(device).eval(), b.to(device).eval()
-            inp = x_v2 if "256" in name else x
-            t = side_by_side({"ours": lambda: a(inp), "timm": lambda: b(inp)}, args.repeats, args.min_run_time, sync)
-            rows.append((name, f"{t['ours'] * 1e3:.1f}", f"{t['timm'] * 1e3:.1f}", f"{t['ours'] / t['timm']:.3f}"))
-    return f"forward, batch {args.batch}, inference", ["pair", "ours ms", "timm ms", "ours / timm"], rows, None
-
-
-def cache_hits(device, args, sync):
-    torch.manual_seed(0)
-    rows = []
-    for pe in ["learned", "rope_mixed", "rel_bias", "cpb"]:
-        model = vpe.create_model("vit_small_patch16_224", pe=pe, num_classes=10).to(device).eval()
-        a = torch.randn(args.batch, 3, 224, 224, device=device)
-        b = torch.randn(args.batch, 3, 256, 256, device=device)
+def forward_cost(run: Run) -> list[Table]:
+    """Eval forward of each encoding vs none, at ViT-S/16 and at the small training config."""
+    tables = []
+    for setup in (run.plan.vit, run.plan.tiny):
+        x = setup.input(run.device)
+        models = {pe: m.eval() for pe, m in run.models(setup).items()}
         with torch.no_grad():
-            t = side_by_side({"fixed": lambda: (model(a), model(a)), "alternating": lambda: (model(a), model(b))},
-                             args.repeats, args.min_run_time, sync)
-            fixed_256 = side_by_side({"b": lambda: model(b)}, args.repeats, args.min_run_time, sync)["b"]
-        # alternating does one 224 and one 256 forward: compare with the sum of the fixed-size forwards
-        expected = t["fixed"] / 2 + fixed_256
-        rows.append((pe, f"{t['alternating'] * 1e3:.1f}", f"{expected * 1e3:.1f}", f"{t['alternating'] / expected:.3f}"))
-    return (f"ViT-S/16, batch {args.batch}: 224 and 256 px in turn vs the same two sizes run without switching",
-            ["pe", "alternating ms", "fixed ms", "ratio"], rows, None)
+            t = run.side_by_side({pe: (lambda m=m: m(x)) for pe, m in models.items()})
+        tables.append(versus(f"Eval forward: {setup.label}, batch {setup.batch}", t, "none", "ms", ms,
+                             encoding_limit))
+    return tables
 
 
-def markdown(title, header, rows) -> str:
-    lines = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(map(str, r)) + " |" for r in rows]
-    return "\n".join(lines)
+class TrainStep:
+    """One training step of ``model`` on a fixed batch: forward, cross-entropy, backward, AdamW step, gradients
+    set to None (so gradients are not held between steps)."""
+
+    def __init__(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
+        self.model, self.x, self.y = model.train(), x, y
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+
+    def __call__(self) -> None:
+        F.cross_entropy(self.model(self.x), self.y).backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def held_bytes(self) -> int:
+        """Bytes held between steps: parameters, buffers, optimizer state and the batch (distinct storages)."""
+        tensors = [*self.model.parameters(), *self.model.buffers(), self.x, self.y]
+        tensors += [v for state in self.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        return sum(storages.values())
 
 
-def main():
+def train_cost(run: Run) -> list[Table]:
+    """A training step of each encoding vs none, at ViT-S/16 and at the small training config."""
+    tables = []
+    for setup in (run.plan.vit, run.plan.tiny):
+        x, y = setup.input(run.device), setup.labels(run.device)
+        steps = {pe: TrainStep(m, x, y) for pe, m in run.models(setup).items()}
+        t = run.side_by_side(steps)
+        tables.append(versus(f"Training step (forward + backward + AdamW): {setup.label}, batch {setup.batch}",
+                             t, "none", "ms", ms, encoding_limit))
+    return tables
+
+
+# -- 3. peak memory of the training step ------------------------------------------------------------------------
+
+class LiveTensorBytes(TorchDispatchMode):
+    """Bytes of the tensor storages that operators allocate while the mode is on and that are still alive, and
+    their peak. Views and in-place results share their input's storage and are not counted again; a storage is
+    forgotten when it is freed. Buffers a kernel allocates internally and frees before returning are not seen."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self._known = WeakIdKeyDictionary()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                if storage.data_ptr() not in inputs and storage not in self._known:
+                    self._allocated(storage)
+        return out
+
+    def _allocated(self, storage) -> None:
+        nbytes = storage.nbytes()
+        self._known[storage] = nbytes
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._freed, nbytes)
+
+    def _freed(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+
+def step_peak_bytes(step, device: torch.device) -> int:
+    """Peak bytes allocated during one call of ``step`` above what was allocated before it: on CUDA from the
+    caching allocator's statistics, on CPU from :class:`LiveTensorBytes`."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start
+    with LiveTensorBytes() as tracker:
+        step()
+    return tracker.peak
+
+
+def memory_cost(run: Run) -> list[Table]:
+    """Peak memory of a training step (after a warm-up step that creates the optimizer state) vs none."""
+    if run.device.type == "cuda":
+        what = ("`torch.cuda.max_memory_allocated` during one step minus `memory_allocated` before it (after "
+                "`reset_peak_memory_stats`)")
+    else:
+        what = ("the peak, during one step, of the bytes of tensor storages that operators allocated in that step and "
+                "that were still alive (a `TorchDispatchMode` over every operator, forward, backward and optimizer; "
+                "views and in-place results not counted twice; exact and deterministic, but scratch buffers that a "
+                "kernel frees before returning are not seen)")
+    tables = []
+    for setup in (run.plan.vit, run.plan.tiny):
+        x, y = setup.input(run.device), setup.labels(run.device)
+        peaks, held = {}, {}
+        for pe, model in run.models(setup).items():
+            step = TrainStep(model, x, y)
+            step()  # the optimizer state exists from here on
+            peaks[pe] = step_peak_bytes(step, run.device)
+            held[pe] = (megabytes(step.held_bytes()),)
+        tables.append(versus(f"Training step peak memory: {setup.label}, batch {setup.batch}", peaks, "none",
+                             "step peak MB", megabytes, lambda pe: 1.05, extra=(["held MB"], held),
+                             note=f"Step peak: {what}. Held: parameters, buffers, AdamW state and the batch, held "
+                                  f"before and after the step (not in the step peak)."))
+    return tables
+
+
+# -- 4. compiled ------------------------------------------------------------------------------------------------
+
+def compiled_cost(run: Run) -> list[Table]:
+    """Compiled eval forward of each encoding vs compiled none (small config); compiled visionpe vs compiled timm."""
+    setup = run.plan.compiled
+    x = setup.input(run.device)
+    fns, seconds = {}, {}
+    for pe, model in run.models(setup).items():
+        fns[pe], spent = compiled(model.eval(), x)
+        seconds[pe] = (f"{spent:.1f}",)
+    values = timed_or_error(run, fns)
+    tables = [versus(f"Compiled eval forward (`torch.compile(model, fullgraph=True)`, inductor): {setup.label}, "
+                     f"batch {setup.batch}", values, "none", "ms", ms, encoding_limit, extra=(["compile s"], seconds),
+                     note="Compile s: the first call (compilation and one forward).")]
+    if run.compile_large:
+        pairs = {k: v for k, v in timm_pairs(run).items() if k.startswith(("learned", "swin_bias"))}
+        tables.append(pairs_table(run, pairs, compile_models=True))
+    return tables
+
+
+# -- 5. visionpe vs timm native ---------------------------------------------------------------------------------
+
+def timm_pairs(run: Run) -> dict[str, tuple]:
+    """``name -> (ours, timm's, input)``: the visionpe model is the timm model with the encoding applied to a copy,
+    so both hold the same weights."""
+    vit, device = run.plan.vit, run.device
+    ref = timm.create_model(vit.model, dynamic_img_size=True, num_classes=NUM_CLASSES, **vit.kwargs)
+    x = vit.input(device)
+    pairs = {"learned ViT vs timm ViT (dynamic_img_size)": (vpe.apply(copy.deepcopy(ref), "learned"), ref, x),
+             "control: timm ViT vs an identical timm ViT": (copy.deepcopy(ref), ref, x)}
+    for label, pe in (("Swin-T", "swin_bias"), ("SwinV2-T", "cpb")):
+        name, kwargs, size = run.plan.swin[label]
+        ref = timm.create_model(name, num_classes=NUM_CLASSES, **kwargs)
+        x = torch.randn(vit.batch, 3, *size, generator=torch.Generator().manual_seed(0)).to(device)
+        pairs[f"{pe} {label} vs timm {label} ({size[0]} px)"] = (vpe.apply(copy.deepcopy(ref), pe), ref, x)
+    return {k: (ours.to(device).eval(), ref.to(device).eval(), x) for k, (ours, ref, x) in pairs.items()}
+
+
+def pairs_table(run: Run, pairs: dict, compile_models: bool = False) -> Table:
+    """ours / timm per pair, each pair timed side by side (compiled with fullgraph=True when ``compile_models``)."""
+    rows = []
+    for name, (ours, ref, x) in pairs.items():
+        if compile_models:
+            fns = {"ours": compiled(ours, x)[0], "timm": compiled(ref, x)[0]}
+        else:
+            fns = {"ours": lambda m=ours, x=x: m(x), "timm": lambda m=ref, x=x: m(x)}
+        with torch.no_grad():
+            t = timed_or_error(run, fns)
+        ok = all(not isinstance(v, str) for v in t.values())
+        rows.append((name, *(v if isinstance(v, str) else ms(v) for v in t.values()),
+                     f"{t['ours'] / t['timm']:.3f}x" if ok else "-"))
+    kind = "compiled (`fullgraph=True`, inductor) " if compile_models else ""
+    return Table(f"visionpe vs timm native, {kind}eval forward, batch {run.plan.vit.batch}",
+                 ["pair", "ours ms", "timm ms", "ours / timm"], rows,
+                 "Each pair holds the same weights" + ("; the control pair is two identical timm models (the noise)."
+                                                       if any(k.startswith("control") for k in pairs) else "."))
+
+
+def versus_timm(run: Run) -> list[Table]:
+    return [pairs_table(run, timm_pairs(run))]
+
+
+# -- 6. alternating resolutions ---------------------------------------------------------------------------------
+
+def cache_hits(run: Run) -> list[Table]:
+    """Two sizes in turn vs the same two sizes run without switching: a table cache that thrashed would show."""
+    vit, other = run.plan.vit, run.plan.alt_size
+    rows = []
+    for pe in [p for p in ["learned", "rope_mixed", "rel_bias", "cpb"] if p in run.pes]:
+        model = vit.create(pe, run.device).eval()
+        a, b = vit.input(run.device), vit.input(run.device, other)
+        with torch.no_grad():
+            t = run.side_by_side({"fixed": lambda: model(a), "alternating": lambda: (model(a), model(b)),
+                                  "fixed other": lambda: model(b)})
+        # alternating does one forward at each size: compare with the sum of the fixed-size forwards
+        expected = t["fixed"] + t["fixed other"]
+        rows.append((pe, ms(t["alternating"]), ms(expected), f"{t['alternating'] / expected:.3f}x"))
+    return [Table(f"Alternating resolutions: {vit.label}, batch {vit.batch}, {vit.size[0]} and {other[0]} px in turn "
+                  f"vs the same two sizes run without switching", ["pe", "alternating ms", "fixed ms", "ratio"], rows,
+                  "A ratio near 1 means each grid's tables are built once and then served from the cache.")]
+
+
+# -- 7. large grids: time and position tables -------------------------------------------------------------------
+
+@dataclass
+class ForwardTables:
+    """The position tables of one forward: ``tables`` maps a table's identity (its cache and key, or the bias
+    module that built it uncached) to ``(bytes, shape)``."""
+
+    calls: int = 0
+    built: int = 0
+    tables: dict = field(default_factory=dict)
+    returned: list = field(default_factory=list)  # storages of the cached tables handed out, in order
+
+
+class TableCensus:
+    """Counts the position tables that a model's encodings use, one forward at a time.
+
+    A table is what an encoding gets from its :class:`~visionpe.cache.TableCache` (position vectors, rotations,
+    biases, bias indices; ``built`` when the cache had to compute it) or a bias encoding's ``(heads, T, T)`` output
+    computed without a cache (built at every call). A table is identified by its cache and key (or its bias
+    module), so a table shared by all blocks counts once and one rebuilt per block counts once per build.
+    """
+
+    def __init__(self):
+        self.forwards: dict[str, list[ForwardTables]] = {}
+        self._current: ForwardTables | None = None
+        self._starts: dict[int, int] = {}  # encoding module -> tables handed out before its call
+
+    @contextmanager
+    def installed(self, models: dict[str, torch.nn.Module]):
+        """Hooks on every encoding of ``models`` and a counting ``TableCache.get`` while the block runs."""
+        original = TableCache.get
+        census = self
+
+        def get(cache, key, build, params=()):
+            fresh = []
+            table = original(cache, key, lambda: fresh.append(True) or build(), params)
+            census._table(("cache", id(cache), key), table, built=bool(fresh))
+            return table
+
+        handles = []
+        for model in models.values():
+            for module in model.modules():
+                if isinstance(module, vpe.Encoding):
+                    handles.append(module.register_forward_pre_hook(self._enter))
+                if isinstance(module, vpe.BiasEncoding):
+                    handles.append(module.register_forward_hook(self._bias_output))
+        TableCache.get = get
+        try:
+            yield self
+        finally:
+            TableCache.get = original
+            for handle in handles:
+                handle.remove()
+
+    def run(self, name: str, model: torch.nn.Module, x: torch.Tensor):
+        """``model(x)`` with its tables counted under ``name``."""
+        self._current = ForwardTables()
+        self.forwards.setdefault(name, []).append(self._current)
+        try:
+            return model(x)
+        finally:
+            self._current = None
+
+    def _enter(self, module, args) -> None:
+        if self._current is not None:
+            self._current.calls += 1
+            self._starts[id(module)] = len(self._current.returned)
+
+    def _bias_output(self, module, args, output) -> None:
+        if self._current is None:
+            return
+        start = self._starts.pop(id(module), 0)
+        if output.untyped_storage().data_ptr() not in self._current.returned[start:]:
+            self._table(("bias", id(module)), output, built=True)
+
+    def _table(self, identity, table: torch.Tensor, built: bool) -> None:
+        record = self._current
+        if record is None:
+            return
+        record.returned.append(table.untyped_storage().data_ptr())
+        record.tables[identity] = (table.untyped_storage().nbytes(), tuple(table.shape))
+        record.built += built
+
+
+def scale_cost(run: Run) -> list[Table]:
+    """Forward time (inference, batch 1) and position tables per encoding on the plan's large grids."""
+    return [scale_table(run, setup) for setup in run.plan.large]
+
+
+def scale_table(run: Run, setup: Setup) -> Table:
+    """One model at a time (the cached (heads, T, T) tables of several models at 4096 tokens would not fit in memory
+    together): a first forward, then ``scale_repeats`` timed ones; ``none (control)`` runs last, so its gap to
+    ``none`` shows the drift over the section."""
+    x = setup.input(run.device)
+    census, times, tokens = TableCensus(), {}, 0
+    for name in ["none", *run.pes, "none" + CONTROL]:
+        model = setup.create(name.removesuffix(CONTROL), run.device).eval()
+        tokens = setup.tokens(model)
+        times[name] = scale_time(run, census, name, model, x)
+        del model  # frees its cached tables before the next model
+    order = ["none", "none" + CONTROL, *run.pes]
+    cells = {pe: table_cells(census.forwards[pe]) for pe in order}
+    return versus(f"Large grid: {setup.label}, {tokens} tokens, batch 1, inference", {pe: times[pe] for pe in order},
+                  "none", "ms", ms, extra=(["encoding calls", "tables (1st / next forward)", "built (1st / next)",
+                                            "tables MB (1st / next)", "largest", "built once"], cells),
+                  note=f"One model after the other, {run.scale_repeats} timed forward(s) after a first one; the "
+                       "control runs last. Tables: the distinct position tables the encodings use in the first and in "
+                       "a later forward (a cached table is identified by its cache and key, so a table shared by all "
+                       "blocks counts once; a learned table at its native size is the parameter itself and is not "
+                       "counted), their total size and the largest shape; built: how many of them were computed in "
+                       "that forward. Built once (the target): no table is built more than once per forward "
+                       "(built <= tables in both forwards).")
+
+
+def scale_time(run: Run, census: TableCensus, name: str, model: torch.nn.Module, x: torch.Tensor) -> float:
+    """Median seconds of the forwards after the first, each one's tables counted under ``name``."""
+    with census.installed({name: model}), torch.no_grad():
+        return run.side_by_side({name: lambda: census.run(name, model, x)}, run.scale_repeats)[name]
+
+
+def table_cells(forwards: list[ForwardTables]) -> tuple:
+    """Encoding calls, distinct tables, builds and megabytes in the first and the last forward, the largest shape,
+    and whether every table was built at most once per forward."""
+    first, last = forwards[0], forwards[-1]
+
+    def size(record):
+        return megabytes(sum(nbytes for nbytes, _ in record.tables.values()))
+
+    shapes = [shape for _, shape in [*first.tables.values(), *last.tables.values()]]
+    largest = "x".join(map(str, max(shapes, key=math.prod))) if shapes else "-"
+    once = all(record.built <= len(record.tables) for record in (first, last))
+    return (last.calls, f"{len(first.tables)} / {len(last.tables)}", f"{first.built} / {last.built}",
+            f"{size(first)} / {size(last)}", largest, "met" if once else "NOT met")
+
+
+# -- the report -------------------------------------------------------------------------------------------------
+
+RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "memory": memory_cost,
+           "compile": compiled_cost, "timm": versus_timm, "cache": cache_hits, "scale": scale_cost}
+READING = "## Reading these numbers"
+
+
+def header(run: Run, argv: list[str]) -> list[str]:
+    device = torch.cuda.get_device_name() if run.device.type == "cuda" else \
+        f"{platform.processor() or 'cpu'}, {torch.get_num_threads()} threads"
+    command = " ".join(["python scripts/bench_speed.py", *argv])
+    return ["# Performance", "", f"Made by `{command}`.", "",
+            f"Device: {device}; torch {torch.__version__}, timm {timm.__version__}; medians over {run.repeats} "
+            f"interleaved rounds of at least {run.min_run_time} s per row. Only ratios measured side by side mean "
+            f"anything. Targets: time and memory of an encoding <= 1.05x none (peg <= 1.10x).", ""]
+
+
+def write_report(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, keeping the hand-written "Reading these numbers" section of the old file."""
+    if path.exists() and READING in (old := path.read_text()):
+        text += "\n" + old[old.index(READING):]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--min-run-time", type=float, default=0.5)
-    parser.add_argument("--sections", nargs="+", default=["rope", "forward", "timm", "cache"],
-                        choices=["rope", "forward", "timm", "cache"])
+    parser.add_argument("--batch", type=int, default=8, help="batch of the ViT-S/16 sections (default 8)")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per measurement")
+    parser.add_argument("--min-run-time", type=float, default=0.25, help="seconds of calls per row and round")
+    parser.add_argument("--scale-repeats", type=int, default=1, help="timed rounds of the large-grid section")
+    parser.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
+    parser.add_argument("--pes", nargs="+", default=PES, choices=PES, help="encodings compared with none")
+    parser.add_argument("--compile-large", action="store_true",
+                        help="compile section: also compiled visionpe vs compiled timm ViT-S/16 and Swin-T (slow)")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
+    parser.add_argument("--quick", action="store_true", help="tiny models, one short round: a smoke test")
     parser.add_argument("--out", type=Path, help="write the tables as markdown to this file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
-    device = torch.device(args.device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sections = {"rope": rope_apply, "forward": forward_cost, "timm": versus_timm, "cache": cache_hits}
-    name = torch.cuda.get_device_name() if device.type == "cuda" else f"{platform.processor() or 'cpu'}, " \
-                                                                       f"{torch.get_num_threads()} threads"
-    command = "python scripts/bench_speed.py " + " ".join(sys.argv[1:])
-    out = ["# Performance", "", f"Made by `{command}`.", "",
-           f"Device: {name}; torch {torch.__version__}, timm {timm.__version__}; medians over {args.repeats} "
-           f"interleaved rounds. Only ratios measured side by side mean anything.", ""]
+    return args
+
+
+def main(argv: list[str] | None = None) -> str:
+    """Run the sections, print each table as it is done, write the report to ``--out``; returns the report."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    if args.quick:
+        args.repeats, args.min_run_time, args.scale_repeats = 1, 0.01, 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    allow_recompiles()
+    run = Run(torch.device(args.device), args.repeats, args.min_run_time, make_plan(args.quick, args.batch),
+              args.pes, args.scale_repeats, args.compile_large)
+    out = header(run, argv)
     for key in args.sections:
-        title, header, rows, note = sections[key](device, args, sync)
-        block = markdown(title, header, rows) + (f"\n\n{note}" if note else "")
-        print(block + "\n", flush=True)
-        out += [block, ""]
+        start = time.perf_counter()
+        for table in RUNNERS[key](run):
+            print(table.markdown() + "\n", flush=True)
+            out += [table.markdown(), ""]
+        print(f"[{key}: {time.perf_counter() - start:.0f} s]\n", file=sys.stderr, flush=True)
+    report = "\n".join(out)
     if args.out:
-        args.out.write_text("\n".join(out))
+        write_report(args.out, report)
+    return report
 
 
 if __name__ == "__main__":

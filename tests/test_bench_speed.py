@@ -1,0 +1,122 @@
+"""scripts/bench_speed.py: a ``--quick`` run writes every section's table with finite ratios (to a temporary file,
+never docs/PERFORMANCE.md); the CPU memory tracker and the table census count what they claim."""
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_speed_script", ROOT / "scripts" / "bench_speed.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = load_bench()
+# section -> (tables it writes under --quick, start of their titles)
+TITLES = {"rope": (2, "RoPE apply"), "forward": (2, "Eval forward"), "train": (2, "Training step (forward"),
+          "memory": (2, "Training step peak memory"), "timm": (1, "visionpe vs timm native"),
+          "cache": (1, "Alternating resolutions"), "scale": (2, "Large grid"), "compile": (1, "Compiled eval forward")}
+PER_ENCODING = ("Eval forward", "Training step", "Large grid", "Compiled eval forward")
+
+
+@pytest.fixture
+def one_thread():
+    """One thread: on a busy two-core machine two OpenMP threads wait on each other; restored afterwards."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def parse_tables(markdown: str) -> dict[str, list[dict[str, str]]]:
+    """``{title: [row as {column: cell}]}`` of the report's ``**title**`` + markdown table blocks."""
+    tables, title, header = {}, None, None
+    for line in markdown.splitlines():
+        if line.startswith("**") and line.endswith("**"):
+            title, header = line.strip("*"), None
+            tables[title] = []
+        elif line.startswith("|") and title is not None:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if header is None:
+                header = cells
+            elif not set(line) <= set("|-"):
+                tables[title].append(dict(zip(header, cells)))
+    return tables
+
+
+def ratio(cell: str) -> float:
+    assert cell.endswith("x"), cell
+    return float(cell[:-1])
+
+
+def check_section(tables: dict, section: str) -> list:
+    count, start = TITLES[section]
+    found = {title: rows for title, rows in tables.items() if title.startswith(start)}
+    assert len(found) == count, (section, list(tables))
+    for title, rows in found.items():
+        assert rows, title
+        for row in rows:
+            for column, cell in row.items():
+                if column.startswith("vs ") or column in ("ours / timm", "ratio"):
+                    assert math.isfinite(ratio(cell)) and ratio(cell) > 0, (title, row)
+        if title.startswith(PER_ENCODING):
+            assert [row["pe"] for row in rows] == ["none", "none (control)", *BENCH.PES], title
+            assert all(row["target"] for row in rows if "target" in row)
+    return list(found.items())
+
+
+def test_quick_run_writes_every_section(tmp_path, one_thread):
+    sections = [s for s in BENCH.SECTIONS if s != "compile"]  # compiling ten encodings: the test below, one encoding
+    out = tmp_path / "PERFORMANCE.md"
+    report = BENCH.main(["--quick", "--threads", "1", "--sections", *sections, "--out", str(out)])
+    assert out.read_text() == report
+    assert report.startswith("# Performance\n\nMade by `python scripts/bench_speed.py --quick")
+    tables = parse_tables(report)
+    for section in sections:
+        check_section(tables, section)
+    # the census: ALiBi is one module shared by both blocks: one table, built in the first forward only
+    for _, rows in check_section(tables, "scale"):
+        alibi = next(row for row in rows if row["pe"] == "alibi")
+        assert (alibi["encoding calls"], alibi["tables (1st / next forward)"], alibi["built (1st / next)"]) == \
+               ("2", "1 / 1", "1 / 0")
+        assert all(row["built once"] == "met" for row in rows)
+    # memory is deterministic: the control model's peak equals none's
+    for _, rows in check_section(tables, "memory"):
+        assert rows[1]["vs none"] == "1.000x"
+
+
+def test_quick_compile_section(tmp_path, one_thread):
+    out = tmp_path / "compiled.md"
+    report = BENCH.main(["--quick", "--threads", "1", "--sections", "compile", "--pes", "alibi", "--out", str(out)])
+    [(title, rows)] = [(t, r) for t, r in parse_tables(report).items() if t.startswith("Compiled eval forward")]
+    assert [row["pe"] for row in rows] == ["none", "none (control)", "alibi"]
+    assert all(math.isfinite(ratio(row["vs none"])) for row in rows), rows
+    assert not any(row["ms"].startswith("error") for row in rows), rows
+
+
+def test_live_tensor_bytes_tracks_the_peak_of_live_storages():
+    with BENCH.LiveTensorBytes() as tracker:
+        a = torch.zeros(1000)  # 4000 bytes
+        b = a.view(10, 100).add_(1)  # a view and an in-place result: the same storage, not counted again
+        del a, b  # freed: 0 live
+        c = torch.zeros(500)
+        d = c + 1  # 2000 + 2000 live
+    assert (tracker.peak, tracker.live) == (4000, 4000)
+    del c, d
+    assert tracker.live == 0
+
+
+def test_report_keeps_the_hand_written_reading_section(tmp_path):
+    path = tmp_path / "PERFORMANCE.md"
+    path.write_text("# Performance\n\nold tables\n\n## Reading these numbers\n\nBy hand.\n")
+    BENCH.write_report(path, "# Performance\n\nnew tables\n")
+    assert path.read_text() == "# Performance\n\nnew tables\n\n## Reading these numbers\n\nBy hand.\n"
