@@ -124,7 +124,8 @@ def test_vit_block_rotates_like_the_standalone_module(pe):
     grid = seen["in"][2]
     assert grid == Grid((6, 4), prefix=2)
     assert torch.allclose(seen["in"][0], q) and torch.allclose(seen["in"][1], k)  # no earlier rotation
-    standalone = vpe.build(pe, head_dim=16, num_heads=2)
+    assert attn.rotary.scaling == "pi" and attn.rotary.ref_shape == (4, 4)  # the model default: interpolation
+    standalone = vpe.build(pe, head_dim=16, num_heads=2, scaling="pi", ref_shape=(4, 4))
     if pe == "rope_mixed":
         standalone.freqs.data.copy_(attn.rotary.freqs)
     rq, rk = standalone(q, k, grid)
@@ -339,3 +340,16 @@ def test_timm_rope_vit_ports_load_with_identical_logits(eva_name, pe):
         x = torch.randn(2, 3, size, size)
         with torch.no_grad():
             assert (ours(x) - eva(x)).abs().max() < 1e-5, size
+
+
+@pytest.mark.parametrize("pe", ["rope_axial", "rope_mixed", "rope_mixed+learned"])
+def test_rope_in_a_model_interpolates_by_default(pe):
+    """The model default is position interpolation to the model's grid (docs/BENCHMARK.md); scaling="none"
+    extrapolates when asked; normalised coordinates take no scaling."""
+    default = vpe.encodings_of(vpe.create_model(VIT, pe=pe, **VIT_KW))["rotary"][0]
+    assert (default.scaling, default.ref_shape) == ("pi", (4, 4))
+    explicit = vpe.encodings_of(vpe.create_model(VIT, pe=pe, pe_kwargs={"scaling": "none"}, **VIT_KW))["rotary"][0]
+    assert explicit.scaling == "none"
+    normalized = vpe.create_model(VIT, pe=pe, pe_kwargs={"coords": "normalized"}, **VIT_KW)
+    assert vpe.encodings_of(normalized)["rotary"][0].scaling == "none"
+    assert vpe.build(pe.split("+")[0], head_dim=16, num_heads=2).scaling == "none"  # a bare one has no model grid

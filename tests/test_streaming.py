@@ -39,7 +39,9 @@ def test_tokens_encoding_of_a_clip_is_the_slice_of_the_whole(pe):
 
 @pytest.mark.parametrize("pe", ["rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi", "bucket_bias"])
 def test_rotary_and_bias_of_a_clip_are_the_slice_of_the_whole(pe):
-    model = vpe.create_video_model("vit_tiny_patch16_224", pe=pe, **KW).eval()
+    # streaming continues integer positions: RoPE without scaling (the model default interpolates, see below)
+    kwargs = {"scaling": "none"} if pe.startswith("rope") else {}
+    model = vpe.create_video_model("vit_tiny_patch16_224", pe=pe, pe_kwargs=kwargs, **KW).eval()
     video, clip = clips(model)
     (enc,) = [e for family in ("rotary", "bias") for e in vpe.encodings_of(model)[family]][:1]
     for p in enc.parameters():
@@ -57,7 +59,7 @@ def test_rotary_and_bias_of_a_clip_are_the_slice_of_the_whole(pe):
 def test_clip_by_clip_logits_equal_the_sliced_video_for_relative_encodings():
     """RoPE is relative: a clip with its offset, run alone, equals the same clip without it (and the model output
     does not depend on where the clip starts), while sincos's output does."""
-    rope = vpe.create_video_model("vit_tiny_patch16_224", pe="rope_axial", **KW).eval()
+    rope = vpe.create_video_model("vit_tiny_patch16_224", pe="rope_axial", pe_kwargs={"scaling": "none"}, **KW).eval()
     sincos = vpe.create_video_model("vit_tiny_patch16_224", pe="sincos", **KW).eval()
     _, clip = clips(rope)
     with torch.no_grad():
@@ -82,3 +84,16 @@ def test_reordering_tubelets_in_time_changes_only_encoded_models(pe, invariant):
     with torch.no_grad():
         same = torch.allclose(model(video), model(shifted), atol=1e-5)
     assert same == invariant
+
+
+@pytest.mark.parametrize("pe", ["rope_axial", "rope_mixed"])
+def test_interpolating_rope_refuses_an_offset_clip_of_another_size(pe):
+    """With the model default (scaling="pi") a clip smaller than the training grid would be stretched as a whole
+    input while its offset places it in a longer video: a silent wrong answer, so it is an error naming the fix."""
+    model = vpe.create_video_model("vit_tiny_patch16_224", pe=pe, **KW).eval()
+    _, clip = clips(model)
+    with pytest.raises(ValueError, match="scaling='none'"):
+        model(clip, grid_offset=START)
+    video = torch.randn(1, 3, 8, 12, 12)  # at the training grid an offset is fine (no rescaling)
+    assert torch.isfinite(model(video, grid_offset=(1, 0, 0))).all()
+

@@ -21,10 +21,11 @@ SHAPES = {2: (4, 4), 3: (2, 3, 3)}
 
 
 def make(name: str, shape, num_heads: int = 2, seed: int = 0):
-    """A small fresh encoding for the grid ``shape``, built as a model would build it."""
+    """A small fresh encoding for the grid ``shape``, built as a model would build it, RoPE extrapolating
+    (``scaling="none"``, the raw rotation whose relative property these tests check)."""
     context = ModelContext(tuple(shape), dim=48, num_heads=num_heads, head_dim=24)
     torch.manual_seed(seed)
-    pe = ENCODINGS[name].for_model(context)
+    pe = ENCODINGS[name].for_model(context, **({"scaling": "none"} if name.startswith("rope") else {}))
     if pe.family == "bias":  # fresh learned tables are ~0; make every offset distinct and visible
         with torch.no_grad():
             for p in pe.parameters():

@@ -197,6 +197,10 @@ class RoPE(RotaryEncoding):
             if self.ref_shape is not None:
                 ref = self.components(self.ref_shape)
                 scales = axis_scales(self.components(grid.shape), ref, wide)
+                if grid.offset is not None and self.scaling != "none" and bool((scales != 1).any()):
+                    raise ValueError(f"grid offset {grid.offset} places a {grid.shape} grid in a longer one, but "
+                                     f"scaling={self.scaling!r} would rescale it as a whole input against ref_shape="
+                                     f"{self.ref_shape}; for streaming clips build RoPE with scaling='none'")
                 coords = scale_positions(coords, scales, self.scaling)
                 freqs = scale_frequencies(freqs, self.band_fraction, scales, ref, self.scaling,
                                           self.yarn_alpha, self.yarn_beta)
@@ -264,6 +268,15 @@ class RoPE(RotaryEncoding):
     def model_defaults(cls, context) -> dict:
         """The model's training grid is the reference of resolution scaling (used unless ``scaling="none"``)."""
         return {**super().model_defaults(context), "ref_shape": tuple(context.grid_shape)}
+
+    @classmethod
+    def for_model(cls, context, **kwargs) -> "RoPE":
+        """In a model, RoPE on integer positions interpolates to the model's grid by default (``scaling="pi"``: the
+        adaptation that holds best in docs/BENCHMARK.md; at the model's own grid it is the identity);
+        ``scaling="none"`` extrapolates. Normalised coordinates take no scaling."""
+        if kwargs.get("coords", "index") == "index":
+            kwargs = {"scaling": "pi", **kwargs}
+        return super().for_model(context, **kwargs)
 
     def adapt(self, shape, new_shape, scaling: str | None = None) -> tuple["RoPE", str]:
         """``scaling=None`` keeps this module's own ``scaling``/``ref_shape``; ``"none"``, ``"pi"``, ``"ntk"``,
