@@ -1,6 +1,7 @@
 """One caching rule for every encoding: tables are built once per key unless gradients must reach them."""
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 
@@ -26,31 +27,45 @@ class TableCache:
     it. Under ``torch.compile`` the table is built inside the graph (no Python dictionary lookups to guard on).
     A table of more than ``max_bytes`` is returned but not kept, so at large grids (4096 tokens and more) each
     block's ``(heads, T, T)`` bias lives only while its attention runs instead of one per block for the model's
-    lifetime. The cache is not part of the state dict.
+    lifetime; ``max_bytes=None`` keeps every table (a module or cache shared by all blocks: one table in all). The cache is not part of the state dict.
     """
 
-    def __init__(self, maxsize: int = 8, max_bytes: int = MAX_TABLE_BYTES):
+    def __init__(self, maxsize: int = 8, max_bytes: int | None = MAX_TABLE_BYTES):
         self.maxsize, self.max_bytes = maxsize, max_bytes
         self._tables: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()  # concurrent forwards share caches: lookups and evictions are atomic
 
     def get(self, key: Hashable, build: Callable[[], torch.Tensor], params: Iterable[torch.Tensor] = ()):
         params = tuple(params)
         if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
             return build()  # traced into the compiled graph (a function of shapes only), or gradients must flow
         key = (key, tuple(p._version for p in params))
-        if key in self._tables:
-            self._tables.move_to_end(key)
-            return self._tables[key]
-        table = build()
-        if nbytes(table) <= self.max_bytes:
-            self._tables[key] = table
-            if len(self._tables) > self.maxsize:
-                self._tables.popitem(last=False)
+        with self._lock:
+            if key in self._tables:
+                self._tables.move_to_end(key)
+                return self._tables[key]
+        table = build()  # outside the lock: two threads may build the same table, both correct
+        if self.max_bytes is None or nbytes(table) <= self.max_bytes:
+            with self._lock:
+                self._tables[key] = table
+                if len(self._tables) > self.maxsize:
+                    self._tables.popitem(last=False)
         return table
+
+    def __deepcopy__(self, memo) -> "TableCache":
+        return TableCache(self.maxsize, self.max_bytes)  # a copied module starts with an empty cache
+
+    def __getstate__(self) -> dict:
+        return {"maxsize": self.maxsize, "max_bytes": self.max_bytes}  # tables and lock are not pickled
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
 
     def tables(self) -> list:
         """The tables held now (for memory reports)."""
-        return list(self._tables.values())
+        with self._lock:
+            return list(self._tables.values())
 
     def clear(self) -> None:
-        self._tables.clear()
+        with self._lock:
+            self._tables.clear()

@@ -39,7 +39,8 @@ class ALiBi(BiasEncoding):
         self.ndim = check_ndim(ndim)
         self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
-        self._cache = TableCache()
+        # one module serves every block (parameter-free), so its table is kept whatever its size: built once per grid
+        self._cache = TableCache(max_bytes=None)
 
     def forward(self, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)

@@ -15,6 +15,11 @@ from ..resample import INTERPOLATIONS, resample_grid
 from ._base import BiasEncoding, grid_offset_index
 
 
+# offset indices depend on shapes only: one cache for every block and model, so a large grid's (N, N) index is
+# built once per forward, not once per block
+OFFSET_INDEX = TableCache(maxsize=16, max_bytes=None)
+
+
 def num_offsets(window) -> int:
     n = 1
     for w in window:
@@ -53,12 +58,11 @@ class RelativePositionBias(BiasEncoding):
         self.interpolation, self.antialias = interpolation, antialias
         rows = num_offsets(self.window_size) + (3 if prefix_entries else 0)
         self.relative_position_bias_table = nn.Parameter(torch.randn(rows, num_heads) * init_std)
-        self._index_cache = TableCache(maxsize=16)
         self._bias_cache = TableCache()  # eval / no-grad: the gathered bias per grid, rebuilt after a weight change
 
     def _index(self, shape, window, device) -> torch.Tensor:
         key = (tuple(shape), tuple(window), str(device))
-        return self._index_cache.get(key, lambda: grid_offset_index(shape, window, device))
+        return OFFSET_INDEX.get(key, lambda: grid_offset_index(shape, window, device))
 
     def _offset_table(self) -> torch.Tensor:
         rows = num_offsets(self.window_size)
