@@ -154,7 +154,8 @@ def plot(table: dict, family: str, data: str, res: list[int], path: Path) -> boo
     styles = {"none": "-", "pi": "--", "ntk": "-.", "yarn": ":", "default": "-"}
     markers = {"none": "o", "pi": "s", "ntk": "^", "yarn": "D", "default": "o"}
     pes = list(dict.fromkeys(k[2] for k, _ in rows))
-    colour = {pe: plt.get_cmap("tab10")(i % 10) for i, pe in enumerate(pes)}  # one colour per encoding
+    cmap, n = (plt.get_cmap("tab10"), 10) if len(pes) <= 10 else (plt.get_cmap("tab20"), 20)
+    colour = {pe: cmap(i % n) for i, pe in enumerate(pes)}  # one colour per encoding (row)
     for (_, _, pe, adaptation), v in rows:
         rs = [r for r in res if isinstance(r, int) and v["acc"].get(r)]  # non-square sizes: in the tables only
         name = label(pe, adaptation)

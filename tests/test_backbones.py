@@ -332,14 +332,20 @@ def test_timm_rope_vit_ports_load_with_identical_logits(eva_name, pe):
     torch.manual_seed(0)
     kw = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=2, num_classes=5)
     eva = _perturb(timm.create_model(eva_name, dynamic_img_size=True, **kw)).eval()
+    # timm's ports extrapolate integer positions: scaling="none" reproduces them at every size; the model default
+    # ("pi") equals them at the trained size and interpolates beyond it
     ours = vpe.create_model("vit_small_patch16_224", pe=pe, qkv_bias=True, init_values=1e-5, global_pool="token",
-                            **kw).eval()
+                            pe_kwargs={"scaling": "none"}, **kw).eval()
+    default = vpe.create_model("vit_small_patch16_224", pe=pe, qkv_bias=True, init_values=1e-5, global_pool="token",
+                               **kw).eval()
     report = vpe.load_timm_checkpoint(ours, eva.state_dict())
     assert report.new == [] and report.dropped == []
+    vpe.load_timm_checkpoint(default, eva.state_dict())
     for size in (32, 48):
         x = torch.randn(2, 3, size, size)
         with torch.no_grad():
             assert (ours(x) - eva(x)).abs().max() < 1e-5, size
+            assert ((default(x) - eva(x)).abs().max() < 1e-5) == (size == 32), size
 
 
 @pytest.mark.parametrize("pe", ["rope_axial", "rope_mixed", "rope_mixed+learned"])

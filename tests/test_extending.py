@@ -76,8 +76,10 @@ def test_grid_offset_reaches_the_encodings(pe):
     """A crop at offset (1, 2): tokens encodings read the shifted positions; RoPE and ALiBi are relative, so a
     shifted grid gives the same output (translation invariance), through the model."""
     torch.manual_seed(0)
+    kwargs = {"scaling": "none"} if pe.startswith("rope") else {}  # a crop continues integer positions
     model = vpe.create_model("vit_tiny_patch16_224", pe=pe, img_size=24, patch_size=4, embed_dim=16, depth=1,
-                             num_heads=2, num_classes=3, global_pool="avg", class_token=False).eval()
+                             num_heads=2, num_classes=3, global_pool="avg", class_token=False,
+                             pe_kwargs=kwargs).eval()
     x = torch.randn(1, 3, 12, 12)
     with torch.no_grad():
         plain, shifted = model(x), model(x, grid_offset=(1, 2))
