@@ -13,6 +13,13 @@ parameters and training images/s, plus a plot, the recipe and the exact command.
 
 ``--swin`` adds the Swin list (swin_bias, cpb, rope_mixed, alibi) with ``--swin-config``.
 
+Rows (``--rows FILE``, e.g. ``configs/bench_rows_resolution.yaml``): instead of the encoding lists, labelled rows
+each with its own ``train_vit.py`` arguments and swept RoPE adaptations; rows with ``--pe timm`` are timm's own
+models (reference rows). The report is its own marked section of the doc with a verdict against timm's best row:
+
+    python scripts/benchmark.py --rows configs/bench_rows_resolution.yaml --data shapes-position fashion-mnist \
+        --seeds 0 1 2 --res 24 32 48 64 32x48 --jobs 2
+
 Video: a recipe with ``num_frames`` (or ``-- --num-frames T`` in the extra arguments) on a video data set trains
 tubelet video ViTs; ``--frames`` gives the test frame counts, crossed with ``--res`` in the sweep. The report of a
 video benchmark is its own marked section of the doc (``<!-- BEGIN video_benchmark -->``), so the image sections
@@ -521,11 +528,11 @@ def check(args) -> int | None:
     if any(s < 0 for s in args.seeds):
         raise UserError(f"--seeds must be integers >= 0, got {' '.join(map(str, args.seeds))}")
     extra = config.parse_args(list(args.extra), prog="benchmark (train_vit.py arguments after --)")
-    if args.rows is not None:
-        if args.swin:
-            raise UserError("--rows replaces the encoding lists: give --rows or --swin, not both")
-        rows = [config.parse_args(r["train"]) for r in read_rows(args.rows)["rows"]]
-    recipes = {"vit": (args.config, rows if args.rows else [{"pe": pe} for pe in args.pe])}
+    if args.rows is not None and args.swin:
+        raise UserError("--rows replaces the encoding lists: give --rows or --swin, not both")
+    vit_runs = ([config.parse_args(r["train"]) for r in read_rows(args.rows)["rows"]] if args.rows is not None
+                else [{"pe": pe} for pe in args.pe])
+    recipes = {"vit": (args.config, vit_runs)}
     if args.swin:
         recipes["swin"] = (args.swin_config, [{"pe": pe} for pe in args.swin_pe])
     frames = set()
