@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))  # a checkout without `pip install -e .`
 from visionpe.data import DATASETS  # noqa: E402
 from visionpe.rotary.scaling import SCALINGS  # noqa: E402
 from visionpe.train import cli, config, loop, rundir  # noqa: E402
-from visionpe.train.loop import size_text  # noqa: E402
+from visionpe.train.loop import key_text  # noqa: E402
 from visionpe.train.cli import UserError  # noqa: E402
 
 VIT_LIST = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rope_mixed+learned", "rel_bias", "alibi"]
@@ -77,7 +77,7 @@ def job(cfg_path: Path, data: str, seed: int, run: Path, train_args: list[str], 
 def sweep_command(run: Path, res, scalings, frames=()) -> list[str]:
     """``scripts/resolution_sweep.py`` on a run's last weights, writing ``run/sweep/`` (``frames``: a video run's
     test frame counts)."""
-    return [str(ROOT / "scripts" / "resolution_sweep.py"), str(run), "--res", *map(size_text, res), "--scaling", *scalings,
+    return [str(ROOT / "scripts" / "resolution_sweep.py"), str(run), "--res", *map(key_text, res), "--scaling", *scalings,
             *(["--frames", *map(str, frames)] if frames else []), "--out", str(run / "sweep")]
 
 
@@ -140,8 +140,8 @@ def markdown_table(table: dict, family: str, data: str, res: list[int]) -> str:
     if not rows:
         return "_no finished runs_\n"
     train_res = rows[0][1]["train_res"]
-    head = ["encoding"] + [f"{size_text(r)}px{' (train)' if r == train_res else ''}" for r in res]
-    head += [f"retention {size_text(r)}px" for r in res if r != train_res] + ["params", "train img/s", "seeds"]
+    head = ["encoding"] + [f"{key_text(r)}px{' (train)' if r == train_res else ''}" for r in res]
+    head += [f"retention {key_text(r)}px" for r in res if r != train_res] + ["params", "train img/s", "seeds"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (_, _, pe, adaptation), v in rows:
         cells = [label(pe, adaptation)] + accuracy_cells(v, res, train_res)
@@ -389,12 +389,12 @@ def rows_verdict(table: dict, data: str, rows: list[dict], res: list) -> str:
             + (f", behind beyond it at {len(behind)}" if behind else "") + ", within it elsewhere")
     lines = [f"- Best visionpe row (mean over the test sizes): `{best_ours}` ({score(ours[best_ours]):.1f} %); best "
              f"timm row: `{best_ref}` ({score(ref[best_ref]):.1f} %). visionpe's best **{word}**: "
-             + "; ".join(f"{size_text(r)}px {gaps[r][0]:+.1f} ({gaps[r][1]})" for r in res) + "."]
+             + "; ".join(f"{key_text(r)}px {gaps[r][0]:+.1f} ({gaps[r][1]})" for r in res) + "."]
     for r in tests:
         a = max(ours, key=lambda n: mean_std(ours[n]["acc"].get(r, []))[0])
         b = max(ref, key=lambda n: mean_std(ref[n]["acc"].get(r, []))[0])
         gap, spread = compare_text(ours[a], ref[b], r)
-        lines.append(f"- {size_text(r)} px: best visionpe `{a}` {mean_std(ours[a]['acc'][r])[0]:.1f} %, best timm "
+        lines.append(f"- {key_text(r)} px: best visionpe `{a}` {mean_std(ours[a]['acc'][r])[0]:.1f} %, best timm "
                      f"`{b}` {mean_std(ref[b]['acc'][r])[0]:.1f} %: {gap:+.1f} points ({spread} the seed spread).")
     return "\n".join(lines) + "\n"
 
@@ -542,7 +542,7 @@ def check(args) -> int | None:
                 cfg = config.resolve({**extra, **own, "config": str(cfg_path), "data": data})
                 bad = [r for r in args.res if any(side % cfg["patch_size"] for side in loop.size_order(r))]
                 if bad:
-                    raise UserError(f"--res {' '.join(map(size_text, bad))}: not a multiple of {cfg_path.name}'s "
+                    raise UserError(f"--res {' '.join(map(key_text, bad))}: not a multiple of {cfg_path.name}'s "
                                     f"patch_size {cfg['patch_size']}")
                 if cfg["num_frames"] and not all(isinstance(r, int) for r in args.res):
                     raise UserError("--res HxW (non-square) is for image recipes; video sizes are square")

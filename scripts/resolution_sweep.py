@@ -71,11 +71,11 @@ def check_sizes(run: Path, cfg: dict, sizes) -> None:
     video = bool(cfg.get("num_frames"))
     for size in sizes:
         if video and not isinstance(size, int):
-            raise UserError(f"--res {loop.size_text(size)}: non-square sizes (HxW) are for image runs; {run} is a "
+            raise UserError(f"--res {loop.key_text(size)}: non-square sizes (HxW) are for image runs; {run} is a "
                             f"video run ({cfg['data']}), give square sizes in pixels")
         sides = (size,) if isinstance(size, int) else size
         if any(s < cfg["patch_size"] or s % cfg["patch_size"] for s in sides):
-            raise UserError(f"resolution {loop.size_text(size)} is not a positive multiple of {run}'s patch_size "
+            raise UserError(f"resolution {loop.key_text(size)} is not a positive multiple of {run}'s patch_size "
                             f"{cfg['patch_size']}" + ("" if isinstance(size, int) else " on each side"))
 
 
@@ -96,7 +96,7 @@ def res_cell(key, video: bool) -> int | str:
     non-square one."""
     if video:
         return key[1]
-    return key if isinstance(key, int) else loop.size_text(key)
+    return key if isinstance(key, int) else loop.key_text(key)
 
 
 def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), weights="last", val_samples=None,
@@ -132,7 +132,7 @@ def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), wei
                          "retention": round(m["retention"], 5), "frames": k[0] if video else "",
                          "train_frames": cfg["num_frames"] if video else ""})
         log(f"{run.name:40s} {label:16s} " + "  ".join(
-            f"{f'{k[0]}f ' if video else ''}{k[1] if video else loop.size_text(k)}px {res[k]['acc']:6.2f}"
+            f"{f'{k[0]}f ' if video else ''}{k[1] if video else loop.key_text(k)}px {res[k]['acc']:6.2f}"
             for k in wanted))
     return rows
 

@@ -103,7 +103,7 @@ def test_eval_grid_orders_mixed_sizes_by_height_then_width():
 
 
 def test_size_and_key_text():
-    assert loop.size_text(32) == "32" and loop.size_text((32, 48)) == "32x48"
+    assert loop.key_text(32) == "32" and loop.key_text((32, 48)) == "32x48"
     assert loop.key_text(32) == "32" and loop.key_text((8, 32)) == "8x32"
 
 

@@ -27,7 +27,8 @@ class TableCache:
     it. Under ``torch.compile`` the table is built inside the graph (no Python dictionary lookups to guard on).
     A table of more than ``max_bytes`` is returned but not kept, so at large grids (4096 tokens and more) each
     block's ``(heads, T, T)`` bias lives only while its attention runs instead of one per block for the model's
-    lifetime; ``max_bytes=None`` keeps every table (a module or cache shared by all blocks: one table in all). The cache is not part of the state dict.
+    lifetime; ``max_bytes=None`` keeps every table (a module or cache shared by all blocks: one table in all).
+    The cache is not part of the state dict.
     """
 
     def __init__(self, maxsize: int = 8, max_bytes: int | None = MAX_TABLE_BYTES):

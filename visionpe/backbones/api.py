@@ -78,16 +78,24 @@ def create_model(model_name: str, pe: str = "learned", pretrained: bool = False,
         raise ValueError(f"model_name={model_name!r} is not a timm model; use a vit_*, deit_* or swin* name "
                          f"(timm.list_models('vit_*'))")
     check_bool("pretrained", pretrained)
-    if timm.models.is_model_in_modules(model_name, ["vision_transformer"]):
-        timm_kwargs.setdefault("dynamic_img_size", True)
-        check_img_size(timm_kwargs)
-    elif timm.models.is_model_in_modules(model_name, ["swin_transformer", "swin_transformer_v2"]):
-        timm_kwargs.setdefault("strict_img_size", False)
-        check_img_size(timm_kwargs)
-        if "window_size" in timm_kwargs:
-            to_shape("window_size", timm_kwargs["window_size"], 2)
-    model = timm.create_model(model_name, pretrained=pretrained, **timm_kwargs)
+    model = timm.create_model(model_name, pretrained=pretrained, **any_size_kwargs(model_name, timm_kwargs))
     return apply(model, pe, **(pe_kwargs or {}))
+
+
+def any_size_kwargs(model_name: str, timm_kwargs: dict) -> dict:
+    """``timm_kwargs`` plus what makes timm's ``model_name`` run at any input size, the way timm does it
+    (``dynamic_img_size`` for ViT/DeiT and Eva, ``strict_img_size=False`` for Swin; the caller's values win),
+    checked: ``img_size`` a multiple of ``patch_size``, a Swin ``window_size`` of 2 sides."""
+    kwargs = dict(timm_kwargs)
+    if timm.models.is_model_in_modules(model_name, ["vision_transformer", "eva"]):
+        kwargs.setdefault("dynamic_img_size", True)
+        check_img_size(kwargs)
+    elif timm.models.is_model_in_modules(model_name, ["swin_transformer", "swin_transformer_v2"]):
+        kwargs.setdefault("strict_img_size", False)
+        check_img_size(kwargs)
+        if "window_size" in kwargs:
+            to_shape("window_size", kwargs["window_size"], 2)
+    return kwargs
 
 
 def check_img_size(timm_kwargs: dict) -> None:

@@ -125,7 +125,8 @@ def apply_rotary(x: torch.Tensor, cis: torch.Tensor, pairs: str = "interleaved")
         x_pairs = rearrange(x.float(), "... (p two) -> ... p two", two=2)
         if x_pairs.stride(-1) != 1 or any(s % 2 for s in x_pairs.stride()[:-1]):
             x_pairs = x_pairs.contiguous()  # q, k sliced from a fused qkv are viewed in place, without a copy
-        return rearrange(torch.view_as_real(torch.view_as_complex(x_pairs) * cis), "... p two -> ... (p two)").type_as(x)
+        rotated = torch.view_as_complex(x_pairs) * cis
+        return rearrange(torch.view_as_real(rotated), "... p two -> ... (p two)").type_as(x)
     first, second = x.float().chunk(2, dim=-1)
     xc = torch.complex(first, second) * cis
     return torch.cat([xc.real, xc.imag], dim=-1).type_as(x)

@@ -3,7 +3,6 @@ evaluation across resolutions (used by ``train_vit.py`` and ``scripts/resolution
 from __future__ import annotations
 
 import argparse
-
 import math
 import random
 import time
@@ -70,16 +69,9 @@ def eval_grid(cfg: dict, resolutions=(), frames=()) -> tuple[list, object]:
     return [(f, r) for f in counts for r in res], (cfg["num_frames"], cfg["img_size"])
 
 
-def size_text(size) -> str:
-    """An image size as text: ``"32"`` for the integer 32, ``"32x48"`` for ``(height, width) = (32, 48)``."""
-    return str(size) if isinstance(size, int) else f"{size[0]}x{size[1]}"
-
-
 def key_text(key) -> str:
-    """The keys of results.json: ``"32"`` (image run) or ``"8x32"`` (video run: ``(frames, res)``, frames x pixels).
-
-    A pair cannot say whether it is a video key or an image ``(height, width)``; both read ``AxB``, so the text is
-    right either way, but callers that hold image sizes (scripts/resolution_sweep.py) use :func:`size_text`."""
+    """An evaluation key as text (results.json, tables, logs): ``"32"`` for a square image size, ``"AxB"`` for a
+    pair, which reads right both as an image ``(height, width)`` and as a video ``(frames, res)``."""
     return f"{key[0]}x{key[1]}" if isinstance(key, tuple) else str(key)
 
 

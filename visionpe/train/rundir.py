@@ -374,14 +374,12 @@ def build_model(cfg: dict) -> torch.nn.Module:
 
 def timm_native(name: str, kwargs: dict) -> torch.nn.Module:
     """``pe=timm``: the model exactly as timm builds it, its own position encoding included, made to run at any
-    input size the way timm does it (``dynamic_img_size`` for ViT/Eva: learned tables resampled bicubic, RoPE
-    recomputed per grid; ``strict_img_size=False`` for Swin)."""
+    input size the way timm does it (:func:`visionpe.backbones.api.any_size_kwargs`: learned tables resampled
+    bicubic and RoPE recomputed per grid for ViT/Eva, ``strict_img_size=False`` for Swin)."""
     import timm
-    if timm.models.is_model_in_modules(name, ["vision_transformer", "eva"]):
-        kwargs = {"dynamic_img_size": True, **kwargs}
-    else:
-        kwargs = {"strict_img_size": False, **kwargs}
-    return timm.create_model(name, pretrained=False, **kwargs)
+
+    from ..backbones.api import any_size_kwargs
+    return timm.create_model(name, pretrained=False, **any_size_kwargs(name, kwargs))
 
 
 def read_weights(path: Path, device="cpu") -> dict[str, torch.Tensor]:
