@@ -58,6 +58,56 @@ def test_attend_masks_and_scale():
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("mask_shape", [(1, 3, 7, 7), (2, 3, 7, 7), (2, 1, 7, 7), (7, 7)])
+def test_fused_bias_attention_gradients_match_sdpa_math(mask_shape):
+    """A mask that needs a gradient takes the fused CPU path; every gradient equals SDPA's (math path), also
+    with -inf entries, a fully masked row and a scale, and gradcheck holds in float64."""
+    from visionpe.attention import _sdpa
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.randn(mask_shape, dtype=torch.float64)
+    mask[..., 1, 2] = float("-inf")
+    mask[..., 4, :] = float("-inf")  # a row with no key: output and gradients 0, not NaN
+    mask.requires_grad_(True)
+    out = _sdpa(q, k, v, mask, 0.0, 0.4)
+    assert out.grad_fn.name().endswith("_FusedBiasAttentionBackward")
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.4)
+    torch.testing.assert_close(out, expected)
+    upstream = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, mask), upstream)
+    expected_grads = torch.autograd.grad(expected, (q, k, v, mask), upstream)
+    for grad, expected_grad in zip(grads, expected_grads):
+        assert torch.isfinite(grad).all()
+        torch.testing.assert_close(grad, expected_grad)
+    finite = torch.randn(mask_shape, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *t: _sdpa(*t, 0.0, None), (q, k, v, finite))
+
+
+def test_fused_bias_attention_half_precision_and_fallbacks():
+    """bf16 gradients follow float32 within bf16 precision; dropout, a mask without gradient, inference and a
+    v of another width keep SDPA's own path."""
+    from visionpe.attention import _sdpa
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, 3, 9, 8)
+    mask = torch.randn(1, 3, 9, 9)
+    leaves32 = [t.clone().requires_grad_(True) for t in (q, k, v, mask)]
+    leaves16 = [t.bfloat16().requires_grad_(True) for t in (q, k, v, mask)]
+    grads32 = torch.autograd.grad(_sdpa(*leaves32, 0.0, None).square().sum(), leaves32)
+    out16 = _sdpa(*leaves16, 0.0, None)
+    assert out16.dtype == torch.bfloat16 and out16.grad_fn.name().endswith("_FusedBiasAttentionBackward")
+    grads16 = torch.autograd.grad(out16.float().square().sum(), leaves16)
+    for grad16, grad32 in zip(grads16, grads32):
+        assert grad16.dtype == torch.bfloat16
+        torch.testing.assert_close(grad16.float(), grad32, atol=0.05, rtol=0.05)
+    learned = mask.clone().requires_grad_(True)
+    assert "Fused" not in _sdpa(q, k, v, learned, 0.1, None).grad_fn.name()
+    assert _sdpa(q, k, v, mask, 0.0, None).grad_fn is None
+    with torch.no_grad():
+        torch.testing.assert_close(_sdpa(q, k, v, learned, 0.0, None), _sdpa(q, k, v, mask, 0.0, None))
+    wide_v = torch.randn(2, 3, 9, 4)
+    assert "Fused" not in _sdpa(q, k, wide_v, learned, 0.0, None).grad_fn.name()
+
+
 def test_attention_module_loads_timm_attention():
     timm_attn = TimmAttention(DIM, num_heads=NUM_HEADS, qkv_bias=True).eval()
     ours = Attention(DIM, NUM_HEADS, qkv_bias=True).eval()

@@ -260,3 +260,73 @@ def test_with_scaling_is_a_copy_with_the_same_frequencies():
     assert not torch.allclose(pi.cis(grid), rope.cis(grid))
     with pytest.raises(ValueError, match="scaling='pi' needs ref_shape"):
         MixedRoPE(head_dim=8, num_heads=2).with_scaling("pi")
+
+
+def qkv_slices(batch=2, heads=2, tokens=7, head_dim=12):
+    """q, k, v as Attention slices them: single views of one fused ``(B, T, 3 * heads * head_dim)`` buffer
+    (the same values at every call)."""
+    qkv = torch.randn(batch, tokens, 3 * heads * head_dim, generator=torch.Generator().manual_seed(1),
+                      requires_grad=True)
+    stacked = qkv.mul(1.0).unflatten(-1, (3, heads, head_dim)).permute(2, 0, 3, 1, 4)
+    return qkv, stacked[0], stacked[1], stacked[2]
+
+
+@pytest.mark.parametrize("layout", ["fused", "separate", "bf16", "half"])
+def test_in_place_rotation_matches_out_of_place(layout):
+    """apply_rotary_ overwrites q and k (slices of one buffer, or separate tensors) with exactly apply_rotary's
+    values and gives the same gradients to q, k and a learned cis; bf16 and "half" pairs fall back unchanged."""
+    from visionpe.rotary import apply_rotary, apply_rotary_
+    torch.manual_seed(0)
+    pairs = "half" if layout == "half" else "interleaved"
+    cis_leaf = torch.polar(torch.full((2, 7, 6), 1.3), torch.randn(2, 7, 6)).requires_grad_(True)
+    grads = []
+    for in_place in (False, True):
+        qkv, q, k, v = qkv_slices()
+        if layout == "separate":
+            q, k = q * 1.0, k * 1.0
+        if layout == "bf16":
+            q, k = q.bfloat16(), k.bfloat16()
+        cis = cis_leaf * 1.0
+        rq, rk = apply_rotary_(q, k, cis, pairs) if in_place else (apply_rotary(q, cis, pairs),
+                                                                   apply_rotary(k, cis, pairs))
+        wrote_into_input = rq.data_ptr() == q.data_ptr() and rk.data_ptr() == k.data_ptr()
+        assert wrote_into_input == (in_place and layout in ("fused", "separate"))
+        out = torch.nn.functional.scaled_dot_product_attention(rq.float(), rk.float(), v)
+        grads.append((out.detach(), *torch.autograd.grad(out.square().sum(), (qkv, cis_leaf))))
+    for reference, result in zip(*grads):
+        torch.testing.assert_close(result, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_in_place_rotation_keeps_autograd_version_check():
+    """A later in-place change to a rotated q is caught at backward, not silently used."""
+    from visionpe.rotary import apply_rotary_
+    qkv, q, k, v = qkv_slices()
+    cis = torch.polar(torch.ones(2, 7, 6), torch.randn(2, 7, 6)).requires_grad_(True)
+    q, k = apply_rotary_(q, k, cis)
+    loss = (q * k).sum()
+    q.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+@pytest.mark.parametrize("name", ["rope_axial", "rope_mixed"])
+def test_attention_rotates_qkv_buffer_in_place(name):
+    """Attention lets RoPE rotate q and k inside its qkv buffer (no second copy kept for the backward); outputs
+    and every gradient equal the out-of-place path."""
+    from visionpe import Attention, attend
+    torch.manual_seed(0)
+    grid = Grid((3, 4), prefix=1)
+    attn = Attention(24, num_heads=2, rotary=vpe.build(name, head_dim=12, num_heads=2, ndim=2)).train()
+    x = torch.randn(2, grid.num_tokens, 24, requires_grad=True)
+    results = []
+    for owned in (False, True):
+        qkv = attn.qkv(x).unflatten(-1, (3, 2, 12)).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        out = attend(q, k, v, grid, attn.rotary, qk_owned=owned)
+        assert (out.grad_fn is not None) and (q._version > 0) == owned
+        params = [x, *attn.qkv.parameters(), *attn.rotary.parameters()]
+        results.append((out.detach(), *torch.autograd.grad(out.square().sum(), params)))
+    for reference, result in zip(*results):
+        torch.testing.assert_close(result, reference, rtol=1e-5, atol=1e-6)
+    out = attn(x, grid)
+    torch.testing.assert_close(out, attn.proj(results[0][0].transpose(1, 2).flatten(2)), rtol=1e-5, atol=1e-6)

@@ -13,7 +13,7 @@ from .grid import Grid, Layout, MixedLayout, as_layout
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layout | MixedLayout,
            rotary: nn.Module | None = None,
            bias: nn.Module | None = None, attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-           scale: float | None = None) -> torch.Tensor:
+           scale: float | None = None, qk_owned: bool = False) -> torch.Tensor:
     """Attention over a grid's tokens with optional rotary and bias encodings.
 
     Args:
@@ -26,6 +26,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
         bias: a bias-family module, ``bias(grid) -> (heads, P + N, P + N)``.
         attn_mask: extra additive float mask broadcastable to ``(B, heads, T, T)`` (e.g. Swin's shift mask)
             or a boolean mask (True = attend).
+        qk_owned: the caller owns q and k (e.g. slices of its own fused qkv output) and lets a rotary encoding
+            that ``supports_in_place`` rotate them in place: attention then saves no rotated copies for the backward.
     Returns:
         ``(B, heads, P + N, v_head_dim)``.
     """
@@ -36,7 +38,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
     if isinstance(grid, MixedLayout):
         q, k, mask = _mixed_positions(q, k, grid, rotary, bias)
     else:
-        q, k, mask = _positions(q, k, as_layout(grid), rotary, bias)
+        q, k, mask = _positions(q, k, as_layout(grid), rotary, bias, qk_owned)
     if attn_mask is not None:
         expected = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         if not isinstance(attn_mask, torch.Tensor) or attn_mask.ndim > 4 or not _broadcasts(attn_mask.shape, expected):
@@ -46,17 +48,66 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
             attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(
                 ~attn_mask, float("-inf"))
         mask = attn_mask.to(q.dtype) if mask is None else mask + attn_mask.to(q.dtype)
+    return _sdpa(q, k, v, mask, dropout_p, scale)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float,
+          scale: float | None) -> torch.Tensor:
+    """``scaled_dot_product_attention``, except for a float mask that needs a gradient (a learned bias in
+    training) on CPU: SDPA sends that to its unfused math path, which keeps every block's ``(B, heads, T, T)``
+    softmax for the backward; :class:`_FusedBiasAttention` runs the fused kernel instead."""
+    if (mask is not None and mask.requires_grad and torch.is_grad_enabled() and q.device.type == "cpu"
+            and dropout_p == 0.0 and mask.is_floating_point() and q.shape[-1] == v.shape[-1]
+            and not torch.compiler.is_compiling()):
+        return _FusedBiasAttention.apply(q, k, v, mask, q.shape[-1] ** -0.5 if scale is None else scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 
-def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias):
+class _FusedBiasAttention(torch.autograd.Function):
+    """``softmax(scale * q @ k^T + mask) @ v`` with a gradient to ``mask``, for CPU.
+
+    Forward: PyTorch's fused CPU attention kernel, which returns the output and the row log-sum-exp and saves no
+    ``(T, T)`` tensor. Backward: the probabilities are recomputed from the log-sum-exp for one block at a time and
+    the gradients of q, k, v and mask follow in closed form (``dS = P * (dO @ v^T - rowsum(dO * O))``), summed to
+    the mask's broadcast shape. Measured on CPU: faster than SDPA's math path and without its saved softmax.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale: float):
+        out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask,
+                                                                                    scale=scale)
+        ctx.save_for_backward(q, k, v, mask, out, logsumexp)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, mask, out, logsumexp = ctx.saved_tensors
+        dtypes = [t.dtype for t in (q, k, v, mask)]
+        work = torch.promote_types(q.dtype, torch.float32)  # half types recompute in float32
+        q, k, v, mask, out, grad_out = (t.to(work) for t in (q, k, v, mask, out, grad_out))
+        probs = torch.matmul(q, k.transpose(-2, -1)).mul_(ctx.scale).add_(mask)
+        probs = probs.sub_(logsumexp.to(work).unsqueeze(-1)).exp_()  # (B, heads, T, T)
+        grad_v = torch.matmul(probs.transpose(-2, -1), grad_out)
+        grad_logits = torch.matmul(grad_out, v.transpose(-2, -1))
+        grad_logits = grad_logits.sub_((grad_out * out).sum(-1, keepdim=True)).mul_(probs)
+        grad_q = torch.matmul(grad_logits, k).mul_(ctx.scale)
+        grad_k = torch.matmul(grad_logits.transpose(-2, -1), q).mul_(ctx.scale)
+        grad_mask = grad_logits.sum_to_size(mask.shape)
+        grads = (grad.to(dtype) for grad, dtype in zip((grad_q, grad_k, grad_v, grad_mask), dtypes))
+        return (*grads, None)
+
+
+def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias, qk_owned: bool = False):
     """q and k rotated, and the bias of the layout (``None`` without a bias encoding)."""
     grid = layout.grid
     if (rotary is not None or bias is not None) and q.shape[2] != layout.num_tokens:
         raise ValueError(f"q, k, v have {q.shape[2]} tokens but grid {grid.shape} with prefix={grid.prefix} has "
                          f"{layout.num_tokens}{'' if layout.keep is None else ' kept'}")
     if rotary is not None:
-        q, k = rotary(q, k, layout.unwrap())
+        in_place = {"in_place": True} if qk_owned and getattr(rotary, "supports_in_place", False) else {}
+        q, k = rotary(q, k, layout.unwrap(), **in_place)
     if bias is None:
         return q, k, None
     mask = bias(grid)
@@ -159,10 +210,11 @@ class Attention(nn.Module):
             got = f"width {x.shape[-1]} (shape {tuple(x.shape)})" if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x must be a (batch, tokens, dim={dim}) tensor, got {got}")
         gate = self.gate(x).sigmoid() if self.gate is not None else None
-        q, k, v = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
+        qkv = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
+        q, k, v = qkv[0], qkv[1], qkv[2]  # single views (not unbind's): a rotary may rotate q, k in place
         q, k = self.q_norm(q), self.k_norm(k)
         dropout_p = self.attn_drop.p if self.training and isinstance(self.attn_drop, nn.Dropout) else 0.0
-        out = attend(q, k, v, grid, self.rotary, self.bias, attn_mask, dropout_p=dropout_p)
+        out = attend(q, k, v, grid, self.rotary, self.bias, attn_mask, dropout_p=dropout_p, qk_owned=True)
         out = self.norm(rearrange(out, "b h t d -> b t (h d)"))
         if gate is not None:
             out = out * gate
