@@ -2,13 +2,16 @@
 results and, under "Reading these numbers", how to read them).
 
     python scripts/bench_speed.py [--device cpu|cuda] [--sections rope forward ...] [--pes rope_mixed ...]
-                                  [--repeats 5] [--min-run-time 0.25] [--scale-repeats 1] [--threads N]
-                                  [--compile-large] [--quick] [--out PATH]
+                                  [--repeats 5] [--slow-repeats 3] [--min-run-time 0.25] [--scale-repeats 1]
+                                  [--threads N] [--compile-large] [--quick] [--out PATH]
 
 Every time ratio compares timings taken in the same process, interleaved round-robin: each round times every
 function in turn for a block of calls lasting at least ``--min-run-time`` seconds, and the median of the rounds'
-per-call times is reported. Rows named ``... (control)`` repeat the baseline with a second, identical model or op:
-their gap to the baseline is the noise of the run. Sections (``--sections``, default all, in this order):
+per-call times is reported. The tables of the ViT-S/16 and Swin models at ``--batch`` 8 (ViT-S/16 eval forward and
+training step, timm, cache), whose calls take 0.5 to 2.5 s on CPU (a round is one call, 2-10x ``--min-run-time``),
+use ``--slow-repeats`` rounds. Rows named ``... (control)`` repeat the baseline with a second, identical model or
+op: their gap to the baseline is the noise of the run. Sections (``--sections``, default all but ``flex``, in this
+order):
 
 - ``rope``: RoPE apply on q and k of ViT-S/16 shape at batch 8 and 64, eager and compiled, vs a plain copy of q
   and k (the memory floor) and timm's ``apply_rot_embed_cat``.
@@ -23,6 +26,9 @@ their gap to the baseline is the noise of the run. Sections (``--sections``, def
 - ``cache``: alternating resolutions (224/256) vs fixed ones: the table caches at work.
 - ``scale``: large grids, batch 1 (ViT-S/16 at 1024 px, a 16-frame video): forward time and the position tables
   each encoding uses per forward.
+- ``flex`` (opt-in, not in the default list: ``--sections flex``): compiled FlexAttention with a ``score_mod`` vs SDPA
+  with the same bias materialised, for biases computed from token coordinates (ALiBi-2D, a Swin table), at ViT-S/16
+  shape and at 4096 tokens; and whether training through FlexAttention works on the device.
 
 ``--quick`` swaps every model for a tiny one and times one short round: a smoke test of the script, not a
 measurement. ``--out`` rewrites the file's tables and keeps its hand-written "Reading these numbers" section.
@@ -46,6 +52,8 @@ import timm
 import torch
 import torch.nn.functional as F
 import yaml
+from einops import rearrange
+from torch.nn.attention.flex_attention import flex_attention
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
@@ -56,7 +64,8 @@ import visionpe as vpe  # noqa: E402
 from visionpe.cache import TableCache  # noqa: E402
 from visionpe.rotary.rope import apply_rotary  # noqa: E402
 
-SECTIONS = ["rope", "forward", "train", "memory", "compile", "timm", "cache", "scale"]
+SECTIONS = ["rope", "forward", "train", "memory", "compile", "timm", "cache", "scale"]  # the default run
+OPT_IN = ["flex"]  # run only when named in --sections
 PES = ["learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]
 CONTROL = " (control)"
 TINY_RECIPE = ROOT / "configs" / "bench_vit_tiny.yaml"
@@ -109,6 +118,7 @@ class Plan:
     rope: tuple[int, tuple[int, int], int, tuple[int, ...]]  # heads, patch grid, head_dim, batches
     swin: dict[str, tuple[str, dict, tuple[int, int]]]  # (timm name, kwargs, input size) of Swin-T and SwinV2-T
     alt_size: tuple[int, int]  # the cache section's second input size
+    flex: tuple[int, int, tuple[tuple[int, int], ...]]  # heads, head_dim, (batch, grid side) of each flex table
 
 
 def tiny_recipe(batch: int | None = None) -> Setup:
@@ -138,7 +148,8 @@ def make_plan(quick: bool, batch: int) -> Plan:
             rope=(2, (4, 4), 16, (2, 4)),
             swin={"Swin-T": ("swin_tiny_patch4_window7_224", swin, (32, 32)),
                   "SwinV2-T": ("swinv2_tiny_window8_256", swin, (32, 32))},
-            alt_size=(48, 48))
+            alt_size=(48, 48),
+            flex=(2, 16, ((2, 4),)))
     return Plan(
         vit=Setup("vit_small_patch16_224 (ViT-S/16), 224 px", "vit_small_patch16_224", {}, batch, (224, 224)),
         tiny=tiny_recipe(),
@@ -149,7 +160,8 @@ def make_plan(quick: bool, batch: int) -> Plan:
         rope=(6, (14, 14), 64, (batch, 64)),
         swin={"Swin-T": ("swin_tiny_patch4_window7_224", {}, (224, 224)),
               "SwinV2-T": ("swinv2_tiny_window8_256", {}, (256, 256))},
-        alt_size=(256, 256))
+        alt_size=(256, 256),
+        flex=(6, 64, ((batch, 14), (1, 64))))
 
 
 @dataclass
@@ -163,6 +175,8 @@ class Run:
     pes: list[str]
     scale_repeats: int = 1
     compile_large: bool = False
+    slow_repeats: int = 3
+    steps: dict = field(default_factory=dict)  # setup label -> the training steps shared by train and memory
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -189,16 +203,29 @@ class Run:
             if elapsed >= self.min_run_time:
                 return elapsed / calls
 
+    def rounds(self, setup: Setup) -> int:
+        """``slow_repeats`` for the ViT-S/16 setup (a call lasts longer than ``min_run_time``: a round is one call),
+        ``repeats`` otherwise."""
+        return self.slow_repeats if setup == self.plan.vit else self.repeats
+
     def models(self, setup: Setup) -> dict[str, torch.nn.Module]:
         """``none``, ``none (control)`` (a second, identical model) and each encoding of ``--pes``."""
         names = ["none", "none" + CONTROL, *self.pes]
         return {name: setup.create(name.removesuffix(CONTROL), self.device) for name in names}
 
+    def train_steps(self, setup: Setup) -> dict[str, TrainStep]:
+        """A :class:`TrainStep` per model of :meth:`models`, made once and shared by the train and memory sections
+        (after the train section's steps, the memory section needs no warm-up step)."""
+        if setup.label not in self.steps:
+            x, y = setup.input(self.device), setup.labels(self.device)
+            self.steps[setup.label] = {pe: TrainStep(m, x, y) for pe, m in self.models(setup).items()}
+        return self.steps[setup.label]
 
-def timed_or_error(run: Run, fns: dict) -> dict:
+
+def timed_or_error(run: Run, fns: dict, repeats: int | None = None) -> dict:
     """Times the callable entries side by side; error strings are kept as they are."""
     callables = {k: f for k, f in fns.items() if callable(f)}
-    times = run.side_by_side(callables) if callables else {}
+    times = run.side_by_side(callables, repeats) if callables else {}
     return {k: times.get(k, f) for k, f in fns.items()}
 
 
@@ -224,9 +251,14 @@ def compiled(fn, *inputs):
     try:
         call()
     except Exception as error:  # a failing encoding is a row of the table, not the end of the run
-        first = (str(error).strip().splitlines() or [""])[0][:120].replace("|", "/")
-        return f"error: {type(error).__name__}: {first}", time.perf_counter() - start
+        return error_text(error), time.perf_counter() - start
     return call, time.perf_counter() - start
+
+
+def error_text(error: Exception) -> str:
+    """``error: Type: first line of the message`` (120 characters at most), fit for a table cell."""
+    first = (str(error).strip().splitlines() or [""])[0][:120].replace("|", "/")
+    return f"error: {type(error).__name__}: {first}"
 
 
 # -- report tables ----------------------------------------------------------------------------------------------
@@ -307,6 +339,8 @@ def rope_table(run: Run, batch: int, heads: int, shape, head_dim: int) -> Table:
     grid = vpe.Grid(shape, prefix=1)
     q = torch.randn(batch, heads, 1 + math.prod(shape), head_dim, device=run.device)
     k = torch.randn_like(q)
+    qkv = torch.randn(batch, q.shape[2], 3 * heads * head_dim, device=run.device)  # Attention's fused buffer
+    q_slice, k_slice, _ = rearrange(qkv, "b t (three h d) -> three b h t d", three=3, h=heads)
     axial = vpe.build("rope_axial", head_dim=head_dim, num_heads=heads).to(run.device).eval()
     mixed = vpe.build("rope_mixed", head_dim=head_dim, num_heads=heads).to(run.device).eval()
     cis = axial.cis(grid, run.device)
@@ -325,6 +359,7 @@ def rope_table(run: Run, batch: int, heads: int, shape, head_dim: int) -> Table:
             "copy q, k" + CONTROL: lambda: (q.clone(), k.clone()),
             "rope_axial, eager (cached table)": lambda: axial(q, k, grid),
             "rope_mixed, eager (cached table)": lambda: mixed(q, k, grid),
+            "rope_axial, eager, in place in a qkv buffer": lambda: axial(q_slice, k_slice, grid, in_place=True),
             "apply_rotary only, eager": lambda: (apply_rotary(q, cis), apply_rotary(k, cis)),
             "timm apply_rot_embed_cat, eager": timm_apply,
             "rope_axial, compiled (table in graph)": compiled(axial, q, k, grid)[0],
@@ -334,7 +369,9 @@ def rope_table(run: Run, batch: int, heads: int, shape, head_dim: int) -> Table:
     speedup = t["timm apply_rot_embed_cat, eager"] / t["rope_axial, eager (cached table)"]
     return versus(f"RoPE apply: q and k of shape {tuple(q.shape)}, float32", t, "copy q, k", "ms", ms,
                   name="apply", note=f"Eager visionpe rope_axial is {speedup:.2f}x faster than timm's eager "
-                                     "apply_rot_embed_cat. Compiled: `torch.compile(fullgraph=True)` of the module "
+                                     "apply_rot_embed_cat. In place: q and k sliced from one (B, T, 3 x dim) "
+                                     "buffer and rotated there, as `Attention` does (no output allocated). "
+                                     "Compiled: `torch.compile(fullgraph=True)` of the module "
                                      "(under compile the table is built inside the graph, not cached) and of the "
                                      "apply alone on the cached table.")
 
@@ -348,7 +385,7 @@ def forward_cost(run: Run) -> list[Table]:
         x = setup.input(run.device)
         models = {pe: m.eval() for pe, m in run.models(setup).items()}
         with torch.no_grad():
-            t = run.side_by_side({pe: (lambda m=m: m(x)) for pe, m in models.items()})
+            t = run.side_by_side({pe: (lambda m=m: m(x)) for pe, m in models.items()}, run.rounds(setup))
         tables.append(versus(f"Eval forward: {setup.label}, batch {setup.batch}", t, "none", "ms", ms,
                              encoding_limit))
     return tables
@@ -379,9 +416,7 @@ def train_cost(run: Run) -> list[Table]:
     """A training step of each encoding vs none, at ViT-S/16 and at the small training config."""
     tables = []
     for setup in (run.plan.vit, run.plan.tiny):
-        x, y = setup.input(run.device), setup.labels(run.device)
-        steps = {pe: TrainStep(m, x, y) for pe, m in run.models(setup).items()}
-        t = run.side_by_side(steps)
+        t = run.side_by_side(run.train_steps(setup), run.rounds(setup))
         tables.append(versus(f"Training step (forward + backward + AdamW): {setup.label}, batch {setup.batch}",
                              t, "none", "ms", ms, encoding_limit))
     return tables
@@ -447,11 +482,10 @@ def memory_cost(run: Run) -> list[Table]:
                 "kernel frees before returning are not seen)")
     tables = []
     for setup in (run.plan.vit, run.plan.tiny):
-        x, y = setup.input(run.device), setup.labels(run.device)
         peaks, held = {}, {}
-        for pe, model in run.models(setup).items():
-            step = TrainStep(model, x, y)
-            step()  # the optimizer state exists from here on
+        for pe, step in run.train_steps(setup).items():
+            if not step.optimizer.state:  # a first step (none if the train section ran): the optimizer state exists
+                step()
             peaks[pe] = step_peak_bytes(step, run.device)
             held[pe] = (megabytes(step.held_bytes()),)
         tables.append(versus(f"Training step peak memory: {setup.label}, batch {setup.batch}", peaks, "none",
@@ -508,7 +542,7 @@ def pairs_table(run: Run, pairs: dict, compile_models: bool = False) -> Table:
         else:
             fns = {"ours": lambda m=ours, x=x: m(x), "timm": lambda m=ref, x=x: m(x)}
         with torch.no_grad():
-            t = timed_or_error(run, fns)
+            t = timed_or_error(run, fns, run.slow_repeats)
         ok = all(not isinstance(v, str) for v in t.values())
         rows.append((name, *(v if isinstance(v, str) else ms(v) for v in t.values()),
                      f"{t['ours'] / t['timm']:.3f}x" if ok else "-"))
@@ -534,7 +568,7 @@ def cache_hits(run: Run) -> list[Table]:
         a, b = vit.input(run.device), vit.input(run.device, other)
         with torch.no_grad():
             t = run.side_by_side({"fixed": lambda: model(a), "alternating": lambda: (model(a), model(b)),
-                                  "fixed other": lambda: model(b)})
+                                  "fixed other": lambda: model(b)}, run.rounds(vit))
         # alternating does one forward at each size: compare with the sum of the fixed-size forwards
         expected = t["fixed"] + t["fixed other"]
         rows.append((pe, ms(t["alternating"]), ms(expected), f"{t['alternating'] / expected:.3f}x"))
@@ -678,10 +712,123 @@ def table_cells(forwards: list[ForwardTables]) -> tuple:
             f"{size(first)} / {size(last)}", largest, "met" if once else "NOT met")
 
 
+# -- 8. FlexAttention vs SDPA with a materialised bias (opt-in) -------------------------------------------------
+
+def grid_coords(side: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row and column of each token of a ``side x side`` grid, row-major."""
+    rows, cols = torch.meshgrid(torch.arange(side, device=device), torch.arange(side, device=device), indexing="ij")
+    return rows.flatten(), cols.flatten()
+
+
+def alibi_2d_bias(heads: int, side: int, device):
+    """ALiBi-2D as ``bias(h, q, kv)``: ``-slope[h]`` times the euclidean distance of the query's and the key's grid
+    coordinates, with ALiBi's geometric slopes ``2 ** (-8 (h + 1) / heads)``. The arguments are index tensors that
+    broadcast: scalars inside ``score_mod``, a whole (heads, T, T) grid for the dense mask."""
+    rows, cols = grid_coords(side, device)
+    slopes = 2 ** (-8 / heads * torch.arange(1, heads + 1, device=device))
+
+    def bias(h, q, kv):
+        dy, dx = (rows[q] - rows[kv]).float(), (cols[q] - cols[kv]).float()
+        return -slopes[h] * torch.sqrt(dy * dy + dx * dx)
+    return bias
+
+
+def swin_table_bias(heads: int, side: int, device):
+    """A Swin relative position bias as ``bias(h, q, kv)``: a learned ``((2 side - 1)^2, heads)`` table (random here,
+    of the scores' order of magnitude) gathered at the offset of the query's and the key's grid coordinates."""
+    rows, cols = grid_coords(side, device)
+    span = 2 * side - 1
+    table = (0.5 * torch.randn(span * span, heads, generator=torch.Generator().manual_seed(0))).to(device)
+
+    def bias(h, q, kv):
+        return table[(rows[q] - rows[kv] + side - 1) * span + cols[q] - cols[kv] + side - 1, h]
+    return bias
+
+
+FLEX_BIASES = {"ALiBi-2D": alibi_2d_bias, "Swin table": swin_table_bias}
+
+
+def dense_bias(bias, heads: int, tokens: int, device) -> torch.Tensor:
+    """``bias`` at every head, query and key: the ``(1, heads, T, T)`` float mask that SDPA adds to its scores."""
+    index = torch.arange(tokens, device=device)
+    return bias(torch.arange(heads, device=device)[:, None, None], index[:, None], index).unsqueeze(0)
+
+
+def score_mod(bias):
+    """FlexAttention's ``score_mod`` adding ``bias(h, q, kv)`` to each score."""
+    return lambda score, b, h, q, kv: score + bias(h, q, kv)
+
+
+def flex_cost(run: Run) -> list[Table]:
+    """Per size of the plan, compiled FlexAttention vs SDPA with the same bias as a mask; then whether training
+    through FlexAttention works on this device."""
+    heads, head_dim, sizes = run.plan.flex
+    tables = [flex_table(run, batch, side, heads, head_dim) for batch, side in sizes]
+    return tables + [flex_training(run, *sizes[0], heads, head_dim)]
+
+
+def qkv(run: Run, batch: int, tokens: int, heads: int, head_dim: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randn(batch, heads, tokens, head_dim, generator=generator).to(run.device) for _ in range(3)]
+
+
+def flex_table(run: Run, batch: int, side: int, heads: int, head_dim: int) -> Table:
+    """SDPA without a mask (the floor), with each bias precomputed or built in each call, and compiled
+    ``flex_attention`` computing the bias in its ``score_mod``, all timed side by side."""
+    tokens, device, sdpa = side * side, run.device, F.scaled_dot_product_attention
+    q, k, v = qkv(run, batch, tokens, heads, head_dim)
+    fns = {"SDPA, no mask": lambda: sdpa(q, k, v), "SDPA, no mask" + CONTROL: lambda: sdpa(q, k, v)}
+    notes = []
+    for case, make in FLEX_BIASES.items():
+        bias = make(heads, side, device)
+        mask, mod = dense_bias(bias, heads, tokens, device), score_mod(bias)
+        flex, seconds = compiled(lambda mod=mod: flex_attention(q, k, v, score_mod=mod))
+        fns |= {f"{case}: SDPA + bias precomputed": lambda mask=mask: sdpa(q, k, v, attn_mask=mask),
+                f"{case}: SDPA + bias built per call":
+                    lambda bias=bias: sdpa(q, k, v, attn_mask=dense_bias(bias, heads, tokens, device)),
+                f"{case}: flex_attention + score_mod, compiled": flex}
+        if callable(flex):
+            with torch.no_grad():
+                diff = (flex() - sdpa(q, k, v, attn_mask=mask)).abs().max().item()
+            notes.append(f"{case}: compiled in {seconds:.1f} s, max abs difference to SDPA + bias {diff:.1e}")
+    with torch.no_grad():
+        t = timed_or_error(run, fns)
+    return versus(f"FlexAttention vs SDPA with a (1, heads, T, T) bias: batch {batch}, {heads} heads, {tokens} tokens "
+                  f"({side}x{side} grid), head dim {head_dim}, float32", t, "SDPA, no mask", "ms", ms, name="attention",
+                  note=f"Flex: `torch.compile(fullgraph=True)` of `flex_attention` with a `score_mod` computing the "
+                       f"bias from the token coordinates; SDPA: the same bias as a {mask.nbytes / MB:.3g} MB float "
+                       f"mask. ALiBi-2D: -slope[h] x euclidean grid distance; Swin table: a learned "
+                       f"{(2 * side - 1) ** 2} x {heads} table (one row per 2D offset) gathered at the coordinate "
+                       f"offset. {'; '.join(notes)}.")
+
+
+def flex_training(run: Run, batch: int, side: int, heads: int, head_dim: int) -> Table:
+    """Forward + backward through compiled ``flex_attention`` with q, k, v requiring grad: the gradients' difference to
+    SDPA + bias, or the error it raises."""
+    tokens, device = side * side, run.device
+    q, k, v = (t.requires_grad_() for t in qkv(run, batch, tokens, heads, head_dim))
+    grad_out = torch.randn_like(q)
+    # not fullgraph: dynamo would report an error raised inside flex_attention as "Unsupported: Observed exception"
+    flex = torch.compile(flex_attention, dynamic=False)
+    rows = []
+    for case, make in FLEX_BIASES.items():
+        bias = make(heads, side, device)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_bias(bias, heads, tokens, device))
+        expected = torch.autograd.grad(out, (q, k, v), grad_out)
+        try:
+            grads = torch.autograd.grad(flex(q, k, v, score_mod=score_mod(bias)), (q, k, v), grad_out)
+            diff = max((g - e).abs().max().item() for g, e in zip(grads, expected))
+            rows.append((case, f"works: max abs difference of the q, k, v gradients to SDPA + bias {diff:.1e}"))
+        except Exception as error:
+            rows.append((case, error_text(error)))
+    return Table(f"Training through FlexAttention on {device.type}: forward + backward of compiled flex_attention, "
+                 f"q, k, v requiring grad, batch {batch}, {tokens} tokens", ["bias", "forward + backward"], rows)
+
+
 # -- the report -------------------------------------------------------------------------------------------------
 
 RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "memory": memory_cost,
-           "compile": compiled_cost, "timm": versus_timm, "cache": cache_hits, "scale": scale_cost}
+           "compile": compiled_cost, "timm": versus_timm, "cache": cache_hits, "scale": scale_cost, "flex": flex_cost}
 READING = "## Reading these numbers"
 
 
@@ -691,8 +838,9 @@ def header(run: Run, argv: list[str]) -> list[str]:
     command = " ".join(["python scripts/bench_speed.py", *argv])
     return ["# Performance", "", f"Made by `{command}`.", "",
             f"Device: {device}; torch {torch.__version__}, timm {timm.__version__}; medians over {run.repeats} "
-            f"interleaved rounds of at least {run.min_run_time} s per row. Only ratios measured side by side mean "
-            f"anything. Targets: time and memory of an encoding <= 1.05x none (peg <= 1.10x).", ""]
+            f"interleaved rounds ({run.slow_repeats} for the ViT-S/16 and Swin tables at batch {run.plan.vit.batch}: "
+            f"eval forward, training step, timm, cache) of at least {run.min_run_time} s per row. Only ratios measured "
+            f"side by side mean anything. Targets: time and memory of an encoding <= 1.05x none (peg <= 1.10x).", ""]
 
 
 def write_report(path: Path, text: str) -> None:
@@ -708,9 +856,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--batch", type=int, default=8, help="batch of the ViT-S/16 sections (default 8)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per measurement")
+    parser.add_argument("--slow-repeats", type=int, default=3,
+                        help="interleaved rounds of the ViT-S/16 and Swin tables (forward, train, timm, cache), "
+                             "whose rows are single calls of 0.5-2.5 s on CPU (default 3)")
     parser.add_argument("--min-run-time", type=float, default=0.25, help="seconds of calls per row and round")
     parser.add_argument("--scale-repeats", type=int, default=1, help="timed rounds of the large-grid section")
-    parser.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
+    parser.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS + OPT_IN,
+                        help=f"default: {' '.join(SECTIONS)}; opt-in: {' '.join(OPT_IN)}")
     parser.add_argument("--pes", nargs="+", default=PES, choices=PES, help="encodings compared with none")
     parser.add_argument("--compile-large", action="store_true",
                         help="compile section: also compiled visionpe vs compiled timm ViT-S/16 and Swin-T (slow)")
@@ -728,18 +880,20 @@ def main(argv: list[str] | None = None) -> str:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.quick:
-        args.repeats, args.min_run_time, args.scale_repeats = 1, 0.01, 1
+        args.repeats, args.slow_repeats, args.min_run_time, args.scale_repeats = 1, 1, 0.01, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     allow_recompiles()
     run = Run(torch.device(args.device), args.repeats, args.min_run_time, make_plan(args.quick, args.batch),
-              args.pes, args.scale_repeats, args.compile_large)
+              args.pes, args.scale_repeats, args.compile_large, args.slow_repeats)
     out = header(run, argv)
-    for key in args.sections:
+    for i, key in enumerate(args.sections):
         start = time.perf_counter()
         for table in RUNNERS[key](run):
             print(table.markdown() + "\n", flush=True)
             out += [table.markdown(), ""]
+        if not {"train", "memory"} & set(args.sections[i + 1:]):
+            run.steps.clear()  # the training steps shared by train and memory: models and optimizer state
         print(f"[{key}: {time.perf_counter() - start:.0f} s]\n", file=sys.stderr, flush=True)
     report = "\n".join(out)
     if args.out:

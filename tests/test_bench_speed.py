@@ -1,9 +1,11 @@
 """scripts/bench_speed.py: a ``--quick`` run writes every section's table with finite ratios (to a temporary file,
-never docs/PERFORMANCE.md); the CPU memory tracker and the table census count what they claim."""
+never docs/PERFORMANCE.md), the opt-in flex section included; the CPU memory tracker and the table census count what
+they claim."""
 from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -90,8 +92,12 @@ def test_quick_run_writes_every_section(tmp_path, one_thread):
                ("2", "1 / 1", "1 / 0")
         assert all(row["built once"] == "met" for row in rows)
     # memory is deterministic: the control model's peak equals none's
-    for _, rows in check_section(tables, "memory"):
+    memory = check_section(tables, "memory")
+    for _, rows in memory:
         assert rows[1]["vs none"] == "1.000x"
+    # ... and the same whether its steps follow the train section's (shared) or are its own (after a warm-up step)
+    alone = BENCH.main(["--quick", "--threads", "1", "--sections", "memory"])
+    assert check_section(parse_tables(alone), "memory") == memory
 
 
 def test_quick_compile_section(tmp_path, one_thread):
@@ -120,3 +126,37 @@ def test_report_keeps_the_hand_written_reading_section(tmp_path):
     path.write_text("# Performance\n\nold tables\n\n## Reading these numbers\n\nBy hand.\n")
     BENCH.write_report(path, "# Performance\n\nnew tables\n")
     assert path.read_text() == "# Performance\n\nnew tables\n\n## Reading these numbers\n\nBy hand.\n"
+
+
+def test_quick_flex_section(one_thread):
+    assert "flex" not in BENCH.SECTIONS and BENCH.parse_args([]).sections == BENCH.SECTIONS  # opt-in
+    report = BENCH.main(["--quick", "--threads", "1", "--sections", "flex"])
+    tables = parse_tables(report)
+    [(title, rows)] = [(t, r) for t, r in tables.items() if t.startswith("FlexAttention vs SDPA")]
+    assert "16 tokens (4x4 grid)" in title
+    kinds = ["SDPA + bias precomputed", "SDPA + bias built per call", "flex_attention + score_mod, compiled"]
+    assert [row["attention"] for row in rows] == ["SDPA, no mask", "SDPA, no mask (control)",
+                                                  *(f"{case}: {kind}" for case in BENCH.FLEX_BIASES for kind in kinds)]
+    assert not any(row["ms"].startswith("error") for row in rows), rows
+    assert all(math.isfinite(ratio(row["vs SDPA, no mask"])) and ratio(row["vs SDPA, no mask"]) > 0 for row in rows)
+    diffs = re.findall(r"compiled in [0-9.]+ s, max abs difference to SDPA \+ bias ([0-9.]+e[+-][0-9]+)", report)
+    assert len(diffs) == 2 and all(float(d) < 1e-4 for d in diffs), diffs
+    # training through flex: works, or the error's type and first line (CPU: no FlexAttention backward in torch 2.x)
+    [(title, rows)] = [(t, r) for t, r in tables.items() if t.startswith("Training through FlexAttention on cpu")]
+    assert [row["bias"] for row in rows] == list(BENCH.FLEX_BIASES)
+    for row in rows:
+        cell = row["forward + backward"]
+        assert cell.startswith("works: max abs difference") or re.match(r"error: \w+: \S", cell), cell
+
+
+def test_dense_biases_match_their_definitions():
+    """The SDPA masks of the flex section: ALiBi-2D is -slope x grid distance, the Swin bias a gather by offset."""
+    side, heads = 3, 2
+    alibi = BENCH.dense_bias(BENCH.alibi_2d_bias(heads, side, "cpu"), heads, side * side, "cpu")
+    assert alibi.shape == (1, heads, 9, 9)
+    # token 0 is (0, 0), token 8 is (2, 2): distance 2 sqrt(2); slopes 2 ** (-8 (h + 1) / heads)
+    assert torch.allclose(alibi[0, :, 0, 8], -torch.tensor([2 ** -4, 2 ** -8]) * 2 * math.sqrt(2))
+    assert torch.equal(alibi[0, :, 4, 4], torch.zeros(heads))
+    swin = BENCH.dense_bias(BENCH.swin_table_bias(heads, side, "cpu"), heads, side * side, "cpu")
+    # equal offsets, equal bias: (0, 0) -> (1, 1) and (1, 1) -> (2, 2); the opposite offset differs
+    assert torch.equal(swin[0, :, 0, 4], swin[0, :, 4, 8]) and not torch.equal(swin[0, :, 0, 4], swin[0, :, 4, 0])
