@@ -52,7 +52,6 @@ import timm
 import torch
 import torch.nn.functional as F
 import yaml
-from einops import rearrange
 from torch.nn.attention.flex_attention import flex_attention
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -339,8 +338,6 @@ def rope_table(run: Run, batch: int, heads: int, shape, head_dim: int) -> Table:
     grid = vpe.Grid(shape, prefix=1)
     q = torch.randn(batch, heads, 1 + math.prod(shape), head_dim, device=run.device)
     k = torch.randn_like(q)
-    qkv = torch.randn(batch, q.shape[2], 3 * heads * head_dim, device=run.device)  # Attention's fused buffer
-    q_slice, k_slice, _ = rearrange(qkv, "b t (three h d) -> three b h t d", three=3, h=heads)
     axial = vpe.build("rope_axial", head_dim=head_dim, num_heads=heads).to(run.device).eval()
     mixed = vpe.build("rope_mixed", head_dim=head_dim, num_heads=heads).to(run.device).eval()
     cis = axial.cis(grid, run.device)
@@ -359,7 +356,6 @@ def rope_table(run: Run, batch: int, heads: int, shape, head_dim: int) -> Table:
             "copy q, k" + CONTROL: lambda: (q.clone(), k.clone()),
             "rope_axial, eager (cached table)": lambda: axial(q, k, grid),
             "rope_mixed, eager (cached table)": lambda: mixed(q, k, grid),
-            "rope_axial, eager, in place in a qkv buffer": lambda: axial(q_slice, k_slice, grid, in_place=True),
             "apply_rotary only, eager": lambda: (apply_rotary(q, cis), apply_rotary(k, cis)),
             "timm apply_rot_embed_cat, eager": timm_apply,
             "rope_axial, compiled (table in graph)": compiled(axial, q, k, grid)[0],
@@ -369,9 +365,7 @@ def rope_table(run: Run, batch: int, heads: int, shape, head_dim: int) -> Table:
     speedup = t["timm apply_rot_embed_cat, eager"] / t["rope_axial, eager (cached table)"]
     return versus(f"RoPE apply: q and k of shape {tuple(q.shape)}, float32", t, "copy q, k", "ms", ms,
                   name="apply", note=f"Eager visionpe rope_axial is {speedup:.2f}x faster than timm's eager "
-                                     "apply_rot_embed_cat. In place: q and k sliced from one (B, T, 3 x dim) "
-                                     "buffer and rotated there, as `Attention` does (no output allocated). "
-                                     "Compiled: `torch.compile(fullgraph=True)` of the module "
+                                     "apply_rot_embed_cat. Compiled: `torch.compile(fullgraph=True)` of the module "
                                      "(under compile the table is built inside the graph, not cached) and of the "
                                      "apply alone on the cached table.")
 

@@ -13,7 +13,7 @@ from .grid import Grid, Layout, MixedLayout, as_layout
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layout | MixedLayout,
            rotary: nn.Module | None = None,
            bias: nn.Module | None = None, attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-           scale: float | None = None, qk_owned: bool = False) -> torch.Tensor:
+           scale: float | None = None) -> torch.Tensor:
     """Attention over a grid's tokens with optional rotary and bias encodings.
 
     Args:
@@ -26,8 +26,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
         bias: a bias-family module, ``bias(grid) -> (heads, P + N, P + N)``.
         attn_mask: extra additive float mask broadcastable to ``(B, heads, T, T)`` (e.g. Swin's shift mask)
             or a boolean mask (True = attend).
-        qk_owned: the caller owns q and k (e.g. slices of its own fused qkv output) and lets a rotary encoding
-            that ``supports_in_place`` rotate them in place: attention then saves no rotated copies for the backward.
     Returns:
         ``(B, heads, P + N, v_head_dim)``.
     """
@@ -38,7 +36,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
     if isinstance(grid, MixedLayout):
         q, k, mask = _mixed_positions(q, k, grid, rotary, bias)
     else:
-        q, k, mask = _positions(q, k, as_layout(grid), rotary, bias, qk_owned)
+        q, k, mask = _positions(q, k, as_layout(grid), rotary, bias)
     if attn_mask is not None:
         expected = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         if not isinstance(attn_mask, torch.Tensor) or attn_mask.ndim > 4 or not _broadcasts(attn_mask.shape, expected):
@@ -99,15 +97,14 @@ class _FusedBiasAttention(torch.autograd.Function):
         return (*grads, None)
 
 
-def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias, qk_owned: bool = False):
+def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias):
     """q and k rotated, and the bias of the layout (``None`` without a bias encoding)."""
     grid = layout.grid
     if (rotary is not None or bias is not None) and q.shape[2] != layout.num_tokens:
         raise ValueError(f"q, k, v have {q.shape[2]} tokens but grid {grid.shape} with prefix={grid.prefix} has "
                          f"{layout.num_tokens}{'' if layout.keep is None else ' kept'}")
     if rotary is not None:
-        in_place = {"in_place": True} if qk_owned and getattr(rotary, "supports_in_place", False) else {}
-        q, k = rotary(q, k, layout.unwrap(), **in_place)
+        q, k = rotary(q, k, layout.unwrap())
     if bias is None:
         return q, k, None
     mask = bias(grid)
@@ -210,11 +207,10 @@ class Attention(nn.Module):
             got = f"width {x.shape[-1]} (shape {tuple(x.shape)})" if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x must be a (batch, tokens, dim={dim}) tensor, got {got}")
         gate = self.gate(x).sigmoid() if self.gate is not None else None
-        qkv = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
-        q, k, v = qkv[0], qkv[1], qkv[2]  # single views (not unbind's): a rotary may rotate q, k in place
+        q, k, v = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
         q, k = self.q_norm(q), self.k_norm(k)
         dropout_p = self.attn_drop.p if self.training and isinstance(self.attn_drop, nn.Dropout) else 0.0
-        out = attend(q, k, v, grid, self.rotary, self.bias, attn_mask, dropout_p=dropout_p, qk_owned=True)
+        out = attend(q, k, v, grid, self.rotary, self.bias, attn_mask, dropout_p=dropout_p)
         out = self.norm(rearrange(out, "b h t d -> b t (h d)"))
         if gate is not None:
             out = out * gate

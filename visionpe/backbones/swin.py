@@ -53,8 +53,7 @@ class WindowAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """``x: (num_windows * B, Wh * Ww, C)``; ``mask: (num_windows, N, N)`` shift mask or None."""
-        qkv = rearrange(self._qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
-        q, k, v = qkv[0], qkv[1], qkv[2]  # single views (not unbind's): a rotary may rotate q, k in place
+        q, k, v = rearrange(self._qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
         scale = None
         if self.cosine:
             logit_scale = torch.clamp(self.logit_scale, max=math.log(1.0 / 0.01)).exp()
@@ -63,7 +62,7 @@ class WindowAttention(nn.Module):
             num_windows = mask.shape[0]
             mask = rearrange(mask.expand(x.shape[0] // num_windows, -1, -1, -1), "b w n m -> (b w) 1 n m")
         out = attend(q, k, v, Grid(self.window_size), self.rotary, self.bias, mask,
-                     dropout_p=self.attn_drop.p if self.training else 0.0, scale=scale, qk_owned=True)
+                     dropout_p=self.attn_drop.p if self.training else 0.0, scale=scale)
         return self.proj_drop(self.proj(rearrange(out, "b h t d -> b t (h d)")))
 
 

@@ -142,8 +142,7 @@ class VideoWindowAttention(WindowAttention):
             x = torch.roll(x, shifts=tuple(-s for s in shift), dims=(1, 2, 3))
         wt, wh, ww = window
         windows = rearrange(x, "b (nt wt) (nh wh) (nw ww) c -> (b nt nh nw) (wt wh ww) c", wt=wt, wh=wh, ww=ww)
-        qkv = rearrange(self.qkv(windows), "n t (three h d) -> three n h t d", three=3, h=self.num_heads)
-        q, k, v = qkv[0], qkv[1], qkv[2]  # single views (not unbind's): a rotary may rotate q, k in place
+        q, k, v = rearrange(self.qkv(windows), "n t (three h d) -> three n h t d", three=3, h=self.num_heads)
 
         mask = self._table_bias(window)
         bias = self.bias if mask is None else None
@@ -154,7 +153,7 @@ class VideoWindowAttention(WindowAttention):
             shifted = rearrange(shifted[None].expand(b, -1, -1, -1), "b nw n m -> (b nw) 1 n m")
             mask = shifted if mask is None else mask + shifted
         out = attend(q, k, v, Grid(window), self.rotary, bias, mask,
-                     dropout_p=self.attention_dropout if self.training else 0.0, qk_owned=True)
+                     dropout_p=self.attention_dropout if self.training else 0.0)
         out = F.dropout(self.proj(rearrange(out, "n h t d -> n t (h d)")), p=self.dropout, training=self.training)
 
         nt, nh, nw = (p // k for p, k in zip(padded, window))

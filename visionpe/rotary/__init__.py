@@ -1,6 +1,6 @@
 """Rotary family: rotations of queries and keys inside attention."""
 from ._base import RotaryEncoding, rope_kernel
-from .rope import AxialRoPE, MixedRoPE, RoPE, apply_rotary, apply_rotary_
+from .rope import AxialRoPE, MixedRoPE, RoPE, apply_rotary
 from .scaling import SCALINGS
 
-__all__ = ["AxialRoPE", "MixedRoPE", "RoPE", "RotaryEncoding", "SCALINGS", "apply_rotary", "apply_rotary_", "rope_kernel"]
+__all__ = ["AxialRoPE", "MixedRoPE", "RoPE", "RotaryEncoding", "SCALINGS", "apply_rotary", "rope_kernel"]

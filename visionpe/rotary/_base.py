@@ -24,9 +24,6 @@ class RotaryEncoding(Encoding):
     """
 
     family = "rotary"
-    #: ``forward(q, k, grid, in_place=True)`` may overwrite q and k; :func:`~visionpe.attend` asks for it when
-    #: the caller owns them (``qk_owned``), which saves their rotated copies' memory in training.
-    supports_in_place = False
 
     def cis(self, grid: Grid, device=None) -> torch.Tensor:
         raise NotImplementedError

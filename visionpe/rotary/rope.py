@@ -132,67 +132,6 @@ def apply_rotary(x: torch.Tensor, cis: torch.Tensor, pairs: str = "interleaved")
     return torch.cat([xc.real, xc.imag], dim=-1).type_as(x)
 
 
-def apply_rotary_(q: torch.Tensor, k: torch.Tensor, cis: torch.Tensor,
-                  pairs: str = "interleaved") -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`apply_rotary` of q and k that overwrites them when it can (float32, interleaved pairs, eager; q and
-    k either in separate memory or equal slices of one buffer) and returns them; elsewhere
-    ``apply_rotary(q, cis, pairs), apply_rotary(k, cis, pairs)``.
-
-    For a caller that owns q and k (slices of a fused qkv buffer): the rotated q and k that attention saves for
-    the backward are then the buffer itself, not a second copy. Gradients flow to q, k and a learned ``cis`` (the
-    inputs are recovered as ``rotated / cis``); autograd's version check still catches a later in-place change.
-    """
-    if pairs == "interleaved" and not torch.compiler.is_compiling():
-        if q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr():
-            views = [_complex_view(q), _complex_view(k)]
-        else:
-            views = [_complex_view(_stacked(q, k))]
-        if all(view is not None for view in views):
-            for view in views:
-                _RotateInPlace.apply(view, cis)
-            return q, k
-    return apply_rotary(q, cis, pairs), apply_rotary(k, cis, pairs)
-
-
-def _stacked(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
-    """``(2, *q.shape)``, a view of q and k when they are equal slices of one buffer (k after q), or None."""
-    gap = k.storage_offset() - q.storage_offset()
-    if q.shape != k.shape or q.stride() != k.stride() or q.dtype != k.dtype or gap <= 0:
-        return None
-    return q.as_strided((2, *q.shape), (gap, *q.stride()))
-
-
-def _complex_view(x: torch.Tensor | None) -> torch.Tensor | None:
-    """``x: (..., head_dim)`` float32 as ``(..., head_dim / 2)`` complex64 sharing its memory, or None."""
-    if x is None or x.dtype != torch.float32:
-        return None
-    x_pairs = rearrange(x, "... (p two) -> ... p two", two=2)
-    if x_pairs.stride(-1) != 1 or x_pairs.storage_offset() % 2 or any(s % 2 for s in x_pairs.stride()[:-1]):
-        return None
-    return torch.view_as_complex(x_pairs)
-
-
-class _RotateInPlace(torch.autograd.Function):
-    """``x *= cis`` on complex ``x``, in place, differentiable in ``x`` and ``cis``."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
-        x.mul_(cis)
-        ctx.mark_dirty(x)
-        ctx.save_for_backward(x, cis)
-        return x
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        rotated, cis = ctx.saved_tensors
-        grad_x = grad * cis.conj() if ctx.needs_input_grad[0] else None
-        grad_cis = None
-        if ctx.needs_input_grad[1]:  # grad * conj(rotated / cis), summed over what cis broadcasts over
-            grad_cis = (grad * rotated.conj()).sum_to_size(cis.shape).div_(cis.conj())
-        return grad_x, grad_cis
-
-
 class RoPE(RotaryEncoding):
     """Rotary embedding from frequency vectors; use :class:`AxialRoPE` or :class:`MixedRoPE`.
 
@@ -209,8 +148,6 @@ class RoPE(RotaryEncoding):
     per call shared by q, k and all heads, on the coordinates in component order (``axis_order``, timm's
     ``grid_indexing``), so the same RNG state gives timm's transform; augmented rotations are never cached.
     """
-
-    supports_in_place = True
 
     def __init__(self, head_dim: int, num_heads: int, ndim: int, freqs: torch.Tensor, band_fraction: torch.Tensor,
                  learnable: bool, pairs: str, scaling: str, ref_shape, yarn_alpha: float, yarn_beta: float,
@@ -320,16 +257,12 @@ class RoPE(RotaryEncoding):
             raise ValueError(f"q/k have {x.shape[-3]} heads but {type(self).__name__} was built with "
                              f"num_heads={heads}")
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid | Layout,
-                in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q and k by one table (in training mode with augmentation set: one fresh draw for both);
-        ``in_place=True`` may overwrite q and k (:func:`apply_rotary_`), for a caller that owns them."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid | Layout) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q and k by one table (in training mode with augmentation set: one fresh draw for both)."""
         layout = as_layout(grid)
         self._check_input(q, layout)
         self._check_input(k, layout)
         rows = layout.rows(self.cis(layout.grid, q.device, augment=self.training))
-        if in_place:
-            return apply_rotary_(q, k, rows, self.pairs)
         return apply_rotary(q, rows, self.pairs), apply_rotary(k, rows, self.pairs)
 
     @classmethod
