@@ -202,3 +202,31 @@ def test_every_encoding_forward_backward(name, ndim, autocast):
     for pname, p in params.items():
         assert p.dtype == torch.float32
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, pname
+
+
+@pytest.mark.parametrize("model_name, pe", [("vit_tiny_patch16_224", "rel_bias"), ("vit_tiny_patch16_224", "cpb"),
+                                            ("swin_tiny_patch4_window7_224", "swin_bias"),
+                                            ("swinv2_tiny_window8_256", "cpb")])
+def test_models_train_the_same_through_the_fused_bias_path(model_name, pe, monkeypatch):
+    """In a training step every gradient (learned bias tables, cpb MLP, Swin's shifted windows) equals SDPA's own
+    path; the fused path is the one taken."""
+    import visionpe.attention as attention
+    kwargs = dict(img_size=32, num_classes=4)
+    if model_name.startswith("vit"):
+        kwargs |= dict(patch_size=8, embed_dim=32, depth=2, num_heads=2)
+    else:
+        kwargs |= dict(patch_size=4, window_size=4, embed_dim=16, depths=(2, 1), num_heads=(2, 2))
+    torch.manual_seed(0)
+    model = vpe.create_model(model_name, pe=pe, **kwargs).train()
+    x = torch.randn(2, 3, 32, 32)
+    calls = []
+    fused = attention._FusedBiasAttention.apply
+    monkeypatch.setattr(attention._FusedBiasAttention, "apply", lambda *a: calls.append(1) or fused(*a))
+    grads = torch.autograd.grad(model(x).square().sum(), list(model.parameters()))
+    assert calls  # the learned bias took the fused path
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(attention, "_sdpa", lambda q, k, v, mask, p, scale: sdpa(q, k, v, attn_mask=mask, dropout_p=p,
+                                                                              scale=scale))
+    expected = torch.autograd.grad(model(x).square().sum(), list(model.parameters()))
+    for (name, _), grad, reference in zip(model.named_parameters(), grads, expected):
+        torch.testing.assert_close(grad, reference, rtol=1e-4, atol=1e-5, msg=name)
