@@ -192,3 +192,29 @@ def test_bias_translation_invariant(name, shape):
     pe = vpe.build(name, num_heads=2, **kw)
     with torch.no_grad():
         shifted_pairs_equal(pe(Grid(shape)), shape)
+
+
+@pytest.mark.parametrize("shape, window, prefix, entries", [((3, 4), (3, 4), 0, False), ((3, 4), (4, 5), 2, False),
+                                                           ((2, 2, 3), (2, 3, 3), 1, True), ((5,), (6,), 3, True)])
+def test_pair_bias_is_the_gathered_table_with_prefix_rows(shape, window, prefix, entries):
+    """pair_bias (one gather through a cached pair index) equals the offset table gathered at grid_offset_index with
+    prefix rows and columns zero or BEiT's three entries, values and gradients."""
+    from visionpe.bias._base import pair_bias
+    table = torch.randn(math.prod(2 * w - 1 for w in window), 2, requires_grad=True)
+    extra = torch.randn(3, 2, requires_grad=True) if entries else None
+    grid = Grid(shape, prefix=prefix)
+    patches = table[grid_offset_index(shape, window)].permute(2, 0, 1)
+    expected = torch.zeros(2, grid.num_tokens, grid.num_tokens)
+    if entries:
+        expected[:, :prefix, :] = extra[0][:, None, None]  # prefix -> patch
+        expected[:, :, :prefix] = extra[1][:, None, None]  # patch -> prefix
+        expected[:, :prefix, :prefix] = extra[2][:, None, None]  # prefix -> prefix
+    expected[:, prefix:, prefix:] = patches
+    result = pair_bias(table, grid, window, extra)
+    assert result.is_contiguous()
+    torch.testing.assert_close(result, expected, rtol=0, atol=0)
+    leaves = [table] + ([extra] if entries else [])
+    upstream = torch.randn_like(result)
+    for grad, reference in zip(torch.autograd.grad(result, leaves, upstream),
+                               torch.autograd.grad(expected, leaves, upstream)):
+        torch.testing.assert_close(grad, reference)

@@ -53,11 +53,11 @@ def test_cache_copies_empty_and_pickles_without_its_tables():
 def test_shared_tables_are_built_once_per_forward_at_large_grids():
     """ALiBi (one module for every block) keeps its table whatever its size, and rel_bias blocks share one offset
     index: at 4096 tokens each is built once, not once per block."""
-    from visionpe.bias.relative import OFFSET_INDEX
+    from visionpe.bias._base import PAIR_INDEX
     for pe in ("alibi", "rel_bias"):
         model = vpe.create_model("vit_tiny_patch16_224", pe=pe, img_size=32, patch_size=4, embed_dim=16, depth=3,
                                  num_heads=2, num_classes=3).eval()
-        OFFSET_INDEX.clear()
+        PAIR_INDEX.clear()
         builds = []
         if pe == "alibi":
             (module,) = {id(m): m for m in vpe.encodings_of(model)["bias"]}.values()
@@ -69,4 +69,4 @@ def test_shared_tables_are_built_once_per_forward_at_large_grids():
         if pe == "alibi":
             assert len(builds) == 1
         else:
-            assert len(OFFSET_INDEX.tables()) == 1  # one (N, N) index for the 3 blocks
+            assert len(PAIR_INDEX.tables()) == 1  # one (N, N) index for the 3 blocks

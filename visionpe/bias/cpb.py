@@ -4,14 +4,13 @@ from __future__ import annotations
 import math
 
 import torch
-from einops import rearrange
 from torch import nn
 
 from .._checks import check_grid_ndim, check_positive_int, to_shape
 from ..cache import TableCache
 from ..coords import CoordinateSystem, axis_offsets
 from ..grid import Grid, as_grid
-from ._base import BiasEncoding, grid_offset_index
+from ._base import BiasEncoding, pair_bias
 
 
 def log_relative_coords(shape, norm_window, device=None, offsets=None, units=None) -> torch.Tensor:
@@ -80,8 +79,7 @@ class ContinuousPositionBias(BiasEncoding):
         coords = log_relative_coords(grid.shape, window, device, offsets, units)
         with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
             table = 16 * torch.sigmoid(self.cpb_mlp(coords).float())  # (offsets, heads)
-        index = grid_offset_index(grid.shape, grid.shape, device)
-        return self.pad_prefix(rearrange(table[index], "n m h -> h n m"), grid)
+        return pair_bias(table, grid, grid.shape)
 
     def forward(self, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import copy
 
 import torch
-from einops import rearrange
 from torch import nn
 
 from .._checks import check_axes, check_bool, check_choice, check_grid_ndim, check_number, check_positive_int, to_shape
@@ -12,12 +11,7 @@ from ..cache import TableCache
 from ..encoding import constructor_keywords
 from ..grid import Grid, as_grid
 from ..resample import INTERPOLATIONS, resample_grid
-from ._base import BiasEncoding, grid_offset_index
-
-
-# offset indices depend on shapes only: one cache for every block and model, so a large grid's (N, N) index is
-# built once per forward, not once per block
-OFFSET_INDEX = TableCache(maxsize=16, max_bytes=None)
+from ._base import BiasEncoding, pair_bias
 
 
 def num_offsets(window) -> int:
@@ -60,10 +54,6 @@ class RelativePositionBias(BiasEncoding):
         self.relative_position_bias_table = nn.Parameter(torch.randn(rows, num_heads) * init_std)
         self._bias_cache = TableCache()  # eval / no-grad: the gathered bias per grid, rebuilt after a weight change
 
-    def _index(self, shape, window, device) -> torch.Tensor:
-        key = (tuple(shape), tuple(window), str(device))
-        return OFFSET_INDEX.get(key, lambda: grid_offset_index(shape, window, device))
-
     def _offset_table(self) -> torch.Tensor:
         rows = num_offsets(self.window_size)
         return self.relative_position_bias_table[:rows]
@@ -91,16 +81,8 @@ class RelativePositionBias(BiasEncoding):
 
     def _build(self, grid: Grid, window) -> torch.Tensor:
         """The bias of ``grid`` read from the offset table resampled to ``window``: ``(heads, P + N, P + N)``."""
-        table = self._grid_table(window)
-        index = self._index(grid.shape, window, table.device)
-        bias = rearrange(table[index], "n m h -> h n m").float()
-        if not (self.prefix_entries and grid.prefix):
-            return self.pad_prefix(bias, grid)
-        to_patch, from_patch, prefix_prefix = self.relative_position_bias_table[-3:].float()
-        p, n = grid.prefix, grid.num_patches
-        top = torch.cat([prefix_prefix[:, None, None].expand(-1, p, p), to_patch[:, None, None].expand(-1, p, n)], 2)
-        rest = torch.cat([from_patch[:, None, None].expand(-1, n, p), bias], 2)
-        return torch.cat([top, rest], 1)
+        prefix_entries = self.relative_position_bias_table[-3:] if self.prefix_entries else None
+        return pair_bias(self._grid_table(window).float(), grid, window, prefix_entries)
 
     @torch.no_grad()
     def resize(self, new_window, interpolation: str | None = None, antialias: bool | None = None):
