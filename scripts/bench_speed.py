@@ -2,7 +2,7 @@
 results and, under "Reading these numbers", how to read them).
 
     python scripts/bench_speed.py [--device cpu|cuda] [--sections rope forward ...] [--pes rope_mixed ...]
-                                  [--repeats 5] [--slow-repeats 3] [--min-run-time 0.25] [--scale-repeats 1]
+                                  [--repeats 5] [--slow-repeats 5] [--min-run-time 0.25] [--scale-repeats 1]
                                   [--threads N] [--compile-large] [--quick] [--out PATH]
 
 Every time ratio compares timings taken in the same process, interleaved round-robin: each round times every
@@ -174,7 +174,7 @@ class Run:
     pes: list[str]
     scale_repeats: int = 1
     compile_large: bool = False
-    slow_repeats: int = 3
+    slow_repeats: int = 5
     steps: dict = field(default_factory=dict)  # setup label -> the training steps shared by train and memory
 
     def sync(self) -> None:
@@ -850,9 +850,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--batch", type=int, default=8, help="batch of the ViT-S/16 sections (default 8)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per measurement")
-    parser.add_argument("--slow-repeats", type=int, default=3,
+    parser.add_argument("--slow-repeats", type=int, default=5,
                         help="interleaved rounds of the ViT-S/16 and Swin tables (forward, train, timm, cache), "
-                             "whose rows are single calls of 0.5-2.5 s on CPU (default 3)")
+                             "whose rows are single calls of 0.5-2.5 s on CPU (default 5; fewer shortens the run)")
     parser.add_argument("--min-run-time", type=float, default=0.25, help="seconds of calls per row and round")
     parser.add_argument("--scale-repeats", type=int, default=1, help="timed rounds of the large-grid section")
     parser.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS + OPT_IN,
