@@ -49,6 +49,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
     return _sdpa(q, k, v, mask, dropout_p, scale)
 
 
+# PyTorch's fused CPU attention as an op that returns the log-sum-exp (private; SDPA's own path where it is missing)
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float,
           scale: float | None) -> torch.Tensor:
     """``scaled_dot_product_attention``, except for a float mask that needs a gradient (a learned bias in
@@ -56,7 +60,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     softmax for the backward; :class:`_FusedBiasAttention` runs the fused kernel instead."""
     if (mask is not None and mask.requires_grad and torch.is_grad_enabled() and q.device.type == "cpu"
             and dropout_p == 0.0 and mask.is_floating_point() and q.shape[-1] == v.shape[-1]
-            and not torch.compiler.is_compiling()):
+            and _FLASH_CPU is not None and not torch.compiler.is_compiling()):
         return _FusedBiasAttention.apply(q, k, v, mask, q.shape[-1] ** -0.5 if scale is None else scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
@@ -67,13 +71,13 @@ class _FusedBiasAttention(torch.autograd.Function):
     Forward: PyTorch's fused CPU attention kernel, which returns the output and the row log-sum-exp and saves no
     ``(T, T)`` tensor. Backward: the probabilities are recomputed from the log-sum-exp for one block at a time and
     the gradients of q, k, v and mask follow in closed form (``dS = P * (dO @ v^T - rowsum(dO * O))``), summed to
-    the mask's broadcast shape. Measured on CPU: faster than SDPA's math path and without its saved softmax.
+    the mask's broadcast shape. Keeps no softmax from forward to backward (training memory in
+    docs/PERFORMANCE.md); differentiable once (a second derivative raises).
     """
 
     @staticmethod
     def forward(ctx, q, k, v, mask, scale: float):
-        out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask,
-                                                                                    scale=scale)
+        out, logsumexp = _FLASH_CPU(q, k, v, attn_mask=mask, scale=scale)
         ctx.save_for_backward(q, k, v, mask, out, logsumexp)
         ctx.scale = scale
         return out
