@@ -106,6 +106,10 @@ def test_fused_bias_attention_half_precision_and_fallbacks():
         torch.testing.assert_close(_sdpa(q, k, v, learned, 0.0, None), _sdpa(q, k, v, mask, 0.0, None))
     wide_v = torch.randn(2, 3, 9, 4)
     assert "Fused" not in _sdpa(q, k, wide_v, learned, 0.0, None).grad_fn.name()
+    weight = torch.randn(8, 8, requires_grad=True)  # a second derivative (e.g. a gradient penalty) raises
+    (grad,) = torch.autograd.grad((_sdpa(q, k, v, learned, 0.0, None) @ weight).sum(), learned, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad.square().sum().backward()
 
 
 def test_attention_module_loads_timm_attention():
