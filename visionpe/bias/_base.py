@@ -57,7 +57,6 @@ def grid_offset_index(shape, window, device=None) -> torch.Tensor:
     return index
 
 
-
 def pair_index(shape, window, prefix: int, offset_rows: int, prefix_rows: tuple[int, int, int], device=None):
     """Row of every token pair in a per-offset table followed by prefix rows: ``(P + N, P + N)`` long.
 
@@ -91,5 +90,5 @@ def pair_bias(table: torch.Tensor, grid: Grid, window, prefix_entries: torch.Ten
     prefix_rows = (0, 0, 0) if prefix_entries is None else (0, 1, 2)
     key = (grid.shape, grid.prefix, tuple(window), rows, prefix_rows, str(table.device))
     index = PAIR_INDEX.get(key, lambda: pair_index(grid.shape, window, grid.prefix, rows, prefix_rows, table.device))
-    by_head = torch.cat([table, extra]).t()  # (heads, rows + 1 or 3): each head's row is contiguous
-    return by_head.contiguous().index_select(1, index.view(-1)).view(heads, *index.shape)
+    by_head = torch.cat([table, extra]).t().contiguous()  # (heads, rows + 1 or 3): each head's row contiguous
+    return by_head.index_select(1, index.view(-1)).view(heads, *index.shape)
