@@ -340,7 +340,7 @@ def rope_table(run: Run, batch: int, heads: int, shape, head_dim: int) -> Table:
     k = torch.randn_like(q)
     axial = vpe.build("rope_axial", head_dim=head_dim, num_heads=heads).to(run.device).eval()
     mixed = vpe.build("rope_mixed", head_dim=head_dim, num_heads=heads).to(run.device).eval()
-    cis = axial.cis(grid, run.device)
+    rotations = axial.rotations(grid, run.device)  # the cached (cos, sin) table
     timm_rope = timm.layers.RotaryEmbeddingCat(head_dim, in_pixels=False, temperature=100, grid_indexing="xy")
     timm_embed = timm_rope.get_embed(shape).to(run.device)
 
@@ -356,11 +356,12 @@ def rope_table(run: Run, batch: int, heads: int, shape, head_dim: int) -> Table:
             "copy q, k" + CONTROL: lambda: (q.clone(), k.clone()),
             "rope_axial, eager (cached table)": lambda: axial(q, k, grid),
             "rope_mixed, eager (cached table)": lambda: mixed(q, k, grid),
-            "apply_rotary only, eager": lambda: (apply_rotary(q, cis), apply_rotary(k, cis)),
+            "apply_rotary only, eager": lambda: (apply_rotary(q, rotations), apply_rotary(k, rotations)),
             "timm apply_rot_embed_cat, eager": timm_apply,
             "rope_axial, compiled (table in graph)": compiled(axial, q, k, grid)[0],
             "rope_mixed, compiled (table in graph)": compiled(mixed, q, k, grid)[0],
-            "apply_rotary only, compiled": compiled(lambda: (apply_rotary(q, cis), apply_rotary(k, cis)))[0],
+            "apply_rotary only, compiled": compiled(lambda: (apply_rotary(q, rotations),
+                                                              apply_rotary(k, rotations)))[0],
         })
     speedup = t["timm apply_rot_embed_cat, eager"] / t["rope_axial, eager (cached table)"]
     return versus(f"RoPE apply: q and k of shape {tuple(q.shape)}, float32", t, "copy q, k", "ms", ms,

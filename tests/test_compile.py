@@ -38,3 +38,23 @@ def test_fullgraph_compile_trains(name, pe, kw, size):
     for enc in sum(vpe.encodings_of(model).values(), []):
         for p in enc.parameters():
             assert p.grad is not None and p.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("pe", ["rope_axial", "rope_mixed"])
+@pytest.mark.parametrize("train", [False, True])
+def test_compiled_rope_graph_holds_no_complex_tensor(pe, train):
+    """Inductor generates no code for complex operators (it falls back to eager kernels between its own): under
+    compile RoPE builds and applies real (cos, sin) rotations."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def record(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    model = vpe.create_model("vit_tiny_patch16_224", pe=pe, **VIT).train(train)
+    with torch.set_grad_enabled(train):
+        torch.compile(model, fullgraph=True, backend=record)(torch.randn(2, 3, 16, 16))
+    values = [node.meta.get("example_value") for graph in graphs for node in graph.graph.nodes]
+    dtypes = {value.dtype for value in values if isinstance(value, torch.Tensor)}
+    assert torch.float32 in dtypes and not any(dtype.is_complex for dtype in dtypes), dtypes

@@ -345,7 +345,7 @@ def test_eval_tables_stay_cached_and_training_gradients_flow(name):
     pe = build(name, 2, **AUGS["all"])
     grid = Grid(SHAPES[2], prefix=1)
     table = {"sincos": lambda: pe.table(grid), "learned": lambda: pe.patch_table(Grid((5, 6))),
-             "rope_axial": lambda: pe.cis(grid), "rope_mixed": lambda: pe.cis(grid),
+             "rope_axial": lambda: pe.rotations(grid), "rope_mixed": lambda: pe.rotations(grid),
              "alibi": lambda: pe(grid), "cpb": lambda: pe(grid)}[name]
     with torch.no_grad():
         pe.eval()

@@ -9,6 +9,7 @@ from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingMixed, apply_rot_embe
 import visionpe as vpe
 from visionpe import Grid
 from visionpe.rotary import MixedRoPE
+from visionpe.rotary.rope import apply_rotary, rotate_real
 
 
 def rope_vit_axial_cis(dim: int, end_x: int, end_y: int, theta: float) -> torch.Tensor:
@@ -153,6 +154,27 @@ def test_rotation_preserves_norms_and_leaves_prefix(kind, ndim, pairs):
     assert (out[:, :, 3:] - q[:, :, 3:]).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("kind,ndim,pairs", ROPES)
+def test_fused_qkv_layout_and_real_formula_give_the_same_rotation(kind, ndim, pairs):
+    """q, k sliced from a fused qkv (heads inside tokens in memory) take the token-major multiply, a contiguous q the
+    head-major one, ``torch.compile`` the real formula: the same numbers and gradients."""
+    pe, grid = rope(kind, ndim, pairs), Grid(SHAPES[ndim], prefix=1)
+    qkv = torch.randn(2, grid.num_tokens, 3, 2, 12, requires_grad=True)
+    q_fused = qkv.permute(2, 0, 3, 1, 4)[0]  # (B, heads, T, head_dim) view, as timm's Attention slices it
+    assert q_fused.stride(1) < q_fused.stride(2)
+    q_plain = q_fused.detach().contiguous().requires_grad_()
+    table = pe.rotations(grid)
+    outs = [apply_rotary(q_fused, table, pairs), apply_rotary(q_plain, pe.cis(grid), pairs),
+            rotate_real(q_plain, table, pairs)]
+    grad = torch.randn_like(q_plain)
+    grads = [torch.autograd.grad(out, source, grad)[0] for out, source in zip(outs, (qkv, q_plain, q_plain))]
+    grads[0] = grads[0].permute(2, 0, 3, 1, 4)[0]
+    for out, g in zip(outs[1:], grads[1:]):
+        torch.testing.assert_close(out, outs[0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(g, grads[0], rtol=1e-6, atol=1e-6)
+    assert outs[0].transpose(1, 2).is_contiguous()  # the rotated q keeps the token-major layout
+
+
 @pytest.mark.parametrize("sections", [None, (2, 2, 2), (2, 3, 3)])
 def test_axial_nd_angles_closed_form(sections):
     """3D axial: each grid axis owns ``sections[a]`` pairs with ``1/theta^(i/n_a)``, x (last axis) first."""
@@ -200,7 +222,8 @@ def test_pi_scales_positions(kind, shape, ref_shape):
     pe.load_state_dict(plain.state_dict())
     factor = torch.tensor([r / s for r, s in zip(ref_shape, shape)])
     angles = torch.einsum("na,ahp->hnp", (Grid(shape).coords() * factor).flip(-1), plain.freqs)
-    torch.testing.assert_close(pe.cis(Grid(shape)), torch.polar(torch.ones_like(angles), angles), atol=1e-5, rtol=0)
+    expected = torch.polar(torch.ones_like(angles), angles).expand(pe.num_heads, -1, -1)  # axial: shared by heads
+    torch.testing.assert_close(pe.cis(Grid(shape)), expected, atol=1e-5, rtol=0)
 
 
 def test_pi_matches_timm_ref_feat_shape():
@@ -251,7 +274,6 @@ def test_yarn_lowest_bands_divided_by_s():
 
 
 def test_with_scaling_is_a_copy_with_the_same_frequencies():
-    from visionpe.rotary import MixedRoPE
     rope = MixedRoPE(head_dim=8, num_heads=2, ref_shape=(4, 4))
     pi = rope.with_scaling("pi")
     assert rope.scaling == "none" and pi.scaling == "pi" and pi.ref_shape == (4, 4)

@@ -119,11 +119,11 @@ class Layout:
         return torch.cat([prefix, self.keep.long() + self.grid.prefix], dim=1)
 
     def rows(self, table: torch.Tensor) -> torch.Tensor:
-        """Per-token rows of a full-grid table ``(heads, P + N, C)`` -> ``(B, heads, P + K, C)`` (unchanged without
-        ``keep``)."""
+        """Per-token rows of a full-grid table ``(heads, P + N, ...)`` -> ``(B, heads, P + K, ...)`` (unchanged
+        without ``keep``)."""
         if self.keep is None:
             return table
-        return rearrange(table[:, self.token_index()], "h b t c -> b h t c")
+        return rearrange(table[:, self.token_index()], "h b t ... -> b h t ...")
 
     def pairs(self, bias: torch.Tensor) -> torch.Tensor:
         """Rows and columns of a full-grid bias ``(heads, P + N, P + N)`` -> ``(B, heads, P + K, P + K)``."""
