@@ -89,6 +89,9 @@ class _FusedBiasAttention(torch.autograd.Function):
         dtypes = [t.dtype for t in (q, k, v, mask)]
         work = torch.promote_types(q.dtype, torch.float32)  # half types recompute in float32
         q, k, v, mask, out, grad_out = (t.to(work) for t in (q, k, v, mask, out, grad_out))
+        # q, k and grad_out each feed two batched matmuls, which copy a (B, heads) batch that is not one stride (q, k
+        # sliced from a fused qkv) per call: copy them once
+        q, k, grad_out = q.contiguous(), k.contiguous(), grad_out.contiguous()
         probs = torch.matmul(q, k.transpose(-2, -1)).mul_(ctx.scale).add_(mask)
         probs = probs.sub_(logsumexp.to(work).unsqueeze(-1)).exp_()  # (B, heads, T, T)
         grad_v = torch.matmul(probs.transpose(-2, -1), grad_out)
