@@ -234,3 +234,44 @@ def test_models_train_the_same_through_the_fused_bias_path(model_name, pe, monke
     expected = torch.autograd.grad(model(x).square().sum(), list(model.parameters()))
     for (name, _), grad, reference in zip(model.named_parameters(), grads, expected):
         torch.testing.assert_close(grad, reference, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def saved_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd keeps from a training forward for its backward."""
+    storages = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x).sum()
+    return sum(storages.values())
+
+
+def test_rope_keeps_no_more_for_backward_than_no_position():
+    """SDPA saves the rotated q, k; the unrotated ones (and with them the fused qkv buffer) are not kept: RoPE
+    rotates with a function that saves its product, and v gets its own copy."""
+    kw = dict(img_size=32, patch_size=4, embed_dim=48, depth=2, num_heads=2, num_classes=3)
+    x = torch.randn(8, 3, 32, 32)
+    one_q = 8 * 65 * 48 * 4  # bytes of one block's q: (B, T, dim) float32
+    base = saved_bytes(vpe.create_model("vit_tiny_patch16_224", pe="none", **kw).train(), x)
+    for pe in ("rope_axial", "rope_mixed"):
+        extra = saved_bytes(vpe.create_model("vit_tiny_patch16_224", pe=pe, **kw).train(), x) - base
+        assert 0 < extra < one_q, pe  # the rotation tables (learned ones per block), independent of the batch
+
+
+def test_rotation_gradients_in_complex_and_to_learned_frequencies():
+    from visionpe.rotary.rope import _Rotate, rotate_real
+    x = torch.randn(2, 3, 4, dtype=torch.complex128, requires_grad=True)
+    cis = torch.polar(torch.rand(3, 4, dtype=torch.float64) + 0.5, torch.randn(3, 4, dtype=torch.float64))
+    assert torch.autograd.gradcheck(_Rotate.apply, (x, cis.requires_grad_()))
+    pe, grid = vpe.build("rope_mixed", head_dim=8, num_heads=2), Grid((3, 4), prefix=1)
+    q = torch.randn(2, 2, grid.num_tokens, 8)
+    grads = []
+    for rotate in (lambda: pe.rotate(q, grid), lambda: rotate_real(q, pe.rotations(grid))):
+        pe.zero_grad()
+        rotate().square().mul(torch.arange(8.0)).sum().backward()
+        grads.append(pe.freqs.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-5)

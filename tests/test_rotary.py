@@ -156,16 +156,18 @@ def test_rotation_preserves_norms_and_leaves_prefix(kind, ndim, pairs):
 
 @pytest.mark.parametrize("kind,ndim,pairs", ROPES)
 def test_fused_qkv_layout_and_real_formula_give_the_same_rotation(kind, ndim, pairs):
-    """q, k sliced from a fused qkv (heads inside tokens in memory) take the token-major multiply, a contiguous q the
-    head-major one, ``torch.compile`` the real formula: the same numbers and gradients."""
+    """q, k sliced from a fused qkv (heads inside tokens in memory) take the token-major multiply and table, a
+    contiguous q the head-major ones, ``torch.compile`` the real formula: the same numbers and gradients."""
     pe, grid = rope(kind, ndim, pairs), Grid(SHAPES[ndim], prefix=1)
     qkv = torch.randn(2, grid.num_tokens, 3, 2, 12, requires_grad=True)
     q_fused = qkv.permute(2, 0, 3, 1, 4)[0]  # (B, heads, T, head_dim) view, as timm's Attention slices it
     assert q_fused.stride(1) < q_fused.stride(2)
     q_plain = q_fused.detach().contiguous().requires_grad_()
-    table = pe.rotations(grid)
+    table = pe.rotations(grid, tokens_first=True)  # every head's rows, heads inside tokens in memory
+    assert table.shape[0] == 2 and table.transpose(0, 1).is_contiguous()
+    torch.testing.assert_close(table, pe.rotations(grid).expand_as(table), rtol=0, atol=0)
     outs = [apply_rotary(q_fused, table, pairs), apply_rotary(q_plain, pe.cis(grid), pairs),
-            rotate_real(q_plain, table, pairs)]
+            rotate_real(q_plain, pe.rotations(grid), pairs)]
     grad = torch.randn_like(q_plain)
     grads = [torch.autograd.grad(out, source, grad)[0] for out, source in zip(outs, (qkv, q_plain, q_plain))]
     grads[0] = grads[0].permute(2, 0, 3, 1, 4)[0]
@@ -222,8 +224,7 @@ def test_pi_scales_positions(kind, shape, ref_shape):
     pe.load_state_dict(plain.state_dict())
     factor = torch.tensor([r / s for r, s in zip(ref_shape, shape)])
     angles = torch.einsum("na,ahp->hnp", (Grid(shape).coords() * factor).flip(-1), plain.freqs)
-    expected = torch.polar(torch.ones_like(angles), angles).expand(pe.num_heads, -1, -1)  # axial: shared by heads
-    torch.testing.assert_close(pe.cis(Grid(shape)), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(pe.cis(Grid(shape)), torch.polar(torch.ones_like(angles), angles), atol=1e-5, rtol=0)
 
 
 def test_pi_matches_timm_ref_feat_shape():

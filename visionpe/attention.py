@@ -37,6 +37,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
         q, k, mask = _mixed_positions(q, k, grid, rotary, bias)
     else:
         q, k, mask = _positions(q, k, as_layout(grid), rotary, bias)
+    if (rotary is not None and v.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and _views_larger_buffer(v)):
+        # SDPA saves q, k, v for its backward; q and k are now rotated copies, so a v that views the fused qkv would
+        # keep the whole buffer alive: a copy of v lets it go (RoPE's training memory is then that of no position;
+        # a compiled graph chooses what it saves itself)
+        v = v.clone()
     if attn_mask is not None:
         expected = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         if not isinstance(attn_mask, torch.Tensor) or attn_mask.ndim > 4 or not _broadcasts(attn_mask.shape, expected):
@@ -144,6 +150,11 @@ def _mixed_positions(q: torch.Tensor, k: torch.Tensor, layout: MixedLayout, rota
             mask[index, :, :n, :n] = group_bias
     mask = mask.masked_fill(~layout.key_mask(q.device)[:, None, None, :], float("-inf"))
     return rotated_q, rotated_k, mask
+
+
+def _views_larger_buffer(t: torch.Tensor) -> bool:
+    """``t`` is a view into storage it does not fill (e.g. v sliced from a fused qkv)."""
+    return t.untyped_storage().nbytes() > t.numel() * t.element_size()
 
 
 def _broadcasts(shape, target) -> bool:

@@ -23,7 +23,7 @@ from .._checks import (angle_dtype, check_choice, check_divisible, check_grid_nd
 from ..cache import TableCache
 from ..coords import CoordinateSystem
 from ..grid import Grid, Layout, as_grid, as_layout
-from ._base import RotaryEncoding, rope_kernel
+from ._base import RotaryEncoding
 from .scaling import SCALINGS, attention_factor, axis_scales, scale_frequencies, scale_positions
 
 PAIRS = ("interleaved", "half")
@@ -139,11 +139,30 @@ def _multiply(x: torch.Tensor, cis: torch.Tensor, pairs: str) -> torch.Tensor:
         x_pairs = rearrange(x.float(), "... (p two) -> ... p two", two=2)
         if x_pairs.stride(-1) != 1 or any(s % 2 for s in x_pairs.stride()[:-1]):
             x_pairs = x_pairs.contiguous()  # q, k sliced from a fused qkv are viewed in place, without a copy
-        rotated = torch.view_as_complex(x_pairs) * cis
+        rotated = _Rotate.apply(torch.view_as_complex(x_pairs), cis)
         return rearrange(torch.view_as_real(rotated), "... p two -> ... (p two)").type_as(x)
     first, second = x.float().chunk(2, dim=-1)
-    xc = torch.complex(first, second) * cis
+    xc = _Rotate.apply(torch.complex(first, second), cis)
     return torch.cat([xc.real, xc.imag], dim=-1).type_as(x)
+
+
+class _Rotate(torch.autograd.Function):
+    """``x * cis`` for complex ``x`` and ``cis`` that saves the product, not ``x``, for the gradient of a learned
+    ``cis`` (``grad_cis = grad * conj(out / cis)``, summed over broadcast axes). Attention keeps the rotated q and k
+    for its own backward anyway; saving the unrotated ones too would keep the whole fused qkv buffer alive."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
+        out = x * cis
+        ctx.save_for_backward(out if ctx.needs_input_grad[1] else None, cis)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out, cis = ctx.saved_tensors
+        grad_x = grad * cis.conj() if ctx.needs_input_grad[0] else None
+        grad_cis = (grad * (out / cis).conj()).sum_to_size(cis.shape) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_cis
 
 
 def rotate_real(x: torch.Tensor, rotations: torch.Tensor, pairs: str = "interleaved") -> torch.Tensor:
@@ -204,29 +223,30 @@ class RoPE(RotaryEncoding):
         self._cache = TableCache(maxsize=16)
 
     def cis(self, grid: Grid, device=None, augment: bool = False) -> torch.Tensor:
-        """Complex rotations ``(num_heads, P + N, head_dim / 2)``; prefix rows are the identity: a complex view of
+        """Complex rotations ``(heads or 1, P + N, head_dim / 2)``; prefix rows are the identity: a complex view of
         :meth:`rotations`."""
         return torch.view_as_complex(self.rotations(grid, device, augment))
 
-    def rotations(self, grid: Grid, device=None, augment: bool = False) -> torch.Tensor:
-        """Rotations as ``(cos, sin)`` pairs ``(num_heads, P + N, head_dim / 2, 2)`` float32 (times YaRN's
-        attention factor); prefix rows are the identity ``(1, 0)``. Stored token-major (heads inside tokens, the
-        layout of q and k sliced from a fused qkv, which :func:`apply_rotary` multiplies in memory order), every
-        head's rows filled even where the frequencies are shared.
+    def rotations(self, grid: Grid, device=None, augment: bool = False, tokens_first: bool = False) -> torch.Tensor:
+        """Rotations as ``(cos, sin)`` pairs ``(heads or 1, P + N, head_dim / 2, 2)`` float32 (times YaRN's
+        attention factor); prefix rows are the identity ``(1, 0)``. Real rather than complex so that a compiled
+        graph holds no complex tensor (inductor has no complex code generation).
 
-        ``augment=True`` (:meth:`forward` in training mode) applies a fresh coordinate augmentation draw, uncached,
-        when one is set; otherwise the rotations are cached per grid. Real rather than complex so that a compiled
-        graph holds no complex tensor (inductor has no complex code generation)."""
+        ``tokens_first=True`` gives every head's rows (``num_heads``, filled even where the frequencies are shared)
+        stored token-major, heads inside tokens: the layout of q and k sliced from a fused qkv, which
+        :func:`apply_rotary` multiplies in memory order. ``augment=True`` (:meth:`forward` in training mode) applies
+        a fresh coordinate augmentation draw, uncached, when one is set; otherwise the rotations are cached per grid
+        and layout."""
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, type(self).__name__)
         device = device or self.freqs.device
         transform = self.coordinates.draw(augment, self.ndim, device)
         if transform is not None:
-            return self._build(grid, device, transform)
-        key = (grid, str(device), self.scaling, self.ref_shape)
-        return self._cache.get(key, lambda: self._build(grid, device), [self.freqs])
+            return self._build(grid, device, tokens_first, transform)
+        key = (grid, str(device), self.scaling, self.ref_shape, tokens_first)
+        return self._cache.get(key, lambda: self._build(grid, device, tokens_first), [self.freqs])
 
-    def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
+    def _build(self, grid: Grid, device, tokens_first: bool, transform=None) -> torch.Tensor:
         wide = angle_dtype(device)  # float64 angles: exact to float32 rounding of cos/sin on any axis length
         with torch.autocast(device_type=torch.device(device).type, enabled=False):
             coords = self.coordinates.positions(grid, device, wide)  # (N, ndim) in grid order
@@ -251,15 +271,10 @@ class RoPE(RotaryEncoding):
             rotations = (rotations if magnitude == 1.0 else rotations * magnitude).float()
         identity = torch.tensor([magnitude, 0.0], dtype=rotations.dtype, device=device)
         prefix = identity.expand(grid.prefix, *rotations.shape[1:])
-        rotations = torch.cat([prefix, rotations]).expand(-1, self.num_heads, -1, -1).contiguous()
-        return rearrange(rotations, "t h p two -> h t p two")  # token-major in memory, as q and k of a fused qkv
-
-    @torch.no_grad()
-    def pair_map(self, grid) -> torch.Tensor:
-        """The positional kernel on the grid's patches, ``(heads, N, N)`` float32; one map (``heads = 1``) when all
-        heads share the frequencies (axial)."""
-        grid = as_grid(grid)
-        return rope_kernel(self.cis(grid.without_prefix())[: self.freqs.shape[1]]).float().cpu()
+        rotations = torch.cat([prefix, rotations])  # (P + N, heads or 1, pairs, 2)
+        if tokens_first:
+            return rearrange(rotations.expand(-1, self.num_heads, -1, -1).contiguous(), "t h p two -> h t p two")
+        return rearrange(rotations, "t h p two -> h t p two").contiguous()
 
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
         """The frequency vectors ``(ndim, heads or 1, pairs)`` in ``dtype`` (learned ones: as stored)."""
@@ -289,7 +304,8 @@ class RoPE(RotaryEncoding):
         draws once for q and k)."""
         layout = as_layout(grid)
         self._check_input(x, layout)
-        rotations = self.rotations(layout.grid, x.device) if cis is None else cis
+        tokens_first = x.stride(-3) < x.stride(-2)
+        rotations = self.rotations(layout.grid, x.device, tokens_first=tokens_first) if cis is None else cis
         return apply_rotary(x, layout.rows(rotations), self.pairs)
 
     def _check_input(self, x: torch.Tensor, layout: Layout) -> None:
@@ -311,7 +327,8 @@ class RoPE(RotaryEncoding):
         layout = as_layout(grid)
         self._check_input(q, layout)
         self._check_input(k, layout)
-        rows = layout.rows(self.rotations(layout.grid, q.device, augment=self.training))
+        tokens_first = q.stride(-3) < q.stride(-2)  # q, k sliced from a fused qkv: heads inside tokens
+        rows = layout.rows(self.rotations(layout.grid, q.device, augment=self.training, tokens_first=tokens_first))
         return apply_rotary(q, rows, self.pairs), apply_rotary(k, rows, self.pairs)
 
     @classmethod
