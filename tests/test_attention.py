@@ -58,13 +58,18 @@ def test_attend_masks_and_scale():
                                atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("mask_shape", [(1, 3, 7, 7), (2, 3, 7, 7), (2, 1, 7, 7), (7, 7)])
-def test_fused_bias_attention_gradients_match_sdpa_math(mask_shape):
+@pytest.mark.parametrize("chunk_bytes", [2**20, 1], ids=["whole-batch", "per-sample-chunks"])
+@pytest.mark.parametrize("mask_shape", [(1, 3, 7, 7), (3, 3, 7, 7), (3, 1, 7, 7), (7, 7)])
+def test_fused_bias_attention_gradients_match_sdpa_math(mask_shape, chunk_bytes, monkeypatch):
     """A mask that needs a gradient takes the fused CPU path; every gradient equals SDPA's (math path), also
-    with -inf entries, a fully masked row and a scale, and gradcheck holds in float64."""
+    with -inf entries, a fully masked row and a scale, with the backward in one chunk or one per sample, and
+    gradcheck holds in float64."""
+    from visionpe import attention
     from visionpe.attention import _sdpa
+    monkeypatch.setattr(attention, "BACKWARD_CHUNK_BYTES", chunk_bytes)
+    assert len(attention.batch_chunks(3, 3 * 7 * 7 * 8)) == (1 if chunk_bytes > 1 else 3)
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 3, 7, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(3, 3, 7, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
     mask = torch.randn(mask_shape, dtype=torch.float64)
     mask[..., 1, 2] = float("-inf")
     mask[..., 4, :] = float("-inf")  # a row with no key: output and gradients 0, not NaN

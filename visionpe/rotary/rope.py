@@ -184,9 +184,9 @@ class RoPE(RotaryEncoding):
     """Rotary embedding from frequency vectors; use :class:`AxialRoPE` or :class:`MixedRoPE`.
 
     Call: ``pe(q, k, grid) -> (q, k)`` with ``q, k: (B, num_heads, P + N, head_dim)``; the ``P`` prefix
-    tokens are not rotated. Angles are computed in float64 (exact on long axes), the rotations stored as
-    float32 ``(cos, sin)`` pairs (:meth:`rotations`; :meth:`cis` is their complex view), cached per grid (and per parameter version for learned frequencies when gradients are off),
-    and applied in float32.
+    tokens are not rotated. Angles are computed in float64 (exact on long axes), the rotations stored as float32
+    ``(cos, sin)`` pairs (:meth:`rotations`; :meth:`cis` is their complex view), cached per grid and layout (and
+    per parameter version for learned frequencies when gradients are off), and applied in float32.
 
     Coordinates (``coordinates``, a :class:`~visionpe.coords.CoordinateSystem`): ``coords="index"`` (integer patch
     positions; ``scaling`` adapts them to other grids against ``ref_shape``: ``"pi"`` is interpolation to the
