@@ -68,6 +68,7 @@ def test_fused_bias_attention_gradients_match_sdpa_math(mask_shape, chunk_bytes,
     from visionpe.attention import _sdpa
     monkeypatch.setattr(attention, "BACKWARD_CHUNK_BYTES", chunk_bytes)
     assert len(attention.batch_chunks(3, 3 * 7 * 7 * 8)) == (1 if chunk_bytes > 1 else 3)
+    assert len(attention.batch_chunks(3, attention.CHUNKED_SAMPLE_BYTES)) == 1  # large maps: the whole batch
     torch.manual_seed(0)
     q, k, v = (torch.randn(3, 3, 7, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
     mask = torch.randn(mask_shape, dtype=torch.float64)

@@ -120,14 +120,19 @@ class _FusedBiasAttention(torch.autograd.Function):
         return (*grads, None)
 
 
-# Bytes of one (rows, heads, T, S) tensor in the fused bias backward: the probabilities and logit gradients of a chunk
-# of the batch stay in cache (measured 0.5-0.85x the whole-batch backward at the small config, 0.6-0.7x at ViT-S/16)
+# The fused bias backward splits the batch when a sample's (heads, T, S) map is small (few tokens): its transient
+# probabilities and logit gradients then take about BACKWARD_CHUNK_BYTES instead of the whole batch's (training-step
+# peak memory of rel_bias at the small config 1.105x -> 1.048x no position) at the same speed (1.21-1.36x either way,
+# side by side). Larger maps keep the whole batch, whose batched matmuls do better (ViT-S/16 training step: 1.01x
+# whole, 1.07x in chunks of 4 samples, 1.11x of 1). Measured in one process each; docs/PERFORMANCE.md.
 BACKWARD_CHUNK_BYTES = 2**20
+CHUNKED_SAMPLE_BYTES = 2**18
 
 
 def batch_chunks(batch: int, sample_bytes: int) -> list[slice]:
-    """Slices of the batch holding about :data:`BACKWARD_CHUNK_BYTES` of ``sample_bytes`` each (one sample at least)."""
-    step = max(1, BACKWARD_CHUNK_BYTES // sample_bytes)
+    """The batch in one slice, or, when a sample's map of ``sample_bytes`` is under :data:`CHUNKED_SAMPLE_BYTES`, in
+    slices of about :data:`BACKWARD_CHUNK_BYTES`."""
+    step = batch if sample_bytes >= CHUNKED_SAMPLE_BYTES else max(1, BACKWARD_CHUNK_BYTES // sample_bytes)
     return [slice(start, start + step) for start in range(0, batch, step)]
 
 
