@@ -13,8 +13,8 @@ use ``--slow-repeats`` rounds. Rows named ``... (control)`` repeat the baseline 
 op: their gap to the baseline is the noise of the run. Sections (``--sections``, default all but ``flex``, in this
 order):
 
-- ``rope``: RoPE apply on q and k of ViT-S/16 shape at batch 8 and 64, eager and compiled, vs a plain copy of q
-  and k (the memory floor) and timm's ``apply_rot_embed_cat``.
+- ``rope``: RoPE apply on q and k of ViT-S/16 shape sliced from a fused qkv at batch 8 and 64, eager and compiled,
+  vs a copy of q and k (the memory floor) and timm's ``apply_rot_embed_cat``.
 - ``forward``: eval forward of each encoding vs the same model without position, at ViT-S/16 224 px and at the
   small training config (``configs/bench_vit_tiny.yaml``).
 - ``train``: a training step (forward, backward, AdamW step; train mode, same batch, fixed seed), same models.
