@@ -3,7 +3,7 @@ results and, under "Reading these numbers", how to read them).
 
     python scripts/bench_speed.py [--device cpu|cuda] [--sections rope forward ...] [--pes rope_mixed ...]
                                   [--repeats 5] [--slow-repeats 5] [--min-run-time 0.25] [--scale-repeats 1]
-                                  [--threads N] [--compile-large] [--quick] [--out PATH]
+                                  [--threads N] [--no-compile-large] [--quick] [--out PATH]
 
 Every time ratio compares timings taken in the same process, interleaved round-robin: each round times every
 function in turn for a block of calls lasting at least ``--min-run-time`` seconds, and the median of the rounds'
@@ -21,7 +21,7 @@ order):
 - ``memory``: peak memory of that training step per encoding vs none (CUDA: ``max_memory_allocated``; CPU: the
   peak of live tensor storages allocated in the step, tracked per operator by :class:`LiveTensorBytes`).
 - ``compile``: ``torch.compile(model, fullgraph=True)`` eval forward per encoding vs compiled none (small config);
-  with ``--compile-large`` also compiled visionpe vs compiled timm ViT-S/16 and Swin-T.
+  and compiled visionpe vs compiled timm ViT-S/16 and Swin-T (``--no-compile-large`` leaves these out).
 - ``timm``: visionpe vs timm native, eager: learned ViT vs timm ViT (dynamic size), swin_bias Swin-T, cpb SwinV2-T.
 - ``cache``: alternating resolutions (224/256) vs fixed ones: the table caches at work.
 - ``scale``: large grids, batch 1 (ViT-S/16 at 1024 px, a 16-frame video): forward time and the position tables
@@ -174,7 +174,7 @@ class Run:
     plan: Plan
     pes: list[str]
     scale_repeats: int = 1
-    compile_large: bool = False
+    compile_large: bool = True
     slow_repeats: int = 5
     steps: dict = field(default_factory=dict)  # setup label -> the training steps shared by train and memory
 
@@ -861,8 +861,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS + OPT_IN,
                         help=f"default: {' '.join(SECTIONS)}; opt-in: {' '.join(OPT_IN)}")
     parser.add_argument("--pes", nargs="+", default=PES, choices=PES, help="encodings compared with none")
-    parser.add_argument("--compile-large", action="store_true",
-                        help="compile section: also compiled visionpe vs compiled timm ViT-S/16 and Swin-T (slow)")
+    parser.add_argument("--compile-large", action=argparse.BooleanOptionalAction, default=True,
+                        help="compile section: also compiled visionpe vs compiled timm ViT-S/16 and Swin-T (default: "
+                             "on, 1.2 min on 2 cores)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--quick", action="store_true", help="tiny models, one short round: a smoke test")
     parser.add_argument("--out", type=Path, help="write the tables as markdown to this file")

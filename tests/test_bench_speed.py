@@ -102,7 +102,8 @@ def test_quick_run_writes_every_section(tmp_path, one_thread):
 
 def test_quick_compile_section(tmp_path, one_thread):
     out = tmp_path / "compiled.md"
-    report = BENCH.main(["--quick", "--threads", "1", "--sections", "compile", "--pes", "alibi", "--out", str(out)])
+    report = BENCH.main(["--quick", "--threads", "1", "--sections", "compile", "--pes", "alibi", "--no-compile-large",
+                         "--out", str(out)])
     [(title, rows)] = [(t, r) for t, r in parse_tables(report).items() if t.startswith("Compiled eval forward")]
     assert [row["pe"] for row in rows] == ["none", "none (control)", "alibi"]
     assert all(math.isfinite(ratio(row["vs none"])) for row in rows), rows
