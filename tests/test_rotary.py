@@ -9,7 +9,7 @@ from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingMixed, apply_rot_embe
 import visionpe as vpe
 from visionpe import Grid
 from visionpe.rotary import MixedRoPE
-from visionpe.rotary.rope import apply_rotary, rotate_real
+from visionpe.rotary.rope import apply_rotary, heads_inside_tokens, rotate_real
 
 
 def rope_vit_axial_cis(dim: int, end_x: int, end_y: int, theta: float) -> torch.Tensor:
@@ -161,7 +161,7 @@ def test_fused_qkv_layout_and_real_formula_give_the_same_rotation(kind, ndim, pa
     pe, grid = rope(kind, ndim, pairs), Grid(SHAPES[ndim], prefix=1)
     qkv = torch.randn(2, grid.num_tokens, 3, 2, 12, requires_grad=True)
     q_fused = qkv.permute(2, 0, 3, 1, 4)[0]  # (B, heads, T, head_dim) view, as timm's Attention slices it
-    assert q_fused.stride(1) < q_fused.stride(2)
+    assert heads_inside_tokens(q_fused) and not heads_inside_tokens(q_fused.contiguous())
     q_plain = q_fused.detach().contiguous().requires_grad_()
     table = pe.rotations(grid, tokens_first=True)  # every head's rows, heads inside tokens in memory
     assert table.shape[0] == 2 and table.transpose(0, 1).is_contiguous()
