@@ -154,7 +154,7 @@ def _multiply(x: torch.Tensor, cis: torch.Tensor, pairs: str) -> torch.Tensor:
 
 class _Rotate(torch.autograd.Function):
     """``x * cis`` for complex ``x`` and ``cis`` that saves the product, not ``x``, for the gradient of a learned
-    ``cis``: ``grad_cis = sum(grad * conj(x)) = sum(grad * conj(out)) * cis / |cis|^2``, summed over the axes ``cis``
+    ``cis``: ``grad_cis = sum(grad * conj(x)) = sum(grad * conj(out)) / conj(cis)``, summed over the axes ``cis``
     is broadcast along. Attention keeps the rotated q and k for its own backward anyway; saving the unrotated ones
     too would keep the whole fused qkv buffer alive."""
 
@@ -170,7 +170,7 @@ class _Rotate(torch.autograd.Function):
         grad_x = grad * cis.conj() if ctx.needs_input_grad[0] else None
         grad_cis = None
         if ctx.needs_input_grad[1]:
-            grad_cis = (grad * out.conj()).sum_to_size(cis.shape) * cis / cis.abs().square()
+            grad_cis = (grad * out.conj()).sum_to_size(cis.shape) / cis.conj()
         return grad_x, grad_cis
 
 
