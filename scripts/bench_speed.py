@@ -21,14 +21,18 @@ order):
 - ``memory``: peak memory of that training step per encoding vs none (CUDA: ``max_memory_allocated``; CPU: the
   peak of live tensor storages allocated in the step, tracked per operator by :class:`LiveTensorBytes`).
 - ``compile``: ``torch.compile(model, fullgraph=True)`` eval forward per encoding vs compiled none (small config);
-  and compiled visionpe vs compiled timm ViT-S/16 and Swin-T (``--no-compile-large`` leaves these out).
-- ``timm``: visionpe vs timm native, eager: learned ViT vs timm ViT (dynamic size), swin_bias Swin-T, cpb SwinV2-T.
+  and compiled visionpe vs compiled timm: ViT-S/16 learned, axial and mixed RoPE, Swin-T (``--no-compile-large``
+  leaves these out).
+- ``timm``: visionpe vs timm native, eager, same weights: learned ViT vs timm ViT (dynamic size), axial and mixed
+  RoPE ViT vs timm's rope-vit ports (``Eva``), swin_bias Swin-T, cpb SwinV2-T.
 - ``cache``: alternating resolutions (224/256) vs fixed ones: the table caches at work.
 - ``scale``: large grids, batch 1 (ViT-S/16 at 1024 px, a 16-frame video): forward time and the position tables
   each encoding uses per forward.
 - ``flex`` (opt-in, not in the default list: ``--sections flex``): compiled FlexAttention with a ``score_mod`` vs SDPA
   with the same bias materialised, for biases computed from token coordinates (ALiBi-2D, a Swin table), at ViT-S/16
   shape and at 4096 tokens; and whether training through FlexAttention works on the device.
+- ``profile`` (opt-in): the training step of each encoding under ``torch.profiler`` at ViT-S/16 and the small config:
+  the operators where its time over ``none`` goes (the evidence behind "Not met, and why" in docs/PERFORMANCE.md).
 
 ``--quick`` swaps every model for a tiny one and times one short round: a smoke test of the script, not a
 measurement. ``--out`` rewrites the file's tables and keeps its hand-written "Reading these numbers" section.
@@ -44,6 +48,7 @@ import statistics
 import sys
 import time
 import weakref
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +59,7 @@ import torch.nn.functional as F
 import yaml
 from einops import rearrange
 from torch.nn.attention.flex_attention import flex_attention
+from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
@@ -65,7 +71,7 @@ from visionpe.cache import TableCache  # noqa: E402
 from visionpe.rotary.rope import apply_rotary  # noqa: E402
 
 SECTIONS = ["rope", "forward", "train", "memory", "compile", "timm", "cache", "scale"]  # the default run
-OPT_IN = ["flex"]  # run only when named in --sections
+OPT_IN = ["flex", "profile"]  # run only when named in --sections
 PES = ["learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]
 CONTROL = " (control)"
 TINY_RECIPE = ROOT / "configs" / "bench_vit_tiny.yaml"
@@ -507,7 +513,7 @@ def compiled_cost(run: Run) -> list[Table]:
                      f"batch {setup.batch}", values, "none", "ms", ms, encoding_limit, extra=(["compile s"], seconds),
                      note="Compile s: the first call (compilation and one forward).")]
     if run.compile_large:
-        pairs = {k: v for k, v in timm_pairs(run).items() if k.startswith(("learned", "swin_bias"))}
+        pairs = {k: v for k, v in timm_pairs(run).items() if k.startswith(("learned", "control", "rope", "swin_bias"))}
         tables.append(pairs_table(run, pairs, compile_models=True))
     return tables
 
@@ -522,12 +528,24 @@ def timm_pairs(run: Run) -> dict[str, tuple]:
     x = vit.input(device)
     pairs = {"learned ViT vs timm ViT (dynamic_img_size)": (vpe.apply(copy.deepcopy(ref), "learned"), ref, x),
              "control: timm ViT vs an identical timm ViT": (copy.deepcopy(ref), ref, x)}
+    for pe, eva in (("rope_axial", "vit_small_patch16_rope_224"), ("rope_mixed", "vit_small_patch16_rope_mixed_224")):
+        pairs[f"{pe} ViT vs timm {eva} (rope-vit port)"] = (*rope_vit_pair(vit, pe, eva), x)
     for label, pe in (("Swin-T", "swin_bias"), ("SwinV2-T", "cpb")):
         name, kwargs, size = run.plan.swin[label]
         ref = timm.create_model(name, num_classes=NUM_CLASSES, **kwargs)
         x = torch.randn(vit.batch, 3, *size, generator=torch.Generator().manual_seed(0)).to(device)
         pairs[f"{pe} {label} vs timm {label} ({size[0]} px)"] = (vpe.apply(copy.deepcopy(ref), pe), ref, x)
     return {k: (ours.to(device).eval(), ref.to(device).eval(), x) for k, (ours, ref, x) in pairs.items()}
+
+
+def rope_vit_pair(vit: Setup, pe: str, eva_name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A visionpe ViT with ``pe`` holding the weights of timm's rope-vit port ``eva_name`` (an ``Eva`` model with
+    layer scale, qkv bias and class-token pooling), and that port: the same logits (tests/test_backbones.py)."""
+    eva = timm.create_model(eva_name, num_classes=NUM_CLASSES, **vit.kwargs)
+    ours = vpe.create_model(vit.model, pe=pe, num_classes=NUM_CLASSES, qkv_bias=True, init_values=1e-5,
+                            global_pool="token", **vit.kwargs)
+    vpe.load_timm_checkpoint(ours, eva.state_dict())
+    return ours, eva
 
 
 def pairs_table(run: Run, pairs: dict, compile_models: bool = False) -> Table:
@@ -822,10 +840,71 @@ def flex_training(run: Run, batch: int, side: int, heads: int, head_dim: int) ->
                  f"q, k, v requiring grad, batch {batch}, {tokens} tokens", ["bias", "forward + backward"], rows)
 
 
+# -- 9. where the time goes (opt-in) -------------------------------------------------------------------------
+
+PROFILE_OPS = 5  # operators listed per encoding
+
+
+def profile_cost(run: Run) -> list[Table]:
+    """The training step of each encoding under ``torch.profiler``, at ViT-S/16 and the small config: which operators
+    its extra time over ``none`` is spent in."""
+    return [profile_table(run, setup) for setup in (run.plan.vit, run.plan.tiny)]
+
+
+def operator_times(run: Run, step) -> tuple[Counter, Counter]:
+    """``(ms, calls)`` per operator of one ``step()``: self time (the device's on CUDA)."""
+    cuda = run.device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        step()
+        run.sync()
+    times, counts = Counter(), Counter()
+    for event in prof.key_averages():
+        times[event.key] += (event.self_device_time_total if cuda else event.self_cpu_time_total) / 1e3
+        counts[event.key] += event.count
+    return times, counts
+
+
+def profile_table(run: Run, setup: Setup) -> Table:
+    """Profiles of the setup's training steps, one step each in turn for a few rounds (as the timed tables
+    interleave), averaged per step; each encoding's operators compared with ``none``'s."""
+    steps = run.train_steps(setup)
+    for step in steps.values():
+        step(), run.sync()  # warm-up outside the profile
+    rounds = max(3, round(4 * run.min_run_time / run.time_per_call(steps["none"])))  # 3 at ViT-S/16, ~12 small
+    totals = {name: (Counter(), Counter()) for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            for total, part in zip(totals[name], operator_times(run, step)):
+                total.update(part)
+    base_times, base_counts = totals.pop("none")
+    rows = []
+    for name, (times, counts) in totals.items():
+        ops = times.keys() | base_times.keys()
+        extra = {op: (times[op] - base_times[op]) / rounds for op in ops}
+        changed = sorted((op for op in ops if counts[op] != base_counts[op]), key=lambda op: -abs(extra[op]))
+        cells = [f"`{op}` {extra[op]:+.1f} ms ({(counts[op] - base_counts[op]) / rounds:+.3g} calls)"
+                 for op in changed[:PROFILE_OPS]]
+        same = sum(extra[op] for op in ops if counts[op] == base_counts[op])
+        rows.append((name, f"{sum(times.values()) / rounds:.1f}", f"{sum(extra.values()):+.1f}",
+                     "; ".join(cells) or "-", f"{same:+.1f}"))
+    return Table(f"Where the training step's time goes: {setup.label}, batch {setup.batch}, {rounds} profiled steps "
+                 f"per encoding", ["pe", "profiled ms / step", "vs none ms",
+                                   f"operators it adds or removes, {PROFILE_OPS} largest (ms, calls per step)",
+                                   "operators with none's calls, net ms"], rows,
+                 f"`torch.profiler`, self time per operator ({'CUDA' if run.device.type == 'cuda' else 'CPU'}), "
+                 f"per step, minus `none`'s ({sum(base_times.values()) / rounds:.1f} ms); one step of each model "
+                 f"in turn per round. Operators called as often as in `none` (matmuls, GELU, SDPA's forward with a "
+                 f"mask) differ by noise, or by the work an encoding adds to them (a mask in the attention kernel); "
+                 f"the control row shows the noise. The profiler adds a fixed cost to every operator, so many small "
+                 f"operators weigh more here than in the timed tables; Python autograd functions "
+                 f"(`_FusedBiasAttentionBackward`, `_RotateBackward`) appear with their interpreter time.")
+
+
 # -- the report -------------------------------------------------------------------------------------------------
 
 RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "memory": memory_cost,
-           "compile": compiled_cost, "timm": versus_timm, "cache": cache_hits, "scale": scale_cost, "flex": flex_cost}
+           "compile": compiled_cost, "timm": versus_timm, "cache": cache_hits, "scale": scale_cost, "flex": flex_cost,
+           "profile": profile_cost}
 READING = "## Reading these numbers"
 
 

@@ -161,3 +161,37 @@ def test_dense_biases_match_their_definitions():
     swin = BENCH.dense_bias(BENCH.swin_table_bias(heads, side, "cpu"), heads, side * side, "cpu")
     # equal offsets, equal bias: (0, 0) -> (1, 1) and (1, 1) -> (2, 2); the opposite offset differs
     assert torch.equal(swin[0, :, 0, 4], swin[0, :, 4, 8]) and not torch.equal(swin[0, :, 0, 4], swin[0, :, 4, 0])
+
+
+def test_quick_profile_section(one_thread):
+    assert "profile" not in BENCH.SECTIONS  # opt-in
+    report = BENCH.main(["--quick", "--threads", "1", "--sections", "profile", "--pes", "rope_mixed", "rel_bias"])
+    tables = {t: r for t, r in parse_tables(report).items() if t.startswith("Where the training step's time goes")}
+    assert len(tables) == 2, list(parse_tables(report))
+    for title, rows in tables.items():
+        assert [row["pe"] for row in rows] == ["none (control)", "rope_mixed", "rel_bias"], title
+        changed = f"operators it adds or removes, {BENCH.PROFILE_OPS} largest (ms, calls per step)"
+        for row in rows:
+            assert float(row["profiled ms / step"]) > 0 and math.isfinite(float(row["vs none ms"]))
+            assert math.isfinite(float(row["operators with none's calls, net ms"]))
+        assert rows[0][changed] == "-"  # the control model calls exactly none's operators
+        for row in rows[1:]:
+            ops = row[changed].split("; ")
+            assert len(ops) == BENCH.PROFILE_OPS, row
+            parsed = [re.fullmatch(r"`[^`]+` [+-]\d+\.\d ms \(([+-][\d.e+-]+) calls\)", op) for op in ops]
+            assert all(parsed) and all(float(match[1]) != 0 for match in parsed), ops
+        # the learned bias trains through the fused bias attention, not SDPA's own backward
+        assert "`_FusedBiasAttentionBackward`" in rows[2][changed] or "`aten::bmm`" in rows[2][changed], rows[2]
+
+
+def test_operator_times_counts_calls_and_self_time():
+    run = BENCH.Run(torch.device("cpu"), 1, 0.01, BENCH.make_plan(True, 2), [])
+    a = torch.randn(64, 64)
+
+    def step():
+        for _ in range(3):
+            a @ a
+
+    times, counts = BENCH.operator_times(run, step)
+    assert counts["aten::mm"] == 3 and times["aten::mm"] > 0
+    assert counts["aten::bmm"] == 0 and times["aten::bmm"] == 0

@@ -5,7 +5,6 @@ import math
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from .._checks import check_grid_ndim, check_positive_int, to_shape
 from ..cache import TableCache
@@ -78,18 +77,9 @@ class ContinuousPositionBias(BiasEncoding):
             offsets = [axis_offsets(p) for p in axes]
             units = [2.0] * grid.ndim if self.coordinates.normalized else None
         coords = log_relative_coords(grid.shape, window, device, offsets, units)
-        if torch.is_grad_enabled() and any(p.requires_grad for p in self.cpb_mlp.parameters()):
-            # the MLP's (offsets, hidden_dim) activations are recomputed in backward, not held per block until then
-            # (18 MB at ViT-S/16: 7 % of a training step's peak); recomputing costs one small MLP forward
-            table = checkpoint(self.offset_table, coords, use_reentrant=False, preserve_rng_state=False)
-        else:
-            table = self.offset_table(coords)
+        with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
+            table = 16 * torch.sigmoid(self.cpb_mlp(coords).float())  # (offsets, heads)
         return pair_bias(table, grid, grid.shape)
-
-    def offset_table(self, coords: torch.Tensor) -> torch.Tensor:
-        """``16 sigmoid(MLP(coords))``: ``(offsets, ndim) -> (offsets, heads)`` float32."""
-        with torch.autocast(device_type=coords.device.type, enabled=False):  # the table stays float32
-            return 16 * torch.sigmoid(self.cpb_mlp(coords).float())
 
     def forward(self, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)
