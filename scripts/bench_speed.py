@@ -10,8 +10,8 @@ function in turn for a block of calls lasting at least ``--min-run-time`` second
 per-call times is reported. The tables of the ViT-S/16 and Swin models at ``--batch`` 8 (ViT-S/16 eval forward and
 training step, timm, cache), whose calls take 0.5 to 2.5 s on CPU (a round is one call, 2-10x ``--min-run-time``),
 use ``--slow-repeats`` rounds. Rows named ``... (control)`` repeat the baseline with a second, identical model or
-op: their gap to the baseline is the noise of the run. Sections (``--sections``, default all but ``flex``, in this
-order):
+op: their gap to the baseline is the noise of the run. Sections (``--sections``, default all but the opt-in
+``compile-train``, ``flex`` and ``profile``, in this order):
 
 - ``rope``: RoPE apply on q and k of ViT-S/16 shape sliced from a fused qkv at batch 8 and 64, eager and compiled,
   vs a copy of q and k (the memory floor) and timm's ``apply_rot_embed_cat``.
@@ -23,6 +23,9 @@ order):
 - ``compile``: ``torch.compile(model, fullgraph=True)`` eval forward per encoding vs compiled none (small config);
   and compiled visionpe vs compiled timm: ViT-S/16 learned, axial and mixed RoPE, Swin-T (``--no-compile-large``
   leaves these out).
+- ``compile-train`` (opt-in: compiling eleven training steps takes 3-4 minutes on 2 cores, which would take the
+  default run past 10): the training step of ``torch.compile(model, fullgraph=True)`` per encoding vs compiled none
+  (small config).
 - ``timm``: visionpe vs timm native, eager, same weights: learned ViT vs timm ViT (dynamic size), axial and mixed
   RoPE ViT vs timm's rope-vit ports (``Eva``), swin_bias Swin-T, cpb SwinV2-T.
 - ``cache``: alternating resolutions (224/256) vs fixed ones: the table caches at work.
@@ -71,7 +74,7 @@ from visionpe.cache import TableCache  # noqa: E402
 from visionpe.rotary.rope import apply_rotary  # noqa: E402
 
 SECTIONS = ["rope", "forward", "train", "memory", "compile", "timm", "cache", "scale"]  # the default run
-OPT_IN = ["flex", "profile"]  # run only when named in --sections
+OPT_IN = ["compile-train", "flex", "profile"]  # run only when named in --sections
 PES = ["learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]
 CONTROL = " (control)"
 TINY_RECIPE = ROOT / "configs" / "bench_vit_tiny.yaml"
@@ -518,6 +521,28 @@ def compiled_cost(run: Run) -> list[Table]:
     return tables
 
 
+def compiled_train_cost(run: Run) -> list[Table]:
+    """Training step of ``torch.compile(model, fullgraph=True)`` per encoding vs compiled none (small config)."""
+    setup = run.plan.compiled
+    x, y = setup.input(run.device), setup.labels(run.device)
+    fns, seconds = {}, {}
+    for pe, model in run.models(setup).items():
+        step = TrainStep(torch.compile(model, fullgraph=True, dynamic=False), x, y)
+        start = time.perf_counter()
+        try:
+            step(), run.sync()
+            fns[pe] = step
+        except Exception as error:  # a failing encoding is a row of the table, not the end of the run
+            fns[pe] = error_text(error)
+        seconds[pe] = (f"{time.perf_counter() - start:.1f}",)
+    values = timed_or_error(run, fns)
+    return [versus(f"Compiled training step (`torch.compile(model, fullgraph=True)`, inductor; forward, backward, "
+                   f"AdamW): {setup.label}, batch {setup.batch}", values, "none", "ms", ms, encoding_limit,
+                   extra=(["compile s"], seconds),
+                   note="Compile s: the first step (compiling forward and backward, and the step). Under compile, "
+                        "learned biases train through SDPA's own path: the fused CPU bias backward is eager only.")]
+
+
 # -- 5. visionpe vs timm native ---------------------------------------------------------------------------------
 
 def timm_pairs(run: Run) -> dict[str, tuple]:
@@ -903,8 +928,8 @@ def profile_table(run: Run, setup: Setup) -> Table:
 # -- the report -------------------------------------------------------------------------------------------------
 
 RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "memory": memory_cost,
-           "compile": compiled_cost, "timm": versus_timm, "cache": cache_hits, "scale": scale_cost, "flex": flex_cost,
-           "profile": profile_cost}
+           "compile": compiled_cost, "timm": versus_timm, "cache": cache_hits, "scale": scale_cost,
+           "compile-train": compiled_train_cost, "flex": flex_cost, "profile": profile_cost}
 READING = "## Reading these numbers"
 
 

@@ -195,3 +195,12 @@ def test_operator_times_counts_calls_and_self_time():
     times, counts = BENCH.operator_times(run, step)
     assert counts["aten::mm"] == 3 and times["aten::mm"] > 0
     assert counts["aten::bmm"] == 0 and times["aten::bmm"] == 0
+
+
+def test_quick_compiled_training_section(one_thread):
+    assert "compile-train" not in BENCH.SECTIONS  # opt-in
+    report = BENCH.main(["--quick", "--threads", "1", "--sections", "compile-train", "--pes", "rope_mixed"])
+    [(title, rows)] = [(t, r) for t, r in parse_tables(report).items() if t.startswith("Compiled training step")]
+    assert [row["pe"] for row in rows] == ["none", "none (control)", "rope_mixed"]
+    assert all(math.isfinite(ratio(row["vs none"])) for row in rows), rows
+    assert not any(row["ms"].startswith("error") for row in rows), rows
