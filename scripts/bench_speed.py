@@ -865,7 +865,7 @@ def flex_training(run: Run, batch: int, side: int, heads: int, head_dim: int) ->
                  f"q, k, v requiring grad, batch {batch}, {tokens} tokens", ["bias", "forward + backward"], rows)
 
 
-# -- 9. where the time goes (opt-in) -------------------------------------------------------------------------
+# -- 9. where the time goes (opt-in) ---------------------------------------------------------------------------
 
 PROFILE_OPS = 5  # operators listed per encoding
 
@@ -895,7 +895,7 @@ def profile_table(run: Run, setup: Setup) -> Table:
     steps = run.train_steps(setup)
     for step in steps.values():
         step(), run.sync()  # warm-up outside the profile
-    rounds = max(3, round(4 * run.min_run_time / run.time_per_call(steps["none"])))  # 3 at ViT-S/16, ~12 small
+    rounds = max(3, round(4 * run.min_run_time / run.time_per_call(steps["none"])))  # 3 at ViT-S/16, about 14 small
     totals = {name: (Counter(), Counter()) for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():

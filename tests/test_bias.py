@@ -161,7 +161,6 @@ def test_cpb_new_window_evaluates_mlp_on_new_offsets():
     torch.testing.assert_close(pe(Grid((5, 5))), big(Grid((5, 5))))
 
 
-
 def test_cpb_training_gradients_match_timm():
     window, heads, hidden = (4, 5), 3, 64
     timm_cpb = RelPosMlp(window, num_heads=heads, hidden_dim=hidden, mode="swin").eval()  # eval: no MLP dropout
@@ -174,6 +173,7 @@ def test_cpb_training_gradients_match_timm():
     for ours, theirs in ((pe.cpb_mlp[0].weight, timm_cpb.mlp.fc1.weight), (pe.cpb_mlp[0].bias, timm_cpb.mlp.fc1.bias),
                          (pe.cpb_mlp[2].weight, timm_cpb.mlp.fc2.weight)):
         torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-4, atol=1e-5)
+
 
 # -- alibi ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("heads", [1, 4, 6])
