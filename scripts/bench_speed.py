@@ -865,7 +865,7 @@ def flex_training(run: Run, batch: int, side: int, heads: int, head_dim: int) ->
                  f"q, k, v requiring grad, batch {batch}, {tokens} tokens", ["bias", "forward + backward"], rows)
 
 
-# -- 9. where the time goes (opt-in) ---------------------------------------------------------------------------
+# -- 9. where the time goes (opt-in) ----------------------------------------------------------------------------
 
 PROFILE_OPS = 5  # operators listed per encoding
 
