@@ -3,7 +3,7 @@ results and, under "Reading these numbers", how to read them).
 
     python scripts/bench_speed.py [--device cpu|cuda] [--sections rope forward ...] [--pes rope_mixed ...]
                                   [--repeats 5] [--slow-repeats 5] [--min-run-time 0.25] [--scale-repeats 1]
-                                  [--threads N] [--no-compile-large] [--quick] [--out PATH]
+                                  [--threads N] [--compile-pairs learned swin_bias ...] [--quick] [--out PATH]
 
 Every time ratio compares timings taken in the same process, interleaved round-robin: each round times every
 function in turn for a block of calls lasting at least ``--min-run-time`` seconds, and the median of the rounds'
@@ -21,8 +21,9 @@ op: their gap to the baseline is the noise of the run. Sections (``--sections``,
 - ``memory``: peak memory of that training step per encoding vs none (CUDA: ``max_memory_allocated``; CPU: the
   peak of live tensor storages allocated in the step, tracked per operator by :class:`LiveTensorBytes`).
 - ``compile``: ``torch.compile(model, fullgraph=True)`` eval forward per encoding vs compiled none (small config);
-  and compiled visionpe vs compiled timm: ViT-S/16 learned, axial and mixed RoPE, Swin-T (``--no-compile-large``
-  leaves these out).
+  and compiled visionpe vs compiled timm, same weights (``--compile-pairs``, each pair 1-1.5 min of compilation on
+  2 cores with an empty inductor cache: by default learned ViT-S/16 and ``swin_bias`` Swin-T; ``control``,
+  ``rope_axial``, ``rope_mixed`` on request; none when given no names).
 - ``compile-train`` (opt-in: compiling eleven training steps takes 3-4 minutes on 2 cores, which would take the
   default run past 10): the training step of ``torch.compile(model, fullgraph=True)`` per encoding vs compiled none
   (small config).
@@ -75,6 +76,7 @@ from visionpe.rotary.rope import apply_rotary  # noqa: E402
 
 SECTIONS = ["rope", "forward", "train", "memory", "compile", "timm", "cache", "scale"]  # the default run
 OPT_IN = ["compile-train", "flex", "profile"]  # run only when named in --sections
+COMPILED_PAIRS = ("learned", "swin_bias", "control", "rope_axial", "rope_mixed")  # --compile-pairs: first two default
 PES = ["learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]
 CONTROL = " (control)"
 TINY_RECIPE = ROOT / "configs" / "bench_vit_tiny.yaml"
@@ -183,7 +185,7 @@ class Run:
     plan: Plan
     pes: list[str]
     scale_repeats: int = 1
-    compile_large: bool = True
+    compile_pairs: tuple[str, ...] = ("learned", "swin_bias")
     slow_repeats: int = 5
     steps: dict = field(default_factory=dict)  # setup label -> the training steps shared by train and memory
 
@@ -515,8 +517,8 @@ def compiled_cost(run: Run) -> list[Table]:
     tables = [versus(f"Compiled eval forward (`torch.compile(model, fullgraph=True)`, inductor): {setup.label}, "
                      f"batch {setup.batch}", values, "none", "ms", ms, encoding_limit, extra=(["compile s"], seconds),
                      note="Compile s: the first call (compilation and one forward).")]
-    if run.compile_large:
-        pairs = {k: v for k, v in timm_pairs(run).items() if k.startswith(("learned", "control", "rope", "swin_bias"))}
+    if run.compile_pairs:
+        pairs = {k: v for k, v in timm_pairs(run).items() if k.startswith(run.compile_pairs)}
         tables.append(pairs_table(run, pairs, compile_models=True))
     return tables
 
@@ -965,9 +967,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS + OPT_IN,
                         help=f"default: {' '.join(SECTIONS)}; opt-in: {' '.join(OPT_IN)}")
     parser.add_argument("--pes", nargs="+", default=PES, choices=PES, help="encodings compared with none")
-    parser.add_argument("--compile-large", action=argparse.BooleanOptionalAction, default=True,
-                        help="compile section: also compiled visionpe vs compiled timm ViT-S/16 and Swin-T (default: "
-                             "on, 1.2 min on 2 cores)")
+    parser.add_argument("--compile-pairs", nargs="*", default=list(COMPILED_PAIRS[:2]), choices=COMPILED_PAIRS,
+                        metavar="PAIR", help="compile section: the visionpe-vs-timm pairs compiled at full size, of "
+                        f"{' '.join(COMPILED_PAIRS)} (default: learned swin_bias; each pair takes 1-1.5 min of "
+                        "compilation on 2 cores with an empty inductor cache; no names: none)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--quick", action="store_true", help="tiny models, one short round: a smoke test")
     parser.add_argument("--out", type=Path, help="write the tables as markdown to this file")
@@ -987,7 +990,7 @@ def main(argv: list[str] | None = None) -> str:
         torch.set_num_threads(args.threads)
     allow_recompiles()
     run = Run(torch.device(args.device), args.repeats, args.min_run_time, make_plan(args.quick, args.batch),
-              args.pes, args.scale_repeats, args.compile_large, args.slow_repeats)
+              args.pes, args.scale_repeats, tuple(args.compile_pairs), args.slow_repeats)
     out = header(run, argv)
     for i, key in enumerate(args.sections):
         start = time.perf_counter()

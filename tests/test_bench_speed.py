@@ -102,12 +102,20 @@ def test_quick_run_writes_every_section(tmp_path, one_thread):
 
 def test_quick_compile_section(tmp_path, one_thread):
     out = tmp_path / "compiled.md"
-    report = BENCH.main(["--quick", "--threads", "1", "--sections", "compile", "--pes", "alibi", "--no-compile-large",
-                         "--out", str(out)])
-    [(title, rows)] = [(t, r) for t, r in parse_tables(report).items() if t.startswith("Compiled eval forward")]
+    report = BENCH.main(["--quick", "--threads", "1", "--sections", "compile", "--pes", "alibi", "--compile-pairs",
+                         "control", "--out", str(out)])
+    tables = parse_tables(report)
+    [(title, rows)] = [(t, r) for t, r in tables.items() if t.startswith("Compiled eval forward")]
     assert [row["pe"] for row in rows] == ["none", "none (control)", "alibi"]
     assert all(math.isfinite(ratio(row["vs none"])) for row in rows), rows
     assert not any(row["ms"].startswith("error") for row in rows), rows
+    # --compile-pairs chooses the compiled visionpe-vs-timm pairs: here only the control (two identical timm ViTs)
+    [pairs] = [r for t, r in tables.items() if t.startswith("visionpe vs timm native, compiled")]
+    assert [row["pair"] for row in pairs] == ["control: timm ViT vs an identical timm ViT"]
+    assert math.isfinite(ratio(pairs[0]["ours / timm"])), pairs
+    assert BENCH.parse_args([]).compile_pairs == ["learned", "swin_bias"]
+    assert not BENCH.main(["--quick", "--sections", "compile", "--pes", "alibi", "--compile-pairs"]).count(
+        "visionpe vs timm native, compiled")
 
 
 def test_live_tensor_bytes_tracks_the_peak_of_live_storages():
