@@ -258,6 +258,12 @@ def compiled(fn, *inputs):
         with torch.no_grad():  # always: a call with gradients on would compile a second graph
             return compiled_fn(*inputs)
 
+    return first_call(call)
+
+
+def first_call(call) -> tuple:
+    """``(call, seconds)`` after calling ``call()`` once (for a compiled function: compilation and one call), or
+    ``(error text, seconds)`` when that first call raises."""
     start = time.perf_counter()
     try:
         call()
@@ -529,14 +535,8 @@ def compiled_train_cost(run: Run) -> list[Table]:
     x, y = setup.input(run.device), setup.labels(run.device)
     fns, seconds = {}, {}
     for pe, model in run.models(setup).items():
-        step = TrainStep(torch.compile(model, fullgraph=True, dynamic=False), x, y)
-        start = time.perf_counter()
-        try:
-            step(), run.sync()
-            fns[pe] = step
-        except Exception as error:  # a failing encoding is a row of the table, not the end of the run
-            fns[pe] = error_text(error)
-        seconds[pe] = (f"{time.perf_counter() - start:.1f}",)
+        fns[pe], spent = first_call(TrainStep(torch.compile(model, fullgraph=True, dynamic=False), x, y))
+        seconds[pe] = (f"{spent:.1f}",)
     values = timed_or_error(run, fns)
     return [versus(f"Compiled training step (`torch.compile(model, fullgraph=True)`, inductor; forward, backward, "
                    f"AdamW): {setup.label}, batch {setup.batch}", values, "none", "ms", ms, encoding_limit,
