@@ -4,4 +4,4 @@ the sections and how to read them: :mod:`visionpe.bench` and docs/PERFORMANCE.md
 from visionpe.bench.cli import main
 
 if __name__ == "__main__":
-    main()
+    result = main()  # what main returned, for callers that use runpy

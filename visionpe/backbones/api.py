@@ -16,7 +16,7 @@ from torch import nn
 
 from .._checks import check_bool
 from ..encoding import Encoding
-from .adapter import ADAPTERS, adapter_for, check_img_size, parse_pe, route_kwargs, timm_adapter
+from .adapter import ADAPTERS, adapter_for, parse_pe, route_kwargs, timm_adapter
 
 
 def apply(model: nn.Module, pe: str = "learned", **pe_kwargs) -> nn.Module:

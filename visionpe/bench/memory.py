@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .tables import megabytes, versus
+from .tables import Table, megabytes, versus
 from .timing import Run
 
 

@@ -10,6 +10,7 @@ import torch
 import visionpe as vpe
 from ..cache import TableCache
 from .tables import Table, megabytes, ms, versus
+from .plan import Setup
 from .timing import CONTROL, Run
 
 

@@ -24,7 +24,8 @@ Prefix tokens (class, registers) have no spatial position and never appear in th
 """
 from .draw import *  # noqa: F401,F403
 from .draw import __all__ as _draw
+from .fresh import fresh_encoding  # noqa: F401  (in __all__ below)
 from .numbers import *  # noqa: F401,F403
 from .numbers import __all__ as _numbers
 
-__all__ = sorted(set(_numbers) | set(_draw))
+__all__ = sorted(set(_numbers) | set(_draw) | {"fresh_encoding"})

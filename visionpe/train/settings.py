@@ -1,10 +1,12 @@
-"""The training recipe: every setting, its default, what it does, and the values it takes.
+"""The settings of a training run: every setting, its default, what it does, the values it takes, and the rules of
+``--resume``.
 
 Settings resolve as ``DEFAULTS < YAML recipe (--config) < command line``; a resumed run starts from its own
-``config.yaml`` instead of the defaults (see :func:`visionpe.train.rundir.resume_config`). Every value is
-checked by :func:`check`, whatever its source, and a bad one is a :class:`~visionpe.train.cli.UserError`
+``config.yaml`` instead of the defaults (:func:`visionpe.train.restore.resume_config`). Every value is checked by
+:func:`check`, one group at a time, whatever its source, and a bad one is a :class:`~visionpe.train.cli.UserError`
 naming the setting and the values it takes. Each setting ``key`` is ``--key-with-dashes`` on the command line
-and ``key:`` in YAML.
+and ``key:`` in YAML. User code named by ``--import`` (or ``imports:`` in a recipe) is imported before anything
+is checked, so its encodings, data sets and backbones are known names.
 """
 from __future__ import annotations
 
@@ -15,29 +17,20 @@ from dataclasses import dataclass
 import yaml
 
 from .. import data as vdata
-from .cli import Parser, UserError, one_line
+from .cli import Parser, UserError, add_import, import_user_code, one_line
+from .models import DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_kwargs, tubelet
 
 MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN = ("model", "data", "optimizer", "learning-rate schedule",
                                              "augmentation and regularization", "evaluation", "run and misc")
 GROUPS = (MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN)
 AMP = ("auto", "bf16", "none")
 DEVICES = ("auto", "cpu", "cuda")
-TIMM_NATIVE = "timm"  # pe: the timm model with its own position encoding, untouched (benchmark reference rows)
-# timm modules whose models run at any input size as timm builds them (ViT/DeiT, Eva RoPE ViTs, Swin v1/v2)
-TIMM_NATIVE_MODULES = ("vision_transformer", "eva", "swin_transformer", "swin_transformer_v2")
 SIZE_KEYS = ("embed_dim", "depth", "num_heads")  # command-line shortcuts into model_kwargs
 RUN_KEYS = ("num_classes", "in_chans")  # written to / read from config.yaml only
-# torchvision's Video Swin constructors (video runs only): torchvision's own sizes; model_kwargs override any of them
-_SWIN3D = dict(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24], window_size=[8, 7, 7],
-               stochastic_depth_prob=0.1)
-VIDEO_SWIN = {"swin3d_t": _SWIN3D, "swin3d_s": {**_SWIN3D, "depths": [2, 2, 18, 2]},
-              "swin3d_b": {**_SWIN3D, "embed_dim": 128, "depths": [2, 2, 18, 2], "num_heads": [4, 8, 16, 32]}}
-SWIN3D_KEYS = ("embed_dim", "depths", "num_heads", "window_size", "mlp_ratio", "dropout", "attention_dropout",
-               "stochastic_depth_prob")
 NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
 # settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
 SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "threads", "progress", "device", "stop_after",
-                  "download")
+                  "download", "imports")
 
 
 @dataclass(frozen=True)
@@ -50,6 +43,11 @@ class Setting:
     metavar: str | None = None
 
 
+def _data_help() -> str:
+    return (f"data set: one of {', '.join(vdata.DATASETS)}, or one registered by --import "
+            "(visionpe.data.register_dataset)")
+
+
 def _pe_help() -> str:
     import visionpe
     return (f"positional encoding: one of {', '.join(visionpe.available())}; a combination of one per family joined by '+' "
@@ -58,6 +56,8 @@ def _pe_help() -> str:
 
 
 S = Setting
+
+
 SETTINGS: dict[str, Setting] = {
     # model
     "model": S("vit_tiny_patch16_224", MODEL, "str", "timm model name: a ViT/DeiT (vit_*, deit_*) or Swin "
@@ -95,7 +95,7 @@ SETTINGS: dict[str, Setting] = {
                          "(head.*); train a new one (needed when the number of classes differs)"),
     "drop_path": S(0.0, AUG, "float", "stochastic depth rate (timm drop_path_rate); in [0, 1)", metavar="P"),
     # data
-    "data": S("shapes-position", DATA, "choice", "data set", choices=vdata.DATASETS),
+    "data": S("shapes-position", DATA, "str", "", metavar="NAME"),  # help filled from the data registry
     "data_dir": S(None, DATA, "str?", "folder of a real data set (torchvision layout; imagefolder: DIR/train/<class>/ "
                   "and DIR/val/<class>/); must hold the data unless --download", metavar="DIR"),
     "download": S(False, DATA, "bool", "fetch a torchvision data set into --data-dir if it is not there"),
@@ -154,8 +154,13 @@ SETTINGS: dict[str, Setting] = {
     "stop_after": S(0, RUN, "int", "stop after this many epochs as if interrupted (0 = never); --resume continues; "
                     "an integer >= 0", metavar="N"),
     "progress": S(True, RUN, "bool", "a progress bar per epoch (only on a terminal)"),
+    "imports": S([], RUN, "strs", "", metavar="MODULE_OR_FILE"),  # --import: cli.add_import
 }
+
+
 DEFAULTS = {key: s.default for key, s in SETTINGS.items()}
+
+
 SIZE_HELP = {"embed_dim": "token width (sets model_kwargs.embed_dim); an integer >= 1",
              "depth": "number of transformer blocks (sets model_kwargs.depth); an integer >= 1",
              "num_heads": "attention heads (sets model_kwargs.num_heads); an integer >= 1"}
@@ -192,8 +197,12 @@ def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "
                              help="continue the run in DIR (default: --output) exactly where it stopped; only "
                                   f"{', '.join(SAFE_ON_RESUME)} may change")
     for key, s in SETTINGS.items():
+        if key == "imports":
+            add_import(p, groups[RUN])
+            continue
         flag = "--" + key.replace("_", "-")
-        text = (s.help or _pe_help()) + ("" if s.default is None else f" (default: {_default_text(key)})")
+        text = (s.help or {"pe": _pe_help, "data": _data_help}[key]()) + \
+            ("" if s.default is None else f" (default: {_default_text(key)})")
         g = groups[s.group]
         if s.kind == "mapping":
             g.add_argument(flag, nargs="*", type=_kv, metavar=s.metavar, help=text)
@@ -248,20 +257,26 @@ def resolve(args: dict, base: dict | None = None) -> dict:
 
     Adds the derived ``num_classes`` and ``in_chans`` (kept from ``base`` when the data set is unchanged; an
     ImageFolder's class count is ``None`` until its data is loaded)."""
-    cfg = _copy(DEFAULTS if base is None else base)
+    cfg = copied(DEFAULTS if base is None else base)
+    given_sizes = "model_kwargs" in args or any(key in args for key in SIZE_KEYS)
     if args.get("config"):
         recipe = read_yaml(args["config"])
         misplaced = sorted(set(recipe) & set(RUN_KEYS))
         if misplaced:
             raise UserError(f"config file {args['config']!r}: {', '.join(misplaced)} are derived from the data and "
                             "the model, not settings; remove them")
-        cfg.update(_copy(recipe))
-    cfg.update({k: _copy(v) for k, v in args.items() if k in DEFAULTS})
+        given_sizes = given_sizes or "model_kwargs" in recipe
+        cfg.update(copied(recipe))
+    cfg.update({k: copied(v) for k, v in args.items() if k in DEFAULTS and k != "imports"})
+    imports = [*(cfg.get("imports") or []), *(args.get("imports") or [])]
+    if not isinstance(imports, list) or not all(isinstance(v, str) for v in imports):
+        raise UserError(f"imports must be a list of module names or .py files, got {cfg.get('imports')!r}")
+    cfg["imports"] = list(dict.fromkeys(import_user_code(imports)))  # before any name is checked
     for key in ("model_kwargs", "pe_kwargs"):
         if cfg.get(key) is None:
             cfg[key] = {}
-    if cfg["model"] in VIDEO_SWIN and cfg["model_kwargs"] == DEFAULTS["model_kwargs"]:
-        cfg["model_kwargs"] = {}  # the ViT default sizes do not apply: torchvision's swin3d sizes
+    if base is None and not given_sizes and not is_vit(str(cfg["model"])):
+        cfg["model_kwargs"] = {}  # the default sizes are a tiny ViT's: other models keep their own
     for key in SIZE_KEYS:
         if key in args and isinstance(cfg["model_kwargs"], dict):
             cfg["model_kwargs"][key] = args[key]
@@ -277,29 +292,45 @@ def resolve(args: dict, base: dict | None = None) -> dict:
     return cfg
 
 
-def _copy(value):
+def copied(value):
+    """A copy of a settings value: nested dicts and lists copied, everything else shared (immutable)."""
     if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
+        return {k: copied(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_copy(v) for v in value]
+        return [copied(v) for v in value]
     return value
 
 
+def need(ok, message: str) -> None:
+    """A :class:`UserError` with ``message`` unless ``ok``."""
+    if not ok:
+        raise UserError(message)
+
+
 def check(cfg: dict, training: bool = True) -> None:
-    """Check every setting in ``cfg`` (types, ranges, names); ``training=False`` skips what only matters to
+    """Check every setting in ``cfg``: the kind of each value, then each group's ranges and names (model, data and
+    video, optimizer, schedule, augmentation, evaluation, run). ``training=False`` skips what only matters to
     training on this machine (the CUDA device). Floats given as strings (YAML reads ``1e-3`` as a string) are
     converted in place."""
-    def need(ok, message):
-        if not ok:
-            raise UserError(message)
+    check_kinds(cfg)
+    check_model_settings(cfg)
+    check_data(cfg)
+    check_video(cfg)
+    check_optimizer(cfg)
+    check_schedule(cfg)
+    check_augmentation(cfg)
+    check_evaluation(cfg)
+    check_run(cfg, training)
 
+
+def check_kinds(cfg: dict) -> None:
+    """Each value is of its setting's kind (integer, number, true/false, name, choice, mapping, list)."""
     for key, s in SETTINGS.items():
         value = cfg[key]
         if s.kind in ("int", "int?"):
             if value is None and s.kind == "int?":
                 continue
-            need(isinstance(value, int) and not isinstance(value, bool),
-                 f"{key} must be an integer, got {value!r}")
+            need(isinstance(value, int) and not isinstance(value, bool), f"{key} must be an integer, got {value!r}")
         elif s.kind == "float":
             if isinstance(value, str):
                 try:
@@ -322,96 +353,61 @@ def check(cfg: dict, training: bool = True) -> None:
         elif s.kind == "ints":
             need(isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
                  f"{key} must be a list of integers, got {value!r}")
-    for key in ("epochs", "batch_size", "eval_batch_size", "patch_size"):
+        elif s.kind == "strs":
+            need(isinstance(value, list) and all(isinstance(v, str) and v for v in value),
+                 f"{key} must be a list of names, got {value!r}")
+
+
+def check_model_settings(cfg: dict) -> None:
+    """The model name (a known backbone that fits the run), its sizes, the encoding, the patch and image sizes."""
+    from ..backbones import parse_pe
+    check_model(cfg)
+    for key in ("patch_size",):
         need(cfg[key] >= 1, f"{key} must be an integer >= 1, got {cfg[key]}")
-    for key in ("train_samples", "val_samples"):
-        need(cfg[key] is None or cfg[key] >= 1, f"{key} must be an integer >= 1, got {cfg[key]}")
-    for key in ("workers", "threads", "stop_after", "seed"):
-        need(cfg[key] >= 0, f"{key} must be an integer >= 0, got {cfg[key]}")
-    need(cfg["lr"] > 0, f"lr must be a number > 0, got {cfg['lr']}")
-    need(not cfg["init_head_reset"] or cfg["init_from"], "--init-head-reset needs --init-from PATH (it resets the "
-         "classifier head of the weights taken from PATH)")
-    for key in ("weight_decay", "min_lr", "clip_grad", "mixup", "cutmix"):
-        need(cfg[key] >= 0, f"{key} must be a number >= 0, got {cfg[key]}")
-    need(0 <= cfg["warmup_epochs"] <= cfg["epochs"],
-         f"warmup_epochs must be in [0, epochs={cfg['epochs']}], got {cfg['warmup_epochs']}")
-    need(0 <= cfg["label_smoothing"] < 1, f"label_smoothing must be in [0, 1), got {cfg['label_smoothing']}")
-    need(0 <= cfg["drop_path"] < 1, f"drop_path must be in [0, 1), got {cfg['drop_path']}")
     need(cfg["img_size"] >= cfg["patch_size"] and cfg["img_size"] % cfg["patch_size"] == 0,
          f"img_size {cfg['img_size']} must be a positive multiple of patch_size {cfg['patch_size']}")
-    for key in ("eval_res", "train_res"):
-        for res in cfg[key]:
-            need(res >= cfg["patch_size"] and res % cfg["patch_size"] == 0,
-                 f"{key} {res} must be a positive multiple of patch_size {cfg['patch_size']}")
-    need(not (cfg["train_res"] and cfg.get("num_frames")), "train_res is for image data; video runs train at "
-         "img_size and num_frames (evaluate other sizes with --eval-res / --eval-frames)")
-    _check_video(cfg, need)
-    swin3d = cfg["model"] in VIDEO_SWIN
-    if swin3d:
-        bad = sorted(set(cfg["model_kwargs"]) - set(SWIN3D_KEYS) - {"num_classes"})
-        need(not bad, f"{cfg['model']} (torchvision SwinTransformer3d) takes model_kwargs {', '.join(SWIN3D_KEYS)}, "
-             f"not {', '.join(bad)} (e.g. --model-kwargs embed_dim=24 depths=[1,1] num_heads=[2,4] "
-             "window_size=[4,4,4])")
-    for key in SIZE_KEYS if not swin3d else ("embed_dim",):
+    for key in SIZE_KEYS if is_vit(cfg["model"]) else ("embed_dim",):  # other models' depth and heads are per stage
         value = cfg["model_kwargs"].get(key)
         need(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
              f"{key} (model_kwargs.{key}) must be an integer >= 1, got {value!r}")
     dim, heads = cfg["model_kwargs"].get("embed_dim"), cfg["model_kwargs"].get("num_heads")
-    need(swin3d or dim is None or heads is None or dim % heads == 0,
+    need(not isinstance(heads, int) or dim is None or heads is None or dim % heads == 0,
          f"embed_dim {dim} must be divisible by num_heads {heads}")
-    if cfg["mixup"] > 0 or cfg["cutmix"] > 0:
-        need(cfg["batch_size"] % 2 == 0, f"mixup/cutmix need an even batch_size, got {cfg['batch_size']}")
-    from ..backbones import parse_pe
-    import timm
     if cfg["pe"] == TIMM_NATIVE:
         need(not cfg["pe_kwargs"], f"pe=timm keeps timm's own encoding: give its keywords in --model-kwargs (e.g. "
              f"ref_feat_shape=8, rope_type=dinov3), not --pe-kwargs {' '.join(cfg['pe_kwargs'])}")
-        need(cfg["num_frames"] is None and timm.is_model(cfg["model"]) and timm.models.is_model_in_modules(
-            cfg["model"], list(TIMM_NATIVE_MODULES)), f"pe=timm trains one of timm's image models as timm builds "
-             f"it (modules {', '.join(TIMM_NATIVE_MODULES)}), got --model {cfg['model']}"
-             + (" with --num-frames" if cfg["num_frames"] is not None else ""))
     else:
         try:
             parse_pe(cfg["pe"])
         except ValueError as err:
             raise UserError(f"pe: {one_line(err)} (or 'none', or 'timm')") from None
-    need(cfg["model"] in VIDEO_SWIN or timm.is_model(cfg["model"]), f"unknown timm model {cfg['model']!r}; try e.g. vit_tiny_patch16_224, "
-                                      "deit_small_patch16_224, swin_tiny_patch4_window7_224")
-    if cfg["num_frames"] is not None:
-        need(cfg["model"] in VIDEO_SWIN or timm.models.is_model_in_modules(cfg["model"], ["vision_transformer"]),
-             f"video runs (--num-frames) build a tubelet timm ViT or a Video Swin: --model {cfg['model']} is not a "
-             f"ViT (vit_*, deit_*) nor one of {', '.join(VIDEO_SWIN)}")
-    from timm.optim import list_optimizers
-    need(cfg["opt"].lower() in list_optimizers(),
-         f"unknown optimizer opt={cfg['opt']!r}; e.g. adamw, adam, sgd, lamb, lion (timm.optim.list_optimizers())")
-    if training:
-        import torch
-        need(cfg["device"] != "cuda" or torch.cuda.is_available(),
-             "device=cuda but no CUDA device is available (use --device cpu or auto)")
+    need(not cfg["init_head_reset"] or cfg["init_from"], "--init-head-reset needs --init-from PATH (it resets the "
+         "classifier head of the weights taken from PATH)")
 
 
-def tubelet(cfg: dict) -> tuple[int, int, int]:
-    """A video run's tubelet: ``tubelet_size`` if given, else ``(1, patch, patch)`` (see the --tubelet-size help)."""
-    if cfg.get("tubelet_size"):
-        return tuple(int(v) for v in cfg["tubelet_size"])
-    patch = cfg["patch_size"]
-    return (1, *((patch, patch) if isinstance(patch, int) else tuple(patch)))
+def check_data(cfg: dict) -> None:
+    """A registered data set, sample counts and loader workers."""
+    need(cfg["data"] in vdata.DATASETS, f"unknown data set --data {cfg['data']!r}; choose from: "
+         f"{', '.join(vdata.DATASETS)} (or register one with --import)")
+    for key in ("train_samples", "val_samples"):
+        need(cfg[key] is None or cfg[key] >= 1, f"{key} must be an integer >= 1, got {cfg[key]}")
+    need(cfg["workers"] >= 0, f"workers must be an integer >= 0, got {cfg['workers']}")
 
 
-def _check_video(cfg: dict, need) -> None:
+def check_video(cfg: dict) -> None:
     """Video settings: num_frames exactly for video data, tubelet and frame counts that fit each other."""
-    video = cfg["data"] in vdata.VIDEO
+    video = vdata.get_spec(cfg["data"]).video
     frames = cfg["num_frames"]
     if frames is None:
         need(not video, f"--data {cfg['data']} is a video data set: give --num-frames T (frames per clip)")
-        need(cfg["model"] not in VIDEO_SWIN, f"--model {cfg['model']} is a video model (torchvision Video Swin): "
-             "it needs video data and --num-frames")
         need(not cfg["tubelet_size"], "--tubelet-size is for video runs (video data and --num-frames)")
         need(not cfg["eval_frames"], "--eval-frames is for video runs (video data and --num-frames)")
         return
-    need(video, f"--num-frames is for video data ({', '.join(vdata.VIDEO)}); --data {cfg['data']} is an image "
-         "data set")
+    need(video, f"--num-frames is for video data ({', '.join(vdata.names('video'))}); --data {cfg['data']} is an "
+         "image data set")
     need(frames >= 1, f"num_frames must be an integer >= 1, got {frames}")
+    need(not cfg["train_res"], "train_res is for image data; video runs train at img_size and num_frames (evaluate "
+         "other sizes with --eval-res / --eval-frames)")
     tub = cfg["tubelet_size"]
     if tub:
         need(len(tub) == 3 and all(v >= 1 for v in tub),
@@ -425,27 +421,64 @@ def _check_video(cfg: dict, need) -> None:
         need(f >= 1 and f % t == 0, f"eval_frames {f} must be a positive multiple of the tubelet's {t} frames")
 
 
+def check_optimizer(cfg: dict) -> None:
+    """A timm optimizer, batch size, decay, clipping."""
+    from timm.optim import list_optimizers
+    need(cfg["opt"].lower() in list_optimizers(),
+         f"unknown optimizer opt={cfg['opt']!r}; e.g. adamw, adam, sgd, lamb, lion (timm.optim.list_optimizers())")
+    need(cfg["batch_size"] >= 1, f"batch_size must be an integer >= 1, got {cfg['batch_size']}")
+    for key in ("weight_decay", "clip_grad"):
+        need(cfg[key] >= 0, f"{key} must be a number >= 0, got {cfg[key]}")
+
+
+def check_schedule(cfg: dict) -> None:
+    """Epochs, peak and final learning rates (the cosine decays: min_lr <= lr), warmup."""
+    need(cfg["epochs"] >= 1, f"epochs must be an integer >= 1, got {cfg['epochs']}")
+    need(cfg["lr"] > 0, f"lr must be a number > 0, got {cfg['lr']}")
+    need(cfg["min_lr"] >= 0, f"min_lr must be a number >= 0, got {cfg['min_lr']}")
+    need(cfg["min_lr"] <= cfg["lr"], f"min_lr {cfg['min_lr']} must not exceed lr {cfg['lr']} (the cosine schedule "
+         "decays from lr to min_lr)")
+    need(0 <= cfg["warmup_epochs"] <= cfg["epochs"],
+         f"warmup_epochs must be in [0, epochs={cfg['epochs']}], got {cfg['warmup_epochs']}")
+
+
+def check_augmentation(cfg: dict) -> None:
+    """Regularization rates, mixup/cutmix, multi-resolution training sizes."""
+    need(0 <= cfg["label_smoothing"] < 1, f"label_smoothing must be in [0, 1), got {cfg['label_smoothing']}")
+    need(0 <= cfg["drop_path"] < 1, f"drop_path must be in [0, 1), got {cfg['drop_path']}")
+    for key in ("mixup", "cutmix"):
+        need(cfg[key] >= 0, f"{key} must be a number >= 0, got {cfg[key]}")
+    if cfg["mixup"] > 0 or cfg["cutmix"] > 0:
+        need(cfg["batch_size"] % 2 == 0, f"mixup/cutmix need an even batch_size, got {cfg['batch_size']}")
+    for res in cfg["train_res"]:
+        need(res >= cfg["patch_size"] and res % cfg["patch_size"] == 0,
+             f"train_res {res} must be a positive multiple of patch_size {cfg['patch_size']}")
+
+
+def check_evaluation(cfg: dict) -> None:
+    """Test resolutions and the evaluation batch."""
+    need(cfg["eval_batch_size"] >= 1, f"eval_batch_size must be an integer >= 1, got {cfg['eval_batch_size']}")
+    for res in cfg["eval_res"]:
+        need(res >= cfg["patch_size"] and res % cfg["patch_size"] == 0,
+             f"eval_res {res} must be a positive multiple of patch_size {cfg['patch_size']}")
+
+
+def check_run(cfg: dict, training: bool) -> None:
+    """Seed, threads, early stop; the device when training here."""
+    for key in ("threads", "stop_after", "seed"):
+        need(cfg[key] >= 0, f"{key} must be an integer >= 0, got {cfg[key]}")
+    if training:
+        import torch
+        need(cfg["device"] != "cuda" or torch.cuda.is_available(),
+             "device=cuda but no CUDA device is available (use --device cpu or auto)")
+
+
 def saved_form(cfg: dict) -> dict:
     """What config.yaml holds: the settings that define the run, with ``model_kwargs`` complete (everything
     ``visionpe.create_model(model, pe, pe_kwargs=..., **model_kwargs)`` needs)."""
-    saved = {k: _copy(v) for k, v in cfg.items() if k not in NOT_SAVED}
+    saved = {k: copied(v) for k, v in cfg.items() if k not in NOT_SAVED}
     saved["model_kwargs"] = model_kwargs(cfg)
     return saved
-
-
-def model_kwargs(cfg: dict) -> dict:
-    """Everything timm needs besides the name: size overrides, resolution, classes, channels, drop path."""
-    kw = dict(cfg.get("model_kwargs") or {})
-    if cfg.get("model") in VIDEO_SWIN:  # SwinTransformer3d's keywords (its patch is the tubelet: build_model)
-        # stochastic depth from --drop-path (torchvision's own default 0.1 only through model_kwargs)
-        return {**VIDEO_SWIN[cfg["model"]], "stochastic_depth_prob": cfg.get("drop_path") or 0.0, **kw,
-                "num_classes": cfg["num_classes"]}
-    kw.update(img_size=cfg["img_size"], patch_size=cfg["patch_size"], num_classes=cfg["num_classes"],
-              in_chans=cfg["in_chans"])
-    kw.pop("drop_path_rate", None)
-    if cfg.get("drop_path"):
-        kw["drop_path_rate"] = cfg["drop_path"]
-    return kw
 
 
 def changes(old: dict, new: dict) -> list[tuple[str, object, object]]:
@@ -457,8 +490,7 @@ def changes(old: dict, new: dict) -> list[tuple[str, object, object]]:
             continue
         if key == "model_kwargs":
             for sub in dict.fromkeys([*a[key], *b[key]]):
-                if a[key].get(sub) != b[key].get(sub) and sub not in ("img_size", "patch_size", "num_classes",
-                                                                       "in_chans", "drop_path_rate"):
+                if a[key].get(sub) != b[key].get(sub) and sub not in DERIVED_MODEL_KWARGS:
                     out.append((f"model_kwargs.{sub}", a[key].get(sub), b[key].get(sub)))
         elif a.get(key) != b.get(key):
             out.append((key, a.get(key), b.get(key)))
@@ -466,3 +498,9 @@ def changes(old: dict, new: dict) -> list[tuple[str, object, object]]:
         if old.get(key, DEFAULTS[key]) != new.get(key, DEFAULTS[key]) and key != "overwrite":
             out.append((key, old.get(key, DEFAULTS[key]), new.get(key, DEFAULTS[key])))
     return out
+
+
+def refused_changes(base: dict, cfg: dict) -> list[tuple[str, object, object]]:
+    """The changes from a run's settings ``base`` to ``cfg`` that ``--resume`` refuses: everything not in
+    :data:`SAFE_ON_RESUME` (they would change what is trained)."""
+    return [d for d in changes(base, cfg) if d[0] not in SAFE_ON_RESUME]

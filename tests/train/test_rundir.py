@@ -14,7 +14,7 @@ import torch
 import yaml
 from PIL import Image
 from safetensors.torch import load_file
-from trainutil import ROOT, train_main
+from trainutil import ROOT, run_script, train_main
 
 from visionpe.weights import io as checkpoint
 from visionpe import data as vdata
@@ -270,7 +270,6 @@ def test_files_follow_the_umask(tmp_path):
 
 def test_imagefolder_run_is_swept_with_its_own_class_count(tmp_path):
     """The sweep rebuilds the model from the run's config (3 classes), not from the data set's name."""
-    import importlib.util
     folder = tmp_path / "folder"
     for split, count in (("train", 6), ("val", 3)):
         for c, colour in enumerate(((250, 40, 40), (40, 250, 40), (40, 40, 250))):
@@ -283,9 +282,6 @@ def test_imagefolder_run_is_swept_with_its_own_class_count(tmp_path):
                 "--img-size", "16", "--patch-size", "4", "--embed-dim", "8", "--depth", "1", "--num-heads", "2",
                 "--warmup-epochs", "0", "--no-progress", "--threads", "1", "--pe", "rope_axial", "--output", str(out)])
     assert yaml.safe_load((out / "config.yaml").read_text())["num_classes"] == 3
-    spec = importlib.util.spec_from_file_location("sweep_script", ROOT / "scripts" / "resolution_sweep.py")
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
-    rows = sweep.main([str(out), "--res", "16", "24", "--scaling", "none", "pi", "--out", str(tmp_path / "sw")])
+    rows = run_script("resolution_sweep", [str(out), "--res", "16", "24", "--scaling", "none", "pi", "--out", str(tmp_path / "sw")])
     assert len(rows) == 4 and all(r["data"] == "imagefolder" for r in rows)
     assert (tmp_path / "sw" / "sweep.csv").is_file()

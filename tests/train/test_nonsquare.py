@@ -3,24 +3,21 @@ the resolution sweep (parse, validate, CSV, log), and the errors for bad sizes."
 import argparse
 import csv
 import math
-import sys
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from trainutil import ROOT, TINY, train_main
+from trainutil import TINY, run_script, train_main
 from visionpe import data
-from visionpe.train import loop
+from visionpe.train import loop, sweep
 from visionpe.train.cli import UserError
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import resolution_sweep  # noqa: E402
 
 
 # -- data ------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("task", data.SYNTHETIC)
+@pytest.mark.parametrize("task", data.scenes.SYNTHETIC)
 def test_render_square_pair_is_the_integer_and_pairs_have_shape_h_w(task):
     for i in range(6):
         sc = data.scene(task, 0, i, "val")
@@ -41,7 +38,7 @@ def test_render_stretches_the_scene_per_axis():
         assert np.abs(wide - (square[0::2] + square[1::2]) / 2).mean() < 2.0
 
 
-@pytest.mark.parametrize("task", data.SYNTHETIC)
+@pytest.mark.parametrize("task", data.scenes.SYNTHETIC)
 def test_synthetic_dataset_at_height_by_width(task):
     ds = data.build_dataset(task, "val", (24, 48), seed=0, num_samples=4)
     x, y = ds[0]
@@ -128,15 +125,15 @@ def test_parse_size_refuses_zero(text):
 
 def test_check_sizes():
     image = {"data": "shapes-position", "patch_size": 4}
-    resolution_sweep.check_sizes("r", image, [8, (8, 16), (16, 8)])
+    sweep.check_sizes("r", image, [8, (8, 16), (16, 8)])
     with pytest.raises(UserError, match=r"resolution 8x18 .*patch_size 4"):
-        resolution_sweep.check_sizes("r", image, [(8, 18)])
+        sweep.check_sizes("r", image, [(8, 18)])
     with pytest.raises(UserError, match=r"resolution 0x8 "):
-        resolution_sweep.check_sizes("r", image, [(0, 8)])
+        sweep.check_sizes("r", image, [(0, 8)])
     video = {"data": "moving-shapes", "patch_size": 4, "num_frames": 4}
-    resolution_sweep.check_sizes("r", video, [8, 16])
+    sweep.check_sizes("r", video, [8, 16])
     with pytest.raises(UserError, match=r"--res 8x16: .*image runs.*video run"):
-        resolution_sweep.check_sizes("r", video, [(8, 16)])
+        sweep.check_sizes("r", video, [(8, 16)])
 
 
 # -- resolution_sweep end to end -------------------------------------------------------------------------------------
@@ -156,7 +153,7 @@ def test_sweep_evaluates_a_non_square_size(tiny_run, tmp_path, monkeypatch, caps
         return evaluate(model, dataset, **kw)
 
     monkeypatch.setattr(loop, "evaluate", spy)
-    rows = resolution_sweep.main([str(tiny_run), "--res", "8", "16", "8x16", "--scaling", "none", "pi",
+    rows = run_script("resolution_sweep", [str(tiny_run), "--res", "8", "16", "8x16", "--scaling", "none", "pi",
                                   "--out", str(tmp_path)])
     # the training size once, then 8 and 8x16 for each adaptation
     assert sorted(seen) == sorted([(3, 16, 16)] + [(3, 8, 8), (3, 8, 16)] * 2)
@@ -184,7 +181,7 @@ def test_plot_leaves_non_square_rows_out(tmp_path, monkeypatch):
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
     rows = [{"run": "r", "adaptation": "default", "res": res, "acc": 50.0, "train_res": 16}
             for res in (8, "8x16", 16)]
-    resolution_sweep.plot(rows, tmp_path / "p.png")
+    sweep.plot(rows, tmp_path / "p.png")
     assert plotted == [[8, 16]]
 
 
@@ -194,7 +191,7 @@ def test_plot_leaves_non_square_rows_out(tmp_path, monkeypatch):
 def test_sweep_cli_bad_size_exits_2_with_one_line(tiny_run, tmp_path, capsys, res, words):
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        resolution_sweep.main([str(tiny_run), "--res", "8", res, "--out", str(tmp_path)])
+        run_script("resolution_sweep", [str(tiny_run), "--res", "8", res, "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("resolution_sweep: error: "), err
     assert all(w in err for w in words), err

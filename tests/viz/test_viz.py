@@ -1,7 +1,6 @@
 """visionpe.viz and scripts/visualize.py: the numbers behind the pictures, the PNGs, the CLI."""
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -15,8 +14,9 @@ import visionpe
 from visionpe import ModelContext
 from visionpe.registry import ENCODINGS
 from visionpe import Grid, viz
+from trainutil import run_script
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHAPES = {2: (4, 4), 3: (2, 3, 3)}
 
 
@@ -35,13 +35,6 @@ def make(name: str, shape, num_heads: int = 2, seed: int = 0):
 
 def index(shape, position) -> int:
     return int(torch.tensor(position) @ torch.tensor([math.prod(shape[i + 1:]) for i in range(len(shape))]))
-
-
-def load_cli():
-    spec = importlib.util.spec_from_file_location("visualize_cli", ROOT / "scripts" / "visualize.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # -- numbers ------------------------------------------------------------------------------------------
@@ -225,27 +218,26 @@ def test_cli_bad_pe_exits_2_with_one_line():
 
 @pytest.mark.parametrize("argv, message", [
     (["--pe", "sincos", "--grid", "0", "4"], "--grid"),
-    (["--pe", "sincos", "--kind", "freqs"], "tokens encoding"),
+    (["--pe", "sincos", "--kind", "freqs"], "--kind freqs does not apply to sincos (tokens); kinds for it: "),
     (["--run", "/nonexistent/run"], "not found"),
     (["--pe", "rope_axial", "--grid", "4", "4", "--head", "7"], "head=7"),
     (["--pe", "rope_axial", "--grid", "2", "3", "3", "--kind", "video", "--query", "5", "0", "0"], "query"),
 ])
 def test_cli_mistakes_exit_2_with_one_line(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
-        load_cli().main(argv + ["--out", str(tmp_path / "x.png")])
+        run_script("visualize", argv + ["--out", str(tmp_path / "x.png")])
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
 
 
 def test_cli_fresh_encoding(tmp_path):
-    cli = load_cli()
     for argv in (["--pe", "sincos", "--grid", "4", "4", "--dim", "32"],
                  ["--pe", "rope_axial", "--grid", "2", "4", "4", "--kind", "video", "--head-dim", "24"],
                  ["--pe", "rope_axial", "--grid", "4", "4", "--kind", "resolution", "--scaling", "yarn",
                   "--new-grid", "6", "6", "--head-dim", "16", "--num-heads", "2"]):
         out = tmp_path / f"{argv[1]}_{len(argv)}.png"
-        assert cli.main(argv + ["--out", str(out), "--dpi", "40"]) == 0
+        assert run_script("visualize", argv + ["--out", str(out), "--dpi", "40"]) == 0
         assert out.stat().st_size > 1000
 
 
@@ -270,10 +262,10 @@ def run_dir(tmp_path_factory):
 
 
 def test_load_run_gives_the_trained_encodings(run_dir):
-    from visionpe.train import rundir
+    from visionpe.train import models, restore
     directory, model = run_dir
-    loaded, cfg = rundir.load_model(directory)
-    assert rundir.run_grid(cfg) == (4, 4)
+    loaded, cfg = restore.load_model(directory)
+    assert models.run_grid(cfg) == (4, 4)
     rope = viz.pick_encoding(loaded, "rope_mixed", layer=1)
     torch.testing.assert_close(viz.rope_frequencies(rope), viz.rope_frequencies(
         visionpe.encodings_of(model)["rotary"][1]))
@@ -288,15 +280,14 @@ def test_load_run_gives_the_trained_encodings(run_dir):
 
 def test_cli_from_a_run_directory(run_dir, tmp_path, capsys):
     directory, _ = run_dir
-    cli = load_cli()
     for argv in (["--run", str(directory)],  # default: the first encoding of the config, rope_mixed
                  ["--run", str(directory), "--pe", "rope_mixed", "--layer", "1", "--kind", "freqs"],
                  ["--checkpoint", str(directory / "last.safetensors"), "--pe", "learned", "--kind", "resolution"],
                  ["--run", str(directory), "--pe", "learned", "--kind", "heatmap"]):
         out = tmp_path / f"{len(argv)}_{argv[-1]}.png"
-        assert cli.main(argv + ["--out", str(out), "--dpi", "40"]) == 0
+        assert run_script("visualize", argv + ["--out", str(out), "--dpi", "40"]) == 0
         assert out.stat().st_size > 1000
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["--run", str(directory), "--pe", "alibi", "--out", str(tmp_path / "x.png")])
+        run_script("visualize", ["--run", str(directory), "--pe", "alibi", "--out", str(tmp_path / "x.png")])
     assert exit_info.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1

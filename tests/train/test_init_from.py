@@ -14,7 +14,7 @@ from trainutil import train_main
 
 from visionpe.weights.convert import is_positional as _is_positional
 from visionpe.resample import resample_grid
-from visionpe.train import rundir
+from visionpe.train import models, restore
 
 SIZES = ["--img-size", "16", "--patch-size", "4", "--embed-dim", "16", "--depth", "1", "--num-heads", "2"]
 RECIPE = ["--train-samples", "64", "--val-samples", "32", "--batch-size", "16", "--epochs", "1",
@@ -62,9 +62,9 @@ def test_learned_to_rope_mixed(source, tmp_path, capsys):
 
     # at the start, every non-positional weight is the source's: rebuild from config.yaml and initialize again
     src = load_file(source / "last.safetensors")
-    model = rundir.build_model(rundir.load_run(out))
+    model = models.build_model(restore.load_run(out))
     fresh = {k: v.clone() for k, v in model.state_dict().items()}
-    record = rundir.init_weights(model, rundir.load_run(out))
+    record = restore.init_weights(model, restore.load_run(out))
     start = model.state_dict()
     assert sorted(record["kept"]) == sorted(k for k in src if not _is_positional(k))
     for key in record["kept"]:
@@ -77,9 +77,9 @@ def test_learned_to_rope_mixed(source, tmp_path, capsys):
 def test_learned_table_kept_or_resampled(source, tmp_path, capsys):
     src = load_file(source / "last.safetensors")
     # same grid: the learned table of rope_mixed+learned is the source's, unchanged
-    cfg = rundir.new_config({"init_from": str(source), "pe": "rope_mixed+learned"})
-    model = rundir.build_model(cfg)
-    record = rundir.init_weights(model, cfg)
+    cfg = restore.new_config({"init_from": str(source), "pe": "rope_mixed+learned"})
+    model = models.build_model(cfg)
+    record = restore.init_weights(model, cfg)
     assert {"pe_tokens.table", "pe_tokens.prefix"} <= set(record["kept"]) and record["dropped"] == []
     assert record["new"] == ["blocks.0.attn.rotary.freqs"]
     assert torch.equal(model.state_dict()["pe_tokens.table"], src["pe_tokens.table"])
@@ -89,9 +89,9 @@ def test_learned_table_kept_or_resampled(source, tmp_path, capsys):
     assert "  converted pe_tokens.table -> pe_tokens.table (resampled 4x4 -> 6x6)" in capsys.readouterr().out
     (init,) = records(out, "init")
     assert init["converted"] == ["pe_tokens.table -> pe_tokens.table (resampled 4x4 -> 6x6)"]
-    cfg = rundir.load_run(out)
-    model = rundir.build_model(cfg)
-    rundir.init_weights(model, cfg)
+    cfg = restore.load_run(out)
+    model = models.build_model(cfg)
+    restore.init_weights(model, cfg)
     tokens = model.pe_tokens
     expected = resample_grid(src["pe_tokens.table"], (6, 6), tokens.interpolation, tokens.antialias)
     torch.testing.assert_close(model.state_dict()["pe_tokens.table"], expected)
@@ -109,10 +109,10 @@ def timm_checkpoint(path, num_classes=9):
 
 def test_timm_pos_embed_into_learned(tmp_path):
     vit = timm_checkpoint(tmp_path / "vit.pth")
-    cfg = rundir.new_config({"init_from": str(tmp_path / "vit.pth"), "pe": "learned", "img_size": 16, "patch_size": 4,
+    cfg = restore.new_config({"init_from": str(tmp_path / "vit.pth"), "pe": "learned", "img_size": 16, "patch_size": 4,
                              "model_kwargs": {"embed_dim": 16, "depth": 1, "num_heads": 2}})
-    model = rundir.build_model(cfg).eval()
-    record = rundir.init_weights(model, cfg)
+    model = models.build_model(cfg).eval()
+    record = restore.init_weights(model, cfg)
     assert sorted(record["converted"]) == ["pos_embed -> pe_tokens.prefix", "pos_embed -> pe_tokens.table"]
     assert record["new"] == [] and record["dropped"] == [] and record["source_pe"] is None
     x = torch.randn(2, 3, 16, 16)
@@ -208,13 +208,9 @@ def test_errors(source, tmp_path, capsys, case, words):
 
 
 def test_benchmark_section_replaced_in_place(tmp_path):
-    """scripts/convert_benchmark.py writes its section between markers: appended once, then replaced; the rest of
+    """The conversion benchmark writes its section between markers: appended once, then replaced; the rest of
     the report is left as it is."""
-    import importlib.util
-    from trainutil import ROOT
-    spec = importlib.util.spec_from_file_location("convert_benchmark", ROOT / "scripts" / "convert_benchmark.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from visionpe.train import convert_benchmark as bench
     doc = tmp_path / "BENCHMARK.md"
     doc.write_text("# Benchmark\n\ntable\n")
     section = lambda text: f"{bench.BEGIN}\n{bench.TITLE}\n\n{text}\n{bench.END}\n"

@@ -12,11 +12,9 @@ import yaml
 from safetensors.torch import load_file
 
 import visionpe
-from trainutil import ROOT, train_main
-from visionpe.train import rundir
+from trainutil import ROOT, run_script, train_main
+from visionpe.train import models, restore, sweep
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import resolution_sweep  # noqa: E402
 
 TINY = ["--data", "shapes-position", "--train-samples", "64", "--val-samples", "32", "--batch-size", "16",
         "--epochs", "2", "--img-size", "16", "--patch-size", "4", "--embed-dim", "16", "--depth", "1",
@@ -69,7 +67,7 @@ def test_run_directory_layout(rope_run):
 def test_position_parameters_have_no_weight_decay(rope_run):
     out, _ = rope_run
     state = torch.load(out / "state.pt", weights_only=True)
-    model = rundir.build_model(rundir.load_run(out))
+    model = models.build_model(restore.load_run(out))
     params = [n for g in timm_groups(model) for n in g]
     no_decay = {n for g, wd in zip(timm_groups(model), [g["weight_decay"] for g in state["optimizer"]["param_groups"]])
                 if wd == 0 for n in g}
@@ -159,7 +157,7 @@ def test_existing_run_needs_resume_or_overwrite(rope_run, capsys):
 
 def test_resolution_sweep_writes_csv_and_png(rope_run, tmp_path):
     out, _ = rope_run
-    rows = resolution_sweep.main([str(out), "--res", "12", "16", "24", "--scaling", "none", "pi", "yarn",
+    rows = run_script("resolution_sweep", [str(out), "--res", "12", "16", "24", "--scaling", "none", "pi", "yarn",
                                   "--out", str(tmp_path)])
     with open(tmp_path / "sweep.csv") as f:
         table = list(csv.DictReader(f))
@@ -171,10 +169,10 @@ def test_resolution_sweep_writes_csv_and_png(rope_run, tmp_path):
     assert all(float(at[(a, 16)]["retention"]) == 1.0 for a in ("none", "pi", "yarn"))
     # elsewhere each adaptation is its own model: the rotations at 24 px differ (the tiny run is at chance and its
     # attention nearly uniform, so its losses at 24 px agree to float rounding and cannot show it)
-    cfg = rundir.load_run(out)
+    cfg = restore.load_run(out)
     grid = visionpe.Grid((6, 6), prefix=1)
-    cis = {a: visionpe.encodings_of(rundir.build_model({**cfg, "pe_kwargs": kw}))["rotary"][0].cis(grid)
-           for a, kw in resolution_sweep.adaptations(cfg["pe"], ["none", "pi", "yarn"], [])}
+    cis = {a: visionpe.encodings_of(models.build_model({**cfg, "pe_kwargs": kw}))["rotary"][0].cis(grid)
+           for a, kw in sweep.adaptations(cfg["pe"], ["none", "pi", "yarn"], [])}
     assert not torch.allclose(cis["none"], cis["pi"]) and not torch.allclose(cis["pi"], cis["yarn"])
     # the unadapted model reproduces train_vit's own evaluation of the last weights
     last24 = next(e for e in records(out / "metrics.jsonl", "eval_res") if e["model"] == "last" and e["res"] == 24)
@@ -184,9 +182,9 @@ def test_resolution_sweep_writes_csv_and_png(rope_run, tmp_path):
 
 
 def test_sweep_adaptations_per_encoding():
-    assert [a for a, _ in resolution_sweep.adaptations("learned", ["none", "pi"], [])] == ["default"]
-    assert [a for a, _ in resolution_sweep.adaptations("rope_axial", ["none", "ntk"], [])] == ["none", "ntk"]
-    got = resolution_sweep.adaptations("rope_mixed+learned", ["pi"], ["bicubic", "bilinear"])
+    assert [a for a, _ in sweep.adaptations("learned", ["none", "pi"], [])] == ["default"]
+    assert [a for a, _ in sweep.adaptations("rope_axial", ["none", "ntk"], [])] == ["none", "ntk"]
+    got = sweep.adaptations("rope_mixed+learned", ["pi"], ["bicubic", "bilinear"])
     assert got == [("pi/bicubic", {"scaling": "pi", "interpolation": "bicubic"}),
                    ("pi/bilinear", {"scaling": "pi", "interpolation": "bilinear"})]
 
@@ -194,13 +192,13 @@ def test_sweep_adaptations_per_encoding():
 def test_adaptations_are_the_identity_at_the_training_size(rope_run):
     """resolution_sweep evaluates the training size once for all adaptations; that is only right if they agree."""
     out, _ = rope_run
-    cfg = rundir.load_run(out)
+    cfg = restore.load_run(out)
     state = load_file(out / "last.safetensors")
     x = torch.randn(4, 3, 16, 16)
     big = torch.randn(4, 3, 24, 24)
     logits = {}
     for scaling in ("none", "pi", "ntk", "yarn"):
-        model = rundir.build_model({**cfg, "pe_kwargs": {"scaling": scaling}})
+        model = models.build_model({**cfg, "pe_kwargs": {"scaling": scaling}})
         model.load_state_dict(state)
         with torch.no_grad():
             logits[scaling] = model.eval()(x), model(big)
@@ -213,7 +211,7 @@ def test_visualize_reads_a_real_run_directory(rope_run, tmp_path):
     """scripts/visualize.py and visionpe.viz rebuild the model from the config.yaml train_vit.py writes."""
     from visionpe import viz
     out, _ = rope_run
-    model, cfg = rundir.load_model(out)
+    model, cfg = restore.load_model(out)
     assert torch.equal(viz.pick_encoding(model, "rope_mixed", layer=0).freqs,
                        load_file(out / "best.safetensors")["blocks.0.attn.rotary.freqs"])
     png = tmp_path / "freqs.png"

@@ -2,18 +2,15 @@
 metrics.jsonl), exact resume, the resolution sweep with --frames, and one-line errors for bad combinations."""
 import csv
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainutil import ROOT, train_main
-from visionpe.train import rundir
+from trainutil import ROOT, run_script, train_main
+from visionpe.train import models, restore
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import resolution_sweep  # noqa: E402
 
 VIDEO = ["--data", "moving-shapes", "--num-frames", "4", "--train-samples", "32", "--val-samples", "16",
          "--batch-size", "8", "--epochs", "2", "--img-size", "16", "--patch-size", "4", "--embed-dim", "24",
@@ -44,8 +41,8 @@ def test_video_run_writes_the_frames_by_resolution_table(video_run, capsys):
         rows = [r for r in records(out / "metrics.jsonl", "eval_res") if r["model"] == which]
         assert {(r["frames"], r["res"]) for r in rows} == {(f, r) for f in (2, 4, 8) for r in (8, 16, 24)}
     assert len(records(out / "metrics.jsonl", "epoch")) == 2
-    model, cfg = rundir.load_model(out)
-    assert cfg["num_frames"] == 4 and rundir.run_grid(cfg) == (4, 4, 4)
+    model, cfg = restore.load_model(out)
+    assert cfg["num_frames"] == 4 and models.run_grid(cfg) == (4, 4, 4)
     assert model(torch.randn(1, 3, 4, 16, 16)).shape == (1, 8)
 
 
@@ -74,7 +71,7 @@ def test_video_resume_is_exact(tmp_path):
 
 def test_sweep_on_a_video_run(video_run, tmp_path):
     out, _ = video_run
-    rows = resolution_sweep.main([str(out), "--frames", "2", "4", "8", "--res", "16", "24", "--scaling", "none", "pi",
+    rows = run_script("resolution_sweep", [str(out), "--frames", "2", "4", "8", "--res", "16", "24", "--scaling", "none", "pi",
                                   "--out", str(tmp_path / "sweep")])
     cells = {(a, f, r) for a in ("none", "pi") for f in (2, 4, 8) for r in (16, 24)}
     assert {(r["adaptation"], r["frames"], r["res"]) for r in rows} == cells
@@ -112,8 +109,11 @@ def test_video_swin_run(tmp_path):
                                  "num_heads=[2,4]", "window_size=[2,2,2]", "--pe", "rope_mixed", "--epochs", "1",
                                  "--eval-frames", "8", "--output", str(tmp_path / "swin")])
     assert set(summary["results"]["last"]) == {"4x16", "8x16"}
-    model, cfg = rundir.load_model(tmp_path / "swin")
-    assert type(model).__name__ == "SwinTransformer3dPE" and cfg["model_kwargs"]["stochastic_depth_prob"] == 0.0
+    model, cfg = restore.load_model(tmp_path / "swin")
+    assert type(model).__name__ == "SwinTransformer3dPE" and cfg["model_kwargs"]["drop_path_rate"] == 0.0
+    # --drop-path (default 0) is torchvision's stochastic depth, not its own default of 0.1
+    depths = [m.p for m in model.modules() if type(m).__name__ == "StochasticDepth"]
+    assert depths and all(p == 0.0 for p in depths)
     assert model(torch.randn(1, 3, 8, 16, 16)).shape == (1, 8)
 
 
@@ -123,17 +123,14 @@ def test_sweep_frames_refused_for_an_image_run(tmp_path, capsys):
                 "--no-progress", "--output", str(tmp_path / "img")])
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        resolution_sweep.main([str(tmp_path / "img"), "--frames", "4", "--res", "16", "--out", str(tmp_path / "s")])
+        run_script("resolution_sweep", [str(tmp_path / "img"), "--frames", "4", "--res", "16", "--out", str(tmp_path / "s")])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "--frames is for video runs" in err, err
 
 
 def test_benchmark_writes_its_video_section_and_keeps_the_rest(tmp_path):
     import argparse
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("benchmark_script", ROOT / "scripts" / "benchmark.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from visionpe.train import benchmark as bench
     cols = [(f, r) for f in (4, 8) for r in (16, 24)]
     entry = lambda accs: {"acc": {c: list(a) for c, a in zip(cols, accs)}, "ret": {}, "params": 1000, "img_s": [5.0],
                           "train_res": (8, 16), "seeds": {0, 1}}

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from visionpe import data
 
 
-@pytest.mark.parametrize("task", data.SYNTHETIC)
+@pytest.mark.parametrize("task", data.scenes.SYNTHETIC)
 def test_synthetic_is_deterministic_by_seed_and_index(task):
     a = data.build_dataset(task, "train", 24, seed=3, num_samples=12)
-    data._render_split.cache_clear()
+    data.scenes._render_split.cache_clear()
     b = data.build_dataset(task, "train", 24, seed=3, num_samples=12)
     assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
     c = data.build_dataset(task, "train", 24, seed=4, num_samples=12)
@@ -26,7 +26,7 @@ def test_synthetic_is_deterministic_by_seed_and_index(task):
     assert torch.equal(more.images[:12], a.images)
 
 
-@pytest.mark.parametrize("task", data.SYNTHETIC)
+@pytest.mark.parametrize("task", data.scenes.SYNTHETIC)
 def test_native_rendering_same_scene_more_pixels(task):
     n = 16
     sets = {s: data.build_dataset(task, "val", s, seed=0, num_samples=n) for s in (24, 32, 64)}
@@ -100,7 +100,7 @@ def test_idx_files_in_data_dir_are_read_and_resized(tmp_path):
     assert len(ds) == 10 and ds.in_chans == 1 and ds.num_classes == 10
     x, y = ds[3]
     assert x.shape == (1, 32, 32) and y == 3
-    native = data._native("mnist", "test", str(tmp_path), False)[0]
+    native = data.torchvision_sets._native("mnist", "test", str(tmp_path), False)[0]
     assert native.shape == (10, 1, 28, 28)
     small = data.build_dataset("mnist", "val", 14, data_dir=str(tmp_path))
     want = F.interpolate(native.float(), size=(14, 14), mode="bicubic", antialias=True).round().clamp(0, 255)

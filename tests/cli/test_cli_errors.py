@@ -9,7 +9,6 @@ new option adds rows here (issue 9's matrix).
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -17,20 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from trainutil import ROOT, TINY, train_main
+from trainutil import ROOT, TINY, run_script, script_namespace, train_main
 
-from visionpe.train import config
+from visionpe.train import settings
 from visionpe.train.cli import UserError
 
 
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-SWEEP, VISUALIZE, BENCHMARK = (load_script(n) for n in ("resolution_sweep", "visualize", "benchmark"))
+SCRIPTS = {"sweep": "resolution_sweep", "visualize": "visualize", "benchmark": "benchmark"}
 PROG = {"train": "train_vit", "sweep": "resolution_sweep", "visualize": "visualize.py", "benchmark": "benchmark"}
 PYTHON_TAG = '!!python/object/apply:os.system ["touch {tmp}/pwned"]'
 
@@ -94,7 +86,17 @@ SETUPS = {
     "rows_bad_pe": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe rope_bogus}]\n"),
     "rows_empty_ok": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe learned}]\n"),
     "rows_bad_flag": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --bogus-flag 1}]\n"),
+    "user_code_clash": lambda tmp, run: user_code(tmp, "import visionpe as vpe\n"
+                                                       "vpe.register('rope_axial', vpe.AxialRoPE.__mro__[1])\n"),
+    "user_code_syntax": lambda tmp, run: user_code(tmp, "def broken(:\n"),
+    "user_code_raises": lambda tmp, run: user_code(tmp, "raise RuntimeError('the user code failed')\n"),
 }
+
+
+def user_code(tmp, text):
+    path = tmp / "user_code.py"
+    path.write_text(text)
+    return path
 
 
 def rows_file(tmp, text):
@@ -288,6 +290,15 @@ ROWS = [
     (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["rope_bogus"], "rows_bad_pe"),
     (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["--bogus-flag"], "rows_bad_flag"),
     (B, ["--rows", "{yaml}", "--data", "shapes-position", "--swin"], ["--rows", "--swin"], "rows_empty_ok"),
+    # -- --import: user code, imported before anything is built -----------------------------------------------
+    (T, ["--import", "no_such_module_for_visionpe"], ["--import no_such_module_for_visionpe", "cannot import"]),
+    (T, ["--import", "{tmp}/missing.py"], ["{tmp}/missing.py", "no such file"]),
+    (T, ["--import", "{yaml}"], ["user_code.py", "rope_axial", "already registered"], "user_code_clash"),
+    (T, ["--import", "{yaml}"], ["user_code.py", "syntax error at line 1"], "user_code_syntax"),
+    (T, ["--import", "{yaml}"], ["user_code.py", "RuntimeError", "the user code failed"], "user_code_raises"),
+    (S, ["{run}", "--res", "16", "--import", "no_such_module_for_visionpe"], ["cannot import"]),
+    (V, ["--pe", "sincos", "--import", "{tmp}/missing.py"], ["no such file"]),
+    (B, ["--data", "shapes-position", "--import", "no_such_module_for_visionpe"], ["cannot import"]),
     # -- pe=timm (timm's own model, benchmark reference rows) -----------------------------------------------------
     (T, ["--pe", "timm", "--pe-kwargs", "theta=10"], ["pe=timm", "--model-kwargs", "theta"]),
     (T, ["--pe", "timm", "--data", "moving-shapes", "--num-frames", "4"], ["pe=timm", "--num-frames"]),
@@ -298,8 +309,7 @@ ROWS = [
 def invoke(script, argv):
     if script == T:
         return train_main(TINY + argv)
-    module = {S: SWEEP, V: VISUALIZE, B: BENCHMARK}[script]
-    return module.main(argv)
+    return run_script(SCRIPTS[script], argv)
 
 
 @pytest.fixture(scope="module")
@@ -341,7 +351,8 @@ def test_mistake_is_one_line_and_exit_2(script, args, words, setup, finished_run
 def test_table_covers_every_training_flag():
     """Each training setting has at least one row (a new setting needs its bad values here)."""
     flags = {a for row in ROWS if row[0] == T for a in row[1] if a.startswith("--")}
-    missing = [k for k in config.DEFAULTS if "--" + k.replace("_", "-") not in flags
+    flag = lambda key: "--import" if key == "imports" else "--" + key.replace("_", "-")
+    missing = [k for k in settings.DEFAULTS if flag(k) not in flags
                and k not in ("download", "overwrite", "progress")]  # booleans: argparse takes only the flag
     assert not missing, missing
     assert sum(row[0] == T for row in ROWS) >= 40
@@ -355,8 +366,8 @@ def test_debug_shows_the_traceback(tmp_path):
 @pytest.mark.parametrize("script", ["train_vit.py", "scripts/resolution_sweep.py", "scripts/visualize.py",
                                     "scripts/benchmark.py"])
 def test_help_groups_flags_and_explains_each(script, capsys):
-    parser = {"train_vit.py": lambda: config.build_parser(), "scripts/resolution_sweep.py": SWEEP.build_parser,
-              "scripts/visualize.py": VISUALIZE.build_parser, "scripts/benchmark.py": BENCHMARK.build_parser}[script]()
+    parser = settings.build_parser() if script == "train_vit.py" else \
+        script_namespace(Path(script).stem)["build_parser"]()
     undocumented = [a.dest for a in parser._actions if not a.help]
     assert not undocumented
     assert len([g for g in parser._action_groups if g._group_actions]) >= 3
