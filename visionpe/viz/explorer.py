@@ -296,6 +296,7 @@ body { font: 14px/1.4 system-ui, sans-serif; margin: 16px; color: #222; }
 h1 { font-size: 17px; margin: 0 0 4px; }
 .controls { display: flex; flex-wrap: wrap; gap: 6px 18px; margin: 10px 0; }
 .controls label { display: flex; gap: 6px; align-items: center; }
+.controls select { flex: none; font: inherit; }
 [hidden] { display: none !important; }
 .panel { display: flex; gap: 8px; align-items: flex-start; }
 #map { cursor: crosshair; }
@@ -410,7 +411,7 @@ _SCRIPT = r"""
     }
     $("readout").textContent = text;
     $("quantity").textContent = layer().quantities[state.head] + " \u00b7 " + view().label;
-    $("note").textContent = layer().label + (layer().note ? " \u2014 " + layer().note : "");
+    $("note").textContent = layer().note;
   }
 
   function render() {
