@@ -3,11 +3,8 @@
 for every encoding, 2D and 3D, fresh and in a model."""
 from __future__ import annotations
 
-import base64
-import json
 import math
 import re
-import zlib
 
 import numpy as np
 import pytest
@@ -18,6 +15,8 @@ from visionpe import ModelContext, viz
 from visionpe.registry import ENCODINGS
 from visionpe.rotary.scaling import SCALINGS
 from visionpe.viz import explorer
+
+from explorerutil import check_layer, decode, page_data
 
 SHAPES = {2: (3, 4), 3: (2, 3, 4)}
 RELATIVE = {"sincos", "rope_axial", "rope_mixed", "swin_bias", "rel_bias", "cpb", "alibi", "bucket_bias"}
@@ -33,56 +32,6 @@ def make(name: str, shape, num_heads: int = 2, seed: int = 0, **kwargs):
             for p in pe.parameters():
                 p.normal_()
     return pe
-
-
-def page_data(page: str) -> dict:
-    match = re.search(r'<script type="application/json" id="vpe-data">(.*?)</script>', page, re.S)
-    assert match, "no embedded data"
-    return json.loads(match.group(1))
-
-
-def decode(entry: dict, shape) -> np.ndarray:
-    """``(N, N)`` values of one stored map: a table of offsets (query - key, first axis slowest) or all pairs."""
-    levels = np.frombuffer(zlib.decompress(base64.b64decode(entry["data"])), np.uint8)
-    n = math.prod(shape)
-    if entry["form"] == "full":
-        assert levels.size == n * n
-        pairs = levels.reshape(n, n)
-    else:
-        assert entry["form"] == "relative" and levels.size == math.prod(2 * s - 1 for s in shape)
-        coords = np.stack(np.meshgrid(*[np.arange(s) for s in shape], indexing="ij"), -1).reshape(n, len(shape))
-        offsets = coords[:, None, :] - coords[None, :, :] + np.array(shape) - 1
-        pairs = levels[np.ravel_multi_index(tuple(np.moveaxis(offsets, -1, 0)), [2 * s - 1 for s in shape])]
-    return entry["lo"] + pairs.astype(np.float64) * entry["step"]
-
-
-def expected_maps(pe, grid, count: int) -> list[torch.Tensor]:
-    """What the page's ``count`` maps must be: the mean over heads then each head, or one map every head shares."""
-    if count == 1:
-        only = viz.similarity(pe, grid)
-        for head in range(viz.num_heads_of(pe) if pe.family != "tokens" else 0):
-            torch.testing.assert_close(viz.similarity(pe, grid, head), only)  # truly one map for every head
-        return [only]
-    assert count == viz.num_heads_of(pe) + 1
-    return [viz.similarity(pe, grid)] + [viz.similarity(pe, grid, h) for h in range(count - 1)]
-
-
-def check_layer(layer: dict, pe, shape, new_shape) -> None:
-    """Every view and map of one layer decodes to the encoding's own numbers within one step."""
-    adaptations = [viz.adapt(pe, shape, new_shape, s) for s in ((None, *SCALINGS) if pe.family == "rotary" else (None,))]
-    expected = {f"native grid {'x'.join(map(str, shape))}": (pe, shape)}
-    for adapted, label in adaptations:
-        expected.setdefault(f"{'x'.join(map(str, new_shape))}: {label}", (adapted, new_shape))
-    assert [v["label"] for v in layer["views"]] == list(expected)
-    for view in layer["views"]:
-        adapted, grid = expected[view["label"]]
-        assert view["grid"] == list(grid) and view["shape"] == [1] * (3 - len(grid)) + list(grid)
-        maps = expected_maps(adapted, grid, len(view["maps"]))
-        assert len(layer["heads"]) == len(layer["quantities"]) == len(maps)
-        for entry, values in zip(view["maps"], maps):
-            values = values.double().numpy()
-            assert entry["step"] == pytest.approx((values.max() - values.min()) / 255, rel=1e-9, abs=1e-12)
-            np.testing.assert_allclose(decode(entry, grid), values, rtol=0, atol=entry["step"] + 1e-9)
 
 
 @pytest.mark.parametrize("ndim", [2, 3])
@@ -151,6 +100,9 @@ def test_a_model_page_holds_every_encoding_of_the_model(model):
     only = page_data(explorer.explorer_html(model, (4, 4), layers=[2], new_shape=(4, 4)))
     assert [layer["label"] for layer in only["layers"]] == ["rope_mixed, layer 1"]
     assert len(only["layers"][0]["views"]) == 1  # new_shape == shape: the native grid only
+    pi = page_data(explorer.explorer_html(model, scalings=("pi",)))  # for the rotary layers; the table keeps its own
+    assert [len(layer["views"]) for layer in pi["layers"]] == [2, 2, 2]
+    assert "resampled" in pi["layers"][0]["views"][1]["label"] and "pi" in pi["layers"][1]["views"][1]["label"]
 
 
 def test_a_shared_module_appears_once_and_a_window_bias_lives_on_its_window():
@@ -203,6 +155,8 @@ def test_bad_input_gets_a_clear_error(model):
         explorer.explorer_html(model, layers=[3])
     with pytest.raises(ValueError, match="max_patches must be a positive integer"):
         explorer.explorer_html(rope, (4, 4), max_patches=0)
+    with pytest.raises(ValueError, match=r"scalings=\('pi',\) apply to rotary encodings only; the page shows cpb"):
+        explorer.explorer_html(make("cpb", (4, 4)), (4, 4), scalings=("pi",))
     with pytest.raises(ValueError, match="new_shape"):
         explorer.explorer_html(rope, (4, 4), new_shape=(8, 8, 8))
     broken = make("learned", (4, 4))

@@ -158,20 +158,18 @@ def _scaled(shape, native, new_native) -> tuple[int, ...]:
 
 def resolution_views(pe: nn.Module, shape, new_shape, scalings=None) -> list[tuple[str, tuple[int, ...], nn.Module]]:
     """The grids a page offers for one encoding, ``[(label, grid, encoding as it runs there)]``: the native grid,
-    then ``new_shape`` after :func:`adapt` under each of ``scalings`` (rotary only; default: the module's own
-    adaptation, then ``none``, ``pi``, ``ntk``, ``yarn``, each once by label, those the encoding rejects left
-    out; given explicitly, a rejected one is an error). ``new_shape == shape`` gives the native grid only."""
+    then ``new_shape`` after :func:`adapt`: the encoding's own adaptation and, for a rotary encoding, each of
+    ``scalings`` (default ``none``, ``pi``, ``ntk``, ``yarn``, those the encoding rejects left out; given
+    explicitly, a rejected one is an error); each label once. ``new_shape == shape`` gives the native grid only."""
     views = [(f"native grid {_grid_text(shape)}", tuple(shape), pe)]
     if tuple(new_shape) == tuple(shape):
         return views
-    default = scalings is None
-    if default:
-        scalings = (None, *SCALINGS) if family_of(pe) == "rotary" else (None,)
-    for scaling in scalings:
+    chosen = () if family_of(pe) != "rotary" else SCALINGS if scalings is None else tuple(scalings)
+    for scaling in (None, *chosen):
         try:
             adapted, label = adapt(pe, shape, new_shape, scaling)
         except ValueError:
-            if default and scaling is not None:
+            if scalings is None and scaling is not None:
                 continue  # e.g. normalised coordinates take no pi/ntk/yarn
             raise
         label = f"{_grid_text(new_shape)}: {label}"
@@ -217,7 +215,8 @@ def explorer_data(source: nn.Module, shape=None, new_shape=None, scalings=None, 
         source, shape: an encoding and its native grid, or a model (see :func:`explorer_sources`).
         new_shape: the larger grid of the grid control, for encodings on ``shape`` (default
             :func:`larger_shape`: the spatial axes doubled); a window grows in the same ratio.
-        scalings: RoPE adaptations on the larger grid (see :func:`resolution_views`).
+        scalings: RoPE adaptations on the larger grid besides each encoding's own (see :func:`resolution_views`);
+            for rotary encodings only (an error when the page has none).
         layers: indices into :func:`explorer_sources` to include (default: all).
         max_patches: the largest grid, in patches, a page may hold (checked before anything is computed).
         max_bytes: the most encoded map data a page may hold.
@@ -234,6 +233,9 @@ def explorer_data(source: nn.Module, shape=None, new_shape=None, scalings=None, 
             raise ValueError(f"layers={list(layers)!r} must be a non-empty list of indices 0..{len(sources) - 1} of: "
                              + "; ".join(f"{k} {label}" for k, (label, _, _) in enumerate(sources)))
         sources = [sources[k] for k in layers]
+    if scalings is not None and all(family_of(pe) != "rotary" for _, pe, _ in sources):
+        raise ValueError(f"scalings={tuple(scalings)!r} apply to rotary encodings only; the page shows "
+                         + ", ".join(label for label, _, _ in sources))
     for label, _, grid in sources:
         for g in (grid, _scaled(grid, native, new_native)):
             if math.prod(g) > max_patches:
