@@ -153,6 +153,8 @@ def test_bad_input_gets_a_clear_error(model):
         explorer.explorer_html(rope, (4, 4), max_bytes=100)
     with pytest.raises(ValueError, match=r"layers=\[3\] must be .* 0..2 of: 0 learned; 1 rope_mixed, layer 0"):
         explorer.explorer_html(model, layers=[3])
+    with pytest.raises(ValueError, match="layers=1 must be a non-empty list"):
+        explorer.explorer_html(model, layers=1)
     with pytest.raises(ValueError, match="max_patches must be a positive integer"):
         explorer.explorer_html(rope, (4, 4), max_patches=0)
     with pytest.raises(ValueError, match=r"scalings=\('pi',\) apply to rotary encodings only; the page shows cpb"):

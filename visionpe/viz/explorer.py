@@ -17,7 +17,8 @@ one per head; a single map where every head shares it):
   assumed: every entry within ``step / 2`` of its offset's mean) is stored as its table of offsets ``c_q - c_k``,
   ``prod(2 S_a - 1)`` levels, first axis slowest (:func:`visionpe.bias._base.grid_offset_index`), otherwise as all
   ``N * N`` levels (``form`` says which); either way a decoded value is within one ``step`` of the map;
-- the levels are zlib-compressed and base64-encoded, and inflated by the page only when a map is first shown.
+- the levels are zlib-compressed and base64-encoded, and inflated by the page only when a map is first shown
+  (``DecompressionStream``: any current browser, e.g. Chromium 80, Firefox 113, Safari 16.4 or later).
 
 Maps are computed with the encodings in evaluation mode (no coordinate augmentation); their modes are restored.
 """
@@ -135,7 +136,8 @@ def encode_map(values: np.ndarray, shape, index: np.ndarray | None = None) -> di
     grid's ``(N, N)`` offset index (:func:`grid_offset_index`), to compute it once for many maps."""
     values = np.asarray(values, dtype=np.float64)
     if not np.isfinite(values).all():
-        raise ValueError(f"the map on the grid {_grid_text(shape)} has NaN or inf values; a page shows finite maps only")
+        raise ValueError(f"the map on the grid {_grid_text(shape)} has NaN or inf values; a page shows finite maps "
+                         "only")
     lo, hi = float(values.min()), float(values.max())
     step = (hi - lo) / LEVELS
 
@@ -197,7 +199,8 @@ def _head_labels(pe: nn.Module, count: int) -> tuple[list[str], list[str]]:
         option = "tokens (no heads)" if family_of(pe) == "tokens" else "every head (one shared map)"
         return [option], [quantity_of(pe, None)]
     heads = range(count - 1)
-    return ["mean over heads", *[f"head {h}" for h in heads]], [quantity_of(pe, None), *[quantity_of(pe, h) for h in heads]]
+    options = ["mean over heads", *[f"head {h}" for h in heads]]
+    return options, [quantity_of(pe, None), *[quantity_of(pe, h) for h in heads]]
 
 
 def _colormap() -> str:
@@ -205,6 +208,21 @@ def _colormap() -> str:
 
     rgb = matplotlib.colormaps[COLORMAP](np.arange(LEVELS + 1) / LEVELS)[:, :3]
     return base64.b64encode(np.rint(rgb * 255).astype(np.uint8).tobytes()).decode("ascii")
+
+
+def _layer_entry(label: str, pe: nn.Module, grid, new_grid, scalings) -> dict:
+    """One entry of the layer control: its views (grids), each with its encoded maps (see the module doc)."""
+    views = []
+    for view_label, view_grid, adapted in resolution_views(pe, grid, new_grid, scalings):
+        with _evaluating([adapted]):  # an adapted copy may be a new module
+            maps = head_maps(adapted, view_grid).numpy()
+        index = grid_offset_index(view_grid, view_grid).numpy()
+        views.append({"label": view_label, "grid": list(view_grid),
+                      "shape": [1] * (3 - len(view_grid)) + list(view_grid),  # (T, H, W): image grids have T = 1
+                      "maps": [encode_map(m, view_grid, index) for m in maps]})
+    options, quantities = _head_labels(pe, len(views[0]["maps"]))
+    return {"label": label, "family": family_of(pe), "note": note_of(pe), "heads": options, "quantities": quantities,
+            "views": views}
 
 
 def explorer_data(source: nn.Module, shape=None, new_shape=None, scalings=None, layers=None,
@@ -228,9 +246,10 @@ def explorer_data(source: nn.Module, shape=None, new_shape=None, scalings=None, 
     new_native = to_shape("new_shape", tuple(new_shape), len(native)) if new_shape is not None \
         else larger_shape(native)
     if layers is not None:
-        bad = [k for k in layers if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(sources)]
-        if bad or not layers:
-            raise ValueError(f"layers={list(layers)!r} must be a non-empty list of indices 0..{len(sources) - 1} of: "
+        valid = isinstance(layers, (list, tuple, range)) and len(layers) > 0 and all(
+            isinstance(k, int) and not isinstance(k, bool) and 0 <= k < len(sources) for k in layers)
+        if not valid:
+            raise ValueError(f"layers={layers!r} must be a non-empty list of indices 0..{len(sources) - 1} of: "
                              + "; ".join(f"{k} {label}" for k, (label, _, _) in enumerate(sources)))
         sources = [sources[k] for k in layers]
     if scalings is not None and all(family_of(pe) != "rotary" for _, pe, _ in sources):
@@ -245,35 +264,23 @@ def explorer_data(source: nn.Module, shape=None, new_shape=None, scalings=None, 
     entries, total = [], 0
     with _evaluating([pe for _, pe, _ in sources]):
         for label, pe, grid in sources:
-            options, quantities = None, None
-            views = []
-            for view_label, view_grid, adapted in resolution_views(pe, grid, _scaled(grid, native, new_native),
-                                                                   scalings):
-                with _evaluating([adapted]):
-                    maps = head_maps(adapted, view_grid).numpy()
-                options, quantities = _head_labels(pe, maps.shape[0])
-                index = grid_offset_index(view_grid, view_grid).numpy()
-                encoded = [encode_map(m, view_grid, index) for m in maps]
-                total += sum(len(m["data"]) for m in encoded)
-                views.append({"label": view_label, "grid": list(view_grid),
-                              "shape": [1] * (3 - len(view_grid)) + list(view_grid), "maps": encoded})
+            entries.append(_layer_entry(label, pe, grid, _scaled(grid, native, new_native), scalings))
+            total += sum(len(m["data"]) for view in entries[-1]["views"] for m in view["maps"])
             if total > max_bytes:
                 raise ValueError(f"the page would hold more than max_bytes={max_bytes} of map data (over "
                                  f"{total} bytes after {label}); pass fewer layers (layers=), fewer scalings or a "
                                  "smaller new_shape, or raise max_bytes")
-            entries.append({"label": label, "family": family_of(pe), "note": note_of(pe), "heads": options,
-                            "quantities": quantities, "views": views})
     default_title = name_of(source) if _is_encoding(source) else \
         f"{type(source).__name__} ({', '.join(dict.fromkeys(name_of(pe) for _, pe, _ in sources))})"
-    return {"title": title or default_title, "colormap": _colormap(), "levels": LEVELS, "layers": entries,
-            "version": __version__}
+    return {"title": title or default_title, "colormap": _colormap(), "levels": LEVELS, "layers": entries}
 
 
 def explorer_html(source: nn.Module, shape=None, **kwargs) -> str:
     """The page as one HTML string (see :func:`explorer_data` for the arguments)."""
     data = explorer_data(source, shape, **kwargs)
     payload = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")  # nothing the HTML parser reads as a tag
-    parts = {"__TITLE__": html.escape(data["title"]), "__DATA__": payload, "__SCRIPT__": _SCRIPT}
+    parts = {"__TITLE__": html.escape(data["title"]), "__DATA__": payload, "__SCRIPT__": _SCRIPT,
+             "__VERSION__": __version__}
     return re.sub("|".join(parts), lambda match: parts[match.group()], _PAGE)  # one pass: nothing substituted twice
 
 
@@ -291,7 +298,7 @@ _PAGE = """<!doctype html>
 <head>
 <meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; \
-style-src 'unsafe-inline'; img-src data:">
+style-src 'unsafe-inline'">
 <title>__TITLE__</title>
 <style>
 body { font: 14px/1.4 system-ui, sans-serif; margin: 16px; color: #222; }
@@ -326,7 +333,7 @@ h1 { font-size: 17px; margin: 0 0 4px; }
 <p id="quantity"></p>
 <p class="help">Point at a patch to see its map (the query is ringed); click to pin it and read any key under the
 cursor, click again to release. Colours span each map's own range (the bar).</p>
-<footer>visionpe explorer: maps quantised to 256 levels per map; no network is used.</footer>
+<footer>visionpe __VERSION__ explorer: maps quantised to 256 levels per map; no network is used.</footer>
 <script type="application/json" id="vpe-data">__DATA__</script>
 <script>__SCRIPT__</script>
 </body>
@@ -373,7 +380,7 @@ _SCRIPT = r"""
     return row;
   }
 
-  const colour = (level) => "rgb(" + palette[3 * level] + "," + palette[3 * level + 1] + "," + palette[3 * level + 2] + ")";
+  const colour = (level) => "rgb(" + palette.subarray(3 * level, 3 * level + 3).join(",") + ")";
 
   function draw(levels) {
     const entry = map(), shape = view().shape, [, H, W] = shape;
@@ -478,7 +485,8 @@ _SCRIPT = r"""
   function cellAt(event) {
     const box = $("map").getBoundingClientRect(), [, H, W] = view().shape;
     const clamp = (x, n) => Math.min(n - 1, Math.max(0, Math.floor(x * n)));
-    return [state.frame, clamp((event.clientY - box.top) / box.height, H), clamp((event.clientX - box.left) / box.width, W)];
+    const y = (event.clientY - box.top) / box.height, x = (event.clientX - box.left) / box.width;
+    return [state.frame, clamp(y, H), clamp(x, W)];
   }
   $("map").addEventListener("mousemove", (e) => {
     state.cursor = cellAt(e);
