@@ -236,7 +236,7 @@ def test_timm_checkpoint_resamples_visionpe_learned_table(factorized, tmp_path, 
     small = _perturb(vpe.create_model(VIT, pe="learned", img_size=32, **kw)).eval()
     vpe.save_weights(small, tmp_path / "small.safetensors")
     big = vpe.create_model(VIT, pe="learned", img_size=48, **kw).eval()
-    with caplog.at_level("WARNING", logger="visionpe.checkpoint"):
+    with caplog.at_level("WARNING", logger="visionpe.weights"):
         report = vpe.load_timm_checkpoint(big, tmp_path / "small.safetensors", strict=True)
     assert report.new == [] and report.dropped == [] and not caplog.records
     expected = (["pe_tokens.axis_tables.0 -> pe_tokens.axis_tables.0 (resampled 4 -> 6)",
@@ -251,28 +251,28 @@ def test_timm_checkpoint_resamples_visionpe_learned_table(factorized, tmp_path, 
 def test_timm_checkpoint_warns_when_more_than_the_head_is_dropped_or_new(caplog):
     torch.manual_seed(0)
     model = vpe.create_model(VIT, pe="learned", img_size=16, **TINY)
-    with caplog.at_level("INFO", logger="visionpe.checkpoint"):
+    with caplog.at_level("INFO", logger="visionpe.weights"):
         report = vpe.load_timm_checkpoint(model, {})
     assert report.new and not report.kept
     [record] = [r for r in caplog.records if r.levelname == "WARNING"]
-    assert record.name == "visionpe.checkpoint"
+    assert record.name == "visionpe.weights"
     assert "pe_tokens.table" in record.getMessage() and "blocks.0.attn.qkv.weight" in record.getMessage()
     caplog.clear()
     deeper = vpe.create_model(VIT, pe="learned", img_size=16, **{**TINY, "depth": 2})
-    with caplog.at_level("WARNING", logger="visionpe.checkpoint"):
+    with caplog.at_level("WARNING", logger="visionpe.weights"):
         report = vpe.load_timm_checkpoint(model, deeper.state_dict())
     assert "blocks.1.attn.qkv.weight" in report.dropped
     assert len(caplog.records) == 1 and "dropped blocks.1." in caplog.records[0].getMessage()
     caplog.clear()
     plain = timm.create_model(VIT, img_size=16, **TINY)
     rope = vpe.create_model(VIT, pe="rope_axial", img_size=16, **TINY)
-    with caplog.at_level("WARNING", logger="visionpe.checkpoint"):
+    with caplog.at_level("WARNING", logger="visionpe.weights"):
         report = vpe.load_timm_checkpoint(rope, plain.state_dict())
     assert report.dropped == ["pos_embed"]
     assert len(caplog.records) == 1 and "positional: pos_embed" in caplog.records[0].getMessage()
     caplog.clear()
     other_head = vpe.create_model(VIT, pe="learned", img_size=16, **{**TINY, "num_classes": 5})
-    with caplog.at_level("WARNING", logger="visionpe.checkpoint"):
+    with caplog.at_level("WARNING", logger="visionpe.weights"):
         report = vpe.load_timm_checkpoint(model, other_head.state_dict())
     assert set(report.dropped) == set(report.new) == {"head.weight", "head.bias"}
     assert not caplog.records  # only the classifier differs: no warning
@@ -306,7 +306,7 @@ def test_no_weight_decay_excludes_position_params_from_timm_optimizer():
 
 
 def test_bad_input_messages():
-    with pytest.raises(ValueError, match="supported timm classes: VisionTransformer, SwinTransformer"):
+    with pytest.raises(ValueError, match="supported: timm VisionTransformer, timm SwinTransformer"):
         vpe.apply(torch.nn.Linear(2, 2), "learned")
     with pytest.raises(ValueError, match="swin_bias needs window attention"):
         vpe.create_model(VIT, pe="swin_bias", **VIT_KW)

@@ -341,7 +341,7 @@ ROWS = [
      "not a timm model"),
     ("create-model-name-int", lambda: vpe.create_model(5), VE, "model_name=5", "not a timm model"),
     ("create-unsupported-class", lambda: vpe.create_model("resnet18", pe="none", num_classes=3), VE, "ResNet",
-     "supported timm classes: VisionTransformer"),
+     "supported: timm VisionTransformer, timm SwinTransformer"),
     ("create-bad-pe", lambda: vpe.create_model(VIT, pe="rope", **VIT_KW), VE, "pe='rope'", "available: sincos"),
     ("create-pe-empty", lambda: vpe.create_model(VIT, pe="", **VIT_KW), VE, "pe", "'rope_mixed+learned'"),
     ("create-pe-none-object", lambda: vpe.create_model(VIT, pe=None, **VIT_KW), VE, "pe", "None"),
@@ -391,7 +391,7 @@ ROWS = [
     ("create-learned-on-swin", lambda: vpe.create_model(SWIN, pe="learned", **SWIN_KW), VE, "tokens encodings",
      "learned", "ViT"),
     ("apply-not-a-model", lambda: vpe.apply(torch.nn.Linear(2, 2), "learned"), VE,
-     "supported timm classes: VisionTransformer"),
+     "supported: timm VisionTransformer, timm SwinTransformer"),
 
     # -- a patched model's forward ---------------------------------------------------------------------------------
     ("forward-no-batch-axis", lambda: vit()(image(3, 16, 16)), VE, "(B, C, H, W)", "(3, 16, 16)", "x[None]"),

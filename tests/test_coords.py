@@ -14,7 +14,8 @@ from timm.layers.pos_embed_sincos import _apply_coord_augs, _build_grid
 import visionpe as vpe
 from visionpe import Grid
 from visionpe.bias import alibi_slopes
-from visionpe.coords import CoordinateSystem, axis_positions, sample_grid
+from visionpe.coords import CoordinateSystem, axis_positions
+from visionpe.resample import sample_grid
 from visionpe.tokens import sincos_table
 
 NAMES = ("sincos", "learned", "rope_axial", "rope_mixed", "alibi", "cpb")

@@ -7,7 +7,7 @@ import timm
 import torch
 
 import visionpe as vpe
-from visionpe.checkpoint import spatial_tables
+from visionpe.weights.convert import spatial_tables
 
 SIZES = dict(img_size=16, embed_dim=24, depth=2, num_heads=2, num_classes=3, class_token=False, global_pool="avg")
 

@@ -12,7 +12,7 @@ import yaml
 from safetensors.torch import load_file
 from trainutil import train_main
 
-from visionpe.checkpoint import _is_positional
+from visionpe.weights.convert import is_positional as _is_positional
 from visionpe.resample import resample_grid
 from visionpe.train import rundir
 

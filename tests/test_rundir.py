@@ -16,7 +16,7 @@ from PIL import Image
 from safetensors.torch import load_file
 from trainutil import ROOT, train_main
 
-from visionpe import checkpoint
+from visionpe.weights import io as checkpoint
 from visionpe import data as vdata
 from visionpe.train import rundir
 

@@ -16,7 +16,7 @@ that starts from another run's weights (``--init-from``: :func:`new_config`, :fu
 
 Checkpoint protocol (a kill at any instant leaves a run that ``--resume`` continues exactly):
 
-1. Every file is written by :func:`visionpe.checkpoint.atomic_write`: a temporary file, fsync, ``os.replace``. A
+1. Every file is written by :func:`visionpe.io.atomic_write`: a temporary file, fsync, ``os.replace``. A
    file is always either its old or its new version, never a mix; a kill leaves at most a stray temporary
    ``.<name>.<random>.tmp``, which the next start deletes (:func:`clean_temp`).
 2. ``state.pt`` is the single commit point: it alone holds everything resume needs, the model weights included.
@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from .. import checkpoint
+from ..weights import convert, io
 from . import config
 from .cli import UserError, one_line, user_errors
 
@@ -61,7 +61,7 @@ def write_text(path: Path, text: str) -> None:
     def write(tmp):
         with open(tmp, "w") as f:
             f.write(text)
-    checkpoint.atomic_write(path, write)
+    io.atomic_write(path, write)
 
 
 def _unlink(path: Path) -> None:
@@ -69,7 +69,7 @@ def _unlink(path: Path) -> None:
 
 
 def temp_files(out: Path) -> list[Path]:
-    """Temporaries of an interrupted :func:`~visionpe.checkpoint.atomic_write` of one of the run's files."""
+    """Temporaries of an interrupted :func:`~visionpe.io.atomic_write` of one of the run's files."""
     out = Path(out)
     if not out.is_dir():
         return []
@@ -255,21 +255,21 @@ def init_weights(model: torch.nn.Module, cfg: dict) -> dict:
     path = Path(cfg["init_from"])
     source_cfg = _source_run(path.parent) if (path.parent / CONFIG).is_file() else None
     with user_errors(f"--init-from {path}", (ValueError, OSError)):
-        state = checkpoint.read_state_dict(path)
-    head = [k for k in state if checkpoint._is_classifier(k)] if cfg["init_head_reset"] else []
+        state = io.read_state_dict(path)
+    head = [k for k in state if convert.is_classifier(k)] if cfg["init_head_reset"] else []
     state = {k: v for k, v in state.items() if k not in head}
     positional = _positional_names(model)
-    is_positional = lambda key: checkpoint._is_positional(key) or key.startswith(positional)
+    is_positional = lambda key: convert.is_positional(key) or key.startswith(positional)
     target = model.state_dict()
-    quiet = logging.getLogger(checkpoint.__name__)
+    quiet = logging.getLogger("visionpe.weights")
     was_disabled, quiet.disabled = quiet.disabled, True  # the report is printed by the caller
     try:
-        report = checkpoint.load_timm_checkpoint(model, state)
+        report = convert.load_timm_checkpoint(model, state)
     finally:
         quiet.disabled = was_disabled
     order = {k: i for i, k in enumerate(target)}
     loose = sorted((k for k in dict.fromkeys(report.dropped + report.new) if not is_positional(k)
-                    and not (cfg["init_head_reset"] and checkpoint._is_classifier(k))),
+                    and not (cfg["init_head_reset"] and convert.is_classifier(k))),
                    key=lambda k: order.get(k, len(order)))  # in the model's order
     if loose:
         def describe(key):
@@ -277,14 +277,14 @@ def init_weights(model: torch.nn.Module, cfg: dict) -> dict:
                 return f"{key} {_shape(state[key])} in the source, {_shape(target[key])} here"
             return f"{key} only in the {'source' if key in state else 'new model'}"
         shown = ", ".join(describe(k) for k in loose[:6]) + (f", ... {len(loose) - 6} more" if len(loose) > 6 else "")
-        if all(checkpoint._is_classifier(k) for k in loose):
+        if all(convert.is_classifier(k) for k in loose):
             raise UserError(f"--init-from {path}: the classifier head does not fit ({shown}); pass --init-head-reset "
                             "to train a new head")
         source = "" if source_cfg is None else f"source {source_cfg['model']} [{_sizes(source_cfg)}], "
         raise UserError(f"--init-from {path} does not fit the new model ({source}new {cfg['model']} "
                         f"[{_sizes(cfg)}] pe={cfg['pe']}): {shown}; only positional weights (and the head, with "
                         "--init-head-reset) may differ; leave out the model settings to take the source run's")
-    epoch = checkpoint.weights_metadata(path).get("epoch") if path.suffix == ".safetensors" else None
+    epoch = io.weights_metadata(path).get("epoch") if path.suffix == ".safetensors" else None
     return {"kind": "init", "source": str(path), "source_pe": source_cfg["pe"] if source_cfg else None,
             "source_epoch": int(epoch) if epoch is not None else None, "head_reset": cfg["init_head_reset"],
             "kept": report.kept, "converted": report.converted, "new": report.new,
@@ -318,7 +318,7 @@ def init_text(record: dict) -> str:
     counts = ", ".join(f"{len(record[k])} {k}" for k in ("kept", "converted", "new", "dropped"))
     lines = [f"init from {source}: {counts}" + (" (classifier head reset)" if record["head_reset"] else "")
              + "; a new run: fresh optimizer and schedule"]
-    lines += [f"  kept      {k}" for k in record["kept"] if checkpoint._is_positional(k)]
+    lines += [f"  kept      {k}" for k in record["kept"] if convert.is_positional(k)]
     lines += [f"  converted {k}" for k in record["converted"]]
     lines += [f"  new       {k}" for k in record["new"]]
     lines += [f"  dropped   {k}" for k in record["dropped"]]
@@ -421,7 +421,7 @@ def load_model(path, which: str = "best") -> tuple[torch.nn.Module, dict]:
 def weights_epoch(path: Path) -> int:
     """The ``epoch`` stored in a weights file's metadata; -1 if the file is missing or unreadable."""
     try:
-        return int(checkpoint.weights_metadata(path).get("epoch", -1))
+        return int(io.weights_metadata(path).get("epoch", -1))
     except Exception:
         return -1
 
@@ -437,7 +437,7 @@ def save_checkpoint(out: Path, model, optimizer, scheduler, *, epoch: int, best_
     state = {"format": 2, "epoch": epoch, "best_acc": best_acc, "best_epoch": best_epoch,
              "history": json.dumps(history), "model": weights, "optimizer": optimizer.state_dict(),
              "scheduler": scheduler.state_dict()}
-    checkpoint.atomic_write(Path(out) / STATE, lambda tmp: torch.save(state, tmp))
+    io.atomic_write(Path(out) / STATE, lambda tmp: torch.save(state, tmp))
     export(out, state, history)
 
 
@@ -446,11 +446,11 @@ def export(out: Path, state: dict, history: list[dict], force: bool = True) -> l
     returns the names written."""
     out, epoch, written = Path(out), state["epoch"], []
     if force or weights_epoch(out / LAST) != epoch:
-        checkpoint.save_weights(state["model"], out / LAST, {"epoch": str(epoch)})
+        io.save_weights(state["model"], out / LAST, {"epoch": str(epoch)})
         written.append(LAST)
     best_epoch = state["best_epoch"]
     if best_epoch == epoch and (force or weights_epoch(out / BEST) != epoch):
-        checkpoint.save_weights(state["model"], out / BEST, {"epoch": str(epoch)})
+        io.save_weights(state["model"], out / BEST, {"epoch": str(epoch)})
         written.append(BEST)
     elif best_epoch >= 1 and weights_epoch(out / BEST) != best_epoch:
         raise UserError(f"{out / BEST} is missing or not from the best epoch {best_epoch}, and {STATE} (epoch {epoch}) "

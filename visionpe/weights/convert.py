@@ -1,160 +1,19 @@
-"""Weights in and out: safetensors files written atomically, and plain timm checkpoints converted on load."""
+"""Checkpoints of other models converted on load: timm ViT/DeiT ``pos_embed``, timm's Eva rope-vit ports, Swin tables
+and Swin-V2 MLPs, visionpe tables of another grid, and image weights inflated into video models (I3D)."""
 from __future__ import annotations
 
 import logging
 import math
-import os
 import re
-import reprlib
-import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .resample import resample_axis, resample_grid
+from ..resample import resample_axis, resample_grid
+from .io import _check_strict, _where, read_state_dict
 
-logger = logging.getLogger(__name__)
-
-
-def atomic_write(path, write) -> None:
-    """``write(tmp_path)`` next to ``path``, then ``os.replace`` onto it: readers never see a half-written file,
-    and a kill mid-write leaves the previous file intact (and at most a stray ``.<name>.<random>.tmp`` beside it).
-
-    The result has mode ``0o666`` minus the umask, as ``open(path, "w")`` would give, like any file the user writes
-    (``tempfile.mkstemp`` would make it ``0o600``, and so does safetensors' own writer)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-        try:
-            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
-            break
-        except FileExistsError:
-            continue
-    try:
-        mode = os.fstat(fd).st_mode & 0o777  # 0o666 minus the umask
-        os.close(fd)
-        write(str(tmp))
-        if os.stat(tmp).st_mode & 0o777 != mode:  # a writer that replaced the file (safetensors makes it 0o600)
-            os.chmod(tmp, mode)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the data is on disk before the new name points at it
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def save_weights(model_or_state: nn.Module | dict, path, metadata: dict[str, str] | None = None) -> None:
-    """Write a state dict to ``path`` (safetensors) atomically, with optional string ``metadata``."""
-    state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else model_or_state
-    state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
-    atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
-
-
-def weights_metadata(path) -> dict[str, str]:
-    """The string metadata stored with a safetensors file (e.g. the epoch ``train_vit.py`` wrote it at)."""
-    with safe_open(str(path), "pt") as f:
-        return f.metadata() or {}
-
-
-def read_state_dict(source) -> dict[str, torch.Tensor]:
-    """A state dict from a dict, a ``.safetensors`` file, or a torch file (loaded with ``weights_only=True``).
-
-    Anything else, a file that cannot be read (garbage, truncated) or one that holds no state dict raises a
-    ``ValueError`` naming the source."""
-    if isinstance(source, Mapping):
-        return _check_state_dict(_unwrap(source), "source")
-    if not isinstance(source, (str, os.PathLike)):
-        shown = "" if isinstance(source, torch.Tensor) else f" {reprlib.repr(source)}"
-        raise ValueError(f"source must be a state dict (a dict of tensors) or the path of a checkpoint file, got "
-                         f"{type(source).__name__}{shown}")
-    path = Path(source)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist (or is not a file)")
-    if path.suffix == ".safetensors":
-        try:
-            return _check_state_dict(load_file(path), f"checkpoint {str(path)!r}")
-        except Exception as err:  # SafetensorError (garbage, truncated), OSError, ...
-            if isinstance(err, ValueError) and str(path) in str(err):
-                raise
-            raise ValueError(f"checkpoint {str(path)!r} is not a readable safetensors file: {err}") from err
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # UnpicklingError, a corrupt zip archive, EOFError, ...
-        raise ValueError(f"checkpoint {str(path)!r} is not a readable torch checkpoint (corrupt or truncated, not a "
-                         f"torch file, or it holds objects that torch.load(weights_only=True) refuses): "
-                         f"{_load_error(err)}") from err
-    return _check_state_dict(_unwrap(state), f"checkpoint {str(path)!r}")
-
-
-def _unwrap(state):
-    """A training checkpoint's model weights (``{"state_dict": ...}``, ``{"model": ...}``, ``{"module": ...}``)."""
-    for key in ("state_dict", "model", "module"):
-        if isinstance(state, Mapping) and key in state and isinstance(state[key], Mapping):
-            state = state[key]
-    return state
-
-
-def _load_error(err: Exception) -> str:
-    """The informative line of a ``torch.load`` error (the weights-only unpickler buries it under advice)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    for i, line in enumerate(lines):
-        if line.endswith("WeightsUnpickler error:") and i + 1 < len(lines):
-            return lines[i + 1][:300]
-    return lines[0][:300] if lines else type(err).__name__
-
-
-def _check_state_dict(state, where: str) -> dict[str, torch.Tensor]:
-    """``state`` must be a mapping of string keys to tensors."""
-    if not isinstance(state, Mapping):
-        raise ValueError(f"{where} does not hold a state dict (a dict of tensors); it holds a "
-                         f"{type(state).__name__}")
-    for key, value in state.items():
-        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
-            raise ValueError(f"{where} is not a state dict: entry {key!r} holds a {type(value).__name__}, not a "
-                             "tensor")
-    return state if isinstance(state, dict) else dict(state)
-
-
-def _check_strict(strict) -> None:
-    if not isinstance(strict, bool):
-        raise ValueError(f"strict must be True or False, got {strict!r}")
-
-
-def _where(source) -> str:
-    return "state dict" if isinstance(source, Mapping) else f"checkpoint {str(source)!r}"
-
-
-def load_weights(model: nn.Module, source, strict: bool = True):
-    """Load a visionpe model's own checkpoint (as written by :func:`save_weights`).
-
-    A checkpoint of another model (keys missing or unexpected with ``strict=True``, or any tensor of another
-    shape) raises a ``ValueError`` naming the file and the keys."""
-    _check_strict(strict)
-    state = read_state_dict(source)
-    target = model.state_dict()
-    problems = [f"{k}: {tuple(v.shape)} in the checkpoint, {tuple(target[k].shape)} in the model"
-                for k, v in state.items() if k in target and v.shape != target[k].shape]
-    if strict:
-        missing = [k for k in target if k not in state]
-        unexpected = [k for k in state if k not in target]
-        problems += [f"missing {k}" for k in missing[:10]] + ([f"... {len(missing) - 10} more missing"]
-                                                              if len(missing) > 10 else [])
-        problems += [f"unexpected {k}" for k in unexpected[:10]] + ([f"... {len(unexpected) - 10} more unexpected"]
-                                                                    if len(unexpected) > 10 else [])
-    if problems:
-        raise ValueError(f"{_where(source)} does not fit {type(model).__name__}"
-                         f"{'' if strict else ' (strict=False)'}:\n  " + "\n  ".join(problems))
-    return model.load_state_dict(state, strict=strict)
+logger = logging.getLogger("visionpe.weights")  # one name for every weights module
 
 
 @dataclass
@@ -176,7 +35,11 @@ class LoadReport:
 
 
 _SWIN_POSITIONAL = re.compile(r"(.*\.attn)\.(relative_position_bias_table|cpb_mlp\..*)$")
+
+
 _EVA_LAYER_SCALE = re.compile(r"^blocks\.(\d+)\.gamma_([12])$")
+
+
 _EVA_QV_BIAS = re.compile(r"^(blocks\.\d+\.attn)\.([qv])_bias$")
 
 
@@ -245,6 +108,12 @@ def spatial_tables(tokens: nn.Module, spatial: torch.Tensor) -> dict[str, torch.
     return {"table": space.expand(*time, *space.shape).clone()}
 
 
+def inflate_patch_weight(weight: torch.Tensor, frames: int) -> torch.Tensor:
+    """A 2D patch embedding's conv weight ``(D, C, p, p)`` as a tubelet's ``(D, C, frames, p, p)`` (I3D): repeated
+    over time and divided by ``frames``, so a static clip gives the image's tokens."""
+    return weight[:, :, None].repeat(1, 1, frames, 1, 1) / frames
+
+
 @torch.no_grad()
 def _image_to_video(model: nn.Module, key: str, value: torch.Tensor, want: torch.Tensor):
     """An image model's weight inflated for the video model, and how; None when ``key`` is no such weight.
@@ -255,8 +124,7 @@ def _image_to_video(model: nn.Module, key: str, value: torch.Tensor, want: torch
     """
     if key in ("patch_embed.proj.weight",) and value.ndim == 4 and want.ndim == 5 \
             and value.shape == want.shape[:2] + want.shape[3:]:
-        t = want.shape[2]
-        return value[:, :, None].repeat(1, 1, t, 1, 1) / t, f"inflated over {t} frames (I3D)"
+        return inflate_patch_weight(value, want.shape[2]), f"inflated over {want.shape[2]} frames (I3D)"
     if key.endswith(".rotary.freqs") and value.ndim == 3 and want.ndim == 3 and value.shape[0] == 2 \
             and want.shape[0] == 3 and value.shape[1:] == want.shape[1:]:
         rotary = model.get_submodule(key.rsplit(".", 1)[0])
@@ -280,7 +148,7 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False) -> Load
 
     Keys that cannot be used are reported as ``dropped`` (checkpoint keys) and ``new`` (model keys left at their
     initial values); when any of them is more than the classifier head (``head.*``) a warning summary is logged on
-    the ``visionpe.checkpoint`` logger. ``strict=True`` raises a ``ValueError`` listing them instead, before the
+    the ``visionpe.weights`` logger. ``strict=True`` raises a ``ValueError`` listing them instead, before the
     model is changed: only kept and converted keys are allowed.
     """
     _check_strict(strict)
@@ -324,7 +192,7 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False) -> Load
             mismatched[key] = f"{tuple(value.shape)} in the checkpoint, {tuple(target[new_key].shape)} in the model"
         report.dropped.append(key)
     report.new = [k for k in target if k not in load]
-    notable = [k for k in report.dropped + report.new if not _is_classifier(k)]
+    notable = [k for k in report.dropped + report.new if not is_classifier(k)]
     if strict and (report.new or report.dropped):
         raise ValueError(f"load_timm_checkpoint(strict=True): {_where(source)} does not fit {type(model).__name__} "
                          f"(nothing was loaded):\n" + _summary(report, mismatched, limit=None))
@@ -332,21 +200,23 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False) -> Load
     if notable:
         logger.warning("load_timm_checkpoint: %s into %s left keys unused or unset (positional: %s):\n%s",
                        _where(source), type(model).__name__,
-                       ", ".join(k for k in notable if _is_positional(k)) or "none",
+                       ", ".join(k for k in notable if is_positional(k)) or "none",
                        _summary(report, mismatched, limit=10))
     elif report.new or report.dropped:
         logger.info("load_timm_checkpoint: classifier head not loaded (%s)", ", ".join(report.dropped + report.new))
     return report
 
 
-def _is_classifier(key: str) -> bool:
+def is_classifier(key: str) -> bool:
+    """``key`` belongs to the classifier head (timm's ``head.*``)."""
     return key.startswith("head.") or key == "head"
 
 
 _POSITIONAL_PARTS = ("pos_embed", "pe_tokens.", ".rotary.", "rope.", "relative_position", "cpb_mlp", ".attn.bias.")
 
 
-def _is_positional(key: str) -> bool:
+def is_positional(key: str) -> bool:
+    """``key`` is a position weight of timm or visionpe (a table, frequencies, a bias MLP)."""
     return any(part in key for part in _POSITIONAL_PARTS)
 
 
