@@ -7,6 +7,8 @@ Kinds (see ``visionpe.viz`` for what each family shows):
   freqs       RoPE frequency vectors per head in the (fx, fy) plane against the axial ones
   resolution  similarity on the native grid and on a larger grid after the encoding's adaptation
   video       similarity of one query to every (t, h, w), as a strip of frames
+  explore     one self-contained HTML page: point at a patch to see its map, per layer, head and grid (native or
+              larger after each adaptation), a frame slider for video; a run's page holds all its encodings
 
 Examples:
   python scripts/visualize.py --pe sincos --grid 14 14 --kind similarity --out sim.png
@@ -14,6 +16,8 @@ Examples:
   python scripts/visualize.py --pe rope_mixed --grid 4 14 14 --kind video --query 2 7 7 --out video.png
   python scripts/visualize.py --run runs/x --pe rope_mixed --layer 3 --kind freqs --out freqs.png
   python scripts/visualize.py --checkpoint runs/x/best.safetensors --kind similarity --out sim.png
+  python scripts/visualize.py --pe rope_mixed --grid 14 14 --kind explore --out page.html
+  python scripts/visualize.py --run runs/x --kind explore --out page.html
 
 User mistakes exit with status 2 and one line on stderr.
 """
@@ -30,12 +34,14 @@ from visionpe.rotary.scaling import SCALINGS  # noqa: E402
 from visionpe.train import cli, models, restore  # noqa: E402
 from visionpe.train.cli import UserError  # noqa: E402
 
+KINDS = (*viz.KINDS, "explore")
+
 
 def build_parser() -> cli.Parser:
     p = cli.Parser(prog="visualize.py", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2])
     what = p.add_argument_group("what to draw")
     what.add_argument("--kind", default="similarity", metavar="KIND",
-                      help=f"one of {', '.join(viz.KINDS)} (default: similarity)")
+                      help=f"one of {', '.join(KINDS)} (default: similarity)")
     what.add_argument("--pe", metavar="NAME",
                       help="encoding name (fresh: required; from a run: which of its encodings, default the first in "
                            f"its config); one of {', '.join(visionpe.available())}, or one registered by --import")
@@ -43,7 +49,7 @@ def build_parser() -> cli.Parser:
                       help="patch grid: H W (image) or T H W (video), positive sizes; fresh default 14 14; for a "
                            "run, the trained grid unless given (then the encoding is adapted to it)")
     what.add_argument("--new-grid", nargs="+", type=int, metavar="N",
-                      help="larger grid of --kind resolution, positive sizes (default: 2x the spatial axes)")
+                      help="larger grid of --kind resolution/explore, positive sizes (default: 2x the spatial axes)")
     what.add_argument("--scaling", metavar="NAME", help=f"RoPE adaptation on another grid: {', '.join(SCALINGS)} "
                                                        "(default: as the encoding is configured)")
     what.add_argument("--head", type=int, metavar="H",
@@ -67,7 +73,8 @@ def build_parser() -> cli.Parser:
     fresh.add_argument("--factorized", action="store_true", help="learned: one table per axis")
     fresh.add_argument("--seed", type=int, default=0, metavar="N", help="seed of random initialisations (default: 0)")
     out = p.add_argument_group("output and misc")
-    out.add_argument("--out", metavar="PNG", help="output PNG (default: <pe>_<kind>.png)")
+    out.add_argument("--out", metavar="FILE",
+                     help="output PNG, HTML for --kind explore (default: <pe>_<kind>.png or .html)")
     out.add_argument("--dpi", type=int, default=90, help="PNG resolution, an integer >= 1 (default: 90)")
     cli.add_import(p, out)
     p.add_debug(out)
@@ -101,14 +108,35 @@ def trained_encoding(args):
     return pe, native, f"{name} ({Path(args.run or args.checkpoint).name}, {where})"
 
 
+def explore(args, parser, shape, new_shape) -> Path:
+    """--kind explore: the page of a fresh encoding on its grid, or of every encoding of a run's model."""
+    scalings = None if args.scaling is None else (args.scaling,)
+    out = Path(args.out or f"{args.pe or 'run'}_explore.html")
+    if args.run or args.checkpoint:
+        if shape is not None:
+            parser.error("--grid does not apply to --kind explore of a run: the page starts from the trained grid "
+                         "(the larger grid is --new-grid)")
+        model, cfg = restore.load_model(args.run or args.checkpoint, args.which)
+        return viz.write_explorer(model, out, models.run_grid(cfg), new_shape=new_shape, scalings=scalings,
+                                  title=f"{cfg['pe']} ({Path(args.run or args.checkpoint).name})")
+    if args.pe is None:
+        parser.error("--pe is required for a fresh encoding (or give --run/--checkpoint)")
+    if args.pe not in visionpe.available():
+        parser.error(f"unknown encoding --pe {args.pe!r}; available: {', '.join(visionpe.available())}")
+    shape = shape or (14, 14)
+    return viz.write_explorer(fresh_encoding(args, shape), out, shape, new_shape=new_shape, scalings=scalings)
+
+
 def run(args, parser) -> Path:
     cli.import_user_code(args.imports)
-    if args.kind not in viz.KINDS:
-        parser.error(f"unknown --kind {args.kind!r}; choose from {', '.join(viz.KINDS)}")
+    if args.kind not in KINDS:
+        parser.error(f"unknown --kind {args.kind!r}; choose from {', '.join(KINDS)}")
     if args.scaling is not None and args.scaling not in SCALINGS:
         parser.error(f"unknown --scaling {args.scaling!r}; choose from {', '.join(SCALINGS)}")
     shape = check_shape(parser, "--grid", args.grid)
     new_shape = check_shape(parser, "--new-grid", args.new_grid)
+    if args.kind == "explore":
+        return explore(args, parser, shape, new_shape)
     if args.run or args.checkpoint:
         pe, native, title = trained_encoding(args)  # loading the run imports its own code first
     else:
