@@ -7,7 +7,8 @@ module that reads a grid table at other positions, in two ways.
   in the table: a learned table read at normalised or augmented coordinates.
 
 One code path for 1D, 2D and 3D: the table is resampled one axis at a time with a 1-pixel-high
-``F.interpolate`` call, or multiplied by a per-axis interpolation matrix. Bicubic, bilinear and area kernels are separable, so on a 2D table this equals
+``F.interpolate`` call, or multiplied by a per-axis interpolation matrix. Bicubic, bilinear and area kernels are
+separable, so on a 2D table this equals
 ``F.interpolate(mode="bicubic")`` over both axes (timm's ``resample_abs_pos_embed``) to float rounding,
 and it gives true bicubic resampling in 3D, where ``F.interpolate`` has no bicubic mode.
 """

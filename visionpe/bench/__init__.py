@@ -1,5 +1,5 @@
-"""Speed and memory benchmarks of visionpe encodings, as ratios measured side by side in one run (docs/PERFORMANCE.md holds the
-results and, under "Reading these numbers", how to read them).
+"""Speed and memory benchmarks of visionpe encodings, as ratios measured side by side in one run
+(docs/PERFORMANCE.md holds the results and, under "Reading these numbers", how to read them).
 
     python scripts/bench_speed.py [--device cpu|cuda] [--sections rope forward ...] [--pes rope_mixed ...]
                                   [--repeats 5] [--slow-repeats 5] [--min-run-time 0.25] [--scale-repeats 1]

@@ -1,4 +1,5 @@
-"""What is measured on which model: the setups (a model recipe and its input batch) of every section, full size or ``--quick``."""
+"""What is measured on which model: the setups (a model recipe and its input batch) of every section, full size or
+``--quick``."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
-"""Section ``profile`` (opt-in): the training step under ``torch.profiler``: where each encoding's time over ``none`` goes."""
+"""Section ``profile`` (opt-in): the training step under ``torch.profiler``: where each encoding's time over
+``none`` goes."""
 from __future__ import annotations
 
 from collections import Counter

@@ -1,4 +1,5 @@
-"""Section ``timm``: visionpe vs timm's own models holding the same weights (learned ViT, rope-vit ports, Swin, SwinV2)."""
+"""Section ``timm``: visionpe vs timm's own models holding the same weights (learned ViT, rope-vit ports, Swin,
+SwinV2)."""
 from __future__ import annotations
 
 import copy

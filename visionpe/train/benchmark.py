@@ -7,6 +7,7 @@ checkout (:data:`ROOT`); finished runs are skipped, interrupted ones resumed.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import platform
@@ -20,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..rotary.scaling import SCALINGS
-from . import cli, loop, models, rundir, settings
+from ..weights import write_text
+from . import cli, loop, models, restore, rundir, settings
 from .cli import UserError
 from .loop import key_text
 from .report import markdown_table as report_table
@@ -36,33 +38,107 @@ SWIN_LIST = ["swin_bias", "cpb", "rope_mixed", "alibi"]
 
 def job(cfg_path: Path, data: str, seed: int, run: Path, train_args: list[str], res, scalings, log_dir: Path,
         frames=()) -> dict:
-    """Train one run (unless done: ``python train_vit.py --config CFG --data D --seed S TRAIN_ARGS ...``), then sweep
-    it (``python scripts/resolution_sweep.py ...``), each in its own process; returns {'run', 'ok', 'seconds',
-    'log'}."""
+    """Train one run (``python train_vit.py --config CFG --data D --seed S TRAIN_ARGS ...``) unless it is finished
+    with the settings asked for now, then sweep it (``python scripts/resolution_sweep.py ...``) unless its sweep was
+    made from these results with these arguments; each in its own process. Returns {'run', 'ok', 'seconds', 'log'}."""
     log = log_dir / f"{run.parent.parent.name}__{run.parent.name}__{run.name}.log"
+    train = ["--config", str(cfg_path), "--data", data, "--seed", str(seed), "--output", str(run), "--threads", "1",
+             "--no-progress", "--eval-res", *train_args]
     t0 = time.time()
+    return {"run": run, "ok": run_logged(plan_run(run, train, sweep_command(run, res, scalings, frames), log), log),
+            "seconds": time.time() - t0, "log": log}
+
+
+def plan_run(run: Path, train: list[str], sweep: list[str], log: Path) -> list[list[str]]:
+    """The commands that bring ``run`` up to date: train (fresh, ``--resume`` of an interrupted run with the same
+    settings, or ``--overwrite`` when the recipe or the row changed since it was trained, as the log says) unless it
+    is finished with the settings asked for, then sweep unless :func:`sweep_is_current`."""
     commands = []
-    if not (run / "results.json").is_file():
-        train = ["--config", str(cfg_path), "--data", data, "--seed", str(seed), "--output", str(run),
-                 "--threads", "1", "--no-progress", "--eval-res"] + list(train_args)
-        # a run directory with a config.yaml is continued (from its last saved epoch, or from the start)
-        train += ["--resume"] if (run / "config.yaml").is_file() else ["--overwrite"]
-        commands.append([str(ROOT / "train_vit.py"), *train])
-    if not (run / "sweep" / "sweep.csv").is_file():
-        commands.append(sweep_command(run, res, scalings, frames))
-    return {"run": run, "ok": run_logged(commands, log), "seconds": time.time() - t0, "log": log}
+    changed = stale_settings(run, train) if (run / rundir.CONFIG).is_file() else []
+    if changed:
+        with open(log, "a") as f:
+            f.write(f"# {run}: trained with other settings than asked for now: {'; '.join(changed)}; retraining\n")
+    if changed or not (run / rundir.RESULTS).is_file():
+        resume = (run / rundir.CONFIG).is_file() and not changed  # continued from its last saved epoch
+        commands.append([str(ROOT / "train_vit.py"), *train, "--resume" if resume else "--overwrite"])
+    if commands or not sweep_is_current(run, sweep):
+        commands.append(sweep)
+    return commands
+
+
+def stale_settings(run: Path, train: list[str]) -> list[str]:
+    """What of the run in ``run`` differs from what ``train_vit.py TRAIN`` would train now (an edited recipe, another
+    row), as ``setting (old -> new)``; settings that do not change what is trained (``settings.SAFE_ON_RESUME``) are
+    not differences. Empty when the run is the one asked for."""
+    asked = {**settings.parse_args(train, prog="benchmark (a run's train_vit.py arguments)"), "output": str(run)}
+    try:
+        old = restore.load_run(run)
+    except cli.UserError as err:
+        return [f"its config.yaml cannot be read ({err})"]
+    return [f"{key} ({a!r} -> {b!r})" for key, a, b in settings.refused_changes(old, restore.new_config(asked))]
+
+
+SWEEP_SOURCE = "made_by.json"  # in run/sweep/: the results file and the arguments the sweep was made from
+
+
+def sweep_is_current(run: Path, sweep: list[str]) -> bool:
+    """``run/sweep/sweep.csv`` exists and was made by ``sweep`` from the run's present ``results.json``."""
+    source = run / "sweep" / SWEEP_SOURCE
+    if not (run / "sweep" / "sweep.csv").is_file() or not source.is_file() or not (run / rundir.RESULTS).is_file():
+        return False
+    try:
+        made_by = json.loads(source.read_text())
+    except ValueError:
+        return False
+    return made_by == sweep_record(run, sweep)
+
+
+def sweep_record(run: Path, sweep: list[str]) -> dict:
+    """What :data:`SWEEP_SOURCE` holds: the sweep's arguments (without the run and output folders, so a benchmark
+    folder can move) and the sha256 of the results it swept."""
+    arguments = sweep[2:]
+    if "--out" in arguments:
+        at = arguments.index("--out")
+        arguments = arguments[:at] + arguments[at + 2:]
+    return {"arguments": arguments, "results_sha256": hashlib.sha256((run / rundir.RESULTS).read_bytes()).hexdigest()}
+
+
+def record_sweep(run: Path, sweep: list[str]) -> None:
+    """After a successful sweep of ``run``: remember what it was made from (:func:`sweep_is_current`)."""
+    write_text(run / "sweep" / SWEEP_SOURCE, json.dumps(sweep_record(run, sweep)))
+
+
+def unfinished_note(args) -> str:
+    """The report's statement of the planned runs it leaves out (not finished or failed), or nothing."""
+    missing = getattr(args, "unfinished", [])
+    if not missing:
+        return ""
+    shown = ", ".join(f"`{r[4].relative_to(args.out)}`" for r in missing[:10])
+    return (f" **{len(missing)} planned run(s) are not finished and are left out of the tables:** {shown}"
+            + (" ..." if len(missing) > 10 else "") + ".")
+
+
+def finished_runs_or_refuse(runs: list[Path], out: Path, doc: Path) -> list[Path]:
+    """The planned runs that are finished and swept; none is a :class:`UserError` that leaves ``doc`` as it is (a
+    wrong ``--out``, or every run failed): a report never replaces its tables with empty ones."""
+    done = [run for run in runs if (run / "sweep" / "sweep.csv").is_file() and (run / rundir.RESULTS).is_file()]
+    if not done:
+        raise UserError(f"no finished runs under --out {out} (of {len(runs)} planned, e.g. {runs[0]}); {doc} is left "
+                        "as it is (check --out, or the logs of the runs)")
+    return done
 
 
 def sweep_command(run: Path, res, scalings, frames=()) -> list[str]:
     """``scripts/resolution_sweep.py`` on a run's last weights, writing ``run/sweep/`` (``frames``: a video run's
     test frame counts)."""
-    return [str(ROOT / "scripts" / "resolution_sweep.py"), str(run), "--res", *map(key_text, res), "--scaling", *scalings,
+    return [str(ROOT / "scripts" / "resolution_sweep.py"), str(run), "--res", *map(key_text, res),
+            "--scaling", *scalings,
             *(["--frames", *map(str, frames)] if frames else []), "--out", str(run / "sweep")]
 
 
 def run_logged(commands: list[list[str]], log: Path) -> bool:
     """Run each ``[script, *args]`` with this Python, one thread each, appending its output to ``log``; stop at the
-    first failure. True when all succeeded."""
+    first failure. True when all succeeded. A sweep that succeeds records what it was made from."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
     with open(log, "a") as f:
         for cmd in commands:
@@ -70,6 +146,8 @@ def run_logged(commands: list[list[str]], log: Path) -> bool:
             f.flush()
             if subprocess.run([sys.executable, *cmd], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode:
                 return False
+            if Path(cmd[0]).name == "resolution_sweep.py":
+                record_sweep(Path(cmd[1]), cmd)
     return True
 
 
@@ -259,7 +337,7 @@ def write_video_section(path: Path, args, table, runs, command: str, wall: float
              f"{args.jobs} processes side by side).", "",
              "```", command, "```", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}. Wall time of "
-             f"this invocation: {wall / 60:.1f} min ({len(runs)} runs)."
+             f"this invocation: {wall / 60:.1f} min ({len(runs)} runs)." + unfinished_note(args)
              + (" Tables rebuilt from those runs with `--report-only`." if args.report_only else ""), "",
              f"Recipe `{cfg_path.relative_to(ROOT) if cfg_path.is_relative_to(ROOT) else cfg_path}`"
              + (f" with `{shlex.join(args.extra)}`" if args.extra else "") + ":", "",
@@ -306,7 +384,9 @@ def read_rows(path: Path) -> dict:
         if not isinstance(scaling, list) or not scaling or any(v not in SCALINGS for v in scaling):
             raise UserError(f"{where}: row {row['label']!r}: scaling must be a list of {', '.join(SCALINGS)}, "
                             f"got {scaling!r}")
-        slug = re.sub(r"[^\w.+-]+", "-", str(row["label"])).strip("-").replace("+", "-")
+        slug = re.sub(r"^[.-]+|-+$", "", re.sub(r"[^\w.+-]+", "-", str(row["label"])).replace("+", "-"))
+        if not slug:
+            raise UserError(f"{where}: row label {row['label']!r} has no letters or digits for its folder name")
         if slug in slugs:
             raise UserError(f"{where}: two rows share the label {row['label']!r} (or its folder name {slug!r})")
         slugs.add(slug)
@@ -366,7 +446,7 @@ def rows_section(path: Path, args, spec: dict, table: dict, runs, command: str, 
              "`HxW` columns are non-square test sizes (height x width). A gap is *beyond* the seed spread when "
              "|mean_a - mean_b| > std_a + std_b.", "", "```", command, "```", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}. Wall time of "
-             f"this invocation: {wall / 60:.1f} min ({len(runs)} runs)."
+             f"this invocation: {wall / 60:.1f} min ({len(runs)} runs)." + unfinished_note(args)
              + (" Tables rebuilt from those runs with `--report-only`." if args.report_only else ""), "",
              f"Recipe `{cfg_path.relative_to(ROOT) if cfg_path.is_relative_to(ROOT) else cfg_path}`"
              + (f" with `{shlex.join(args.extra)}`" if args.extra else "") + ":", "",
@@ -401,8 +481,8 @@ def write_report(path: Path, args, table, runs, command: str, wall: float, confi
              "## Command", "", "```", command, "```", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
              f"Python {platform.python_version()}. Wall time of this invocation: {wall / 60:.1f} min "
-             f"({len(runs)} runs)." + (" Tables rebuilt from those runs with `--report-only`." if args.report_only
-                                       else ""), ""]
+             f"({len(runs)} runs)." + unfinished_note(args)
+             + (" Tables rebuilt from those runs with `--report-only`." if args.report_only else ""), ""]
     for family, cfg_path in configs.items():
         lines += [f"## Recipe ({family}): `{cfg_path.relative_to(ROOT) if cfg_path.is_relative_to(ROOT) else cfg_path}`",
                   "", "```yaml", cfg_path.read_text().strip(), "```", ""]
@@ -513,6 +593,12 @@ def run(args, command: str) -> int:
         wall = json.loads((args.out / "wall.json").read_text())["wall_s"] if (args.out / "wall.json").is_file() else 0.0
     else:
         (args.out / "wall.json").write_text(json.dumps({"wall_s": wall}))
+    finished = finished_runs_or_refuse([r[4] for r in runs], args.out, args.doc)
+    if len(finished) < len(runs):
+        missing = [str(r[4].relative_to(args.out)) for r in runs if r[4] not in finished]
+        print(f"benchmark: {len(missing)} of {len(runs)} runs are not finished (the report says which): "
+              f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", file=sys.stderr)
+    args.unfinished = [r for r in runs if r[4] not in finished]
     table = collect([(f, d, pe, s, run) for f, d, pe, s, run in runs])
     if spec:
         rows_section(args.doc, args, spec, table, runs, command, wall)

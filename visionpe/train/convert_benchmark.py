@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..backbones import parse_pe
-from . import cli, rundir, settings
-from .benchmark import ROOT, accuracy_cells, run_logged, sweep_command
+from . import cli, restore, rundir, settings
+from .benchmark import ROOT, accuracy_cells, finished_runs_or_refuse, plan_run, run_logged, sweep_command
 from .cli import UserError
 from .report import markdown_table as report_table
 from .report import mean_std, write_section
@@ -62,22 +62,17 @@ def plan(args) -> list[dict]:
 
 
 def job(spec: dict, args, waits: dict, log_dir: Path) -> dict:
-    """Train (unless finished) and sweep (unless swept) one run, each in its own process."""
+    """Train one run unless it is finished with the settings asked for now, then sweep it unless its sweep is current
+    (:func:`visionpe.train.benchmark.plan_run`), each in its own process; a conversion waits for its source."""
     run = spec["run"]
     if spec["after"] is not None:
         source = waits[spec["after"]].result()
         if not source["ok"]:
             return {"run": run, "ok": False, "seconds": 0.0, "log": source["log"]}
     log = log_dir / ("__".join(run.relative_to(args.out).parts) + ".log")
-    t0, commands = time.time(), []
-    if not (run / "results.json").is_file():
-        if (run / "config.yaml").is_file():  # interrupted: continue it (a conversion keeps its init_from)
-            train = ["--resume", str(run)]
-        else:
-            train = [*spec["train"], "--output", str(run), "--overwrite"]
-        commands.append([str(ROOT / "train_vit.py"), *train, "--threads", "1", "--no-progress", "--eval-res"])
-    if not (run / "sweep" / "sweep.csv").is_file():
-        commands.append(sweep_command(run, args.res, args.scaling))
+    train = [*spec["train"], "--output", str(run), "--threads", "1", "--no-progress", "--eval-res"]
+    t0 = time.time()
+    commands = plan_run(run, train, sweep_command(run, args.res, args.scaling), log)
     return {"run": run, "ok": run_logged(commands, log), "seconds": time.time() - t0, "log": log}
 
 
@@ -217,7 +212,7 @@ def section(args, table: dict, runs: list[dict], command: str, wall: float) -> s
         lines += [f"### {data}", ""]
         source = table.get((data, "source", SOURCE_PE, "default"))
         if source:
-            classes = rundir.load_run(next(r["run"] for r in runs if r["data"] == data and r["kind"] == "source"))
+            classes = restore.load_run(next(r["run"] for r in runs if r["data"] == data and r["kind"] == "source"))
             mean, std = mean_std(source["acc"][source["train_res"]])
             lines += [f"The {SOURCE_PE} source reaches {mean:.1f} ± {std:.1f} % at its training resolution after {n} "
                       f"epochs (chance: {100 / classes['num_classes']:.1f} %).", ""]
@@ -278,6 +273,7 @@ def run(args, command: str) -> int:
                 status = "ok" if r["ok"] else f"FAILED (see {r['log']})"
                 print(f"[{i}/{len(runs)}] {time.time() - t0:7.0f}s  {r['run'].relative_to(args.out)}  "
                       f"{r['seconds']:.0f}s  {status}", flush=True)
+    finished_runs_or_refuse([spec["run"] for spec in runs], args.out, args.doc)
     wall_file = args.out / "wall.json"
     previous = json.loads(wall_file.read_text())["wall_s"] if wall_file.is_file() else 0.0
     wall = previous + (0.0 if args.report_only else time.time() - t0)  # summed over the invocations that ran

@@ -69,7 +69,8 @@ def check_model(cfg: dict) -> None:
         raise UserError(f"--model {name} is a video model ({named[0].name}): it needs video data and --num-frames"
                         if named[0].video else f"--model {name} takes images, not --num-frames")
     if video and named is None and not is_vit(name):
-        raise UserError(f"video runs (--num-frames) build a tubelet timm ViT or a video backbone: --model {name} is not a "
+        raise UserError(f"video runs (--num-frames) build a tubelet timm ViT or a video backbone: --model {name} is "
+                        "not a "
                         "ViT (vit_*, deit_*) nor a video model such as swin3d_t")
 
 

@@ -225,7 +225,8 @@ def read_results(run: Path) -> dict:
 def prepare(out: Path, cfg: dict, *, resume: bool, state: dict | None, changed=()) -> list[str]:
     """Ready the run directory for training (rank 0 only). A new run: delete the previous run's files (only with
     ``--overwrite`` can there be any), then write config.yaml. A resumed run: :func:`repair`, and record the
-    settings changed on the command line (``changed``, from :func:`~visionpe.train.restore.resume_config`) in config.yaml. Returns what was
+    settings changed on the command line (``changed``, from :func:`~visionpe.train.restore.resume_config`) in
+    config.yaml. Returns what was
     done, for the log."""
     if not resume:
         clear(out)

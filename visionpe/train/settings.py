@@ -29,8 +29,8 @@ SIZE_KEYS = ("embed_dim", "depth", "num_heads")  # command-line shortcuts into m
 RUN_KEYS = ("num_classes", "in_chans")  # written to / read from config.yaml only
 NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
 # settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
-SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "threads", "progress", "device", "stop_after",
-                  "download", "imports")
+SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "threads", "progress", "device",
+                  "stop_after", "download", "imports")
 
 
 @dataclass(frozen=True)
