@@ -52,6 +52,7 @@ class Encoding(nn.Module):
     """
 
     family: str = ""
+    ndims: tuple[int, ...] = (1, 2, 3)  # grid axes it is defined for (LookHere is 2D, VideoRoPE 3D by definition)
 
     # -- building for a model -----------------------------------------------------------------------
     @classmethod
