@@ -629,9 +629,10 @@ class MixedRoPE(RoPE):
             if directions == "random":
                 freqs = mixed_frequencies(order, num_heads, theta, generator, **bands)
             else:
-                freqs = axial_frequencies(order, theta, **bands).expand(-1, num_heads, -1).clone()
-                if directions == "golden":
+                freqs = axial_frequencies(order, theta, torch.float64, **bands).expand(-1, num_heads, -1)
+                if directions == "golden":  # angles up to heads * pairs * 2.4 rad: computed in float64
                     freqs = golden_directions(freqs.abs().sum(0)[0], num_heads)
+                freqs = freqs.float()
             rotating = rotated_pairs(order, fraction).float()
             freqs, band_fraction = freqs * rotating, band_fractions(order)
             free = None if bool(rotating.all()) else rotating.expand_as(freqs).clone()
