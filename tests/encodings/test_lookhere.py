@@ -57,7 +57,7 @@ SETS = {
 @pytest.mark.parametrize("name", list(SETS))
 @pytest.mark.parametrize("shape", [(3, 3), (4, 6), (5, 2)])
 def test_masks_are_the_stated_directions(name, shape):
-    pe = vpe.build("lookhere", num_heads=4, directions=name)
+    pe = vpe.build("lookhere", num_heads=4, head_directions=name)
     masks = pe.masks(shape)
     for head, entries in enumerate(SETS[name]):
         assert torch.equal(masks[head], reference_mask(entries, shape)), (name, head)
@@ -67,7 +67,7 @@ def test_masks_are_the_stated_directions(name, shape):
 def test_a_written_down_3x3_case():
     """The centre query (1, 1) of a 3x3 grid, visible keys as (row, col)."""
     def visible(directions, head):
-        pe = vpe.build("lookhere", num_heads=4, directions=directions)
+        pe = vpe.build("lookhere", num_heads=4, head_directions=directions)
         row = pe.masks((3, 3))[head, 4]
         return {(k // 3, k % 3) for k in row.nonzero().flatten().tolist()}
 
@@ -87,21 +87,21 @@ def test_a_written_down_3x3_case():
     ("halves", 2, [0.5, 0.5]),  # generalised: the official code handles runs of multiples of 4 heads
 ])
 def test_slopes_follow_the_official_rule(directions, heads, slopes):
-    assert vpe.build("lookhere", num_heads=heads, directions=directions).slopes.tolist() == slopes
+    assert vpe.build("lookhere", num_heads=heads, head_directions=directions).slopes.tolist() == slopes
 
 
 def test_head_assignment_as_the_official_blocks():
     """6 heads, 'halves-none': up, down, left, right, none, none; 12 heads, two sets: the first set twice."""
-    pe = vpe.build("lookhere", num_heads=6, directions="halves-none")
+    pe = vpe.build("lookhere", num_heads=6, head_directions="halves-none")
     assert pe.head_entries == (("up",), ("down",), ("left",), ("right",), (), ())
-    pe = vpe.build("lookhere", num_heads=12, directions="triangles-diagonals")
+    pe = vpe.build("lookhere", num_heads=12, head_directions="triangles-diagonals")
     assert [e[0] for e in pe.head_entries] == ["tri_up", "tri_down", "tri_left", "tri_right"] * 2 + [
         "diag_up_right", "diag_up_left", "diag_down_right", "diag_down_left"]
 
 
 def test_bias_formula_and_prefix():
     grid, global_slope = Grid((3, 4), prefix=1), 0.5
-    pe = vpe.build("lookhere", num_heads=8, directions="halves-center", global_slope=global_slope)
+    pe = vpe.build("lookhere", num_heads=8, head_directions="halves-center", global_slope=global_slope)
     bias = pe(grid).double()
     assert bias.shape == (8, 13, 13)
     assert torch.equal(bias[:, 0], torch.zeros(8, 13, dtype=torch.float64))
@@ -120,21 +120,21 @@ def test_bias_formula_and_prefix():
 @pytest.mark.parametrize("distance,power", [("sqrt", 0.5), ("square", 2.0)])
 def test_distance_options(distance, power):
     grid = Grid((3, 3))
-    pe = vpe.build("lookhere", num_heads=4, directions="none", distance=distance)
+    pe = vpe.build("lookhere", num_heads=4, head_directions="none", distance=distance)
     coords = grid.coords(dtype=torch.float64)
     expected = -0.25 * torch.cdist(coords, coords) ** power
     torch.testing.assert_close(pe(grid)[0].double(), expected)
 
 
 def test_zero_heads_carry_no_position():
-    pe = vpe.build("lookhere", num_heads=4, directions="none1zero3")
+    pe = vpe.build("lookhere", num_heads=4, head_directions="none1zero3")
     bias = pe(Grid((3, 3)))
     assert torch.equal(bias[1:], torch.zeros(3, 9, 9)) and bool((bias[0] < 0).sum() > 0)
 
 
 def test_attention_is_finite_and_each_head_ignores_what_it_cannot_see():
     torch.manual_seed(0)
-    pe = vpe.build("lookhere", num_heads=4, directions="triangles")
+    pe = vpe.build("lookhere", num_heads=4, head_directions="triangles")
     grid = Grid((4, 4), prefix=1)
     q, k, v = torch.randn(3, 2, 4, grid.num_tokens, 8).unbind(0)
     out = vpe.attend(q, k, v, grid, bias=pe)
@@ -163,8 +163,8 @@ def test_masks_and_bias_are_cached_and_distances_follow_coordinates():
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(ndim=3), "2D grids"), (dict(ndim=1), "2D grids"), (dict(directions="sideways"), "sideways"),
-    (dict(directions="halves-corners"), "block"), (dict(directions=""), "direction set"),
+    (dict(ndim=3), "2D grids"), (dict(ndim=1), "2D grids"), (dict(head_directions="sideways"), "sideways"),
+    (dict(head_directions="halves-corners"), "block"), (dict(head_directions=""), "direction set"),
     (dict(distance="cubic"), "distance='cubic'"), (dict(global_slope=-1.0), "global_slope"),
 ])
 def test_lookhere_errors(kwargs, message):

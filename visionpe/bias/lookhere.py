@@ -9,7 +9,7 @@ model's zero class-token row and column).
 
 Directions, slopes and distances follow the official ``create_lh_bias_tensor`` (read, not copied):
 
-- a direction set is a name of the official shorthand naming four heads, e.g. ``"halves"`` (look up, down, left,
+- ``head_directions`` is a direction set of the official shorthand naming four heads, e.g. ``"halves"`` (look up, down, left,
   right: 180 degrees each), ``"corners"`` (the four quadrants: 90), ``"triangles"`` (the 90-degree cones around
   up, down, left, right), ``"diagonals"`` (the four diagonal half-planes: 180), ``"eighths1"``/``"eighths2"``
   (45-degree wedges), ``"none"`` (no mask, distance only), ``"zero"`` (no bias at all), ``"center"`` (distance of
@@ -78,18 +78,18 @@ DISTANCES = ("linear", "sqrt", "square")
 NONE_SLOPES = (0.25, 0.0625, 0.015625, 0.00390625)
 
 
-def head_directions(directions: str, num_heads: int) -> tuple[list[str], list[tuple[str, ...]]]:
-    """The set name and the direction entries of every head of ``directions`` (``"halves-diagonals"``)."""
-    if not isinstance(directions, str) or not directions:
-        raise ValueError(f"directions={directions!r} must be a direction set name or names joined by '-', from: "
-                         f"{', '.join(DIRECTION_SETS)}")
-    names = directions.split("-")
+def assign_directions(head_directions: str, num_heads: int) -> tuple[list[str], list[tuple[str, ...]]]:
+    """The set name and the direction entries of every head of ``head_directions`` (``"halves-diagonals"``)."""
+    if not isinstance(head_directions, str) or not head_directions:
+        raise ValueError(f"head_directions={head_directions!r} must be a direction set name or names joined by '-', "
+                         f"from: {', '.join(DIRECTION_SETS)}")
+    names = head_directions.split("-")
     for name in names:
-        check_choice("directions", name, DIRECTION_SETS)
+        check_choice("head_directions", name, DIRECTION_SETS)
     blocks = math.ceil(num_heads / 4)
     if len(names) > blocks:
-        raise ValueError(f"directions={directions!r} names {len(names)} sets of 4 heads but num_heads={num_heads} "
-                         f"has {blocks} block(s) of 4")
+        raise ValueError(f"head_directions={head_directions!r} names {len(names)} sets of 4 heads but "
+                         f"num_heads={num_heads} has {blocks} block(s) of 4")
     share, extra = divmod(blocks, len(names))
     set_names, entries = [], []
     for g, name in enumerate(names):
@@ -117,8 +117,8 @@ class LookHere(BiasEncoding):
     Args:
         num_heads: heads of the attention.
         ndim: must be 2 (LookHere's fields of view are directions in the image plane).
-        directions: a direction set of the official shorthand or several joined by ``-`` (module docstring);
-            default ``"halves"``.
+        head_directions: a direction set of the official shorthand or several joined by ``-`` (module docstring;
+            the official config's ``head_directions``); default ``"halves"``.
         global_slope: factor on every head's slope (the official ``global_slope``).
         distance: ``"linear"``, ``"sqrt"``, ``"square"`` of the Euclidean distance.
         coords, normalize_coords, shift_coords, jitter_coords, rescale_coords: the coordinates distances are measured
@@ -132,7 +132,7 @@ class LookHere(BiasEncoding):
 
     ndims = (2,)
 
-    def __init__(self, num_heads: int, ndim: int = 2, directions: str = "halves", global_slope: float = 1.0,
+    def __init__(self, num_heads: int, ndim: int = 2, head_directions: str = "halves", global_slope: float = 1.0,
                  distance: str = "linear", coords: str = "index", normalize_coords: str = "separate",
                  shift_coords: float | None = None, jitter_coords: float | None = None,
                  rescale_coords: float | None = None):
@@ -143,9 +143,9 @@ class LookHere(BiasEncoding):
                              f"got ndim={ndim!r}")
         self.ndim = ndim
         check_choice("distance", distance, DISTANCES)
-        self.directions, self.distance = directions, distance
+        self.head_directions, self.distance = head_directions, distance
         self.global_slope = check_number("global_slope", global_slope, minimum=0.0)
-        set_names, entries = head_directions(directions, num_heads)
+        set_names, entries = assign_directions(head_directions, num_heads)
         self.head_entries = tuple(entries)
         self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
         self.register_buffer("slopes", torch.tensor(head_slopes(set_names)), persistent=False)
@@ -219,5 +219,5 @@ class LookHere(BiasEncoding):
 
     def extra_repr(self) -> str:
         extra = self.coordinates.describe()
-        return (f"num_heads={self.num_heads}, directions={self.directions!r}, global_slope={self.global_slope}, "
+        return (f"num_heads={self.num_heads}, head_directions={self.head_directions!r}, global_slope={self.global_slope}, "
                 f"distance={self.distance!r}{', ' + extra if extra else ''}")

@@ -289,7 +289,8 @@ class RoPE(RotaryEncoding):
             if self.ref_shape is not None:
                 ref = self.components(self.ref_shape)
                 scales = axis_scales(self.components(grid.shape), ref, wide)
-                if self.scaling != "none" and bool((scales != 1).any()):
+                placed = grid.offset is not None or grid.spacing is not None
+                if placed and self.scaling != "none" and bool((scales != 1).any()):
                     check_unscaled_placement(grid, self.scaling, self.ref_shape)
                 coords = scale_positions(coords, scales, self.scaling)
                 freqs = scale_frequencies(freqs, self.band_fraction, scales, ref, self.scaling,
