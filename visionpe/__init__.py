@@ -28,10 +28,10 @@ _LAZY = {"apply": "backbones", "create_model": "backbones", "create_video_model"
          "encodings_of": "backbones"}
 
 __all__ = ["ALiBi", "Attention", "AxialRoPE", "BiasEncoding", "ContinuousPositionBias", "CoordinateSystem", "Encoding",
-           "FIRE", "Grid", "Layout", "Learned", "LookHere", "MixedLayout", "MixedRoPE", "ModelContext", "PEG", "RelBias",
-           "RelativePositionBias", "RoPE", "RotaryEncoding", "SinCos", "SwinBias", "TokenEncoding", "VideoRoPE", "attend",
-           "available", "build",
-           "load_timm_checkpoint", "load_weights", "register", "save_weights", "unregister", *_LAZY]
+           "FIRE", "Grid", "Layout", "Learned", "LookHere", "MixedLayout", "MixedRoPE", "ModelContext", "PEG",
+           "RelBias", "RelativePositionBias", "RoPE", "RotaryEncoding", "SinCos", "SwinBias", "TokenEncoding",
+           "VideoRoPE", "attend", "available", "build", "load_timm_checkpoint", "load_weights", "register",
+           "save_weights", "unregister", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -1,5 +1,5 @@
-"""RoPE frequency layouts on rope_axial / rope_mixed: golden-angle directions, p-RoPE (rotate_fraction) and per-head axes
-(head_axes), each against angles written here in float64, plus the property that defines it."""
+"""RoPE frequency layouts on rope_axial / rope_mixed: golden-angle directions, p-RoPE (rotate_fraction) and per-head
+axes (head_axes), each against angles written here in float64, plus the property that defines it."""
 import math
 
 import pytest
@@ -173,8 +173,8 @@ def test_head_axes_closed_form():
     x, y = xy(grid)
     four = theta ** (-torch.arange(4, dtype=torch.float64) / 4)
     two = theta ** (-torch.arange(2, dtype=torch.float64) / 2)
-    angles = torch.stack([x[:, None] * four, y[:, None] * four,
-                          torch.cat([x[:, None] * two, y[:, None] * two], dim=1), torch.zeros(12, 4, dtype=torch.float64)])
+    both = torch.cat([x[:, None] * two, y[:, None] * two], dim=1)
+    angles = torch.stack([x[:, None] * four, y[:, None] * four, both, torch.zeros(12, 4, dtype=torch.float64)])
     assert max_error(pe, grid, angles) < 1e-6
 
 
@@ -202,7 +202,8 @@ def test_head_axes_in_3d_use_sections_for_heads_of_every_axis():
 def test_head_axes_learned_stay_on_their_axes():
     torch.manual_seed(0)
     pe = vpe.build("rope_mixed", head_dim=8, num_heads=3, head_axes=("x", "yx", ""))
-    assert torch.equal(pe.freqs.detach()[1, 0], torch.zeros(4)) and torch.equal(pe.freqs.detach()[:, 2], torch.zeros(2, 4))
+    initial = pe.freqs.detach()
+    assert torch.equal(initial[1, 0], torch.zeros(4)) and torch.equal(initial[:, 2], torch.zeros(2, 4))
     optimizer = torch.optim.SGD(pe.parameters(), lr=1.0)
     grid = Grid((3, 4))
     q, k = torch.randn(2, 2, 3, 12, 8).unbind(0)
@@ -220,7 +221,8 @@ def test_head_axes_ntk_fractions_per_head():
     torch.testing.assert_close(pe.band_fraction, torch.tensor([[0, 1 / 3, 2 / 3, 1], [0, 1, 0, 1]]))
     out = pe.frequencies(torch.float64)  # unscaled
     scaled = vpe.rotary.scaling.scale_frequencies(out, pe.band_fraction, torch.tensor([2.0, 2.0]), (2, 2), "ntk")
-    torch.testing.assert_close(scaled[0, 0], out[0, 0] * 2.0 ** -torch.tensor([0, 1 / 3, 2 / 3, 1], dtype=torch.float64))
+    fractions = torch.tensor([0, 1 / 3, 2 / 3, 1], dtype=torch.float64)
+    torch.testing.assert_close(scaled[0, 0], out[0, 0] * 2.0 ** -fractions)
 
 
 @pytest.mark.parametrize("head_axes,message", [

@@ -141,8 +141,8 @@ def test_absolute_time_matches_qwen25_vl():
         h, w = (c.reshape(-1).double() for c in torch.meshgrid(torch.arange(2), torch.arange(3), indexing="ij"))
         positions = torch.stack([t.repeat_interleave(6), h.repeat(4), w.repeat(4)], dim=-1)
         angles = positions[:, axis] * inv_freq
-        assert float((pe.cis(grid)[0].to(torch.complex128) - torch.polar(torch.ones_like(angles), angles)).abs().max()) \
-            < 1e-6
+        error = pe.cis(grid)[0].to(torch.complex128) - torch.polar(torch.ones_like(angles), angles)
+        assert float(error.abs().max()) < 1e-6
 
 
 def test_clips_at_different_frame_rates_share_one_time_axis():

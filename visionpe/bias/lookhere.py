@@ -9,15 +9,16 @@ model's zero class-token row and column).
 
 Directions, slopes and distances follow the official ``create_lh_bias_tensor`` (read, not copied):
 
-- ``head_directions`` is a direction set of the official shorthand naming four heads, e.g. ``"halves"`` (look up, down, left,
-  right: 180 degrees each), ``"corners"`` (the four quadrants: 90), ``"triangles"`` (the 90-degree cones around
-  up, down, left, right), ``"diagonals"`` (the four diagonal half-planes: 180), ``"eighths1"``/``"eighths2"``
-  (45-degree wedges), ``"none"`` (no mask, distance only), ``"zero"`` (no bias at all), ``"center"`` (distance of
-  the key from the grid centre), ``"none1zero3"``, ``"none2zero2"``, ``"none3zero1"``, ``"zerohalves"``,
-  ``"zerocorners"``, ``"zerotriangles"`` (masks without distance). ``"halves-diagonals"`` joins sets; each set is
-  one block of 4 heads, blocks shared out in order (``ceil(heads / 4)`` blocks, spread evenly over the sets, the
-  first sets taking the extra ones; a last partial block takes the first heads of its set), so 6 heads with
-  ``"halves-none"`` are up, down, left, right, none, none as in the official code;
+- ``head_directions`` is a direction set of the official shorthand naming four heads, e.g. ``"halves"`` (look up,
+  down, left, right: 180 degrees each), ``"corners"`` (the four quadrants: 90), ``"triangles"`` (the 90-degree
+  cones around up, down, left, right), ``"diagonals"`` (the four diagonal half-planes: 180),
+  ``"eighths1"``/``"eighths2"`` (45-degree wedges), ``"none"`` (no mask, distance only), ``"zero"`` (no bias at
+  all), ``"center"`` (distance of the key from the grid centre), ``"none1zero3"``, ``"none2zero2"``,
+  ``"none3zero1"``, ``"zerohalves"``, ``"zerocorners"``, ``"zerotriangles"`` (masks without distance).
+  ``"halves-diagonals"`` joins sets; each set is one block of 4 heads, blocks shared out in order
+  (``ceil(heads / 4)`` blocks, spread evenly over the sets, the first sets taking the extra ones; a last partial
+  block takes the first heads of its set), so 6 heads with ``"halves-none"`` are up, down, left, right, none, none
+  as in the official code;
 - boundaries belong to the view (a "right" head sees its own column; a cone its diagonals);
 - slopes per run of heads of one set: a directional run of ``n`` heads has ``2^-(1 + j // 4)`` for its ``j``-th
   head (official ``np.repeat(exp2(-arange(1, n / 4 + 1)), 4)``); a run of ``none``/``zero``/``center`` heads has
@@ -219,5 +220,5 @@ class LookHere(BiasEncoding):
 
     def extra_repr(self) -> str:
         extra = self.coordinates.describe()
-        return (f"num_heads={self.num_heads}, head_directions={self.head_directions!r}, global_slope={self.global_slope}, "
-                f"distance={self.distance!r}{', ' + extra if extra else ''}")
+        return (f"num_heads={self.num_heads}, head_directions={self.head_directions!r}, "
+                f"global_slope={self.global_slope}, distance={self.distance!r}{', ' + extra if extra else ''}")
