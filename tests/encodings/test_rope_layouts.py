@@ -245,3 +245,9 @@ def test_head_axes_do_not_combine_with_golden_or_one_spectrum():
 def test_layout_in_repr():
     pe = vpe.build("rope_mixed", head_dim=8, num_heads=2, head_axes=("x", ""), rotate_fraction=0.5)
     assert "head_axes=('x', '')" in repr(pe) and "rotate_fraction=0.5" in repr(pe)
+
+
+def test_layouts_compose_the_same_fixed_and_learned():
+    """golden directions with p-RoPE: rope_axial's fixed table is rope_mixed's initialisation (same theta)."""
+    kw = dict(head_dim=16, num_heads=3, theta=10.0, directions="golden", rotate_fraction=0.5)
+    torch.testing.assert_close(vpe.build("rope_mixed", **kw).freqs.detach(), vpe.build("rope_axial", **kw).freqs)

@@ -559,10 +559,9 @@ class AxialRoPE(RoPE):
                 axes = mrope_axes(self.sections, self.num_pairs, interleaved=self.spectrum == "mrope_interleaved")
             components = [ndim - 1 - a if axis_order == "xy" else a for a in axes]
             freqs, bands = spectrum_frequencies(components, ndim, self.theta, dtype, **self.bands), [self.num_pairs]
-        freqs = freqs * rotated_pairs(bands, self.rotate_fraction).to(dtype)
         if self.directions == "golden":
             freqs = golden_directions(freqs.abs().sum(0)[0], self.num_heads)
-        return freqs
+        return freqs * rotated_pairs(bands, self.rotate_fraction).to(dtype)
 
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
         """Fixed frequencies recomputed in ``dtype`` (float64: exact angles on long axes; the float32 buffer is
