@@ -481,7 +481,7 @@ class AxialRoPE(RoPE):
     ``RotaryEmbeddingMRope``; ``sections`` bound the strided extents, pairs left over turn with axis 0). Use
     ``pairs="half"`` and ``theta=10000`` for Qwen's layout. ``"videorope"`` (3D) is VideoRoPE's low-frequency
     temporal allocation on that one spectrum: the last (lowest) ``sections[0]`` pairs turn with time, the others
-    alternate h, w from the highest frequency down (``rope_videorope`` adds its diagonal layout, see
+    alternate h, w from the highest frequency down (``videorope`` adds its diagonal layout, see
     :class:`~visionpe.rotary.videorope.VideoRoPE`).
 
     Frequency layouts (:mod:`visionpe.rotary.layouts`): ``directions="axial"`` (default) or ``"golden"`` (2D:
