@@ -3,8 +3,9 @@
 Three families, by where position enters attention:
 
 - ``tokens`` (``sincos``, ``learned``, ``peg``): ``pe(x, grid) -> x``, added to the patch tokens;
-- ``rotary`` (``rope_axial``, ``rope_mixed``): ``pe(q, k, grid) -> (q, k)``, rotating queries and keys;
-- ``bias`` (``swin_bias``, ``rel_bias``, ``cpb``, ``alibi``): ``pe(grid) -> (heads, T, T)`` logit bias.
+- ``rotary`` (``rope_axial``, ``rope_mixed``, ``videorope``): ``pe(q, k, grid) -> (q, k)``, rotating queries and keys;
+- ``bias`` (``swin_bias``, ``rel_bias``, ``cpb``, ``alibi``, ``bucket_bias``, ``lookhere``, ``fire``):
+  ``pe(grid) -> (heads, T, T)`` logit bias.
 
 The encodings, :class:`Grid` and :func:`build` import without timm; the backbone helpers (``create_model``,
 ``apply``, ``create_video_model``, ...) import timm on first use.
@@ -12,13 +13,13 @@ The encodings, :class:`Grid` and :func:`build` import without timm; the backbone
 import importlib
 
 from .attention import Attention, attend
-from .bias import ALiBi, BiasEncoding, ContinuousPositionBias, RelBias, RelativePositionBias, SwinBias
+from .bias import FIRE, ALiBi, BiasEncoding, ContinuousPositionBias, LookHere, RelBias, RelativePositionBias, SwinBias
 from .weights import load_timm_checkpoint, load_weights, save_weights
 from .coords import CoordinateSystem
 from .encoding import Encoding, ModelContext
 from .grid import Grid, Layout, MixedLayout
 from .registry import available, build, register, unregister
-from .rotary import AxialRoPE, MixedRoPE, RoPE, RotaryEncoding
+from .rotary import AxialRoPE, MixedRoPE, RoPE, RotaryEncoding, VideoRoPE
 from .tokens import PEG, Learned, SinCos, TokenEncoding
 
 __version__ = "0.1.0"
@@ -27,9 +28,10 @@ _LAZY = {"apply": "backbones", "create_model": "backbones", "create_video_model"
          "encodings_of": "backbones"}
 
 __all__ = ["ALiBi", "Attention", "AxialRoPE", "BiasEncoding", "ContinuousPositionBias", "CoordinateSystem", "Encoding",
-           "Grid", "Layout", "Learned", "MixedLayout", "MixedRoPE", "ModelContext", "PEG", "RelBias", "RelativePositionBias", "RoPE",
-           "RotaryEncoding", "SinCos", "SwinBias", "TokenEncoding", "attend", "available", "build",
-           "load_timm_checkpoint", "load_weights", "register", "save_weights", "unregister", *_LAZY]
+           "FIRE", "Grid", "Layout", "Learned", "LookHere", "MixedLayout", "MixedRoPE", "ModelContext", "PEG",
+           "RelBias", "RelativePositionBias", "RoPE", "RotaryEncoding", "SinCos", "SwinBias", "TokenEncoding",
+           "VideoRoPE", "attend", "available", "build", "load_timm_checkpoint", "load_weights", "register",
+           "save_weights", "unregister", *_LAZY]
 
 
 def __getattr__(name: str):

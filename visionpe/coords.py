@@ -54,16 +54,21 @@ def denominators(shape, normalize_coords: str = "separate") -> tuple[float, ...]
 
 
 def axis_positions(shape, offset=None, coords: str = "index", normalize_coords: str = "separate", ref_shape=None,
-                   device=None, dtype=torch.float32) -> list[torch.Tensor]:
+                   device=None, dtype=torch.float32, spacing=None) -> list[torch.Tensor]:
     """Per-axis coordinates ``[(size_a,)]`` of a grid's patches, in grid axis order (see the module docstring).
 
-    ``ref_shape`` (``coords="index"`` only) interpolates onto a reference grid's index range (PI).
+    ``ref_shape`` (``coords="index"`` only) interpolates onto a reference grid's index range (PI). ``spacing``
+    (:attr:`Grid.spacing`, ``coords="index"`` only) is the step per axis: ``offset + i * spacing``.
     """
     offset = offset or (0.0,) * len(shape)
     if coords == "normalized":  # timm's order of operations: (i + 0.5 + offset) / d, then 2 c - 1
+        if spacing is not None:
+            raise ValueError(f"a grid with spacing={spacing} (e.g. absolute time) needs coords='index': normalised "
+                             "coordinates map every axis onto [-1, 1] whatever its step")
         return [(torch.arange(s, device=device, dtype=dtype) + 0.5 + o) / d * 2.0 - 1.0
                 for s, o, d in zip(shape, offset, denominators(shape, normalize_coords))]
-    axes = [torch.arange(s, device=device, dtype=dtype) + o for s, o in zip(shape, offset)]
+    spacing = spacing or (1.0,) * len(shape)
+    axes = [torch.arange(s, device=device, dtype=dtype) * step + o for s, o, step in zip(shape, offset, spacing)]
     if ref_shape is not None:
         axes = [a * (r / s) for a, r, s in zip(axes, ref_shape, shape)]
     return axes
@@ -140,16 +145,16 @@ class CoordinateSystem:
         return any(v is not None for v in (self.shift_coords, self.jitter_coords, self.rescale_coords))
 
     def axis_positions(self, shape, offset=None, ref_shape=None, device=None,
-                       dtype=torch.float32) -> list[torch.Tensor]:
+                       dtype=torch.float32, spacing=None) -> list[torch.Tensor]:
         """Per-axis coordinates of a grid of ``shape`` (see :func:`axis_positions`)."""
-        return axis_positions(shape, offset, self.coords, self.normalize_coords, ref_shape, device, dtype)
+        return axis_positions(shape, offset, self.coords, self.normalize_coords, ref_shape, device, dtype, spacing)
 
     def positions(self, grid: Grid, device=None, dtype=torch.float32, ref_shape=None) -> torch.Tensor:
         """Coordinates of the grid's patches ``(N, ndim)``, grid axis order, row-major; ``ref_shape`` (index
         coordinates only): interpolated onto that grid's range (PI)."""
         if not self.normalized and ref_shape is None:
             return grid.coords(device, dtype)
-        axes = self.axis_positions(grid.shape, grid.offset, ref_shape, device, dtype)
+        axes = self.axis_positions(grid.shape, grid.offset, ref_shape, device, dtype, grid.spacing)
         return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, grid.ndim)
 
     def draw(self, training: bool, ndim: int, device=None) -> CoordTransform | None:

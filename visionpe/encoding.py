@@ -52,6 +52,8 @@ class Encoding(nn.Module):
     """
 
     family: str = ""
+    ndims: tuple[int, ...] = (1, 2, 3)  # grid axes it is defined for (LookHere is 2D, VideoRoPE 3D by definition)
+    masks_pairs: bool = False  # some token pairs are masked (-inf bias: a directional encoding such as LookHere)
 
     # -- building for a model -----------------------------------------------------------------------
     @classmethod

@@ -20,6 +20,11 @@ class Grid:
         prefix: number of prefix tokens before the patches; they never get a spatial position.
         offset: coordinate of the first patch per axis (a crop or a later clip starts elsewhere);
             defaults to zeros.
+        spacing: coordinate step between neighbouring patches per axis (positive), default 1. The frame rate of a
+            clip travels here: Qwen2.5-VL's absolute time gives temporal patch ``t`` the position
+            ``t * seconds_per_temporal_patch * tokens_per_second``, i.e. ``spacing=(s * tps, 1, 1)``, so clips at
+            different frame rates share one time axis. Read by the encodings that read coordinates (RoPE, ALiBi,
+            LookHere's distances, FIRE, sincos); tables indexed by integer offsets ignore it.
 
     A grid is immutable and hashable, so encodings cache their tables per ``(grid, device)``.
     """
@@ -27,6 +32,7 @@ class Grid:
     shape: tuple[int, ...]
     prefix: int = 0
     offset: tuple[float, ...] | None = None
+    spacing: tuple[float, ...] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "shape", to_shape("shape", self.shape))
@@ -37,6 +43,13 @@ class Grid:
                 raise ValueError(f"offset={self.offset!r} must have one value per axis (numbers) of shape={self.shape}")
             offset = tuple(check_number("offset", o) for o in self.offset)
             object.__setattr__(self, "offset", offset if any(offset) else None)
+        if self.spacing is not None:
+            if not isinstance(self.spacing, Sequence) or isinstance(self.spacing, str) \
+                    or len(self.spacing) != len(self.shape):
+                raise ValueError(f"spacing={self.spacing!r} must have one positive number per axis of "
+                                 f"shape={self.shape}")
+            spacing = tuple(check_number("spacing", s, minimum=0.0, inclusive=False) for s in self.spacing)
+            object.__setattr__(self, "spacing", None if all(s == 1.0 for s in spacing) else spacing)
 
     @property
     def ndim(self) -> int:
@@ -54,21 +67,23 @@ class Grid:
         return self.prefix + self.num_patches
 
     def without_prefix(self) -> "Grid":
-        """The same patches (shape, offset) with no prefix tokens: what position maps and tables cover."""
-        return Grid(self.shape, 0, self.offset)
+        """The same patches (shape, offset, spacing) with no prefix tokens: what position maps and tables cover."""
+        return Grid(self.shape, 0, self.offset, self.spacing)
 
     def with_shape(self, shape) -> "Grid":
-        """The same layout (prefix, offset) on another patch shape."""
-        return Grid(tuple(shape), self.prefix, self.offset)
+        """The same layout (prefix, offset, spacing) on another patch shape."""
+        return Grid(tuple(shape), self.prefix, self.offset, self.spacing)
 
     def coords(self, device=None, dtype=torch.float32) -> torch.Tensor:
-        """Patch coordinates, ``(num_patches, ndim)``: integer steps from ``offset``, in grid axis order.
+        """Patch coordinates, ``(num_patches, ndim)``: ``offset + index * spacing`` per axis, in grid axis order.
 
         Computed in ``dtype`` when it is a floating type (float64 keeps large offsets exact), else in float32.
         """
         work = dtype if dtype.is_floating_point else torch.float32
         axes = [torch.arange(s, device=device, dtype=work) for s in self.shape]
         coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, self.ndim)
+        if self.spacing is not None:
+            coords = coords * torch.tensor(self.spacing, device=device, dtype=work)
         if self.offset is not None:
             coords = coords + torch.tensor(self.offset, device=device, dtype=work)
         return coords.to(dtype)

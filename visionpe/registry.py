@@ -1,9 +1,9 @@
 """Encodings by name: ``build(name, **kwargs)``, ``available() -> {name: family}``, ``register(name, cls)``."""
 from __future__ import annotations
 
-from .bias import ALiBi, BucketedBias, ContinuousPositionBias, RelBias, SwinBias
+from .bias import FIRE, ALiBi, BucketedBias, ContinuousPositionBias, LookHere, RelBias, SwinBias
 from .encoding import Encoding, constructor_keywords
-from .rotary import AxialRoPE, MixedRoPE
+from .rotary import AxialRoPE, MixedRoPE, VideoRoPE
 from .tokens import PEG, Learned, SinCos
 
 FAMILIES = ("tokens", "rotary", "bias")
@@ -14,11 +14,14 @@ ENCODINGS: dict[str, type[Encoding]] = {
     "peg": PEG,
     "rope_axial": AxialRoPE,
     "rope_mixed": MixedRoPE,
+    "videorope": VideoRoPE,
     "swin_bias": SwinBias,
     "rel_bias": RelBias,
     "cpb": ContinuousPositionBias,
     "alibi": ALiBi,
     "bucket_bias": BucketedBias,
+    "lookhere": LookHere,
+    "fire": FIRE,
 }
 
 BUILTIN: dict[str, type[Encoding]] = dict(ENCODINGS)

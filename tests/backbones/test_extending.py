@@ -57,6 +57,8 @@ def test_register_rejects_bad_names_and_classes(checker):
 def test_every_encoding_builds_itself_for_a_model_context():
     context = vpe.ModelContext((3, 4), dim=24, num_heads=2, head_dim=12, num_prefix_tokens=1)
     for name, cls in vpe.registry.ENCODINGS.items():
+        if context.ndim not in cls.ndims:  # videorope is 3D by definition
+            continue
         pe = cls.for_model(context)
         assert pe.family == vpe.available()[name]
     assert vpe.registry.ENCODINGS["learned"].for_model(context).table.shape == (3, 4, 24)

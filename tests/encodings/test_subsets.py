@@ -27,6 +27,8 @@ def gather_tokens(t: torch.Tensor, layout: Layout) -> torch.Tensor:
 @pytest.mark.parametrize("ndim", [2, 3])
 @pytest.mark.parametrize("name", ROTARY_BIAS)
 def test_kept_tokens_attend_as_the_full_grid_restricted_to_them(name, ndim):
+    if ndim not in ENCODINGS[name].ndims:
+        pytest.skip(f"{name} is defined for {ENCODINGS[name].ndims}D grids")
     torch.manual_seed(0)
     shape = SHAPES[ndim]
     context = vpe.ModelContext(shape, HEADS * HEAD_DIM, HEADS, HEAD_DIM)

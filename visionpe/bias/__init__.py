@@ -3,7 +3,9 @@ from ._base import BiasEncoding
 from .alibi import ALiBi, alibi_slopes
 from .bucketed import BucketedBias, piecewise_index, t5_bucket
 from .cpb import ContinuousPositionBias
+from .fire import FIRE
+from .lookhere import LookHere
 from .relative import RelBias, RelativePositionBias, SwinBias
 
-__all__ = ["ALiBi", "BiasEncoding", "BucketedBias", "ContinuousPositionBias", "RelBias", "RelativePositionBias", "SwinBias",
-           "alibi_slopes", "piecewise_index", "t5_bucket"]
+__all__ = ["ALiBi", "BiasEncoding", "BucketedBias", "ContinuousPositionBias", "FIRE", "LookHere", "RelBias",
+           "RelativePositionBias", "SwinBias", "alibi_slopes", "piecewise_index", "t5_bucket"]

@@ -24,11 +24,13 @@ from ..cache import TableCache
 from ..coords import CoordinateSystem
 from ..grid import Grid, Layout, as_grid, as_layout
 from ._base import RotaryEncoding
+from .layouts import (AXIS_LETTERS, DIRECTIONS, check_rotate_fraction, golden_directions, head_axes_layout,
+                      parse_head_axes, rotated_pairs)
 from .scaling import SCALINGS, attention_factor, axis_scales, scale_frequencies, scale_positions
 
 PAIRS = ("interleaved", "half")
 AXIS_ORDERS = ("xy", "ij")
-SPECTRA = ("axial", "mrope", "mrope_interleaved")
+SPECTRA = ("axial", "mrope", "mrope_interleaved", "videorope")
 
 
 def band_frequencies(num_bands: int, theta: float, dtype=torch.float32, per_turn: bool = False,
@@ -78,6 +80,22 @@ def mrope_axes(sections, num_pairs: int, interleaved: bool) -> list[int]:
         for pair in range(axis, min(sections[axis] * ndim, num_pairs), ndim):
             axes[pair] = axis
     return axes
+
+
+def videorope_axes(sections, num_pairs: int) -> list[int]:
+    """Grid axis of each rotation pair of VideoRoPE's low-frequency temporal allocation on one spectrum (pair 0 the
+    highest frequency): the last ``sections[0]`` pairs turn with axis 0 (time); the others alternate axes 1, 2
+    (h, w), starting with h, an axis whose ``sections`` budget is spent leaving the rest to the other (the official
+    ``apply_m_modify_multimodal_rotary_pos_emb``: h, w, h, w, ..., then t)."""
+    time, budget = sections[0], list(sections[1:])
+    axes, turn = [], 0
+    for _ in range(num_pairs - time):
+        if budget[turn] == 0:
+            turn = 1 - turn
+        axes.append(1 + turn)
+        budget[turn] -= 1
+        turn = 1 - turn
+    return axes + [0] * time
 
 
 def spectrum_frequencies(pair_components, ndim: int, theta: float, dtype=torch.float32, **bands) -> torch.Tensor:
@@ -204,11 +222,16 @@ class RoPE(RotaryEncoding):
     (``shift_coords``, ``jitter_coords``, ``rescale_coords``) runs in :meth:`forward` in training mode: one draw
     per call shared by q, k and all heads, on the coordinates in component order (``axis_order``, timm's
     ``grid_indexing``), so the same RNG state gives timm's transform; augmented rotations are never cached.
+
+    ``freq_mask`` (learned frequencies only, ``(ndim, heads or 1, pairs)``): 1 where a frequency may move, 0 where
+    it stays 0 whatever is learned or loaded (p-RoPE's unrotated pairs, the components a per-head axis assignment
+    leaves out); its gradient there is 0.
     """
 
     def __init__(self, head_dim: int, num_heads: int, ndim: int, freqs: torch.Tensor, band_fraction: torch.Tensor,
                  learnable: bool, pairs: str, scaling: str, ref_shape, yarn_alpha: float, yarn_beta: float,
-                 axis_order: str = "xy", coordinates: CoordinateSystem | None = None):
+                 axis_order: str = "xy", coordinates: CoordinateSystem | None = None,
+                 freq_mask: torch.Tensor | None = None):
         super().__init__()
         check_choice("pairs", pairs, PAIRS)
         check_choice("scaling", scaling, SCALINGS)
@@ -229,6 +252,7 @@ class RoPE(RotaryEncoding):
         else:
             self.register_buffer("freqs", freqs, persistent=False)
         self.register_buffer("band_fraction", band_fraction, persistent=False)
+        self.register_buffer("freq_mask", freq_mask, persistent=False)
         self._cache = TableCache(maxsize=16)
 
     def cis(self, grid: Grid, device=None, augment: bool = False) -> torch.Tensor:
@@ -265,13 +289,13 @@ class RoPE(RotaryEncoding):
             if self.ref_shape is not None:
                 ref = self.components(self.ref_shape)
                 scales = axis_scales(self.components(grid.shape), ref, wide)
-                if grid.offset is not None and self.scaling != "none" and bool((scales != 1).any()):
-                    raise ValueError(f"grid offset {grid.offset} places a {grid.shape} grid in a longer one, but "
-                                     f"scaling={self.scaling!r} would rescale it as a whole input against ref_shape="
-                                     f"{self.ref_shape}; for streaming clips build RoPE with scaling='none'")
+                placed = grid.offset is not None or grid.spacing is not None
+                if placed and self.scaling != "none" and bool((scales != 1).any()):
+                    check_unscaled_placement(grid, self.scaling, self.ref_shape)
                 coords = scale_positions(coords, scales, self.scaling)
                 freqs = scale_frequencies(freqs, self.band_fraction, scales, ref, self.scaling,
                                           self.yarn_alpha, self.yarn_beta)
+            coords = self.place(coords, grid, scales)
             if transform is not None:  # after PI, as timm augments after ref_feat_shape
                 coords = transform(coords)
             angles = torch.einsum("na,ahp->nhp", coords, freqs)  # (N, heads or 1, pairs)
@@ -286,8 +310,16 @@ class RoPE(RotaryEncoding):
         return rearrange(rotations, "t h p two -> h t p two").contiguous()
 
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
-        """The frequency vectors ``(ndim, heads or 1, pairs)`` in ``dtype`` (learned ones: as stored)."""
-        return self.freqs.to(dtype)
+        """The frequency vectors ``(ndim, heads or 1, pairs)`` in ``dtype`` (learned ones: as stored, times
+        ``freq_mask``)."""
+        freqs = self.freqs.to(dtype)
+        return freqs if self.freq_mask is None else freqs * self.freq_mask.to(dtype)
+
+    def place(self, coords: torch.Tensor, grid: Grid, scales: torch.Tensor) -> torch.Tensor:
+        """Where the patches sit for the rotation: ``coords (N, ndim)`` in component order after resolution scaling
+        (``scales``: per-component size ratios), before augmentation. The identity here; VideoRoPE's diagonal
+        layout moves them."""
+        return coords
 
     def components(self, per_axis) -> tuple:
         """Per-grid-axis values in coordinate-component order: reversed for ``axis_order="xy"`` (x, the last grid
@@ -375,6 +407,19 @@ class RoPE(RotaryEncoding):
                 f"scaling={self.scaling!r}, ref_shape={self.ref_shape}{', ' + extra if extra else ''}")
 
 
+def check_unscaled_placement(grid: Grid, scaling: str, ref_shape) -> None:
+    """A grid placed in a longer one (``offset``) or on its own time axis (``spacing``) must not be rescaled as a
+    whole input (PI, NTK, YaRN against ``ref_shape``): that would silently move or stretch it."""
+    if grid.offset is not None:
+        raise ValueError(f"grid offset {grid.offset} places a {grid.shape} grid in a longer one, but "
+                         f"scaling={scaling!r} would rescale it as a whole input against ref_shape={ref_shape}; for "
+                         "streaming clips build RoPE with scaling='none'")
+    if grid.spacing is not None:
+        raise ValueError(f"grid spacing {grid.spacing} gives the patches their own steps (e.g. absolute time), but "
+                         f"scaling={scaling!r} would rescale a {grid.shape} grid against ref_shape={ref_shape}; for "
+                         "absolute positions build RoPE with scaling='none'")
+
+
 def check_scaling(scaling: str, coordinates: CoordinateSystem) -> None:
     """Resolution scaling (PI, NTK, YaRN) works on index coordinates against a reference grid; normalised
     coordinates span [-1, 1] on every grid and take none."""
@@ -409,6 +454,17 @@ def resolve_sections(head_dim: int, ndim: int, sections, who: str) -> tuple[int,
     return sections
 
 
+def check_layout(ndim: int, directions: str, allowed, head_axes, spectrum: str = "axial") -> None:
+    """Layout options that exclude each other: golden directions are 2D; a per-head axis assignment keeps each
+    head on its own axes with a spectrum per axis."""
+    check_choice("directions", directions, allowed)
+    if directions == "golden" and ndim != 2:
+        raise ValueError(f"directions='golden' spreads frequency directions over the plane (2D); got ndim={ndim}")
+    if head_axes is not None and (directions == "golden" or spectrum != "axial"):
+        raise ValueError(f"head_axes assigns whole axes to heads (each with its own spectrum); it does not combine "
+                         f"with directions={directions!r} or spectrum={spectrum!r}")
+
+
 class AxialRoPE(RoPE):
     """Axial RoPE: each axis owns a block of rotation pairs with frequencies ``1/theta^(i/n)``.
 
@@ -423,7 +479,15 @@ class AxialRoPE(RoPE):
     M-RoPE: ONE spectrum ``1/theta^(p/(d/2))`` over all pairs, cut into consecutive chunks of ``sections`` pairs
     for (t, h, w); ``"mrope_interleaved"`` assigns the pairs of that spectrum in a t, h, w stride (Qwen3-VL, timm
     ``RotaryEmbeddingMRope``; ``sections`` bound the strided extents, pairs left over turn with axis 0). Use
-    ``pairs="half"`` and ``theta=10000`` for Qwen's layout.
+    ``pairs="half"`` and ``theta=10000`` for Qwen's layout. ``"videorope"`` (3D) is VideoRoPE's low-frequency
+    temporal allocation on that one spectrum: the last (lowest) ``sections[0]`` pairs turn with time, the others
+    alternate h, w from the highest frequency down (``videorope`` adds its diagonal layout, see
+    :class:`~visionpe.rotary.videorope.VideoRoPE`).
+
+    Frequency layouts (:mod:`visionpe.rotary.layouts`): ``directions="axial"`` (default) or ``"golden"`` (2D:
+    golden-angle directions, one set per head, so the module holds ``num_heads`` tables); ``rotate_fraction=p``
+    (p-RoPE: only the highest ``floor(p n)`` frequencies of each band rotate); ``head_axes`` (one string of axis
+    letters per head, ``""`` for an unrotated head).
 
     Coordinates and augmentation (:mod:`visionpe.coords`, the same keywords as every coordinate-reading encoding):
     ``coords="index"`` (default; ``theta`` gives ``w_i = theta^(-i/n)`` radians per patch) or ``"normalized"``
@@ -434,6 +498,7 @@ class AxialRoPE(RoPE):
     ``shift_coords``, ``jitter_coords``, ``rescale_coords``: timm's train-time augmentation (see :class:`RoPE`).
     ``AxialRoPE(head_dim, theta=T, coords="normalized", axis_order="ij", pairs="half")`` is timm's
     ``RotaryEmbeddingDinoV3(head_dim, temperature=T)`` (its ``rotate_half`` layout, y pairs first).
+    A grid's ``spacing`` (e.g. Qwen2.5-VL's absolute time) is read with the coordinates (``coords="index"``).
     """
 
     def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, theta: float = 100.0,
@@ -441,13 +506,22 @@ class AxialRoPE(RoPE):
                  yarn_alpha: float = 1.0, yarn_beta: float = 32.0, axis_order: str = "xy", spectrum: str = "axial",
                  coords: str = "index", normalize_coords: str = "separate", min_period: float | None = None,
                  max_period: float | None = None, shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None):
+                 jitter_coords: float | None = None, rescale_coords: float | None = None,
+                 directions: str = "axial", rotate_fraction: float = 1.0, head_axes=None):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
         check_number("theta", theta, minimum=1.0, inclusive=False)
         check_choice("axis_order", axis_order, AXIS_ORDERS)
         check_choice("spectrum", spectrum, SPECTRA)
-        if spectrum == "mrope_interleaved":
+        check_layout(ndim, directions, ("axial", "golden"), head_axes, spectrum)
+        self.head_axes = parse_head_axes(head_axes, ndim, num_heads)
+        self.directions, self.rotate_fraction = directions, check_rotate_fraction(rotate_fraction)
+        if spectrum == "videorope" and ndim != 3:
+            raise ValueError(f"spectrum='videorope' gives time (axis 0 of a (T, H, W) grid) the lowest frequencies; "
+                             f"it needs ndim=3, got ndim={ndim}")
+        if self.head_axes is not None and sections is None:  # each head splits its pairs over its own axes
+            check_divisible("head_dim", head_dim, 2, "rotation pairs")
+        elif spectrum == "mrope_interleaved":
             check_divisible("head_dim", head_dim, 2, "rotation pairs")
             sections = to_shape("sections", sections if sections is not None else (head_dim // (2 * ndim),) * ndim,
                                 ndim)
@@ -456,26 +530,46 @@ class AxialRoPE(RoPE):
         coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
         self.theta, self.sections, self.spectrum, self.num_pairs = float(theta), sections, spectrum, head_dim // 2
         self.bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
-        order = sections[::-1] if axis_order == "xy" else sections
-        fraction = band_fractions([head_dim // 2]) if spectrum != "axial" else band_fractions(order)
+        self.num_heads, self.ndim = num_heads, ndim  # the golden and per-head layouts build a table per head
+        if self.head_axes is not None:
+            fraction = self._head_layout(axis_order, torch.float32)[1]
+        elif spectrum != "axial":
+            fraction = band_fractions([head_dim // 2])
+        else:
+            fraction = band_fractions(sections[::-1] if axis_order == "xy" else sections)
         super().__init__(head_dim, num_heads, ndim, self._frequencies(axis_order, torch.float32), fraction,
                          learnable=False, pairs=pairs, scaling=scaling, ref_shape=ref_shape,
                          yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order, coordinates=coordinates)
 
+    def _head_layout(self, axis_order: str, dtype: torch.dtype):
+        return head_axes_layout(self.head_axes, self.num_pairs, self.ndim, axis_order, self.theta,
+                                self.rotate_fraction, self.sections, dtype, bands=self.bands)
+
     def _frequencies(self, axis_order: str, dtype: torch.dtype) -> torch.Tensor:
+        if self.head_axes is not None:
+            return self._head_layout(axis_order, dtype)[0]
         ndim = len(self.sections)
         if self.spectrum == "axial":
             order = self.sections[::-1] if axis_order == "xy" else self.sections
-            return axial_frequencies(order, self.theta, dtype, **self.bands)
-        axes = mrope_axes(self.sections, self.num_pairs,
-                          interleaved=self.spectrum == "mrope_interleaved")
-        components = [ndim - 1 - a if axis_order == "xy" else a for a in axes]
-        return spectrum_frequencies(components, ndim, self.theta, dtype, **self.bands)
+            freqs, bands = axial_frequencies(order, self.theta, dtype, **self.bands), order
+        else:
+            if self.spectrum == "videorope":
+                axes = videorope_axes(self.sections, self.num_pairs)
+            else:
+                axes = mrope_axes(self.sections, self.num_pairs, interleaved=self.spectrum == "mrope_interleaved")
+            components = [ndim - 1 - a if axis_order == "xy" else a for a in axes]
+            freqs, bands = spectrum_frequencies(components, ndim, self.theta, dtype, **self.bands), [self.num_pairs]
+        if self.directions == "golden":
+            freqs = golden_directions(freqs.abs().sum(0)[0], self.num_heads)
+        return freqs * rotated_pairs(bands, self.rotate_fraction).to(dtype)
 
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
         """Fixed frequencies recomputed in ``dtype`` (float64: exact angles on long axes; the float32 buffer is
         off by ~2e-9 relative, 5e-4 rad at position 262 144)."""
         return self._frequencies(self.axis_order, dtype).to(self.freqs.device)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + layout_repr(self)
 
 
 class MixedRoPE(RoPE):
@@ -485,6 +579,12 @@ class MixedRoPE(RoPE):
     rotation per head; ``sections`` sets the bands per direction group (grid order), as for ``rope_axial``.
     ``freqs`` (timm's ``RotaryEmbeddingMixed.freqs[:, layer]``) is excluded from weight decay through
     ``no_weight_decay()``.
+
+    Frequency layouts of the initialisation (:mod:`visionpe.rotary.layouts`): ``directions="random"`` (default,
+    rope-vit), ``"axial"`` (start as ``rope_axial``) or ``"golden"`` (2D golden-angle directions);
+    ``rotate_fraction=p`` (p-RoPE: the lowest ``n - floor(p n)`` frequencies of each band are 0 and stay 0 while
+    the others learn); ``head_axes`` (one string of axis letters per head: a head learns frequency vectors inside
+    its own axes only, ``""`` stays unrotated). What stays 0 is held by ``freq_mask`` (see :class:`RoPE`).
 
     Coordinates and augmentation (:mod:`visionpe.coords`, the same keywords as every coordinate-reading encoding):
     ``coords="index"`` (default; initial magnitudes ``|f_i| = theta^(-i/n)`` radians per patch) or
@@ -501,20 +601,58 @@ class MixedRoPE(RoPE):
                  yarn_alpha: float = 1.0, yarn_beta: float = 32.0, generator=None, axis_order: str = "xy",
                  coords: str = "index", normalize_coords: str = "separate", min_period: float | None = None,
                  max_period: float | None = None, shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None):
+                 jitter_coords: float | None = None, rescale_coords: float | None = None,
+                 directions: str = "random", rotate_fraction: float = 1.0, head_axes=None):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
-        sections = resolve_sections(head_dim, ndim, sections, "rope_mixed")
+        check_layout(ndim, directions, DIRECTIONS, head_axes)
+        head_axes = parse_head_axes(head_axes, ndim, num_heads)
+        fraction = check_rotate_fraction(rotate_fraction)
+        if head_axes is not None and sections is None:
+            check_positive_int("head_dim", head_dim)
+            check_divisible("head_dim", head_dim, 2, "rotation pairs")
+        else:
+            sections = resolve_sections(head_dim, ndim, sections, "rope_mixed")
         check_number("theta", theta, minimum=1.0, inclusive=False)
         check_choice("axis_order", axis_order, AXIS_ORDERS)
-        order = sections[::-1] if axis_order == "xy" else sections
         coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
         bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
-        super().__init__(head_dim, num_heads, ndim, mixed_frequencies(order, num_heads, theta, generator, **bands),
-                         band_fractions(order), learnable=True, pairs=pairs, scaling=scaling,
-                         ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order,
-                         coordinates=coordinates)
+        if head_axes is not None:
+            def rotations(k):
+                return random_rotations(1, k, generator)[0] if directions == "random" else torch.eye(k)
+            freqs, band_fraction, free = head_axes_layout(head_axes, head_dim // 2, ndim, axis_order, theta, fraction,
+                                                          sections, bands=bands, rotations=rotations)
+        else:
+            order = sections[::-1] if axis_order == "xy" else sections
+            if directions == "random":
+                freqs = mixed_frequencies(order, num_heads, theta, generator, **bands)
+            else:
+                freqs = axial_frequencies(order, theta, torch.float64, **bands).expand(-1, num_heads, -1)
+                if directions == "golden":  # angles up to heads * pairs * 2.4 rad: computed in float64
+                    freqs = golden_directions(freqs.abs().sum(0)[0], num_heads)
+                freqs = freqs.float()
+            rotating = rotated_pairs(order, fraction).float()
+            freqs, band_fraction = freqs * rotating, band_fractions(order)
+            free = None if bool(rotating.all()) else rotating.expand_as(freqs).clone()
+        super().__init__(head_dim, num_heads, ndim, freqs, band_fraction, learnable=True, pairs=pairs,
+                         scaling=scaling, ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta,
+                         axis_order=axis_order, coordinates=coordinates, freq_mask=free)
         self.theta, self.sections, self.bands = float(theta), sections, bands
+        self.directions, self.rotate_fraction, self.head_axes = directions, fraction, head_axes
 
+    def extra_repr(self) -> str:
+        return super().extra_repr() + layout_repr(self)
+
+
+def layout_repr(pe: RoPE) -> str:
+    """The frequency layout options that differ from the defaults, for ``extra_repr``."""
+    default = "random" if isinstance(pe, MixedRoPE) else "axial"
+    parts = [f"directions={pe.directions!r}"] if pe.directions != default else []
+    if pe.rotate_fraction != 1.0:
+        parts.append(f"rotate_fraction={pe.rotate_fraction}")
+    if pe.head_axes is not None:
+        letters = AXIS_LETTERS[pe.ndim]
+        parts.append(f"head_axes={tuple(''.join(letters[a] for a in axes) for axes in pe.head_axes)}")
+    return "".join(", " + p for p in parts)

@@ -130,25 +130,36 @@ def _pack(levels: np.ndarray) -> str:
     return base64.b64encode(zlib.compress(levels.astype(np.uint8).tobytes(), 9)).decode("ascii")
 
 
-def encode_map(values: np.ndarray, shape, index: np.ndarray | None = None) -> dict:
+def encode_map(values: np.ndarray, shape, index: np.ndarray | None = None, masked: bool = False) -> dict:
     """One ``(N, N)`` map (rows = queries) on the grid ``shape`` as the page stores it (see the module doc):
-    ``{"form": "relative" | "full", "lo", "step", "data"}``; a map with NaN or inf is an error. ``index``: the
-    grid's ``(N, N)`` offset index (:func:`grid_offset_index`), to compute it once for many maps."""
+    ``{"form": "relative" | "full", "lo", "step", "masked", "data"}``. ``masked``: the encoding masks pairs (a
+    directional bias: its map holds NaN or -inf where a key is outside the query's field of view); their level is
+    :data:`LEVELS` and the other values take levels ``0..LEVELS - 1``. Otherwise a map with NaN or inf is an error.
+    ``index``: the grid's ``(N, N)`` offset index (:func:`grid_offset_index`), to compute it once for many maps."""
     values = np.asarray(values, dtype=np.float64)
-    if not np.isfinite(values).all():
+    hidden = (np.isnan(values) | np.isneginf(values)) if masked else np.zeros(values.shape, bool)
+    if not np.isfinite(values[~hidden]).all():
         raise ValueError(f"the map on the grid {_grid_text(shape)} has NaN or inf values; a page shows finite maps "
-                         "only")
-    lo, hi = float(values.min()), float(values.max())
-    step = (hi - lo) / LEVELS
+                         "only (or masked pairs of an encoding that masks them)")
+    shown = values[~hidden]
+    lo, hi = (float(shown.min()), float(shown.max())) if shown.size else (0.0, 0.0)
+    top = LEVELS - 1 if masked else LEVELS  # with masked pairs the highest level means "masked"
+    step = (hi - lo) / top
 
-    def quantise(v):
-        return np.zeros(v.shape, np.uint8) if step == 0 else np.clip(np.rint((v - lo) / step), 0, LEVELS)
+    def quantise(v, hide):
+        levels = np.zeros(v.shape, np.uint8) if step == 0 else np.clip(np.rint((np.where(hide, lo, v) - lo) / step),
+                                                                       0, top)
+        return np.where(hide, LEVELS, levels)
 
     index = grid_offset_index(tuple(shape), tuple(shape)).numpy() if index is None else index
-    table = np.bincount(index.ravel(), values.ravel()) / np.bincount(index.ravel())
-    if np.abs(values - table[index]).max() <= step / 2:
-        return {"form": "relative", "lo": lo, "step": step, "data": _pack(quantise(table))}
-    return {"form": "full", "lo": lo, "step": step, "data": _pack(quantise(values))}
+    counts = np.bincount(index.ravel())
+    hidden_counts = np.bincount(index.ravel(), hidden.ravel(), minlength=counts.size)
+    table = np.bincount(index.ravel(), np.where(hidden, 0.0, values).ravel()) / np.maximum(counts - hidden_counts, 1)
+    table_hidden = hidden_counts == counts
+    relative = (((hidden_counts == 0) | table_hidden).all()  # every offset masked for all its pairs, or for none
+                and np.abs(np.where(hidden, 0.0, values - table[index])).max(initial=0.0) <= step / 2)
+    form, levels = ("relative", quantise(table, table_hidden)) if relative else ("full", quantise(values, hidden))
+    return {"form": form, "lo": lo, "step": step, "masked": bool(masked), "data": _pack(levels)}
 
 
 def _scaled(shape, native, new_native) -> tuple[int, ...]:
@@ -219,7 +230,8 @@ def _layer_entry(label: str, pe: nn.Module, grid, new_grid, scalings) -> dict:
         index = grid_offset_index(view_grid, view_grid).numpy()
         views.append({"label": view_label, "grid": list(view_grid),
                       "shape": [1] * (3 - len(view_grid)) + list(view_grid),  # (T, H, W): image grids have T = 1
-                      "maps": [encode_map(m, view_grid, index) for m in maps]})
+                      "maps": [encode_map(m, view_grid, index, getattr(adapted, "masks_pairs", False))
+                               for m in maps]})
     options, quantities = _head_labels(pe, len(views[0]["maps"]))
     return {"label": label, "family": family_of(pe), "note": note_of(pe), "heads": options, "quantities": quantities,
             "views": views}
@@ -356,7 +368,8 @@ _SCRIPT = r"""
   const layer = () => data.layers[state.layer];
   const view = () => layer().views[state.view];
   const map = () => view().maps[state.head];
-  const valueOf = (entry, level) => entry.lo + level * entry.step;
+  const valueOf = (entry, level) => entry.masked && level === data.levels ? -Infinity : entry.lo + level * entry.step;
+  const MASKED = "rgb(128,128,128)";  // a key outside the query's field of view (a directional bias)
   const place = (p) => "(" + p.slice(3 - view().grid.length).join(", ") + ")";
 
   function levelsOf(l, v, m) {  // the map's levels, inflated once, when first shown
@@ -391,7 +404,8 @@ _SCRIPT = r"""
     canvas.height = H * cell;
     const first = state.frame * H * W;
     for (let h = 0; h < H; h++) for (let w = 0; w < W; w++) {
-      ctx.fillStyle = colour(row[first + h * W + w]);
+      const level = row[first + h * W + w];
+      ctx.fillStyle = entry.masked && level === data.levels ? MASKED : colour(level);
       ctx.fillRect(w * cell, h * cell, cell, cell);
     }
     const [qt, qh, qw] = state.query, ring = Math.max(1, Math.min(2, Math.floor(cell / 6)));
@@ -406,7 +420,7 @@ _SCRIPT = r"""
       bar.fillStyle = colour(data.levels - k);
       bar.fillRect(0, k, 1, 1);
     }
-    $("hi").textContent = valueOf(entry, data.levels).toPrecision(4);
+    $("hi").textContent = valueOf(entry, entry.masked ? data.levels - 1 : data.levels).toPrecision(4);
     $("lo").textContent = valueOf(entry, 0).toPrecision(4);
     report();
   }
@@ -416,7 +430,9 @@ _SCRIPT = r"""
     let text = "query " + place(state.query) + (state.pinned ? " pinned (click to release)" : "");
     if (state.cursor) {
       const c = state.cursor, level = shown.row[(c[0] * H + c[1]) * W + c[2]];
-      text += " \u00b7 key " + place(c) + ": " + valueOf(entry, level).toFixed(4);
+      const value = valueOf(entry, level);
+      text += " \u00b7 key " + place(c) + ": " + (value === -Infinity ? "masked (outside the field of view)"
+                                                                    : value.toFixed(4));
     }
     $("readout").textContent = text;
     $("quantity").textContent = layer().quantities[state.head] + " \u00b7 " + view().label;

@@ -208,16 +208,19 @@ def native_grid(pe: nn.Module, model_grid) -> tuple[int, ...]:
 
 
 def kinds_for(pe: nn.Module) -> tuple[str, ...]:
-    """The kinds of figure (:data:`KINDS`) that apply to ``pe``: ``similarity``, ``resolution`` and ``video`` (on a 3D
-    grid) for every encoding, ``heatmap`` where it has channels (tokens: position vectors; rotary: rotation pairs),
-    ``freqs`` where it has frequency vectors (``pe.freqs``: rope_axial, rope_mixed)."""
+    """The kinds of figure (:data:`KINDS`) that apply to ``pe``: ``similarity`` and ``resolution`` for every encoding,
+    ``heatmap`` where it has channels (tokens: position vectors; rotary: rotation pairs), ``freqs`` where it has
+    frequency vectors (``pe.freqs``: rope_axial, rope_mixed), ``video`` where it takes a 3D grid (``pe.ndims``)."""
     family = family_of(pe)
     kinds = ["similarity"]
     if family in ("tokens", "rotary"):
         kinds.append("heatmap")
     if family == "rotary" and isinstance(getattr(pe, "freqs", None), torch.Tensor):
         kinds.append("freqs")
-    return (*kinds, "resolution", "video")
+    kinds.append("resolution")
+    if 3 in getattr(pe, "ndims", (1, 2, 3)):
+        kinds.append("video")
+    return tuple(kinds)
 
 
 def _check_rotary(pe: nn.Module) -> None:

@@ -1,0 +1,139 @@
+"""FIRE (Li et al., ICLR 2024, "Functional Interpolation for Relative Positions Improves Long Context Transformers"):
+a small MLP of a log-transformed, progressively normalised relative distance, on 1D/2D/3D grids.
+
+The paper's bias for query ``i`` and key ``j`` is ``f(psi(i - j) / psi(max(i, L)))``, ``psi(x) = log(|c x| + 1)``,
+``f`` an MLP (1 -> 32 -> heads, ReLU), ``c`` and the threshold ``L`` learned (its appendix code: ``c`` starts at 0.1,
+``L = |m L0|`` with a learned multiplier ``m`` from 1 and ``L0 = 512``, ``eps = 1e-6`` added to the normaliser). The
+normaliser maps a causal query's visible range ``[0, i]`` onto ``[0, 1]`` (progressive interpolation); below the
+threshold (``i < L``) it is the constant ``psi(L)``, so FIRE is its unnormalised form ``f(psi(i - j) / psi(L))``, a
+function of the offset alone.
+
+On a grid every query of an encoder sees the whole grid, whose extent ``E`` (the longest offset) takes the place of
+the causal query's position ``i``; normalising by the grid, not by each query, keeps the bias a function of the
+offset on every grid. Two forms (``distance``):
+
+- ``"axes"`` (default): per axis ``u_a = sign(d_a) psi(|d_a|) / (psi(max(E_a, L)) + eps)``, ``d = c_q - c_k``, and
+  ``bias = f(u_1, ..., u_n)`` (MLP ``ndim -> hidden -> heads``). Per axis and signed because an image bias must
+  tell above from below and left from right (a function of the Euclidean distance cannot; the built-in
+  shapes-relation task asks exactly that), and because each axis then meets the paper's 1D normalisation
+  ``psi(max(E_a, L))`` on its own extent; for ``d >= 0`` in 1D it is the paper's formula.
+- ``"euclidean"``: ``u = psi(||d||) / (psi(max(E, L)) + eps)``, ``E`` the grid's diagonal, ``f`` MLP ``1 -> heads``:
+  the paper's 1D function of the Euclidean distance (isotropic, like 2D ALiBi).
+
+The threshold's initial value ``L0`` (``threshold``) defaults to the extent of ``grid_shape`` (a model's training
+grid: there the bias is exactly the unnormalised form, and larger grids are interpolated onto the trained range),
+or the paper's 512 without one. Prefix tokens (the paper has none) get zero rows and columns.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .._checks import check_choice, check_grid_ndim, check_ndim, check_number, check_positive_int, to_shape
+from ..cache import TableCache
+from ..coords import CoordinateSystem, axis_offsets
+from ..grid import Grid, as_grid
+from ._base import BiasEncoding, pair_bias
+
+FIRE_DISTANCES = ("axes", "euclidean")
+PAPER_THRESHOLD = 512.0
+
+
+def fire_log(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``psi(x) = log(|c x| + 1)``."""
+    return torch.log1p((c * x).abs())
+
+
+class FIRE(BiasEncoding):
+    """FIRE bias: ``pe(grid) -> (num_heads, P + N, P + N)``.
+
+    Args:
+        num_heads: heads of the attention.
+        ndim: grid axes (1, 2 or 3).
+        grid_shape: the training grid (a model's); sets the default threshold.
+        distance: ``"axes"`` (signed per-axis log distances, default) or ``"euclidean"`` (module docstring).
+        hidden_dim: width of the MLP's hidden layer (the paper's 32).
+        init_c: initial ``c`` of ``psi`` (the paper's 0.1).
+        threshold: initial threshold ``L0`` (default: the extent of ``grid_shape`` in ``coords``' units, else 512).
+        eps: added to the normaliser (the paper's 1e-6).
+        coords, normalize_coords, shift_coords, jitter_coords, rescale_coords: the coordinates offsets are measured
+            in (:mod:`visionpe.coords`); with augmentation (training mode only) the extent is that of the augmented
+            coordinates, as if the grid were that large.
+
+    Parameters ``mlp``, ``c``, ``threshold_multiplier`` (all excluded from weight decay); the buffer
+    ``threshold_init`` is ``L0``. The MLP runs once per distinct offset (``prod(2 S_a - 1)`` rows), gathered into
+    the ``(T, T)`` bias; cached per grid in evaluation, rebuilt every call in training. The bias is a function of
+    ``(head, query coordinates, key coordinates)`` through that per-offset table.
+    """
+
+    def __init__(self, num_heads: int, ndim: int = 2, grid_shape=None, distance: str = "axes", hidden_dim: int = 32,
+                 init_c: float = 0.1, threshold: float | None = None, eps: float = 1e-6, coords: str = "index",
+                 normalize_coords: str = "separate", shift_coords: float | None = None,
+                 jitter_coords: float | None = None, rescale_coords: float | None = None):
+        super().__init__()
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        self.ndim = check_ndim(ndim)
+        check_choice("distance", distance, FIRE_DISTANCES)
+        check_positive_int("hidden_dim", hidden_dim)
+        self.distance, self.eps = distance, check_number("eps", eps, minimum=0.0)
+        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        self.grid_shape = None if grid_shape is None else to_shape("grid_shape", grid_shape, ndim)
+        if threshold is None:
+            threshold = PAPER_THRESHOLD if self.grid_shape is None else self.extent(self.grid_shape)
+        threshold = check_number("threshold", threshold, minimum=0.0, inclusive=False)
+        inputs = ndim if distance == "axes" else 1
+        self.mlp = nn.Sequential(nn.Linear(inputs, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, num_heads))
+        self.c = nn.Parameter(torch.tensor(check_number("init_c", init_c)))
+        self.threshold_multiplier = nn.Parameter(torch.tensor(1.0))
+        self.register_buffer("threshold_init", torch.tensor(threshold))
+        self._cache = TableCache()
+
+    def extent(self, shape) -> float:
+        """The longest offset of a grid of ``shape`` in this module's coordinates: per axis for ``"axes"`` (the
+        largest of them), the diagonal for ``"euclidean"``."""
+        spans = [float(p[-1] - p[0]) for p in self.coordinates.axis_positions(tuple(shape), dtype=torch.float64)]
+        return max(spans) if self.distance == "axes" else math.sqrt(sum(s * s for s in spans))
+
+    def threshold(self) -> torch.Tensor:
+        """The learned threshold ``L = |m L0|``."""
+        return (self.threshold_multiplier * self.threshold_init).abs()
+
+    def normalized_offsets(self, grid: Grid, device, transform=None) -> torch.Tensor:
+        """The MLP's inputs for every offset of the grid, ``(prod(2 S_a - 1), ndim or 1)`` float32, offsets
+        ``c_q - c_k`` with the first axis slowest (the order :func:`~visionpe.bias._base.pair_bias` reads)."""
+        axes = self.coordinates.axis_positions(grid.shape, grid.offset, device=device, spacing=grid.spacing)
+        if transform is not None:
+            axes = [transform.on_axis(a, p) for a, p in enumerate(axes)]
+        offsets = [axis_offsets(p) for p in axes]  # per axis (2 S_a - 1,)
+        spans = torch.stack([o.abs().max() for o in offsets])  # (ndim,) the extent per axis
+        d = torch.stack(torch.meshgrid(*offsets, indexing="ij"), dim=-1).reshape(-1, grid.ndim)
+        c, threshold = self.c, self.threshold()
+        if self.distance == "axes":
+            scale = fire_log(torch.maximum(spans, threshold), c) + self.eps  # (ndim,)
+            return torch.sign(d) * fire_log(d.abs(), c) / scale
+        scale = fire_log(torch.maximum(spans.norm(), threshold), c) + self.eps
+        return (fire_log(d.norm(dim=-1, keepdim=True), c) / scale)
+
+    def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
+        with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
+            table = self.mlp(self.normalized_offsets(grid, device, transform)).float()  # (offsets, heads)
+        return pair_bias(table, grid, grid.shape)
+
+    def forward(self, grid: Grid) -> torch.Tensor:
+        grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, "fire")
+        device = self.c.device
+        transform = self.coordinates.draw(self.training, self.ndim, device)
+        if transform is not None:
+            return self._build(grid, device, transform)
+        return self._cache.get((grid, str(device)), lambda: self._build(grid, device), self.parameters())
+
+    def adaptation_label(self) -> str:
+        return "MLP on offsets normalised by the new grid's extent (beyond the threshold)"
+
+    def extra_repr(self) -> str:
+        extra = self.coordinates.describe()
+        return (f"num_heads={self.num_heads}, ndim={self.ndim}, distance={self.distance!r}, "
+                f"threshold={float(self.threshold_init):g}{', ' + extra if extra else ''}")

@@ -1,0 +1,226 @@
+"""LookHere (Fuller et al., NeurIPS 2024, "LookHere: Vision Transformers with Directed Attention Generalize and
+Extrapolate"; official code ``GreenCUBIC/lookhere``): each head sees a 2D field of view with a distance penalty.
+
+Head ``h`` of query ``q`` sees key ``k`` iff the offset ``d = c_k - c_q`` (``dx`` along the columns, ``dy`` along the
+rows, rows growing downwards as in the image) satisfies ``n . d >= 0`` for each of the head's normals ``n``; what it
+sees gets ``-slope_h * global_slope * dist(q, k)``, what it does not ``-inf``. The query itself is always seen
+(``d = 0``), so no row is empty. Prefix tokens see every patch and are seen by all, with zero bias (the official
+model's zero class-token row and column).
+
+Directions, slopes and distances follow the official ``create_lh_bias_tensor`` (read, not copied):
+
+- ``head_directions`` is a direction set of the official shorthand naming four heads, e.g. ``"halves"`` (look up,
+  down, left, right: 180 degrees each), ``"corners"`` (the four quadrants: 90), ``"triangles"`` (the 90-degree
+  cones around up, down, left, right), ``"diagonals"`` (the four diagonal half-planes: 180),
+  ``"eighths1"``/``"eighths2"`` (45-degree wedges), ``"none"`` (no mask, distance only), ``"zero"`` (no bias at
+  all), ``"center"`` (distance of the key from the grid centre), ``"none1zero3"``, ``"none2zero2"``,
+  ``"none3zero1"``, ``"zerohalves"``, ``"zerocorners"``, ``"zerotriangles"`` (masks without distance).
+  ``"halves-diagonals"`` joins sets; each set is one block of 4 heads, blocks shared out in order
+  (``ceil(heads / 4)`` blocks, spread evenly over the sets, the first sets taking the extra ones; a last partial
+  block takes the first heads of its set), so 6 heads with ``"halves-none"`` are up, down, left, right, none, none
+  as in the official code;
+- boundaries belong to the view (a "right" head sees its own column; a cone its diagonals);
+- slopes per run of heads of one set: a directional run of ``n`` heads has ``2^-(1 + j // 4)`` for its ``j``-th
+  head (official ``np.repeat(exp2(-arange(1, n / 4 + 1)), 4)``); a run of ``none``/``zero``/``center`` heads has
+  ``[1/4, 1/16, 1/64, 1/256]`` (``n <= 4``: the first ``n``; more: each repeated ``n / 4`` times, official
+  ``get_none_slopes``). The official code covers runs of multiples of 4 (and a run of 2 of the no-mask kinds);
+  other head counts are this generalisation;
+- ``distance``: ``"linear"`` (Euclidean, default), ``"sqrt"`` or ``"square"`` of it, in the coordinates of
+  ``coords`` (patches by default); ``center`` heads use the plain distance to the centre ``((W-1)/2, (H-1)/2)``
+  whatever ``distance`` says, as the official code does.
+
+Not reproduced: the official per-layer factor ``linspace(layer_slopes[0], layer_slopes[1], depth)`` (a model here
+shares one parameter-free bias module across blocks); ``global_slope`` scales every head. Masked logits are
+``-inf`` where the official code writes ``-max(bfloat16)``: both give attention weight 0.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from .._checks import check_choice, check_grid_ndim, check_number, check_positive_int
+from ..cache import TableCache
+from ..coords import CoordinateSystem
+from ..grid import Grid, as_grid
+from ._base import BiasEncoding
+
+# visible iff n . (dx, dy) >= 0 for every normal n of a primitive (dx: key column - query column, dy: rows, down)
+PRIMITIVES = {
+    "up": ((0, -1),), "down": ((0, 1),), "left": ((-1, 0),), "right": ((1, 0),),
+    "tri_up": ((1, -1), (-1, -1)), "tri_down": ((-1, 1), (1, 1)),
+    "tri_left": ((-1, 1), (-1, -1)), "tri_right": ((1, -1), (1, 1)),
+    "diag_up_right": ((1, -1),), "diag_up_left": ((-1, -1),),
+    "diag_down_right": ((1, 1),), "diag_down_left": ((-1, 1),),
+}
+_HALVES = [("up",), ("down",), ("left",), ("right",)]
+_CORNERS = [("up", "left"), ("up", "right"), ("down", "left"), ("down", "right")]
+_TRIANGLES = [("tri_up",), ("tri_down",), ("tri_left",), ("tri_right",)]
+# the official shorthand: four heads each, a head being its primitives plus "zero" (no distance) or "center"
+DIRECTION_SETS = {
+    "none": [()] * 4,
+    "zero": [("zero",)] * 4,
+    "none1zero3": [()] + [("zero",)] * 3,
+    "none2zero2": [()] * 2 + [("zero",)] * 2,
+    "none3zero1": [()] * 3 + [("zero",)],
+    "center": [("center",)] * 4,
+    "halves": _HALVES,
+    "corners": _CORNERS,
+    "triangles": _TRIANGLES,
+    "diagonals": [("diag_up_right",), ("diag_up_left",), ("diag_down_right",), ("diag_down_left",)],
+    "eighths1": [("tri_up", "left"), ("tri_down", "left"), ("tri_left", "up"), ("tri_right", "up")],
+    "eighths2": [("tri_up", "right"), ("tri_down", "right"), ("tri_left", "down"), ("tri_right", "down")],
+    "zerohalves": [("zero",) + h for h in _HALVES],
+    "zerocorners": [("zero",) + c for c in _CORNERS],
+    "zerotriangles": [("zero",) + t for t in _TRIANGLES],
+}
+DISTANCES = ("linear", "sqrt", "square")
+NONE_SLOPES = (0.25, 0.0625, 0.015625, 0.00390625)
+
+
+def assign_directions(head_directions: str, num_heads: int) -> tuple[list[str], list[tuple[str, ...]]]:
+    """The set name and the direction entries of every head of ``head_directions`` (``"halves-diagonals"``)."""
+    if not isinstance(head_directions, str) or not head_directions:
+        raise ValueError(f"head_directions={head_directions!r} must be a direction set name or names joined by '-', "
+                         f"from: {', '.join(DIRECTION_SETS)}")
+    names = head_directions.split("-")
+    for name in names:
+        check_choice("head_directions", name, DIRECTION_SETS)
+    blocks = math.ceil(num_heads / 4)
+    if len(names) > blocks:
+        raise ValueError(f"head_directions={head_directions!r} names {len(names)} sets of 4 heads but "
+                         f"num_heads={num_heads} has {blocks} block(s) of 4")
+    share, extra = divmod(blocks, len(names))
+    set_names, entries = [], []
+    for g, name in enumerate(names):
+        for _ in range(share + (g < extra)):
+            set_names += [name] * 4
+            entries += DIRECTION_SETS[name]
+    return set_names[:num_heads], entries[:num_heads]
+
+
+def head_slopes(set_names: list[str]) -> list[float]:
+    """Official slopes per run of consecutive heads of one set (see the module docstring)."""
+    slopes = []
+    for name, run in itertools.groupby(set_names):
+        n = len(list(run))
+        if any(kind in name for kind in ("zero", "center", "none")):
+            slopes += list(NONE_SLOPES[:n]) if n <= 4 else [NONE_SLOPES[j * 4 // n] for j in range(n)]
+        else:
+            slopes += [2.0 ** -(1 + j // 4) for j in range(n)]
+    return slopes
+
+
+class LookHere(BiasEncoding):
+    """LookHere directional masks and distance penalties: ``pe(grid) -> (num_heads, P + N, P + N)``.
+
+    Args:
+        num_heads: heads of the attention.
+        ndim: must be 2 (LookHere's fields of view are directions in the image plane).
+        head_directions: a direction set of the official shorthand or several joined by ``-`` (module docstring;
+            the official config's ``head_directions``); default ``"halves"``.
+        global_slope: factor on every head's slope (the official ``global_slope``).
+        distance: ``"linear"``, ``"sqrt"``, ``"square"`` of the Euclidean distance.
+        coords, normalize_coords, shift_coords, jitter_coords, rescale_coords: the coordinates distances are measured
+            in (:mod:`visionpe.coords`); augmentation (training mode only) scales the distances, while the fields of
+            view stay those of the patch lattice.
+
+    Parameter-free: one module serves every block; masks are cached per grid shape, the bias per grid (a
+    resolution change needs no adaptation: masks and distances are defined on any grid). The bias is a function of
+    ``(head, query coordinates, key coordinates)`` and the small tables ``normals``/``slopes``.
+    """
+
+    masks_pairs = True  # keys outside a head's field of view get -inf (pictures: NaN, drawn blank)
+
+    ndims = (2,)
+
+    def __init__(self, num_heads: int, ndim: int = 2, head_directions: str = "halves", global_slope: float = 1.0,
+                 distance: str = "linear", coords: str = "index", normalize_coords: str = "separate",
+                 shift_coords: float | None = None, jitter_coords: float | None = None,
+                 rescale_coords: float | None = None):
+        super().__init__()
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        if ndim != 2:
+            raise ValueError(f"lookhere is defined on 2D grids (fields of view in the image plane): ndim must be 2, "
+                             f"got ndim={ndim!r}")
+        self.ndim = ndim
+        check_choice("distance", distance, DISTANCES)
+        self.head_directions, self.distance = head_directions, distance
+        self.global_slope = check_number("global_slope", global_slope, minimum=0.0)
+        set_names, entries = assign_directions(head_directions, num_heads)
+        self.head_entries = tuple(entries)
+        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        self.register_buffer("slopes", torch.tensor(head_slopes(set_names)), persistent=False)
+        self._masks = TableCache(max_bytes=None)  # shared by every block: one table per grid shape in all
+        self._cache = TableCache(max_bytes=None)
+
+    def normals(self, head: int) -> list[tuple[int, int]]:
+        """The normals ``(nx, ny)`` of a head's field of view (empty: it sees everything)."""
+        return [n for entry in self.head_entries[head] if entry in PRIMITIVES for n in PRIMITIVES[entry]]
+
+    def masks(self, shape, device=None) -> torch.Tensor:
+        """``(heads, N, N)`` bool, True where head ``h``'s query (row) sees the key (column); cached per shape."""
+        return self._masks.get((tuple(shape), str(device)), lambda: self._build_masks(tuple(shape), device))
+
+    def _build_masks(self, shape, device) -> torch.Tensor:
+        rows, cols = (c.reshape(-1) for c in torch.meshgrid(*(torch.arange(s, device=device) for s in shape),
+                                                            indexing="ij"))
+        dy, dx = rows[None, :] - rows[:, None], cols[None, :] - cols[:, None]  # key - query, (N, N)
+        sees = {n: n[0] * dx + n[1] * dy >= 0 for n in sorted({n for h in range(self.num_heads)
+                                                              for n in self.normals(h)})}
+        everything = torch.ones_like(dx, dtype=torch.bool)
+        masks = []
+        for h in range(self.num_heads):
+            mask = everything
+            for n in self.normals(h):
+                mask = mask & sees[n]
+            masks.append(mask)
+        return torch.stack(masks)
+
+    def forward(self, grid: Grid) -> torch.Tensor:
+        grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, "lookhere")
+        device = self.slopes.device
+        transform = self.coordinates.draw(self.training, self.ndim, device)
+        if transform is not None:
+            return self._build(grid, device, transform)
+        return self._cache.get((grid, str(device)), lambda: self._build(grid, device))
+
+    def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
+        coords = self.coordinates.positions(grid, device)
+        if transform is not None:
+            coords = transform(coords)
+        distance = (coords[:, None] - coords[None]).norm(dim=-1)  # (N, N), exact 0 on the diagonal
+        from_centre = (coords - coords.mean(0)).norm(dim=-1)  # (N,): the grid centre is the mean position
+        if self.distance != "linear":  # the official code powers pairwise distances only, not those to the centre
+            distance = distance ** (0.5 if self.distance == "sqrt" else 2.0)
+        per_head = []
+        for h, entries in enumerate(self.head_entries):
+            if "zero" in entries:
+                per_head.append(torch.zeros_like(distance))
+            elif "center" in entries:
+                per_head.append(from_centre.expand_as(distance))
+            else:
+                per_head.append(distance)
+        penalty = -(self.global_slope * self.slopes)[:, None, None] * torch.stack(per_head)
+        bias = penalty.masked_fill(~self.masks(grid.shape, device), float("-inf"))
+        return self.pad_prefix(bias, grid)
+
+    @torch.no_grad()
+    def pair_map(self, grid) -> torch.Tensor:
+        """The bias on the grid's patches, ``(heads, N, N)``, keys outside a head's field of view NaN (drawn
+        blank)."""
+        bias = super().pair_map(grid)
+        return bias.masked_fill(torch.isneginf(bias), float("nan"))
+
+    def similarity_note(self) -> str:
+        return "bias row of each query; blank: outside the field of view"
+
+    def adaptation_label(self) -> str:
+        return "fields of view and distances on the new grid (no adaptation)"
+
+    def extra_repr(self) -> str:
+        extra = self.coordinates.describe()
+        return (f"num_heads={self.num_heads}, head_directions={self.head_directions!r}, "
+                f"global_slope={self.global_slope}, distance={self.distance!r}{', ' + extra if extra else ''}")
