@@ -4,6 +4,7 @@ import argparse
 import fnmatch
 import logging
 import socket
+import warnings
 
 import pytest
 import timm
@@ -58,6 +59,14 @@ def test_list_models_has_every_supported_architecture_and_timms_tags():
             (theirs.hf_hub_id, theirs.url, theirs.tag, theirs.num_classes)
         assert ours.architecture == PREFIX + VIT
     assert timm.get_pretrained_cfg(PREFIX + VIT).tag == timm.get_pretrained_cfg(VIT).tag  # the same default tag
+
+
+def test_registering_again_changes_nothing():
+    before = timm.list_models(f"{PREFIX}*")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # timm warns when a name is registered over
+        names = timm_registry.register_models()
+    assert set(names) == set(before) and timm.list_models(f"{PREFIX}*") == before
 
 
 @pytest.mark.parametrize("name,pe", [(VIT, "rope_mixed"), (SWIN, "rope_mixed"), (VIT, "rope_axial+alibi")])

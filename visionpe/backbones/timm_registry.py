@@ -57,15 +57,19 @@ def register_models() -> list[str]:
     """Register ``vpe_<name>`` for each of :func:`supported_timm_names` (once; later calls change nothing) and
     return the registered names."""
     module = sys.modules[__name__]
+    names = []
     for timm_name, timm_module in supported_timm_names().items():
         name = PREFIX + timm_name
+        names.append(name)
         if hasattr(module, name):
             continue
-        default_cfgs[name] = pretrained_cfgs(timm_name)
+        cfgs = pretrained_cfgs(timm_name)
+        if cfgs.tags:  # an architecture without cfgs gets timm's default one, as timm's own would
+            default_cfgs[name] = cfgs
         entrypoint = make_entrypoint(timm_name, name, NATIVE_PE[timm_module])
         setattr(module, name, entrypoint)  # where timm's register_model lists it (this module's __all__)
         register_model(entrypoint)
-    return [n for n in default_cfgs]
+    return names
 
 
 def pretrained_cfgs(timm_name: str) -> DefaultCfg:
