@@ -5,7 +5,6 @@ imported only by whoever uses it, and ``timm.create_model("vpe_...")`` works whe
 """
 from __future__ import annotations
 
-import importlib.abc
 import sys
 import warnings
 from collections.abc import Callable
@@ -30,9 +29,10 @@ def _run(callback: Callable[[ModuleType], object], module: ModuleType) -> None:
                       f"{type(err).__name__}: {err}", RuntimeWarning, stacklevel=3)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds ``name`` with the other finders and gives its spec a loader that runs the callback after the module
-    has executed; then leaves ``sys.meta_path``."""
+class _Finder:
+    """A ``sys.meta_path`` finder: finds ``name`` with the other finders and gives its spec a loader that runs the
+    callback after the module has executed; then leaves ``sys.meta_path``. (No importlib.abc base: the import system
+    needs only the methods, and importing importlib.abc would cost ``import visionpe`` time.)"""
 
     def __init__(self, name: str, callback: Callable[[ModuleType], object]):
         self.name, self.callback = name, callback
@@ -53,8 +53,8 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-class _CallbackLoader(importlib.abc.Loader):
-    """The module's own loader, then the callback; the module and its spec keep the original loader."""
+class _CallbackLoader:
+    """A loader: the module's own loader, then the callback; the module and its spec keep the original loader."""
 
     def __init__(self, loader, callback: Callable[[ModuleType], object]):
         self.loader, self.callback = loader, callback
