@@ -106,6 +106,14 @@ def test_every_encoding_builds_through_the_registry(pe):
         assert out.shape == (2, 10) and torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("kwargs,message", [(dict(pe="rope_fancy"), "'rope_fancy'"),
+                                            (dict(pe="rope_mixed", pe_kwargs={"thetaa": 10}), "'thetaa'"),
+                                            (dict(pe="rope_mixed", pe_kwargs="scaling=pi"), "pe_kwargs must be")])
+def test_bad_pe_is_a_clear_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        timm.create_model(PREFIX + VIT, **TINY[VIT], **kwargs)
+
+
 @pytest.mark.parametrize("name,native", [(VIT, "learned"), (DEIT, "learned"), (SWIN, "swin_bias"),
                                          (SWINV2, "cpb")])
 def test_default_pe_is_the_architectures_own(name, native):
