@@ -10,7 +10,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # the build tools: pyproject.toml's `release` extra, in a throwaway venv
-mapfile -t tools < <("$PROJECT_PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["release"]))')
+mapfile -t tools < <("$PROJECT_PY" -c 'import tomllib
+print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["release"]))')
 python3 -m venv "$work/tools"
 "$work/tools/bin/pip" install -q "${tools[@]}"
 "$work/tools/bin/python" -m build --outdir "$work/dist" . > "$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }

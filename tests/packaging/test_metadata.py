@@ -43,7 +43,8 @@ def test_license_is_an_spdx_expression_with_its_file():
     assert PROJECT["license"] == "Apache-2.0"
     assert PROJECT["license-files"] == ["LICENSE"]
     assert (ROOT / "LICENSE").read_text().split()[:4] == ["Apache", "License", "Version", "2.0,"]
-    assert not [c for c in PROJECT.get("classifiers", []) if c.startswith("License ::")]  # PEP 639: the expression
+    # PEP 639: the expression replaces license classifiers
+    assert not [c for c in PROJECT.get("classifiers", []) if c.startswith("License ::")]
 
 
 def test_version_has_one_place():
@@ -54,7 +55,8 @@ def test_version_has_one_place():
     version = Version(visionpe.__version__)
     assert str(version) == visionpe.__version__
     source = (ROOT / "visionpe" / "__init__.py").read_text()
-    assert re.search(rf'^__version__ = "{re.escape(visionpe.__version__)}"', source, re.M)  # static: setuptools reads it
+    # a plain string assignment: setuptools reads it without importing visionpe
+    assert re.search(rf'^__version__ = "{re.escape(visionpe.__version__)}"', source, re.M)
     changelog = (ROOT / "CHANGELOG.md").read_text()
     assert re.search(rf"^## \[{re.escape(visionpe.__version__)}\]", changelog, re.M)
     assert "Semantic Versioning" in changelog

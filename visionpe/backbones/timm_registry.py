@@ -26,7 +26,8 @@ import sys
 from collections import deque
 
 import timm
-from timm.models import DefaultCfg, get_arch_pretrained_cfgs, register_model, resolve_pretrained_cfg, split_model_name_tag
+from timm.models import (DefaultCfg, get_arch_pretrained_cfgs, register_model, resolve_pretrained_cfg,
+                         split_model_name_tag)
 from torch import nn
 
 PREFIX = "vpe_"
