@@ -16,7 +16,8 @@ start=$SECONDS
 python3 -m venv "$work/floor"
 "$work/floor/bin/pip" install -q -r .ci/floor-requirements.txt pytest pytest-xdist
 "$work/floor/bin/pip" check
-echo "check_floor: $(grep -E '^(torch|torchvision|timm)==' .ci/floor-requirements.txt | paste -sd' ') installed in $((SECONDS - start)) s"
+floor=$(grep -E '^(torch|torchvision|timm)==' .ci/floor-requirements.txt | paste -sd' ')
+echo "check_floor: $floor installed in $((SECONDS - start)) s"
 PYTHONPATH=$PWD MPLBACKEND=Agg "$work/floor/bin/python" -m pytest -q -n 2 -p no:cacheprovider tests \
     --ignore=tests/test_coords.py --ignore=tests/test_mrope.py --ignore=tests/test_bench_speed.py \
     --ignore=tests/test_compile.py \
