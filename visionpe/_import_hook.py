@@ -31,11 +31,12 @@ def _run(callback: Callable[[ModuleType], object], module: ModuleType) -> None:
 
 class _Finder:
     """A ``sys.meta_path`` finder: finds ``name`` with the other finders and gives its spec a loader that runs the
-    callback after the module has executed; then leaves ``sys.meta_path``. (No importlib.abc base: the import system
-    needs only the methods, and importing importlib.abc would cost ``import visionpe`` time.)"""
+    callback once the module has executed, and only then leaves ``sys.meta_path`` (an availability probe,
+    ``importlib.util.find_spec(name)``, finds a spec that is never executed). No importlib.abc base: the import
+    system needs only the methods, and importing importlib.abc would cost ``import visionpe`` time."""
 
     def __init__(self, name: str, callback: Callable[[ModuleType], object]):
-        self.name, self.callback = name, callback
+        self.name, self.callback, self.done = name, callback, False
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != self.name:
@@ -47,17 +48,25 @@ class _Finder:
                 break
         else:
             return None  # not installed: the import fails as it would without the hook, which stays for a retry
-        sys.meta_path.remove(self)
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _CallbackLoader(spec.loader, self.callback)
+            spec.loader = _CallbackLoader(spec.loader, self)
         return spec
+
+    def imported(self, module: ModuleType) -> None:
+        """The module has executed: leave ``sys.meta_path`` and run the callback (once)."""
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        if not self.done:
+            self.done = True
+            _run(self.callback, module)
 
 
 class _CallbackLoader:
-    """A loader: the module's own loader, then the callback; the module and its spec keep the original loader."""
+    """A loader: the module's own loader, then the finder's callback; the module and its spec keep the original
+    loader."""
 
-    def __init__(self, loader, callback: Callable[[ModuleType], object]):
-        self.loader, self.callback = loader, callback
+    def __init__(self, loader, finder: _Finder):
+        self.loader, self.finder = loader, finder
 
     def create_module(self, spec):
         return self.loader.create_module(spec)
@@ -65,7 +74,7 @@ class _CallbackLoader:
     def exec_module(self, module: ModuleType) -> None:
         module.__loader__ = module.__spec__.loader = self.loader
         self.loader.exec_module(module)
-        _run(self.callback, module)
+        self.finder.imported(module)
 
     def __getattr__(self, attr):
         return getattr(self.loader, attr)

@@ -62,6 +62,19 @@ def test_callback_runs_once_after_the_module_and_the_module_keeps_its_loader(mod
     assert seen == [42, -42]
 
 
+def test_an_availability_probe_does_not_use_up_the_hook(module_dir):
+    """``importlib.util.find_spec(name)`` (how libraries test whether timm is installed) finds the module without
+    importing it: the callback waits for the real import."""
+    import importlib.util
+    (module_dir / "vpe_hook_probe_spec.py").write_text("VALUE = 7\n")
+    seen = []
+    when_imported("vpe_hook_probe_spec", lambda module: seen.append(module.VALUE))
+    assert importlib.util.find_spec("vpe_hook_probe_spec") is not None and seen == []
+    import vpe_hook_probe_spec  # noqa: F401
+    assert seen == [7]
+    assert not [f for f in sys.meta_path if getattr(f, "name", None) == "vpe_hook_probe_spec"]
+
+
 def test_a_failing_callback_warns_and_the_import_succeeds(module_dir):
     (module_dir / "vpe_hook_probe_bad.py").write_text("VALUE = 1\n")
 
