@@ -1,4 +1,8 @@
-"""Shared fixtures and helpers for the core tests: tiny tensors, fixed seeds."""
+"""Shared fixtures and helpers for the core tests: tiny tensors, fixed seeds, and ``requires`` for tests that need a
+newer release than the oldest one visionpe supports (they skip there, saying why: .ci/check_floor.sh runs the whole
+suite at that floor)."""
+from importlib.metadata import version
+
 import pytest
 import torch
 
@@ -18,6 +22,22 @@ def build_kwargs(name: str, ndim: int) -> dict:
     model would give the encoding (:meth:`Encoding.model_defaults`), with a small CPB MLP."""
     kw = ENCODINGS[name].model_defaults(CONTEXTS[ndim])
     return {**kw, "hidden_dim": 16} if name == "cpb" else kw
+
+
+def _release(package: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version(package).split("+")[0].split(".")[:3] if part.isdigit())
+
+
+def requires(package: str, at_least: str, why: str):
+    """Skip marker: the test needs ``package >= at_least`` (``why``: what it uses); visionpe supports older ones."""
+    needed = tuple(int(part) for part in at_least.split("."))
+    return pytest.mark.skipif(_release(package) < needed, reason=f"needs {package} >= {at_least}: {why} "
+                                                                  f"(installed {version(package)})")
+
+
+def requires_that(available: bool, why: str):
+    """Skip marker for a test that needs a feature of a newer release (``why`` names it and the release)."""
+    return pytest.mark.skipif(not available, reason=f"needs {why}")
 
 
 @pytest.fixture(autouse=True)

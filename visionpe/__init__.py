@@ -8,10 +8,13 @@ Three families, by where position enters attention:
   ``pe(grid) -> (heads, T, T)`` logit bias.
 
 The encodings, :class:`Grid` and :func:`build` import without timm; the backbone helpers (``create_model``,
-``apply``, ``create_video_model``, ...) import timm on first use.
+``apply``, ``create_video_model``, ...) import timm on first use. Once timm is imported (by anyone, before or after
+visionpe), its registry has a ``vpe_<timm name>`` model for each supported architecture:
+``timm.create_model("vpe_vit_small_patch16_224", pe="rope_mixed")`` (:mod:`visionpe.backbones.timm_registry`).
 """
 import importlib
 
+from ._import_hook import when_imported
 from .attention import Attention, attend
 from .bias import FIRE, ALiBi, BiasEncoding, ContinuousPositionBias, LookHere, RelBias, RelativePositionBias, SwinBias
 from .weights import load_timm_checkpoint, load_weights, save_weights
@@ -22,7 +25,7 @@ from .registry import available, build, register, unregister
 from .rotary import AxialRoPE, MixedRoPE, RoPE, RotaryEncoding, VideoRoPE
 from .tokens import PEG, Learned, SinCos, TokenEncoding
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place of the version: pyproject.toml reads it (semantic versioning: CHANGELOG.md)
 
 _LAZY = {"apply": "backbones", "create_model": "backbones", "create_video_model": "backbones",
          "encodings_of": "backbones"}
@@ -43,3 +46,11 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+def _register_timm_models(_timm) -> None:
+    """Add the ``vpe_*`` models to timm's registry; runs once timm is imported, so ``import visionpe`` stays light."""
+    importlib.import_module(".backbones.timm_registry", __name__).register_models()
+
+
+when_imported("timm", _register_timm_models)

@@ -7,6 +7,7 @@ from einops import rearrange
 from torch import nn
 
 from ._checks import check_number, check_positive_int
+from ._compat import is_compiling
 from .grid import Grid, Layout, MixedLayout, as_layout
 
 
@@ -37,7 +38,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
         q, k, mask = _mixed_positions(q, k, grid, rotary, bias)
     else:
         q, k, mask = _positions(q, k, as_layout(grid), rotary, bias)
-    if (rotary is not None and v.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    if (rotary is not None and v.requires_grad and torch.is_grad_enabled() and not is_compiling()
             and _views_larger_buffer(v)):
         # SDPA saves q, k, v for its backward; q and k are now rotated copies, so a v that views the fused qkv would
         # keep the whole buffer alive: a copy of v lets it go (RoPE's training memory is then that of no position;
@@ -66,7 +67,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     softmax for the backward; :class:`_FusedBiasAttention` runs the fused kernel instead."""
     if (mask is not None and mask.requires_grad and torch.is_grad_enabled() and q.device.type == "cpu"
             and dropout_p == 0.0 and mask.is_floating_point() and q.shape[-1] == v.shape[-1]
-            and _FLASH_CPU is not None and not torch.compiler.is_compiling()):
+            and _FLASH_CPU is not None and not is_compiling()):
         return _FusedBiasAttention.apply(q, k, v, mask, q.shape[-1] ** -0.5 if scale is None else scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 

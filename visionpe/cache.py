@@ -7,6 +7,8 @@ from collections.abc import Callable, Hashable, Iterable
 
 import torch
 
+from ._compat import is_compiling
+
 
 MAX_TABLE_BYTES = 64 * 2**20  # larger tables are rebuilt per call: a 4096-token (heads, T, T) bias is 400 MB
 
@@ -38,7 +40,7 @@ class TableCache:
 
     def get(self, key: Hashable, build: Callable[[], torch.Tensor], params: Iterable[torch.Tensor] = ()):
         params = tuple(params)
-        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
+        if is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
             return build()  # traced into the compiled graph (a function of shapes only), or gradients must flow
         key = (key, tuple(p._version for p in params))
         with self._lock:

@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from conftest import requires
 
 from visionpe.bench import cli, flex, memory, plan, profile, timing
 from visionpe.train.report import keep_hand_written
@@ -88,6 +89,7 @@ def test_quick_run_writes_every_section(tmp_path, one_thread):
     assert check_section(parse_tables(alone), "memory") == memory
 
 
+@requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
 def test_quick_compile_section(tmp_path, one_thread):
     out = tmp_path / "compiled.md"
     report = cli.main(["--quick", "--threads", "1", "--sections", "compile", "--pes", "alibi", "--compile-pairs",
@@ -125,6 +127,7 @@ def test_report_keeps_the_hand_written_reading_section(tmp_path):
     assert path.read_text() == "# Performance\n\nnew tables\n\n## Reading these numbers\n\nBy hand.\n"
 
 
+@requires("torch", "2.5", "torch.nn.attention.flex_attention")
 def test_quick_flex_section(one_thread):
     assert "flex" not in cli.SECTIONS and cli.parse_args([]).sections == cli.SECTIONS  # opt-in
     report = cli.main(["--quick", "--threads", "1", "--sections", "flex"])
@@ -193,6 +196,7 @@ def test_operator_times_counts_calls_and_self_time():
     assert counts["aten::bmm"] == 0 and times["aten::bmm"] == 0
 
 
+@requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
 def test_quick_compiled_training_section(one_thread):
     assert "compile-train" not in cli.SECTIONS  # opt-in
     report = cli.main(["--quick", "--threads", "1", "--sections", "compile-train", "--pes", "rope_mixed"])

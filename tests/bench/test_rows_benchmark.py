@@ -3,14 +3,15 @@ models it builds, the verdict against timm, and a tiny benchmark end to end."""
 from __future__ import annotations
 
 import csv
+import inspect
 
 import pytest
 import timm
 import torch
+from conftest import requires_that
 from trainutil import ROOT, TINY, run_script, train_main
 
 from visionpe.train import benchmark, models, restore, settings
-
 
 ROWS_FILE = ROOT / "configs" / "bench_rows_resolution.yaml"
 RECIPE = ROOT / "configs" / "bench_vit_tiny.yaml"
@@ -22,6 +23,8 @@ def row_config(row: dict, data="shapes-position") -> dict:
     return cfg
 
 
+@requires_that("rope_type" in inspect.signature(timm.models.eva.Eva).parameters,
+               "a timm whose Eva takes rope_type (the rows file's DINOv3 reference rows)")
 def test_committed_rows_file_builds_every_model_at_every_test_size():
     """Every row of the committed rows file resolves with the benchmark recipe, and its model runs at the test sizes
     (below, at, above training and non-square); timm rows are timm's classes, without layer scale."""

@@ -2,8 +2,11 @@
 in evaluation and training, and gives the eager outputs."""
 import pytest
 import torch
+from conftest import requires
 
 import visionpe as vpe
+
+pytestmark = requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid (graph breaks before)")
 
 VIT = dict(img_size=16, patch_size=4, embed_dim=24, depth=2, num_heads=2, num_classes=3)
 SWIN = dict(img_size=32, patch_size=4, window_size=4, embed_dim=16, depths=(1, 1), num_heads=(2, 2), num_classes=3)

@@ -5,6 +5,7 @@ import threading
 
 import pytest
 import torch
+from conftest import requires
 from torchvision.models.video.swin_transformer import SwinTransformer3d
 
 import visionpe as vpe
@@ -142,6 +143,7 @@ COMPILED = [("vit_tiny_patch16_224", pe, kw, VIT, (16, 20)) for pe, kw in IMAGE[
 COMPILED += [("swin_tiny_patch4_window7_224", "lookhere", {}, SWIN, (32, 48))]
 
 
+@requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
 @pytest.mark.parametrize("name,pe,kw,cfg,size", COMPILED, ids=[f"{c[0][:4]}-{c[1]}-{list(c[2])}" for c in COMPILED])
 def test_fullgraph_compile_matches_eager(name, pe, kw, cfg, size):
     torch.manual_seed(0)
@@ -153,6 +155,7 @@ def test_fullgraph_compile_matches_eager(name, pe, kw, cfg, size):
         torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
 
 
+@requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
 @pytest.mark.parametrize("pe,kw", [("fire", {}), ("rope_mixed", {"rotate_fraction": 0.5, "directions": "golden"}),
                                    ("rope_mixed", {"head_axes": ("x", "yx")})])
 def test_fullgraph_compile_trains(pe, kw):
@@ -163,6 +166,7 @@ def test_fullgraph_compile_trains(pe, kw):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in position_parameters(model))
 
 
+@requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
 def test_compiled_video_models():
     torch._dynamo.reset()
     for pe in ("videorope", "fire"):

@@ -2,12 +2,14 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import requires
 
 from visionpe import Grid
 from visionpe.grid import as_grid
 from visionpe.resample import resample_grid
 
 
+@requires("torch", "2.2", "torch.unravel_index, the oracle")
 @pytest.mark.parametrize("shape", [(5,), (3, 5), (2, 3, 4)])
 def test_coords_row_major_last_axis_fastest(shape):
     coords = Grid(shape).coords()

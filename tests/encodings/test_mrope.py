@@ -3,7 +3,10 @@ import pytest
 import timm
 import torch
 from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingMixed, apply_rot_embed_cat
-from timm.layers.pos_embed_sincos import RotaryEmbeddingMRope
+try:  # the oracle: timm's M-RoPE (a recent timm)
+    from timm.layers.pos_embed_sincos import RotaryEmbeddingMRope
+except ImportError as err:
+    pytest.skip(f"needs timm's RotaryEmbeddingMRope: {err}", allow_module_level=True)
 
 import visionpe as vpe
 from visionpe import Grid

@@ -1,9 +1,10 @@
 """Rotary family: parity with rope-vit and timm, relative-position property, scaling (PI, NTK, YaRN), sections."""
+import inspect
 import math
 
 import pytest
 import torch
-from conftest import SHAPES
+from conftest import SHAPES, requires_that
 from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingMixed, apply_rot_embed_cat
 
 import visionpe as vpe
@@ -56,6 +57,8 @@ def test_axial_matches_rope_vit(shape, theta):
     torch.testing.assert_close(pe.rotate(q, Grid(shape)), rope_vit_apply(q, ref_cis), atol=1e-5, rtol=1e-5)
 
 
+@requires_that("rotate_half" in inspect.signature(RotaryEmbeddingCat).parameters,
+               "a timm whose RotaryEmbeddingCat takes rotate_half (the oracle)")
 @pytest.mark.parametrize("pairs", ["interleaved", "half"])
 @pytest.mark.parametrize("shape", [(3, 5), (5, 3)])
 def test_axial_matches_timm_rotary_cat(shape, pairs):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import flex_attention
 
 from .tables import MB, Table, ms, versus
 from .timing import CONTROL, Run, compiled, error_text, timed_or_error
@@ -70,6 +69,7 @@ def qkv(run: Run, batch: int, tokens: int, heads: int, head_dim: int) -> list[to
 def flex_table(run: Run, batch: int, side: int, heads: int, head_dim: int) -> Table:
     """SDPA without a mask (the floor), with each bias precomputed or built in each call, and compiled
     ``flex_attention`` computing the bias in its ``score_mod``, all timed side by side."""
+    from torch.nn.attention.flex_attention import flex_attention  # torch >= 2.5; the other sections run without it
     tokens, device, sdpa = side * side, run.device, F.scaled_dot_product_attention
     q, k, v = qkv(run, batch, tokens, heads, head_dim)
     fns = {"SDPA, no mask": lambda: sdpa(q, k, v), "SDPA, no mask" + CONTROL: lambda: sdpa(q, k, v)}
@@ -103,6 +103,7 @@ def flex_training(run: Run, batch: int, side: int, heads: int, head_dim: int) ->
     tokens, device = side * side, run.device
     q, k, v = (t.requires_grad_() for t in qkv(run, batch, tokens, heads, head_dim))
     grad_out = torch.randn_like(q)
+    from torch.nn.attention.flex_attention import flex_attention
     # not fullgraph: dynamo would report an error raised inside flex_attention as "Unsupported: Observed exception"
     flex = torch.compile(flex_attention, dynamic=False)
     rows = []

@@ -20,6 +20,7 @@ from torch import nn
 
 from .._checks import (angle_dtype, check_choice, check_divisible, check_grid_ndim, check_ndim, check_number,
                        check_positive_int, to_shape)
+from .._compat import is_compiling
 from ..cache import TableCache
 from ..coords import CoordinateSystem
 from ..grid import Grid, Layout, as_grid, as_layout
@@ -141,7 +142,7 @@ def apply_rotary(x: torch.Tensor, cis: torch.Tensor, pairs: str = "interleaved")
     ``"half"`` rotates ``(x[p], x[p + d/2])`` (GPT-NeoX ``rotate_half``). In float32: eagerly one complex multiply
     (one kernel), under ``torch.compile`` the real products (inductor fuses them; it generates no complex code).
     """
-    if torch.compiler.is_compiling():
+    if is_compiling():
         return rotate_real(x, torch.view_as_real(cis) if cis.is_complex() else cis, pairs)
     cis = cis if cis.is_complex() else torch.view_as_complex(cis)
     if heads_inside_tokens(x):

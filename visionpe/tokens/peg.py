@@ -6,6 +6,7 @@ from einops import rearrange
 from torch import nn
 
 from .._checks import check_grid_ndim, check_ndim, check_nonnegative_int, check_positive_int
+from .._compat import is_autocast_enabled
 from ..grid import Grid, Layout, as_layout
 from ._base import TokenEncoding, check_tokens
 
@@ -43,7 +44,7 @@ class PEG(TokenEncoding):
         prefix, patches = x[:, :grid.prefix], x[:, grid.prefix:]
         feature_map = patches.transpose(1, 2).reshape(x.shape[0], x.shape[2], *grid.shape)
         weight = self.proj.weight
-        if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):  # half input, float32 conv
+        if x.dtype != weight.dtype and not is_autocast_enabled(x.device.type):  # half input, float32 conv
             encoded = self.proj(feature_map.to(weight.dtype)).to(x.dtype)
         else:
             encoded = self.proj(feature_map)

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Build the sdist and the wheel (python -m build: the wheel is built from the sdist), check them (twine check --strict
+# and tests/packaging/test_wheel.py on these files), then install the wheel into a clean venv and import it there.
+# The clean venv borrows the project venv's packages through a .pth file (as --system-site-packages would), so no
+# second torch is downloaded; the wheel goes in with --no-deps and `pip check` verifies its requirements against them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PROJECT_PY=${PROJECT_PY:-.venv/bin/python}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# the build tools: pyproject.toml's `release` extra, in a throwaway venv
+mapfile -t tools < <("$PROJECT_PY" -c 'import tomllib
+print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["release"]))')
+python3 -m venv "$work/tools"
+"$work/tools/bin/pip" install -q "${tools[@]}"
+"$work/tools/bin/python" -m build --outdir "$work/dist" . > "$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+"$work/tools/bin/twine" check --strict "$work"/dist/*
+wheel=$(ls "$work"/dist/*.whl)
+sdist=$(ls "$work"/dist/*.tar.gz)
+VISIONPE_WHEEL=$wheel VISIONPE_SDIST=$sdist "$PROJECT_PY" -m pytest -q -p no:cacheprovider tests/packaging/test_wheel.py
+
+# a clean venv with the wheel, importing it away from the source tree
+python3 -m venv "$work/clean"
+clean_site=$("$work/clean/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$PROJECT_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$clean_site/project-venv-packages.pth"
+# the old setuptools a Python 3.11 venv comes with would shadow the project venv's (torch requires a newer one)
+"$work/clean/bin/pip" uninstall -q -y setuptools 2>/dev/null || true
+"$work/clean/bin/pip" install -q --no-deps "$wheel"
+"$work/clean/bin/pip" check
+cd "$work"
+"$work/clean/bin/python" - "$clean_site" <<'PY'
+import importlib.metadata
+import pathlib
+import sys
+
+import visionpe
+
+site = pathlib.Path(sys.argv[1])
+where = pathlib.Path(visionpe.__file__).parent
+assert where == site / "visionpe", f"visionpe imported from {where}, not from the wheel in {site}"
+assert importlib.metadata.version("visionpe") == visionpe.__version__
+assert (where / "py.typed").is_file()
+rope = visionpe.build("rope_mixed", head_dim=8, num_heads=2, ndim=2)
+import timm  # the installed package registers its timm models too
+assert timm.is_model("vpe_vit_small_patch16_224")
+print(f"check_dist: visionpe {visionpe.__version__} from the wheel imports in a clean venv ({type(rope).__name__})")
+PY

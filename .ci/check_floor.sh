@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The oldest releases visionpe claims (.ci/floor-requirements.txt: pyproject.toml's lower bounds), installed from
+# PyPI into a throwaway venv, and the whole suite run there on the working tree. A test that needs a newer release
+# says so itself and skips there with the reason (tests/conftest.py: requires, requires_that; module-level skips of
+# oracles a newer timm has), e.g. torch.compile(fullgraph=True) through a Grid (torch >= 2.4), PyTorch's fused CPU
+# attention with a bias gradient (2.3), FlexAttention (2.5), timm's DINOv3 and M-RoPE rotary embeddings.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+start=$SECONDS
+python3 -m venv "$work/floor"
+"$work/floor/bin/pip" install -q -r .ci/floor-requirements.txt pytest pytest-xdist
+"$work/floor/bin/pip" check
+floor=$(grep -E '^(torch|torchvision|timm)==' .ci/floor-requirements.txt | paste -sd' ')
+echo "check_floor: $floor installed in $((SECONDS - start)) s"
+PYTHONPATH=$PWD MPLBACKEND=Agg "$work/floor/bin/python" -m pytest -q -n 2 -p no:cacheprovider tests  # -rs: why skipped
+echo "check_floor: done in $((SECONDS - start)) s"

@@ -1,0 +1,19 @@
+"""PyTorch functions that the oldest supported release (torch 2.1) spells differently, one name each."""
+import torch
+
+# True while torch.compile traces a function (dynamo folds both to a constant): torch.compiler.is_compiling from
+# torch 2.3 on, torch._utils.is_compiling before it.
+is_compiling = getattr(torch.compiler, "is_compiling", None) or torch._utils.is_compiling
+
+
+def _is_autocast_enabled_before_2_4(device_type: str) -> bool:
+    return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+
+
+# is_autocast_enabled(device_type): whether autocast is on for that device type; torch 2.4 added the argument (before
+# it, the function without one answers for CUDA and is_autocast_cpu_enabled for the CPU)
+try:
+    torch.is_autocast_enabled("cpu")
+    is_autocast_enabled = torch.is_autocast_enabled
+except TypeError:
+    is_autocast_enabled = _is_autocast_enabled_before_2_4
