@@ -22,8 +22,9 @@ from visionpe.train import settings
 from visionpe.train.cli import UserError
 
 
-SCRIPTS = {"sweep": "resolution_sweep", "visualize": "visualize", "benchmark": "benchmark"}
-PROG = {"train": "train_vit", "sweep": "resolution_sweep", "visualize": "visualize.py", "benchmark": "benchmark"}
+SCRIPTS = {"sweep": "resolution_sweep", "visualize": "visualize", "benchmark": "benchmark", "speed": "bench_speed"}
+PROG = {"train": "train_vit", "sweep": "resolution_sweep", "visualize": "visualize.py", "benchmark": "benchmark",
+        "speed": "bench_speed"}
 PYTHON_TAG = '!!python/object/apply:os.system ["touch {tmp}/pwned"]'
 
 
@@ -104,7 +105,7 @@ def rows_file(tmp, text):
     path.write_text(text)
     return path
 
-T, S, V, B = "train", "sweep", "visualize", "benchmark"
+T, S, V, B, Q = "train", "sweep", "visualize", "benchmark", "speed"
 ROWS = [
     # -- train_vit.py: model ---------------------------------------------------------------------------------
     (T, ["--pe", "rope_bogus"], ["rope_bogus", "rope_mixed"]),
@@ -290,6 +291,16 @@ ROWS = [
     (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["rope_bogus"], "rows_bad_pe"),
     (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["--bogus-flag"], "rows_bad_flag"),
     (B, ["--rows", "{yaml}", "--data", "shapes-position", "--swin"], ["--rows", "--swin"], "rows_empty_ok"),
+    # -- values that were accepted before and gave wrong or surprising results (issue 22) -------------------------
+    (T, ["--lr", "1e-4", "--min-lr", "1.0"], ["min_lr 1.0 must not exceed lr 0.0001"]),
+    (T, ["--model", "resnet18"], ["--model resnet18", "no adapter"]),
+    (S, ["{run}", "--res", "16", "--out", "{tmp}/afile"], ["--out", "is a file"], "output_is_a_file"),
+    (V, ["--run", "{run}", "--pe", "rope_mixed", "--layer", "99"], ["layer=99 is out of range", "layers 0..0"]),
+    (Q, ["--threads", "-2"], ["--threads must be an integer >= 1"]),
+    (Q, ["--repeats", "0"], ["--repeats must be an integer >= 1"]),
+    (Q, ["--batch", "0"], ["--batch must be an integer >= 1"]),
+    (Q, ["--min-run-time", "-1"], ["--min-run-time must be a number of seconds > 0"]),
+    (Q, ["--quick", "--out", "{tmp}"], ["is a directory"]),
     # -- --import: user code, imported before anything is built -----------------------------------------------
     (T, ["--import", "no_such_module_for_visionpe"], ["--import no_such_module_for_visionpe", "cannot import"]),
     (T, ["--import", "{tmp}/missing.py"], ["{tmp}/missing.py", "no such file"]),

@@ -19,6 +19,7 @@ from torch import nn
 from .._checks import to_shape
 from ..encoding import Encoding, ModelContext, constructor_keywords
 from ..registry import ENCODINGS, check_keywords, check_name
+from ..rotary.sections import video_sections
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,16 @@ def check_img_size(timm_kwargs: dict) -> None:
     if any(i % p for i, p in zip(img, patch)):
         raise ValueError(f"img_size={timm_kwargs['img_size']!r} must be a multiple of "
                          f"patch_size={timm_kwargs['patch_size']!r}")
+
+
+def default_sections(name: str | None, head_dim: int) -> dict:
+    """What a video backbone gives the rotary encoding ``name`` on its ``(T, H, W)`` grid: ``{"sections":
+    video_sections(head_dim)}`` when the head's pairs do not split into three equal bands and the encoding splits
+    channels by axis (its constructor takes ``sections``), else ``{}`` (an encoding with its own channel layout,
+    such as ComRoPE's blocks or LieRE's dense generators)."""
+    if name is None or not head_dim % 6 or "sections" not in constructor_keywords(ENCODINGS[name]):
+        return {}
+    return {"sections": video_sections(head_dim)}
 
 
 def check_input(x, patch_size, in_chans: int, model_name: str) -> None:

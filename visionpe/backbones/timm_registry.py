@@ -26,9 +26,16 @@ import sys
 from collections import deque
 
 import timm
-from timm.models import (DefaultCfg, get_arch_pretrained_cfgs, register_model, resolve_pretrained_cfg,
-                         split_model_name_tag)
+from timm.models import (
+    DefaultCfg,
+    get_arch_pretrained_cfgs,
+    register_model,
+    resolve_pretrained_cfg,
+    split_model_name_tag,
+)
 from torch import nn
+
+from ..weights.convert import load_timm_checkpoint
 
 PREFIX = "vpe_"
 
@@ -100,7 +107,6 @@ def create_registered(timm_name: str, name: str, pe: str, pe_kwargs: dict | None
     """The model of the registered ``name``: :func:`visionpe.create_model` of ``timm_name``, with the registered
     name's pretrained cfg (a tag, a dict or None, plus the overlay) as its ``pretrained_cfg`` and, with
     ``pretrained``, timm's weights through :func:`visionpe.load_timm_checkpoint`."""
-    from ..checkpoint import load_timm_checkpoint
     from .api import create_model
 
     cfg = resolve_pretrained_cfg(name, pretrained_cfg, pretrained_cfg_overlay).to_dict()

@@ -13,9 +13,8 @@ from einops import rearrange
 from torch import nn
 
 from .._checks import check_divisible, check_positive_int, to_shape
-from ..rotary.sections import video_sections
 from ..weights.convert import inflate_patch_weight
-from .adapter import parse_pe, route_kwargs
+from .adapter import default_sections, parse_pe, route_kwargs
 from .api import apply
 
 
@@ -61,7 +60,8 @@ def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int 
     torch.Size([1, 10])
 
     Any clip length and frame size divisible by the tubelet works at run time. A rotary encoding whose head_dim
-    does not split into three equal bands gets :func:`video_sections` unless ``pe_kwargs`` sets ``sections``.
+    does not split into three equal bands gets :func:`~visionpe.rotary.sections.video_sections` unless ``pe_kwargs``
+    sets ``sections`` (or the encoding has no per-axis channels: :func:`~visionpe.backbones.adapter.default_sections`).
     """
     names = parse_pe(pe)
     route_kwargs(names, {} if pe_kwargs is None else pe_kwargs)
@@ -84,6 +84,6 @@ def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int 
     model.pos_embed = None  # the 2D table has no meaning on a 3D grid; apply() builds the chosen encoding
     pe_kwargs = dict(pe_kwargs or {})
     head_dim = model.blocks[0].attn.head_dim
-    if "rotary" in names and "sections" not in pe_kwargs and head_dim % 6:
-        pe_kwargs["sections"] = video_sections(head_dim)
+    if "sections" not in pe_kwargs:
+        pe_kwargs.update(default_sections(names.get("rotary"), head_dim))
     return apply(model, pe, **pe_kwargs)

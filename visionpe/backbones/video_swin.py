@@ -34,12 +34,11 @@ from torch import nn
 from torchvision.models.video.swin_transformer import ShiftedWindowAttention3d, SwinTransformer3d
 
 from .._checks import check_choice
-from ..rotary.sections import video_sections
 from ..attention import attend
 from ..bias import RelativePositionBias, SwinBias
 from ..encoding import ModelContext
 from ..grid import Grid
-from .adapter import Adapter, EncodingSet, PositionalModel, check_input, register_adapter
+from .adapter import Adapter, EncodingSet, PositionalModel, check_input, default_sections, register_adapter
 from .swin import WindowAttention
 
 TABLE_SLICINGS = ("torchvision", "offsets")
@@ -207,7 +206,7 @@ def apply_video_swin(model: nn.Module, names: dict, kwargs: dict) -> None:
         dim = source.qkv.in_features
         head_dim = dim // source.num_heads
         context = ModelContext(tuple(source.window_size), dim, source.num_heads, head_dim)
-        defaults = {"sections": video_sections(head_dim)} if "rotary" in names and head_dim % 6 else {}
+        defaults = default_sections(names.get("rotary"), head_dim)
         rotary = encodings.block("rotary", context, getattr(source, "rotary", None), **defaults)
         bias = encodings.block("bias", context, getattr(source, "bias", None))
         take_over_table(bias, source)
