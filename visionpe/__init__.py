@@ -3,7 +3,8 @@
 Three families, by where position enters attention:
 
 - ``tokens`` (``sincos``, ``learned``, ``peg``): ``pe(x, grid) -> x``, added to the patch tokens;
-- ``rotary`` (``rope_axial``, ``rope_mixed``): ``pe(q, k, grid) -> (q, k)``, rotating queries and keys;
+- ``rotary`` (``rope_axial``, ``rope_mixed``, ``string``, ``comrope``, ``liere``): ``pe(q, k, grid) -> (q, k)``,
+  rotating queries and keys;
 - ``bias`` (``swin_bias``, ``rel_bias``, ``cpb``, ``alibi``): ``pe(grid) -> (heads, T, T)`` logit bias.
 
 The encodings, :class:`Grid` and :func:`build` import without timm; the backbone helpers (``create_model``,
@@ -18,7 +19,7 @@ from .coords import CoordinateSystem
 from .encoding import Encoding, ModelContext
 from .grid import Grid, Layout, MixedLayout
 from .registry import available, build, register, unregister
-from .rotary import AxialRoPE, MixedRoPE, RoPE, RotaryEncoding
+from .rotary import AxialRoPE, ComRoPE, LieRE, MixedRoPE, RoPE, RotaryEncoding, StringRoPE
 from .tokens import PEG, Learned, SinCos, TokenEncoding
 
 __version__ = "0.1.0"
@@ -26,9 +27,10 @@ __version__ = "0.1.0"
 _LAZY = {"apply": "backbones", "create_model": "backbones", "create_video_model": "backbones",
          "encodings_of": "backbones"}
 
-__all__ = ["ALiBi", "Attention", "AxialRoPE", "BiasEncoding", "ContinuousPositionBias", "CoordinateSystem", "Encoding",
-           "Grid", "Layout", "Learned", "MixedLayout", "MixedRoPE", "ModelContext", "PEG", "RelBias", "RelativePositionBias", "RoPE",
-           "RotaryEncoding", "SinCos", "SwinBias", "TokenEncoding", "attend", "available", "build",
+__all__ = ["ALiBi", "Attention", "AxialRoPE", "BiasEncoding", "ComRoPE", "ContinuousPositionBias", "CoordinateSystem",
+           "Encoding", "Grid", "Layout", "Learned", "LieRE", "MixedLayout", "MixedRoPE", "ModelContext", "PEG", "RelBias",
+           "RelativePositionBias", "RoPE", "RotaryEncoding", "SinCos", "StringRoPE", "SwinBias", "TokenEncoding", "attend",
+           "available", "build",
            "load_timm_checkpoint", "load_weights", "register", "save_weights", "unregister", *_LAZY]
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .bias import ALiBi, BucketedBias, ContinuousPositionBias, RelBias, SwinBias
 from .encoding import Encoding, constructor_keywords
-from .rotary import AxialRoPE, MixedRoPE
+from .rotary import AxialRoPE, ComRoPE, LieRE, MixedRoPE, StringRoPE
 from .tokens import PEG, Learned, SinCos
 
 FAMILIES = ("tokens", "rotary", "bias")
@@ -14,6 +14,9 @@ ENCODINGS: dict[str, type[Encoding]] = {
     "peg": PEG,
     "rope_axial": AxialRoPE,
     "rope_mixed": MixedRoPE,
+    "string": StringRoPE,
+    "comrope": ComRoPE,
+    "liere": LieRE,
     "swin_bias": SwinBias,
     "rel_bias": RelBias,
     "cpb": ContinuousPositionBias,
