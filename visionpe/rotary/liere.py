@@ -61,8 +61,11 @@ class LieRE(LearnedRotation):
 
     def _patch_rotations(self, axis_positions, dtype) -> torch.Tensor:
         coords = grid_coordinates(axis_positions)  # (N, ndim)
-        algebra = torch.einsum("na,ahkij->hnkij", coords, self.skew_generators(dtype))
-        return torch.linalg.matrix_exp(algebra.contiguous())  # (heads, N, m, b, b)
+        generators = self.skew_generators(dtype)
+        # one matrix product gives the generator sums contiguous, as matrix_exp needs them (an einsum's permuted
+        # output is not, also under inductor, where .contiguous() does not help)
+        algebra = (coords @ generators.flatten(1)).view(coords.shape[0], *generators.shape[1:])  # (N, heads, m, b, b)
+        return torch.linalg.matrix_exp(algebra).movedim(0, 1)  # (heads, N, m, b, b)
 
     def similarity_note(self) -> str:
         return "score of one isotropic q rotated to i and to j; not a function of the offset (non-commuting)"
