@@ -106,6 +106,34 @@ def test_fullgraph_compile_matches_eager_and_trains(pe, kw):
             assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
+def test_inductor_compiles_the_table_builders_and_their_gradients():
+    """Inductor (not only dynamo's tracing): the exponentials, the Cayley solve and the block products compile to the
+    eager values in the inference and the training graph, gradients included (matrix_exp needs a contiguous input,
+    which inductor's inference graph did not give an einsum's output even after .contiguous())."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    grid = Grid((3, 4), prefix=1)
+    encodings = [vpe.build(name, head_dim=12, num_heads=2, **kw) for name, kw in (CASES[0], CASES[2], CASES[4])]
+    q, k = torch.randn(2, 2, 2, 13, 12).unbind(0)
+
+    def scores_of_all(q, k):
+        return torch.stack([torch.einsum("bhid,bhjd->bhij", *pe(q, k, grid)) for pe in encodings])
+
+    compiled = torch.compile(scores_of_all, fullgraph=True)
+    with torch.no_grad():  # the inference graph (evaluation)
+        torch.testing.assert_close(compiled(q, k), scores_of_all(q, k), atol=1e-5, rtol=1e-5)
+    out = compiled(q, k)  # the training graph
+    torch.testing.assert_close(out, scores_of_all(q, k), atol=1e-5, rtol=1e-5)
+    weights = torch.randn_like(out)
+    (out * weights).sum().backward()
+    compiled_grads = [p.grad.clone() for pe in encodings for p in pe.parameters()]
+    for pe in encodings:
+        pe.zero_grad()
+    (scores_of_all(q, k) * weights).sum().backward()
+    for got, want in zip(compiled_grads, [p.grad for pe in encodings for p in pe.parameters()]):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("pe,kw", CASES[:5], ids=IDS[:5])
 def test_concurrent_forwards_at_different_sizes_equal_single_threaded(pe, kw):
     torch.manual_seed(0)
