@@ -9,9 +9,9 @@ Coordinates are one of the systems of :mod:`visionpe.coords` (``coords="index"``
 ``scaling="pi"`` interpolates to ``ref_shape`` on another grid; ``"normalized"``: centred ``[-1, 1]`` on every
 grid), with the same train-time augmentation keywords as RoPE (``shift_coords``, ``jitter_coords``,
 ``rescale_coords``: one draw per forward shared by q, k and all heads, applied per grid axis; augmented rotations
-are never cached). Tables are built in float64 (float32 where the device has none), stored in float32, cached per
-grid in evaluation (and whenever no gradient must reach the generators) and rebuilt per call in training; the
-rotation is applied in float32 and cast back to the input's dtype.
+are never cached). Tables are built in float64 (float32 where the device has none; LieRE's per-position exponentials
+in float32), stored in float32, cached per grid in evaluation (and whenever no gradient must reach the generators)
+and rebuilt per call in training; the rotation is applied in float32 and cast back to the input's dtype.
 """
 from __future__ import annotations
 

@@ -21,7 +21,9 @@ class LieRE(LearnedRotation):
     The generators do not commute in general, so ``R(c_i)^T R(c_j)`` is not a function of ``c_j - c_i``: scores are
     not exactly relative (as the paper says), and the exponential is taken at every position: ``N`` batched
     exponentials per head and block, once per forward in training, cached in evaluation (a dense ``(heads, N, d, d)``
-    table, applied as one ``d x d`` product per token).
+    table, applied as one ``d x d`` product per token). The generator sums are formed in float64, the exponentials
+    taken in float32, as the official code does (float64 cost 3-4x on CPU); a dense generator's exponential and its
+    gradient dominate a training step on CPU, where ``block_size=8`` costs a fraction of it.
 
     Official convention (``models/rope_vit.py``, ``LierePositionEncoder``): ``generator_raw_params (ndim, ...,
     num_generators, b, b)`` ``~ U[0, 2 pi)``; only the entries above the diagonal count
@@ -65,7 +67,7 @@ class LieRE(LearnedRotation):
         # one matrix product gives the generator sums contiguous, as matrix_exp needs them (an einsum's permuted
         # output is not, also under inductor, where .contiguous() does not help)
         algebra = (coords @ generators.flatten(1)).view(coords.shape[0], *generators.shape[1:])  # (N, heads, m, b, b)
-        return torch.linalg.matrix_exp(algebra).movedim(0, 1)  # (heads, N, m, b, b)
+        return torch.linalg.matrix_exp(algebra.float()).movedim(0, 1)  # (heads, N, m, b, b)
 
     def similarity_note(self) -> str:
         return "score of one isotropic q rotated to i and to j; not a function of the offset (non-commuting)"
