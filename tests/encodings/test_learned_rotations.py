@@ -499,3 +499,37 @@ def test_kept_tokens_are_rotated_by_their_own_positions(name, kw):
         kept = pe(q.gather(2, index), k.gather(2, index), layout)
     for a, b in zip(kept, full):
         torch.testing.assert_close(a, b.gather(2, index), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("size,count", [(2, 6), (3, 4), (4, 3), (4, 16), (8, 8), (12, 1)])
+def test_packed_blocks_are_the_same_rotation(size, count):
+    """Small blocks are applied as larger block-diagonal ones: the same product, and unpacking gives them back."""
+    from visionpe.rotary.blocks import apply_blocks, pack_blocks, packing, unpack_blocks
+
+    blocks = torch.randn(2, 5, count, size, size)
+    packed = pack_blocks(blocks)
+    g = packing(count, size)
+    assert packed.shape == (2, 5, count // g, g * size, g * size) and (g == 1 or g * size <= 8)
+    torch.testing.assert_close(unpack_blocks(packed, size), blocks)
+    dense = block_diag(blocks.double())
+    torch.testing.assert_close(block_diag(packed.double()), dense)
+    x = torch.randn(3, 2, 5, count * size)
+    torch.testing.assert_close(apply_blocks(x, packed).double(), torch.einsum("htij,bhtj->bhti", dense, x.double()),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("heads", [1, HEADS])
+def test_block_product_gradients_equal_autograd_of_the_plain_product(heads):
+    """The shared-table product's own backward (columns recovered as R^T (R x)) gives the plain product's gradients."""
+    from visionpe.rotary.blocks import apply_blocks
+
+    blocks = torch.linalg.matrix_exp(skew_of_upper(torch.randn(heads, 7, 3, 6, dtype=torch.float64), 4)).float()
+    blocks.requires_grad_()
+    x = torch.randn(5, HEADS, 7, 12, requires_grad=True)
+    weights = torch.randn(5, HEADS, 7, 12)
+    (apply_blocks(x, blocks) * weights).sum().backward()
+    plain_blocks, plain_x = blocks.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+    plain = (plain_blocks[None].expand(5, HEADS, -1, -1, -1, -1) @ plain_x.unflatten(-1, (3, 4))[..., None])
+    (plain.squeeze(-1).flatten(-2) * weights).sum().backward()
+    torch.testing.assert_close(x.grad, plain_x.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(blocks.grad, plain_blocks.grad, atol=1e-4, rtol=1e-4)

@@ -25,7 +25,7 @@ from ..cache import TableCache
 from ..coords import CoordinateSystem, CoordTransform
 from ..grid import Grid, Layout, as_grid, as_layout
 from ._base import RotaryEncoding
-from .blocks import apply_blocks, with_identity_prefix
+from .blocks import apply_blocks, pack_blocks, unpack_blocks, with_identity_prefix
 from .rope import check_scaling
 
 LEARNED_SCALINGS = ("none", "pi")
@@ -43,8 +43,8 @@ class LearnedRotation(RotaryEncoding):
     Call: ``pe(q, k, grid) -> (q, k)``, ``q, k: (B, num_heads, P + N, head_dim)`` (``P + K`` tokens for a
     :class:`~visionpe.Layout` keeping ``K`` patches, each rotated by its own position); prefix tokens are not rotated.
     ``num_heads=1`` shares one set of generators by all heads. A subclass implements :meth:`_patch_rotations` (the
-    rotations of a grid's patches) and, when its rotations are not ``b x b`` blocks, :meth:`_with_prefix`,
-    :meth:`_rotate` and :meth:`rotation_blocks`.
+    rotations of a grid's patches, ``b x b`` blocks with ``b = self.block_size``) and, when its rotations are not
+    blocks, :meth:`_finish`, :meth:`_rotate` and :meth:`rotation_blocks`.
     """
 
     def __init__(self, head_dim: int, num_heads: int, ndim: int, scaling: str, ref_shape,
@@ -82,9 +82,10 @@ class LearnedRotation(RotaryEncoding):
         """The rotations of the patches at these coordinates ``(heads or 1, N, ...)``, computed in ``dtype``."""
         raise NotImplementedError
 
-    def _with_prefix(self, rows: torch.Tensor, prefix: int) -> torch.Tensor:
-        """``prefix`` identity rows before the patches' rotations (default: ``b x b`` blocks)."""
-        return with_identity_prefix(rows, prefix)
+    def _finish(self, rows: torch.Tensor, prefix: int) -> torch.Tensor:
+        """The table the forward applies: ``prefix`` identity rows before the patches' rotations (default: ``b x b``
+        blocks, packed into larger block-diagonal blocks by :func:`~visionpe.rotary.blocks.pack_blocks`)."""
+        return pack_blocks(with_identity_prefix(rows, prefix))
 
     def _rotate(self, tensors, rows: torch.Tensor) -> tuple:
         """Each of ``tensors (B, heads, T, head_dim)`` rotated by ``rows``, the table's rows of its tokens (default:
@@ -111,12 +112,12 @@ class LearnedRotation(RotaryEncoding):
         with torch.autocast(device_type=torch.device(device).type, enabled=False):
             axes = self.axis_positions(grid.without_prefix(), device, wide, transform)
             rows = self._patch_rotations(axes, wide).float()
-        return self._with_prefix(rows, grid.prefix).contiguous()
+        return self._finish(rows, grid.prefix).contiguous()
 
     def rotation_blocks(self, grid, device=None) -> torch.Tensor:
         """The patches' rotations as blocks ``(heads or 1, N, num_blocks, b, b)`` (see
         :meth:`RotaryEncoding.rotation_blocks`)."""
-        return self.rotations(as_grid(grid).without_prefix(), device)
+        return unpack_blocks(self.rotations(as_grid(grid).without_prefix(), device), self.block_size)
 
     # -- the forward ------------------------------------------------------------------------------------------------
     def _check_input(self, x: torch.Tensor, layout: Layout) -> None:

@@ -70,7 +70,7 @@ class LieRE(LearnedRotation):
         return torch.linalg.matrix_exp(algebra.float()).movedim(0, 1)  # (heads, N, m, b, b)
 
     def similarity_note(self) -> str:
-        return "score of one isotropic q rotated to i and to j; not a function of the offset (non-commuting)"
+        return "score of one isotropic q rotated to i and to j; not relative"
 
     def extra_repr(self) -> str:
         return f"block_size={self.block_size}, {super().extra_repr()}"

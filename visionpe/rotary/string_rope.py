@@ -9,6 +9,7 @@ from torch import nn
 
 from .._checks import check_choice, check_number
 from ..coords import CoordinateSystem
+from ..grid import as_grid
 from ._base import pair_blocks
 from .blocks import change_basis, num_upper, skew_from_upper
 from .learned import LearnedRotation, grid_coordinates
@@ -123,7 +124,7 @@ class StringRoPE(LearnedRotation):
         angles = torch.einsum("na,ahp->hnp", coords, self.frequencies(dtype))
         return torch.stack([angles.cos(), angles.sin()], dim=-1)  # (heads, N, pairs, 2)
 
-    def _with_prefix(self, rows: torch.Tensor, prefix: int) -> torch.Tensor:
+    def _finish(self, rows: torch.Tensor, prefix: int) -> torch.Tensor:
         identity = torch.tensor([1.0, 0.0], dtype=rows.dtype, device=rows.device)
         return torch.cat([identity.expand(rows.shape[0], prefix, *rows.shape[2:]), rows], dim=1)
 
@@ -133,7 +134,7 @@ class StringRoPE(LearnedRotation):
 
     def rotation_blocks(self, grid, device=None) -> torch.Tensor:
         """The RoPE pairs in the basis ``P`` as 2x2 blocks ``(heads, N, head_dim/2, 2, 2)``: ``R_i = P^T blocks_i P``."""
-        return pair_blocks(super().rotation_blocks(grid, device))
+        return pair_blocks(self.rotations(as_grid(grid).without_prefix(), device))
 
     def extra_repr(self) -> str:
         return f"variant={self.variant!r}, {super().extra_repr()}"
