@@ -79,6 +79,15 @@ def test_video_clips_of_any_length(pe, kw):
         out.sum().backward()
 
 
+def test_video_string_takes_the_backbones_sections_when_pairs_do_not_split_in_three():
+    """head_dim 16: 8 rotation pairs, (2, 3, 3) per (T, H, W) as video_sections gives rope_*; STRING's initial
+    frequency groups follow them."""
+    model = create_video_model("vit_tiny_patch16_224", pe="string", **{**VIDEO, "embed_dim": 32})
+    rotary = vpe.encodings_of(model)["rotary"][0]
+    assert rotary.sections == (2, 3, 3) and rotary.ndim == 3
+    assert model(torch.randn(1, 3, 4, 16, 16)).shape == (1, 3)
+
+
 @cases([0, 2, 4, 6])
 def test_each_image_of_a_mixed_batch_gets_its_own_positions(pe, kw):
     torch.manual_seed(0)
