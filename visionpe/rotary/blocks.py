@@ -115,25 +115,29 @@ def _from_columns(columns: torch.Tensor, heads: int, shared_heads: bool) -> torc
 class _SharedBlockProduct(torch.autograd.Function):
     """``R_t x_t`` for a table ``R (heads or 1, T, k, b, b)`` shared by the batch, as batched ``b x b`` by ``b x B``
     products with both operands contiguous, forward and backward (a permuted operand sends CPU batched products to a
-    per-matrix loop: 4x slower training steps). Saves the product, not ``x``: attention keeps the rotated q and k
-    anyway, and ``x = R^T (R x)`` (orthogonal ``R``) gives the columns back for the table's gradient."""
+    per-matrix loop). The output is contiguous ``(B, heads, T, d)``: SDPA's fused CPU kernel needs unit-stride
+    channels (a strided q and k send attention to its unfused path). Saves the output, not
+    ``x``: attention keeps the rotated q and k anyway, and ``x = R^T (R x)`` (orthogonal ``R``) gives the columns back
+    for the table's gradient."""
 
     @staticmethod
     def forward(ctx, blocks: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         shared_heads = blocks.shape[0] == 1
         table = blocks[0] if shared_heads else blocks
-        product = table @ _to_columns(x, blocks.shape[-1], shared_heads)
-        ctx.save_for_backward(table, product if ctx.needs_input_grad[0] else None)
+        out = _from_columns(table @ _to_columns(x, blocks.shape[-1], shared_heads), x.shape[1], shared_heads)
+        out = out.contiguous()
+        ctx.save_for_backward(table, out if ctx.needs_input_grad[0] else None)
         ctx.shared_heads, ctx.heads = shared_heads, x.shape[1]
-        return _from_columns(product, x.shape[1], shared_heads)
+        return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        table, product = ctx.saved_tensors
-        grad_columns = _to_columns(grad, table.shape[-1], ctx.shared_heads)
+        table, out = ctx.saved_tensors
+        b = table.shape[-1]
+        grad_columns = _to_columns(grad, b, ctx.shared_heads)
         grad_blocks = grad_x = None
         if ctx.needs_input_grad[0]:
-            columns = table.transpose(-1, -2) @ product
+            columns = table.transpose(-1, -2) @ _to_columns(out, b, ctx.shared_heads)
             grad_blocks = grad_columns @ columns.transpose(-1, -2)
             grad_blocks = grad_blocks[None] if ctx.shared_heads else grad_blocks
         if ctx.needs_input_grad[1]:
