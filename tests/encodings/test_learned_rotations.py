@@ -513,9 +513,10 @@ def test_packed_blocks_are_the_same_rotation(size, count):
     torch.testing.assert_close(unpack_blocks(packed, size), blocks)
     dense = block_diag(blocks.double())
     torch.testing.assert_close(block_diag(packed.double()), dense)
-    x = torch.randn(3, 2, 5, count * size)
-    torch.testing.assert_close(apply_blocks(x, packed).double(), torch.einsum("htij,bhtj->bhti", dense, x.double()),
-                               atol=1e-5, rtol=1e-5)
+    x = torch.randn(3, 5, 2, count * size).transpose(1, 2)  # token-major, as q sliced from a fused qkv
+    out = apply_blocks(x, packed)
+    torch.testing.assert_close(out.double(), torch.einsum("htij,bhtj->bhti", dense, x.double()), atol=1e-5, rtol=1e-5)
+    assert out.is_contiguous()  # unit-stride channels: SDPA's fused CPU kernel takes them
 
 
 @pytest.mark.parametrize("heads", [1, HEADS])
