@@ -56,14 +56,16 @@ class StringRoPE(LearnedRotation):
     (``skew``: its entries above the diagonal, initialised to 0, so ``P = I``) and learned RoPE frequency vectors
     ``freqs (ndim, heads, head_dim/2)`` (RoPE-Mixed's: the plane of pair ``p`` turns by ``<c, f_p>``); at
     initialisation it is ``rope_mixed`` (rope-vit's init, ``theta``, ``sections`` as there). ``P`` is one linear
-    solve per head per forward in training, cached in evaluation; applying it is one ``d x d`` product per token.
+    solve per head per forward in training, cached in evaluation; applying it is one ``d x d`` product per token (the
+    paper notes that at inference ``P`` can be folded into the q and k projections; not done here).
 
     ``variant="circulant"`` (Circulant-STRING): ``L_k = C_k - C_k^T`` with ``C_k`` the circulant matrix of a learned
     first column ``circulant[k] (heads, head_dim)`` (``C_{ij} = c_{(i-j) mod d}``). Circulants share the real Fourier
     basis (:func:`fourier_basis`, fixed), in which ``L_k`` turns plane ``m`` at frequency ``2 sum_l c_l
     sin(2 pi m l / d)``; the constant and alternating channels never turn. Initialised so those frequencies are
     RoPE-Mixed's initial ones (the last band of the last group dropped). The basis is applied as one ``d x d`` product
-    (the paper's FFT form costs ``O(d log d)``; at head sizes of 64 a matrix product is the faster kernel).
+    (the paper uses an FFT, ``O(d log d)``; a real matrix product compiles everywhere: inductor generates no complex
+    code).
 
     Frequency components and generators are in ``xy`` order (last grid axis first), as ``rope_mixed``.
     Coordinates (:mod:`visionpe.coords`): ``coords="index"`` (default; ``scaling="pi"`` interpolates positions to
