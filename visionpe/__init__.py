@@ -3,7 +3,8 @@
 Three families, by where position enters attention:
 
 - ``tokens`` (``sincos``, ``learned``, ``peg``): ``pe(x, grid) -> x``, added to the patch tokens;
-- ``rotary`` (``rope_axial``, ``rope_mixed``, ``videorope``): ``pe(q, k, grid) -> (q, k)``, rotating queries and keys;
+- ``rotary`` (``rope_axial``, ``rope_mixed``, ``videorope``, ``string``, ``comrope``, ``liere``):
+  ``pe(q, k, grid) -> (q, k)``, rotating queries and keys;
 - ``bias`` (``swin_bias``, ``rel_bias``, ``cpb``, ``alibi``, ``bucket_bias``, ``lookhere``, ``fire``):
   ``pe(grid) -> (heads, T, T)`` logit bias.
 
@@ -22,7 +23,7 @@ from .coords import CoordinateSystem
 from .encoding import Encoding, ModelContext
 from .grid import Grid, Layout, MixedLayout
 from .registry import available, build, register, unregister
-from .rotary import AxialRoPE, MixedRoPE, RoPE, RotaryEncoding, VideoRoPE
+from .rotary import AxialRoPE, ComRoPE, LieRE, MixedRoPE, RoPE, RotaryEncoding, StringRoPE, VideoRoPE
 from .tokens import PEG, Learned, SinCos, TokenEncoding
 
 __version__ = "0.1.0"  # the one place of the version: pyproject.toml reads it (semantic versioning: CHANGELOG.md)
@@ -30,11 +31,11 @@ __version__ = "0.1.0"  # the one place of the version: pyproject.toml reads it (
 _LAZY = {"apply": "backbones", "create_model": "backbones", "create_video_model": "backbones",
          "encodings_of": "backbones"}
 
-__all__ = ["ALiBi", "Attention", "AxialRoPE", "BiasEncoding", "ContinuousPositionBias", "CoordinateSystem", "Encoding",
-           "FIRE", "Grid", "Layout", "Learned", "LookHere", "MixedLayout", "MixedRoPE", "ModelContext", "PEG",
-           "RelBias", "RelativePositionBias", "RoPE", "RotaryEncoding", "SinCos", "SwinBias", "TokenEncoding",
-           "VideoRoPE", "attend", "available", "build", "load_timm_checkpoint", "load_weights", "register",
-           "save_weights", "unregister", *_LAZY]
+__all__ = ["ALiBi", "Attention", "AxialRoPE", "BiasEncoding", "ComRoPE", "ContinuousPositionBias", "CoordinateSystem",
+           "Encoding", "FIRE", "Grid", "Layout", "Learned", "LieRE", "LookHere", "MixedLayout", "MixedRoPE",
+           "ModelContext", "PEG", "RelBias", "RelativePositionBias", "RoPE", "RotaryEncoding", "SinCos", "StringRoPE",
+           "SwinBias", "TokenEncoding", "VideoRoPE", "attend", "available", "build", "load_timm_checkpoint",
+           "load_weights", "register", "save_weights", "unregister", *_LAZY]
 
 
 def __getattr__(name: str):

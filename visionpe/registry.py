@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .bias import FIRE, ALiBi, BucketedBias, ContinuousPositionBias, LookHere, RelBias, SwinBias
 from .encoding import Encoding, constructor_keywords
-from .rotary import AxialRoPE, MixedRoPE, VideoRoPE
+from .rotary import AxialRoPE, ComRoPE, LieRE, MixedRoPE, StringRoPE, VideoRoPE
 from .tokens import PEG, Learned, SinCos
 
 FAMILIES = ("tokens", "rotary", "bias")
@@ -15,6 +15,9 @@ ENCODINGS: dict[str, type[Encoding]] = {
     "rope_axial": AxialRoPE,
     "rope_mixed": MixedRoPE,
     "videorope": VideoRoPE,
+    "string": StringRoPE,
+    "comrope": ComRoPE,
+    "liere": LieRE,
     "swin_bias": SwinBias,
     "rel_bias": RelBias,
     "cpb": ContinuousPositionBias,

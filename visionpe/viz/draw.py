@@ -121,25 +121,27 @@ def draw_heatmap(channels: torch.Tensor, title: str = "", channel_label: str = "
     return fig
 
 
-def draw_frequencies(freqs: torch.Tensor, reference: torch.Tensor, title: str = "", max_cols: int = 6):
-    """Frequency vectors per head as arrows from the origin (coloured by band), the axial ones as grey
+def draw_frequencies(freqs: torch.Tensor, reference: torch.Tensor | None, title: str = "", max_cols: int = 6):
+    """Frequency vectors per head as arrows from the origin (coloured by band), the axial ones (if any) as grey
     crosses; one panel per (head, plane of two components): 2D ``(fx, fy)``, 3D also ``(fx, ft)``, ``(fy, ft)``.
 
-    ``freqs: (heads, pairs, ndim)``, ``reference: (pairs, ndim)``, components in xy order.
+    ``freqs: (heads, planes, ndim)``, ``reference: (pairs, ndim)`` or None, components in xy order.
     """
     heads, pairs, ndim = freqs.shape
     if ndim == 1:
-        freqs, reference = F.pad(freqs, (0, 1)), F.pad(reference, (0, 1))
+        freqs = F.pad(freqs, (0, 1))
+        reference = None if reference is None else F.pad(reference, (0, 1))
     planes = list(itertools.combinations(range(max(ndim, 2)), 2))
     panels = [(plane, h) for plane in planes for h in range(heads)]
     ncols = min(len(panels), max_cols)
     nrows = math.ceil(len(panels) / ncols)
     fig = _figure(2.4 * ncols + 0.6, 2.4 * nrows + 0.6)
     axes = fig.subplots(nrows, ncols, squeeze=False).flatten()
-    bound = 1.08 * float(max(freqs.abs().max(), reference.abs().max()))
+    bound = 1.08 * float(max(freqs.abs().max(), 0.0 if reference is None else reference.abs().max())) or 1.0
     band = torch.arange(pairs) % max(pairs // max(ndim, 1), 1)
     for ax, ((a, b), h) in zip(axes, panels):
-        ax.scatter(reference[:, a], reference[:, b], marker="x", color="0.6", s=18, label="axial")
+        if reference is not None:
+            ax.scatter(reference[:, a], reference[:, b], marker="x", color="0.6", s=18, label="axial")
         ax.quiver(torch.zeros(pairs), torch.zeros(pairs), freqs[h, :, a], freqs[h, :, b], band.numpy(),
                   angles="xy", scale_units="xy", scale=1, width=0.012, cmap="viridis")
         ax.set_xlim(-bound, bound)
@@ -153,8 +155,10 @@ def draw_frequencies(freqs: torch.Tensor, reference: torch.Tensor, title: str = 
         ax.tick_params(labelsize=6)
     for ax in axes[len(panels):]:
         ax.set_axis_off()
-    axes[0].legend(fontsize=6, loc="upper right")
-    fig.suptitle(f"{title} (arrows: frequency vectors coloured by band; x: axial)".strip(), fontsize=9)
+    if reference is not None:
+        axes[0].legend(fontsize=6, loc="upper right")
+    legend = "; x: axial" if reference is not None else ""
+    fig.suptitle(f"{title} (arrows: frequency vectors coloured by band{legend})".strip(), fontsize=9)
     return fig
 
 

@@ -17,6 +17,7 @@ from .._checks import check_choice, to_shape
 from ..grid import Grid, as_grid
 from ..registry import ENCODINGS, available
 from ..rotary import rope_kernel
+from ..rotary._base import block_columns
 from ..rotary.rope import axial_frequencies
 
 KINDS = ("similarity", "heatmap", "freqs", "resolution", "video")
@@ -73,7 +74,8 @@ def cosine_similarity(vectors: torch.Tensor) -> torch.Tensor:
 
 def pair_maps(pe: nn.Module, grid) -> torch.Tensor:
     """Per-head pairwise maps of a rotary or bias encoding, ``(heads or 1, N, N)`` float32 (its ``pair_map``:
-    the RoPE kernel :func:`rope_kernel` of its rotations, or the bias without prefix rows and columns)."""
+    the kernel ``tr(R_i^T R_j) / d`` of its rotations (for 2x2 pairs the RoPE kernel :func:`rope_kernel`), or the bias
+    without prefix rows and columns)."""
     if family_of(pe) == "tokens":
         raise ValueError(f"{name_of(pe)} is a tokens encoding: it has no per-head pairwise map")
     return pe.pair_map(patch_grid(grid))
@@ -95,7 +97,7 @@ def select_head(maps: torch.Tensor, head: int | None, num_heads: int) -> torch.T
 def similarity(pe: nn.Module, grid, head: int | None = None) -> torch.Tensor:
     """Similarity of every patch position to every other, ``(N, N)`` float32, rows = queries.
 
-    Tokens: cosine similarity of :func:`position_vectors` (``head`` is ignored); rotary: RoPE kernel;
+    Tokens: cosine similarity of :func:`position_vectors` (``head`` is ignored); rotary: the rotation kernel;
     bias: the bias; the last two for ``head`` or averaged over heads (``head=None``). See the module doc.
     """
     if family_of(pe) == "tokens":
@@ -183,15 +185,21 @@ def centre(shape) -> tuple[int, ...]:
 def encoding_channels(pe: nn.Module, grid, head: int | None = None) -> tuple[torch.Tensor, str]:
     """Position x channel table ``(N, C)`` and what its channels are.
 
-    Tokens: the position vectors (``C = dim``). Rotary: ``[cos angle_p | sin angle_p]`` of the rotation pairs
-    of ``head`` (default 0), ``C = head_dim``. Bias encodings have no channels (``ValueError``).
+    Tokens: the position vectors (``C = dim``). Rotary: the first column of every rotation block of ``head``
+    (default 0), entry ``r`` of all blocks together (:func:`~visionpe.rotary._base.block_columns`), ``C = head_dim``:
+    for 2x2 pairs ``[cos angle_p | sin angle_p]``, for ``b x b`` blocks (ComRoPE, LieRE) where each block sends its
+    first basis vector. Bias encodings have no channels (``ValueError``).
     """
     family = family_of(pe)
     if family == "tokens":
         return position_vectors(pe, grid), "channel"
     if family == "rotary":
-        cis = select_head(pe.cis(patch_grid(grid)).cpu(), 0 if head is None else head, num_heads_of(pe))
-        return torch.cat([cis.real, cis.imag], dim=-1).float(), "rotation pair (cos | sin)"
+        blocks = pe.rotation_blocks(patch_grid(grid)).cpu()
+        channels = select_head(block_columns(blocks), 0 if head is None else head, num_heads_of(pe)).float()
+        size = blocks.shape[-1]
+        if size == 2:
+            return channels, "rotation pair (cos | sin)"
+        return channels, f"first column of each {size}x{size} rotation block (row 0 of all blocks | row 1 | ...)"
     raise ValueError(f"{name_of(pe)} is a bias encoding: it has no channels to draw as a heatmap; "
                      "use kind 'similarity' for its bias rows")
 
@@ -225,20 +233,25 @@ def kinds_for(pe: nn.Module) -> tuple[str, ...]:
 
 def _check_rotary(pe: nn.Module) -> None:
     if family_of(pe) != "rotary":
-        raise ValueError(f"{name_of(pe)} is a {family_of(pe)} encoding: frequencies exist for "
-                         "rope_axial / rope_mixed only")
+        raise ValueError(f"{name_of(pe)} is a {family_of(pe)} encoding: frequencies exist for rotary encodings "
+                         "whose rotations turn planes at fixed frequencies (rope_axial, rope_mixed, string, comrope)")
 
 
 def rope_frequencies(pe: nn.Module) -> torch.Tensor:
-    """Frequency vectors ``(heads or 1, head_dim / 2, ndim)``, components in xy order (``[..., 0]`` = fx)."""
+    """Frequency vectors ``(heads or 1, planes, ndim)``, components in xy order (``[..., 0]`` = fx), from the
+    encoding's :meth:`~visionpe.rotary.RotaryEncoding.frequency_vectors` (a ``ValueError`` for rotations without
+    them, such as LieRE's non-commuting ones)."""
     _check_rotary(pe)
-    return rearrange(pe.freqs.detach().float().cpu(), "a h p -> h p a")
+    return rearrange(pe.frequency_vectors().float().cpu(), "a h p -> h p a")
 
 
-def axial_reference(pe: nn.Module) -> torch.Tensor:
+def axial_reference(pe: nn.Module) -> torch.Tensor | None:
     """The axis-aligned frequencies ``(head_dim / 2, ndim)`` (xy order) an axial RoPE would use with the same
-    ``head_dim`` and ``theta``: for ``rope_mixed`` the magnitudes its initialisation draws directions for."""
+    ``head_dim`` and ``theta``: for ``rope_mixed`` (and STRING, initialised as it) the magnitudes its initialisation
+    draws directions for; None for an encoding without a ``theta`` spectrum (ComRoPE)."""
     _check_rotary(pe)
+    if getattr(pe, "theta", None) is None:
+        return None
     sections = getattr(pe, "sections", None) or (pe.head_dim // (2 * pe.ndim),) * pe.ndim
     order = pe.components(sections) if hasattr(pe, "components") else tuple(sections)[::-1]
     return rearrange(axial_frequencies(order, pe.theta, **getattr(pe, "bands", {})), "a 1 p -> p a")

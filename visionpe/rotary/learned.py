@@ -1,0 +1,197 @@
+"""What the learned rotations (STRING, ComRoPE, LieRE) share: coordinates, resolution scaling, the table cache and
+the forward; a subclass builds the rotations of a grid's patches from per-axis coordinates.
+
+``R(c) = exp(sum_a c_a L_a)`` with learned skew-symmetric generators ``L_a`` (one per coordinate axis). When they
+commute, ``R(c_i)^T R(c_j) = R(c_j - c_i)`` and scores depend only on coordinate differences (STRING, ComRoPE);
+LieRE's need not commute.
+
+Coordinates are one of the systems of :mod:`visionpe.coords` (``coords="index"``: integer patch positions, which
+``scaling="pi"`` interpolates to ``ref_shape`` on another grid; ``"normalized"``: centred ``[-1, 1]`` on every
+grid), with the same train-time augmentation keywords as RoPE (``shift_coords``, ``jitter_coords``,
+``rescale_coords``: one draw per forward shared by q, k and all heads, applied per grid axis; augmented rotations
+are never cached). Tables are built in float64 (float32 where the device has none; LieRE's per-position exponentials
+in float32), stored in float32, cached per grid in evaluation (and whenever no gradient must reach the generators)
+and rebuilt per call in training; the rotation is applied in float32 and cast back to the input's dtype.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+
+from .._checks import angle_dtype, check_choice, check_grid_ndim, check_ndim, check_positive_int, to_shape
+from ..cache import TableCache
+from ..coords import CoordinateSystem, CoordTransform
+from ..grid import Grid, Layout, as_grid, as_layout
+from ._base import RotaryEncoding
+from .blocks import apply_blocks, pack_blocks, unpack_blocks, with_identity_prefix
+from .rope import check_scaling
+
+LEARNED_SCALINGS = ("none", "pi")
+
+
+def grid_coordinates(axis_positions) -> torch.Tensor:
+    """Per-axis coordinates ``[(n_a,)]`` -> ``(N, ndim)`` for every patch, row-major, grid axis order."""
+    return torch.stack(torch.meshgrid(*axis_positions, indexing="ij"), dim=-1).reshape(-1, len(axis_positions))
+
+
+class LearnedRotation(RotaryEncoding):
+    """Base class of rotations from learned generators; use :class:`~visionpe.rotary.StringRoPE`,
+    :class:`~visionpe.rotary.ComRoPE` or :class:`~visionpe.rotary.LieRE`.
+
+    Call: ``pe(q, k, grid) -> (q, k)``, ``q, k: (B, num_heads, P + N, head_dim)`` (``P + K`` tokens for a
+    :class:`~visionpe.Layout` keeping ``K`` patches, each rotated by its own position); prefix tokens are not rotated.
+    ``num_heads=1`` shares one set of generators by all heads. A subclass implements :meth:`_patch_rotations` (the
+    rotations of a grid's patches, ``b x b`` blocks with ``b = self.block_size``) and, when its rotations are not
+    blocks, :meth:`_finish`, :meth:`_rotate` and :meth:`rotation_blocks`.
+    """
+
+    def __init__(self, head_dim: int, num_heads: int, ndim: int, scaling: str, ref_shape,
+                 coordinates: CoordinateSystem):
+        super().__init__()
+        check_ndim(ndim)
+        check_positive_int("head_dim", head_dim)
+        check_positive_int("num_heads", num_heads)
+        check_choice("scaling", scaling, LEARNED_SCALINGS)
+        check_scaling(scaling, coordinates)
+        self.head_dim, self.num_heads, self.ndim, self.scaling = head_dim, num_heads, ndim, scaling
+        self.coordinates = coordinates
+        self.ref_shape = None if ref_shape is None else to_shape("ref_shape", ref_shape, ndim)
+        if scaling != "none" and self.ref_shape is None:
+            raise ValueError(f"scaling={scaling!r} needs ref_shape, the training grid (e.g. ref_shape=(14, 14))")
+        self._cache = TableCache(maxsize=16)
+
+    # -- coordinates ------------------------------------------------------------------------------------------------
+    def axis_positions(self, grid: Grid, device, dtype, transform: CoordTransform | None = None) -> list:
+        """Coordinates of the grid's patches per grid axis ``[(n_a,)]``: the coordinate system, position
+        interpolation to ``ref_shape`` (``scaling="pi"``), then the augmentation draw ``transform``."""
+        interpolate = self.scaling == "pi" and tuple(grid.shape) != self.ref_shape
+        if interpolate and grid.offset is not None:
+            raise ValueError(f"grid offset {grid.offset} places a {grid.shape} grid in a longer one, but "
+                             f"scaling={self.scaling!r} would rescale it as a whole input against ref_shape="
+                             f"{self.ref_shape}; for streaming clips build {type(self).__name__} with scaling='none'")
+        axes = self.coordinates.axis_positions(grid.shape, grid.offset, self.ref_shape if interpolate else None,
+                                               device, dtype)
+        if transform is not None:
+            axes = [transform.on_axis(a, positions) for a, positions in enumerate(axes)]
+        return axes
+
+    # -- tables -----------------------------------------------------------------------------------------------------
+    def _patch_rotations(self, axis_positions, dtype) -> torch.Tensor:
+        """The rotations of the patches at these coordinates ``(heads or 1, N, ...)``, computed in ``dtype``."""
+        raise NotImplementedError
+
+    def _finish(self, rows: torch.Tensor, prefix: int) -> torch.Tensor:
+        """The table the forward applies: ``prefix`` identity rows before the patches' rotations (default: ``b x b``
+        blocks, packed into larger block-diagonal blocks by :func:`~visionpe.rotary.blocks.pack_blocks`)."""
+        return pack_blocks(with_identity_prefix(rows, prefix))
+
+    def _rotate(self, tensors, rows: torch.Tensor) -> tuple:
+        """Each of ``tensors (B, heads, T, head_dim)`` rotated by ``rows``, the table's rows of its tokens (default:
+        block rotations, :func:`~visionpe.rotary.blocks.apply_blocks`)."""
+        return tuple(apply_blocks(x, rows) for x in tensors)
+
+    def _device(self):
+        return next(self.parameters()).device
+
+    def rotations(self, grid: Grid, device=None, augment: bool = False) -> torch.Tensor:
+        """The table of every token's rotation ``(heads or 1, P + N, ...)`` float32, prefix rows the identity;
+        ``augment=True`` (:meth:`forward` in training mode) applies a fresh coordinate augmentation draw, uncached."""
+        grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, type(self).__name__)
+        device = device or self._device()
+        transform = self.coordinates.draw(augment, self.ndim, device)
+        if transform is not None:
+            return self._build(grid, device, transform)
+        key = (grid, str(device), self.scaling, self.ref_shape)
+        return self._cache.get(key, lambda: self._build(grid, device), tuple(self.parameters()))
+
+    def _build(self, grid: Grid, device, transform: CoordTransform | None = None) -> torch.Tensor:
+        wide = angle_dtype(device)
+        with torch.autocast(device_type=torch.device(device).type, enabled=False):
+            axes = self.axis_positions(grid.without_prefix(), device, wide, transform)
+            rows = self._patch_rotations(axes, wide).float()
+        return self._finish(rows, grid.prefix).contiguous()
+
+    def rotation_blocks(self, grid, device=None) -> torch.Tensor:
+        """The patches' rotations as blocks ``(heads or 1, N, num_blocks, b, b)`` (see
+        :meth:`RotaryEncoding.rotation_blocks`)."""
+        return unpack_blocks(self.rotations(as_grid(grid).without_prefix(), device), self.block_size)
+
+    # -- the forward ------------------------------------------------------------------------------------------------
+    def _check_input(self, x: torch.Tensor, layout: Layout) -> None:
+        grid = layout.grid
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise ValueError(f"rotary input must be a floating-point tensor, got "
+                             f"{getattr(x, 'dtype', type(x).__name__)}")
+        if x.ndim != 4 or x.shape[-2] != layout.num_tokens or x.shape[-1] != self.head_dim:
+            raise ValueError(f"expected (batch, heads, {layout.num_tokens}, {self.head_dim}) for grid {grid.shape} "
+                             f"with prefix={grid.prefix}{'' if layout.keep is None else ' and kept patches'}, got "
+                             f"{tuple(x.shape)}")
+        if self.num_heads > 1 and x.shape[-3] != self.num_heads:
+            raise ValueError(f"q/k have {x.shape[-3]} heads but {type(self).__name__} was built with "
+                             f"num_heads={self.num_heads}")
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid | Layout) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q and k by one table (in training mode with augmentation set: one fresh draw for both)."""
+        layout = as_layout(grid)
+        self._check_input(q, layout)
+        self._check_input(k, layout)
+        rows = layout.rows(self.rotations(layout.grid, q.device, augment=self.training))
+        return self._rotate((q, k), rows)
+
+    def rotate(self, x: torch.Tensor, grid: Grid | Layout) -> torch.Tensor:
+        """Rotate one tensor ``(B, heads, P + N, head_dim)`` by the grid's rotations (never augmented)."""
+        layout = as_layout(grid)
+        self._check_input(x, layout)
+        return self._rotate((x,), layout.rows(self.rotations(layout.grid, x.device)))[0]
+
+    # -- building for a model and adapting to a grid -----------------------------------------------------------------
+    @classmethod
+    def model_defaults(cls, context) -> dict:
+        """The model's training grid is the reference of position interpolation (used with ``scaling="pi"``)."""
+        return {**super().model_defaults(context), "ref_shape": tuple(context.grid_shape)}
+
+    @classmethod
+    def for_model(cls, context, **kwargs) -> "LearnedRotation":
+        """In a model, index coordinates interpolate to the model's grid by default (``scaling="pi"``, as RoPE's);
+        normalised coordinates take none."""
+        default_coords = inspect.signature(cls.__init__).parameters["coords"].default
+        if kwargs.get("coords", default_coords) == "index":
+            kwargs = {"scaling": "pi", **kwargs}
+        return super().for_model(context, **kwargs)
+
+    def with_scaling(self, scaling: str, ref_shape=None) -> "LearnedRotation":
+        """A copy with the same generators that adapts to other grids by ``scaling`` against ``ref_shape`` (default:
+        this module's)."""
+        check_choice("scaling", scaling, LEARNED_SCALINGS)
+        check_scaling(scaling, self.coordinates)
+        ref_shape = self.ref_shape if ref_shape is None else to_shape("ref_shape", ref_shape, self.ndim)
+        if scaling != "none" and ref_shape is None:
+            raise ValueError(f"scaling={scaling!r} needs ref_shape, the training grid (e.g. ref_shape=(14, 14))")
+        other = copy.deepcopy(self)
+        other.scaling, other.ref_shape = scaling, ref_shape
+        return other
+
+    def adapt(self, shape, new_shape, scaling: str | None = None) -> tuple["LearnedRotation", str]:
+        """``scaling=None`` keeps this module's own ``scaling``/``ref_shape``; ``"none"`` or ``"pi"`` choose one,
+        with ``ref_shape`` = this module's or else ``shape``."""
+        pe = self if scaling is None else self.with_scaling(scaling, self.ref_shape or tuple(shape))
+        return pe, "native grid" if tuple(new_shape) == tuple(shape) else pe.adaptation_label()
+
+    def adaptation_label(self) -> str:
+        name = type(self).__name__
+        if self.coordinates.normalized:
+            return f"{name} on {self.coordinates.label()}"
+        if self.scaling == "none":
+            return f"{name} extrapolated (integer positions)"
+        return f"{name} scaling={self.scaling}, ref_shape={'x'.join(map(str, self.ref_shape))}"
+
+    def similarity_label(self, head: int | None = None) -> str:
+        return f"rotation kernel tr(Ri^T Rj)/d, {'mean over heads' if head is None else f'head {head}'}"
+
+    def extra_repr(self) -> str:
+        extra = self.coordinates.describe()
+        return (f"head_dim={self.head_dim}, num_heads={self.num_heads}, ndim={self.ndim}, scaling={self.scaling!r}, "
+                f"ref_shape={self.ref_shape}{', ' + extra if extra else ''}")

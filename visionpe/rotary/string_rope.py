@@ -1,0 +1,142 @@
+"""STRING (Schenck et al., ICML 2025, "Learning the RoPEs: Better 2D and 3D Position Encodings with STRING"): RoPE
+after a learned orthogonal change of basis, the most general translation-invariant rotation."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .._checks import check_choice, check_number
+from ..coords import CoordinateSystem
+from ..grid import as_grid
+from ._base import pair_blocks
+from .blocks import change_basis, num_upper, skew_from_upper
+from .learned import LearnedRotation, grid_coordinates
+from .rope import apply_rotary, mixed_frequencies, resolve_sections
+
+VARIANTS = ("cayley", "circulant")
+
+
+def cayley(skew_matrices: torch.Tensor) -> torch.Tensor:
+    """Cayley transform ``P = (I - S)(I + S)^-1 = (I + S)^-1 (I - S)`` of skew-symmetric ``S (..., d, d)``: orthogonal,
+    ``det P = 1`` (``I + S`` is invertible for every skew ``S``); one linear solve."""
+    eye = torch.eye(skew_matrices.shape[-1], dtype=skew_matrices.dtype, device=skew_matrices.device)
+    return torch.linalg.solve(eye + skew_matrices, eye - skew_matrices)
+
+
+def fourier_basis(size: int, dtype=torch.float64) -> torch.Tensor:
+    """Orthonormal real Fourier basis ``(size, size)`` (rows), ``size`` even: rows ``2(m-1), 2(m-1)+1`` are
+    ``sqrt(2/d) cos(2 pi m l / d)`` and ``sqrt(2/d) sin(2 pi m l / d)`` for ``m = 1 .. d/2 - 1``, then the constant
+    ``1/sqrt(d)`` and the alternating ``(-1)^l / sqrt(d)``: the planes on which every circulant matrix acts."""
+    l = torch.arange(size, dtype=dtype)
+    m = torch.arange(1, size // 2, dtype=dtype)[:, None]
+    waves = torch.stack([torch.cos(2 * math.pi * m * l / size), torch.sin(2 * math.pi * m * l / size)], dim=1)
+    rows = [math.sqrt(2 / size) * waves.flatten(0, 1), torch.ones(1, size, dtype=dtype) / math.sqrt(size),
+            (1 - 2 * (l % 2))[None] / math.sqrt(size)]
+    return torch.cat(rows)
+
+
+def circulant_spectrum(size: int, dtype=torch.float64) -> torch.Tensor:
+    """``M (size/2, size)``, row ``m - 1`` = ``2 sin(2 pi m l / d)`` (last row zero): the frequency of Fourier plane
+    ``m`` under the generator ``C - C^T`` of the circulant ``C_{ij} = c_{(i - j) mod d}`` is ``(M c)_m`` (the
+    constant and alternating channels, the last pair of :func:`fourier_basis`, never turn)."""
+    l = torch.arange(size, dtype=dtype)
+    m = torch.arange(1, size // 2, dtype=dtype)[:, None]
+    return torch.cat([2 * torch.sin(2 * math.pi * m * l / size), torch.zeros(1, size, dtype=dtype)])
+
+
+class StringRoPE(LearnedRotation):
+    """STRING (Schenck et al., ICML 2025): ``R(c) = exp(sum_k c_k L_k)`` with commuting skew-symmetric generators,
+    computed as RoPE after a learned orthogonal change of basis ``P`` (the paper's Theorem 3.4: ``R = P^T RoPE P``;
+    the leading ``P^T`` cancels in ``q . k``, so q and k become ``RoPE(c) P q``, scores ``q_i^T R(c_i)^T R(c_j) k_j``,
+    a function of ``c_j - c_i`` only: translation invariant by construction).
+
+    ``variant="cayley"`` (Cayley-STRING, Eq. 10): ``P = (I - S)(I + S)^-1`` with ``S`` learned skew-symmetric per head
+    (``skew``: its entries above the diagonal, initialised to 0, so ``P = I``) and learned RoPE frequency vectors
+    ``freqs (ndim, heads, head_dim/2)`` (RoPE-Mixed's: the plane of pair ``p`` turns by ``<c, f_p>``); at
+    initialisation it is ``rope_mixed`` (rope-vit's init, ``theta``, ``sections`` as there). ``P`` is one linear
+    solve per head per forward in training, cached in evaluation; applying it is one ``d x d`` product per token (the
+    paper notes that at inference ``P`` can be folded into the q and k projections; not done here).
+
+    ``variant="circulant"`` (Circulant-STRING): ``L_k = C_k - C_k^T`` with ``C_k`` the circulant matrix of a learned
+    first column ``circulant[k] (heads, head_dim)`` (``C_{ij} = c_{(i-j) mod d}``). Circulants share the real Fourier
+    basis (:func:`fourier_basis`, fixed), in which ``L_k`` turns plane ``m`` at frequency ``2 sum_l c_l
+    sin(2 pi m l / d)``; the constant and alternating channels never turn. Initialised so those frequencies are
+    RoPE-Mixed's initial ones (the last band of the last group dropped). The basis is applied as one ``d x d`` product
+    (the paper uses an FFT, ``O(d log d)``; a real matrix product compiles everywhere: inductor generates no complex
+    code).
+
+    Frequency components and generators are in ``xy`` order (last grid axis first), as ``rope_mixed``.
+    Coordinates (:mod:`visionpe.coords`): ``coords="index"`` (default; ``scaling="pi"`` interpolates positions to
+    ``ref_shape`` on another grid, ``"none"`` extrapolates; in a model ``"pi"`` against the model's grid) or
+    ``"normalized"`` (centred ``[-1, 1]`` on every grid; initial magnitudes ``2 pi theta^(-i/n)``). On a new grid
+    the learned generators are evaluated at the new coordinates: the rotation stays relative. ``shift_coords``,
+    ``jitter_coords``, ``rescale_coords``: train-time augmentation (see :mod:`visionpe.rotary.learned`).
+    """
+
+    def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, variant: str = "cayley", theta: float = 10.0,
+                 sections=None, scaling: str = "none", ref_shape=None, coords: str = "index",
+                 normalize_coords: str = "separate", shift_coords: float | None = None,
+                 jitter_coords: float | None = None, rescale_coords: float | None = None, generator=None):
+        check_choice("variant", variant, VARIANTS)
+        check_number("theta", theta, minimum=1.0, inclusive=False)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
+        sections = resolve_sections(head_dim, ndim, sections, "string")
+        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        super().__init__(head_dim, num_heads, ndim, scaling, ref_shape, coordinates)
+        self.variant, self.theta, self.sections = variant, float(theta), sections
+        self.bands = dict(per_turn=coordinates.normalized)
+        initial = mixed_frequencies(sections[::-1], num_heads, theta, generator, **self.bands)  # (ndim, heads, pairs)
+        if variant == "cayley":
+            self.freqs = nn.Parameter(initial)
+            self.skew = nn.Parameter(torch.zeros(num_heads, num_upper(head_dim)))
+        else:
+            spectrum = circulant_spectrum(head_dim)
+            self.register_buffer("spectrum", spectrum.float(), persistent=False)
+            self.register_buffer("fourier", fourier_basis(head_dim).float()[None], persistent=False)
+            # minimal-norm first columns with the initial frequencies: M M^T = 2 d I on the turning planes
+            self.circulant = nn.Parameter((initial.double() @ spectrum / (2 * head_dim)).float())
+
+    def frequency_vectors(self) -> torch.Tensor:
+        """``(ndim, heads, head_dim/2)``, xy order: the plane of pair ``p`` (in the basis ``P``) turns by ``<c, f_p>``."""
+        return self.frequencies(torch.float32).detach()
+
+    def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.variant == "cayley":
+            return self.freqs.to(dtype)
+        return self.circulant.to(dtype) @ self.spectrum.to(dtype).T
+
+    def basis(self, device=None) -> torch.Tensor:
+        """The orthogonal change of basis ``P (heads or 1, d, d)`` float32 (cached in evaluation)."""
+        if self.variant == "circulant":
+            return self.fourier.to(device)
+        device = device or self._device()
+
+        def build():
+            with torch.autocast(device_type=torch.device(device).type, enabled=False):
+                skew = skew_from_upper(self.skew.to(device=device, dtype=torch.float64), self.head_dim)
+                return cayley(skew).float()
+
+        return self._cache.get(("basis", str(device)), build, (self.skew,))
+
+    def _patch_rotations(self, axis_positions, dtype) -> torch.Tensor:
+        coords = grid_coordinates(axis_positions).flip(-1)  # component (xy) order
+        angles = torch.einsum("na,ahp->hnp", coords, self.frequencies(dtype))
+        return torch.stack([angles.cos(), angles.sin()], dim=-1)  # (heads, N, pairs, 2)
+
+    def _finish(self, rows: torch.Tensor, prefix: int) -> torch.Tensor:
+        identity = torch.tensor([1.0, 0.0], dtype=rows.dtype, device=rows.device)
+        return torch.cat([identity.expand(rows.shape[0], prefix, *rows.shape[2:]), rows], dim=1)
+
+    def _rotate(self, tensors, rows: torch.Tensor) -> tuple:
+        basis = self.basis(tensors[0].device)
+        return tuple(apply_rotary(change_basis(x, basis), rows) for x in tensors)
+
+    def rotation_blocks(self, grid, device=None) -> torch.Tensor:
+        """The RoPE pairs in the basis ``P`` as 2x2 blocks ``(heads, N, head_dim/2, 2, 2)``: ``R_i = P^T blocks_i P``."""
+        return pair_blocks(self.rotations(as_grid(grid).without_prefix(), device))
+
+    def extra_repr(self) -> str:
+        return f"variant={self.variant!r}, {super().extra_repr()}"
