@@ -20,8 +20,17 @@ from explorerutil import check_layer, decode, page_data
 
 SHAPES = {2: (3, 4), 3: (2, 3, 4)}
 RELATIVE = {"sincos", "rope_axial", "rope_mixed", "swin_bias", "rel_bias", "cpb", "alibi", "bucket_bias", "fire",
-            "lookhere", "videorope"}  # every map a function of offsets (query - key) alone
+            "lookhere", "videorope", "string", "comrope"}  # every map a function of offsets (query - key) alone; not
+# liere (its generators do not commute), learned (a table per position) or peg (borders)
 VIT = dict(img_size=16, patch_size=4, num_classes=3, depth=2, embed_dim=48, num_heads=2)
+
+
+def takes_scaling(pe, scaling) -> bool:
+    try:
+        viz.adapt(pe, (3, 4) if pe.ndims != (3,) else (2, 3, 4), (6, 8) if pe.ndims != (3,) else (4, 6, 8), scaling)
+        return True
+    except ValueError:
+        return False
 
 
 def make(name: str, shape, num_heads: int = 2, seed: int = 0, **kwargs):
@@ -50,8 +59,8 @@ def test_embedded_maps_decode_to_the_similarity_of_every_encoding(name, ndim):
     check_layer(layer, pe, shape, new_shape)
     forms = {m["form"] for v in layer["views"] for m in v["maps"]}
     assert forms == ({"relative"} if name in RELATIVE else {"full"}), forms  # offsets only where exactly relative
-    if pe.family == "rotary":  # the module's own adaptation plus every scaling, each once
-        assert len(layer["views"]) == 1 + len(SCALINGS)
+    if pe.family == "rotary":  # the native grid plus every scaling the encoding takes, each once
+        assert len(layer["views"]) == 1 + sum(1 for s in SCALINGS if takes_scaling(pe, s))
 
 
 def test_the_page_is_self_contained_and_small():
