@@ -111,9 +111,10 @@ def main(argv: list[str]) -> dict:
         init = restore.pretrained_weights(raw_model, cfg)
     raw_model = raw_model.to(device)
     if cfg["channels_last"]:
-        raw_model = raw_model.to(memory_format=torch.channels_last_3d if video else torch.channels_last)
+        loop.channels_last_(raw_model)
     ema = ModelEmaV3(raw_model, decay=cfg["model_ema_decay"], use_warmup=cfg["model_ema_warmup"]) \
         if cfg["model_ema"] else None  # after the weights and the device, before compile and DDP (as timm)
+    ema_module = ema.module if ema is not None else None  # the averaged model itself (evaluated, saved)
     train_model = torch.compile(raw_model) if cfg["compile"] else raw_model
     model = DDP(train_model, device_ids=[local_rank] if use_cuda else None) if world > 1 else train_model
     num_params = sum(p.numel() for p in raw_model.parameters())
@@ -141,7 +142,7 @@ def main(argv: list[str]) -> dict:
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             if ema is not None:
-                ema.module.load_state_dict(state["ema"])
+                ema_module.load_state_dict(state["ema"])
             if scaler is not None:
                 scaler.load_state_dict(state["scaler"])
         start_epoch, best_acc, best_epoch, history = (state["epoch"], state["best_acc"], state["best_epoch"],
@@ -180,7 +181,7 @@ def main(argv: list[str]) -> dict:
             sums = loop.all_gather([progress["loss_sum"], progress["seen"]], device)  # every process's, by rank
             if master:
                 rundir.save_checkpoint(out, raw_model, optimizer, scheduler, epoch=epoch, best_acc=best_acc,
-                                       best_epoch=best_epoch, history=history, ema=ema.module if ema is not None else None, scaler=scaler,
+                                       best_epoch=best_epoch, history=history, ema=ema_module, scaler=scaler,
                                        progress={"step": progress["step"], "sums": sums,
                                                  "last_finite": progress["last_finite"],
                                                  "elapsed": progress["elapsed"]})
@@ -210,18 +211,18 @@ def main(argv: list[str]) -> dict:
             best_acc, best_epoch = val_acc, epoch + 1
         ema_metrics = {}
         if ema is not None:  # the EMA weights beside the model's
-            ema_acc, ema_loss = loop.evaluate(ema.module, val_set, **eval_kw)
+            ema_acc, ema_loss = loop.evaluate(ema_module, val_set, **eval_kw)
             ema_metrics = {"ema_val_loss": ema_loss, "ema_val_acc": ema_acc}
         history.append({"kind": "epoch", "epoch": epoch + 1, "train_loss": stats["train_loss"], "val_loss": val_loss,
                         "val_acc": val_acc, **ema_metrics, "lr": max(g["lr"] for g in optimizer.param_groups),
                         "img_per_s": stats["seen"] / stats["elapsed"], "epoch_time_s": stats["elapsed"]})
         if master:
             rundir.save_checkpoint(out, raw_model, optimizer, scheduler, epoch=epoch + 1, best_acc=best_acc,
-                                   best_epoch=best_epoch, history=history, ema=ema.module if ema is not None else None, scaler=scaler)
+                                   best_epoch=best_epoch, history=history, ema=ema_module, scaler=scaler)
         clock.reset()
         log(f"epoch {epoch + 1:3d}/{cfg['epochs']}  train loss {stats['train_loss']:.4f}  val loss {val_loss:.4f}  "
-            f"val top-1 {val_acc:6.2f}%{' *' if improved else ''}"
-            f"{f'  EMA top-1 {ema_acc:6.2f}%' if ema is not None else ''}  {stats['seen'] / stats['elapsed']:.0f} img/s")
+            f"val top-1 {val_acc:6.2f}%{' *' if improved else ''}{f'  EMA top-1 {ema_acc:6.2f}%' if ema_metrics else ''}  "
+            f"{stats['seen'] / stats['elapsed']:.0f} img/s")
         if cfg["stop_after"] and epoch + 1 - start_epoch >= cfg["stop_after"] and epoch + 1 < cfg["epochs"]:
             log(f"stopping after epoch {epoch + 1} (stop_after); continue with --resume {out}")
             if world > 1:

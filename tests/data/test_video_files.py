@@ -3,11 +3,14 @@ their brightness), decoded frame-accurately by torchcodec or PyAV (the same fram
 segments, cropped and flipped alike in every frame, and trained on by a tiny video ViT."""
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
 import pytest
+import timm
 import torch
+from safetensors.torch import save_file
 from torchvision.transforms import v2 as T
 from trainutil import TINY, train_main
 
@@ -207,7 +210,12 @@ def test_folder_layout_and_its_errors(tmp_path):
     assert len(subset) == 1
 
 
-def test_a_tiny_video_vit_trains_on_video_files(tmp_path):
+def test_a_tiny_video_vit_trains_on_video_files_from_image_weights(tmp_path):
+    """A tubelet ViT from timm image weights (--pretrained-path: the patch embedding inflated over the tubelet), on
+    clips of every container, evaluated at other frame counts and sizes."""
+    image = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=4, embed_dim=16,
+                              depth=1, num_heads=2, num_classes=5)
+    save_file({k: v.contiguous() for k, v in image.state_dict().items()}, tmp_path / "image.safetensors")
     for split, count in (("train", 4), ("val", 2)):
         for c, direction in (("right", 1), ("left", -1)):
             for i in range(count):
@@ -215,8 +223,13 @@ def test_a_tiny_video_vit_trains_on_video_files(tmp_path):
                            moving_square(10 + i, direction=direction))
     out = tmp_path / "run"
     summary = train_main([*TINY, "--data", "video-files", "--data-dir", str(tmp_path / "clips"), "--num-frames", "4",
-                          "--frame-stride", "2", "--batch-size", "4", "--epochs", "1", "--pe", "rope_mixed",
-                          "--eval-frames", "2", "--eval-res", "24", "--channels-last", "--output", str(out)])
+                          "--frame-stride", "2", "--batch-size", "4", "--epochs", "1", "--pe", "rope_mixed+learned",
+                          "--tubelet-size", "2", "4", "4", "--eval-frames", "2", "--eval-res", "24", "--channels-last",
+                          "--pretrained", "--pretrained-path", str(tmp_path / "image.safetensors"),
+                          "--output", str(out)])
     assert summary["num_frames"] == 4 and summary["data"] == "video-files"
+    init = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert init["kind"] == "init" and "pos_embed -> pe_tokens.table" in init["converted"]
+    assert any("inflated over 2 frames" in c for c in init["converted"])
     assert set(summary["results"]["last"]) == {"2x16", "2x24", "4x16", "4x24"}
     assert summary["final_train_loss"] > 0

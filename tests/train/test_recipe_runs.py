@@ -158,6 +158,9 @@ def test_channels_last_trains_the_same_model(tmp_path, monkeypatch):
     a, b = load_file(tmp_path / "cl" / "last.safetensors"), load_file(tmp_path / "plain" / "last.safetensors")
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+    probe = loop.channels_last_(models.build_model(tiny_cfg(pe="peg")))
+    assert probe.patch_embed.proj.weight.is_contiguous(memory_format=torch.channels_last)
+    assert probe.pe_tokens.proj.weight.is_contiguous(memory_format=torch.channels_last)
     model, _ = restore.load_model(tmp_path / "cl", "last")  # saved contiguous, loads into a plain model
     assert model.patch_embed.proj.weight.is_contiguous()
 
@@ -204,8 +207,8 @@ def no_network(monkeypatch):
     import timm.models._builder as builder
     import timm.models._hub as hub
     for module, name in ((builder, "load_state_dict_from_url"), (builder, "load_state_dict_from_hf"),
-                         (builder, "download_cached_file"), (hub, "hf_hub_download"), (torch.hub, "download_url_to_file"),
-                         (torch.hub, "load_state_dict_from_url")):
+                         (builder, "download_cached_file"), (hub, "hf_hub_download"),
+                         (torch.hub, "download_url_to_file"), (torch.hub, "load_state_dict_from_url")):
         monkeypatch.setattr(module, name, refuse)
     return attempts
 

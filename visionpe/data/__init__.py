@@ -8,8 +8,8 @@ are reproducible and resumable whatever the loader does).
 
 One module a kind: :mod:`.scenes` (built-in image tasks rendered at any size), :mod:`.clips` (built-in video
 tasks), :mod:`.torchvision_sets` (Fashion-MNIST, MNIST, CIFAR), :mod:`.folders` (ImageFolder, folders of frames),
-:mod:`.video_files` (folders of video files), :mod:`.budget` (native aspect ratios within a token budget); :mod:`.registry` holds the table and :mod:`.base` the
-shared base class. A new data set is one function decorated with :func:`register_dataset` (from a user's module
+:mod:`.video_files` (folders of video files), :mod:`.budget` (native aspect ratios within a token budget);
+:mod:`.registry` holds the table and :mod:`.base` the shared base class. A new data set is one function decorated with :func:`register_dataset` (from a user's module
 too: ``train_vit.py --import my_data.py --data my-set``).
 """
 from __future__ import annotations

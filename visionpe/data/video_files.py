@@ -186,7 +186,8 @@ class VideoFileDataset(PositionDataset):
 def video_files(split: str, img_size: int, num_frames: int, data_dir=None, seed: int = 0, augment=None,
                 num_samples=None, frame_stride: int | None = None) -> VideoFileDataset:
     if data_dir is None:
-        raise DataMissing("video-files needs --data-dir DIR holding train/<class>/<clip>.mp4 and val/<class>/<clip>.mp4")
+        raise DataMissing("video-files needs --data-dir DIR holding train/<class>/<clip>.mp4 and "
+                          "val/<class>/<clip>.mp4")
     train_root = os.path.join(data_dir, "train")
     classes = (sorted(d for d in os.listdir(train_root) if os.path.isdir(os.path.join(train_root, d)))
                if os.path.isdir(train_root) else None)  # the training split numbers the classes of every split

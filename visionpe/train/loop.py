@@ -135,6 +135,18 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
         model = inner
 
 
+def channels_last_(model: torch.nn.Module) -> torch.nn.Module:
+    """``model``'s convolutions (patch embedding, PEG, ...) in channels-last layout, in place: ``channels_last`` for
+    2D, ``channels_last_3d`` for 3D ones (``Module.to(memory_format=...)`` would also convert every other tensor of
+    4 or 5 dimensions, and refuses a 4D table with the 3D format)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            module.to(memory_format=torch.channels_last)
+        elif isinstance(module, torch.nn.Conv3d):
+            module.to(memory_format=torch.channels_last_3d)
+    return model
+
+
 def to_memory_format(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     """``x`` in channels-last layout (``channels_last_3d`` for clips ``(B, C, T, H, W)``) when asked, else as is."""
     if not channels_last:

@@ -117,7 +117,10 @@ def pretrained_source(cfg: dict) -> tuple[torch.nn.Module, str]:
     if path is not None:
         if not Path(path).is_file():
             raise UserError(f"--pretrained-path {path}: no such file")
-        overlay = {"pretrained_cfg_overlay": {"file": str(path), "num_classes": -1}}
+        # custom_load: only big_vision's .npz files take timm's custom loader (timm 1.0.19 keeps the default tag's
+        # custom_load=True for a file too, and would read a PyTorch file as .npz)
+        overlay = {"pretrained_cfg_overlay": {"file": str(path), "num_classes": -1,
+                                              "custom_load": Path(path).suffix == ".npz"}}
     source = f"timm:{cfg['model']}" + (f" from {path}" if path is not None else "")
     try:
         return timm.create_model(cfg["model"], pretrained=True, **overlay, **kwargs), source

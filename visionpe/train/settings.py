@@ -30,8 +30,7 @@ RUN_KEYS = ("num_classes", "in_chans")  # written to / read from config.yaml onl
 NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
 # settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
 SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "threads", "progress", "device", "stop_after",
-                  "download", "imports", "compile", "channels_last", "checkpoint_every_steps",
-                  "checkpoint_every_minutes")
+                  "download", "imports", "compile", "channels_last", "checkpoint_every_steps", "checkpoint_every_minutes")
 
 
 @dataclass(frozen=True)
@@ -134,10 +133,11 @@ SETTINGS: dict[str, Setting] = {
                     "integer >= 1", metavar="N"),
     "amp": S("auto", OPTIM, "choice", "mixed precision: auto = bf16 autocast on CUDA, none on CPU; bf16; fp16 (CUDA "
              "only: float16 autocast with timm's NativeScaler gradient scaler); none", choices=AMP),
-    "grad_accum_steps": S(1, OPTIM, "int", "gradient accumulation as timm's train.py: each optimizer step sums the "
-                          "gradients of N loader batches of batch_size, so one step sees batch_size x N images; the "
-                          "schedule counts optimizer steps (ceil(batches / N) per epoch); under torchrun the gradients "
-                          "are synchronised only on the last batch of each step (DDP no_sync); an integer >= 1",
+    "grad_accum_steps": S(1, OPTIM, "int", "gradient accumulation as timm's train.py: an optimizer step sums the "
+                          "gradients of N loader batches of batch_size, each batch's loss divided by N, so one step "
+                          "is a step on batch_size x N images; the schedule counts optimizer steps (ceil(batches / N) "
+                          "an epoch, the last step taking what is left); under torchrun the gradients are "
+                          "synchronised only on the last batch of each step (DDP no_sync); an integer >= 1",
                           metavar="N"),
     "layer_decay": S(None, OPTIM, "float?", "layer-wise learning-rate decay for fine-tuning (BEiT; timm "
                      "create_optimizer_v2(layer_decay=...), timm's layer groups): the head learns at lr, each group "
@@ -145,8 +145,8 @@ SETTINGS: dict[str, Setting] = {
                      "embedding, class token and a tokens position encoding, at lr x decay^(L + 1)); position "
                      "parameters keep no weight decay; in (0, 1]", metavar="DECAY"),
     "bce_loss": S(False, OPTIM, "bool", "binary cross-entropy over classes (timm BinaryCrossEntropy; DeiT-III) instead "
-                  "of softmax cross-entropy, combined with mixup/cutmix and label smoothing as timm's train.py combines "
-                  "them (with mixup the targets arrive smoothed; else label_smoothing smooths the one-hot targets); "
+                  "of softmax cross-entropy, combined with mixup/cutmix and label smoothing as timm's train.py "
+                  "combines them (with mixup the targets arrive smoothed; else label_smoothing smooths the one-hot targets); "
                   "also without either (timm's train.py falls back to cross-entropy there)"),
     "bce_target_thresh": S(None, OPTIM, "float?", "with --bce-loss: targets above this value become 1, the rest 0 "
                            "(timm's target_threshold; DeiT-III uses 0.0 with mixup); in [0, 1)", metavar="T"),
@@ -444,8 +444,8 @@ def check_model_settings(cfg: dict) -> None:
          "timm's pretrained weights come from)")
     need(not (cfg["pretrained"] and cfg["init_from"]), "--pretrained and --init-from both give the starting weights; "
          "give one of them")
-    need(not cfg["pretrained"] or named_constructor(cfg["model"]) is None, f"--pretrained takes timm's weights of a timm "
-         f"model; --model {cfg['model']} is not one (use --init-from PATH for a checkpoint of it)")
+    need(not cfg["pretrained"] or named_constructor(cfg["model"]) is None, f"--pretrained takes timm's weights of a "
+         f"timm model; --model {cfg['model']} is not one (use --init-from PATH for a checkpoint of it)")
 
 
 def check_data(cfg: dict) -> None:
@@ -553,7 +553,8 @@ def check_run(cfg: dict, training: bool) -> None:
         need(cfg["device"] != "cuda" or torch.cuda.is_available(),
              "device=cuda but no CUDA device is available (use --device cpu or auto)")
         need(cfg["amp"] != "fp16" or (cfg["device"] != "cpu" and torch.cuda.is_available()),
-             "amp=fp16 needs a CUDA device (float16 autocast with a gradient scaler); on the CPU use --amp bf16 or none")
+             "amp=fp16 needs a CUDA device (float16 autocast with a gradient scaler); on the CPU use --amp bf16 or "
+             "none")
 
 
 def saved_form(cfg: dict) -> dict:
