@@ -49,11 +49,12 @@ def stateful_run(tmp_path_factory):
     return out, summary
 
 
-def test_resume_is_exact_with_ema_accumulation_repeats_and_mid_epoch_commits(stateful_run, tmp_path):
+def test_resume_is_exact_with_ema_accumulation_repeats_and_mid_epoch_commits(stateful_run, tmp_path, capsys):
     full, _ = stateful_run
     part = tmp_path / "part"
     assert train_main(TINY + STATEFUL + ["--output", str(part), "--stop-after", "1"]) == {"stopped": 1}
-    train_main(["--resume", str(part)])
+    train_main(["--resume", str(part), "--checkpoint-every-steps", "2"])  # how often to commit may change
+    assert "checkpoint_every_steps changed from 1 to 2 (applied)" in capsys.readouterr().out
     for kind in ("epoch", "eval_res"):
         assert timeless(records(part, kind)) == timeless(records(full, kind))
     for name in ("last.safetensors", "best.safetensors", "ema.safetensors"):
@@ -292,7 +293,7 @@ def test_torchrun_run_killed_within_an_epoch_resumes_exactly(tmp_path, capsys):
     killer = tmp_path / "killer.py"
     killer.write_text(KILLER)
     args = TINY + ["--pe", "rope_mixed", "--model-ema", "--grad-accum-steps", "2", "--batch-size", "8",
-                   "--checkpoint-every-steps", "1", "--epochs", "1", "--import", str(killer)]
+                   "--checkpoint-every-minutes", "1e-9", "--epochs", "1", "--import", str(killer)]  # rank 0's clock
     torchrun(args + ["--output", str(tmp_path / "full")])
     killed = tmp_path / "killed"
     torchrun(args + ["--output", str(killed)], {"VISIONPE_TEST_KILL": "1"}, expect_ok=False)
