@@ -16,16 +16,22 @@ non-positional weight is kept, positional ones are converted where that has a me
 to the new grid; timm's pos_embed into learned) and the rest are dropped or start fresh, with a printed
 kept / converted / new / dropped report. The model and data settings default to the source run's.
 
+--pretrained starts a new run from timm's pretrained weights of --model the same way (--pretrained-path FILE: a
+local file instead of the Hugging Face hub).
+
 Settings: defaults < YAML recipe (--config) < command line (visionpe/train/settings.py lists every one). The run
 directory (--output, default runs/<data>_<pe>_s<seed>) holds config.yaml, state.pt (the checkpoint),
-last.safetensors, best.safetensors, metrics.jsonl and results.json (visionpe/train/rundir.py: what each holds,
-and why a kill at any instant leaves a run that --resume continues exactly).
+last.safetensors, best.safetensors, ema.safetensors (--model-ema), metrics.jsonl and results.json
+(visionpe/train/rundir.py: what each holds, and why a kill at any instant, within an epoch too with
+--checkpoint-every-steps, leaves a run that --resume continues exactly).
 
-`batch_size` is the global batch: under torchrun each of N processes takes batch_size / N. User mistakes
+`batch_size` is the global batch of one loader step: under torchrun each of N processes takes batch_size / N, and
+with --grad-accum-steps K an optimizer step sums K of them (batch_size x K images, timm's convention). User mistakes
 (unknown names, bad values, missing data, a diverging loss) exit with status 2 and one line on stderr.
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -33,13 +39,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from timm.data import Mixup
-from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler
+from timm.utils import ModelEmaV3, NativeScaler
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
-from visionpe.train import cli, loop, models, report, restore, rundir, settings
+from visionpe.train import cli, loop, models, report, restore, rundir, sampling, settings
 from visionpe.train.cli import UserError
 
 
@@ -70,8 +76,8 @@ def main(argv: list[str]) -> dict:
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     master = rank == 0
-    use_bf16 = cfg["amp"] == "bf16" or (cfg["amp"] == "auto" and use_cuda)
-    autocast = loop.autocast_for(device, use_bf16)
+    amp_dtype = loop.amp_dtype(cfg["amp"], device)  # fp16 only on CUDA (settings.check_run)
+    autocast = loop.autocast_for(device, amp_dtype)
     log = print if master else (lambda *a, **k: None)
     eval_kw = dict(batch_size=cfg["eval_batch_size"], workers=cfg["workers"], device=device, autocast=autocast,
                    rank=rank, world=world)
@@ -85,88 +91,138 @@ def main(argv: list[str]) -> dict:
     elif cfg["num_classes"] != train_set.num_classes:
         raise UserError(f"the {cfg['data']} data has {train_set.num_classes} classes, the run {cfg['num_classes']}")
     per_rank = cfg["batch_size"] // world
-    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=cfg["seed"],
-                                 drop_last=True)
-    loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler, num_workers=cfg["workers"], drop_last=True,
+    loader_set, sampler = sampling.training_order(train_set, world=world, rank=rank, seed=cfg["seed"],
+                                                  repeats=cfg["aug_repeats"])  # DistributedSampler or RepeatAugSampler
+    loader = DataLoader(loader_set, batch_size=per_rank, sampler=sampler, num_workers=cfg["workers"], drop_last=True,
                         pin_memory=use_cuda)
-    steps_per_epoch = len(loader)
+    steps_per_epoch = len(loader)  # loader batches; an optimizer step every grad_accum_steps of them
     if steps_per_epoch == 0:
         raise UserError(f"batch_size {cfg['batch_size']} is larger than the training set ({len(train_set)} images)")
+    updates_per_epoch = math.ceil(steps_per_epoch / cfg["grad_accum_steps"])
 
     # -- model, optimizer, schedule, loss --------------------------------------------------------------------
     state = rundir.load_checkpoint(out) if resume else None
     torch.manual_seed(cfg["seed"])
     raw_model = models.build_model(cfg)
     init = None
-    if cfg["init_from"] and state is None:  # a new run from another model's weights (or one resumed before epoch 1)
+    if state is None and cfg["init_from"]:  # a new run from another model's weights (or one resumed before epoch 1)
         init = restore.init_weights(raw_model, cfg)
+    elif state is None and cfg["pretrained"]:  # from timm's pretrained weights
+        init = restore.pretrained_weights(raw_model, cfg)
     raw_model = raw_model.to(device)
-    model = DDP(raw_model, device_ids=[local_rank] if use_cuda else None) if world > 1 else raw_model
+    if cfg["channels_last"]:
+        loop.channels_last_(raw_model)
+    ema = ModelEmaV3(raw_model, decay=cfg["model_ema_decay"], use_warmup=cfg["model_ema_warmup"]) \
+        if cfg["model_ema"] else None  # after the weights and the device, before compile and DDP (as timm)
+    ema_module = ema.module if ema is not None else None  # the averaged model itself (evaluated, saved)
+    train_model = torch.compile(raw_model) if cfg["compile"] else raw_model
+    model = DDP(train_model, device_ids=[local_rank] if use_cuda else None) if world > 1 else train_model
     num_params = sum(p.numel() for p in raw_model.parameters())
     with cli.user_errors(f"opt={cfg['opt']}", (ValueError, TypeError, ImportError)):
-        optimizer = create_optimizer_v2(raw_model, opt=cfg["opt"], lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-    total_steps = cfg["epochs"] * steps_per_epoch
-    warmup_steps = min(round(cfg["warmup_epochs"] * steps_per_epoch), total_steps - 1)
+        optimizer = create_optimizer_v2(raw_model, opt=cfg["opt"], lr=cfg["lr"], weight_decay=cfg["weight_decay"],
+                                        layer_decay=cfg["layer_decay"])  # position parameters: no weight decay
+    total_steps = cfg["epochs"] * updates_per_epoch  # optimizer steps
+    warmup_steps = min(round(cfg["warmup_epochs"] * updates_per_epoch), total_steps - 1)
     scheduler = CosineLRScheduler(optimizer, t_initial=total_steps - warmup_steps, lr_min=cfg["min_lr"],
                                   warmup_t=warmup_steps, warmup_lr_init=cfg["lr"] * 1e-3, warmup_prefix=True,
                                   t_in_epochs=False)  # per step: linear warmup, then cosine down to min_lr
+    scaler = NativeScaler(device=device.type) if amp_dtype == torch.float16 else None  # float16 needs loss scaling
     mixup = None
     if cfg["mixup"] > 0 or cfg["cutmix"] > 0:
         mixup = Mixup(mixup_alpha=cfg["mixup"], cutmix_alpha=cfg["cutmix"], label_smoothing=cfg["label_smoothing"],
                       num_classes=cfg["num_classes"])
-        criterion = SoftTargetCrossEntropy()
-    elif cfg["label_smoothing"] > 0:
-        criterion = LabelSmoothingCrossEntropy(smoothing=cfg["label_smoothing"])
-    else:
-        criterion = torch.nn.CrossEntropyLoss()
+    criterion = loop.criterion_for(cfg, mixup is not None)  # CE / label smoothing / soft targets / BCE, as timm
 
-    # -- run directory: fresh, or continue from the last saved epoch -----------------------------------------
-    start_epoch, best_acc, best_epoch, history = 0, -1.0, -1, [init] if init else []
+    # -- run directory: fresh, or continue from the last commit (the end of an epoch, or within one) -------------
+    start_epoch, best_acc, best_epoch, history, within = 0, -1.0, -1, [init] if init else [], None
     if state is not None:
         restore.load_state(raw_model, state["model"], out / rundir.STATE)
-        with cli.user_errors(f"{out / rundir.STATE} does not fit the optimizer or schedule"):
+        with cli.user_errors(f"{out / rundir.STATE} does not fit the optimizer, schedule, EMA or gradient scaler",
+                             (ValueError, TypeError, RuntimeError, KeyError)):
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
+            if ema is not None:
+                ema_module.load_state_dict(state["ema"])
+            if scaler is not None:
+                scaler.load_state_dict(state["scaler"])
         start_epoch, best_acc, best_epoch, history = (state["epoch"], state["best_acc"], state["best_epoch"],
                                                       state["history"])
+        within = state.get("progress")  # committed within epoch start_epoch + 1
+        if within is not None and len(within["sums"]) != world:
+            raise UserError(f"{out / rundir.STATE} was saved within epoch {start_epoch + 1} by {len(within['sums'])} "
+                            f"process(es); resume it with as many (this is {world})")
     if world > 1:
         dist.barrier()  # every process has checked the run directory before rank 0 writes to it
     if master:  # fresh: clear (--overwrite) and write config.yaml; resume: repair the exports, apply changes
         for note in rundir.prepare(out, cfg, resume=resume, state=state, changed=changed):
             log(note)
     if resume:
-        log(f"resuming {out} after epoch {start_epoch}")
+        log(f"resuming {out} " + (f"at batch {within['step']}/{steps_per_epoch} of epoch {start_epoch + 1}" if within
+                                  else f"after epoch {start_epoch}"))
     if init:
         log(restore.init_text(init))
     clips = (f" clips of {cfg['num_frames']} frames, tubelet {'x'.join(map(str, models.tubelet(cfg)))}"
              if video else "")
+    recipe = "".join([f" | {cfg['grad_accum_steps']} batches a step" if cfg["grad_accum_steps"] > 1 else "",
+                      " | EMA" if ema is not None else "", " | compiled" if cfg["compile"] else ""])
     log(f"{cfg['model']} pe={cfg['pe']} {num_params / 1e6:.3f}M params | {cfg['data']} {len(train_set)} train "
         f"{len(val_set)} val at {cfg['img_size']}px{clips} | {world} process(es) on {device.type}"
-        f"{' bf16' if use_bf16 else ''} | {out}")
+        f"{'' if amp_dtype is None else ' ' + cfg['amp'].replace('auto', 'bf16')}{recipe} | {out}")
 
     # -- training --------------------------------------------------------------------------------------------
+    clock = loop.CheckpointClock(cfg["checkpoint_every_steps"], cfg["checkpoint_every_minutes"], world, device)
+
+    def commit_within(epoch: int):
+        """After each optimizer step of ``epoch``: commit state.pt when the clock says so (not after the last
+        batch: the epoch's own commit follows)."""
+        def on_update(progress: dict) -> None:
+            if progress["step"] == steps_per_epoch or not clock.due(progress["update"]):
+                return
+            sums = loop.all_gather([progress["loss_sum"], progress["seen"]], device)  # every process's, by rank
+            if master:
+                rundir.save_checkpoint(out, raw_model, optimizer, scheduler, epoch=epoch, best_acc=best_acc,
+                                       best_epoch=best_epoch, history=history, ema=ema_module, scaler=scaler,
+                                       progress={"step": progress["step"], "sums": sums,
+                                                 "last_finite": progress["last_finite"],
+                                                 "elapsed": progress["elapsed"]})
+            clock.reset()
+        return on_update
+
     last_finite = None
     for epoch in range(start_epoch, cfg["epochs"]):
         loop.seed_everything(cfg["seed"], epoch, rank)
-        sampler.set_epoch(epoch)
-        train_set.set_epoch(epoch)
+        resumed = None  # the part of this epoch done before a mid-epoch commit
+        if within is not None and epoch == start_epoch:
+            resumed = {"step": within["step"], "loss_sum": within["sums"][rank][0], "seen": within["sums"][rank][1],
+                       "last_finite": within["last_finite"], "elapsed": within["elapsed"]}
+        sampler.set_epoch(epoch, skip=resumed["step"] * per_rank if resumed else 0)
+        loader_set.set_epoch(epoch)
         stats = loop.train_one_epoch(model, loader, optimizer, scheduler, criterion, epoch=epoch,
                                      epochs=cfg["epochs"], device=device, autocast=autocast, mixup=mixup,
                                      clip_grad=cfg["clip_grad"], world=world, progress=master and cfg["progress"],
-                                     last_finite=last_finite, train_res=cfg["train_res"], seed=cfg["seed"])
+                                     last_finite=last_finite, train_res=cfg["train_res"], seed=cfg["seed"], rank=rank,
+                                     accum_steps=cfg["grad_accum_steps"], ema=ema, scaler=scaler,
+                                     channels_last=cfg["channels_last"], resume=resumed,
+                                     on_update=commit_within(epoch))
         last_finite = stats["last_finite"]
         val_acc, val_loss = loop.evaluate(model, val_set, **eval_kw)
         improved = val_acc > best_acc
         if improved:
             best_acc, best_epoch = val_acc, epoch + 1
+        ema_metrics = {}
+        if ema is not None:  # the EMA weights beside the model's
+            ema_acc, ema_loss = loop.evaluate(ema_module, val_set, **eval_kw)
+            ema_metrics = {"ema_val_loss": ema_loss, "ema_val_acc": ema_acc}
         history.append({"kind": "epoch", "epoch": epoch + 1, "train_loss": stats["train_loss"], "val_loss": val_loss,
-                        "val_acc": val_acc, "lr": optimizer.param_groups[0]["lr"],
+                        "val_acc": val_acc, **ema_metrics, "lr": max(g["lr"] for g in optimizer.param_groups),
                         "img_per_s": stats["seen"] / stats["elapsed"], "epoch_time_s": stats["elapsed"]})
         if master:
             rundir.save_checkpoint(out, raw_model, optimizer, scheduler, epoch=epoch + 1, best_acc=best_acc,
-                                   best_epoch=best_epoch, history=history)
+                                   best_epoch=best_epoch, history=history, ema=ema_module, scaler=scaler)
+        clock.reset()
         log(f"epoch {epoch + 1:3d}/{cfg['epochs']}  train loss {stats['train_loss']:.4f}  val loss {val_loss:.4f}  "
-            f"val top-1 {val_acc:6.2f}%{' *' if improved else ''}  {stats['seen'] / stats['elapsed']:.0f} img/s")
+            f"val top-1 {val_acc:6.2f}%{' *' if improved else ''}{f'  EMA top-1 {ema_acc:6.2f}%' if ema_metrics else ''}  "
+            f"{stats['seen'] / stats['elapsed']:.0f} img/s")
         if cfg["stop_after"] and epoch + 1 - start_epoch >= cfg["stop_after"] and epoch + 1 < cfg["epochs"]:
             log(f"stopping after epoch {epoch + 1} (stop_after); continue with --resume {out}")
             if world > 1:
@@ -174,18 +230,18 @@ def main(argv: list[str]) -> dict:
                 dist.destroy_process_group()
             return {"stopped": epoch + 1}
 
-    # -- resolution evaluation: last and best model, same scenes at every resolution (and frame count) --------
+    # -- resolution evaluation: last, best (and EMA) weights, same scenes at every resolution (and frame count) --
     resolutions = sorted(set(cfg["eval_res"]) | {cfg["img_size"]})
     keys, train_key = loop.eval_grid(cfg, cfg["eval_res"], cfg["eval_frames"])
     eval_sets = {k: (val_set if k == train_key else
                      loop.dataset(cfg, "val", k[1], k[0]) if video else loop.dataset(cfg, "val", k)) for k in keys}
-    results = {}
-    for which in ("last", "best"):
+    results, weights = {}, ("last", "best") + (("ema",) if ema is not None else ())
+    for which in weights:
         if world > 1:
             dist.barrier()  # rank 0 has finished writing the weights
-        path = out / f"{which}.safetensors"
+        path = rundir.weights_file(out, which)
         restore.load_state(raw_model, rundir.read_weights(path, device), path)
-        results[which] = loop.evaluate_resolutions(model, eval_sets, train_key, **eval_kw)
+        results[which] = loop.evaluate_resolutions(raw_model, eval_sets, train_key, **eval_kw)  # eager: any size
         history += [{"kind": "eval_res", "model": which, **({"res": k[1], "frames": k[0]} if video else {"res": k}),
                      **m} for k, m in results[which].items()]
     epochs_run = [h for h in history if h["kind"] == "epoch"]
@@ -200,7 +256,7 @@ def main(argv: list[str]) -> dict:
     if master:
         rundir.finish(out, history, summary)  # metrics.jsonl, then results.json: the run is finished
     rows = []
-    for which in ("last", "best"):
+    for which in weights:
         for f in (sorted({k[0] for k in keys}) if video else [None]):
             at = (lambda r: results[which][(f, r)]) if video else (lambda r: results[which][r])
             name = f"{which} {f} frames" if video else which

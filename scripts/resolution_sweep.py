@@ -36,8 +36,9 @@ def build_parser() -> cli.Parser:
     ev.add_argument("--interpolation", nargs="*", default=[], choices=INTERPOLATIONS, metavar="MODE",
                     help=f"learned-table resampling modes to compare: {', '.join(INTERPOLATIONS)} "
                          "(default: the run's own)")
-    ev.add_argument("--weights", default="last", choices=["last", "best"],
-                    help="which weights of each run: last or best (default: last)")
+    ev.add_argument("--weights", default="last", choices=["last", "best", "ema"],
+                    help="which weights of each run: last, best or ema (the EMA weights of a --model-ema run) "
+                         "(default: last)")
     ev.add_argument("--val-samples", type=int, default=None, metavar="N",
                     help="validation images, an integer >= 1 (default: the run's)")
     ev.add_argument("--batch-size", type=int, default=256, metavar="N",

@@ -63,8 +63,9 @@ def build_parser() -> cli.Parser:
     source.add_argument("--checkpoint", metavar="FILE", help="a .safetensors file inside a train_vit.py run directory")
     source.add_argument("--run", metavar="DIR",
                         help="a train_vit.py run directory (config.yaml + best/last.safetensors)")
-    trained.add_argument("--which", default="best", choices=("best", "last"),
-                         help="weights of --run: best or last (default: best)")
+    trained.add_argument("--which", default="best", choices=("best", "last", "ema"),
+                         help="weights of --run: best, last or ema (the EMA weights of a --model-ema run) "
+                              "(default: best)")
     fresh = p.add_argument_group("fresh encoding")
     fresh.add_argument("--dim", type=int, default=384, metavar="D", help="token width (tokens family; default: 384)")
     fresh.add_argument("--head-dim", type=int, metavar="D", help="per-head width (rotary; default 64 in 2D, 96 in 3D)")

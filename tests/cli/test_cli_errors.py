@@ -131,6 +131,12 @@ ROWS = [
     (T, ["--init-from", "{tmp}/nowhere", "--pe", "rope_mixed"], ["--init-from", "{tmp}/nowhere", "no such run"]),
     (T, ["--init-from", "{run}", "--embed-dim", "32"], ["--init-from", "does not fit", "embed_dim=32"]),
     (T, ["--init-head-reset"], ["--init-head-reset needs --init-from"]),
+    (T, ["--pretrained", "--init-from", "{run}"], ["--pretrained and --init-from", "give one"]),
+    (T, ["--pretrained-path", "{tmp}/vit.safetensors"], ["--pretrained-path", "needs --pretrained"]),
+    (T, ["--pretrained", "--pretrained-path", "{tmp}/missing.safetensors", "--embed-dim", "16"],
+     ["--pretrained-path", "{tmp}/missing.safetensors", "no such file"]),
+    (T, ["--pretrained", "--pretrained-path", "{yaml}", "--embed-dim", "16"],
+     ["--pretrained vit_tiny_patch16_224", "timm could not load", "user_code.py"], "user_code_syntax"),
     # -- data ---------------------------------------------------------------------------------------------------
     (T, ["--data", "imagenet-1k"], ["--data", "imagenet-1k", "shapes-position"]),
     (T, ["--data", "mnist", "--data-dir", "{tmp}"], ["mnist", "{tmp}", "--download"]),
@@ -145,6 +151,15 @@ ROWS = [
     (T, ["--val-samples", "-3"], ["val_samples", ">= 1"]),
     (T, ["--train-samples", "many"], ["--train-samples", "many"]),
     (T, ["--workers", "-1"], ["workers", ">= 0"]),
+    (T, ["--data", "video-files", "--num-frames", "4"], ["video-files", "--data-dir"]),
+    (T, ["--data", "video-files", "--num-frames", "4", "--data-dir", "{tmp}/nowhere"],
+     ["video-files", "{tmp}/nowhere/train", "does not exist"]),
+    (T, ["--data", "video-files", "--num-frames", "4", "--data-dir", "{tmp}/folder"], ["video-files", "holds no clips"],
+     "empty_imagefolder"),
+    (T, ["--frame-stride", "2"], ["--frame-stride", "video runs"]),
+    (T, ["--data", "moving-shapes", "--num-frames", "4", "--frame-stride", "2"],
+     ["moving-shapes", "does not take --frame-stride"]),
+    (T, ["--data", "video-files", "--num-frames", "4", "--frame-stride", "0"], ["frame_stride", ">= 1"]),
     # -- video ------------------------------------------------------------------------------------------------
     (T, ["--num-frames", "4"], ["--num-frames", "shapes-position", "image data set"]),
     (T, ["--data", "moving-shapes"], ["moving-shapes", "video data set", "--num-frames"]),
@@ -171,6 +186,18 @@ ROWS = [
     (T, ["--batch-size", "0"], ["batch_size", ">= 1"]),
     (T, ["--batch-size", "1000"], ["batch_size 1000", "larger than the training set"]),
     (T, ["--amp", "fp8"], ["--amp", "fp8", "bf16"]),
+    (T, ["--amp", "fp16", "--device", "cpu"], ["amp=fp16", "CUDA", "bf16"]),
+    (T, ["--grad-accum-steps", "0"], ["grad_accum_steps", ">= 1"]),
+    (T, ["--grad-accum-steps", "1.5"], ["--grad-accum-steps", "1.5"]),
+    (T, ["--layer-decay", "0"], ["layer_decay", "(0, 1]"]),
+    (T, ["--layer-decay", "1.5"], ["layer_decay", "(0, 1]", "1.5"]),
+    (T, ["--bce-loss", "--bce-target-thresh", "1.5"], ["bce_target_thresh", "[0, 1)"]),
+    (T, ["--bce-target-thresh", "0.2"], ["--bce-target-thresh needs --bce-loss"]),
+    (T, ["--model-ema", "--model-ema-decay", "1"], ["model_ema_decay", "[0, 1)"]),
+    (T, ["--model-ema-decay", "-0.1"], ["model_ema_decay", "[0, 1)"]),
+    (T, ["--model-ema-warmup"], ["--model-ema-warmup needs --model-ema"]),
+    (T, ["--compile=yes"], ["--compile", "ignored explicit argument"]),
+    (T, ["--channels-last=1"], ["--channels-last", "ignored explicit argument"]),
     (T, ["--epochs", "0"], ["epochs", ">= 1"]),
     (T, ["--epochs", "two"], ["--epochs", "two"]),
     (T, ["--epochs", "1.5"], ["--epochs", "1.5"]),
@@ -181,6 +208,8 @@ ROWS = [
     (T, ["--min-lr", "-0.5"], ["min_lr", ">= 0"]),
     (T, ["--warmup-epochs", "5"], ["warmup_epochs", "[0, epochs=2]"]),
     (T, ["--warmup-epochs", "-1"], ["warmup_epochs"]),
+    (T, ["--aug-repeats", "1"], ["aug_repeats", "0 (off)", ">= 2"]),
+    (T, ["--aug-repeats", "-2"], ["aug_repeats", "got -2"]),
     # -- augmentation, evaluation, run ----------------------------------------------------------------------------
     (T, ["--label-smoothing", "1.5"], ["label_smoothing", "[0, 1)"]),
     (T, ["--mixup", "-1"], ["mixup", ">= 0"]),
@@ -196,6 +225,9 @@ ROWS = [
     (T, ["--device", "tpu"], ["--device", "tpu", "cpu"]),
     (T, ["--threads", "-2"], ["threads", ">= 0"]),
     (T, ["--stop-after", "-1"], ["stop_after", ">= 0"]),
+    (T, ["--checkpoint-every-steps", "-1"], ["checkpoint_every_steps", ">= 0"]),
+    (T, ["--checkpoint-every-minutes", "-5"], ["checkpoint_every_minutes", ">= 0"]),
+    (T, ["--checkpoint-every-minutes", "soon"], ["--checkpoint-every-minutes", "soon"]),
     (T, ["--output", "{tmp}/afile"], ["{tmp}/afile", "not a directory"], "output_is_a_file"),
     (T, ["--unknown-flag"], ["unrecognized", "--unknown-flag"]),
     # -- YAML recipes -----------------------------------------------------------------------------------------------
@@ -221,6 +253,8 @@ ROWS = [
     (T, ["--resume", "{run}", "--embed-dim", "32"], ["cannot change", "model_kwargs.embed_dim (16 -> 32)"]),
     (T, ["--resume", "{run}", "--pe-kwargs", "theta=10"], ["cannot change", "pe_kwargs"]),
     (T, ["--resume", "{run}", "--lr", "0.1", "--epochs", "5"], ["cannot change", "lr", "epochs (2 -> 5)"]),
+    (T, ["--resume", "{run}", "--model-ema"], ["cannot change", "model_ema (False -> True)"]),
+    (T, ["--resume", "{run}", "--grad-accum-steps", "2"], ["cannot change", "grad_accum_steps (1 -> 2)"]),
     # -- resolution_sweep.py ----------------------------------------------------------------------------------------
     (S, ["{tmp}/nowhere", "--res", "16"], ["{tmp}/nowhere", "not found"]),
     (S, ["{tmp}", "--res", "16"], ["config.yaml", "not found"]),
@@ -231,6 +265,7 @@ ROWS = [
     (S, ["{run}", "--res", "16", "--scaling", "bogus"], ["--scaling", "bogus", "yarn"]),
     (S, ["{run}", "--res", "16", "--interpolation", "cubic"], ["--interpolation", "cubic", "bicubic"]),
     (S, ["{run}", "--res", "16", "--weights", "middle"], ["--weights", "middle"]),
+    (S, ["{run}", "--res", "16", "--weights", "ema"], ["has no EMA weights", "--model-ema"]),
     (S, ["{run}", "--res", "16", "--batch-size", "0"], ["--batch-size", ">= 1"]),
     (S, ["{run}", "--res", "16", "--val-samples", "0"], ["--val-samples", ">= 1"]),
     (S, ["{run}", "--res", "16", "--device", "tpu"], ["--device", "tpu"]),
@@ -258,6 +293,7 @@ ROWS = [
     (V, ["--run", "{tmp}/nowhere"], ["not found"]),
     (V, ["--run", "{run}", "--checkpoint", "{run}/best.safetensors"], ["not allowed with"]),
     (V, ["--run", "{run}", "--which", "middle"], ["--which", "middle"]),
+    (V, ["--run", "{run}", "--which", "ema"], ["has no EMA weights", "--model-ema"]),
     (V, ["--run", "{run}", "--pe", "alibi"], ["no alibi encoding"]),
     (V, ["--run", "{run}", "--layer", "-1"], ["--layer", ">= 0"]),
     (V, ["--run", "{run}"], ["config.yaml", "not plain YAML"], "python_tag_config"),
@@ -361,7 +397,7 @@ def test_mistake_is_one_line_and_exit_2(script, args, words, setup, finished_run
 
 def test_table_covers_every_training_flag():
     """Each training setting has at least one row (a new setting needs its bad values here)."""
-    flags = {a for row in ROWS if row[0] == T for a in row[1] if a.startswith("--")}
+    flags = {a.split("=")[0] for row in ROWS if row[0] == T for a in row[1] if a.startswith("--")}  # --flag=value too
     flag = lambda key: "--import" if key == "imports" else "--" + key.replace("_", "-")
     missing = [k for k in settings.DEFAULTS if flag(k) not in flags
                and k not in ("download", "overwrite", "progress")]  # booleans: argparse takes only the flag

@@ -102,6 +102,45 @@ def test_a_kill_at_any_write_leaves_a_run_that_resumes_exactly(reference, tmp_pa
         assert state["epoch"] == 2 and json.loads((out / "results.json").read_text())["epochs"] == 2
 
 
+# within an epoch: 32 images, 8 a batch, 2 batches a step: 2 optimizer steps an epoch, a commit after the first
+WITHIN = MINI + ["--batch-size", "8", "--grad-accum-steps", "2", "--checkpoint-every-steps", "1", "--model-ema",
+                 "--model-ema-decay", "0.5", "--drop-path", "0.1", "--mixup", "0.3"]
+
+
+def test_a_kill_at_any_write_within_epochs_resumes_exactly(tmp_path, monkeypatch):
+    """Every instant of a run that also commits within each epoch (with EMA, accumulation and RNG streams to
+    restore): killed there, then resumed, it ends as the run that was never killed."""
+    reference = tmp_path / "reference"
+    commits = []
+    save = rundir.save_checkpoint
+    with monkeypatch.context() as m:
+        m.setattr(rundir, "save_checkpoint", lambda *a, **k: commits.append(k.get("progress")) or save(*a, **k))
+        train_main(WITHIN + ["--output", str(reference)])
+    assert [c is not None for c in commits] == [True, False, True, False]  # within epoch 1, its end, within 2, end
+    assert commits[0]["step"] == 2 and commits[2]["step"] == 2
+    with monkeypatch.context() as m:
+        counter = KillAt(m)
+        train_main(WITHIN + ["--output", str(tmp_path / "count")])
+    resumed_within = 0
+    for k in range(counter.count):
+        out = tmp_path / f"k{k}"
+        with monkeypatch.context() as m:
+            KillAt(m, k)
+            with pytest.raises(Killed):
+                train_main(WITHIN + ["--output", str(out)])
+        assert not rundir.temp_files(out)
+        if not (out / "config.yaml").exists():
+            train_main(WITHIN + ["--output", str(out)])
+        elif not (out / "results.json").exists():
+            state = rundir.load_checkpoint(out)
+            resumed_within += state is not None and "progress" in state
+            train_main(["--resume", str(out)])
+        for name in ("last.safetensors", "best.safetensors", "ema.safetensors"):
+            assert same_weights(out / name, reference / name), (k, name)
+        assert epochs_of(out) == epochs_of(reference), k
+    assert resumed_within >= 4  # several kills fell after a commit within an epoch
+
+
 def test_a_kill_during_resume_repairs_leaves_it_resumable(reference, tmp_path, monkeypatch):
     """Kill the first save after epoch 2 at every instant, then kill the resume's own repair at every instant."""
     base = tmp_path / "base"
@@ -155,7 +194,7 @@ def test_overwrite_clears_the_previous_run_and_a_killed_overwrite_shows_none_of_
     out = tmp_path / "run"
     train_main(MINI + ["--output", str(out), "--seed", "1"])
     (out / "notes.txt").write_text("mine")
-    old = {name: (out / name).read_bytes() for name in rundir.ARTIFACTS}
+    old = {name: (out / name).read_bytes() for name in rundir.existing(out)}
     for k in (1, 2, 4, 6, 7, 9, 12, 17):  # instants 0-5 delete the old files, 6-7 write config.yaml, ...
         with monkeypatch.context() as m:
             KillAt(m, k)
@@ -168,7 +207,7 @@ def test_overwrite_clears_the_previous_run_and_a_killed_overwrite_shows_none_of_
         assert "config.yaml" not in old_left or k < 2  # what stays of the old run cannot be loaded or resumed
         assert (out / "notes.txt").read_text() == "mine"
         train_main(MINI + ["--output", str(out), "--seed", "1", "--overwrite"])  # the old run again
-        old = {name: (out / name).read_bytes() for name in rundir.ARTIFACTS}
+        old = {name: (out / name).read_bytes() for name in rundir.existing(out)}
     train_main(MINI + ["--output", str(out), "--overwrite", "--seed", "2"])
     assert json.loads((out / "results.json").read_text())["seed"] == 2
     assert (out / "notes.txt").read_text() == "mine"

@@ -61,6 +61,12 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
 
     pe_tokens: nn.Module | None
 
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's parameter groups (layer-wise lr decay), with a tokens encoding in the stem beside ``pos_embed``."""
+        groups = super().group_matcher(coarse)
+        return {**groups, "stem": groups["stem"] + "|^pe_tokens"}
+
     def embed(self, x: torch.Tensor, grid_offset=None, keep: torch.Tensor | None = None,
               with_position: bool = True) -> tuple[torch.Tensor, Layout]:
         """Image (or clip) -> tokens ``(B, P + N, C)`` (``P + K`` with kept patches) with prefix tokens and position,

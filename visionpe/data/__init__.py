@@ -8,19 +8,19 @@ are reproducible and resumable whatever the loader does).
 
 One module a kind: :mod:`.scenes` (built-in image tasks rendered at any size), :mod:`.clips` (built-in video
 tasks), :mod:`.torchvision_sets` (Fashion-MNIST, MNIST, CIFAR), :mod:`.folders` (ImageFolder, folders of frames),
-:mod:`.budget` (native aspect ratios within a token budget); :mod:`.registry` holds the table and :mod:`.base` the
-shared base class. A new data set is one function decorated with :func:`register_dataset` (from a user's module
+:mod:`.video_files` (folders of video files), :mod:`.budget` (native aspect ratios within a token budget);
+:mod:`.registry` holds the table and :mod:`.base` the shared base class. A new data set is one function decorated with :func:`register_dataset` (from a user's module
 too: ``train_vit.py --import my_data.py --data my-set``).
 """
 from __future__ import annotations
 
-from . import scenes, torchvision_sets, folders, clips  # noqa: F401, I001  (each registers its data sets, in this order)
+from . import scenes, torchvision_sets, folders, clips, video_files  # noqa: F401, I001  (each registers its data sets, in this order)
 from .base import ClipTensorDataset, ImageTensorDataset, PositionDataset, fixed_subset, image_hw, resize, size_key
 from .budget import native_aspect_size, resize_to_budget
 from .clips import clip_scene, render_clip
 from .folders import ClipFolderDataset, ImageFolderDataset
 from .registry import (DATASETS, SPLITS, DataMissing, DatasetSpec, call_builder, get_spec, names, register_dataset,
-                       unregister_dataset)
+                       takes_option, unregister_dataset)
 from .scenes import render, scene
 from .torchvision_sets import DEBIAN_FASHION_MNIST
 
@@ -28,7 +28,7 @@ __all__ = ["DATASETS", "DEBIAN_FASHION_MNIST", "SPLITS", "ClipFolderDataset", "C
            "DatasetSpec", "ImageFolderDataset", "ImageTensorDataset", "PositionDataset", "build_dataset",
            "clip_scene", "fixed_subset", "get_spec", "image_hw", "info", "names", "native_aspect_size",
            "register_dataset", "render", "render_clip", "resize", "resize_to_budget", "scene", "size_key",
-           "unregister_dataset"]
+           "takes_option", "unregister_dataset"]
 
 
 def info(name: str) -> dict:
@@ -40,7 +40,8 @@ def info(name: str) -> dict:
 
 
 def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool = False, seed: int = 0,
-                  num_samples=None, augment=None, num_frames: int | None = None) -> PositionDataset:
+                  num_samples=None, augment=None, num_frames: int | None = None,
+                  frame_stride: int | None = None) -> PositionDataset:
     """The data set ``name`` at ``img_size`` pixels (a square integer; an image set also takes ``(height, width)``,
     a square pair being the integer).
 
@@ -48,7 +49,7 @@ def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool
     random subset of that size (default all). ``augment``: default True for real train splits, never for synthetic
     tasks (a flip or shift would change their labels). ``seed``: synthetic scenes and the augmentation stream; real
     subsets do not depend on it. ``num_frames``: clips of that many frames; required by video sets, refused by image
-    ones.
+    ones. ``frame_stride``: video sets that take it sample frames that far apart (given only to those).
     """
     spec = get_spec(name)
     if split not in SPLITS:
@@ -65,6 +66,10 @@ def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool
     options = dict(data_dir=data_dir, download=download, seed=seed, num_samples=num_samples, augment=augment)
     if spec.video:
         options["num_frames"] = num_frames
+    if frame_stride is not None:
+        if not takes_option(spec, "frame_stride"):
+            raise ValueError(f"{name} does not take frame_stride (frames are sampled by the data set itself)")
+        options["frame_stride"] = frame_stride
     dataset = call_builder(spec, split, size_key(img_size) if not spec.video else img_size, options)
     if not isinstance(dataset, PositionDataset):
         raise TypeError(f"the builder of data set {name!r} returned {type(dataset).__name__}, not a "

@@ -28,7 +28,7 @@ class DatasetSpec:
             pixels); real sets are resized.
         build: ``build(split, img_size, **options)`` -> a :class:`visionpe.data.base.PositionDataset`; it is called
             with the options its signature names (or all of them with ``**kwargs``), of ``data_dir``, ``download``,
-            ``seed``, ``num_samples``, ``augment``, ``num_frames``.
+            ``seed``, ``num_samples``, ``augment``, ``num_frames`` and (video, when given) ``frame_stride``.
     """
 
     name: str
@@ -96,6 +96,12 @@ def names(kind: str | None = None, synthetic: bool | None = None) -> tuple[str, 
     """Registered data set names, optionally of one kind and synthetic or real."""
     return tuple(n for n, s in DATASETS.items()
                  if (kind is None or s.kind == kind) and (synthetic is None or s.synthetic == synthetic))
+
+
+def takes_option(spec: DatasetSpec, option: str) -> bool:
+    """Whether ``spec``'s builder takes the option ``option`` (names it, or takes ``**kwargs``)."""
+    params = inspect.signature(spec.build).parameters
+    return option in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def call_builder(spec: DatasetSpec, split: str, img_size, options: dict):

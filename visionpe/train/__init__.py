@@ -7,7 +7,10 @@ Layers, each using only those above it in this list:
 - :mod:`~visionpe.train.models`: the model zoo (which ``--model`` names exist, ``build_model`` from settings);
 - :mod:`~visionpe.train.settings`: every setting, defaults < YAML < command line, checks by group, resume rules;
 - :mod:`~visionpe.train.rundir`: the run directory's files and their commit protocol;
-- :mod:`~visionpe.train.restore`: a run read back (settings, model), ``--resume`` and ``--init-from``;
+- :mod:`~visionpe.train.restore`: a run read back (settings, model), ``--resume``, ``--init-from`` and
+  ``--pretrained``;
+- :mod:`~visionpe.train.sampling`: the order of the training samples (repeated augmentation), resumable within an
+  epoch;
 - :mod:`~visionpe.train.loop`: one epoch of training, evaluation, evaluation across resolutions;
 - :mod:`~visionpe.train.report`: the one writer of tables and report documents;
 - :mod:`~visionpe.train.sweep`, :mod:`~visionpe.train.benchmark`, :mod:`~visionpe.train.convert_benchmark`,

@@ -3,6 +3,7 @@ evaluation across resolutions (used by ``train_vit.py`` and :mod:`visionpe.train
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import random
 import time
@@ -11,6 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
@@ -30,7 +32,8 @@ def dataset(cfg: dict, split: str, img_size, num_frames: int | None = None):
     frames = (num_frames or cfg["num_frames"]) if cfg.get("num_frames") else None
     try:
         ds = vdata.build_dataset(cfg["data"], split, img_size, data_dir=cfg["data_dir"], download=cfg["download"],
-                                 seed=cfg["seed"], num_samples=num, num_frames=frames)
+                                 seed=cfg["seed"], num_samples=num, num_frames=frames,
+                                 frame_stride=cfg.get("frame_stride"))
     except (vdata.DataMissing, ValueError) as err:
         raise UserError(one_line(err)) from None
     if len(ds) == 0:
@@ -75,9 +78,12 @@ def key_text(key) -> str:
     return f"{key[0]}x{key[1]}" if isinstance(key, tuple) else str(key)
 
 
-def seed_everything(seed: int, epoch: int, rank: int) -> None:
-    """RNG streams (dropout, drop path, mixup) as a function of (seed, epoch, rank): resume is exact."""
-    s = (seed * 1_000_003 + epoch * 7_919 + rank * 104_729) % 2**31
+def seed_everything(seed: int, epoch: int, rank: int, step: int | None = None) -> None:
+    """RNG streams (dropout, drop path, mixup) as a function of (seed, epoch, rank), and of the loader batch ``step``
+    when given (:func:`train_one_epoch` reseeds every batch): resume is exact, from the end of an epoch or from
+    within one."""
+    s = seed * 1_000_003 + epoch * 7_919 + rank * 104_729 + (0 if step is None else (step + 1) * 15_485_863)
+    s %= 2**31
     random.seed(s)
     np.random.seed(s)
     torch.manual_seed(s)
@@ -91,9 +97,95 @@ def all_sum(values, device) -> list[float]:
     return t.tolist()
 
 
-def autocast_for(device: torch.device, bf16: bool):
-    """A function returning the autocast context of ``device`` (a no-op unless ``bf16``)."""
-    return lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+def autocast_for(device: torch.device, dtype: torch.dtype | None):
+    """A function returning the autocast context of ``device`` in ``dtype`` (a no-op for ``None``)."""
+    return lambda: torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
+def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of the ``amp`` setting on ``device``: ``auto`` is bfloat16 on CUDA and none elsewhere."""
+    if amp == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
+
+
+def criterion_for(cfg: dict, mixup: bool) -> torch.nn.Module:
+    """The training loss of a run's settings, as timm's train.py combines them: with mixup/cutmix (``mixup``) the
+    targets arrive soft and smoothed (timm's ``Mixup``), so the loss is ``SoftTargetCrossEntropy`` or, with
+    ``bce_loss``, ``BinaryCrossEntropy(target_threshold)``; without, label smoothing goes to
+    ``LabelSmoothingCrossEntropy`` or ``BinaryCrossEntropy(smoothing)``; plain cross-entropy otherwise (BCE stays
+    BCE here, where timm's train.py falls back to cross-entropy)."""
+    smoothing = cfg["label_smoothing"]
+    if cfg["bce_loss"]:
+        return BinaryCrossEntropy(smoothing=0.0 if mixup else smoothing, target_threshold=cfg["bce_target_thresh"])
+    if mixup:
+        return SoftTargetCrossEntropy()
+    if smoothing > 0:
+        return LabelSmoothingCrossEntropy(smoothing=smoothing)
+    return torch.nn.CrossEntropyLoss()
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module itself inside DistributedDataParallel and ``torch.compile`` wrappers."""
+    while True:
+        inner = getattr(model, "module", None) if isinstance(model, torch.nn.parallel.DistributedDataParallel) \
+            else getattr(model, "_orig_mod", None)
+        if inner is None:
+            return model
+        model = inner
+
+
+def channels_last_(model: torch.nn.Module) -> torch.nn.Module:
+    """``model``'s convolutions (patch embedding, PEG, ...) in channels-last layout, in place: ``channels_last`` for
+    2D, ``channels_last_3d`` for 3D ones (``Module.to(memory_format=...)`` would also convert every other tensor of
+    4 or 5 dimensions, and refuses a 4D table with the 3D format)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            module.to(memory_format=torch.channels_last)
+        elif isinstance(module, torch.nn.Conv3d):
+            module.to(memory_format=torch.channels_last_3d)
+    return model
+
+
+def to_memory_format(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """``x`` in channels-last layout (``channels_last_3d`` for clips ``(B, C, T, H, W)``) when asked, else as is."""
+    if not channels_last:
+        return x
+    return x.contiguous(memory_format=torch.channels_last if x.ndim == 4 else torch.channels_last_3d)
+
+
+class CheckpointClock:
+    """When to commit a checkpoint within an epoch: every ``every_steps`` optimizer steps of the epoch, and when
+    ``every_minutes`` have passed since the last commit. The clock is read on rank 0 and broadcast, so every process
+    of a torchrun group commits at the same step (the commit gathers from all of them)."""
+
+    def __init__(self, every_steps: int = 0, every_minutes: float = 0.0, world: int = 1, device="cpu"):
+        self.every_steps, self.every_seconds, self.world, self.device = every_steps, every_minutes * 60, world, device
+        self.last = time.monotonic()
+
+    def due(self, update: int) -> bool:
+        """Whether to commit after optimizer step ``update`` (1-based, within the epoch)."""
+        due = bool(self.every_steps) and update % self.every_steps == 0
+        if self.every_seconds:
+            late = torch.tensor([time.monotonic() - self.last >= self.every_seconds], device=self.device)
+            if self.world > 1:
+                dist.broadcast(late, 0)
+            due = due or bool(late.item())
+        return due
+
+    def reset(self) -> None:
+        """A commit happened: the minutes count from now."""
+        self.last = time.monotonic()
+
+
+def all_gather(values, device) -> list[list[float]]:
+    """``values`` of every process of a torchrun group, by rank (``[values]`` without one)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if not dist.is_initialized():
+        return [t.tolist()]
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]
 
 
 def step_resolution(train_res, seed: int, epoch: int, step: int) -> int | None:
@@ -104,55 +196,102 @@ def step_resolution(train_res, seed: int, epoch: int, step: int) -> int | None:
     return train_res[random.Random(f"train_res/{seed}/{epoch}/{step}").randrange(len(train_res))]
 
 
+def backward_and_step(loss, optimizer, *, parameters, clip_grad: float, update: bool, scaler=None) -> None:
+    """Backward of ``loss`` (one loader batch's share of an optimizer step); with ``update``, clip the summed
+    gradients to ``clip_grad`` (0 = off) and step. ``scaler``: timm's ``NativeScaler`` (float16), which scales the
+    loss, unscales before clipping and skips a step whose gradients overflowed."""
+    if scaler is not None:
+        scaler(loss, optimizer, clip_grad=clip_grad or None, parameters=parameters, need_update=update)
+        return
+    loss.backward()
+    if update:
+        if clip_grad > 0:
+            torch.nn.utils.clip_grad_norm_(parameters, clip_grad)
+        optimizer.step()
+
+
 def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: int, epochs: int, device, autocast,
                     mixup=None, clip_grad: float = 0.0, world: int = 1, progress: bool = False,
-                    last_finite: tuple | None = None, train_res=(), seed: int = 0) -> dict:
-    """One pass over ``loader`` (the learning rate is set per step: ``scheduler.step_update``).
+                    last_finite: tuple | None = None, train_res=(), seed: int = 0, rank: int = 0,
+                    accum_steps: int = 1, ema=None, scaler=None, channels_last: bool = False,
+                    resume: dict | None = None, on_update=None) -> dict:
+    """One pass over ``loader``: an optimizer step every ``accum_steps`` loader batches (the last step of the epoch
+    takes what is left), the learning rate set per optimizer step (``scheduler.step_update``; ``ceil(batches /
+    accum_steps)`` steps an epoch), the loss of each batch divided by the number of batches of its step, and under
+    DDP the gradients synchronised on a step's last batch only (``no_sync`` on the others). After each optimizer step
+    the EMA (timm ``ModelEmaV3``) is updated with the global step count and ``on_update(progress)`` is called (a
+    checkpoint may be committed there: the gradients are zero, so a resumed epoch needs only ``progress``).
 
-    With ``train_res`` each step's images are resized (bicubic, antialias) to :func:`step_resolution`'s size: the
+    The RNG streams are reseeded from ``(seed, epoch, rank, batch)`` before each batch (:func:`seed_everything`).
+    ``resume``: the ``progress`` of a mid-epoch checkpoint; ``loader`` then yields only the batches after
+    ``resume['step']`` (see :class:`visionpe.train.sampling.EpochOrder`). ``progress`` = ``{'step'`` (batches done),
+    ``'update'`` (optimizer steps done in the epoch), ``'loss_sum'``, ``'seen'`` (this process's), ``'last_finite'``,
+    ``'elapsed'}``.
+
+    With ``train_res`` each batch's images are resized (bicubic, antialias) to :func:`step_resolution`'s size: the
     steps, and so the schedule, are the same as without it.
 
-    Each step's loss is summed over the processes before the backward pass, so when it is NaN or infinite on any
-    of them every process raises :class:`NonFiniteLoss` at the same step (none waits for the others). Returns
+    Each batch's loss is summed over the processes before the backward pass, so when it is NaN or infinite on any
+    of them every process raises :class:`NonFiniteLoss` at the same batch (none waits for the others). Returns
     ``{'train_loss', 'seen', 'elapsed', 'last_finite'}`` (``train_loss`` and ``seen`` over all processes,
-    ``last_finite`` = ``(loss, epoch, step)`` of the last finite step, 1-based)."""
+    ``last_finite`` = ``(loss, epoch, step)`` of the last finite batch, 1-based)."""
     model.train()
-    steps = len(loader)
-    loss_sum = seen = 0.0
-    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True,
-               disable=None if progress else True)  # None: off when not a terminal
+    first = resume["step"] if resume else 0
+    steps = first + len(loader)
+    updates = math.ceil(steps / accum_steps)
+    full = steps // accum_steps * accum_steps  # batches in whole accumulation groups; the rest form the last step
+    loss_sum, seen, before = (resume["loss_sum"], resume["seen"], resume["elapsed"]) if resume else (0.0, 0.0, 0.0)
+    if resume:
+        last_finite = tuple(resume["last_finite"]) if resume["last_finite"] else None
+    ema_source, parameters = unwrap(model), [p for p in model.parameters() if p.requires_grad]
+    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True, initial=first,
+               total=steps, disable=None if progress else True)  # None: off when not a terminal
     t0 = time.perf_counter()
-    for step, (x, y) in enumerate(bar):
+    optimizer.zero_grad(set_to_none=True)
+    for step, (x, y) in enumerate(bar, start=first):
+        seed_everything(seed, epoch, rank, step)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         if mixup is not None:
             x, y = mixup(x, y)
         size = step_resolution(train_res, seed, epoch, step)
         if size is not None and x.shape[-1] != size:
             x = F.interpolate(x, size=(size, size), mode="bicubic", antialias=True, align_corners=False)
-        scheduler.step_update(epoch * steps + step)
-        with autocast():
-            loss = criterion(model(x), y)
-        total = loss.detach().float().reshape(1).clone()
-        if world > 1:
-            dist.all_reduce(total)
-        if not bool(torch.isfinite(total).all()):
-            where = f"step {step + 1}/{steps} of epoch {epoch + 1} (global step {epoch * steps + step + 1})"
-            before = ("no finite loss before it" if last_finite is None else
-                      f"last finite loss {last_finite[0]:.6g} at step {last_finite[2]} of epoch {last_finite[1]}")
-            kept = f"its checkpoint of epoch {epoch} is kept" if epoch else "no epoch was saved"
-            raise NonFiniteLoss(f"non-finite training loss ({total.item() / world}) at {where}; {before}; the run "
-                                f"stopped without saving ({kept}); lower --lr or check the data")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if clip_grad > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
-        optimizer.step()
+        x = to_memory_format(x, channels_last)
+        update = step // accum_steps  # this batch's optimizer step within the epoch (0-based)
+        group = accum_steps if step < full else steps - full  # batches of that step
+        is_update = step + 1 == steps or (step + 1) % accum_steps == 0
+        if step % accum_steps == 0:
+            scheduler.step_update(epoch * updates + update)
+        sync = contextlib.nullcontext() if world == 1 or is_update else model.no_sync()
+        with sync:
+            with autocast():
+                loss = criterion(model(x), y)
+            total = loss.detach().float().reshape(1).clone()
+            if world > 1:
+                dist.all_reduce(total)
+            if not bool(torch.isfinite(total).all()):
+                where = f"step {step + 1}/{steps} of epoch {epoch + 1} (global step {epoch * steps + step + 1})"
+                before_text = ("no finite loss before it" if last_finite is None else
+                               f"last finite loss {last_finite[0]:.6g} at step {last_finite[2]} of epoch "
+                               f"{last_finite[1]}")
+                kept = f"its checkpoint of epoch {epoch} is kept" if epoch else "no epoch was saved"
+                raise NonFiniteLoss(f"non-finite training loss ({total.item() / world}) at {where}; {before_text}; the "
+                                    f"run stopped without saving ({kept}); lower --lr or check the data")
+            backward_and_step(loss / group, optimizer, parameters=parameters, clip_grad=clip_grad, update=is_update,
+                              scaler=scaler)
         value = loss.item()
         last_finite = (value, epoch + 1, step + 1)
         loss_sum += value * len(x)
         seen += len(x)
-        bar.set_postfix(loss=f"{value:.3f}", img_s=f"{seen * world / (time.perf_counter() - t0):.0f}")
-    elapsed = time.perf_counter() - t0
+        bar.set_postfix(loss=f"{value:.3f}", img_s=f"{seen * world / (before + time.perf_counter() - t0):.0f}")
+        if is_update:
+            optimizer.zero_grad(set_to_none=True)
+            if ema is not None:
+                ema.update(ema_source, step=epoch * updates + update + 1)
+            if on_update is not None:
+                on_update({"step": step + 1, "update": update + 1, "loss_sum": loss_sum, "seen": seen,
+                           "last_finite": list(last_finite), "elapsed": before + time.perf_counter() - t0})
+    elapsed = before + time.perf_counter() - t0
     loss_sum, seen = all_sum([loss_sum, seen], device)
     return {"train_loss": loss_sum / seen, "seen": seen, "elapsed": elapsed, "last_finite": last_finite}
 

@@ -8,6 +8,8 @@ backbone registered through ``--import``). A video run (``num_frames`` set) buil
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import timm
 import torch
 
@@ -97,6 +99,36 @@ def timm_native(name: str, kwargs: dict) -> torch.nn.Module:
     input size the way timm does it (its adapter's any-size keywords: learned tables resampled bicubic and RoPE
     recomputed per grid for ViT/Eva, ``strict_img_size=False`` for Swin)."""
     return timm.create_model(name, pretrained=False, **any_size_kwargs(name, kwargs))
+
+
+def pretrained_source(cfg: dict) -> tuple[torch.nn.Module, str]:
+    """``--pretrained``: timm's own model of the run (``--model``, its sizes, resolution, patch, channels and classes;
+    a video run's image model) with timm's pretrained weights, and the name of their source. timm adapts them to the
+    run as it does for fine-tuning (its pretrained filter resamples ``pos_embed`` and the patch embedding, the input
+    convolution takes the run's channels, and the classifier head is new when the classes differ); the weights come
+    from the Hugging Face hub, or from ``pretrained_path`` through ``pretrained_cfg_overlay=dict(file=...,
+    num_classes=-1)`` as timm's train.py gives a local file (its head is always new). Any failure, a download
+    included, is a :class:`UserError` naming the model."""
+    path = cfg.get("pretrained_path")
+    kwargs = model_kwargs(cfg)
+    kwargs.pop("drop_path_rate", None)  # the source is only read
+    if cfg["pe"] == TIMM_NATIVE:
+        kwargs = any_size_kwargs(cfg["model"], kwargs)
+    overlay = {}
+    if path is not None:
+        if not Path(path).is_file():
+            raise UserError(f"--pretrained-path {path}: no such file")
+        # custom_load: only big_vision's .npz files take timm's custom loader (timm 1.0.19 keeps the default tag's
+        # custom_load=True for a file too, and would read a PyTorch file as .npz)
+        overlay = {"pretrained_cfg_overlay": {"file": str(path), "num_classes": -1,
+                                              "custom_load": Path(path).suffix == ".npz"}}
+    source = f"timm:{cfg['model']}" + (f" from {path}" if path is not None else "")
+    try:
+        return timm.create_model(cfg["model"], pretrained=True, **overlay, **kwargs), source
+    except Exception as err:  # timm and the hub raise many kinds (RuntimeError, OSError, HTTP errors, ...)
+        where = f"the file {path}" if path is not None else "the Hugging Face hub (give --pretrained-path FILE offline)"
+        raise UserError(f"--pretrained {cfg['model']}: timm could not load its weights from {where} "
+                        f"({type(err).__name__}: {' '.join(str(err).split())[:300]})") from None
 
 
 def run_grid(cfg: dict) -> tuple[int, ...]:

@@ -2,6 +2,9 @@
 ``--resume`` (:func:`resume_config`), and a new run started from another model's weights (``--init-from``:
 :func:`new_config`, :func:`init_weights`). The files themselves belong to :mod:`visionpe.train.rundir`.
 
+``--pretrained`` starts a new run from timm's pretrained weights (:func:`pretrained_weights`), reported as
+``--init-from`` is.
+
 A run records the user code it imported (``imports`` in ``config.yaml``); loading the run imports it again, so a
 user's encoding, data set or backbone is known to ``--resume``, the sweep and visualization.
 """
@@ -64,12 +67,12 @@ def load_state(model: torch.nn.Module, state: dict, source) -> None:
 
 
 def load_model(path, which: str = "best") -> tuple[torch.nn.Module, dict]:
-    """Rebuild a trained model from a run directory (``which`` = ``"best"`` or ``"last"`` weights) or from a
-    ``.safetensors`` file inside one; returns ``(model in eval mode, settings)``."""
+    """Rebuild a trained model from a run directory (``which`` = ``"best"``, ``"last"`` or ``"ema"`` weights) or from
+    a ``.safetensors`` file inside one; returns ``(model in eval mode, settings)``."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path} not found (neither a run directory nor a weights file)")
-    run, weights = (path, path / f"{which}.safetensors") if path.is_dir() else (path.parent, path)
+    run, weights = (path, rundir.weights_file(path, which)) if path.is_dir() else (path.parent, path)
     if not weights.is_file():
         raise UserError(f"weights file {str(weights)!r} not found")
     cfg = load_run(run)
@@ -167,7 +170,7 @@ def _source_run(run: Path) -> dict:
 def init_weights(model: torch.nn.Module, cfg: dict) -> dict:
     """Load ``cfg['init_from']`` into ``model`` (:func:`visionpe.load_timm_checkpoint`: non-positional weights by
     name and shape, positional ones converted where possible) and return the report as a history record
-    ``{'kind': 'init', 'source', 'source_pe', 'source_epoch', 'kept', 'converted', 'new', 'dropped'}``.
+    ``{'kind': 'init', 'source', 'source_pe', 'source_epoch', 'head_reset', 'kept', 'converted', 'new', 'dropped'}``.
 
     A non-positional weight that is dropped or new (another embed_dim, depth, patch size or model), or a classifier
     head that does not fit unless ``cfg['init_head_reset']`` (which leaves the head new), is a :class:`UserError`
@@ -176,7 +179,31 @@ def init_weights(model: torch.nn.Module, cfg: dict) -> dict:
     source_cfg = _source_run(path.parent) if (path.parent / CONFIG).is_file() else None
     with user_errors(f"--init-from {path}", (ValueError, OSError)):
         state = io.read_state_dict(path)
-    head = [k for k in state if convert.is_classifier(k)] if cfg["init_head_reset"] else []
+    report = _load_converted(model, state, cfg, f"--init-from {path}", source_cfg, head_reset=cfg["init_head_reset"])
+    epoch = io.weights_metadata(path).get("epoch") if path.suffix == ".safetensors" else None
+    return {"kind": "init", "source": str(path), "source_pe": source_cfg["pe"] if source_cfg else None,
+            "source_epoch": int(epoch) if epoch is not None else None, "head_reset": cfg["init_head_reset"],
+            **report}
+
+
+def pretrained_weights(model: torch.nn.Module, cfg: dict) -> dict:
+    """``--pretrained``: timm's pretrained weights of the run's model (:func:`visionpe.train.models.pretrained_source`)
+    into ``model`` through :func:`visionpe.load_timm_checkpoint`, reported as :func:`init_weights` reports. Where timm
+    gives a new classifier head (other classes, or a local file) ``model`` keeps its own new head."""
+    source_model, source = models.pretrained_source(cfg)
+    head_reset = cfg["num_classes"] != source_model.pretrained_cfg.get("num_classes")  # timm's rule for a new head
+    state = source_model.state_dict()
+    report = _load_converted(model, state, cfg, f"--pretrained {cfg['model']}", None, head_reset=head_reset)
+    return {"kind": "init", "source": source, "source_pe": "timm", "source_epoch": None, "head_reset": head_reset,
+            **report}
+
+
+def _load_converted(model: torch.nn.Module, state: dict, cfg: dict, what: str, source_cfg: dict | None,
+                    head_reset: bool) -> dict:
+    """``state`` into ``model`` by :func:`visionpe.load_timm_checkpoint` (without its classifier head when
+    ``head_reset``): ``{'kept', 'converted', 'new', 'dropped'}``, or a :class:`UserError` when a non-positional weight
+    does not fit (see :func:`init_weights`)."""
+    head = [k for k in state if convert.is_classifier(k)] if head_reset else []
     state = {k: v for k, v in state.items() if k not in head}
     positional = _positional_names(model)
     is_positional = lambda key: convert.is_positional(key) or key.startswith(positional)
@@ -189,7 +216,7 @@ def init_weights(model: torch.nn.Module, cfg: dict) -> dict:
         quiet.disabled = was_disabled
     order = {k: i for i, k in enumerate(target)}
     loose = sorted((k for k in dict.fromkeys(report.dropped + report.new) if not is_positional(k)
-                    and not (cfg["init_head_reset"] and convert.is_classifier(k))),
+                    and not (head_reset and convert.is_classifier(k))),
                    key=lambda k: order.get(k, len(order)))  # in the model's order
     if loose:
         def describe(key):
@@ -198,17 +225,13 @@ def init_weights(model: torch.nn.Module, cfg: dict) -> dict:
             return f"{key} only in the {'source' if key in state else 'new model'}"
         shown = ", ".join(describe(k) for k in loose[:6]) + (f", ... {len(loose) - 6} more" if len(loose) > 6 else "")
         if all(convert.is_classifier(k) for k in loose):
-            raise UserError(f"--init-from {path}: the classifier head does not fit ({shown}); pass --init-head-reset "
+            raise UserError(f"{what}: the classifier head does not fit ({shown}); pass --init-head-reset "
                             "to train a new head")
         source = "" if source_cfg is None else f"source {source_cfg['model']} [{_sizes(source_cfg)}], "
-        raise UserError(f"--init-from {path} does not fit the new model ({source}new {cfg['model']} "
+        raise UserError(f"{what} does not fit the new model ({source}new {cfg['model']} "
                         f"[{_sizes(cfg)}] pe={cfg['pe']}): {shown}; only positional weights (and the head, with "
                         "--init-head-reset) may differ; leave out the model settings to take the source run's")
-    epoch = io.weights_metadata(path).get("epoch") if path.suffix == ".safetensors" else None
-    return {"kind": "init", "source": str(path), "source_pe": source_cfg["pe"] if source_cfg else None,
-            "source_epoch": int(epoch) if epoch is not None else None, "head_reset": cfg["init_head_reset"],
-            "kept": report.kept, "converted": report.converted, "new": report.new,
-            "dropped": report.dropped}
+    return {"kept": report.kept, "converted": report.converted, "new": report.new, "dropped": report.dropped}
 
 
 def _positional_names(model) -> tuple[str, ...]:

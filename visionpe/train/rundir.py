@@ -3,10 +3,12 @@
     config.yaml         the resolved settings (model, pe, pe_kwargs, img_size, patch_size, num_classes, in_chans,
                         model_kwargs: everything visionpe.create_model(model, pe, pe_kwargs=..., **model_kwargs)
                         needs), written when the run starts
-    state.pt            THE CHECKPOINT: model weights, optimizer, scheduler, epoch, best_acc, best_epoch, history
-                        (torch.load(..., weights_only=True))
+    state.pt            THE CHECKPOINT: model weights, optimizer, scheduler, epoch, best_acc, best_epoch, history;
+                        the EMA weights (ema) and the float16 gradient scaler (scaler) of runs that have them; and
+                        in a commit within an epoch, where in it (progress) (torch.load(..., weights_only=True))
     last.safetensors    exported weights of the latest epoch   (metadata: epoch)
     best.safetensors    exported weights of the epoch with the best validation top-1 (metadata: epoch)
+    ema.safetensors     exported EMA weights of the latest epoch (--model-ema; metadata: epoch)
     metrics.jsonl       one JSON object per line: {"kind": "epoch", ...}, then {"kind": "eval_res", ...}
     results.json        the final resolution table; written last, so it exists only for a finished run
 
@@ -21,14 +23,21 @@ Checkpoint protocol (a kill at any instant leaves a run that ``--resume`` contin
 2. ``state.pt`` is the single commit point: it alone holds everything resume needs, the model weights included.
    An epoch is saved when its ``state.pt`` has replaced the previous one; before that instant the run is at the
    previous epoch, after it at the new one.
-3. ``last.safetensors``, ``best.safetensors`` and ``metrics.jsonl`` are exports of ``state.pt``, written after
-   it. On resume :func:`repair` compares them with ``state.pt`` (the ``epoch`` in the weights' metadata, the
-   history) and rewrites any that lag behind: ``last`` from the state's weights; ``best`` likewise when the best
-   epoch is the state's epoch (the only case in which ``best`` can lag, since the next epoch starts only after
-   the exports are complete).
+3. ``last.safetensors``, ``best.safetensors``, ``ema.safetensors`` and ``metrics.jsonl`` are exports of
+   ``state.pt``, written after it. On resume :func:`repair` compares them with ``state.pt`` (the ``epoch`` in the
+   weights' metadata, the history) and rewrites any that lag behind: ``last`` and ``ema`` from the state's weights;
+   ``best`` likewise when the best epoch is the state's epoch (the only case in which ``best`` can lag, since the
+   next epoch starts only after the exports are complete).
 4. ``results.json`` is written after everything else. A run without ``state.pt`` has finished no epoch: resume
    starts it at epoch 1 from its ``config.yaml``.
-5. ``--overwrite`` deletes the previous run's files (only the names above and their temporaries) before writing
+5. A commit within an epoch (``--checkpoint-every-steps`` / ``--checkpoint-every-minutes``) replaces ``state.pt``
+   alone, between two optimizer steps (no gradient is pending): its ``progress`` holds the loader batches of epoch
+   ``epoch + 1`` trained on, every process's loss sums of that epoch and the time spent. Its exports stay those of
+   epoch ``epoch``, complete before the commit was written (the epoch after it starts only then); the state cannot
+   rebuild them (its weights are later ones), and a kill never asks it to. Resume continues with the next batch:
+   the sampler skips the batches done (:class:`visionpe.train.sampling.EpochOrder`), the RNG streams are reseeded
+   per batch from ``(seed, epoch, rank, batch)``, and the optimizer, schedule, EMA and scaler come from ``state.pt``.
+6. ``--overwrite`` deletes the previous run's files (only the names above and their temporaries) before writing
    anything: ``results.json`` first, then ``config.yaml`` (the rest can then no longer be loaded, resumed or
    swept), ``state.pt`` and the exports. A kill part-way leaves some of the old files or only new ones, never
    both, and never the old results.
@@ -45,9 +54,10 @@ from ..weights import io
 from . import settings
 from .cli import UserError, one_line
 
-CONFIG, STATE, LAST, BEST, METRICS, RESULTS = ("config.yaml", "state.pt", "last.safetensors", "best.safetensors",
-                                               "metrics.jsonl", "results.json")
-ARTIFACTS = (RESULTS, CONFIG, STATE, METRICS, BEST, LAST)
+CONFIG, STATE, LAST, BEST, EMA, METRICS, RESULTS = ("config.yaml", "state.pt", "last.safetensors", "best.safetensors",
+                                                    "ema.safetensors", "metrics.jsonl", "results.json")
+ARTIFACTS = (RESULTS, CONFIG, STATE, METRICS, BEST, LAST, EMA)
+WEIGHTS = {"last": LAST, "best": BEST, "ema": EMA}  # the exported weights, by the name the scripts give them
 STATE_KEYS = ("epoch", "best_acc", "best_epoch", "history", "optimizer", "scheduler")
 
 
@@ -114,6 +124,18 @@ def write_config(out: Path, cfg: dict) -> None:
     write_text(Path(out) / CONFIG, yaml.safe_dump(settings.saved_form(cfg), sort_keys=False))
 
 
+def weights_file(run, which: str) -> Path:
+    """The path of the exported weights ``which`` (``last``, ``best`` or ``ema``) of the run in ``run``; ``ema`` of a
+    run trained without ``--model-ema`` is a :class:`UserError` saying so."""
+    if which not in WEIGHTS:
+        raise ValueError(f"which={which!r} is not supported; allowed values: {', '.join(WEIGHTS)}")
+    path = Path(run) / WEIGHTS[which]
+    if which == "ema" and not path.is_file() and (Path(run) / CONFIG).is_file() and \
+            not read_config(run).get("model_ema"):
+        raise UserError(f"{run} has no EMA weights ({EMA}): it was trained without --model-ema")
+    return path
+
+
 def read_weights(path: Path, device="cpu") -> dict[str, torch.Tensor]:
     """A safetensors state dict, or a :class:`UserError` naming the file (missing, truncated, not safetensors)."""
     from safetensors.torch import load_file
@@ -140,26 +162,45 @@ def metrics_text(history: list[dict]) -> str:
     return "".join(json.dumps(h) + "\n" for h in history)
 
 
+def tensors(module) -> dict[str, torch.Tensor]:
+    """A module's state dict on the CPU, contiguous (as safetensors and ``state.pt`` store it)."""
+    return {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+
+
 def save_checkpoint(out: Path, model, optimizer, scheduler, *, epoch: int, best_acc: float, best_epoch: int,
-                    history: list[dict]) -> None:
-    """Commit epoch ``epoch`` (``state.pt``), then export last/best weights and metrics from it."""
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    state = {"format": 2, "epoch": epoch, "best_acc": best_acc, "best_epoch": best_epoch,
-             "history": json.dumps(history), "model": weights, "optimizer": optimizer.state_dict(),
+                    history: list[dict], ema=None, scaler=None, progress: dict | None = None) -> None:
+    """Commit ``state.pt``: at the end of epoch ``epoch``, then export last/best/ema weights and metrics from it; or,
+    with ``progress`` (see :func:`visionpe.train.loop.train_one_epoch`), within epoch ``epoch + 1``, ``state.pt``
+    alone. ``ema``: the EMA module (timm ``ModelEmaV3.module``); ``scaler``: timm's ``NativeScaler``."""
+    state = {"format": 3, "epoch": epoch, "best_acc": best_acc, "best_epoch": best_epoch,
+             "history": json.dumps(history), "model": tensors(model), "optimizer": optimizer.state_dict(),
              "scheduler": scheduler.state_dict()}
+    if ema is not None:
+        state["ema"] = tensors(ema)
+    if scaler is not None:
+        state["scaler"] = scaler.state_dict()
+    if progress is not None:
+        state["progress"] = progress
     io.atomic_write(Path(out) / STATE, lambda tmp: torch.save(state, tmp))
-    export(out, state, history)
+    if progress is None:
+        export(out, state, history)
 
 
 def export(out: Path, state: dict, history: list[dict], force: bool = True) -> list[str]:
     """Write the exports of ``state`` (all of them, or with ``force=False`` only those that lag behind it);
     returns the names written."""
     out, epoch, written = Path(out), state["epoch"], []
-    if force or weights_epoch(out / LAST) != epoch:
-        io.save_weights(state["model"], out / LAST, {"epoch": str(epoch)})
-        written.append(LAST)
+    within = "progress" in state  # committed within epoch + 1: its weights are not those of epoch `epoch`
+    weights = [(LAST, state["model"])] + ([(EMA, state["ema"])] if "ema" in state else [])
+    for name, values in weights if epoch >= 1 else []:
+        if force or weights_epoch(out / name) != epoch:
+            if within:
+                raise UserError(f"{out / name} is missing or not from epoch {epoch}, and {STATE} (saved within epoch "
+                                f"{epoch + 1}) cannot rebuild it; the run can only be restarted with --overwrite")
+            io.save_weights(values, out / name, {"epoch": str(epoch)})
+            written.append(name)
     best_epoch = state["best_epoch"]
-    if best_epoch == epoch and (force or weights_epoch(out / BEST) != epoch):
+    if best_epoch == epoch and not within and (force or weights_epoch(out / BEST) != epoch):
         io.save_weights(state["model"], out / BEST, {"epoch": str(epoch)})
         written.append(BEST)
     elif best_epoch >= 1 and weights_epoch(out / BEST) != best_epoch:

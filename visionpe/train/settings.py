@@ -18,26 +18,27 @@ import yaml
 
 from .. import data as vdata
 from .cli import Parser, UserError, add_import, import_user_code, one_line
-from .models import DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_kwargs, tubelet
+from .models import DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_kwargs, named_constructor, tubelet
 
 MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN = ("model", "data", "optimizer", "learning-rate schedule",
                                              "augmentation and regularization", "evaluation", "run and misc")
 GROUPS = (MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN)
-AMP = ("auto", "bf16", "none")
+AMP = ("auto", "bf16", "fp16", "none")
 DEVICES = ("auto", "cpu", "cuda")
 SIZE_KEYS = ("embed_dim", "depth", "num_heads")  # command-line shortcuts into model_kwargs
 RUN_KEYS = ("num_classes", "in_chans")  # written to / read from config.yaml only
 NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
 # settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
 SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "threads", "progress", "device",
-                  "stop_after", "download", "imports")
+                  "stop_after", "download", "imports", "compile", "channels_last", "checkpoint_every_steps",
+                  "checkpoint_every_minutes")
 
 
 @dataclass(frozen=True)
 class Setting:
     default: object
     group: str
-    kind: str  # int, float, bool, str, choice, ints, mapping, int?, str?
+    kind: str  # int, float, bool, str, choice, ints, mapping, int?, float?, str?
     help: str
     choices: tuple = ()
     metavar: str | None = None
@@ -93,6 +94,17 @@ SETTINGS: dict[str, Setting] = {
                    "keys; so is another classifier head unless --init-head-reset", metavar="PATH"),
     "init_head_reset": S(False, MODEL, "bool", "with --init-from: do not take the source's classifier head "
                          "(head.*); train a new one (needed when the number of classes differs)"),
+    "pretrained": S(False, MODEL, "bool", "start from timm's pretrained weights of --model (a tag picks them, e.g. "
+                    "vit_small_patch16_224.augreg_in1k): timm builds its own model of the run's sizes with them (its "
+                    "pos_embed and patch embedding resampled, input channels adapted, a new classifier head when the "
+                    "classes differ), then visionpe.load_timm_checkpoint converts the position weights into --pe; the "
+                    "kept / converted / new / dropped report is printed and stored in metrics.jsonl. timm fetches the "
+                    "weights from the Hugging Face hub unless --pretrained-path names a local file. Without "
+                    "--model-kwargs / --embed-dim / --depth / --num-heads the model keeps its own sizes"),
+    "pretrained_path": S(None, MODEL, "str?", "with --pretrained: a local weights file (.safetensors, .pth, .bin) "
+                         "instead of a download, given to timm as pretrained_cfg_overlay=dict(file=PATH, "
+                         "num_classes=-1) as timm's train.py does (so the classifier head is always new)",
+                         metavar="FILE"),
     "drop_path": S(0.0, AUG, "float", "stochastic depth rate (timm drop_path_rate); in [0, 1)", metavar="P"),
     # data
     "data": S("shapes-position", DATA, "str", "", metavar="NAME"),  # help filled from the data registry
@@ -102,6 +114,10 @@ SETTINGS: dict[str, Setting] = {
     "num_frames": S(None, DATA, "int?", "frames per clip: required by the video data sets (moving-shapes, "
                     "shape-endpoint, videofolder), refused by image ones; the model is then a video model "
                     "(--tubelet-size); a multiple of the tubelet's frames", metavar="T"),
+    "frame_stride": S(None, DATA, "int?", "video files: sample each clip as num_frames frames STRIDE apart (a random "
+                      "segment when training, the centre segment when evaluating); default: num_frames frames spread "
+                      "evenly over the whole clip; an integer >= 1, for data sets that take it (video-files)",
+                      metavar="STRIDE"),
     "train_samples": S(None, DATA, "int?", "training images: synthetic scenes rendered (default 10000), real sets a "
                        "fixed random subset (default all); an integer >= 1", metavar="N"),
     "val_samples": S(None, DATA, "int?", "validation images (synthetic default 2000, real default all); an integer "
@@ -116,14 +132,42 @@ SETTINGS: dict[str, Setting] = {
     "clip_grad": S(1.0, OPTIM, "float", "max global gradient norm; a number >= 0 (0 = off)", metavar="NORM"),
     "batch_size": S(128, OPTIM, "int", "global batch size over all processes (each of N takes batch_size / N); an "
                     "integer >= 1", metavar="N"),
-    "amp": S("auto", OPTIM, "choice", "mixed precision: auto = bf16 autocast on CUDA, none on CPU; bf16; none",
-             choices=AMP),
+    "amp": S("auto", OPTIM, "choice", "mixed precision: auto = bf16 autocast on CUDA, none on CPU; bf16; fp16 (CUDA "
+             "only: float16 autocast with timm's NativeScaler gradient scaler); none", choices=AMP),
+    "grad_accum_steps": S(1, OPTIM, "int", "gradient accumulation as timm's train.py: an optimizer step sums the "
+                          "gradients of N loader batches of batch_size, each batch's loss divided by N, so one step "
+                          "is a step on batch_size x N images; the schedule counts optimizer steps (ceil(batches / N) "
+                          "an epoch, the last step taking what is left); under torchrun the gradients are "
+                          "synchronised only on the last batch of each step (DDP no_sync); an integer >= 1",
+                          metavar="N"),
+    "layer_decay": S(None, OPTIM, "float?", "layer-wise learning-rate decay for fine-tuning (BEiT; timm "
+                     "create_optimizer_v2(layer_decay=...), timm's layer groups): the head learns at lr, each group "
+                     "below it decay times slower (ViT: block i of L at lr x decay^(L - i), the stem: patch "
+                     "embedding, class token and a tokens position encoding, at lr x decay^(L + 1)); position "
+                     "parameters keep no weight decay; in (0, 1]", metavar="DECAY"),
+    "bce_loss": S(False, OPTIM, "bool", "binary cross-entropy over classes (timm BinaryCrossEntropy; DeiT-III) instead "
+                  "of softmax cross-entropy, combined with mixup/cutmix and label smoothing as timm's train.py "
+                  "combines them (with mixup the targets arrive smoothed; else label_smoothing smooths the one-hot targets); "
+                  "also without either (timm's train.py falls back to cross-entropy there)"),
+    "bce_target_thresh": S(None, OPTIM, "float?", "with --bce-loss: targets above this value become 1, the rest 0 "
+                           "(timm's target_threshold; DeiT-III uses 0.0 with mixup); in [0, 1)", metavar="T"),
+    "model_ema": S(False, OPTIM, "bool", "keep an exponential moving average of the weights (timm ModelEmaV3, updated "
+                   "after every optimizer step), evaluated each epoch beside the model (ema_val_acc in metrics.jsonl), "
+                   "saved as ema.safetensors and measured in the final resolution table"),
+    "model_ema_decay": S(0.9998, OPTIM, "float", "EMA decay per optimizer step (timm's default); in [0, 1)",
+                         metavar="D"),
+    "model_ema_warmup": S(False, OPTIM, "bool", "timm's EMA decay warmup: decay = min(model_ema_decay, 1 - (1 + "
+                          "step)^(-2/3)), so early steps follow the model closely"),
     # schedule
     "epochs": S(10, SCHED, "int", "training epochs; an integer >= 1", metavar="N"),
     "lr": S(1e-3, SCHED, "float", "peak learning rate after warmup; a number > 0", metavar="LR"),
     "min_lr": S(1e-5, SCHED, "float", "learning rate at the end of the cosine decay; a number >= 0", metavar="LR"),
     "warmup_epochs": S(1.0, SCHED, "float", "linear warmup length in epochs (fractions allowed); in [0, epochs]",
                        metavar="E"),
+    "aug_repeats": S(0, SCHED, "int", "repeated augmentation (DeiT; timm RepeatAugSampler): each image appears N times "
+                     "per epoch with its own augmentation, on different processes under torchrun; an epoch keeps "
+                     "timm's length (about the data set's size in total, so about 1/N of the images each epoch); 0 "
+                     "= off, else an integer >= 2", metavar="N"),
     # augmentation and regularization
     "train_res": S([], AUG, "ints", "multi-resolution training (ResFormer / FlexiViT): each step's batch is resized "
                    "(bicubic, antialias) to one of these sizes, drawn from (seed, epoch, step), so every process "
@@ -154,6 +198,18 @@ SETTINGS: dict[str, Setting] = {
     "stop_after": S(0, RUN, "int", "stop after this many epochs as if interrupted (0 = never); --resume continues; "
                     "an integer >= 0", metavar="N"),
     "progress": S(True, RUN, "bool", "a progress bar per epoch (only on a terminal)"),
+    "compile": S(False, RUN, "bool", "torch.compile the model for training and the per-epoch evaluation (the final "
+                 "resolution table runs it eagerly: one pass per size would not repay compiling); weights are saved "
+                 "from the eager module, so they load anywhere"),
+    "channels_last": S(False, RUN, "bool", "channels-last memory layout for the model and its input batches "
+                       "(channels_last_3d for clips)"),
+    "checkpoint_every_steps": S(0, RUN, "int", "also commit state.pt every N optimizer steps within an epoch, so a "
+                                "long epoch can be resumed from where it was killed (exactly: the sampler position, "
+                                "RNG streams, schedule, EMA; the exports stay those of the last finished epoch); 0 = "
+                                "only at the end of each epoch; an integer >= 0", metavar="N"),
+    "checkpoint_every_minutes": S(0.0, RUN, "float", "also commit state.pt within an epoch when this many minutes "
+                                  "have passed since the last commit (decided on rank 0, the same step on every "
+                                  "process); 0 = off; a number >= 0", metavar="MIN"),
     "imports": S([], RUN, "strs", "", metavar="MODULE_OR_FILE"),  # --import: cli.add_import
 }
 
@@ -213,7 +269,7 @@ def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "
         elif s.kind == "choice":
             g.add_argument(flag, choices=s.choices, help=text)
         else:
-            kind = {"int": int, "int?": int, "float": float}.get(s.kind, str)
+            kind = {"int": int, "int?": int, "float": float, "float?": float}.get(s.kind, str)
             g.add_argument(flag, type=kind, metavar=s.metavar, help=text)
         if key == "model_kwargs":
             for size in SIZE_KEYS:
@@ -275,8 +331,8 @@ def resolve(args: dict, base: dict | None = None) -> dict:
     for key in ("model_kwargs", "pe_kwargs"):
         if cfg.get(key) is None:
             cfg[key] = {}
-    if base is None and not given_sizes and not is_vit(str(cfg["model"])):
-        cfg["model_kwargs"] = {}  # the default sizes are a tiny ViT's: other models keep their own
+    if base is None and not given_sizes and (not is_vit(str(cfg["model"])) or cfg.get("pretrained") is True):
+        cfg["model_kwargs"] = {}  # the default sizes are a tiny ViT's: other models (and pretrained ones) keep their own
     for key in SIZE_KEYS:
         if key in args and isinstance(cfg["model_kwargs"], dict):
             cfg["model_kwargs"][key] = args[key]
@@ -331,7 +387,9 @@ def check_kinds(cfg: dict) -> None:
             if value is None and s.kind == "int?":
                 continue
             need(isinstance(value, int) and not isinstance(value, bool), f"{key} must be an integer, got {value!r}")
-        elif s.kind == "float":
+        elif s.kind in ("float", "float?"):
+            if value is None and s.kind == "float?":
+                continue
             if isinstance(value, str):
                 try:
                     value = cfg[key] = float(value)
@@ -383,6 +441,12 @@ def check_model_settings(cfg: dict) -> None:
             raise UserError(f"pe: {one_line(err)} (or 'none', or 'timm')") from None
     need(not cfg["init_head_reset"] or cfg["init_from"], "--init-head-reset needs --init-from PATH (it resets the "
          "classifier head of the weights taken from PATH)")
+    need(not cfg["pretrained_path"] or cfg["pretrained"], "--pretrained-path FILE needs --pretrained (it names where "
+         "timm's pretrained weights come from)")
+    need(not (cfg["pretrained"] and cfg["init_from"]), "--pretrained and --init-from both give the starting weights; "
+         "give one of them")
+    need(not cfg["pretrained"] or named_constructor(cfg["model"]) is None, f"--pretrained takes timm's weights of a "
+         f"timm model; --model {cfg['model']} is not one (use --init-from PATH for a checkpoint of it)")
 
 
 def check_data(cfg: dict) -> None:
@@ -396,13 +460,18 @@ def check_data(cfg: dict) -> None:
 
 def check_video(cfg: dict) -> None:
     """Video settings: num_frames exactly for video data, tubelet and frame counts that fit each other."""
-    video = vdata.get_spec(cfg["data"]).video
-    frames = cfg["num_frames"]
+    spec = vdata.get_spec(cfg["data"])
+    video, frames = spec.video, cfg["num_frames"]
     if frames is None:
         need(not video, f"--data {cfg['data']} is a video data set: give --num-frames T (frames per clip)")
         need(not cfg["tubelet_size"], "--tubelet-size is for video runs (video data and --num-frames)")
         need(not cfg["eval_frames"], "--eval-frames is for video runs (video data and --num-frames)")
+        need(cfg["frame_stride"] is None, "--frame-stride is for video runs (video files and --num-frames)")
         return
+    if cfg["frame_stride"] is not None:
+        need(vdata.takes_option(spec, "frame_stride"), f"--data {cfg['data']} does not take --frame-stride (video-files "
+             "does)")
+        need(cfg["frame_stride"] >= 1, f"frame_stride must be an integer >= 1, got {cfg['frame_stride']}")
     need(video, f"--num-frames is for video data ({', '.join(vdata.names('video'))}); --data {cfg['data']} is an "
          "image data set")
     need(frames >= 1, f"num_frames must be an integer >= 1, got {frames}")
@@ -429,6 +498,15 @@ def check_optimizer(cfg: dict) -> None:
     need(cfg["batch_size"] >= 1, f"batch_size must be an integer >= 1, got {cfg['batch_size']}")
     for key in ("weight_decay", "clip_grad"):
         need(cfg[key] >= 0, f"{key} must be a number >= 0, got {cfg[key]}")
+    need(cfg["grad_accum_steps"] >= 1, f"grad_accum_steps must be an integer >= 1, got {cfg['grad_accum_steps']}")
+    decay = cfg["layer_decay"]
+    need(decay is None or 0 < decay <= 1, f"layer_decay must be in (0, 1], got {decay}")
+    thresh = cfg["bce_target_thresh"]
+    need(thresh is None or cfg["bce_loss"], "--bce-target-thresh needs --bce-loss (it binarizes the BCE targets)")
+    need(thresh is None or 0 <= thresh < 1, f"bce_target_thresh must be in [0, 1), got {thresh}")
+    need(0 <= cfg["model_ema_decay"] < 1, f"model_ema_decay must be in [0, 1), got {cfg['model_ema_decay']}")
+    need(not cfg["model_ema_warmup"] or cfg["model_ema"], "--model-ema-warmup needs --model-ema (it warms up the "
+         "EMA's decay)")
 
 
 def check_schedule(cfg: dict) -> None:
@@ -440,6 +518,8 @@ def check_schedule(cfg: dict) -> None:
          "decays from lr to min_lr)")
     need(0 <= cfg["warmup_epochs"] <= cfg["epochs"],
          f"warmup_epochs must be in [0, epochs={cfg['epochs']}], got {cfg['warmup_epochs']}")
+    need(cfg["aug_repeats"] == 0 or cfg["aug_repeats"] >= 2,
+         f"aug_repeats must be 0 (off) or an integer >= 2, got {cfg['aug_repeats']}")
 
 
 def check_augmentation(cfg: dict) -> None:
@@ -464,13 +544,18 @@ def check_evaluation(cfg: dict) -> None:
 
 
 def check_run(cfg: dict, training: bool) -> None:
-    """Seed, threads, early stop; the device when training here."""
-    for key in ("threads", "stop_after", "seed"):
+    """Seed, threads, early stop, checkpoint intervals; the device (and what needs CUDA) when training here."""
+    for key in ("threads", "stop_after", "seed", "checkpoint_every_steps"):
         need(cfg[key] >= 0, f"{key} must be an integer >= 0, got {cfg[key]}")
+    need(cfg["checkpoint_every_minutes"] >= 0,
+         f"checkpoint_every_minutes must be a number >= 0, got {cfg['checkpoint_every_minutes']}")
     if training:
         import torch
         need(cfg["device"] != "cuda" or torch.cuda.is_available(),
              "device=cuda but no CUDA device is available (use --device cpu or auto)")
+        need(cfg["amp"] != "fp16" or (cfg["device"] != "cpu" and torch.cuda.is_available()),
+             "amp=fp16 needs a CUDA device (float16 autocast with a gradient scaler); on the CPU use --amp bf16 or "
+             "none")
 
 
 def saved_form(cfg: dict) -> dict:

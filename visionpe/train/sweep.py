@@ -106,9 +106,10 @@ def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), wei
     if val_samples is not None:
         cfg["val_samples"] = val_samples
     check_sizes(run, cfg, resolutions)
-    state = rundir.read_weights(run / f"{weights}.safetensors")
+    state = rundir.read_weights(rundir.weights_file(run, weights))
     device = torch.device(device)
-    eval_kw = dict(batch_size=batch_size, device=device, autocast=loop.autocast_for(device, device.type == "cuda"))
+    eval_kw = dict(batch_size=batch_size, device=device,
+                   autocast=loop.autocast_for(device, loop.amp_dtype("auto", device)))
     video = bool(cfg.get("num_frames"))
     keys, train_key = loop.eval_grid(cfg, resolutions, frames)
     sets = {k: loop.dataset(cfg, "val", k[1], k[0]) if video else loop.dataset(cfg, "val", k) for k in keys}

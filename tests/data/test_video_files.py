@@ -1,0 +1,235 @@
+"""video-files: folders of .mp4/.avi/.webm/.mkv clips, encoded here with PyAV (moving squares, frames numbered by
+their brightness), decoded frame-accurately by torchcodec or PyAV (the same frames), sampled evenly or in strided
+segments, cropped and flipped alike in every frame, and trained on by a tiny video ViT."""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+from torchvision.transforms import v2 as T
+from trainutil import TINY, train_main
+
+from visionpe import data as vdata
+from visionpe.data import video_files
+
+av = pytest.importorskip("av")
+
+CODECS = {".mp4": "mpeg4", ".avi": "mpeg4", ".webm": "libvpx-vp9", ".mkv": "ffv1"}
+HEIGHT, WIDTH = 32, 40
+BACKENDS = [pytest.param("av"), pytest.param("torchcodec", marks=pytest.mark.skipif(
+    video_files.decoder() != "torchcodec", reason="torchcodec finds no FFmpeg 4-9 libraries on this machine"))]
+
+
+def write_clip(path, frames: np.ndarray) -> None:
+    """``frames`` uint8 ``(T, H, W, 3)`` into ``path``, with the codec its suffix takes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(CODECS[path.suffix], rate=8)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        stream.bit_rate = 4_000_000
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def moving_square(count: int, step: int = 2, direction: int = 1) -> np.ndarray:
+    """A bright square moving ``step`` pixels a frame along x (left to right, or back with ``direction=-1``)."""
+    frames = np.full((count, HEIGHT, WIDTH, 3), 20, dtype=np.uint8)
+    for k in range(count):
+        x = 4 + step * k if direction > 0 else WIDTH - 12 - step * k
+        frames[k, 10:18, x:x + 8] = (240, 200, 60)
+    return frames
+
+
+def numbered(count: int) -> np.ndarray:
+    """Frame ``k`` is uniform grey ``8 + 16 k``: crops and flips keep its number readable."""
+    return np.stack([np.full((HEIGHT, WIDTH, 3), 8 + 16 * k, dtype=np.uint8) for k in range(count)])
+
+
+def square_x(frame: torch.Tensor) -> float:
+    """Column of the square's centre in a decoded uint8 frame ``(3, H, W)``."""
+    cols = torch.nonzero(frame[0] > 128, as_tuple=True)[1].float()
+    return cols.mean().item() - 3.5
+
+
+def frame_numbers(clip: torch.Tensor, ds) -> list[int]:
+    """The numbers of the frames of a normalised clip ``(3, T, H, W)`` of :func:`numbered` frames."""
+    pixels = (clip * ds.std + ds.mean) * 255
+    return [round((pixels[:, t].mean().item() - 8) / 16) for t in range(clip.shape[1])]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("suffix", list(CODECS))
+def test_every_container_gives_the_frames_asked_for(tmp_path, suffix, backend):
+    path = tmp_path / f"clip{suffix}"
+    write_clip(path, moving_square(12))
+    counts = []
+
+    def choose(count):
+        counts.append(count)
+        return [0, 5, 11, 11, 3]
+
+    frames = video_files.decode_clip(str(path), choose, backend)
+    assert counts == [12] and frames.shape == (5, 3, HEIGHT, WIDTH) and frames.dtype == torch.uint8
+    assert [round((square_x(f) - 4) / 2) for f in frames] == [0, 5, 11, 11, 3]  # frame-accurate, in the asked order
+
+
+@pytest.mark.skipif(video_files.decoder() != "torchcodec", reason="torchcodec finds no FFmpeg 4-9 libraries")
+@pytest.mark.parametrize("suffix", list(CODECS))
+def test_torchcodec_and_pyav_decode_the_same_frames(tmp_path, suffix):
+    path = tmp_path / f"clip{suffix}"
+    write_clip(path, moving_square(16))
+    choose = lambda count: video_files.clip_indices(count, 6, stride=2)
+    assert torch.equal(video_files.decode_clip(str(path), choose, "torchcodec"),
+                       video_files.decode_clip(str(path), choose, "av"))
+
+
+def test_decoder_falls_back_to_pyav_and_names_the_install(monkeypatch):
+    video_files.decoder.cache_clear()
+    try:
+        torchcodec = pytest.importorskip("torchcodec")
+        monkeypatch.setattr(torchcodec, "ffmpeg_major_version", None)  # installed, but no FFmpeg found
+        assert video_files.decoder() == "av"
+        video_files.decoder.cache_clear()
+        monkeypatch.setitem(sys.modules, "torchcodec", None)
+        monkeypatch.setitem(sys.modules, "av", None)
+        with pytest.raises(vdata.DataMissing, match=r"pip install 'visionpe\[video\]'"):
+            video_files.decoder()
+    finally:
+        video_files.decoder.cache_clear()
+    with pytest.raises(ValueError, match="backend='ffmpeg' is not supported"):
+        video_files.decode_clip("x.mp4", lambda n: [0], "ffmpeg")
+
+
+def test_clip_indices_even_or_strided_segments():
+    assert video_files.clip_indices(10, 4) == [0, 3, 6, 9]
+    assert video_files.clip_indices(3, 5) == [0, 0, 1, 2, 2]  # a short clip repeats frames evenly
+    assert video_files.clip_indices(20, 4, stride=3) == [5, 8, 11, 14]  # the centre segment: starts 0..10
+    assert video_files.clip_indices(20, 4, stride=3, start=10) == [10, 13, 16, 19]
+    assert video_files.clip_indices(5, 4, stride=2) == [0, 2, 4, 4]  # too short: the last frame repeats
+    with pytest.raises(ValueError, match=r"start=11 must be in \[0, 10\]"):
+        video_files.clip_indices(20, 4, stride=3, start=11)
+    with pytest.raises(ValueError, match="at least one frame"):
+        video_files.clip_indices(0, 4)
+
+
+def numbered_folder(tmp_path, frames: int = 15):
+    for split in ("train", "val"):
+        for c, suffix in (("a", ".mp4"), ("b", ".mkv")):
+            write_clip(tmp_path / split / c / f"clip{suffix}", numbered(frames))
+    return tmp_path
+
+
+def test_training_draws_a_segment_per_epoch_evaluation_takes_the_centre(tmp_path):
+    root = numbered_folder(tmp_path)
+    train = vdata.build_dataset("video-files", "train", 16, data_dir=str(root), num_frames=4, frame_stride=3, seed=2)
+    starts = []
+    for epoch in range(8):
+        train.set_epoch(epoch)
+        numbers = frame_numbers(train[0][0], train)
+        assert numbers == list(range(numbers[0], numbers[0] + 10, 3)) and 0 <= numbers[0] <= 15 - 10
+        assert frame_numbers(train[0][0], train) == numbers  # a function of (seed, epoch, index)
+        starts.append(numbers[0])
+    assert len(set(starts)) >= 3
+    val = vdata.build_dataset("video-files", "val", 16, data_dir=str(root), num_frames=4, frame_stride=3)
+    assert frame_numbers(val[1][0], val) == [2, 5, 8, 11]  # the centre segment (starts 0..5)
+    spread = vdata.build_dataset("video-files", "val", 16, data_dir=str(root), num_frames=5)
+    assert frame_numbers(spread[0][0], spread) == [0, 4, 7, 10, 14]  # evenly over the clip
+    assert spread[0][0].shape == (3, 5, 16, 16) and spread[0][1] == 0 and spread[1][1] == 1
+
+
+def test_one_crop_and_one_flip_for_every_frame_of_a_clip(tmp_path):
+    still = np.repeat(moving_square(1), 6, axis=0)  # six identical, left-right asymmetric frames
+    still[:, 24:, :10] = (30, 220, 90)
+    write_clip(tmp_path / "train" / "a" / "still.mkv", still)
+    ds = vdata.build_dataset("video-files", "train", 16, data_dir=str(tmp_path), num_frames=6, seed=4)
+    views = []
+    for epoch in range(6):
+        ds.set_epoch(epoch)
+        clip = ds[0][0]
+        assert all(torch.equal(clip[:, t], clip[:, 0]) for t in range(6)), epoch  # the same crop in every frame
+        views.append(clip[:, 0])
+    assert len({v.sum().item() for v in views}) >= 4  # a new crop each epoch
+    # with the whole frame as the only crop, a view is the resized frame or its mirror, and both occur
+    whole = video_files.VideoFileDataset(str(tmp_path / "train"), 16, 6, augment=True, seed=4, scale=(1.0, 1.0),
+                                         ratio=(WIDTH / HEIGHT, WIDTH / HEIGHT))
+    frames = video_files.decode_clip(str(tmp_path / "train" / "a" / "still.mkv"), lambda n: [0])
+    resized = whole.normalize(T.functional.resize(frames, [16, 16], interpolation=T.InterpolationMode.BICUBIC,
+                                                  antialias=True).permute(1, 0, 2, 3))[:, 0]
+    flips = []
+    for epoch in range(10):
+        whole.set_epoch(epoch)
+        view = whole[0][0][:, 0]
+        assert torch.equal(view, resized) or torch.equal(view, resized.flip(-1)), epoch
+        flips.append(torch.equal(view, resized.flip(-1)))
+    assert any(flips) and not all(flips)
+
+
+def test_evaluation_resizes_the_shorter_side_and_takes_the_centre(tmp_path):
+    write_clip(tmp_path / "val" / "a" / "move.webm", moving_square(9))
+    ds = vdata.build_dataset("video-files", "val", 24, data_dir=str(tmp_path), num_frames=3)
+    frames = video_files.decode_clip(str(tmp_path / "val" / "a" / "move.webm"), lambda n: [0, 4, 8])
+    expected = T.Compose([T.Resize(24, interpolation=T.InterpolationMode.BICUBIC, antialias=True),
+                          T.CenterCrop(24)])(frames)
+    torch.testing.assert_close(ds[0][0], ds.normalize(expected.permute(1, 0, 2, 3)), rtol=0, atol=0)
+    ds.set_epoch(5)
+    assert torch.equal(ds[0][0], ds.normalize(expected.permute(1, 0, 2, 3)))  # no augmentation in evaluation
+
+
+def test_folder_layout_and_its_errors(tmp_path):
+    write_clip(tmp_path / "train" / "b" / "x.avi", moving_square(4))
+    write_clip(tmp_path / "train" / "a" / "y.mp4", moving_square(4))
+    (tmp_path / "train" / "a" / "notes.txt").write_text("not a clip")
+    write_clip(tmp_path / "val" / "b" / "z.webm", moving_square(4))
+    train = vdata.build_dataset("video-files", "train", 8, data_dir=str(tmp_path), num_frames=2)
+    val = vdata.build_dataset("video-files", "val", 8, data_dir=str(tmp_path), num_frames=2)
+    assert train.classes == ["a", "b"] and len(train) == 2 and val.labels == [1]  # val numbered by train's classes
+    assert vdata.info("video-files") == {"num_classes": None, "in_chans": 3, "synthetic": False, "video": True}
+    write_clip(tmp_path / "val" / "c" / "w.mp4", moving_square(4))
+    with pytest.raises(vdata.DataMissing, match="class folders the training split lacks: c"):
+        vdata.build_dataset("video-files", "val", 8, data_dir=str(tmp_path), num_frames=2)
+    (tmp_path / "empty" / "train" / "a").mkdir(parents=True)
+    with pytest.raises(vdata.DataMissing, match="holds no clips"):
+        vdata.build_dataset("video-files", "train", 8, data_dir=str(tmp_path / "empty"), num_frames=2)
+    with pytest.raises(vdata.DataMissing, match="needs --data-dir"):
+        vdata.build_dataset("video-files", "train", 8, num_frames=2)
+    with pytest.raises(ValueError, match="does not take frame_stride"):
+        vdata.build_dataset("moving-shapes", "train", 8, num_samples=2, num_frames=2, frame_stride=2)
+    (tmp_path / "train" / "a" / "broken.mp4").write_bytes(b"\x00" * 64)
+    broken = vdata.build_dataset("video-files", "train", 8, data_dir=str(tmp_path), num_frames=2)
+    with pytest.raises(ValueError, match="cannot decode .*broken.mp4"):
+        broken[0]
+    subset = vdata.build_dataset("video-files", "train", 8, data_dir=str(tmp_path), num_frames=2, num_samples=1)
+    assert len(subset) == 1
+
+
+def test_a_tiny_video_vit_trains_on_video_files_from_image_weights(tmp_path):
+    """A tubelet ViT from timm image weights (--pretrained-path: the patch embedding inflated over the tubelet), on
+    clips of every container, evaluated at other frame counts and sizes."""
+    image = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=4, embed_dim=16,
+                              depth=1, num_heads=2, num_classes=5)
+    save_file({k: v.contiguous() for k, v in image.state_dict().items()}, tmp_path / "image.safetensors")
+    for split, count in (("train", 4), ("val", 2)):
+        for c, direction in (("right", 1), ("left", -1)):
+            for i in range(count):
+                write_clip(tmp_path / "clips" / split / c / f"{i}{list(CODECS)[i % 4]}",
+                           moving_square(10 + i, direction=direction))
+    out = tmp_path / "run"
+    summary = train_main([*TINY, "--data", "video-files", "--data-dir", str(tmp_path / "clips"), "--num-frames", "4",
+                          "--frame-stride", "2", "--batch-size", "4", "--epochs", "1", "--pe", "rope_mixed+learned",
+                          "--tubelet-size", "2", "4", "4", "--eval-frames", "2", "--eval-res", "24", "--channels-last",
+                          "--pretrained", "--pretrained-path", str(tmp_path / "image.safetensors"),
+                          "--output", str(out)])
+    assert summary["num_frames"] == 4 and summary["data"] == "video-files"
+    init = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert init["kind"] == "init" and "pos_embed -> pe_tokens.table" in init["converted"]
+    assert any("inflated over 2 frames" in c for c in init["converted"])
+    assert set(summary["results"]["last"]) == {"2x16", "2x24", "4x16", "4x24"}
+    assert summary["final_train_loss"] > 0
