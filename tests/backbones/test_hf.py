@@ -292,3 +292,18 @@ def test_transformers_stays_optional():
              "print(tuple(m(torch.randn(1, 3, 24, 16)).shape))\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "(1, 3)", done.stderr
+
+
+def test_grid_offset_reaches_the_encodings_through_the_task_model():
+    """``grid_offset`` (a crop of a larger image) travels with the call: a 2x2 crop at offset (1, 2) reads that window
+    of the learned 4x4 table, through the classification head's forward too."""
+    model = vpe.apply(_build(ViTForImageClassification), "learned")
+    x = torch.randn(2, 3, 16, 16)
+    tokens, layout = model.vit.embed(x, grid_offset=(1, 2))
+    patches = model.vit.embeddings.patch_embeddings.projection(x).flatten(2).transpose(1, 2)
+    window = model.vit.pe_tokens.table[1:3, 2:4].reshape(4, -1)
+    assert layout.grid.offset == (1, 2) and (tokens[:, 1:] - (patches + window)).abs().max() < 1e-6
+    with torch.no_grad():
+        shifted = model(x, grid_offset=(1, 2)).logits
+        assert not torch.allclose(shifted, model(x).logits)
+        assert torch.equal(shifted, model.classifier(model.vit(x, grid_offset=(1, 2)).last_hidden_state[:, 0]))

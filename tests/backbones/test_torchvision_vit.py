@@ -161,6 +161,10 @@ def test_named_models_train_from_the_command_line(tmp_path):
         build(img_size=(16, 32))
     with pytest.raises(ValueError, match="multiple of patch_size"):
         build(img_size=20, patch_size=8)
+    with pytest.raises(ValueError, match="depth must be a positive integer, got 0"):
+        build(depth=0)
+    with pytest.raises(ValueError, match="embed_dim=30 must be divisible by num_heads=4"):
+        build(embed_dim=30, num_heads=4)
 
 
 def test_unsupported_classes_name_their_library():
@@ -177,3 +181,15 @@ def test_unsupported_classes_name_their_library():
         vpe.apply(VisionTransformer(**TV), "swin_bias")
     with pytest.raises(ValueError, match="each side must be a positive multiple of"):
         vpe.apply(VisionTransformer(**TV), "learned")(torch.randn(1, 3, 30, 32))
+
+
+def test_grid_offset_reaches_the_encodings():
+    """A 2x2 crop at offset (1, 2) reads that window of the learned 4x4 table."""
+    model = vpe.apply(_reference(), "learned")
+    x = torch.randn(2, 3, 16, 16)
+    tokens, layout = model.embed(x, grid_offset=(1, 2))
+    patches = model.conv_proj(x).flatten(2).transpose(1, 2)
+    window = model.pe_tokens.table[1:3, 2:4].reshape(4, -1)
+    assert layout.grid.offset == (1, 2) and (tokens[:, 1:] - (patches + window)).abs().max() < 1e-6
+    with torch.no_grad():
+        assert not torch.allclose(model(x, grid_offset=(1, 2)), model(x))

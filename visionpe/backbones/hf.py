@@ -14,8 +14,9 @@ passing the layout to every layer (:class:`GridViTLayer`, :class:`GridDinov2Laye
 same pieces in the same order) and from there to its :class:`GridAttention` (transformers' projections, names kept;
 SDPA over the call's layout with the block's rotary and bias encodings). Nothing is stored between calls.
 ``embeddings.position_embeddings`` (class rows, then the patch grid) is removed; ``pe="learned"`` takes it over, with
-transformers' resampling at other sizes (bicubic, ``align_corners=False``, no antialias: ``interpolate_pos_encoding``;
-DINOv2 interpolates in float32 as the table is kept), so logits equal transformers' at every size it runs.
+transformers' resampling at other sizes (its ``interpolate_pos_encoding``: bicubic to the new grid's size,
+``align_corners=False``, no antialias, computed in float32 as DINOv2's), so logits equal transformers' at every size it
+runs.
 Outputs keep their meaning: ``last_hidden_state`` (after the final norm), ``pooler_output``, ``hidden_states`` (the
 embeddings, then each layer's output, before the final norm; ``output_hidden_states`` may select indices, as in
 transformers) and ``attentions`` (each layer's softmax probabilities ``(B, heads, T, T)``, given whenever
@@ -91,22 +92,27 @@ class GridAttention(nn.Module):
         return self.o_proj(rearrange(out, "b h t d -> b t (h d)")), weights
 
 
+def pre_norm_forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                     layout: Layout | None = None, output_attentions: bool = False):
+    """A ViT/DeiT layer (pre-norm: ``layernorm_before``, attention, ``dropout``, residual; ``layernorm_after``,
+    ``mlp``, ``dropout``, residual) on the call's layout: ``(x, weights)``."""
+    attended, weights = self.attention(self.layernorm_before(hidden_states), layout, attention_mask,
+                                       output_attentions)
+    hidden_states = self.dropout(attended) + hidden_states
+    return self.dropout(self.mlp(self.layernorm_after(hidden_states))) + hidden_states, weights
+
+
 class GridViTLayer(ViTLayer):
-    """transformers ``ViTLayer`` (pre-norm) whose forward takes the token layout and returns the attention weights:
+    """transformers ``ViTLayer`` whose forward takes the token layout and returns the attention weights:
     ``layer(x, attention_mask, layout=, output_attentions=) -> (x, weights)``."""
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                layout: Layout | None = None, output_attentions: bool = False):
-        attended, weights = self.attention(self.layernorm_before(hidden_states), layout, attention_mask,
-                                           output_attentions)
-        hidden_states = self.dropout(attended) + hidden_states
-        return self.dropout(self.mlp(self.layernorm_after(hidden_states))) + hidden_states, weights
+    forward = pre_norm_forward
 
 
 class GridDeiTLayer(DeiTLayer):
     """transformers ``DeiTLayer`` (ViT's layer) whose forward takes the token layout (as :class:`GridViTLayer`)."""
 
-    forward = GridViTLayer.forward
+    forward = pre_norm_forward
 
 
 class GridDinov2Layer(Dinov2Layer):
@@ -203,7 +209,7 @@ class GridViTModel(PositionalModel):
         mask = key_mask(attention_mask, x.shape[1])
         layers = self.grid_layers()
         keep = selected_indices(output_hidden_states, len(layers) + 1)
-        hidden_states = [] if output_hidden_states or keep else None
+        hidden_states = [] if output_hidden_states else None
         attentions = [] if output_attentions else None
         late = self.pe_tokens if self.pe_tokens is not None and self.pe_tokens.block_index > 0 else None
         for i, layer in enumerate(layers):

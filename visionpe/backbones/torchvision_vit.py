@@ -28,7 +28,7 @@ from einops import rearrange
 from torch import nn
 from torchvision.models.vision_transformer import EncoderBlock, VisionTransformer
 
-from .._checks import to_shape
+from .._checks import check_positive_int, to_shape
 from ..attention import attend
 from ..encoding import ModelContext
 from ..grid import Grid, Layout
@@ -116,7 +116,8 @@ def apply_torchvision_vit(model: VisionTransformer, names: dict, kwargs: dict) -
     check_global_families(names)
     blocks = list(model.encoder.layers)
     if not blocks or not all(isinstance(b, EncoderBlock) for b in blocks):
-        raise ValueError("torchvision VisionTransformer with blocks other than EncoderBlock is not supported")
+        raise ValueError(f"a torchvision VisionTransformer needs at least one EncoderBlock and no other blocks, got "
+                         f"{[type(b).__name__ for b in blocks]}")
     for block in blocks:
         check_attention(block.self_attention)
     side = model.image_size // model.patch_size
@@ -167,10 +168,13 @@ def torchvision_vit_constructor(name: str):
         if height != width:
             raise ValueError(f"{name} takes a square img_size (torchvision's image_size), got {img_size!r}")
         cfg = {**TV_VIT_SIZES[name], **({} if patch_size is None else {"patch_size": patch_size}), **sizes}
-        patch = cfg["patch_size"]
-        if not isinstance(patch, int) or isinstance(patch, bool) or patch < 1 or height % patch:
-            raise ValueError(f"{name}: img_size={img_size!r} must be a positive multiple of patch_size={patch!r} "
-                             "(one integer)")
+        patch = check_positive_int("patch_size", cfg["patch_size"])
+        if height % patch:
+            raise ValueError(f"{name}: img_size={img_size!r} must be a positive multiple of patch_size={patch!r}")
+        for key in ("embed_dim", "depth", "num_heads"):
+            check_positive_int(key, cfg[key])
+        if cfg["embed_dim"] % cfg["num_heads"]:
+            raise ValueError(f"{name}: embed_dim={cfg['embed_dim']} must be divisible by num_heads={cfg['num_heads']}")
         model = VisionTransformer(image_size=height, patch_size=patch, num_layers=cfg["depth"],
                                   num_heads=cfg["num_heads"], hidden_dim=cfg["embed_dim"],
                                   mlp_dim=int(cfg["embed_dim"] * cfg["mlp_ratio"]), num_classes=num_classes,
