@@ -56,8 +56,8 @@ def check_attention(attn: nn.Module) -> None:
     if not isinstance(attn, nn.MultiheadAttention) or not attn._qkv_same_embed_dim or not attn.batch_first \
             or attn.bias_k is not None or attn.add_zero_attn:
         raise ValueError(f"attention {type(attn).__name__} is not supported: the adapter takes torchvision's "
-                         "nn.MultiheadAttention(dim, heads, batch_first=True) with one packed in_proj, no bias_k/bias_v "
-                         "and add_zero_attn=False")
+                         "nn.MultiheadAttention(dim, heads, batch_first=True) with one packed in_proj, no "
+                         "bias_k/bias_v and add_zero_attn=False")
 
 
 class GridEncoderBlock(EncoderBlock):
