@@ -198,8 +198,9 @@ def build_tokens(names: dict[str, str], kwargs: dict[str, dict], context: ModelC
     """The tokens encoding of a ViT-style model (None when ``pe`` has none), built for ``context``.
 
     A ``learned`` table takes over the model's own absolute table ``old_table: (1, P + N, D)`` (``P`` =
-    ``context.num_prefix_tokens`` rows for prefix tokens, then the patch grid, resampled to the table's grid when
-    it was square of another size); on a re-apply it keeps ``previous``'s weights when their shapes match.
+    ``context.num_prefix_tokens`` rows for prefix tokens, then the patches of ``context.grid_shape``, resampled when
+    the user builds the table for another ``grid_shape``); on a re-apply it keeps ``previous``'s weights when their
+    shapes match.
     ``defaults`` are adapter-specific keywords the user may override. A ``block_index`` beyond the model's blocks
     is an error.
     """
