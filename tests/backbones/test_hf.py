@@ -307,3 +307,26 @@ def test_grid_offset_reaches_the_encodings_through_the_task_model():
         shifted = model(x, grid_offset=(1, 2)).logits
         assert not torch.allclose(shifted, model(x).logits)
         assert torch.equal(shifted, model.classifier(model.vit(x, grid_offset=(1, 2)).last_hidden_state[:, 0]))
+
+
+def test_apply_twice_switches_encoding_and_keeps_the_table():
+    ref = _build(DeiTForImageClassification)
+    model = vpe.apply(copy.deepcopy(ref), "learned")
+    table = model.deit.pe_tokens.table.detach().clone()
+    vpe.apply(model, "rope_mixed+learned")
+    assert model.pe == "rope_mixed+learned" and torch.equal(model.deit.pe_tokens.table, table)
+    assert len(vpe.encodings_of(model)["rotary"]) == 2
+    vpe.apply(model, "learned")  # RoPE removed again: transformers' logits
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert (model(x).logits - ref(x).logits).abs().max() < 1e-5
+
+
+def test_apply_twice_to_swin_keeps_its_table():
+    ref = _build(SwinForImageClassification)
+    model = vpe.apply(copy.deepcopy(ref), "swin_bias")
+    vpe.apply(model, "rope_axial+swin_bias")
+    vpe.apply(model, "swin_bias")
+    x = torch.randn(2, 3, 32, 40)
+    with torch.no_grad():
+        assert (model(x).logits - ref(x).logits).abs().max() < 1e-5

@@ -193,3 +193,14 @@ def test_grid_offset_reaches_the_encodings():
     assert layout.grid.offset == (1, 2) and (tokens[:, 1:] - (patches + window)).abs().max() < 1e-6
     with torch.no_grad():
         assert not torch.allclose(model(x, grid_offset=(1, 2)), model(x))
+
+
+def test_apply_twice_switches_encoding_and_keeps_the_table():
+    ref = _reference()
+    model = vpe.apply(copy.deepcopy(ref), "learned")
+    vpe.apply(model, "rope_axial+learned")
+    assert len(vpe.encodings_of(model)["rotary"]) == 2
+    vpe.apply(model, "learned")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert (model(x) - ref(x)).abs().max() < 1e-5

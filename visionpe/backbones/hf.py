@@ -60,8 +60,8 @@ from .video_swin import shift_mask
 
 class GridAttention(nn.Module):
     """Replaces a transformers ViT/DeiT/DINOv2/Swin attention: its ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``
-    (names kept, so the model's state dict keys are transformers'), its scale ``head_dim ** -0.5`` and attention
-    dropout; ``rotary`` and ``bias`` hold the block's encodings.
+    (names kept, so the model's state dict keys are transformers'), ``num_attention_heads``, ``head_dim`` (scale
+    ``head_dim ** -0.5``) and ``attention_dropout``; ``rotary`` and ``bias`` hold the block's encodings.
 
     Call: ``attn(x, layout, attention_mask=None, output_attentions=False) -> (out, weights)`` with
     ``x: (B, T, dim)`` and ``layout`` the call's grid; ``attention_mask`` broadcastable to ``(B, heads, T, T)``
@@ -71,14 +71,14 @@ class GridAttention(nn.Module):
 
     def __init__(self, source: nn.Module, rotary: nn.Module | None = None, bias: nn.Module | None = None):
         super().__init__()
-        self.num_heads, self.head_dim = source.num_attention_heads, source.head_dim
+        self.num_attention_heads, self.head_dim = source.num_attention_heads, source.head_dim
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = source.q_proj, source.k_proj, source.v_proj, source.o_proj
         self.attention_dropout = source.attention_dropout
         self.rotary, self.bias = rotary, bias
 
     def forward(self, x: torch.Tensor, layout: Grid | Layout, attention_mask: torch.Tensor | None = None,
                 output_attentions: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        q, k, v = (rearrange(proj(x), "b t (h d) -> b h t d", h=self.num_heads)
+        q, k, v = (rearrange(proj(x), "b t (h d) -> b h t d", h=self.num_attention_heads)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
         dropout_p = self.attention_dropout if self.training else 0.0
         weights = None
@@ -283,8 +283,7 @@ def apply_vit_like(model: nn.Module, names: dict, kwargs: dict) -> None:
 
 def check_attention(source: nn.Module) -> None:
     """A transformers attention with separate q/k/v/o projections (transformers >= 5), or an already patched one."""
-    if not all(hasattr(source, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "num_attention_heads")) \
-            and not isinstance(source, GridAttention):
+    if not all(hasattr(source, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "num_attention_heads")):
         raise ValueError(f"attention {type(source).__name__} is not supported: visionpe's transformers adapter needs "
                          "attentions with q_proj, k_proj, v_proj and o_proj (transformers >= 5.24)")
 
