@@ -15,9 +15,9 @@ def when_imported(name: str, callback: Callable[[ModuleType], object]) -> None:
     """Call ``callback(module)`` once the top-level module ``name`` is imported: now if it already is, else right
     after its import has finished. An exception in ``callback`` becomes a ``RuntimeWarning``, so the import of
     ``name`` itself never fails because of it."""
-    if name in sys.modules:
+    if sys.modules.get(name) is not None:
         _run(callback, sys.modules[name])
-    else:
+    elif name not in sys.modules:  # a None entry marks a module that must not be imported: no callback then
         sys.meta_path.insert(0, _Finder(name, callback))
 
 

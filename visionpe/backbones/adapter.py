@@ -10,6 +10,7 @@ they are built* is here, once.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -20,6 +21,8 @@ from .._checks import to_shape
 from ..encoding import Encoding, ModelContext, constructor_keywords
 from ..registry import ENCODINGS, check_keywords, check_name
 from ..rotary.sections import video_sections
+from ..tokens import Learned
+from ..weights.convert import pos_embed_tensors
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,49 @@ class EncodingSet:
         return self._shared.setdefault(key, module)
 
 
+def check_global_families(names: dict[str, str]) -> None:
+    """A ViT's attention spans the whole grid: a window table (``swin_bias``) has no place in it."""
+    if names.get("bias") == "swin_bias":
+        raise ValueError("swin_bias needs window attention (Swin); for a ViT use rel_bias (BEiT's global table), "
+                         "cpb or alibi")
+
+
+def check_window_families(names: dict[str, str], model_name: str) -> None:
+    """Swin windows take rotary and bias encodings; tokens encodings and the global ``rel_bias`` need a ViT."""
+    if "tokens" in names:
+        raise ValueError(f"{model_name} takes bias and rotary encodings (swin_bias, cpb, alibi, bucket_bias, "
+                         f"rope_axial, rope_mixed); tokens encodings ({names['tokens']}) need a ViT")
+    if names.get("bias") == "rel_bias":
+        raise ValueError("rel_bias is a global (whole-image) table for ViTs; in Swin windows use swin_bias")
+
+
+def build_tokens(names: dict[str, str], kwargs: dict[str, dict], context: ModelContext,
+                 old_table: torch.Tensor | None = None, previous: nn.Module | None = None,
+                 **defaults) -> Encoding | None:
+    """The tokens encoding of a ViT-style model (None when ``pe`` has none), built for ``context``.
+
+    A ``learned`` table takes over the model's own absolute table ``old_table: (1, P + N, D)`` (``P`` =
+    ``context.num_prefix_tokens`` rows for prefix tokens, then the patches of ``context.grid_shape``, resampled when
+    the user builds the table for another ``grid_shape``); on a re-apply it keeps ``previous``'s weights when their
+    shapes match.
+    ``defaults`` are adapter-specific keywords the user may override. A ``block_index`` beyond the model's blocks
+    is an error.
+    """
+    name = names.get("tokens")
+    if name is None:
+        return None
+    tokens = build_for(name, context, {**defaults, **kwargs[name]})
+    if isinstance(tokens, Learned) and old_table is not None and \
+            old_table.shape[1] == tokens.num_prefix_tokens + math.prod(context.grid_shape):
+        tokens.load_state_dict(pos_embed_tensors(tokens, old_table.detach(), context.grid_shape))
+    else:
+        carry_over(tokens, previous)
+    if tokens.block_index >= context.depth:
+        raise ValueError(f"block_index={tokens.block_index} is out of range: the model has {context.depth} blocks, "
+                         f"0..{context.depth - 1}")
+    return tokens
+
+
 def carry_over(new: nn.Module, old: nn.Module | None) -> None:
     """Re-applying an encoding to a patched model keeps its learned weights (same type and shapes)."""
     if type(old) is type(new):
@@ -238,8 +284,10 @@ class PositionalModel:
         check_input(x, tuple(self.patch_embed.patch_size), self.patch_embed.proj.in_channels, type(self).__name__)
 
     def no_weight_decay(self) -> set[str]:
-        """timm's set plus what every encoding excludes (its tables, frequencies, bias MLPs; PEG nothing)."""
-        names = set(super().no_weight_decay())
+        """The base model's set (timm's; none for torchvision and transformers models) plus what every encoding
+        excludes (its tables, frequencies, bias MLPs; PEG nothing)."""
+        base = getattr(super(), "no_weight_decay", None)
+        names = set(base()) if base is not None else set()
         for prefix, module in self.named_modules():
             if isinstance(module, Encoding):
                 names |= {f"{prefix}.{n}" for n in module.no_weight_decay()}

@@ -20,7 +20,8 @@ from ..bias import ContinuousPositionBias, SwinBias
 from ..encoding import ModelContext
 from ..grid import Grid
 from .._checks import to_shape
-from .adapter import Adapter, EncodingSet, PositionalModel, check_img_size, register_adapter
+from .adapter import (Adapter, EncodingSet, PositionalModel, check_img_size, check_window_families,
+                      register_adapter)
 
 
 class WindowAttention(nn.Module):
@@ -85,11 +86,7 @@ class SwinTransformerV2PE(PositionalModel, SwinTransformerV2):
 
 def apply_swin(model: nn.Module, names: dict, kwargs: dict) -> None:
     """Put the encodings ``names`` (family -> name) into every window attention of a timm Swin, in place."""
-    if "tokens" in names:
-        raise ValueError(f"{type(model).__name__} takes bias and rotary encodings (swin_bias, cpb, alibi, "
-                         f"rope_axial, rope_mixed); tokens encodings ({names['tokens']}) need a ViT")
-    if names.get("bias") == "rel_bias":
-        raise ValueError("rel_bias is a global (whole-image) table for ViTs; in Swin windows use swin_bias")
+    check_window_families(names, type(model).__name__)
     model.patch_embed.strict_img_size = False
     model.dynamic_img_size = True
     encodings = EncodingSet(names, kwargs)

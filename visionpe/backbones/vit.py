@@ -22,12 +22,11 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.checkpoint import checkpoint
 
 from ..attention import Attention
-from ..weights.convert import pos_embed_tensors
 from ..encoding import ModelContext
 from .._checks import check_number
 from ..grid import Grid, Layout, MixedLayout
-from ..tokens import Learned
-from .adapter import Adapter, EncodingSet, PositionalModel, build_for, check_img_size, register_adapter
+from .adapter import (Adapter, EncodingSet, PositionalModel, build_tokens, check_global_families, check_img_size,
+                      register_adapter)
 
 
 class GridBlock(Block):
@@ -228,9 +227,7 @@ def check_not_causal(is_causal: bool) -> None:
 
 def apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
     """Put the encodings ``names`` (family -> name) into a timm ViT in place; weights kept."""
-    if names.get("bias") == "swin_bias":
-        raise ValueError("swin_bias needs window attention (Swin); for a ViT use rel_bias (BEiT's global table), "
-                         "cpb or alibi")
+    check_global_families(names)
     patch_embed = model.patch_embed
     patch_embed.strict_img_size, patch_embed.flatten, patch_embed.output_fmt = False, False, Format.NHWC
     model.dynamic_img_size = True
@@ -239,19 +236,8 @@ def apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
     context = ModelContext(grid_shape, model.embed_dim, first.num_heads, first.head_dim,
                            num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens,
                            depth=len(model.blocks))
-    old_table = model.pos_embed.detach() if isinstance(getattr(model, "pos_embed", None), nn.Parameter) else None
-    tokens = None
-    if "tokens" in names:
-        tokens = build_for(names["tokens"], context, kwargs[names["tokens"]])
-        existing = getattr(model, "pe_tokens", None)
-        if isinstance(tokens, Learned) and isinstance(existing, Learned) and existing.grid_shape == grid_shape:
-            tokens.load_state_dict(existing.state_dict())
-        elif isinstance(tokens, Learned) and old_table is not None and \
-                old_table.shape[1] == tokens.num_prefix_tokens + math.prod(grid_shape):
-            tokens.load_state_dict(pos_embed_tensors(tokens, old_table, grid_shape))
-    if tokens is not None and tokens.block_index >= len(model.blocks):
-        raise ValueError(f"block_index={tokens.block_index} is out of range: the model has {len(model.blocks)} "
-                         f"blocks, 0..{len(model.blocks) - 1}")
+    old_table = model.pos_embed if isinstance(getattr(model, "pos_embed", None), nn.Parameter) else None
+    tokens = build_tokens(names, kwargs, context, old_table, getattr(model, "pe_tokens", None))
     model.pos_embed = None
     model.pe_tokens = tokens
     encodings = EncodingSet(names, kwargs)

@@ -55,8 +55,8 @@ def check_model(cfg: dict) -> None:
     named = named_constructor(name)
     if named is None and not timm.is_model(name):
         raise UserError(f"unknown model {name!r}; try e.g. vit_tiny_patch16_224, deit_small_patch16_224, "
-                        "swin_tiny_patch4_window7_224 (timm), swin3d_t (torchvision Video Swin), or a model registered "
-                        "by --import")
+                        "swin_tiny_patch4_window7_224 (timm), swin3d_t (torchvision Video Swin), tv_vit_b_16 "
+                        "(torchvision ViT), or a model registered by --import")
     adapter = named[0] if named is not None else timm_adapter(name)
     if cfg["pe"] == TIMM_NATIVE:
         if video or named is not None or adapter is None:
@@ -66,7 +66,8 @@ def check_model(cfg: dict) -> None:
         return
     if adapter is None:
         raise UserError(f"--model {name}: visionpe has no adapter for it (supported: timm ViT/DeiT vit_*/deit_*, Swin "
-                        "swin_*/swinv2_*, torchvision swin3d_t/s/b, or a backbone registered by --import)")
+                        "swin_*/swinv2_*, torchvision swin3d_t/s/b and tv_vit_b_16/b_32/l_16/l_32/h_14, or a backbone "
+                        "registered by --import)")
     if named is not None and named[0].video != video:
         raise UserError(f"--model {name} is a video model ({named[0].name}): it needs video data and --num-frames"
                         if named[0].video else f"--model {name} takes images, not --num-frames")

@@ -66,7 +66,8 @@ SETTINGS: dict[str, Setting] = {
                "--num-frames (video) a timm ViT, built as its tubelet version (visionpe.create_video_model), or "
                "torchvision's Video Swin swin3d_t / swin3d_s / swin3d_b (torchvision's sizes; --model-kwargs "
                "embed_dim=, depths=[..], num_heads=[..], window_size=[t,h,w] make a smaller one; its patch is "
-               "--tubelet-size)", metavar="NAME"),
+               "--tubelet-size); or torchvision's image ViT tv_vit_b_16 / tv_vit_b_32 / tv_vit_l_16 / tv_vit_l_32 / "
+               "tv_vit_h_14 (sized by --embed-dim, --depth, --num-heads)", metavar="NAME"),
     "pe": S("learned", MODEL, "str", "", metavar="NAME"),  # help filled from the registry
     "pe_kwargs": S({}, MODEL, "mapping", "encoding keywords as KEY=VALUE (VALUE read as YAML), e.g. theta=100 "
                    "scaling=pi; see visionpe.build for each encoding's keywords", metavar="KEY=VALUE"),
