@@ -11,7 +11,7 @@ The encodings, :class:`Grid` and :func:`build` import without timm; the backbone
 """
 import importlib
 
-from .attention import Attention, attend
+from .attention import Attention, attend, set_attention
 from .bias import ALiBi, BiasEncoding, ContinuousPositionBias, RelBias, RelativePositionBias, SwinBias
 from .checkpoint import load_timm_checkpoint, load_weights, save_weights
 from .coords import CoordinateSystem
@@ -29,7 +29,7 @@ _LAZY = {"apply": "backbones", "create_model": "backbones", "create_video_model"
 __all__ = ["ALiBi", "Attention", "AxialRoPE", "BiasEncoding", "ContinuousPositionBias", "CoordinateSystem", "Encoding",
            "Grid", "Layout", "Learned", "MixedLayout", "MixedRoPE", "ModelContext", "PEG", "RelBias", "RelativePositionBias", "RoPE",
            "RotaryEncoding", "SinCos", "SwinBias", "TokenEncoding", "attend", "available", "build",
-           "load_timm_checkpoint", "load_weights", "register", "save_weights", "unregister", *_LAZY]
+           "load_timm_checkpoint", "load_weights", "register", "save_weights", "set_attention", "unregister", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -59,7 +59,7 @@ def video_sections(head_dim: int) -> tuple[int, int, int]:
 
 
 def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int = 8, tubelet_size=(2, 16, 16),
-                       pe_kwargs: dict | None = None, **timm_kwargs) -> nn.Module:
+                       pe_kwargs: dict | None = None, attention: str = "auto", **timm_kwargs) -> nn.Module:
     """A timm ViT that takes clips ``(B, C, T, H, W)``, with the encoding ``pe`` on the 3D token grid.
 
     >>> model = create_video_model("vit_tiny_patch16_224", pe="rope_mixed", num_frames=8, img_size=32,
@@ -69,6 +69,7 @@ def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int 
 
     Any clip length and frame size divisible by the tubelet works at run time. A rotary encoding whose head_dim
     does not split into three equal bands gets :func:`video_sections` unless ``pe_kwargs`` sets ``sections``.
+    ``attention``: every attention's :func:`visionpe.attend` choice (see :func:`~visionpe.apply`).
     """
     names = parse_pe(pe)
     route_kwargs(names, {} if pe_kwargs is None else pe_kwargs)
@@ -93,4 +94,4 @@ def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int 
     head_dim = model.blocks[0].attn.head_dim
     if "rotary" in names and "sections" not in pe_kwargs and head_dim % 6:
         pe_kwargs["sections"] = video_sections(head_dim)
-    return apply(model, pe, **pe_kwargs)
+    return apply(model, pe, attention, **pe_kwargs)
