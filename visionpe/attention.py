@@ -128,6 +128,9 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     if (mask is not None and mask.requires_grad and torch.is_grad_enabled() and q.device.type == "cpu"
             and dropout_p == 0.0 and mask.is_floating_point() and q.shape[-1] == v.shape[-1]
             and _FLASH_CPU is not None and not torch.compiler.is_compiling()):
+        if torch.is_autocast_enabled("cpu"):  # a custom function is not autocast: cast as SDPA's autocast does
+            dtype = torch.get_autocast_dtype("cpu")  # (Swin-V2's normalised q, k are float32 there, v is not)
+            q, k, v, mask = (t.to(dtype) for t in (q, k, v, mask))
         return _FusedBiasAttention.apply(q, k, v, mask, q.shape[-1] ** -0.5 if scale is None else scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 

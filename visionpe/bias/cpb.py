@@ -79,7 +79,7 @@ class ContinuousPositionBias(BiasEncoding):
             units = [2.0] * grid.ndim if self.coordinates.normalized else None
         coords = log_relative_coords(grid.shape, window, device, offsets, units)
         with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
-            return 16 * torch.sigmoid(self.cpb_mlp(coords).float())
+            return 16 * torch.sigmoid(self.cpb_mlp(coords.to(self.cpb_mlp[0].weight.dtype)).float())
 
     def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
         return pair_bias(self._offset_table(grid, device, transform), grid, grid.shape)
