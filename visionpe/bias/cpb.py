@@ -23,8 +23,8 @@ def log_relative_coords(shape, norm_window, device=None, offsets=None, units=Non
     if offsets is None:
         offsets = [torch.arange(-(s - 1), s, device=device, dtype=torch.float32) for s in shape]
     units = [max(w - 1, 1) for w in norm_window] if units is None else units
+    offsets = [o / u * 8 for o, u in zip(offsets, units)]  # per axis: no host-to-device copy of the units
     coords = torch.stack(torch.meshgrid(*offsets, indexing="ij"), dim=-1).reshape(-1, len(shape))
-    coords = coords / torch.tensor(units, device=device, dtype=coords.dtype) * 8
     return torch.sign(coords) * torch.log2(1.0 + coords.abs()) / math.log2(8)
 
 
