@@ -16,7 +16,7 @@ non-positional weight is kept, positional ones are converted where that has a me
 to the new grid; timm's pos_embed into learned) and the rest are dropped or start fresh, with a printed
 kept / converted / new / dropped report. The model and data settings default to the source run's.
 
-Settings: defaults < YAML recipe (--config) < command line (visionpe/train/config.py lists every one). The run
+Settings: defaults < YAML recipe (--config) < command line (visionpe/train/settings.py lists every one). The run
 directory (--output, default runs/<data>_<pe>_s<seed>) holds config.yaml, state.pt (the checkpoint),
 last.safetensors, best.safetensors, metrics.jsonl and results.json (visionpe/train/rundir.py: what each holds,
 and why a kill at any instant leaves a run that --resume continues exactly).
@@ -39,19 +39,19 @@ from timm.scheduler import CosineLRScheduler
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from visionpe.train import cli, config, loop, rundir
+from visionpe.train import cli, loop, models, report, restore, rundir, settings
 from visionpe.train.cli import UserError
 
 
 def main(argv: list[str]) -> dict:
     # -- settings ----------------------------------------------------------------------------------------
     head, _, tail = __doc__.partition("\n\n")
-    args = config.parse_args(argv, prog="train_vit", description=head, epilog=tail.split("\n\nSettings")[0])
+    args = settings.parse_args(argv, prog="train_vit", description=head, epilog=tail.split("\n\nSettings")[0])
     resume = bool(args.get("resume"))
     if resume:
-        cfg, changed = rundir.resume_config(args)  # the run's config.yaml; only safe settings may change
+        cfg, changed = restore.resume_config(args)  # the run's config.yaml; only safe settings may change
     else:
-        cfg, changed = rundir.new_config(args), []  # with --init-from: the source run's model settings as defaults
+        cfg, changed = restore.new_config(args), []  # with --init-from: the source run's model settings as defaults
         rundir.check_fresh(Path(cfg["output"]), cfg["overwrite"])
     out = Path(cfg["output"])
 
@@ -96,10 +96,10 @@ def main(argv: list[str]) -> dict:
     # -- model, optimizer, schedule, loss --------------------------------------------------------------------
     state = rundir.load_checkpoint(out) if resume else None
     torch.manual_seed(cfg["seed"])
-    raw_model = rundir.build_model(cfg)
+    raw_model = models.build_model(cfg)
     init = None
     if cfg["init_from"] and state is None:  # a new run from another model's weights (or one resumed before epoch 1)
-        init = rundir.init_weights(raw_model, cfg)
+        init = restore.init_weights(raw_model, cfg)
     raw_model = raw_model.to(device)
     model = DDP(raw_model, device_ids=[local_rank] if use_cuda else None) if world > 1 else raw_model
     num_params = sum(p.numel() for p in raw_model.parameters())
@@ -123,7 +123,7 @@ def main(argv: list[str]) -> dict:
     # -- run directory: fresh, or continue from the last saved epoch -----------------------------------------
     start_epoch, best_acc, best_epoch, history = 0, -1.0, -1, [init] if init else []
     if state is not None:
-        rundir.load_state(raw_model, state["model"], out / rundir.STATE)
+        restore.load_state(raw_model, state["model"], out / rundir.STATE)
         with cli.user_errors(f"{out / rundir.STATE} does not fit the optimizer or schedule"):
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
@@ -137,8 +137,8 @@ def main(argv: list[str]) -> dict:
     if resume:
         log(f"resuming {out} after epoch {start_epoch}")
     if init:
-        log(rundir.init_text(init))
-    clips = (f" clips of {cfg['num_frames']} frames, tubelet {'x'.join(map(str, rundir.tubelet(cfg)))}"
+        log(restore.init_text(init))
+    clips = (f" clips of {cfg['num_frames']} frames, tubelet {'x'.join(map(str, models.tubelet(cfg)))}"
              if video else "")
     log(f"{cfg['model']} pe={cfg['pe']} {num_params / 1e6:.3f}M params | {cfg['data']} {len(train_set)} train "
         f"{len(val_set)} val at {cfg['img_size']}px{clips} | {world} process(es) on {device.type}"
@@ -184,14 +184,14 @@ def main(argv: list[str]) -> dict:
         if world > 1:
             dist.barrier()  # rank 0 has finished writing the weights
         path = out / f"{which}.safetensors"
-        rundir.load_state(raw_model, rundir.read_weights(path, device), path)
+        restore.load_state(raw_model, rundir.read_weights(path, device), path)
         results[which] = loop.evaluate_resolutions(model, eval_sets, train_key, **eval_kw)
         history += [{"kind": "eval_res", "model": which, **({"res": k[1], "frames": k[0]} if video else {"res": k}),
                      **m} for k, m in results[which].items()]
     epochs_run = [h for h in history if h["kind"] == "epoch"]
     summary = {"model": cfg["model"], "pe": cfg["pe"], "data": cfg["data"], "seed": cfg["seed"],
                "img_size": cfg["img_size"], **({"num_frames": cfg["num_frames"],
-                                                "tubelet_size": list(rundir.tubelet(cfg))} if video else {}),
+                                                "tubelet_size": list(models.tubelet(cfg))} if video else {}),
                "init_from": cfg["init_from"], "params": num_params,
                "epochs": cfg["epochs"], "best_epoch": best_epoch,
                "train_img_per_s": float(np.median([h["img_per_s"] for h in epochs_run])) if epochs_run else None,
@@ -208,7 +208,7 @@ def main(argv: list[str]) -> dict:
             rows.append([f"{name} retention"] + [f"{at(r)['retention']:.3f}" for r in resolutions])
     trained = f"{cfg['num_frames']} frames at {cfg['img_size']}px" if video else f"{cfg['img_size']}px"
     log(f"\n{cfg['data']}  {cfg['model']}  pe={cfg['pe']}  trained at {trained}, best epoch {best_epoch}\n"
-        + loop.table(rows, ["frames x resolution" if video else "resolution"] + [f"{r}px" for r in resolutions]))
+        + report.text_table(rows, ["frames x resolution" if video else "resolution"] + [f"{r}px" for r in resolutions]))
     if world > 1:
         dist.destroy_process_group()
     return summary

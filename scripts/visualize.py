@@ -7,6 +7,8 @@ Kinds (see ``visionpe.viz`` for what each family shows):
   freqs       RoPE frequency vectors per head in the (fx, fy) plane against the axial ones
   resolution  similarity on the native grid and on a larger grid after the encoding's adaptation
   video       similarity of one query to every (t, h, w), as a strip of frames
+  explore     one self-contained HTML page: point at a patch to see its map, per layer, head and grid (native or
+              larger after each adaptation), a frame slider for video; a run's page holds all its encodings
 
 Examples:
   python scripts/visualize.py --pe sincos --grid 14 14 --kind similarity --out sim.png
@@ -14,40 +16,40 @@ Examples:
   python scripts/visualize.py --pe rope_mixed --grid 4 14 14 --kind video --query 2 7 7 --out video.png
   python scripts/visualize.py --run runs/x --pe rope_mixed --layer 3 --kind freqs --out freqs.png
   python scripts/visualize.py --checkpoint runs/x/best.safetensors --kind similarity --out sim.png
+  python scripts/visualize.py --pe rope_mixed --grid 14 14 --kind explore --out page.html
+  python scripts/visualize.py --run runs/x --kind explore --out page.html
 
 User mistakes exit with status 2 and one line on stderr.
 """
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("MPLBACKEND", "Agg")
-
-import torch  # noqa: E402
 
 import visionpe  # noqa: E402
 from visionpe import viz  # noqa: E402
 from visionpe.rotary.scaling import SCALINGS  # noqa: E402
-from visionpe.train import cli, rundir  # noqa: E402
+from visionpe.train import cli, models, restore  # noqa: E402
 from visionpe.train.cli import UserError  # noqa: E402
+
+KINDS = (*viz.KINDS, "explore")
 
 
 def build_parser() -> cli.Parser:
     p = cli.Parser(prog="visualize.py", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2])
     what = p.add_argument_group("what to draw")
     what.add_argument("--kind", default="similarity", metavar="KIND",
-                      help=f"one of {', '.join(viz.KINDS)} (default: similarity)")
+                      help=f"one of {', '.join(KINDS)} (default: similarity)")
     what.add_argument("--pe", metavar="NAME",
                       help="encoding name (fresh: required; from a run: which of its encodings, default the first in "
-                           f"its config); one of {', '.join(visionpe.available())}")
+                           f"its config); one of {', '.join(visionpe.available())}, or one registered by --import")
     what.add_argument("--grid", nargs="+", type=int, metavar="N",
                       help="patch grid: H W (image) or T H W (video), positive sizes; fresh default 14 14; for a "
                            "run, the trained grid unless given (then the encoding is adapted to it)")
     what.add_argument("--new-grid", nargs="+", type=int, metavar="N",
-                      help="larger grid of --kind resolution, positive sizes (default: 2x the spatial axes)")
+                      help="larger grid of --kind resolution/explore, positive sizes (default: 2x the spatial axes)")
     what.add_argument("--scaling", metavar="NAME", help=f"RoPE adaptation on another grid: {', '.join(SCALINGS)} "
                                                        "(default: as the encoding is configured)")
     what.add_argument("--head", type=int, metavar="H",
@@ -71,8 +73,10 @@ def build_parser() -> cli.Parser:
     fresh.add_argument("--factorized", action="store_true", help="learned: one table per axis")
     fresh.add_argument("--seed", type=int, default=0, metavar="N", help="seed of random initialisations (default: 0)")
     out = p.add_argument_group("output and misc")
-    out.add_argument("--out", metavar="PNG", help="output PNG (default: <pe>_<kind>.png)")
+    out.add_argument("--out", metavar="FILE",
+                     help="output PNG, HTML for --kind explore (default: <pe>_<kind>.png or .html)")
     out.add_argument("--dpi", type=int, default=90, help="PNG resolution, an integer >= 1 (default: 90)")
+    cli.add_import(p, out)
     p.add_debug(out)
     return p
 
@@ -86,50 +90,65 @@ def check_shape(parser, name: str, values):
 
 
 def fresh_encoding(args, shape):
-    """Build ``args.pe`` for the grid ``shape`` with the CLI's sizes."""
-    ndim = len(shape)
-    family = visionpe.available()[args.pe]
-    if family == "tokens":
-        kwargs = {"dim": args.dim, "ndim": ndim}
-        if args.pe == "learned":
-            kwargs.update(grid=shape, factorized=args.factorized)
-    elif family == "rotary":
-        kwargs = {"head_dim": args.head_dim or (64 if ndim < 3 else 96), "num_heads": args.num_heads, "ndim": ndim}
-        if args.theta is not None:
-            kwargs["theta"] = args.theta
-    else:
-        kwargs = {"num_heads": args.num_heads}
-        kwargs.update({"swin_bias": {"window_size": shape}, "cpb": {"window_size": shape},
-                       "rel_bias": {"grid": shape}, "alibi": {"ndim": ndim}}[args.pe])
-    torch.manual_seed(args.seed)
-    return visionpe.build(args.pe, **kwargs)
+    """Build ``args.pe`` for the grid ``shape`` as a model of the CLI's sizes would (any registered encoding)."""
+    kwargs = {"theta": args.theta} if args.theta is not None else {}
+    if args.factorized:
+        kwargs["factorized"] = True
+    return viz.fresh_encoding(args.pe, shape, dim=args.dim, num_heads=args.num_heads, head_dim=args.head_dim,
+                              seed=args.seed, **kwargs)
 
 
 def trained_encoding(args):
     """``(encoding, trained grid, label)`` from --run/--checkpoint."""
-    model, cfg = rundir.load_model(args.run or args.checkpoint, args.which)
+    model, cfg = restore.load_model(args.run or args.checkpoint, args.which)
     name = args.pe or str(cfg["pe"]).split("+")[0]
     pe = viz.pick_encoding(model, name, args.layer)
     where = f"layer {args.layer}" if viz.family_of(pe) != "tokens" else "tokens"
-    return pe, rundir.run_grid(cfg), f"{name} ({Path(args.run or args.checkpoint).name}, {where})"
+    native = viz.native_grid(pe, models.run_grid(cfg))
+    return pe, native, f"{name} ({Path(args.run or args.checkpoint).name}, {where})"
+
+
+def explore(args, parser, shape, new_shape) -> Path:
+    """--kind explore: the page of a fresh encoding on its grid, or of every encoding of a run's model."""
+    scalings = None if args.scaling is None else (args.scaling,)
+    out = Path(args.out or f"{args.pe or 'run'}_explore.html")
+    if args.run or args.checkpoint:
+        if shape is not None:
+            parser.error("--grid does not apply to --kind explore of a run: the page starts from the trained grid "
+                         "(the larger grid is --new-grid)")
+        model, cfg = restore.load_model(args.run or args.checkpoint, args.which)
+        return viz.write_explorer(model, out, models.run_grid(cfg), new_shape=new_shape, scalings=scalings,
+                                  title=f"{cfg['pe']} ({Path(args.run or args.checkpoint).name})")
+    if args.pe is None:
+        parser.error("--pe is required for a fresh encoding (or give --run/--checkpoint)")
+    if args.pe not in visionpe.available():
+        parser.error(f"unknown encoding --pe {args.pe!r}; available: {', '.join(visionpe.available())}")
+    shape = shape or (14, 14)
+    return viz.write_explorer(fresh_encoding(args, shape), out, shape, new_shape=new_shape, scalings=scalings)
 
 
 def run(args, parser) -> Path:
-    if args.kind not in viz.KINDS:
-        parser.error(f"unknown --kind {args.kind!r}; choose from {', '.join(viz.KINDS)}")
-    if args.pe is not None and args.pe not in visionpe.available():
-        parser.error(f"unknown encoding --pe {args.pe!r}; available: {', '.join(visionpe.available())}")
+    cli.import_user_code(args.imports)
+    if args.kind not in KINDS:
+        parser.error(f"unknown --kind {args.kind!r}; choose from {', '.join(KINDS)}")
     if args.scaling is not None and args.scaling not in SCALINGS:
         parser.error(f"unknown --scaling {args.scaling!r}; choose from {', '.join(SCALINGS)}")
     shape = check_shape(parser, "--grid", args.grid)
     new_shape = check_shape(parser, "--new-grid", args.new_grid)
+    if args.kind == "explore":
+        return explore(args, parser, shape, new_shape)
     if args.run or args.checkpoint:
-        pe, native, title = trained_encoding(args)
+        pe, native, title = trained_encoding(args)  # loading the run imports its own code first
     else:
+        if args.pe is not None and args.pe not in visionpe.available():
+            parser.error(f"unknown encoding --pe {args.pe!r}; available: {', '.join(visionpe.available())}")
         if args.pe is None:
             parser.error("--pe is required for a fresh encoding (or give --run/--checkpoint)")
         native = shape or (14, 14)
         pe, title = fresh_encoding(args, native), args.pe
+    if args.kind not in viz.kinds_for(pe):
+        parser.error(f"--kind {args.kind} does not apply to {viz.name_of(pe)} ({viz.family_of(pe)}); kinds for it: "
+                     f"{', '.join(viz.kinds_for(pe))}")
     shape = shape or native
     if len(shape) != len(native):
         parser.error(f"--grid {' '.join(map(str, shape))} has {len(shape)} axes but the encoding has {len(native)}")
@@ -165,4 +184,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    result = main()  # what main returned (0), for callers that use runpy

@@ -25,6 +25,24 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _registries():
+    """Every test leaves the encoding, data set and adapter registries as it found them, and forgets the user modules
+    it imported with --import (a user's registrations must not leak into the next test)."""
+    import sys
+
+    from visionpe.backbones import ADAPTERS
+    from visionpe.data import DATASETS
+    saved = [(registry, dict(registry)) for registry in (ENCODINGS, DATASETS, ADAPTERS)]
+    modules = set(sys.modules)
+    yield
+    for registry, entries in saved:
+        registry.clear()
+        registry.update(entries)
+    for name in [m for m in sys.modules if m.startswith("visionpe_user_") and m not in modules]:
+        del sys.modules[name]
+
+
 # -- the device of tests/cuda: `pytest --device cuda tests/cuda` on a GPU machine; CPU by default ---------------------
 NO_CUDA = "no CUDA device on this machine (torch.cuda.is_available() is False)"
 

@@ -1,5 +1,6 @@
-"""Helpers for the training tests: run train_vit.py in this process, exactly as `python train_vit.py ARGV` would
-run it (nothing imports train_vit.py; runpy executes it as __main__)."""
+"""Helpers for the tests of the command lines: run train_vit.py or a script in this process, exactly as
+`python train_vit.py ARGV` or `python scripts/NAME.py ARGV` would run it (nothing imports them; runpy executes the
+file as __main__), or read a script's own definitions (its parser) without running it."""
 from __future__ import annotations
 
 import runpy
@@ -20,3 +21,21 @@ def train_main(argv):
     ``SystemExit(2)`` after printing one line on stderr, as the script does."""
     with mock.patch.object(sys, "argv", [str(TRAIN), *map(str, argv)]):
         return runpy.run_path(str(TRAIN), run_name="__main__")["result"]
+
+
+def script_path(name: str) -> Path:
+    return ROOT / "scripts" / f"{name}.py"
+
+
+def run_script(name: str, argv):
+    """``python scripts/NAME.py *argv`` in this process; returns what its ``main`` returned (the script keeps it in
+    ``result``). A user mistake raises ``SystemExit(2)`` after printing one line on stderr."""
+    path = script_path(name)
+    with mock.patch.object(sys, "argv", [str(path), *map(str, argv)]):
+        return runpy.run_path(str(path), run_name="__main__")["result"]
+
+
+def script_namespace(name: str) -> dict:
+    """The definitions of ``scripts/NAME.py`` (e.g. its ``build_parser``) without running it and without making it
+    an importable module."""
+    return runpy.run_path(str(script_path(name)), run_name=f"scripts.{name}")

@@ -13,7 +13,7 @@ import importlib
 
 from .attention import Attention, attend, set_attention
 from .bias import ALiBi, BiasEncoding, ContinuousPositionBias, RelBias, RelativePositionBias, SwinBias
-from .checkpoint import load_timm_checkpoint, load_weights, save_weights
+from .weights import load_timm_checkpoint, load_weights, save_weights
 from .coords import CoordinateSystem
 from .encoding import Encoding, ModelContext
 from .grid import Grid, Layout, MixedLayout

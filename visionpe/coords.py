@@ -42,7 +42,6 @@ from .grid import Grid
 
 COORDS = ("index", "normalized")
 NORMALIZE_COORDS = ("separate", "min", "max")
-SAMPLING = ("bicubic", "bilinear", "nearest")
 
 
 def denominators(shape, normalize_coords: str = "separate") -> tuple[float, ...]:
@@ -184,58 +183,3 @@ class CoordinateSystem:
         if not self.normalized:
             return "index coordinates"
         return f"normalised coordinates ({self.normalize_coords})"
-
-
-# -- sampling a table at positions ----------------------------------------------------------------------------
-def _cubic_weights(t: torch.Tensor, a: float = -0.75) -> torch.Tensor:
-    """Keys' cubic convolution weights of the taps at ``-1, 0, 1, 2`` for fractions ``t: (n,)`` -> ``(n, 4)`` (the
-    kernel of ``F.interpolate`` and ``F.grid_sample`` bicubic, ``a = -0.75``)."""
-    def near(x):  # |x| <= 1
-        return ((a + 2) * x - (a + 3)) * x * x + 1
-
-    def far(x):  # 1 < |x| < 2
-        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-
-    return torch.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], dim=-1)
-
-
-def axis_weights(positions: torch.Tensor, size: int, interpolation: str = "bicubic") -> torch.Tensor:
-    """Interpolation matrix ``(n, size)`` reading a length-``size`` axis at fractional indices ``positions: (n,)``.
-
-    Border handling is ``F.grid_sample``'s ``padding_mode="border"``: bilinear and nearest clamp the position to
-    ``[0, size - 1]``, bicubic clamps each of its four taps, so positions outside the table read its edge.
-    """
-    check_choice("interpolation", interpolation, SAMPLING)
-    n = positions.shape[0]
-    weights = torch.zeros(n, size, dtype=positions.dtype, device=positions.device)
-    rows = torch.arange(n, device=positions.device)
-    if interpolation == "nearest":
-        weights[rows, positions.clamp(0, size - 1).round().long()] = 1.0  # round half to even, as grid_sample
-        return weights
-    if interpolation == "bilinear":
-        p = positions.clamp(0, size - 1)
-        low = p.floor().clamp(max=max(size - 2, 0))
-        t = p - low
-        low = low.long()
-        weights.index_put_((rows, low), 1 - t, accumulate=True)
-        weights.index_put_((rows, (low + 1).clamp(max=size - 1)), t, accumulate=True)
-        return weights
-    low = positions.floor()
-    taps = _cubic_weights(positions - low)  # (n, 4)
-    for k in range(4):
-        weights.index_put_((rows, (low.long() + k - 1).clamp(0, size - 1)), taps[:, k], accumulate=True)
-    return weights
-
-
-def sample_grid(table: torch.Tensor, positions, interpolation: str = "bicubic") -> torch.Tensor:
-    """Sample a grid table ``(S_0, ..., S_{k-1}, C)`` at the tensor product of per-axis fractional indices
-    ``positions[a]: (n_a,)`` -> ``(n_0, ..., n_{k-1}, C)``, differentiable in ``table``.
-
-    Equals ``F.grid_sample(..., align_corners=False, padding_mode="border")`` at the normalised points
-    ``u_a = 2 (p_a + 0.5) / S_a - 1`` (its bilinear and bicubic kernels are separable), in 1D, 2D and 3D alike,
-    bicubic in 3D included (``grid_sample`` has none); weights are computed in the positions' dtype.
-    """
-    for axis, p in enumerate(positions):
-        weights = axis_weights(p, table.shape[axis], interpolation).to(table.dtype)
-        table = torch.tensordot(weights, table.movedim(axis, 0), dims=1).movedim(0, axis)
-    return table

@@ -1,7 +1,13 @@
-"""Axis-generic resampling of tables laid out on a grid (learned position tables, relative-bias tables).
+"""Axis-generic resampling of tables laid out on a grid (learned position tables, relative-bias tables): the one
+module that reads a grid table at other positions, in two ways.
+
+- :func:`resample_grid` resizes a table to a new grid (``F.interpolate`` semantics, antialiasing when it shrinks):
+  timm's ``resample_abs_pos_embed``.
+- :func:`sample_grid` reads a table at fractional per-axis positions (``F.grid_sample`` semantics), differentiable
+  in the table: a learned table read at normalised or augmented coordinates.
 
 One code path for 1D, 2D and 3D: the table is resampled one axis at a time with a 1-pixel-high
-``F.interpolate`` call. Bicubic, bilinear and area kernels are separable, so on a 2D table this equals
+``F.interpolate`` call, or multiplied by a per-axis interpolation matrix. Bicubic, bilinear and area kernels are separable, so on a 2D table this equals
 ``F.interpolate(mode="bicubic")`` over both axes (timm's ``resample_abs_pos_embed``) to float rounding,
 and it gives true bicubic resampling in 3D, where ``F.interpolate`` has no bicubic mode.
 """
@@ -13,7 +19,8 @@ from einops import rearrange
 
 from ._checks import check_choice
 
-INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "area")
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "area")  # resample_grid
+SAMPLING = ("bicubic", "bilinear", "nearest")  # sample_grid
 
 
 def resample_axis(table: torch.Tensor, axis: int, size: int, interpolation: str = "bicubic",
@@ -40,4 +47,58 @@ def resample_grid(table: torch.Tensor, new_shape, interpolation: str = "bicubic"
         raise ValueError(f"table of shape {tuple(table.shape)} cannot be resampled to {new_shape}")
     for axis, size in enumerate(new_shape):
         table = resample_axis(table, axis, size, interpolation, antialias)
+    return table
+
+
+def _cubic_weights(t: torch.Tensor, a: float = -0.75) -> torch.Tensor:
+    """Keys' cubic convolution weights of the taps at ``-1, 0, 1, 2`` for fractions ``t: (n,)`` -> ``(n, 4)`` (the
+    kernel of ``F.interpolate`` and ``F.grid_sample`` bicubic, ``a = -0.75``)."""
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return torch.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], dim=-1)
+
+
+def axis_weights(positions: torch.Tensor, size: int, interpolation: str = "bicubic") -> torch.Tensor:
+    """Interpolation matrix ``(n, size)`` reading a length-``size`` axis at fractional indices ``positions: (n,)``.
+
+    Border handling is ``F.grid_sample``'s ``padding_mode="border"``: bilinear and nearest clamp the position to
+    ``[0, size - 1]``, bicubic clamps each of its four taps, so positions outside the table read its edge.
+    """
+    check_choice("interpolation", interpolation, SAMPLING)
+    n = positions.shape[0]
+    weights = torch.zeros(n, size, dtype=positions.dtype, device=positions.device)
+    rows = torch.arange(n, device=positions.device)
+    if interpolation == "nearest":
+        weights[rows, positions.clamp(0, size - 1).round().long()] = 1.0  # round half to even, as grid_sample
+        return weights
+    if interpolation == "bilinear":
+        p = positions.clamp(0, size - 1)
+        low = p.floor().clamp(max=max(size - 2, 0))
+        t = p - low
+        low = low.long()
+        weights.index_put_((rows, low), 1 - t, accumulate=True)
+        weights.index_put_((rows, (low + 1).clamp(max=size - 1)), t, accumulate=True)
+        return weights
+    low = positions.floor()
+    taps = _cubic_weights(positions - low)  # (n, 4)
+    for k in range(4):
+        weights.index_put_((rows, (low.long() + k - 1).clamp(0, size - 1)), taps[:, k], accumulate=True)
+    return weights
+
+
+def sample_grid(table: torch.Tensor, positions, interpolation: str = "bicubic") -> torch.Tensor:
+    """Sample a grid table ``(S_0, ..., S_{k-1}, C)`` at the tensor product of per-axis fractional indices
+    ``positions[a]: (n_a,)`` -> ``(n_0, ..., n_{k-1}, C)``, differentiable in ``table``.
+
+    Equals ``F.grid_sample(..., align_corners=False, padding_mode="border")`` at the normalised points
+    ``u_a = 2 (p_a + 0.5) / S_a - 1`` (its bilinear and bicubic kernels are separable), in 1D, 2D and 3D alike,
+    bicubic in 3D included (``grid_sample`` has none); weights are computed in the positions' dtype.
+    """
+    for axis, p in enumerate(positions):
+        weights = axis_weights(p, table.shape[axis], interpolation).to(table.dtype)
+        table = torch.tensordot(weights, table.movedim(axis, 0), dims=1).movedim(0, axis)
     return table

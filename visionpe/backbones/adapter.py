@@ -1,18 +1,113 @@
-"""What every backbone adapter shares: parsing ``pe``, routing keywords, building encodings for a model,
-the input check, and the :class:`PositionalModel` mixin of the patched model classes.
+"""What every backbone adapter shares: the registry of adapters, parsing ``pe``, routing keywords, building
+encodings for a model, the input check, and the :class:`PositionalModel` mixin of the patched model classes.
 
-An adapter (``vit.py``, ``swin.py``, ...) maps a model class to its patched subclass and knows where the
-encodings go; everything about *which* encodings and *how they are built* is here, once.
+An adapter (``vit.py``, ``swin.py``, ...) is one :class:`Adapter` record, registered once with
+:func:`register_adapter`: the model class it takes, its patched subclass, where the encodings go, which attention
+modules hold them, and how its models are made to run at any input size. :func:`~visionpe.apply`,
+:func:`~visionpe.create_model`, :func:`~visionpe.encodings_of` and ``train_vit.py --model`` ask the registry, so a
+new backbone is one module and one registration (a user's own too). Everything about *which* encodings and *how
+they are built* is here, once.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from .._checks import to_shape
 from ..encoding import Encoding, ModelContext, constructor_keywords
 from ..registry import ENCODINGS, check_keywords, check_name
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How visionpe puts encodings into one model class.
+
+    Args:
+        base: the model class it takes (e.g. timm's ``VisionTransformer``; not its subclasses, whose own methods the
+            patched class would replace).
+        patched: the subclass the model's class becomes (mixes in :class:`PositionalModel`).
+        put_encodings: ``put_encodings(model, names, kwargs)`` builds the encodings ``names`` (family -> encoding
+            name) with their keywords (encoding name -> keywords) and puts them in place; raises ``ValueError`` for a
+            family the backbone cannot take.
+        attention: the attention module classes that hold a block's ``rotary`` and ``bias`` encodings.
+        library: where ``base`` comes from, for messages (``"timm"``, ``"torchvision"``, ``"transformers"``).
+        timm_modules: timm modules whose registered models build ``base`` (``create_model`` takes their names,
+            ``train_vit.py --pe timm`` runs them natively).
+        any_size: ``any_size(timm_kwargs) -> timm_kwargs`` adding what makes such a timm model run at any input
+            size the way timm does it (``dynamic_img_size``, ``strict_img_size=False``), checked.
+        constructors: models by name that are not in timm's registry (e.g. torchvision's ``swin3d_t``): ``name ->
+            build(**kwargs)``, called with timm's keyword names (``num_classes``, ``patch_size``, ``in_chans``,
+            ``img_size``, ``drop_path_rate``) plus the user's model keywords.
+        video: the models take clips ``(B, C, T, H, W)``.
+    """
+
+    base: type
+    patched: type
+    put_encodings: Callable[[nn.Module, dict, dict], None]
+    attention: tuple[type, ...]
+    library: str = "timm"
+    timm_modules: tuple[str, ...] = ()
+    any_size: Callable[[dict], dict] | None = None
+    constructors: Mapping[str, Callable[..., nn.Module]] = field(default_factory=dict)
+    video: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.library} {self.base.__name__}"
+
+
+ADAPTERS: dict[type, Adapter] = {}
+
+
+def register_adapter(adapter: Adapter, overwrite: bool = False) -> Adapter:
+    """Make ``adapter`` the way :func:`~visionpe.apply` treats models of class ``adapter.base``."""
+    if not isinstance(adapter, Adapter):
+        raise TypeError(f"adapter must be a visionpe.backbones.Adapter, got {type(adapter).__name__}")
+    if not (isinstance(adapter.base, type) and isinstance(adapter.patched, type)
+            and issubclass(adapter.patched, adapter.base) and issubclass(adapter.patched, PositionalModel)):
+        raise TypeError(f"adapter.patched must subclass both PositionalModel and adapter.base "
+                        f"({getattr(adapter.base, '__name__', adapter.base)!r})")
+    if adapter.base in ADAPTERS and ADAPTERS[adapter.base] != adapter and not overwrite:
+        raise ValueError(f"{adapter.name} already has an adapter; pass overwrite=True to replace it")
+    taken = {name for other in ADAPTERS.values() if other.base is not adapter.base for name in other.constructors}
+    clash = sorted(taken & set(adapter.constructors))
+    if clash:
+        raise ValueError(f"model name(s) {', '.join(clash)} are already registered by another adapter")
+    ADAPTERS[adapter.base] = adapter
+    return adapter
+
+
+def adapter_for(model: nn.Module) -> Adapter:
+    """The adapter of ``model``'s class: the class an adapter takes, or its patched subclass."""
+    cls = type(model)
+    for adapter in ADAPTERS.values():
+        if cls in (adapter.base, adapter.patched):
+            return adapter
+    supported = ", ".join(a.name for a in ADAPTERS.values())
+    near = next((a for a in ADAPTERS.values() if isinstance(model, a.base)), None)
+    why = (f" (it subclasses {near.name}, whose adapter does not know what the subclass adds)" if near else "")
+    raise ValueError(f"model class {cls.__module__}.{cls.__qualname__} is not supported{why}; supported: {supported} "
+                     "(a new backbone: visionpe.backbones.register_adapter)")
+
+
+def named_constructor(name: str) -> tuple[Adapter, Callable[..., nn.Module]] | None:
+    """``(adapter, build)`` of a model name that an adapter constructs itself (not a timm name), else None."""
+    for adapter in ADAPTERS.values():
+        if name in adapter.constructors:
+            return adapter, adapter.constructors[name]
+    return None
+
+
+def timm_adapter(name: str) -> Adapter | None:
+    """The adapter whose ``timm_modules`` hold timm's model ``name``, else None."""
+    import timm
+    if not timm.is_model(name):
+        return None
+    return next((a for a in ADAPTERS.values() if a.timm_modules
+                 and timm.models.is_model_in_modules(name, list(a.timm_modules))), None)
 
 
 def parse_pe(pe: str) -> dict[str, str]:
@@ -84,6 +179,21 @@ def carry_over(new: nn.Module, old: nn.Module | None) -> None:
         old_state, new_state = old.state_dict(), new.state_dict()
         if old_state.keys() == new_state.keys() and all(old_state[k].shape == v.shape for k, v in new_state.items()):
             new.load_state_dict(old_state)
+
+
+def check_img_size(timm_kwargs: dict) -> None:
+    """``img_size`` must be a multiple of ``patch_size`` at construction, not only at the first forward."""
+    img, patch = timm_kwargs.get("img_size"), timm_kwargs.get("patch_size")
+    if patch is not None:
+        patch = to_shape("patch_size", patch, 2)
+    if img is None:
+        return
+    img = to_shape("img_size", img, 2)
+    if patch is None:
+        return
+    if any(i % p for i, p in zip(img, patch)):
+        raise ValueError(f"img_size={timm_kwargs['img_size']!r} must be a multiple of "
+                         f"patch_size={timm_kwargs['patch_size']!r}")
 
 
 def check_input(x, patch_size, in_chans: int, model_name: str) -> None:

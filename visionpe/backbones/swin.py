@@ -19,7 +19,8 @@ from ..attention import attend
 from ..bias import ContinuousPositionBias, SwinBias
 from ..encoding import ModelContext
 from ..grid import Grid
-from .adapter import EncodingSet, PositionalModel
+from .._checks import to_shape
+from .adapter import Adapter, EncodingSet, PositionalModel, check_img_size, register_adapter
 
 
 class WindowAttention(nn.Module):
@@ -119,3 +120,19 @@ def take_over_bias(bias: nn.Module | None, source: nn.Module) -> None:
     elif isinstance(bias, ContinuousPositionBias) and hasattr(source, "cpb_mlp") \
             and source.cpb_mlp[0].in_features == 2 and source.cpb_mlp[0].out_features == bias.cpb_mlp[0].out_features:
         bias.cpb_mlp.load_state_dict(source.cpb_mlp.state_dict())
+
+
+def any_size_swin(timm_kwargs: dict) -> dict:
+    """timm's way of running a Swin at any input size: ``strict_img_size=False`` (the caller's value wins);
+    ``img_size`` checked against ``patch_size``, a ``window_size`` of 2 sides."""
+    timm_kwargs.setdefault("strict_img_size", False)
+    check_img_size(timm_kwargs)
+    if "window_size" in timm_kwargs:
+        to_shape("window_size", timm_kwargs["window_size"], 2)
+    return timm_kwargs
+
+
+register_adapter(Adapter(SwinTransformer, SwinTransformerPE, apply_swin, (WindowAttention,),
+                         timm_modules=("swin_transformer",), any_size=any_size_swin))
+register_adapter(Adapter(SwinTransformerV2, SwinTransformerV2PE, apply_swin, (WindowAttention,),
+                         timm_modules=("swin_transformer_v2",), any_size=any_size_swin))

@@ -13,6 +13,8 @@ from einops import rearrange
 from torch import nn
 
 from .._checks import check_divisible, check_positive_int, to_shape
+from ..rotary.sections import video_sections
+from ..weights.convert import inflate_patch_weight
 from .adapter import parse_pe, route_kwargs
 from .api import apply
 
@@ -41,21 +43,12 @@ class TubeletEmbed(nn.Module):
 def inflate_patch_embed(patch_embed: nn.Module, tubelet: TubeletEmbed) -> TubeletEmbed:
     """Copy a 2D ``PatchEmbed``'s conv into ``tubelet``: ``w3d[:, :, i] = w2d / t`` for each of the ``t`` frames."""
     weight = patch_embed.proj.weight  # (D, C, p, p)
-    t = tubelet.patch_size[0]
     if weight.shape[-2:] != tubelet.proj.weight.shape[-2:]:
         raise ValueError(f"patch size {tuple(weight.shape[-2:])} differs from tubelet {tubelet.patch_size[1:]}")
-    tubelet.proj.weight.copy_(weight[:, :, None].repeat(1, 1, t, 1, 1) / t)
+    tubelet.proj.weight.copy_(inflate_patch_weight(weight, tubelet.patch_size[0]))
     if patch_embed.proj.bias is not None:
         tubelet.proj.bias.copy_(patch_embed.proj.bias)
     return tubelet
-
-
-def video_sections(head_dim: int) -> tuple[int, int, int]:
-    """Rotation pairs per ``(T, H, W)`` axis when ``head_dim / 2`` does not split in three: the spatial axes take
-    the remainder (64 -> ``(10, 11, 11)``)."""
-    pairs = head_dim // 2
-    base, rest = divmod(pairs, 3)
-    return base, base + (rest >= 2), base + (rest >= 1)
 
 
 def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int = 8, tubelet_size=(2, 16, 16),

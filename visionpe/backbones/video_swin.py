@@ -34,11 +34,12 @@ from torch import nn
 from torchvision.models.video.swin_transformer import ShiftedWindowAttention3d, SwinTransformer3d
 
 from .._checks import check_choice
+from ..rotary.sections import video_sections
 from ..attention import attend
 from ..bias import RelativePositionBias, SwinBias
 from ..encoding import ModelContext
 from ..grid import Grid
-from .adapter import EncodingSet, PositionalModel, check_input
+from .adapter import Adapter, EncodingSet, PositionalModel, check_input, register_adapter
 from .swin import WindowAttention
 
 TABLE_SLICINGS = ("torchvision", "offsets")
@@ -200,8 +201,6 @@ def apply_video_swin(model: nn.Module, names: dict, kwargs: dict) -> None:
                          f"(visionpe.create_video_model)")
     if names.get("bias") == "rel_bias":
         raise ValueError("rel_bias is a global (whole-grid) table for ViTs; in Video Swin windows use swin_bias")
-    from .video import video_sections  # video.py imports api.py, which imports this module
-
     encodings = EncodingSet(names, kwargs)
     for block in _attention_blocks(model):
         source = block.attn
@@ -227,3 +226,35 @@ def take_over_table(bias: nn.Module | None, source: nn.Module) -> None:
         native.relative_position_bias_table.copy_(table)
         table = native.resize(bias.window_size).relative_position_bias_table
     bias.relative_position_bias_table.copy_(table)
+
+
+# torchvision's Video Swin sizes (swin3d_t/s/b); a model's own keywords override any of them
+SWIN3D_SIZES = {"swin3d_t": dict(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24], window_size=[8, 7, 7])}
+SWIN3D_SIZES["swin3d_s"] = {**SWIN3D_SIZES["swin3d_t"], "depths": [2, 2, 18, 2]}
+SWIN3D_SIZES["swin3d_b"] = {**SWIN3D_SIZES["swin3d_s"], "embed_dim": 128, "num_heads": [4, 8, 16, 32]}
+SWIN3D_KEYWORDS = ("embed_dim", "depths", "num_heads", "window_size", "mlp_ratio", "dropout", "attention_dropout",
+                   "stochastic_depth_prob")
+
+
+def video_swin_constructor(name: str):
+    """``build(**kwargs)`` of torchvision's ``name`` (``swin3d_t/s/b``) with random weights: timm's keyword names
+    (``num_classes``, ``patch_size`` = the tubelet, ``drop_path_rate`` = ``stochastic_depth_prob``; ``in_chans``
+    must be 3; ``img_size`` is ignored: the model takes any clip size) plus :data:`SWIN3D_KEYWORDS`."""
+    def build(num_classes: int = 400, patch_size=(2, 4, 4), drop_path_rate: float = 0.0, in_chans: int = 3,
+              img_size=None, **sizes) -> SwinTransformer3d:
+        unknown = sorted(set(sizes) - set(SWIN3D_KEYWORDS))
+        if unknown:
+            raise ValueError(f"{name} (torchvision SwinTransformer3d) takes the keywords {', '.join(SWIN3D_KEYWORDS)}, "
+                             f"not {', '.join(unknown)} (e.g. embed_dim=24 depths=[1,1] num_heads=[2,4] "
+                             "window_size=[4,4,4])")
+        if in_chans != 3:
+            raise ValueError(f"{name} takes 3-channel clips (torchvision's patch embedding), got in_chans={in_chans}")
+        kwargs = {**SWIN3D_SIZES[name], "stochastic_depth_prob": drop_path_rate, **sizes}
+        return SwinTransformer3d(patch_size=list(patch_size), num_classes=num_classes, **kwargs)
+    build.__name__ = name
+    return build
+
+
+register_adapter(Adapter(SwinTransformer3d, SwinTransformer3dPE, apply_video_swin,
+                         (VideoWindowAttention,), library="torchvision",
+                         constructors={name: video_swin_constructor(name) for name in SWIN3D_SIZES}, video=True))

@@ -22,12 +22,12 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.checkpoint import checkpoint
 
 from ..attention import Attention
-from ..checkpoint import pos_embed_tensors
+from ..weights.convert import pos_embed_tensors
 from ..encoding import ModelContext
 from .._checks import check_number
 from ..grid import Grid, Layout, MixedLayout
 from ..tokens import Learned
-from .adapter import EncodingSet, PositionalModel, build_for
+from .adapter import Adapter, EncodingSet, PositionalModel, build_for, check_img_size, register_adapter
 
 
 class GridBlock(Block):
@@ -261,3 +261,15 @@ def apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
         rotary = encodings.block("rotary", block_context, getattr(source, "rotary", None))
         bias = encodings.block("bias", block_context, getattr(source, "bias", None))
         block.attn = Attention.from_timm(source, rotary, bias)
+
+
+def any_size_vit(timm_kwargs: dict) -> dict:
+    """timm's way of running a ViT/DeiT or Eva at any input size: ``dynamic_img_size=True`` (the caller's value
+    wins); ``img_size`` checked against ``patch_size``."""
+    timm_kwargs.setdefault("dynamic_img_size", True)
+    check_img_size(timm_kwargs)
+    return timm_kwargs
+
+
+register_adapter(Adapter(VisionTransformer, VisionTransformerPE, apply_vit, (Attention,),
+                         timm_modules=("vision_transformer", "eva"), any_size=any_size_vit))

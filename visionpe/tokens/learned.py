@@ -7,9 +7,9 @@ from torch import nn
 from .._checks import (check_bool, check_choice, check_grid_ndim, check_ndim, check_nonnegative_int, check_number,
                        check_positive_int, to_shape)
 from ..cache import TableCache
-from ..coords import SAMPLING, CoordinateSystem, denominators, sample_grid
+from ..coords import CoordinateSystem, denominators
 from ..grid import Grid, Layout, as_grid, as_layout
-from ..resample import INTERPOLATIONS, resample_grid
+from ..resample import INTERPOLATIONS, SAMPLING, resample_grid, sample_grid
 from ._base import TokenEncoding, check_tokens
 
 

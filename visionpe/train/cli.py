@@ -8,13 +8,20 @@ scripts/benchmark.py).
 - :func:`user_errors` turns a library's ``ValueError`` (bad encoding name, bad ``pe_kwargs``, bad model keywords)
   into a ``UserError`` at the boundary where the value came from the user; elsewhere a ``ValueError`` is a bug
   and keeps its traceback.
+- :func:`import_user_code` imports a user's modules (``--import MODULE_OR_FILE``) before anything is built, so
+  their ``@visionpe.register`` encodings, ``@register_dataset`` data sets and ``register_adapter`` backbones work
+  with ``--pe``, ``--data`` and ``--model``.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import importlib
+import importlib.util
 import os
 import sys
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -55,6 +62,65 @@ def user_errors(prefix: str = "", types=(ValueError, TypeError)):
         raise
     except types as err:
         raise UserError(f"{prefix}: {one_line(err)}" if prefix else one_line(err)) from err
+
+
+def import_target(spec: str) -> str:
+    """How an ``--import`` entry is recorded: a ``.py`` file as its absolute path (so a resumed run or a sweep from
+    another folder imports the same file), a module name as given."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str) or not spec.strip():
+        raise UserError(f"--import takes a module name or a .py file, got {spec!r}")
+    spec = spec.strip()
+    return str(Path(spec).expanduser().resolve()) if spec.endswith(".py") else spec
+
+
+def import_user_code(specs) -> list[str]:
+    """Import each of ``specs`` (dotted module names or paths to ``.py`` files) once, in order; returns them as
+    recorded (:func:`import_target`). A module that cannot be imported, or that registers a name which exists
+    already, is a :class:`UserError` naming it and why."""
+    targets = [import_target(s) for s in specs or ()]
+    for target in targets:
+        what = f"--import {target}"
+        try:
+            if target.endswith(".py"):
+                path = Path(target)
+                if not path.is_file():
+                    raise UserError(f"{what}: no such file")
+                name = f"visionpe_user_{path.stem}_{hashlib.sha1(target.encode()).hexdigest()[:8]}"
+                if name in sys.modules:
+                    continue
+                module_spec = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(module_spec)
+                sys.modules[name] = module
+                try:
+                    module_spec.loader.exec_module(module)
+                except BaseException:
+                    sys.modules.pop(name, None)
+                    raise
+            else:
+                importlib.import_module(target)
+        except UserError:
+            raise
+        except ImportError as err:
+            raise UserError(f"{what}: cannot import it ({one_line(err)})") from err
+        except (ValueError, TypeError) as err:  # a registry refusing a name that exists, a bad registration
+            raise UserError(f"{what}: {one_line(err)}") from err
+        except SyntaxError as err:
+            raise UserError(f"{what}: syntax error at line {err.lineno}: {err.msg}") from err
+        except Exception as err:
+            raise UserError(f"{what}: importing it raised {type(err).__name__}: {one_line(err)[:200]}") from err
+    return targets
+
+
+def add_import(parser: argparse.ArgumentParser, group=None) -> None:
+    """``--import MODULE_OR_FILE`` (repeatable)."""
+    (group or parser).add_argument(
+        "--import", dest="imports", action="append", metavar="MODULE_OR_FILE",
+        help="user code to import first (repeatable): a dotted module name or a path to a .py file whose "
+             "@visionpe.register encodings, register_dataset data sets and register_adapter backbones become "
+             "available to --pe, --data and --model; a run records it, so --resume, the sweep and visualize import "
+             "it again")
 
 
 def is_rank0() -> bool:

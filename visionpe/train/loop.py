@@ -1,5 +1,5 @@
 """The pieces of the training loop: data sets from settings, RNG streams, one epoch of training, evaluation, and
-evaluation across resolutions (used by ``train_vit.py`` and ``scripts/resolution_sweep.py``)."""
+evaluation across resolutions (used by ``train_vit.py`` and :mod:`visionpe.train.sweep`)."""
 from __future__ import annotations
 
 import argparse
@@ -186,11 +186,3 @@ def evaluate_resolutions(model, sets: dict, train_res, known: dict | None = None
             for r in sorted(sets, key=size_order)}
     base = accs[train_res][0]
     return {r: {"acc": a, "loss": l, "retention": a / base if base > 0 else 0.0} for r, (a, l) in accs.items()}
-
-
-def table(rows: list[list], header: list[str]) -> str:
-    """A plain-text table, right-aligned columns."""
-    cells = [header] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    line = lambda r: "  ".join(c.rjust(w) for c, w in zip(r, widths))
-    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])

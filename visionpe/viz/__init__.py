@@ -2,7 +2,9 @@
 
 Numbers and pictures are separate: :mod:`visionpe.viz.numbers` returns tensors (and is what the tests check);
 :mod:`visionpe.viz.draw` only lays those numbers out with matplotlib and returns a ``matplotlib.figure.Figure``
-(no pyplot, no global state); :func:`save` writes it as a PNG.
+(no pyplot, no global state); :func:`save` writes it as a PNG. :mod:`visionpe.viz.explorer` writes the same
+numbers into one self-contained HTML page (:func:`write_explorer`) where pointing at a patch shows its map, per
+layer, head and grid.
 
 What the *similarity* between two patch positions ``i`` and ``j`` means in each family:
 
@@ -24,7 +26,9 @@ Prefix tokens (class, registers) have no spatial position and never appear in th
 """
 from .draw import *  # noqa: F401,F403
 from .draw import __all__ as _draw
+from .explorer import explorer_html, write_explorer  # noqa: F401  (in __all__ below)
+from .fresh import fresh_encoding  # noqa: F401  (in __all__ below)
 from .numbers import *  # noqa: F401,F403
 from .numbers import __all__ as _numbers
 
-__all__ = sorted(set(_numbers) | set(_draw))
+__all__ = sorted(set(_numbers) | set(_draw) | {"explorer_html", "fresh_encoding", "write_explorer"})

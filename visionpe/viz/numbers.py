@@ -25,7 +25,7 @@ __all__ = ["KINDS", "rope_kernel", "family_of", "name_of", "num_heads_of", "patc
            "cosine_similarity", "pair_maps", "select_head", "similarity", "quantity_of", "note_of", "arrange",
            "grid_image", "similarity_mosaic", "query_map", "as_frames", "centre", "encoding_channels",
            "rope_frequencies", "axial_reference", "adapt", "larger_shape", "resolution_similarity",
-           "pick_encoding"]
+           "pick_encoding", "kinds_for", "native_grid"]
 
 
 def family_of(pe: nn.Module) -> str:
@@ -196,6 +196,30 @@ def encoding_channels(pe: nn.Module, grid, head: int | None = None) -> tuple[tor
                      "use kind 'similarity' for its bias rows")
 
 
+def native_grid(pe: nn.Module, model_grid) -> tuple[int, ...]:
+    """The grid an encoding of a trained model was built for: its window (a Swin window bias or window RoPE:
+    ``window_size``), its table's grid (``grid_shape``) or its scaling reference (``ref_shape``), else the model's
+    patch grid ``model_grid`` (encodings defined on any grid, such as ALiBi)."""
+    for name in ("window_size", "grid_shape", "ref_shape"):
+        shape = getattr(pe, name, None)
+        if shape is not None:
+            return tuple(int(s) for s in shape)
+    return tuple(model_grid)
+
+
+def kinds_for(pe: nn.Module) -> tuple[str, ...]:
+    """The kinds of figure (:data:`KINDS`) that apply to ``pe``: ``similarity``, ``resolution`` and ``video`` (on a 3D
+    grid) for every encoding, ``heatmap`` where it has channels (tokens: position vectors; rotary: rotation pairs),
+    ``freqs`` where it has frequency vectors (``pe.freqs``: rope_axial, rope_mixed)."""
+    family = family_of(pe)
+    kinds = ["similarity"]
+    if family in ("tokens", "rotary"):
+        kinds.append("heatmap")
+    if family == "rotary" and isinstance(getattr(pe, "freqs", None), torch.Tensor):
+        kinds.append("freqs")
+    return (*kinds, "resolution", "video")
+
+
 def _check_rotary(pe: nn.Module) -> None:
     if family_of(pe) != "rotary":
         raise ValueError(f"{name_of(pe)} is a {family_of(pe)} encoding: frequencies exist for "
@@ -259,9 +283,9 @@ def pick_encoding(model: nn.Module, name: str, layer: int = 0) -> nn.Module:
     if not modules:
         present = sorted({name_of(m) for ms in found.values() for m in ms if m is not None})
         raise ValueError(f"the model has no {name} encoding; it has: {', '.join(present) or 'none'}")
-    if len(modules) == 1:
+    if available()[name] == "tokens":  # one module before the blocks: there is no layer to choose
         return modules[0]
-    if not 0 <= layer < len(modules):
-        raise ValueError(f"layer={layer} is out of range: the model has {len(modules)} {name} modules, "
-                         f"0..{len(modules) - 1}")
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(modules):
+        raise ValueError(f"layer={layer!r} is out of range: the model has {len(modules)} block(s) with a {name} "
+                         f"encoding, layers 0..{len(modules) - 1}")
     return modules[layer]

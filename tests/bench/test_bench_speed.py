@@ -1,0 +1,202 @@
+"""visionpe.bench (scripts/bench_speed.py): a ``--quick`` run writes every section's table with finite ratios (to a temporary file,
+never docs/PERFORMANCE.md), the opt-in flex section included; the CPU memory tracker and the table census count what
+they claim."""
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from visionpe.bench import cli, flex, memory, plan, profile, timing
+from visionpe.train.report import keep_hand_written
+
+# section -> (tables it writes under --quick, start of their titles)
+TITLES = {"rope": (2, "RoPE apply"), "forward": (2, "Eval forward"), "train": (2, "Training step (forward"),
+          "memory": (2, "Training step peak memory"), "timm": (1, "visionpe vs timm native"),
+          "cache": (1, "Alternating resolutions"), "scale": (2, "Large grid"), "compile": (1, "Compiled eval forward")}
+PER_ENCODING = ("Eval forward", "Training step", "Large grid", "Compiled eval forward")
+
+
+@pytest.fixture
+def one_thread():
+    """One thread: on a busy two-core machine two OpenMP threads wait on each other; restored afterwards."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def parse_tables(markdown: str) -> dict[str, list[dict[str, str]]]:
+    """``{title: [row as {column: cell}]}`` of the report's ``**title**`` + markdown table blocks."""
+    tables, title, header = {}, None, None
+    for line in markdown.splitlines():
+        if line.startswith("**") and line.endswith("**"):
+            title, header = line.strip("*"), None
+            tables[title] = []
+        elif line.startswith("|") and title is not None:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if header is None:
+                header = cells
+            elif not set(line) <= set("|-"):
+                tables[title].append(dict(zip(header, cells)))
+    return tables
+
+
+def ratio(cell: str) -> float:
+    assert cell.endswith("x"), cell
+    return float(cell[:-1])
+
+
+def check_section(tables: dict, section: str) -> list:
+    count, start = TITLES[section]
+    found = {title: rows for title, rows in tables.items() if title.startswith(start)}
+    assert len(found) == count, (section, list(tables))
+    for title, rows in found.items():
+        assert rows, title
+        for row in rows:
+            for column, cell in row.items():
+                if column.startswith("vs ") or column in ("ours / timm", "ratio"):
+                    assert math.isfinite(ratio(cell)) and ratio(cell) > 0, (title, row)
+        if title.startswith(PER_ENCODING):
+            assert [row["pe"] for row in rows] == ["none", "none (control)", *cli.PES], title
+            assert all(row["target"] for row in rows if "target" in row)
+    return list(found.items())
+
+
+def test_quick_run_writes_every_section(tmp_path, one_thread):
+    sections = [s for s in cli.SECTIONS if s != "compile"]  # compiling ten encodings: the test below, one encoding
+    out = tmp_path / "PERFORMANCE.md"
+    report = cli.main(["--quick", "--threads", "1", "--sections", *sections, "--out", str(out)])
+    assert out.read_text() == report
+    assert report.startswith("# Performance\n\nMade by `python scripts/bench_speed.py --quick")
+    tables = parse_tables(report)
+    for section in sections:
+        check_section(tables, section)
+    # the census: ALiBi is one module shared by both blocks: one table, built in the first forward only
+    for _, rows in check_section(tables, "scale"):
+        alibi = next(row for row in rows if row["pe"] == "alibi")
+        assert (alibi["encoding calls"], alibi["tables (1st / next forward)"], alibi["built (1st / next)"]) == \
+               ("2", "1 / 1", "1 / 0")
+        assert all(row["built once"] == "met" for row in rows)
+    # memory is deterministic: the control model's peak equals none's
+    memory = check_section(tables, "memory")
+    for _, rows in memory:
+        assert rows[1]["vs none"] == "1.000x"
+    # ... and the same whether its steps follow the train section's (shared) or are its own (after a warm-up step)
+    alone = cli.main(["--quick", "--threads", "1", "--sections", "memory"])
+    assert check_section(parse_tables(alone), "memory") == memory
+
+
+def test_quick_compile_section(tmp_path, one_thread):
+    out = tmp_path / "compiled.md"
+    report = cli.main(["--quick", "--threads", "1", "--sections", "compile", "--pes", "alibi", "--compile-pairs",
+                         "control", "--out", str(out)])
+    tables = parse_tables(report)
+    [(title, rows)] = [(t, r) for t, r in tables.items() if t.startswith("Compiled eval forward")]
+    assert [row["pe"] for row in rows] == ["none", "none (control)", "alibi"]
+    assert all(math.isfinite(ratio(row["vs none"])) for row in rows), rows
+    assert not any(row["ms"].startswith("error") for row in rows), rows
+    # --compile-pairs chooses the compiled visionpe-vs-timm pairs: here only the control (two identical timm ViTs)
+    [pairs] = [r for t, r in tables.items() if t.startswith("visionpe vs timm native, compiled")]
+    assert [row["pair"] for row in pairs] == ["control: timm ViT vs an identical timm ViT"]
+    assert math.isfinite(ratio(pairs[0]["ours / timm"])), pairs
+    assert cli.parse_args([]).compile_pairs == ["learned", "swin_bias"]
+    assert not cli.main(["--quick", "--sections", "compile", "--pes", "alibi", "--compile-pairs"]).count(
+        "visionpe vs timm native, compiled")
+
+
+def test_live_tensor_bytes_tracks_the_peak_of_live_storages():
+    with memory.LiveTensorBytes() as tracker:
+        a = torch.zeros(1000)  # 4000 bytes
+        b = a.view(10, 100).add_(1)  # a view and an in-place result: the same storage, not counted again
+        del a, b  # freed: 0 live
+        c = torch.zeros(500)
+        d = c + 1  # 2000 + 2000 live
+    assert (tracker.peak, tracker.live) == (4000, 4000)
+    del c, d
+    assert tracker.live == 0
+
+
+def test_report_keeps_the_hand_written_reading_section(tmp_path):
+    path = tmp_path / "PERFORMANCE.md"
+    path.write_text("# Performance\n\nold tables\n\n## Reading these numbers\n\nBy hand.\n")
+    keep_hand_written(path, "# Performance\n\nnew tables\n", cli.READING)
+    assert path.read_text() == "# Performance\n\nnew tables\n\n## Reading these numbers\n\nBy hand.\n"
+
+
+def test_quick_flex_section(one_thread):
+    assert "flex" not in cli.SECTIONS and cli.parse_args([]).sections == cli.SECTIONS  # opt-in
+    report = cli.main(["--quick", "--threads", "1", "--sections", "flex"])
+    tables = parse_tables(report)
+    [(title, rows)] = [(t, r) for t, r in tables.items() if t.startswith("FlexAttention vs SDPA")]
+    assert "16 tokens (4x4 grid)" in title
+    kinds = ["SDPA + bias precomputed", "SDPA + bias built per call", "flex_attention + score_mod, compiled"]
+    assert [row["attention"] for row in rows] == ["SDPA, no mask", "SDPA, no mask (control)",
+                                                  *(f"{case}: {kind}" for case in flex.FLEX_BIASES for kind in kinds)]
+    assert not any(row["ms"].startswith("error") for row in rows), rows
+    assert all(math.isfinite(ratio(row["vs SDPA, no mask"])) and ratio(row["vs SDPA, no mask"]) > 0 for row in rows)
+    diffs = re.findall(r"compiled in [0-9.]+ s, max abs difference to SDPA \+ bias ([0-9.]+e[+-][0-9]+)", report)
+    assert len(diffs) == 2 and all(float(d) < 1e-4 for d in diffs), diffs
+    # training through flex: works, or the error's type and first line (CPU: no FlexAttention backward in torch 2.x)
+    [(title, rows)] = [(t, r) for t, r in tables.items() if t.startswith("Training through FlexAttention on cpu")]
+    assert [row["bias"] for row in rows] == list(flex.FLEX_BIASES)
+    for row in rows:
+        cell = row["forward + backward"]
+        assert cell.startswith("works: max abs difference") or re.match(r"error: \w+: \S", cell), cell
+
+
+def test_dense_biases_match_their_definitions():
+    """The SDPA masks of the flex section: ALiBi-2D is -slope x grid distance, the Swin bias a gather by offset."""
+    side, heads = 3, 2
+    alibi = flex.dense_bias(flex.alibi_2d_bias(heads, side, "cpu"), heads, side * side, "cpu")
+    assert alibi.shape == (1, heads, 9, 9)
+    # token 0 is (0, 0), token 8 is (2, 2): distance 2 sqrt(2); slopes 2 ** (-8 (h + 1) / heads)
+    assert torch.allclose(alibi[0, :, 0, 8], -torch.tensor([2 ** -4, 2 ** -8]) * 2 * math.sqrt(2))
+    assert torch.equal(alibi[0, :, 4, 4], torch.zeros(heads))
+    swin = flex.dense_bias(flex.swin_table_bias(heads, side, "cpu"), heads, side * side, "cpu")
+    # equal offsets, equal bias: (0, 0) -> (1, 1) and (1, 1) -> (2, 2); the opposite offset differs
+    assert torch.equal(swin[0, :, 0, 4], swin[0, :, 4, 8]) and not torch.equal(swin[0, :, 0, 4], swin[0, :, 4, 0])
+
+
+def test_quick_profile_section(one_thread):
+    assert "profile" not in cli.SECTIONS  # opt-in
+    report = cli.main(["--quick", "--threads", "1", "--sections", "profile", "--pes", "rope_mixed", "rel_bias"])
+    tables = {t: r for t, r in parse_tables(report).items() if t.startswith("Where the training step's time goes")}
+    assert len(tables) == 2, list(parse_tables(report))
+    for title, rows in tables.items():
+        assert [row["pe"] for row in rows] == ["none (control)", "rope_mixed", "rel_bias"], title
+        changed = f"operators it adds or removes, {profile.PROFILE_OPS} largest (ms, calls per step)"
+        for row in rows:
+            assert float(row["profiled ms / step"]) > 0 and math.isfinite(float(row["vs none ms"]))
+            assert math.isfinite(float(row["operators with none's calls, net ms"]))
+        assert rows[0][changed] == "-"  # the control model calls exactly none's operators
+        for row in rows[1:]:
+            ops = row[changed].split("; ")
+            assert len(ops) == profile.PROFILE_OPS, row
+            parsed = [re.fullmatch(r"`[^`]+` [+-]\d+\.\d ms \(([+-][\d.e+-]+) calls\)", op) for op in ops]
+            assert all(parsed) and all(float(match[1]) != 0 for match in parsed), ops
+        # the learned bias trains through the fused bias attention, not SDPA's own backward
+        assert "`_FusedBiasAttentionBackward`" in rows[2][changed] or "`aten::bmm`" in rows[2][changed], rows[2]
+
+
+def test_operator_times_counts_calls_and_self_time():
+    run = timing.Run(torch.device("cpu"), 1, 0.01, plan.make_plan(True, 2), [])
+    a = torch.randn(64, 64)
+
+    def step():
+        for _ in range(3):
+            a @ a
+
+    times, counts = profile.operator_times(run, step)
+    assert counts["aten::mm"] == 3 and times["aten::mm"] > 0
+    assert counts["aten::bmm"] == 0 and times["aten::bmm"] == 0
+
+
+def test_quick_compiled_training_section(one_thread):
+    assert "compile-train" not in cli.SECTIONS  # opt-in
+    report = cli.main(["--quick", "--threads", "1", "--sections", "compile-train", "--pes", "rope_mixed"])
+    [(title, rows)] = [(t, r) for t, r in parse_tables(report).items() if t.startswith("Compiled training step")]
+    assert [row["pe"] for row in rows] == ["none", "none (control)", "rope_mixed"]
+    assert all(math.isfinite(ratio(row["vs none"])) for row in rows), rows
+    assert not any(row["ms"].startswith("error") for row in rows), rows

@@ -1,0 +1,514 @@
+"""Every bad input to the public API, one row each: the call, the exception and the words its message must hold.
+
+A row is ``(id, call, exception, *words)``: ``call()`` must raise ``exception`` (``ValueError``, or ``TypeError`` only
+where Python itself decides, e.g. a missing argument) whose message contains every word (plain text). A new
+option adds rows here; the table is the matrix of issue 9.
+"""
+import functools
+
+import pytest
+import torch
+
+import visionpe as vpe
+from visionpe import Grid
+
+NAN, INF = float("nan"), float("inf")
+VIT = "vit_tiny_patch16_224"
+VIT_KW = dict(img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2, num_classes=3)
+SWIN = "swin_tiny_patch4_window7_224"
+SWIN_KW = dict(img_size=16, patch_size=4, embed_dim=16, depths=(1,), num_heads=(2,), window_size=2, num_classes=3)
+VIDEO_KW = dict(num_frames=4, img_size=16, tubelet_size=(2, 4, 4), embed_dim=16, depth=1, num_heads=2, num_classes=3)
+
+
+@functools.lru_cache(maxsize=None)
+def vit(pe="learned"):
+    return vpe.create_model(VIT, pe=pe, **VIT_KW).eval()
+
+
+@functools.lru_cache(maxsize=None)
+def swin(pe="swin_bias"):
+    return vpe.create_model(SWIN, pe=pe, **SWIN_KW).eval()
+
+
+@functools.lru_cache(maxsize=None)
+def video():
+    return vpe.create_video_model(VIT, pe="rope_axial", **VIDEO_KW).eval()
+
+
+@functools.lru_cache(maxsize=None)
+def pe(name, **kw):
+    """A small built encoding (2D, dim 8, head_dim 8, 2 heads, grid (2, 3))."""
+    defaults = {"sincos": dict(dim=8), "learned": dict(dim=8, grid_shape=(2, 3), num_prefix_tokens=1),
+                "peg": dict(dim=8), "rope_axial": dict(head_dim=8, num_heads=2),
+                "rope_mixed": dict(head_dim=8, num_heads=2), "swin_bias": dict(num_heads=2, window_size=(2, 3)),
+                "rel_bias": dict(num_heads=2, grid_shape=(2, 3)), "cpb": dict(num_heads=2, window_size=(2, 3),
+                                                                               hidden_dim=8),
+                "alibi": dict(num_heads=2)}[name]
+    return vpe.build(name, **{**defaults, **kw})
+
+
+G = Grid((2, 3), prefix=1)  # 7 tokens
+
+
+def x(tokens=7, dim=8, batch=1, dtype=torch.float32):
+    return torch.randn(batch, tokens, dim).to(dtype)
+
+
+def qk(heads=2, tokens=7, head_dim=8, dtype=torch.float32):
+    return torch.randn(1, heads, tokens, head_dim).to(dtype)
+
+
+def image(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype)
+
+
+class NoFamily(vpe.Encoding):
+    pass
+
+
+class Mine(vpe.TokenEncoding):
+    def __init__(self, dim: int):
+        super().__init__()
+
+
+_TMP = []  # the running row's tmp_path
+
+
+def _tmp():
+    return _TMP[0]
+
+
+def _file(name, data: bytes):
+    path = _tmp() / name
+    path.write_bytes(data)
+    return path
+
+
+def _truncated():
+    path = _tmp() / "truncated.safetensors"
+    vpe.save_weights({"w": torch.randn(64, 64)}, path)
+    path.write_bytes(path.read_bytes()[:200])
+    return path
+
+
+def _truncated_pth():
+    path = _tmp() / "truncated.pth"
+    torch.save({"w": torch.randn(64, 64)}, path)
+    path.write_bytes(path.read_bytes()[:300])
+    return path
+
+
+def _tensor_file():
+    path = _tmp() / "tensor.pth"
+    torch.save(torch.randn(3), path)
+    return path
+
+
+def _other_model_weights():
+    path = _tmp() / "other.safetensors"
+    vpe.save_weights({"pe_tokens.table": torch.randn(9, 9, 16)}, path)
+    return path
+
+
+VE = ValueError
+
+
+def build_rows(name, base, *rows):
+    """Rows for ``vpe.build(name, **base, **kw)``: each of ``rows`` is ``(kw, *words)``."""
+    return [(f"build-{name}-{'-'.join(f'{k}={v!r}' for k, v in kw.items())}",
+             (lambda kw=kw: vpe.build(name, **{**base, **kw})), VE, *words) for kw, *words in rows]
+
+
+ROWS = [
+    # -- Grid ------------------------------------------------------------------------------------------------------
+    ("grid-shape-float", lambda: Grid((2.5, 2)), VE, "shape", "positive integer", "2.5"),
+    ("grid-shape-nan", lambda: Grid((NAN, 2)), VE, "shape", "positive integer", "nan"),
+    ("grid-shape-inf", lambda: Grid((INF, 2)), VE, "shape", "positive integer", "inf"),
+    ("grid-shape-str", lambda: Grid("ab"), VE, "shape", "positive integer", "'ab'"),
+    ("grid-shape-bool", lambda: Grid((True, 2)), VE, "shape", "positive integer", "True"),
+    ("grid-shape-empty", lambda: Grid(()), VE, "shape", "positive integer"),
+    ("grid-shape-zero", lambda: Grid((0, 3)), VE, "shape", "positive integer", "(0, 3)"),
+    ("grid-shape-negative", lambda: Grid((3, -1)), VE, "shape", "positive integer", "(3, -1)"),
+    ("grid-shape-none", lambda: Grid(None), VE, "shape", "positive integer", "None"),
+    ("grid-shape-tensor", lambda: Grid(torch.tensor([2, 2])), VE, "shape", "positive integer"),
+    ("grid-prefix-negative", lambda: Grid((2, 2), prefix=-1), VE, "prefix", "positive integer", "-1"),
+    ("grid-prefix-float", lambda: Grid((2, 2), prefix=1.5), VE, "prefix", "positive integer", "1.5"),
+    ("grid-prefix-bool", lambda: Grid((2, 2), prefix=True), VE, "prefix", "positive integer", "True"),
+    ("grid-prefix-str", lambda: Grid((2, 2), prefix="1"), VE, "prefix", "positive integer", "'1'"),
+    ("grid-prefix-nan", lambda: Grid((2, 2), prefix=NAN), VE, "prefix", "positive integer", "nan"),
+    ("grid-offset-nan", lambda: Grid((2, 2), offset=(NAN, 0)), VE, "offset", "finite number", "nan"),
+    ("grid-offset-inf", lambda: Grid((2, 2), offset=(0, INF)), VE, "offset", "finite number", "inf"),
+    ("grid-offset-str-item", lambda: Grid((2, 2), offset=("a", 0)), VE, "offset", "finite number", "'a'"),
+    ("grid-offset-bool", lambda: Grid((2, 2), offset=(True, 0)), VE, "offset", "finite number", "True"),
+    ("grid-offset-length", lambda: Grid((2, 2), offset=(1, 2, 3)), VE, "offset", "one value per axis"),
+    ("grid-offset-str", lambda: Grid((2, 2), offset="ab"), VE, "offset", "one value per axis"),
+    ("grid-offset-scalar", lambda: Grid((2, 2), offset=5), VE, "offset", "one value per axis"),
+    ("grid-with-shape-bad", lambda: Grid((2, 2)).with_shape((0, 2)), VE, "shape", "positive integer"),
+
+    # -- build: names and keywords ---------------------------------------------------------------------------------
+    ("build-unknown-name", lambda: vpe.build("rope_fancy"), VE, "'rope_fancy'", "available", "sincos", "alibi"),
+    ("build-name-none", lambda: vpe.build(None), VE, "name=None", "available"),
+    ("build-name-int", lambda: vpe.build(3), VE, "name=3", "available"),
+    ("build-missing-keyword", lambda: vpe.build("rope_mixed", head_dim=8), TypeError, "num_heads"),
+    *[(f"build-{n}-unknown-keyword", (lambda n=n: vpe.build(n, bogus=1)), VE, "'bogus'", "keywords")
+      for n in vpe.available()],
+
+    # -- build: sincos ---------------------------------------------------------------------------------------------
+    *build_rows("sincos", {},
+                (dict(dim=10), "dim=10", "divisible by 4"), (dict(dim=0), "dim", "positive integer"),
+                (dict(dim=-4), "dim", "positive integer"), (dict(dim=1.5), "dim", "positive integer"),
+                (dict(dim="16"), "dim", "positive integer", "'16'"), (dict(dim=True), "dim", "positive integer"),
+                (dict(dim=16, ndim=4), "ndim=4", "1, 2, 3"), (dict(dim=16, ndim=0), "ndim=0", "1, 2, 3"),
+                (dict(dim=16, ndim="2"), "ndim='2'", "1, 2, 3"), (dict(dim=16, ndim=2.0), "ndim=2.0", "1, 2, 3"),
+                (dict(dim=16, ndim=True), "ndim=True", "1, 2, 3"),
+                (dict(dim=16, layout="xy"), "layout='xy'", "'mae'", "'timm'"),
+                (dict(dim=16, temperature=0), "temperature", "> 0"),
+                (dict(dim=16, temperature=-1.0), "temperature", "> 0"),
+                (dict(dim=16, temperature=NAN), "temperature", "finite number"),
+                (dict(dim=16, temperature=INF), "temperature", "finite number"),
+                (dict(dim=16, temperature="1e4"), "temperature", "finite number", "'1e4'"),
+                (dict(dim=16, ref_shape=(0, 4)), "ref_shape", "positive integer"),
+                (dict(dim=16, ref_shape=(4, 4, 4)), "ref_shape", "ndim=2"),
+                (dict(dim=16, ref_shape="ab"), "ref_shape", "positive integer")),
+    # -- build: learned --------------------------------------------------------------------------------------------
+    *build_rows("learned", dict(dim=8),
+                (dict(dim=0), "dim", "positive integer"), (dict(grid_shape=(3,)), "grid_shape", "ndim=2"),
+                (dict(grid_shape=(0, 3)), "grid_shape", "positive integer"),
+                (dict(grid_shape=(2.5, 3)), "grid_shape", "positive integer"),
+                (dict(num_prefix_tokens=1.5), "num_prefix_tokens", "positive integer", "1.5"),
+                (dict(num_prefix_tokens=-1), "num_prefix_tokens", "positive integer"),
+                (dict(num_prefix_tokens=NAN), "num_prefix_tokens", "positive integer"),
+                (dict(factorized="yes"), "factorized", "True or False"),
+                (dict(interpolation="cubic"), "interpolation='cubic'", "'bicubic'", "'bilinear'"),
+                (dict(antialias=1), "antialias", "True or False"),
+                (dict(init_std=-1.0), "init_std", ">= 0"), (dict(init_std=NAN), "init_std", "finite number"),
+                (dict(init_std="0.02"), "init_std", "finite number"), (dict(ndim=5), "ndim=5", "1, 2, 3")),
+    # -- build: peg ------------------------------------------------------------------------------------------------
+    *build_rows("peg", dict(dim=8),
+                (dict(dim=0), "dim", "positive integer"), (dict(dim=8.0), "dim", "positive integer"),
+                (dict(kernel_size=2), "kernel_size", "odd"), (dict(kernel_size=0), "kernel_size", "positive integer"),
+                (dict(kernel_size=1.5), "kernel_size", "positive integer"),
+                (dict(kernel_size="3"), "kernel_size", "positive integer"), (dict(ndim=4), "ndim=4", "1, 2, 3")),
+    # -- build: rope_axial -----------------------------------------------------------------------------------------
+    *build_rows("rope_axial", dict(head_dim=8),
+                (dict(head_dim=0), "head_dim", "positive integer"),
+                (dict(head_dim=10), "head_dim=10", "divisible by 4"),
+                (dict(head_dim=8.0), "head_dim", "positive integer"),
+                (dict(num_heads=0), "num_heads", "positive integer"),
+                (dict(theta="100"), "theta", "finite number", "'100'"), (dict(theta=NAN), "theta", "finite number"),
+                (dict(theta=INF), "theta", "finite number"), (dict(theta=1), "theta", "> 1"),
+                (dict(theta=0.5), "theta", "> 1"), (dict(theta=-10.0), "theta", "> 1"),
+                (dict(pairs="adjacent"), "pairs='adjacent'", "'interleaved'", "'half'"),
+                (dict(scaling="linear", ref_shape=(4, 4)), "scaling='linear'", "'pi'", "'ntk'", "'yarn'"),
+                (dict(scaling="pi"), "scaling='pi'", "ref_shape"),
+                (dict(scaling="pi", ref_shape=(4, 4, 4)), "ref_shape", "ndim=2"),
+                (dict(ref_shape=(0, 4)), "ref_shape", "positive integer"),
+                (dict(yarn_alpha=NAN), "yarn_alpha", "finite number"),
+                (dict(yarn_beta="32"), "yarn_beta", "finite number"),
+                (dict(yarn_alpha=40.0), "yarn_alpha=40.0", "smaller than yarn_beta"),
+                (dict(sections=(1, 2)), "sections", "sum to head_dim / 2 = 4"),
+                (dict(sections=(2, 1, 1)), "sections", "ndim=2"), (dict(sections=(4, 0)), "sections", "positive"),
+                (dict(ndim=4), "ndim=4", "1, 2, 3"), (dict(head_dim=16, ndim=3), "head_dim=16", "divisible by 6")),
+    # -- build: rope_mixed -----------------------------------------------------------------------------------------
+    *build_rows("rope_mixed", dict(head_dim=8, num_heads=2),
+                (dict(num_heads=0), "num_heads", "positive integer"),
+                (dict(num_heads=2.0), "num_heads", "positive integer"),
+                (dict(num_heads=NAN), "num_heads", "positive integer"),
+                (dict(head_dim=10), "head_dim=10", "divisible by 4"), (dict(head_dim=-8), "head_dim", "positive"),
+                (dict(theta=-1.0), "theta", "> 1"), (dict(theta="10"), "theta", "finite number"),
+                (dict(pairs="x"), "pairs='x'", "'interleaved'"), (dict(scaling="ntk"), "scaling='ntk'", "ref_shape"),
+                (dict(generator="seed"), "generator", "torch.Generator"),
+                (dict(ndim=0), "ndim=0", "1, 2, 3")),
+    # -- build: swin_bias ------------------------------------------------------------------------------------------
+    *build_rows("swin_bias", dict(num_heads=2),
+                (dict(num_heads=0), "num_heads", "positive integer"),
+                (dict(num_heads="2"), "num_heads", "positive integer"),
+                (dict(window_size=(0, 7)), "window_size", "positive integer"),
+                (dict(window_size=(2, 2, 2, 2)), "window_size", "1, 2 or 3"),
+                (dict(window_size=(2.0, 2)), "window_size", "positive integer"),
+                (dict(window_size="77"), "window_size", "positive integer"),
+                (dict(interpolation="lanczos"), "interpolation='lanczos'", "'bicubic'"),
+                (dict(antialias="no"), "antialias", "True or False")),
+    # -- build: rel_bias -------------------------------------------------------------------------------------------
+    *build_rows("rel_bias", dict(num_heads=2),
+                (dict(num_heads=-1), "num_heads", "positive integer"),
+                (dict(grid_shape=(0, 3)), "grid_shape", "positive integer"),
+                (dict(grid_shape=(NAN, 3)), "grid_shape", "positive integer"),
+                (dict(grid_shape=(2, 2, 2, 2)), "grid_shape", "1, 2 or 3"),
+                (dict(interpolation="cubic"), "interpolation='cubic'", "'bicubic'"),
+                (dict(antialias=None), "antialias", "True or False")),
+    # -- build: cpb ------------------------------------------------------------------------------------------------
+    *build_rows("cpb", dict(num_heads=2),
+                (dict(num_heads=0), "num_heads", "positive integer"),
+                (dict(window_size=(0, 7)), "window_size", "positive integer"),
+                (dict(window_size=(2, 2, 2, 2)), "window_size", "1, 2 or 3"),
+                (dict(pretrained_window_size=(4, 4, 4)), "pretrained_window_size", "ndim=2"),
+                (dict(pretrained_window_size=(-3, -3)), "pretrained_window_size", "positive integer"),
+                (dict(pretrained_window_size=(NAN, 4)), "pretrained_window_size", "positive integer"),
+                (dict(hidden_dim=0), "hidden_dim", "positive integer"),
+                (dict(hidden_dim=2.5), "hidden_dim", "positive integer")),
+    # -- build: alibi ----------------------------------------------------------------------------------------------
+    *build_rows("alibi", dict(num_heads=2),
+                (dict(num_heads=0), "num_heads", "positive integer"),
+                (dict(num_heads=1.5), "num_heads", "positive integer"),
+                (dict(num_heads=INF), "num_heads", "positive integer"),
+                (dict(ndim=4), "ndim=4", "1, 2, 3"), (dict(ndim="2"), "ndim='2'", "1, 2, 3")),
+
+    # -- calls of built encodings ----------------------------------------------------------------------------------
+    ("call-sincos-wrong-width", lambda: pe("sincos")(x(dim=12), G), VE, "width 12", "dim=8"),
+    ("call-sincos-no-batch-axis", lambda: pe("sincos")(torch.randn(7, 8), G), VE, "(batch, tokens, dim)", "(7, 8)"),
+    ("call-sincos-wrong-tokens", lambda: pe("sincos")(x(tokens=6), G), VE, "6 tokens", "has 7"),
+    ("call-sincos-integer-x", lambda: pe("sincos")(x(dtype=torch.int64), G), VE, "floating", "torch.int64"),
+    ("call-sincos-list-x", lambda: pe("sincos")([[0.0] * 8] * 7, G), VE, "x must be a", "tensor"),
+    ("call-sincos-grid-3-axes", lambda: pe("sincos")(x(tokens=13), Grid((2, 2, 3), prefix=1)), VE, "3 axes",
+     "ndim=2"),
+    ("call-sincos-grid-str", lambda: pe("sincos")(x(), "ab"), VE, "grid must be", "Grid"),
+    ("call-sincos-grid-int", lambda: pe("sincos")(x(), 7), VE, "grid must be", "Grid"),
+    ("call-sincos-grid-bad-tuple", lambda: pe("sincos")(x(), (0, 7)), VE, "shape", "positive integer"),
+    ("call-learned-wrong-tokens", lambda: pe("learned")(x(tokens=8), G), VE, "8 tokens", "has 7"),
+    ("call-learned-wrong-width", lambda: pe("learned")(x(dim=4), G), VE, "width 4", "dim=8"),
+    ("call-learned-prefix-mismatch", lambda: pe("learned")(x(tokens=8), Grid((2, 3), prefix=2)), VE,
+     "prefix=2", "num_prefix_tokens=1"),
+    ("call-learned-grid-1-axis", lambda: pe("learned")(x(tokens=4), Grid((3,), prefix=1)), VE, "1 axes", "ndim=2"),
+    ("call-learned-offset-outside", lambda: pe("learned")(x(tokens=7), Grid((2, 3), prefix=1, offset=(1, 0))), VE,
+     "offset", "(2, 3)"),
+    ("call-learned-integer-x", lambda: pe("learned")(x(dtype=torch.int32), G), VE, "floating", "torch.int32"),
+    ("call-peg-wrong-width", lambda: pe("peg")(x(dim=6), G), VE, "width 6", "dim=8"),
+    ("call-peg-wrong-tokens", lambda: pe("peg")(x(tokens=5), G), VE, "5 tokens", "has 7"),
+    ("call-peg-no-batch-axis", lambda: pe("peg")(torch.randn(7, 8), G), VE, "(batch, tokens, dim)"),
+    ("call-peg-grid-3-axes", lambda: pe("peg")(x(tokens=13), Grid((2, 2, 3), prefix=1)), VE, "3 axes", "ndim=2"),
+    ("call-peg-integer-x", lambda: pe("peg")(x(dtype=torch.int64), G), VE, "floating", "torch.int64"),
+    ("call-rope_axial-integer-q", lambda: pe("rope_axial")(qk(dtype=torch.int64), qk(), G), VE, "floating-point",
+     "torch.int64"),
+    ("call-rope_axial-integer-k", lambda: pe("rope_axial")(qk(), qk(dtype=torch.int32), G), VE, "floating-point",
+     "torch.int32"),
+    ("call-rope_axial-wrong-head-dim", lambda: pe("rope_axial")(qk(head_dim=6), qk(head_dim=6), G), VE,
+     "(..., 7, 8)", "(1, 2, 7, 6)"),
+    ("call-rope_axial-wrong-tokens", lambda: pe("rope_axial")(qk(tokens=6), qk(tokens=6), G), VE, "(..., 7, 8)"),
+    ("call-rope_axial-2d-q", lambda: pe("rope_axial")(torch.randn(7, 8), torch.randn(7, 8), G), VE, "(..., 7, 8)"),
+    ("call-rope_axial-grid-3-axes", lambda: pe("rope_axial")(qk(tokens=13), qk(tokens=13), Grid((2, 2, 3), prefix=1)),
+     VE, "3 axes", "ndim=2"),
+    ("call-rope_mixed-wrong-heads", lambda: pe("rope_mixed")(qk(heads=3), qk(heads=3), G), VE, "3 heads",
+     "num_heads=2"),
+    ("call-rope_mixed-integer-q", lambda: pe("rope_mixed")(qk(dtype=torch.int64), qk(), G), VE, "floating-point"),
+    ("call-rope_mixed-grid-1-axis", lambda: pe("rope_mixed")(qk(tokens=4), qk(tokens=4), Grid((3,), prefix=1)), VE,
+     "1 axes", "ndim=2"),
+    ("call-swin_bias-grid-larger", lambda: pe("swin_bias")(Grid((4, 3))), VE, "(4, 3)", "window_size=(2, 3)",
+     "resize"),
+    ("call-swin_bias-grid-3-axes", lambda: pe("swin_bias")(Grid((2, 2, 2))), VE, "3 axes", "ndim=2"),
+    ("call-rel_bias-grid-1-axis", lambda: pe("rel_bias")(Grid((3,))), VE, "1 axes", "ndim=2"),
+    ("call-cpb-grid-3-axes", lambda: pe("cpb")(Grid((2, 2, 2))), VE, "3 axes", "ndim=2"),
+    ("call-alibi-grid-3-axes", lambda: pe("alibi")(Grid((2, 2, 2))), VE, "3 axes", "ndim=2"),
+    ("call-alibi-grid-none", lambda: pe("alibi")(None), VE, "grid must be", "Grid"),
+    ("call-learned-resize-bad", lambda: pe("learned", dim=8).resize((4, 4, 4)), VE, "new_shape", "ndim=2"),
+    ("call-swin_bias-resize-bad", lambda: pe("swin_bias").resize((0, 3)), VE, "new_window", "positive integer"),
+
+    # -- attend and Attention --------------------------------------------------------------------------------------
+    ("attend-head-dims", lambda: vpe.attend(qk(head_dim=8), qk(head_dim=6), qk(), G), VE, "same head_dim", "8", "6"),
+    ("attend-3d", lambda: vpe.attend(torch.randn(2, 7, 8), torch.randn(2, 7, 8), torch.randn(2, 7, 8), G), VE,
+     "q must be", "(batch, heads, tokens, head_dim)", "(2, 7, 8)"),
+    ("attend-integer", lambda: vpe.attend(qk(dtype=torch.int64), qk(), qk(), G), VE, "floating", "torch.int64"),
+    ("attend-v-tokens", lambda: vpe.attend(qk(), qk(), qk(tokens=6), G), VE, "q, k, v disagree"),
+    ("attend-heads", lambda: vpe.attend(qk(heads=3), qk(), qk(), G), VE, "q, k, v disagree"),
+    ("attend-grid-tokens", lambda: vpe.attend(qk(tokens=5), qk(tokens=5), qk(tokens=5), G, bias=pe("alibi")), VE,
+     "5 tokens",
+     "grid (2, 3) with prefix=1", "7"),
+    ("attend-bias-heads", lambda: vpe.attend(qk(heads=4), qk(heads=4), qk(heads=4), G, bias=pe("alibi")), VE,
+     "bias", "2 heads", "4"),
+    ("attend-mask-shape", lambda: vpe.attend(qk(), qk(), qk(), G, attn_mask=torch.zeros(5, 5)), VE, "attn_mask",
+     "(5, 5)", "(1, 2, 7, 7)"),
+    ("attend-dropout", lambda: vpe.attend(qk(), qk(), qk(), G, dropout_p=1.5), VE, "dropout_p", "<= 1"),
+    ("attend-scale-nan", lambda: vpe.attend(qk(), qk(), qk(), G, scale=NAN), VE, "scale", "finite number"),
+    ("Attention-not-divisible", lambda: vpe.Attention(10, num_heads=3), VE, "dim=10", "divisible by num_heads=3"),
+    ("Attention-num-heads-zero", lambda: vpe.Attention(8, num_heads=0), VE, "num_heads", "positive integer"),
+    ("Attention-dim-zero", lambda: vpe.Attention(0, num_heads=2), VE, "dim", "positive integer"),
+    ("Attention-dim-float", lambda: vpe.Attention(8.0, num_heads=2), VE, "dim", "positive integer"),
+    ("Attention-wrong-width", lambda: vpe.Attention(8, num_heads=2)(x(dim=6), G), VE, "width 6", "dim=8"),
+
+    # -- register --------------------------------------------------------------------------------------------------
+    ("register-bad-name", lambda: vpe.register("1bad", Mine), VE, "name='1bad'", "identifier"),
+    ("register-name-none", lambda: vpe.register("none", Mine), VE, "name='none'", "other than 'none'"),
+    ("register-name-int", lambda: vpe.register(5, Mine), VE, "name=5", "identifier"),
+    ("register-not-encoding", lambda: vpe.register("mine", int), VE, "cls=", "TokenEncoding"),
+    ("register-instance", lambda: vpe.register("mine", Mine(8)), VE, "cls=", "TokenEncoding"),
+    ("register-no-family", lambda: vpe.register("mine", NoFamily), VE, "cls=", "family one of"),
+    ("register-builtin-taken", lambda: vpe.register("sincos", Mine), VE, "name='sincos'", "overwrite=True"),
+    ("unregister-unknown", lambda: vpe.unregister("nope"), VE, "name='nope'", "not a known encoding"),
+    ("unregister-builtin", lambda: vpe.unregister("sincos"), VE, "name='sincos'", "built-in", "cannot be unregistered"),
+
+    # -- create_model ----------------------------------------------------------------------------------------------
+    ("create-unknown-model", lambda: vpe.create_model("vit_nonexistent", pe="learned"), VE, "'vit_nonexistent'",
+     "not a timm model"),
+    ("create-model-name-int", lambda: vpe.create_model(5), VE, "model_name=5", "not a timm model"),
+    ("create-unsupported-class", lambda: vpe.create_model("resnet18", pe="none", num_classes=3), VE, "ResNet",
+     "supported: timm VisionTransformer, timm SwinTransformer"),
+    ("create-bad-pe", lambda: vpe.create_model(VIT, pe="rope", **VIT_KW), VE, "pe='rope'", "available: sincos"),
+    ("create-pe-empty", lambda: vpe.create_model(VIT, pe="", **VIT_KW), VE, "pe", "'rope_mixed+learned'"),
+    ("create-pe-none-object", lambda: vpe.create_model(VIT, pe=None, **VIT_KW), VE, "pe", "None"),
+    ("create-pe-two-rotary", lambda: vpe.create_model(VIT, pe="rope_axial+rope_mixed", **VIT_KW), VE,
+     "both of family 'rotary'"),
+    ("create-pe-two-tokens", lambda: vpe.create_model(VIT, pe="learned+sincos", **VIT_KW), VE,
+     "both of family 'tokens'"),
+    ("create-pe-two-bias", lambda: vpe.create_model(VIT, pe="alibi+cpb", **VIT_KW), VE, "both of family 'bias'"),
+    ("create-pe-trailing-plus", lambda: vpe.create_model(VIT, pe="learned+", **VIT_KW), VE, "pe=''", "available"),
+    ("create-unknown-pe-kwargs", lambda: vpe.create_model(VIT, pe="learned", pe_kwargs={"nope": 1}, **VIT_KW), VE,
+     "pe keyword 'nope'", "learned"),
+    ("create-pe-kwargs-not-dict", lambda: vpe.create_model(VIT, pe="learned", pe_kwargs=[1], **VIT_KW), VE,
+     "pe_kwargs", "mapping"),
+    ("create-pe-kwargs-bad-theta", lambda: vpe.create_model(VIT, pe="rope_axial", pe_kwargs={"theta": "100"},
+                                                            **VIT_KW), VE, "theta", "finite number"),
+    ("create-img-not-multiple", lambda: vpe.create_model(VIT, pe="learned", **{**VIT_KW, "img_size": 30,
+                                                                             "patch_size": 8}), VE,
+     "img_size=30", "multiple of patch_size=8"),
+    ("create-img-size-zero", lambda: vpe.create_model(VIT, pe="learned", **{**VIT_KW, "img_size": 0}), VE,
+     "img_size", "positive integer", "(0, 0)"),
+    ("create-img-size-1-axis", lambda: vpe.create_model(VIT, pe="learned", **{**VIT_KW, "img_size": (16,)}), VE,
+     "img_size=(16,)", "1 axes", "ndim=2"),
+    ("create-img-size-str", lambda: vpe.create_model(VIT, pe="learned", **{**VIT_KW, "img_size": "16"}), VE,
+     "img_size", "positive integer", "'16'"),
+    ("create-patch-size-zero", lambda: vpe.create_model(VIT, pe="learned", **{**VIT_KW, "patch_size": 0}), VE,
+     "patch_size", "positive integer"),
+    ("create-patch-size-zero-no-img", lambda: vpe.create_model(VIT, pe="learned", patch_size=0, embed_dim=16,
+                                                                depth=1, num_heads=2), VE,
+     "patch_size", "positive integer"),
+    ("create-swin-window-zero", lambda: vpe.create_model(SWIN, pe="swin_bias", **{**SWIN_KW, "window_size": 0}), VE,
+     "window_size", "positive integer"),
+    ("create-swin-img-not-multiple", lambda: vpe.create_model(SWIN, pe="swin_bias", **{**SWIN_KW, "img_size": 18}),
+     VE, "img_size=18", "multiple of patch_size=4"),
+    ("create-pretrained-not-bool", lambda: vpe.create_model(VIT, pe="learned", pretrained="yes", **VIT_KW), VE,
+     "pretrained", "True or False"),
+    ("create-rope-head-dim", lambda: vpe.create_model(VIT, pe="rope_axial", **{**VIT_KW, "embed_dim": 12}), VE,
+     "head_dim=6", "divisible by 4"),
+    ("create-sincos-embed-dim", lambda: vpe.create_model(VIT, pe="sincos", **{**VIT_KW, "embed_dim": 18,
+                                                                              "num_heads": 3}), VE,
+     "dim=18", "divisible by 4"),
+    ("apply-unknown-keyword", lambda: vpe.apply(vit("learned"), "learned", theta=10.0), VE, "pe keyword 'theta'",
+     "learned"),
+    ("create-swin_bias-on-vit", lambda: vpe.create_model(VIT, pe="swin_bias", **VIT_KW), VE,
+     "swin_bias needs window attention", "rel_bias"),
+    ("create-rel_bias-on-swin", lambda: vpe.create_model(SWIN, pe="rel_bias", **SWIN_KW), VE, "rel_bias",
+     "swin_bias"),
+    ("create-learned-on-swin", lambda: vpe.create_model(SWIN, pe="learned", **SWIN_KW), VE, "tokens encodings",
+     "learned", "ViT"),
+    ("apply-not-a-model", lambda: vpe.apply(torch.nn.Linear(2, 2), "learned"), VE,
+     "supported: timm VisionTransformer, timm SwinTransformer"),
+
+    # -- a patched model's forward ---------------------------------------------------------------------------------
+    ("forward-no-batch-axis", lambda: vit()(image(3, 16, 16)), VE, "(B, C, H, W)", "(3, 16, 16)", "x[None]"),
+    ("forward-one-channel", lambda: vit()(image(1, 1, 16, 16)), VE, "in_chans=3", "1 channels"),
+    ("forward-uint8", lambda: vit()(image(1, 3, 16, 16, dtype=torch.uint8)), VE, "floating-point", "torch.uint8"),
+    ("forward-not-multiple", lambda: vit()(image(1, 3, 18, 16)), VE, "(18, 16)", "multiple of", "(4, 4)"),
+    ("forward-too-small", lambda: vit()(image(1, 3, 2, 16)), VE, "(2, 16)", "multiple of"),
+    ("forward-5d-into-image", lambda: vit()(image(1, 3, 2, 16, 16)), VE, "(B, C, H, W)", "(1, 3, 2, 16, 16)"),
+    ("forward-list", lambda: vit()([1.0, 2.0]), VE, "(B, C, H, W)", "list"),
+    ("forward-rope-uint8", lambda: vit("rope_mixed")(image(1, 3, 16, 16, dtype=torch.uint8)), VE, "floating-point"),
+    ("forward-grid-offset-nan", lambda: vit("rope_axial")(image(1, 3, 16, 16), grid_offset=(NAN, 0)), VE, "offset",
+     "finite number"),
+    ("forward-grid-offset-length", lambda: vit("rope_axial")(image(1, 3, 16, 16), grid_offset=(1, 2, 3)), VE,
+     "offset", "one value per axis"),
+    ("forward-is-causal", lambda: vit()(image(1, 3, 16, 16), is_causal=True), VE, "is_causal=True", "not supported"),
+    ("forward-attn-mask-shape", lambda: vit("alibi")(image(1, 3, 16, 16), attn_mask=torch.zeros(3, 3)), VE,
+     "attn_mask", "(3, 3)", "(1, 2, 17, 17)"),
+    ("forward-intermediates-fmt", lambda: vit().forward_intermediates(image(1, 3, 16, 16), output_fmt="NHWC"), VE,
+     "output_fmt='NHWC'", "'NCHW'", "'NLC'"),
+    ("forward-swin-no-batch-axis", lambda: swin()(image(3, 16, 16)), VE, "(B, C, H, W)", "x[None]"),
+    ("forward-swin-one-channel", lambda: swin()(image(1, 1, 16, 16)), VE, "in_chans=3", "1 channels"),
+    ("forward-swin-uint8", lambda: swin()(image(1, 3, 16, 16, dtype=torch.uint8)), VE, "floating-point"),
+    ("forward-swin-not-multiple", lambda: swin()(image(1, 3, 18, 16)), VE, "multiple of"),
+
+    # -- create_video_model ----------------------------------------------------------------------------------------
+    ("video-tubelet-2-axes", lambda: vpe.create_video_model(VIT, **{**VIDEO_KW, "tubelet_size": (2, 4)}), VE,
+     "tubelet_size", "3"),
+    ("video-tubelet-zero", lambda: vpe.create_video_model(VIT, **{**VIDEO_KW, "tubelet_size": (0, 4, 4)}), VE,
+     "tubelet_size", "positive integer"),
+    ("video-tubelet-float", lambda: vpe.create_video_model(VIT, **{**VIDEO_KW, "tubelet_size": 2.5}), VE,
+     "tubelet_size", "positive integer"),
+    ("video-non-vit", lambda: vpe.create_video_model(SWIN, pe="rope_axial"), VE, f"model_name={SWIN!r}", "ViT"),
+    ("video-name-int", lambda: vpe.create_video_model(5), VE, "model_name=5", "ViT"),
+    ("video-bad-pe", lambda: vpe.create_video_model(VIT, pe="rope", **VIDEO_KW), VE, "pe='rope'", "available"),
+    ("video-num-frames-zero", lambda: vpe.create_video_model(VIT, **{**VIDEO_KW, "num_frames": 0}), VE,
+     "num_frames", "positive integer"),
+    ("video-num-frames-not-multiple", lambda: vpe.create_video_model(VIT, **{**VIDEO_KW, "num_frames": 5}), VE,
+     "num_frames=5", "divisible by 2"),
+    ("video-img-not-multiple", lambda: vpe.create_video_model(VIT, **{**VIDEO_KW, "img_size": 18}), VE,
+     "img_size=18", "multiple of"),
+    ("video-unknown-pe-kwargs", lambda: vpe.create_video_model(VIT, pe_kwargs={"nope": 1}, **VIDEO_KW), VE,
+     "pe keyword 'nope'", "rope_axial"),
+    ("video-forward-4d", lambda: video()(image(1, 3, 16, 16)), VE, "(B, C, T, H, W)", "(1, 3, 16, 16)"),
+    ("video-forward-no-batch", lambda: video()(image(3, 4, 16, 16)), VE, "(B, C, T, H, W)", "x[None]"),
+    ("video-forward-odd-frames", lambda: video()(image(1, 3, 3, 16, 16)), VE, "multiple of", "(2, 4, 4)"),
+    # -- checkpoints: the message names the file (or the source that is not a state dict) --------------------------
+    ("load_weights-garbage-safetensors", lambda: vpe.load_weights(vit(), _file("g.safetensors", b"\x00garbage" * 8)),
+     VE, "g.safetensors", "safetensors"),
+    ("load_weights-garbage-pth", lambda: vpe.load_weights(vit(), _file("g.pth", b"not a torch file" * 3)), VE,
+     "g.pth", "torch"),
+    ("load_weights-truncated-safetensors", lambda: vpe.load_weights(vit(), _truncated()), VE,
+     "truncated.safetensors", "safetensors"),
+    ("load_weights-truncated-pth", lambda: vpe.load_weights(vit(), _truncated_pth()), VE, "truncated.pth"),
+    ("load_weights-empty-file", lambda: vpe.load_weights(vit(), _file("e.safetensors", b"")), VE, "e.safetensors"),
+    ("load_weights-missing-file", lambda: vpe.load_weights(vit(), _tmp() / "missing.safetensors"), FileNotFoundError,
+     "missing.safetensors", "does not exist"),
+    ("load_weights-directory", lambda: vpe.load_weights(vit(), _tmp()), FileNotFoundError, "does not exist"),
+    ("load_weights-other-model", lambda: vpe.load_weights(vit(), _other_model_weights()), VE, "other.safetensors",
+     "pe_tokens.table", "(9, 9, 16)"),
+    ("load_weights-tensor-file", lambda: vpe.load_weights(vit(), _tensor_file()), VE, "tensor.pth", "state dict",
+     "Tensor"),
+    ("load_weights-list", lambda: vpe.load_weights(vit(), [1, 2]), VE, "source", "state dict", "list"),
+    ("load_weights-int", lambda: vpe.load_weights(vit(), 5), VE, "source", "state dict", "5"),
+    ("load_timm-list", lambda: vpe.load_timm_checkpoint(vit(), [torch.randn(2)]), VE, "source", "state dict", "list"),
+    ("load_timm-tensor", lambda: vpe.load_timm_checkpoint(vit(), torch.randn(3)), VE, "source", "state dict",
+     "Tensor"),
+    ("load_timm-none", lambda: vpe.load_timm_checkpoint(vit(), None), VE, "source", "state dict", "None"),
+    ("load_timm-non-tensor-values", lambda: vpe.load_timm_checkpoint(vit(), {"head.weight": [1.0]}), VE,
+     "'head.weight'", "tensor"),
+    ("load_timm-random-bytes", lambda: vpe.load_timm_checkpoint(vit(), _file("r.pth", bytes(range(256)) * 4)), VE,
+     "r.pth"),
+    ("load_timm-random-bytes-safetensors",
+     lambda: vpe.load_timm_checkpoint(vit(), _file("r.safetensors", bytes(range(256)) * 4)), VE, "r.safetensors"),
+    ("load_timm-tensor-file", lambda: vpe.load_timm_checkpoint(vit(), _tensor_file()), VE, "tensor.pth",
+     "state dict"),
+    ("load_weights-strict-not-bool", lambda: vpe.load_weights(vit(), vit().state_dict(), strict="yes"), VE,
+     "strict", "True or False"),
+    ("load_timm-strict-not-bool", lambda: vpe.load_timm_checkpoint(vit(), vit().state_dict(), strict=1), VE,
+     "strict", "True or False"),
+    ("load_timm-truncated", lambda: vpe.load_timm_checkpoint(vit(), _truncated()), VE, "truncated.safetensors"),
+]
+
+
+@pytest.mark.parametrize("call,exc,words", [pytest.param(c, e, w, id=i) for i, c, e, *w in ROWS])
+def test_bad_input_is_named(call, exc, words, tmp_path):
+    _TMP[:] = [tmp_path]
+    with pytest.raises(exc) as info:
+        call()
+    message = str(info.value)
+    missing = [w for w in words if w not in message]
+    assert not missing, f"{type(info.value).__name__}: {message!r} lacks {missing}"
+
+
+def test_matrix_size_and_unique_ids():
+    assert len(ROWS) >= 130
+    assert len({r[0] for r in ROWS}) == len(ROWS), "ids must be unique"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_peg_called_directly_with_half_input_works(dtype):
+    """Like every other tokens encoding, PEG takes half-precision tokens outside autocast and returns their dtype."""
+    module = pe("peg")
+    tokens = x(dtype=dtype)
+    out = module(tokens, G)
+    assert out.dtype == dtype and out.shape == tokens.shape and torch.isfinite(out.float()).all()
+    for name in ("sincos", "learned"):
+        assert pe(name)(tokens, G).dtype == dtype
+
+
+def test_unregister_gives_an_overwritten_builtin_back():
+    class Other(vpe.TokenEncoding):
+        def __init__(self, dim: int):
+            super().__init__()
+
+    vpe.register("peg", Other, overwrite=True)
+    try:
+        assert vpe.registry.ENCODINGS["peg"] is Other
+    finally:
+        vpe.unregister("peg")
+    assert vpe.registry.ENCODINGS["peg"] is vpe.PEG

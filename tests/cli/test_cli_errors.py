@@ -1,0 +1,391 @@
+"""Every command-line mistake, one row each: the script, its arguments, and the words of the ONE line it must print.
+
+A row is ``(script, args, words, setup)``: running ``script`` with ``args`` must exit with status 2 after printing
+exactly one line ``prog: error: ...`` on stderr that holds every word (plain text) and no traceback. ``setup``
+(optional) names a function below that prepares the files the row needs. Placeholders: ``{tmp}`` a fresh folder,
+``{run}`` a copy of a finished tiny run (made once per module), ``{yaml}`` a file written by the setup. Scripts run
+in this process (train_vit.py through runpy, the others through their ``main``), so a row costs milliseconds; a
+new option adds rows here (issue 9's matrix).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from trainutil import ROOT, TINY, run_script, script_namespace, train_main
+
+from visionpe.train import settings
+from visionpe.train.cli import UserError
+
+
+SCRIPTS = {"sweep": "resolution_sweep", "visualize": "visualize", "benchmark": "benchmark"}
+PROG = {"train": "train_vit", "sweep": "resolution_sweep", "visualize": "visualize.py", "benchmark": "benchmark"}
+PYTHON_TAG = '!!python/object/apply:os.system ["touch {tmp}/pwned"]'
+
+
+# -- setups: each prepares files in `tmp` (and in the run copy `run`) and returns the {yaml} path -----------------
+def recipe(tmp, run, text):
+    path = tmp / "recipe.yaml"
+    path.write_text(text.replace("{tmp}", str(tmp)))
+    return path
+
+
+def run_config(run, **changes):
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg.update(changes)
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+
+SETUPS = {
+    "python_tag_recipe": lambda tmp, run: recipe(tmp, run, f"epochs: {PYTHON_TAG}\n"),
+    "bad_yaml_recipe": lambda tmp, run: recipe(tmp, run, "epochs: [1, 2\nlr: : :\n"),
+    "list_recipe": lambda tmp, run: recipe(tmp, run, "- epochs\n- lr\n"),
+    "unknown_key_recipe": lambda tmp, run: recipe(tmp, run, "bogus_setting: 1\n"),
+    "string_size_recipe": lambda tmp, run: recipe(tmp, run, "eval_batch_size: ten\n"),
+    "string_decay_recipe": lambda tmp, run: recipe(tmp, run, "weight_decay: fast\n"),
+    "derived_key_recipe": lambda tmp, run: recipe(tmp, run, "num_classes: 3\n"),
+    "binary_recipe": lambda tmp, run: (tmp / "recipe.yaml").write_bytes(b"\xff\xfe\x00garbage") and tmp / "recipe.yaml",
+    "empty_dir": lambda tmp, run: (tmp / "empty").mkdir(),
+    "empty_imagefolder": lambda tmp, run: [(tmp / "folder" / s).mkdir(parents=True) for s in ("train", "val")],
+    "imagefolder_without_images": lambda tmp, run: [(tmp / "folder" / s / "cat").mkdir(parents=True)
+                                                    for s in ("train", "val")],
+    "output_is_a_file": lambda tmp, run: (tmp / "afile").write_text("not a folder"),
+    "truncate_state": lambda tmp, run: (run / "state.pt").write_bytes((run / "state.pt").read_bytes()[:1000]),
+    "random_state": lambda tmp, run: (run / "state.pt").write_bytes(torch.randint(0, 256, (5000,),
+                                                                      dtype=torch.uint8).numpy().tobytes()),
+    "truncate_last": lambda tmp, run: (run / "last.safetensors").write_bytes(
+        (run / "last.safetensors").read_bytes()[:500]),
+    "random_last": lambda tmp, run: (run / "last.safetensors").write_bytes(b"\x07" * 3000),
+    "remove_last": lambda tmp, run: (run / "last.safetensors").unlink(),
+    "python_tag_config": lambda tmp, run: (run / "config.yaml").write_text(
+        (run / "config.yaml").read_text() + f"pwn: {PYTHON_TAG.replace('{tmp}', str(tmp))}\n"),
+    "config_without_model": lambda tmp, run: (run / "config.yaml").write_text(
+        "\n".join(line for line in (run / "config.yaml").read_text().splitlines() if not line.startswith("model:"))),
+    "config_unknown_key": lambda tmp, run: run_config(run, bogus_setting=1),
+    "config_bad_pe": lambda tmp, run: run_config(run, pe="rope_bogus"),
+    "config_bad_data": lambda tmp, run: run_config(run, data="imagenet-1k"),
+    "config_bad_classes": lambda tmp, run: run_config(run, num_classes=0),
+    "config_other_size": lambda tmp, run: run_config(run, model_kwargs={"embed_dim": 32, "depth": 1,
+                                                                         "num_heads": 2}),
+    "no_config": lambda tmp, run: (run / "config.yaml").unlink(),
+    "rows_missing_title": lambda tmp, run: rows_file(tmp, "section: s\nrows: [{label: a, args: --pe learned}]\n"),
+    "rows_bad_section": lambda tmp, run: rows_file(tmp, "section: a b\ntitle: t\nrows: [{label: a, args: --pe learned}]\n"),
+    "rows_empty": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: []\n"),
+    "rows_no_args": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a}]\n"),
+    "rows_unknown_key": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: x, "
+                                                        "colour: red}]\n"),
+    "rows_sets_seed": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --seed 3}]\n"),
+    "rows_bad_scaling": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe "
+                                                        "rope_mixed, scaling: [linear]}]\n"),
+    "rows_same_label": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a b, args: --pe learned}, "
+                                                       "{label: a-b, args: --pe sincos}]\n"),
+    "rows_bad_pe": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe rope_bogus}]\n"),
+    "rows_empty_ok": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe learned}]\n"),
+    "rows_bad_flag": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --bogus-flag 1}]\n"),
+    "user_code_clash": lambda tmp, run: user_code(tmp, "import visionpe as vpe\n"
+                                                       "vpe.register('rope_axial', vpe.AxialRoPE.__mro__[1])\n"),
+    "user_code_syntax": lambda tmp, run: user_code(tmp, "def broken(:\n"),
+    "user_code_raises": lambda tmp, run: user_code(tmp, "raise RuntimeError('the user code failed')\n"),
+}
+
+
+def user_code(tmp, text):
+    path = tmp / "user_code.py"
+    path.write_text(text)
+    return path
+
+
+def rows_file(tmp, text):
+    path = tmp / "rows.yaml"
+    path.write_text(text)
+    return path
+
+T, S, V, B = "train", "sweep", "visualize", "benchmark"
+ROWS = [
+    # -- train_vit.py: model ---------------------------------------------------------------------------------
+    (T, ["--pe", "rope_bogus"], ["rope_bogus", "rope_mixed"]),
+    (T, ["--pe", "rope_axial+rope_mixed"], ["pe"]),
+    (T, ["--pe-kwargs", "bogus_keyword=3"], ["bogus_keyword"]),
+    (T, ["--pe-kwargs", "theta"], ["KEY=VALUE"]),
+    (T, ["--pe-kwargs", "theta=[1, 2"], ["not plain YAML"]),
+    (T, ["--pe-kwargs", "theta=!!python/object/apply:os.system [\"touch {tmp}/pwned\"]"], ["not plain YAML"]),
+    (T, ["--model", "vit_nonexistent_224"], ["vit_nonexistent_224"]),
+    (T, ["--model-kwargs", "bogus=1"], ["bogus"]),
+    (T, ["--model-kwargs", "embed_dim"], ["KEY=VALUE"]),
+    (T, ["--depth", "-1"], ["depth", ">= 1", "-1"]),
+    (T, ["--depth", "0"], ["depth", ">= 1"]),
+    (T, ["--embed-dim", "0"], ["embed_dim", ">= 1"]),
+    (T, ["--embed-dim", "18", "--num-heads", "4"], ["embed_dim 18", "num_heads 4"]),
+    (T, ["--num-heads", "three"], ["--num-heads", "three"]),
+    (T, ["--img-size", "18"], ["img_size 18", "patch_size 4"]),
+    (T, ["--img-size", "0"], ["img_size"]),
+    (T, ["--img-size", "-16"], ["img_size"]),
+    (T, ["--patch-size", "0"], ["patch_size", ">= 1"]),
+    (T, ["--drop-path", "1"], ["drop_path", "[0, 1)"]),
+    (T, ["--drop-path", "-0.1"], ["drop_path"]),
+    (T, ["--init-from", "{tmp}/nowhere", "--pe", "rope_mixed"], ["--init-from", "{tmp}/nowhere", "no such run"]),
+    (T, ["--init-from", "{run}", "--embed-dim", "32"], ["--init-from", "does not fit", "embed_dim=32"]),
+    (T, ["--init-head-reset"], ["--init-head-reset needs --init-from"]),
+    # -- data ---------------------------------------------------------------------------------------------------
+    (T, ["--data", "imagenet-1k"], ["--data", "imagenet-1k", "shapes-position"]),
+    (T, ["--data", "mnist", "--data-dir", "{tmp}"], ["mnist", "{tmp}", "--download"]),
+    (T, ["--data", "fashion-mnist", "--data-dir", "{tmp}/empty"], ["fashion-mnist", "{tmp}/empty"], "empty_dir"),
+    (T, ["--data", "cifar10"], ["cifar10", "--data-dir"]),
+    (T, ["--data", "imagefolder"], ["imagefolder", "--data-dir"]),
+    (T, ["--data", "imagefolder", "--data-dir", "{tmp}/folder"], ["{tmp}/folder/train", "no images"],
+     "empty_imagefolder"),
+    (T, ["--data", "imagefolder", "--data-dir", "{tmp}/folder"], ["no images"], "imagefolder_without_images"),
+    (T, ["--data", "imagefolder", "--data-dir", "{tmp}/nowhere"], ["{tmp}/nowhere", "does not exist"]),
+    (T, ["--train-samples", "0"], ["train_samples", ">= 1"]),
+    (T, ["--val-samples", "-3"], ["val_samples", ">= 1"]),
+    (T, ["--train-samples", "many"], ["--train-samples", "many"]),
+    (T, ["--workers", "-1"], ["workers", ">= 0"]),
+    # -- video ------------------------------------------------------------------------------------------------
+    (T, ["--num-frames", "4"], ["--num-frames", "shapes-position", "image data set"]),
+    (T, ["--data", "moving-shapes"], ["moving-shapes", "video data set", "--num-frames"]),
+    (T, ["--data", "moving-shapes", "--num-frames", "0"], ["num_frames", ">= 1"]),
+    (T, ["--data", "moving-shapes", "--num-frames", "two"], ["--num-frames", "two"]),
+    (T, ["--data", "moving-shapes", "--num-frames", "4", "--tubelet-size", "3", "4", "4"],
+     ["num_frames 4", "multiple", "3 frames"]),
+    (T, ["--data", "moving-shapes", "--num-frames", "4", "--tubelet-size", "2", "4"], ["tubelet_size", "3 integers"]),
+    (T, ["--data", "moving-shapes", "--num-frames", "4", "--tubelet-size", "2", "8", "8"],
+     ["tubelet_size 2 8 8", "patch_size 4"]),
+    (T, ["--tubelet-size", "1", "4", "4"], ["--tubelet-size", "video runs"]),
+    (T, ["--data", "moving-shapes", "--num-frames", "4", "--tubelet-size", "2", "4", "4", "--eval-frames", "3"],
+     ["eval_frames 3", "2 frames"]),
+    (T, ["--data", "moving-shapes", "--num-frames", "4", "--eval-frames", "0"], ["eval_frames 0"]),
+    (T, ["--eval-frames", "8"], ["--eval-frames", "video runs"]),
+    (T, ["--data", "moving-shapes", "--num-frames", "4", "--model", "swin_tiny_patch4_window7_224"],
+     ["swin_tiny_patch4_window7_224", "not a ViT"]),
+    (T, ["--model", "swin3d_t"], ["swin3d_t", "video model", "--num-frames"]),
+    (T, ["--data", "moving-shapes", "--num-frames", "4", "--model", "swin3d_t"], ["swin3d_t", "depth", "depths"]),
+    # -- optimizer and schedule ----------------------------------------------------------------------------------
+    (T, ["--opt", "sgdx"], ["sgdx", "adamw"]),
+    (T, ["--weight-decay", "-0.1"], ["weight_decay", ">= 0"]),
+    (T, ["--clip-grad", "-1"], ["clip_grad", ">= 0"]),
+    (T, ["--batch-size", "0"], ["batch_size", ">= 1"]),
+    (T, ["--batch-size", "1000"], ["batch_size 1000", "larger than the training set"]),
+    (T, ["--amp", "fp8"], ["--amp", "fp8", "bf16"]),
+    (T, ["--epochs", "0"], ["epochs", ">= 1"]),
+    (T, ["--epochs", "two"], ["--epochs", "two"]),
+    (T, ["--epochs", "1.5"], ["--epochs", "1.5"]),
+    (T, ["--lr", "0"], ["lr", "> 0"]),
+    (T, ["--lr", "-1"], ["lr", "> 0"]),
+    (T, ["--lr", "nan"], ["lr", "number"]),
+    (T, ["--lr", "fast"], ["--lr", "fast"]),
+    (T, ["--min-lr", "-0.5"], ["min_lr", ">= 0"]),
+    (T, ["--warmup-epochs", "5"], ["warmup_epochs", "[0, epochs=2]"]),
+    (T, ["--warmup-epochs", "-1"], ["warmup_epochs"]),
+    # -- augmentation, evaluation, run ----------------------------------------------------------------------------
+    (T, ["--label-smoothing", "1.5"], ["label_smoothing", "[0, 1)"]),
+    (T, ["--mixup", "-1"], ["mixup", ">= 0"]),
+    (T, ["--cutmix", "-0.5"], ["cutmix", ">= 0"]),
+    (T, ["--mixup", "0.5", "--batch-size", "15"], ["even batch_size"]),
+    (T, ["--eval-res", "30"], ["eval_res 30", "patch_size 4"]),
+    (T, ["--train-res", "30"], ["train_res 30", "patch_size 4"]),
+    (T, ["--train-res", "x"], ["--train-res", "'x'"]),
+    (T, ["--eval-res", "0"], ["eval_res 0"]),
+    (T, ["--eval-res", "x"], ["--eval-res", "'x'"]),
+    (T, ["--eval-batch-size", "-5"], ["eval_batch_size", ">= 1"]),
+    (T, ["--seed", "-1"], ["seed", ">= 0"]),
+    (T, ["--device", "tpu"], ["--device", "tpu", "cpu"]),
+    (T, ["--threads", "-2"], ["threads", ">= 0"]),
+    (T, ["--stop-after", "-1"], ["stop_after", ">= 0"]),
+    (T, ["--output", "{tmp}/afile"], ["{tmp}/afile", "not a directory"], "output_is_a_file"),
+    (T, ["--unknown-flag"], ["unrecognized", "--unknown-flag"]),
+    # -- YAML recipes -----------------------------------------------------------------------------------------------
+    (T, ["--config", "{tmp}/missing.yaml"], ["{tmp}/missing.yaml", "does not exist"]),
+    (T, ["--config", "{yaml}"], ["not plain YAML"], "python_tag_recipe"),
+    (T, ["--config", "{yaml}"], ["not plain YAML"], "bad_yaml_recipe"),
+    (T, ["--config", "{yaml}"], ["mapping"], "list_recipe"),
+    (T, ["--config", "{yaml}"], ["bogus_setting"], "unknown_key_recipe"),
+    (T, ["--config", "{yaml}"], ["eval_batch_size", "integer", "ten"], "string_size_recipe"),
+    (T, ["--config", "{yaml}"], ["weight_decay", "number", "fast"], "string_decay_recipe"),
+    (T, ["--config", "{yaml}"], ["num_classes", "derived"], "derived_key_recipe"),
+    (T, ["--config", "{yaml}"], ["not a text file"], "binary_recipe"),
+    (T, ["--config", "{tmp}"], ["directory"]),
+    # -- run directory and resume ---------------------------------------------------------------------------------
+    (T, ["--output", "{run}"], ["already holds a run", "--resume", "--overwrite"]),
+    (T, ["--resume", "{tmp}/nothing-here"], ["no run to continue", "nothing-here"]),
+    (T, ["--resume", "{run}", "--overwrite"], ["--overwrite"]),
+    (T, ["--resume", "{run}"], ["state.pt", "damaged"], "truncate_state"),
+    (T, ["--resume", "{run}"], ["state.pt", "damaged"], "random_state"),
+    (T, ["--resume", "{run}"], ["not plain YAML"], "python_tag_config"),
+    (T, ["--resume", "{run}"], ["bogus_setting"], "config_unknown_key"),
+    (T, ["--resume", "{run}", "--pe", "rope_axial"], ["cannot change", "pe ('rope_mixed' -> 'rope_axial')"]),
+    (T, ["--resume", "{run}", "--embed-dim", "32"], ["cannot change", "model_kwargs.embed_dim (16 -> 32)"]),
+    (T, ["--resume", "{run}", "--pe-kwargs", "theta=10"], ["cannot change", "pe_kwargs"]),
+    (T, ["--resume", "{run}", "--lr", "0.1", "--epochs", "5"], ["cannot change", "lr", "epochs (2 -> 5)"]),
+    # -- resolution_sweep.py ----------------------------------------------------------------------------------------
+    (S, ["{tmp}/nowhere", "--res", "16"], ["{tmp}/nowhere", "not found"]),
+    (S, ["{tmp}", "--res", "16"], ["config.yaml", "not found"]),
+    (S, ["{run}", "--res", "18"], ["resolution 18", "patch_size 4"]),
+    (S, ["{run}", "--res", "0"], ["--res", "positive"]),
+    (S, ["{run}", "--res", "x"], ["--res", "'x'"]),
+    (S, ["{run}"], ["--res", "required"]),
+    (S, ["{run}", "--res", "16", "--scaling", "bogus"], ["--scaling", "bogus", "yarn"]),
+    (S, ["{run}", "--res", "16", "--interpolation", "cubic"], ["--interpolation", "cubic", "bicubic"]),
+    (S, ["{run}", "--res", "16", "--weights", "middle"], ["--weights", "middle"]),
+    (S, ["{run}", "--res", "16", "--batch-size", "0"], ["--batch-size", ">= 1"]),
+    (S, ["{run}", "--res", "16", "--val-samples", "0"], ["--val-samples", ">= 1"]),
+    (S, ["{run}", "--res", "16", "--device", "tpu"], ["--device", "tpu"]),
+    (S, ["{run}", "--res", "16", "--frames", "4"], ["--frames", "video runs", "image run"]),
+    (S, ["{run}", "--res", "16", "--frames", "0"], ["--frames", "positive"]),
+    (S, ["{run}", "--res", "16"], ["last.safetensors", "damaged"], "truncate_last"),
+    (S, ["{run}", "--res", "16"], ["last.safetensors", "damaged"], "random_last"),
+    (S, ["{run}", "--res", "16"], ["last.safetensors", "not found"], "remove_last"),
+    (S, ["{run}", "--res", "16"], ["config.yaml", "not plain YAML"], "python_tag_config"),
+    (S, ["{run}", "--res", "16"], ["config.yaml", "lacks", "model"], "config_without_model"),
+    (S, ["{run}", "--res", "16"], ["bogus_setting"], "config_unknown_key"),
+    (S, ["{run}", "--res", "16"], ["rope_bogus"], "config_bad_pe"),
+    (S, ["{run}", "--res", "16"], ["data", "imagenet-1k"], "config_bad_data"),
+    (S, ["{run}", "--res", "16"], ["num_classes", ">= 1"], "config_bad_classes"),
+    (S, ["{run}", "--res", "16"], ["does not fit"], "config_other_size"),
+    (S, ["{run}", "--res", "16"], ["config.yaml", "not found"], "no_config"),
+    # -- visualize.py ----------------------------------------------------------------------------------------------
+    (V, ["--pe", "nope"], ["nope", "sincos"]),
+    (V, ["--kind", "bogus", "--pe", "sincos"], ["bogus", "similarity"]),
+    (V, ["--pe", "sincos", "--grid", "0", "4"], ["--grid"]),
+    (V, ["--pe", "rope_axial", "--scaling", "bogus"], ["--scaling", "bogus"]),
+    (V, ["--pe", "sincos", "--dpi", "0"], ["--dpi", ">= 1"]),
+    (V, ["--pe", "alibi", "--num-heads", "0"], ["--num-heads", ">= 1"]),
+    (V, ["--pe", "rope_axial", "--theta", "-1"], ["--theta", "> 0"]),
+    (V, ["--run", "{tmp}/nowhere"], ["not found"]),
+    (V, ["--run", "{run}", "--checkpoint", "{run}/best.safetensors"], ["not allowed with"]),
+    (V, ["--run", "{run}", "--which", "middle"], ["--which", "middle"]),
+    (V, ["--run", "{run}", "--pe", "alibi"], ["no alibi encoding"]),
+    (V, ["--run", "{run}", "--layer", "-1"], ["--layer", ">= 0"]),
+    (V, ["--run", "{run}"], ["config.yaml", "not plain YAML"], "python_tag_config"),
+    (V, ["--run", "{run}"], ["not found"], "no_config"),
+    (V, ["--checkpoint", "{run}/last.safetensors"], ["last.safetensors", "damaged"], "truncate_last"),
+    (V, ["--run", "{run}", "--which", "last"], ["last.safetensors", "damaged"], "random_last"),
+    # -- benchmark.py (checks every run's settings before the first process starts) --------------------------------
+    (B, ["--pe", "rope_bogus", "--data", "shapes-position"], ["rope_bogus"]),
+    (B, ["--data", "imagenet-1k"], ["data", "imagenet-1k"]),
+    (B, ["--config", "{yaml}"], ["not plain YAML"], "python_tag_recipe"),
+    (B, ["--jobs", "0"], ["--jobs", ">= 1"]),
+    (B, ["--res", "30", "--data", "shapes-position", "--pe", "learned"], ["--res 30", "patch_size"]),
+    (B, ["--scaling", "bogus"], ["--scaling", "bogus"]),
+    (B, ["--data", "shapes-position", "--pe", "learned", "--frames", "4"], ["--frames", "video"]),
+    (B, ["--data", "moving-shapes", "--pe", "learned"], ["moving-shapes", "--num-frames"]),
+    (B, ["--data", "moving-shapes", "--pe", "learned", "--frames", "3", "--", "--num-frames", "4", "--tubelet-size",
+         "2", "4", "4"], ["--frames 3", "2 frames"]),
+    (B, ["--data", "shapes-position", "--pe", "learned", "--", "--lr", "-1"], ["lr", "> 0"]),
+    (B, ["--res", "32x30", "--data", "shapes-position", "--pe", "learned"], ["--res 32x30", "patch_size"]),
+    (B, ["--res", "32xx", "--data", "shapes-position", "--pe", "learned"], ["--res", "32xx", "HxW"]),
+    (B, ["--rows", "{tmp}/nowhere.yaml", "--data", "shapes-position"], ["{tmp}/nowhere.yaml"]),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["missing 'title'"], "rows_missing_title"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["section must be"], "rows_bad_section"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["non-empty list"], "rows_empty"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["row 0", "label, args"], "rows_no_args"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["row 0", "colour"], "rows_unknown_key"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["row 'a'", "seed", "the benchmark sets"],
+     "rows_sets_seed"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["scaling", "linear", "pi"], "rows_bad_scaling"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["two rows", "a-b"], "rows_same_label"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["rope_bogus"], "rows_bad_pe"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["--bogus-flag"], "rows_bad_flag"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position", "--swin"], ["--rows", "--swin"], "rows_empty_ok"),
+    # -- --import: user code, imported before anything is built -----------------------------------------------
+    (T, ["--import", "no_such_module_for_visionpe"], ["--import no_such_module_for_visionpe", "cannot import"]),
+    (T, ["--import", "{tmp}/missing.py"], ["{tmp}/missing.py", "no such file"]),
+    (T, ["--import", "{yaml}"], ["user_code.py", "rope_axial", "already registered"], "user_code_clash"),
+    (T, ["--import", "{yaml}"], ["user_code.py", "syntax error at line 1"], "user_code_syntax"),
+    (T, ["--import", "{yaml}"], ["user_code.py", "RuntimeError", "the user code failed"], "user_code_raises"),
+    (S, ["{run}", "--res", "16", "--import", "no_such_module_for_visionpe"], ["cannot import"]),
+    (V, ["--pe", "sincos", "--import", "{tmp}/missing.py"], ["no such file"]),
+    (B, ["--data", "shapes-position", "--import", "no_such_module_for_visionpe"], ["cannot import"]),
+    # -- pe=timm (timm's own model, benchmark reference rows) -----------------------------------------------------
+    (T, ["--pe", "timm", "--pe-kwargs", "theta=10"], ["pe=timm", "--model-kwargs", "theta"]),
+    (T, ["--pe", "timm", "--data", "moving-shapes", "--num-frames", "4"], ["pe=timm", "--num-frames"]),
+    (T, ["--pe", "timm", "--model", "resnet18"], ["pe=timm", "resnet18", "vision_transformer"]),
+]
+
+
+def invoke(script, argv):
+    if script == T:
+        return train_main(TINY + argv)
+    return run_script(SCRIPTS[script], argv)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "run"
+    train_main(TINY + ["--pe", "rope_mixed", "--output", str(out)])
+    return out
+
+
+CASES = [(*row, None) if len(row) == 3 else row for row in ROWS]
+
+
+@pytest.mark.parametrize("script, args, words, setup", CASES,
+                         ids=[f"{c[0]}-{' '.join(c[1])[:40]}-{c[3] or ''}" for c in CASES])
+def test_mistake_is_one_line_and_exit_2(script, args, words, setup, finished_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    yaml_path = SETUPS[setup](tmp_path, run) if setup else None
+    fill = lambda s: (s.replace("{tmp}", str(tmp_path)).replace("{run}", str(run))
+                      .replace("{yaml}", str(yaml_path)))
+    argv = [fill(a) for a in args]
+    if script == T and "--output" not in argv and "--resume" not in argv:
+        argv += ["--output", str(tmp_path / "out")]
+    if script == V:
+        argv += ["--out", str(tmp_path / "x.png")]
+    if script == B:
+        argv = ["--out", str(tmp_path / "bench"), "--doc", str(tmp_path / "B.md"), *argv]
+    with pytest.raises(SystemExit) as exit_info:
+        invoke(script, argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert err.count("\n") == 1 and err.startswith(f"{PROG[script]}: error: "), err
+    assert "Traceback" not in err
+    missing = [w for w in map(fill, words) if w not in err]
+    assert not missing, f"{err!r} lacks {missing}"
+    assert not (tmp_path / "pwned").exists()  # YAML tags never run code
+
+
+def test_table_covers_every_training_flag():
+    """Each training setting has at least one row (a new setting needs its bad values here)."""
+    flags = {a for row in ROWS if row[0] == T for a in row[1] if a.startswith("--")}
+    flag = lambda key: "--import" if key == "imports" else "--" + key.replace("_", "-")
+    missing = [k for k in settings.DEFAULTS if flag(k) not in flags
+               and k not in ("download", "overwrite", "progress")]  # booleans: argparse takes only the flag
+    assert not missing, missing
+    assert sum(row[0] == T for row in ROWS) >= 40
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    with pytest.raises(UserError, match="depth"):
+        train_main(TINY + ["--depth", "-1", "--output", str(tmp_path / "r"), "--debug"])
+
+
+@pytest.mark.parametrize("script", ["train_vit.py", "scripts/resolution_sweep.py", "scripts/visualize.py",
+                                    "scripts/benchmark.py"])
+def test_help_groups_flags_and_explains_each(script, capsys):
+    parser = settings.build_parser() if script == "train_vit.py" else \
+        script_namespace(Path(script).stem)["build_parser"]()
+    undocumented = [a.dest for a in parser._actions if not a.help]
+    assert not undocumented
+    assert len([g for g in parser._action_groups if g._group_actions]) >= 3
+    with pytest.raises(SystemExit) as exit_info:
+        invoke({"train_vit.py": T, "scripts/resolution_sweep.py": S, "scripts/visualize.py": V,
+                "scripts/benchmark.py": B}[script], ["--help"])
+    assert exit_info.value.code == 0
+    assert "settings:" in capsys.readouterr().out or script != "train_vit.py"
+
+
+def test_nothing_imports_train_vit():
+    """train_vit.py is the entry point users run; the package holds what others need."""
+    needles = ("import " + "train_vit", "from " + "train_vit")  # split, so that this file does not match
+    offenders = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("runs", "__pycache__")]
+        for name in files:
+            path = Path(folder) / name
+            if name.endswith(".py") and any(n in path.read_text() for n in needles):
+                offenders.append(str(path.relative_to(ROOT)))
+    assert not offenders

@@ -1,0 +1,84 @@
+"""Every script with every encoding: scripts/visualize.py draws each kind that applies to an encoding (and refuses the
+others in one line), from a fresh encoding and from a trained run, and scripts/resolution_sweep.py sweeps a trained
+run of it; for every name in visionpe.available() and one registered by a user's module through --import. A rename in
+an encoding's keywords cannot break one of these paths unseen."""
+from __future__ import annotations
+
+import pytest
+from trainutil import run_script, train_main
+from usercode import ENCODING, forget, write
+
+import visionpe as vpe
+from visionpe import viz
+
+USER = "checker_matrix"  # registered by usercode.ENCODING under this file's own name
+NAMES = [*vpe.available(), USER]
+SWIN = ["--model", "swin_tiny_patch4_window7_224", "--model-kwargs", "embed_dim=16", "depths=[1]", "num_heads=[2]",
+        "window_size=2"]
+TINY = ["--data", "shapes-position", "--train-samples", "16", "--val-samples", "8", "--batch-size", "8", "--epochs",
+        "1", "--img-size", "16", "--patch-size", "4", "--warmup-epochs", "0", "--no-progress", "--threads", "1"]
+VIT = ["--embed-dim", "24", "--depth", "2", "--num-heads", "2"]
+
+
+@pytest.fixture(scope="module")
+def user_code(tmp_path_factory):
+    return write(tmp_path_factory.mktemp("user"), "matrix_encoding", ENCODING, encoding=USER)
+
+
+def imports(name, user_code) -> list:
+    return ["--import", user_code] if name == USER else []
+
+
+def kinds(name, user_code) -> tuple[str, ...]:
+    """The kinds that apply to ``name``, as the library states them."""
+    if name == USER:
+        from visionpe.train import cli
+        cli.import_user_code([user_code])
+    return viz.kinds_for(viz.fresh_encoding(name, (4, 4)))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_visualize_every_kind_of_a_fresh_encoding(name, user_code, tmp_path, capsys):
+    applies = kinds(name, user_code)
+    assert applies[0] == "similarity" and "resolution" in applies
+    for kind in viz.KINDS:
+        grid = ["2", "4", "4"] if kind == "video" else ["4", "4"]
+        argv = [*imports(name, user_code), "--pe", name, "--kind", kind, "--grid", *grid, "--dpi", "30",
+                "--out", tmp_path / f"{kind}.png"]
+        if kind in applies:
+            assert run_script("visualize", argv) == 0
+            assert (tmp_path / f"{kind}.png").stat().st_size > 0
+        else:
+            with pytest.raises(SystemExit) as exit_info:
+                run_script("visualize", argv)
+            err = capsys.readouterr().err
+            assert exit_info.value.code == 2 and err.count("\n") == 1 and f"does not apply to {name}" in err, err
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, user_code):
+    """A tiny one-epoch run of each encoding (swin_bias in a Swin, the rest in a ViT)."""
+    root = tmp_path_factory.mktemp("runs")
+    runs = {}
+    for name in NAMES:
+        out = root / name
+        train_main([*TINY, *(SWIN if name == "swin_bias" else VIT), *imports(name, user_code), "--pe", name,
+                    "--output", out])
+        runs[name] = out
+    forget(USER)  # each test imports the run's code again, as a fresh process would
+    return runs
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_resolution_sweep_and_visualize_of_a_trained_run(name, trained, tmp_path):
+    run = trained[name]
+    rows = run_script("resolution_sweep", [run, "--res", "16", "24", "--scaling", "none", "pi", "--out", tmp_path])
+    assert {r["res"] for r in rows} == {16, 24} and all(0 <= r["acc"] <= 100 for r in rows)
+    assert (tmp_path / "sweep.csv").is_file() and (tmp_path / "sweep.png").is_file()
+    family = vpe.available()[name] if name != USER else "bias"
+    layer = [] if family == "tokens" else ["--layer", "1"] if name != "swin_bias" else ["--layer", "0"]
+    for kind in ("similarity", "resolution"):
+        out = tmp_path / f"{kind}.png"
+        assert run_script("visualize", ["--run", run, "--pe", name, *layer, "--kind", kind, "--dpi", "30", "--out",
+                                        out]) == 0
+        assert out.stat().st_size > 0

@@ -1,0 +1,115 @@
+"""The command line of the speed benchmark (``scripts/bench_speed.py``): parse, run the sections, write the report."""
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from pathlib import Path
+
+import timm
+import torch
+
+from ..train import cli
+from ..train.cli import UserError
+from ..train.report import keep_hand_written
+from . import __doc__ as DOC
+from .flex import flex_cost
+from .memory import memory_cost
+from .models import cache_hits, compiled_cost, compiled_train_cost, forward_cost, train_cost
+from .plan import make_plan
+from .profile import profile_cost
+from .rope import rope_apply
+from .scale import scale_cost
+from .timing import Run, allow_recompiles
+from .versus_timm import versus_timm
+
+SECTIONS = ["rope", "forward", "train", "memory", "compile", "timm", "cache", "scale"]  # the default run
+OPT_IN = ["compile-train", "flex", "profile"]  # run only when named in --sections
+COMPILED_PAIRS = ("learned", "swin_bias", "control", "rope_axial", "rope_mixed")  # --compile-pairs: first two default
+PES = ["learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]
+RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "memory": memory_cost,
+           "compile": compiled_cost, "timm": versus_timm, "cache": cache_hits, "scale": scale_cost,
+           "compile-train": compiled_train_cost, "flex": flex_cost, "profile": profile_cost}
+READING = "## Reading these numbers"
+
+
+def header(run: Run, argv: list[str]) -> list[str]:
+    device = torch.cuda.get_device_name() if run.device.type == "cuda" else \
+        f"{platform.processor() or 'cpu'}, {torch.get_num_threads()} threads"
+    command = " ".join(["python scripts/bench_speed.py", *argv])
+    return ["# Performance", "", f"Made by `{command}`.", "",
+            f"Device: {device}; torch {torch.__version__}, timm {timm.__version__}; medians over {run.repeats} "
+            f"interleaved rounds ({run.slow_repeats} for the ViT-S/16 and Swin tables at batch {run.plan.vit.batch}: "
+            f"eval forward, training step, timm, cache) of at least {run.min_run_time} s per row. Only ratios measured "
+            f"side by side mean anything. Targets: time and memory of an encoding <= 1.05x none (peg <= 1.10x).", ""]
+
+
+def build_parser() -> cli.Parser:
+    head, _, tail = DOC.partition("\n\n")
+    p = cli.Parser(prog="bench_speed", description=head, epilog=tail)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--batch", type=int, default=8, help="batch of the ViT-S/16 sections, an integer >= 1 (default 8)")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved rounds per measurement, an integer >= 1")
+    p.add_argument("--slow-repeats", type=int, default=5,
+                   help="interleaved rounds of the ViT-S/16 and Swin tables (forward, train, timm, cache), whose rows "
+                        "are single calls of 0.5-2.5 s on CPU; an integer >= 1 (default 5; fewer shortens the run)")
+    p.add_argument("--min-run-time", type=float, default=0.25, help="seconds of calls per row and round, > 0")
+    p.add_argument("--scale-repeats", type=int, default=1, help="timed rounds of the large-grid section, >= 1")
+    p.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS + OPT_IN,
+                   help=f"default: {' '.join(SECTIONS)}; opt-in: {' '.join(OPT_IN)}")
+    p.add_argument("--pes", nargs="+", default=PES, choices=PES, help="encodings compared with none")
+    p.add_argument("--compile-pairs", nargs="*", default=list(COMPILED_PAIRS[:2]), choices=COMPILED_PAIRS,
+                   metavar="PAIR", help="compile section: the visionpe-vs-timm pairs compiled at full size, of "
+                   f"{' '.join(COMPILED_PAIRS)} (default: learned swin_bias; each pair takes 1-1.5 min of "
+                   "compilation on 2 cores with an empty inductor cache; no names: none)")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads, an integer >= 1 (default: torch's choice)")
+    p.add_argument("--quick", action="store_true", help="tiny models, one short round: a smoke test")
+    p.add_argument("--out", type=Path, help="write the tables as markdown to this file")
+    p.add_debug()
+    return p
+
+
+def parse_args(argv: list[str]):
+    args = build_parser().parse_args(argv)
+    for name in ("batch", "repeats", "slow_repeats", "scale_repeats"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(args, name)}")
+    if not args.min_run_time > 0:
+        raise UserError(f"--min-run-time must be a number of seconds > 0, got {args.min_run_time}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be an integer >= 1, got {args.threads}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is available")
+    if args.out is not None and args.out.is_dir():
+        raise UserError(f"--out {str(args.out)!r} is a directory; give a markdown file")
+    return args
+
+
+def run_sections(argv: list[str]) -> str:
+    """Run the sections, print each table as it is done, write the report to ``--out``; returns the report."""
+    args = parse_args(argv)
+    if args.quick:
+        args.repeats, args.slow_repeats, args.min_run_time, args.scale_repeats = 1, 1, 0.01, 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    allow_recompiles()
+    run = Run(torch.device(args.device), args.repeats, args.min_run_time, make_plan(args.quick, args.batch),
+              args.pes, args.scale_repeats, tuple(args.compile_pairs), args.slow_repeats)
+    out = header(run, [a for a in argv if a != "--debug"])
+    for i, key in enumerate(args.sections):
+        start = time.perf_counter()
+        for table in RUNNERS[key](run):
+            print(table.markdown() + "\n", flush=True)
+            out += [table.markdown(), ""]
+        if not {"train", "memory"} & set(args.sections[i + 1:]):
+            run.steps.clear()  # the training steps shared by train and memory: models and optimizer state
+        print(f"[{key}: {time.perf_counter() - start:.0f} s]\n", file=sys.stderr, flush=True)
+    report = "\n".join(out)
+    if args.out:
+        keep_hand_written(args.out, report, READING)
+    return report
+
+
+def main(argv: list[str] | None = None) -> str:
+    """The command line; a user mistake prints one line and exits with status 2."""
+    return cli.run(run_sections, prog="bench_speed", argv=argv)

@@ -1,0 +1,105 @@
+"""What is measured on which model: the setups (a model recipe and its input batch) of every section, full size or ``--quick``."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+import visionpe as vpe
+
+TINY_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "bench_vit_tiny.yaml"
+NUM_CLASSES = 10
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A model recipe and its input batch: ``create(pe)`` builds the model (same seed for every encoding)."""
+
+    label: str
+    model: str
+    kwargs: dict
+    batch: int
+    size: tuple[int, ...]  # input size, (H, W), or (T, H, W) for a video model
+    video: dict | None = None  # create_video_model keywords (num_frames, tubelet_size)
+
+    def create(self, pe: str, device) -> torch.nn.Module:
+        torch.manual_seed(0)
+        if self.video is None:
+            model = vpe.create_model(self.model, pe=pe, num_classes=NUM_CLASSES, **self.kwargs)
+        else:
+            model = vpe.create_video_model(self.model, pe=pe, num_classes=NUM_CLASSES, **self.video, **self.kwargs)
+        return model.to(device)
+
+    def input(self, device, size: tuple[int, ...] | None = None) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(0)
+        return torch.randn(self.batch, 3, *(size or self.size), generator=generator).to(device)
+
+    def labels(self, device) -> torch.Tensor:
+        return torch.randint(NUM_CLASSES, (self.batch,), generator=torch.Generator().manual_seed(1)).to(device)
+
+    def tokens(self, model: torch.nn.Module) -> int:
+        """Tokens per sample: prefix + patches."""
+        patches = math.prod(s // p for s, p in zip(self.size, model.patch_embed.patch_size))
+        return model.num_prefix_tokens + patches
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Model and input sizes of every section: the full ones, or tiny ones under ``--quick``."""
+
+    vit: Setup  # ViT-S/16 at 224 px: forward, train, memory, timm, cache
+    tiny: Setup  # the small training config: forward, train, memory
+    compiled: Setup  # the compile section's per-encoding model (the small training config; quick: the quick ViT)
+    large: tuple[Setup, ...]  # the scale section's grids
+    rope: tuple[int, tuple[int, int], int, tuple[int, ...]]  # heads, patch grid, head_dim, batches
+    swin: dict[str, tuple[str, dict, tuple[int, int]]]  # (timm name, kwargs, input size) of Swin-T and SwinV2-T
+    alt_size: tuple[int, int]  # the cache section's second input size
+    flex: tuple[int, int, tuple[tuple[int, int], ...]]  # heads, head_dim, (batch, grid side) of each flex table
+
+
+def tiny_recipe(batch: int | None = None) -> Setup:
+    """The model of ``configs/bench_vit_tiny.yaml`` (the CPU training benchmark's recipe) at its batch size."""
+    cfg = yaml.safe_load(TINY_RECIPE.read_text())
+    size = cfg["img_size"]
+    kwargs = dict(cfg.get("model_kwargs", {}), img_size=size, patch_size=cfg["patch_size"])
+    return Setup(f"{cfg['model']} of {TINY_RECIPE.name} ({kwargs['embed_dim']}-dim, {kwargs['depth']} blocks, "
+                 f"{size} px / {cfg['patch_size']})", cfg["model"], kwargs, batch or cfg["batch_size"], (size, size))
+
+
+def make_plan(quick: bool, batch: int) -> Plan:
+    """The full sizes (ViT-S/16, Swin-T, 1024 px...) or, with ``quick``, tiny models that run in seconds."""
+    if quick:
+        width = dict(embed_dim=48, depth=2, num_heads=2)  # 48: sin and cos channels for 3 axes
+        kw = dict(width, img_size=32, patch_size=8)
+        swin = dict(img_size=32, patch_size=4, window_size=4, embed_dim=16, depths=(1, 1), num_heads=(2, 2))
+        vit = Setup("quick ViT (32 px / 8)", "vit_tiny_patch16_224", kw, 2, (32, 32))
+        return Plan(
+            vit=vit,
+            tiny=tiny_recipe(batch=8),
+            compiled=vit,
+            large=(Setup("quick ViT, 64 px", "vit_tiny_patch16_224", kw, 1, (64, 64)),
+                   Setup("quick video ViT, 4 frames of 32 px", "vit_tiny_patch16_224", dict(width, img_size=32), 1,
+                         (4, 32, 32),
+                         video=dict(num_frames=4, tubelet_size=(2, 8, 8)))),
+            rope=(2, (4, 4), 16, (2, 4)),
+            swin={"Swin-T": ("swin_tiny_patch4_window7_224", swin, (32, 32)),
+                  "SwinV2-T": ("swinv2_tiny_window8_256", swin, (32, 32))},
+            alt_size=(48, 48),
+            flex=(2, 16, ((2, 4),)))
+    return Plan(
+        vit=Setup("vit_small_patch16_224 (ViT-S/16), 224 px", "vit_small_patch16_224", {}, batch, (224, 224)),
+        tiny=tiny_recipe(),
+        compiled=tiny_recipe(),
+        large=(Setup("ViT-S/16, 1024 px", "vit_small_patch16_224", {}, 1, (1024, 1024)),
+               Setup("ViT-S/16 video, 16 frames of 224 px, tubelets 2x16x16", "vit_small_patch16_224", {}, 1,
+                     (16, 224, 224), video=dict(num_frames=16, tubelet_size=(2, 16, 16)))),
+        rope=(6, (14, 14), 64, (batch, 64)),
+        swin={"Swin-T": ("swin_tiny_patch4_window7_224", {}, (224, 224)),
+              "SwinV2-T": ("swinv2_tiny_window8_256", {}, (256, 256))},
+        alt_size=(256, 256),
+        flex=(6, 64, ((batch, 14), (1, 64))))
+
+

@@ -1,0 +1,72 @@
+"""Data sets for training and resolution benchmarks, by name from one registry.
+
+``build_dataset(name, split, img_size, ...)`` returns a :class:`~visionpe.data.base.PositionDataset` of
+``(sample, label)``: images ``(C, H, W)`` normalised float tensors (``img_size`` an integer, or ``(height, width)``),
+or for video sets (``num_frames=T``) clips ``(C, T, H, W)``. Every data set has ``num_classes``, ``in_chans``,
+``mean``, ``std`` and ``set_epoch(epoch)`` (augmentation is a function of ``(seed, epoch, index)`` only, so runs
+are reproducible and resumable whatever the loader does).
+
+One module a kind: :mod:`.scenes` (built-in image tasks rendered at any size), :mod:`.clips` (built-in video
+tasks), :mod:`.torchvision_sets` (Fashion-MNIST, MNIST, CIFAR), :mod:`.folders` (ImageFolder, folders of frames),
+:mod:`.budget` (native aspect ratios within a token budget); :mod:`.registry` holds the table and :mod:`.base` the
+shared base class. A new data set is one function decorated with :func:`register_dataset` (from a user's module
+too: ``train_vit.py --import my_data.py --data my-set``).
+"""
+from __future__ import annotations
+
+from . import scenes, torchvision_sets, folders, clips  # noqa: F401, I001  (each registers its data sets, in this order)
+from .base import ClipTensorDataset, ImageTensorDataset, PositionDataset, fixed_subset, image_hw, resize, size_key
+from .budget import native_aspect_size, resize_to_budget
+from .clips import clip_scene, render_clip
+from .folders import ClipFolderDataset, ImageFolderDataset
+from .registry import (DATASETS, SPLITS, DataMissing, DatasetSpec, call_builder, get_spec, names, register_dataset,
+                       unregister_dataset)
+from .scenes import render, scene
+from .torchvision_sets import DEBIAN_FASHION_MNIST
+
+__all__ = ["DATASETS", "DEBIAN_FASHION_MNIST", "SPLITS", "ClipFolderDataset", "ClipTensorDataset", "DataMissing",
+           "DatasetSpec", "ImageFolderDataset", "ImageTensorDataset", "PositionDataset", "build_dataset",
+           "clip_scene", "fixed_subset", "get_spec", "image_hw", "info", "names", "native_aspect_size",
+           "register_dataset", "render", "render_clip", "resize", "resize_to_budget", "scene", "size_key",
+           "unregister_dataset"]
+
+
+def info(name: str) -> dict:
+    """``{'num_classes', 'in_chans', 'synthetic', 'video'}`` for a named data set, without loading it (a folder's
+    class count is only known once loaded: ``num_classes=None``)."""
+    spec = get_spec(name)
+    return {"num_classes": spec.num_classes, "in_chans": spec.in_chans, "synthetic": spec.synthetic,
+            "video": spec.video}
+
+
+def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool = False, seed: int = 0,
+                  num_samples=None, augment=None, num_frames: int | None = None) -> PositionDataset:
+    """The data set ``name`` at ``img_size`` pixels (a square integer; an image set also takes ``(height, width)``,
+    a square pair being the integer).
+
+    ``num_samples``: synthetic tasks render that many scenes (default 10000 train / 2000 val); real sets use a fixed
+    random subset of that size (default all). ``augment``: default True for real train splits, never for synthetic
+    tasks (a flip or shift would change their labels). ``seed``: synthetic scenes and the augmentation stream; real
+    subsets do not depend on it. ``num_frames``: clips of that many frames; required by video sets, refused by image
+    ones.
+    """
+    spec = get_spec(name)
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose from: {', '.join(SPLITS)}")
+    if spec.video and (isinstance(img_size, bool) or not isinstance(img_size, int) or img_size < 4):
+        raise ValueError(f"img_size must be an integer >= 4 for the video data set {name} (clips are square), "
+                         f"got {img_size!r}")
+    image_hw(img_size)
+    if spec.video != (num_frames is not None):
+        raise ValueError(f"{name} is {'a video' if spec.video else 'an image'} data set: "
+                         f"{'give' if spec.video else 'do not give'} num_frames (clips of T frames)")
+    if num_frames is not None and (isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 1):
+        raise ValueError(f"num_frames must be a positive integer, got {num_frames!r}")
+    options = dict(data_dir=data_dir, download=download, seed=seed, num_samples=num_samples, augment=augment)
+    if spec.video:
+        options["num_frames"] = num_frames
+    dataset = call_builder(spec, split, size_key(img_size) if not spec.video else img_size, options)
+    if not isinstance(dataset, PositionDataset):
+        raise TypeError(f"the builder of data set {name!r} returned {type(dataset).__name__}, not a "
+                        "visionpe.data.PositionDataset")
+    return dataset

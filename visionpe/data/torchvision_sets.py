@@ -1,0 +1,125 @@
+"""Real image sets read through torchvision's layouts (or Debian's idx files): Fashion-MNIST, MNIST, CIFAR-10/100.
+One table, :data:`TORCHVISION_SETS`, as timm's ``create_dataset`` keeps one; each row one registration.
+
+Images are read once at native resolution (cached), then resized with antialiasing to the requested size; the
+train split is augmented with a random translation of up to 1/8 of the side and, except digits, horizontal flips.
+Grayscale sets keep one channel (``in_chans=1``; the model is built with ``in_chans=1``) rather than being copied to
+three: same information, a third of the patch-embedding input.
+
+- ``fashion-mnist``: torchvision's ``FashionMNIST`` under ``data_dir`` (``download=True`` fetches it), else Debian's
+  ``dataset-fashion-mnist`` idx files in ``/usr/share/datasets/fashion-mnist/`` (``apt-get install
+  dataset-fashion-mnist``).
+- ``mnist``: torchvision's ``MNIST`` under ``data_dir`` (or idx files there).
+- ``cifar10`` / ``cifar100``: torchvision's ``CIFAR10/100`` under ``data_dir``.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from .base import ImageTensorDataset, fixed_subset, resize, size_key
+from .registry import DataMissing, register_dataset
+
+DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+# name: (torchvision class, classes, mean, std, horizontal flips in augmentation)
+TORCHVISION_SETS = {
+    "fashion-mnist": ("FashionMNIST", 10, (0.2860,), (0.3530,), True),
+    "mnist": ("MNIST", 10, (0.1307,), (0.3081,), False),
+    "cifar10": ("CIFAR10", 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), True),
+    "cifar100": ("CIFAR100", 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), True),
+}
+
+
+def _read_idx(path: str) -> np.ndarray:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def _find_idx(folder: str, split: str):
+    stem = "train" if split == "train" else "t10k"
+    out = []
+    for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"):
+        for ext in ("", ".gz"):
+            path = os.path.join(folder, f"{stem}-{kind}{ext}")
+            if os.path.isfile(path):
+                out.append(path)
+                break
+    return out if len(out) == 2 else None
+
+
+def _mnist_like(name: str, split: str, data_dir, download: bool):
+    import torchvision
+    cls = torchvision.datasets.FashionMNIST if name == "fashion-mnist" else torchvision.datasets.MNIST
+    train = split == "train"
+    if data_dir is not None:
+        for folder in (data_dir, os.path.join(data_dir, cls.__name__, "raw")):
+            files = _find_idx(folder, split)
+            if files:
+                return _read_idx(files[0]), _read_idx(files[1])
+        if download:
+            ds = cls(root=data_dir, train=train, download=True)
+            return ds.data.numpy(), ds.targets.numpy()
+        # an explicit folder is the data's place: no silent fall back to another copy
+        raise DataMissing(f"{name} not found under --data-dir {data_dir!r} (expected the idx files or "
+                          f"{cls.__name__}/raw/ there): pass --download to fetch it there with torchvision")
+    if name == "fashion-mnist":
+        files = _find_idx(DEBIAN_FASHION_MNIST, split)
+        if files:
+            return _read_idx(files[0]), _read_idx(files[1])
+    where = "(no --data-dir given)"
+    hint = (f"install Debian's package (apt-get install dataset-fashion-mnist, files in {DEBIAN_FASHION_MNIST}) "
+            "or " if name == "fashion-mnist" else "")
+    raise DataMissing(f"{name} not found {where}: {hint}pass --data-dir DIR --download to fetch it with torchvision")
+
+
+def _cifar(name: str, split: str, data_dir, download: bool):
+    import torchvision
+    cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
+    if data_dir is None:
+        raise DataMissing(f"{name} needs --data-dir DIR (torchvision layout); add --download to fetch it there")
+    try:
+        ds = cls(root=data_dir, train=split == "train", download=download)
+    except RuntimeError:
+        raise DataMissing(f"{name} not found under {data_dir!r}: add --download to fetch it with torchvision") from None
+    return np.asarray(ds.data), np.asarray(ds.targets, dtype=np.int64)
+
+
+@lru_cache(maxsize=8)
+def _native(name: str, split: str, data_dir, download: bool):
+    """``(uint8 images (N, C, H, W), int64 labels (N,))`` at native resolution."""
+    if name in ("fashion-mnist", "mnist"):
+        images, labels = _mnist_like(name, split, data_dir, download)
+        images = torch.from_numpy(np.array(images))[:, None]
+    else:
+        images, labels = _cifar(name, split, data_dir, download)
+        images = torch.from_numpy(np.array(images)).permute(0, 3, 1, 2).contiguous()
+    return images, torch.from_numpy(np.array(labels, dtype=np.int64))
+
+
+def _builder(name: str):
+    _, num_classes, mean, std, flip = TORCHVISION_SETS[name]
+
+    def build(split: str, img_size, data_dir=None, download: bool = False, seed: int = 0, num_samples=None,
+              augment=None) -> ImageTensorDataset:
+        augment = (split == "train") if augment is None else augment
+        images, labels = _native(name, "train" if split == "train" else "test",
+                                 None if data_dir is None else str(data_dir), bool(download))
+        idx = fixed_subset(len(labels), num_samples)
+        if idx is not None:
+            images, labels = images[idx], labels[idx]
+        return ImageTensorDataset(resize(images, size_key(img_size)), labels, num_classes, mean, std,
+                                  augment=augment, flip=flip, seed=seed, name=name)
+    build.__name__ = name.replace("-", "_")
+    return build
+
+
+for _name, (_, _classes, _mean, _std, _) in TORCHVISION_SETS.items():
+    register_dataset(_name, num_classes=_classes, in_chans=len(_mean), mean=_mean, std=_std)(_builder(_name))

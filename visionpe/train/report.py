@@ -1,0 +1,90 @@
+"""The one writer of result tables and report documents: markdown and plain-text tables, marked sections of a
+document, mean ± std over seeds and the seed-spread rule, shared by ``train_vit.py``, the sweep, the benchmarks and
+``scripts/bench_speed.py``.
+
+A document section written by a command sits between ``<!-- BEGIN name -->`` and ``<!-- END name -->``; writing a
+section replaces only that section (or appends it), so several commands share one document. Every write is atomic
+(:func:`visionpe.weights.write_text`).
+"""
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+from ..weights import write_text
+
+
+def markdown_table(header: list[str], rows: list) -> str:
+    """A markdown table: ``| a | b |``, a separator line, one line per row (cells as ``str``)."""
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def text_table(rows: list[list], header: list[str]) -> str:
+    """A plain-text table for a terminal: right-aligned columns under a dashed rule."""
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    line = lambda r: "  ".join(c.rjust(w) for c, w in zip(r, widths))
+    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+
+
+def mean_std(values) -> tuple[float, float]:
+    """Mean and sample standard deviation of the values that are not None (NaN, NaN for none; std 0 for one)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def beyond_spread(a, b) -> tuple[float, bool]:
+    """``(mean_a - mean_b, beyond)`` of two samples: beyond the seed spread when ``|gap| > std_a + std_b``."""
+    (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
+    return ma - mb, abs(ma - mb) > sa + sb
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The lines that open and close the section ``name`` of a document."""
+    if not re.fullmatch(r"[\w.-]+", str(name)):
+        raise ValueError(f"section name must be letters, digits, '_', '.', '-', got {name!r}")
+    return f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+
+
+def write_section(doc: Path, name: str, text: str) -> None:
+    """Put ``text`` (which starts with ``<!-- BEGIN name -->`` and ends with ``<!-- END name -->``) in place of that
+    marked section of ``doc``, or append it when absent; the rest of the file is left as it is."""
+    begin, end = markers(name)
+    if not (text.startswith(begin) and text.rstrip("\n").endswith(end)):
+        raise ValueError(f"section text must start with {begin!r} and end with {end!r}")
+    doc = Path(doc)
+    old = doc.read_text() if doc.is_file() else ""
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.S)
+    new = pattern.sub(lambda _: text.rstrip("\n") + "\n", old, count=1) if pattern.search(old) else \
+        old.rstrip("\n") + ("\n\n" if old else "") + text.rstrip("\n") + "\n"
+    write_text(doc, new)
+
+
+def marked_sections(doc: Path) -> list[str]:
+    """Every marked section of ``doc`` (with its markers), in order; none when the file does not exist."""
+    doc = Path(doc)
+    if not doc.is_file():
+        return []
+    return [m.group(0) for m in re.finditer(r"<!-- BEGIN ([\w.-]+) -->.*?<!-- END \1 -->\n?", doc.read_text(), re.S)]
+
+
+def write_document(doc: Path, text: str) -> None:
+    """Write ``text`` as ``doc``, keeping the marked sections that other commands wrote into the old file (at the
+    end, in their order)."""
+    kept = marked_sections(doc)
+    for block in kept:
+        text = text.rstrip("\n") + "\n\n" + block.rstrip("\n") + "\n"
+    write_text(doc, text)
+
+
+def keep_hand_written(doc: Path, text: str, heading: str) -> None:
+    """Write ``text`` as ``doc``, keeping the hand-written part of the old file from the line ``heading`` on."""
+    doc = Path(doc)
+    if doc.is_file() and heading in (old := doc.read_text()):
+        text = text.rstrip("\n") + "\n\n" + old[old.index(heading):]
+    write_text(doc, text)

@@ -1,0 +1,245 @@
+"""A run read back: its settings (:func:`load_run`), its trained model (:func:`load_model`), the settings of
+``--resume`` (:func:`resume_config`), and a new run started from another model's weights (``--init-from``:
+:func:`new_config`, :func:`init_weights`). The files themselves belong to :mod:`visionpe.train.rundir`.
+
+A run records the user code it imported (``imports`` in ``config.yaml``); loading the run imports it again, so a
+user's encoding, data set or backbone is known to ``--resume``, the sweep and visualization.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from ..weights import convert, io
+from . import models, rundir, settings
+from .cli import UserError, import_user_code, one_line, user_errors
+from .rundir import CONFIG, LAST
+
+MODEL_KEYS = ("model", "pe", "img_size", "patch_size", "num_classes")  # needed to rebuild the model
+
+
+def load_run(path, require: tuple[str, ...] = ()) -> dict:
+    """The settings of the run in ``path``, complete and checked: ``config.yaml`` over the defaults.
+
+    ``num_classes`` and ``in_chans`` are the run's own (never re-derived from the data set's name), so an
+    ImageFolder run rebuilds with its class count. ``require``: keys the caller needs besides those that rebuild
+    the model (e.g. ``("data",)`` to evaluate on the run's data)."""
+    run = Path(path)
+    raw = rundir.read_config(run)
+    missing = [k for k in (*MODEL_KEYS, *require) if k not in raw]
+    if missing:
+        raise UserError(f"{run / CONFIG} lacks the setting(s) {', '.join(missing)}")
+    unknown = sorted(set(raw) - set(settings.DEFAULTS) - set(settings.RUN_KEYS))
+    if unknown:
+        raise UserError(f"{run / CONFIG} has unknown setting(s) {', '.join(unknown)}")
+    cfg = settings.copied(settings.DEFAULTS)
+    cfg.update(settings.copied(raw))
+    for key in ("model_kwargs", "pe_kwargs", "imports"):
+        if cfg[key] is None:
+            cfg[key] = settings.copied(settings.DEFAULTS[key])
+    try:
+        if not isinstance(cfg["imports"], list):
+            raise UserError(f"imports must be a list of module names or .py files, got {cfg['imports']!r}")
+        import_user_code(cfg["imports"])  # the run's own encodings, data sets and backbones, before any check
+        settings.check(cfg, training=False)
+    except UserError as err:
+        raise UserError(f"{run / CONFIG}: {err}") from None
+    num_classes = cfg["num_classes"]
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
+        raise UserError(f"{run / CONFIG}: num_classes must be an integer >= 1, got {num_classes!r}")
+    if cfg.get("in_chans") is None:
+        cfg["in_chans"] = cfg["model_kwargs"].get("in_chans") or (
+            settings.vdata.info(cfg["data"])["in_chans"] if "data" in raw else 3)
+    cfg["output"] = str(run)
+    return cfg
+
+
+def load_state(model: torch.nn.Module, state: dict, source) -> None:
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        raise UserError(f"{source} does not fit the model rebuilt from {CONFIG}: {one_line(err)[:300]}") from None
+
+
+def load_model(path, which: str = "best") -> tuple[torch.nn.Module, dict]:
+    """Rebuild a trained model from a run directory (``which`` = ``"best"`` or ``"last"`` weights) or from a
+    ``.safetensors`` file inside one; returns ``(model in eval mode, settings)``."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path} not found (neither a run directory nor a weights file)")
+    run, weights = (path, path / f"{which}.safetensors") if path.is_dir() else (path.parent, path)
+    if not weights.is_file():
+        raise UserError(f"weights file {str(weights)!r} not found")
+    cfg = load_run(run)
+    model = models.build_model(cfg)
+    load_state(model, rundir.read_weights(weights), weights)
+    return model.eval(), cfg
+
+
+def resume_config(args: dict) -> tuple[dict, list[tuple]]:
+    """Settings of ``--resume``: the run's own config.yaml, with the command line's changes where they are safe
+    (``settings.SAFE_ON_RESUME``). Returns ``(cfg, [(setting, old, new)] applied)``; any other change is refused
+    with one line naming it."""
+    resume = args["resume"]
+    if args.get("init_from") is not None:
+        raise UserError("--init-from starts a new run from another model's weights and --resume continues this run "
+                        "from its own; give one of them")
+    out = Path(resume if isinstance(resume, str) else args.get("output") or "")
+    if str(out) in ("", "."):
+        raise UserError("--resume needs the run directory: --resume DIR (or --output DIR)")
+    if isinstance(resume, str) and args.get("output") and Path(args["output"]) != out:
+        raise UserError(f"--resume {resume} and --output {args['output']} name different directories; give one")
+    if args.get("overwrite"):
+        raise UserError("--resume continues a run and --overwrite deletes it; give one of them")
+    if not (out / CONFIG).is_file():
+        raise UserError(f"--resume: no run to continue in {str(out)!r} (no {CONFIG})")
+    base = load_run(out)
+    given = {k: v for k, v in args.items() if k not in ("resume", "debug")}
+    given["output"] = str(out)
+    cfg = settings.resolve(given, base=base)
+    diff = settings.changes(base, cfg)
+    refused = settings.refused_changes(base, cfg)
+    if refused:
+        raise UserError(f"--resume {out}: cannot change {'; '.join(f'{k} ({a!r} -> {b!r})' for k, a, b in refused)} "
+                        f"of the run (only {', '.join(settings.SAFE_ON_RESUME)} may change); start a new run with "
+                        "another --output, or --overwrite this one")
+    return cfg, diff
+
+
+INHERITED = ("model", "model_kwargs", "img_size", "patch_size", "data", "data_dir", "num_frames",
+             "tubelet_size")  # taken from a source run
+
+
+CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+
+
+def new_config(args: dict) -> dict:
+    """Settings of a new run: :func:`settings.resolve`; with ``--init-from`` a run (directory, or a weights file in
+    one), the source run's model and data settings (:data:`INHERITED`) take the place of the defaults, below the
+    recipe and the command line, and ``init_from`` becomes the weights file itself."""
+    init = args.get("init_from")
+    if init is None and args.get("config"):
+        init = settings.read_yaml(args["config"]).get("init_from")
+    if init is None:
+        return settings.resolve(args)
+    if not isinstance(init, str) or not init:
+        raise UserError(f"init_from must be a path, got {init!r}")
+    weights, source = init_source(init)
+    base = None
+    if source is not None:
+        base = settings.copied(settings.DEFAULTS)
+        base.update({k: settings.copied(source[k]) for k in INHERITED})
+        base["model_kwargs"] = {k: v for k, v in base["model_kwargs"].items() if k not in models.DERIVED_MODEL_KWARGS}
+    cfg = settings.resolve({**args, "init_from": str(weights)}, base=base)
+    if Path(cfg["output"]).resolve() == weights.parent.resolve():
+        raise UserError(f"--init-from {init}: the weights are in the new run's own --output {cfg['output']}; give "
+                        "another --output")
+    return cfg
+
+
+def init_source(path) -> tuple[Path, dict | None]:
+    """``(weights file, the source run's settings or None)`` of ``--init-from path``: a run directory (its
+    last.safetensors), a weights file in one, or a checkpoint file of no run (timm or visionpe)."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / CONFIG).is_file():
+            raise UserError(f"--init-from {path}: not a run directory ({CONFIG} not found) and not a weights file")
+        source = _source_run(path)
+        if not (path / LAST).is_file():
+            raise UserError(f"--init-from {path}: {LAST} not found (the run has finished no epoch)")
+        return path / LAST, source
+    if not path.exists():
+        raise UserError(f"--init-from {path}: no such run directory or weights file")
+    if path.suffix not in CHECKPOINT_SUFFIXES:
+        raise UserError(f"--init-from {path}: expected a run directory or a {', '.join(CHECKPOINT_SUFFIXES)} file")
+    return path, (_source_run(path.parent) if (path.parent / CONFIG).is_file() else None)
+
+
+def _source_run(run: Path) -> dict:
+    try:
+        return load_run(run)
+    except UserError as err:
+        raise UserError(f"--init-from {run}: {err}") from None
+
+
+def init_weights(model: torch.nn.Module, cfg: dict) -> dict:
+    """Load ``cfg['init_from']`` into ``model`` (:func:`visionpe.load_timm_checkpoint`: non-positional weights by
+    name and shape, positional ones converted where possible) and return the report as a history record
+    ``{'kind': 'init', 'source', 'source_pe', 'source_epoch', 'kept', 'converted', 'new', 'dropped'}``.
+
+    A non-positional weight that is dropped or new (another embed_dim, depth, patch size or model), or a classifier
+    head that does not fit unless ``cfg['init_head_reset']`` (which leaves the head new), is a :class:`UserError`
+    naming the keys; the model may then be partly loaded."""
+    path = Path(cfg["init_from"])
+    source_cfg = _source_run(path.parent) if (path.parent / CONFIG).is_file() else None
+    with user_errors(f"--init-from {path}", (ValueError, OSError)):
+        state = io.read_state_dict(path)
+    head = [k for k in state if convert.is_classifier(k)] if cfg["init_head_reset"] else []
+    state = {k: v for k, v in state.items() if k not in head}
+    positional = _positional_names(model)
+    is_positional = lambda key: convert.is_positional(key) or key.startswith(positional)
+    target = model.state_dict()
+    quiet = logging.getLogger("visionpe.weights")
+    was_disabled, quiet.disabled = quiet.disabled, True  # the report is printed by the caller
+    try:
+        report = convert.load_timm_checkpoint(model, state)
+    finally:
+        quiet.disabled = was_disabled
+    order = {k: i for i, k in enumerate(target)}
+    loose = sorted((k for k in dict.fromkeys(report.dropped + report.new) if not is_positional(k)
+                    and not (cfg["init_head_reset"] and convert.is_classifier(k))),
+                   key=lambda k: order.get(k, len(order)))  # in the model's order
+    if loose:
+        def describe(key):
+            if key in state and key in target:
+                return f"{key} {_shape(state[key])} in the source, {_shape(target[key])} here"
+            return f"{key} only in the {'source' if key in state else 'new model'}"
+        shown = ", ".join(describe(k) for k in loose[:6]) + (f", ... {len(loose) - 6} more" if len(loose) > 6 else "")
+        if all(convert.is_classifier(k) for k in loose):
+            raise UserError(f"--init-from {path}: the classifier head does not fit ({shown}); pass --init-head-reset "
+                            "to train a new head")
+        source = "" if source_cfg is None else f"source {source_cfg['model']} [{_sizes(source_cfg)}], "
+        raise UserError(f"--init-from {path} does not fit the new model ({source}new {cfg['model']} "
+                        f"[{_sizes(cfg)}] pe={cfg['pe']}): {shown}; only positional weights (and the head, with "
+                        "--init-head-reset) may differ; leave out the model settings to take the source run's")
+    epoch = io.weights_metadata(path).get("epoch") if path.suffix == ".safetensors" else None
+    return {"kind": "init", "source": str(path), "source_pe": source_cfg["pe"] if source_cfg else None,
+            "source_epoch": int(epoch) if epoch is not None else None, "head_reset": cfg["init_head_reset"],
+            "kept": report.kept, "converted": report.converted, "new": report.new,
+            "dropped": report.dropped}
+
+
+def _positional_names(model) -> tuple[str, ...]:
+    """Name prefixes (``name.``) of the model's encoding modules."""
+    from .. import encodings_of
+    modules = {id(m) for family in encodings_of(model).values() for m in family}
+    return tuple(f"{name}." for name, m in model.named_modules() if id(m) in modules and name)
+
+
+def _shape(t) -> str:
+    return "x".join(map(str, t.shape)) or "scalar"
+
+
+def _sizes(cfg: dict) -> str:
+    kw = cfg.get("model_kwargs") or {}
+    sizes = [f"{k}={kw[k]}" for k in ("embed_dim", "depth", "num_heads") if k in kw]
+    sizes += [f"{k}={cfg.get(k)}" for k in ("patch_size", "in_chans", "num_classes")]
+    return " ".join(sizes)
+
+
+def init_text(record: dict) -> str:
+    """The report of :func:`init_weights`: one summary line, then one line per converted, new and dropped key
+    (and per positional weight kept as it was)."""
+    source = record["source"] + "".join(
+        [f" pe={record['source_pe']}" if record["source_pe"] else "",
+         f" epoch {record['source_epoch']}" if record["source_epoch"] is not None else ""])
+    counts = ", ".join(f"{len(record[k])} {k}" for k in ("kept", "converted", "new", "dropped"))
+    lines = [f"init from {source}: {counts}" + (" (classifier head reset)" if record["head_reset"] else "")
+             + "; a new run: fresh optimizer and schedule"]
+    lines += [f"  kept      {k}" for k in record["kept"] if convert.is_positional(k)]
+    lines += [f"  converted {k}" for k in record["converted"]]
+    lines += [f"  new       {k}" for k in record["new"]]
+    lines += [f"  dropped   {k}" for k in record["dropped"]]
+    return "\n".join(lines)

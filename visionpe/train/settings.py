@@ -1,0 +1,506 @@
+"""The settings of a training run: every setting, its default, what it does, the values it takes, and the rules of
+``--resume``.
+
+Settings resolve as ``DEFAULTS < YAML recipe (--config) < command line``; a resumed run starts from its own
+``config.yaml`` instead of the defaults (:func:`visionpe.train.restore.resume_config`). Every value is checked by
+:func:`check`, one group at a time, whatever its source, and a bad one is a :class:`~visionpe.train.cli.UserError`
+naming the setting and the values it takes. Each setting ``key`` is ``--key-with-dashes`` on the command line
+and ``key:`` in YAML. User code named by ``--import`` (or ``imports:`` in a recipe) is imported before anything
+is checked, so its encodings, data sets and backbones are known names.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+import yaml
+
+from .. import data as vdata
+from .cli import Parser, UserError, add_import, import_user_code, one_line
+from .models import DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_kwargs, tubelet
+
+MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN = ("model", "data", "optimizer", "learning-rate schedule",
+                                             "augmentation and regularization", "evaluation", "run and misc")
+GROUPS = (MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN)
+AMP = ("auto", "bf16", "none")
+DEVICES = ("auto", "cpu", "cuda")
+SIZE_KEYS = ("embed_dim", "depth", "num_heads")  # command-line shortcuts into model_kwargs
+RUN_KEYS = ("num_classes", "in_chans")  # written to / read from config.yaml only
+NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
+# settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
+SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "threads", "progress", "device", "stop_after",
+                  "download", "imports")
+
+
+@dataclass(frozen=True)
+class Setting:
+    default: object
+    group: str
+    kind: str  # int, float, bool, str, choice, ints, mapping, int?, str?
+    help: str
+    choices: tuple = ()
+    metavar: str | None = None
+
+
+def _data_help() -> str:
+    return (f"data set: one of {', '.join(vdata.DATASETS)}, or one registered by --import "
+            "(visionpe.data.register_dataset)")
+
+
+def _pe_help() -> str:
+    import visionpe
+    return (f"positional encoding: one of {', '.join(visionpe.available())}; a combination of one per family joined by '+' "
+            "(e.g. rope_mixed+learned); none; or timm: the model exactly as timm builds it, with its own position "
+            "encoding (a reference row: timm's learned ViT, an Eva RoPE ViT with its rope_* keywords in --model-kwargs)")
+
+
+S = Setting
+
+
+SETTINGS: dict[str, Setting] = {
+    # model
+    "model": S("vit_tiny_patch16_224", MODEL, "str", "timm model name: a ViT/DeiT (vit_*, deit_*) or Swin "
+               "(swin_*), e.g. vit_tiny_patch16_224, deit_small_patch16_224, swin_tiny_patch4_window7_224; with "
+               "--num-frames (video) a timm ViT, built as its tubelet version (visionpe.create_video_model), or "
+               "torchvision's Video Swin swin3d_t / swin3d_s / swin3d_b (torchvision's sizes; --model-kwargs "
+               "embed_dim=, depths=[..], num_heads=[..], window_size=[t,h,w] make a smaller one; its patch is "
+               "--tubelet-size)", metavar="NAME"),
+    "pe": S("learned", MODEL, "str", "", metavar="NAME"),  # help filled from the registry
+    "pe_kwargs": S({}, MODEL, "mapping", "encoding keywords as KEY=VALUE (VALUE read as YAML), e.g. theta=100 "
+                   "scaling=pi; see visionpe.build for each encoding's keywords", metavar="KEY=VALUE"),
+    "img_size": S(32, MODEL, "int", "training resolution in pixels (square); a positive multiple of patch_size",
+                  metavar="PX"),
+    "patch_size": S(4, MODEL, "int", "patch side in pixels; an integer >= 1", metavar="PX"),
+    "model_kwargs": S({"embed_dim": 64, "depth": 4, "num_heads": 4}, MODEL, "mapping",
+                      "timm model keywords as KEY=VALUE (mlp_ratio, global_pool, ...); replaces the default "
+                      "mapping as a whole", metavar="KEY=VALUE"),
+    "tubelet_size": S([], MODEL, "ints", "video: tubelet T P P (frames, height, width of one token); P must be "
+                      "patch_size. Default 1 P P: one token per frame patch, so the order of frames is carried only "
+                      "by the positional encoding (an encoding without a time axis cannot tell the direction of "
+                      "motion), and any frame count can be evaluated; 2 P P is ViViT/VideoMAE's (half the tokens, "
+                      "but each token sees local motion inside itself); num_frames and eval_frames must be "
+                      "multiples of T", metavar="N"),
+    "init_from": S(None, MODEL, "str?", "start from another model's weights and train them as a NEW run (a fresh "
+                   "optimizer and schedule; not --resume): a run directory (its last.safetensors), a weights file in "
+                   "one (DIR/best.safetensors), or a timm/visionpe checkpoint (.safetensors, .pth, .pt). Every "
+                   "non-positional weight is kept; positional ones are converted where that has a meaning (a learned "
+                   "table, or timm's pos_embed, into a target that has learned, resampled to its grid), the rest are "
+                   "dropped or start fresh; the kept / converted / new / dropped report is printed and stored in "
+                   "metrics.jsonl. From a run, model, model_kwargs, img_size, patch_size, data and data_dir default "
+                   "to the source run's (a recipe or flags override them), so '--init-from DIR --pe rope_mixed' "
+                   "converts that run. Other sizes (embed_dim, depth, patch_size, model) are an error naming the "
+                   "keys; so is another classifier head unless --init-head-reset", metavar="PATH"),
+    "init_head_reset": S(False, MODEL, "bool", "with --init-from: do not take the source's classifier head "
+                         "(head.*); train a new one (needed when the number of classes differs)"),
+    "drop_path": S(0.0, AUG, "float", "stochastic depth rate (timm drop_path_rate); in [0, 1)", metavar="P"),
+    # data
+    "data": S("shapes-position", DATA, "str", "", metavar="NAME"),  # help filled from the data registry
+    "data_dir": S(None, DATA, "str?", "folder of a real data set (torchvision layout; imagefolder: DIR/train/<class>/ "
+                  "and DIR/val/<class>/); must hold the data unless --download", metavar="DIR"),
+    "download": S(False, DATA, "bool", "fetch a torchvision data set into --data-dir if it is not there"),
+    "num_frames": S(None, DATA, "int?", "frames per clip: required by the video data sets (moving-shapes, "
+                    "shape-endpoint, videofolder), refused by image ones; the model is then a video model "
+                    "(--tubelet-size); a multiple of the tubelet's frames", metavar="T"),
+    "train_samples": S(None, DATA, "int?", "training images: synthetic scenes rendered (default 10000), real sets a "
+                       "fixed random subset (default all); an integer >= 1", metavar="N"),
+    "val_samples": S(None, DATA, "int?", "validation images (synthetic default 2000, real default all); an integer "
+                     ">= 1", metavar="N"),
+    "workers": S(0, DATA, "int", "DataLoader worker processes; an integer >= 0 (0 = load in the main process)",
+                 metavar="N"),
+    # optimizer
+    "opt": S("adamw", OPTIM, "str", "timm optimizer name (timm.optim.list_optimizers()), e.g. adamw, sgd, lamb",
+             metavar="NAME"),
+    "weight_decay": S(0.05, OPTIM, "float", "weight decay; a number >= 0; never applied to position parameters "
+                      "(model.no_weight_decay())", metavar="WD"),
+    "clip_grad": S(1.0, OPTIM, "float", "max global gradient norm; a number >= 0 (0 = off)", metavar="NORM"),
+    "batch_size": S(128, OPTIM, "int", "global batch size over all processes (each of N takes batch_size / N); an "
+                    "integer >= 1", metavar="N"),
+    "amp": S("auto", OPTIM, "choice", "mixed precision: auto = bf16 autocast on CUDA, none on CPU; bf16; none",
+             choices=AMP),
+    # schedule
+    "epochs": S(10, SCHED, "int", "training epochs; an integer >= 1", metavar="N"),
+    "lr": S(1e-3, SCHED, "float", "peak learning rate after warmup; a number > 0", metavar="LR"),
+    "min_lr": S(1e-5, SCHED, "float", "learning rate at the end of the cosine decay; a number >= 0", metavar="LR"),
+    "warmup_epochs": S(1.0, SCHED, "float", "linear warmup length in epochs (fractions allowed); in [0, epochs]",
+                       metavar="E"),
+    # augmentation and regularization
+    "train_res": S([], AUG, "ints", "multi-resolution training (ResFormer / FlexiViT): each step's batch is resized "
+                   "(bicubic, antialias) to one of these sizes, drawn from (seed, epoch, step), so every process "
+                   "draws the same; the learning-rate schedule is unchanged; each a positive multiple of patch_size; "
+                   "images only (empty = train at img_size only)", metavar="PX"),
+    "label_smoothing": S(0.1, AUG, "float", "label smoothing; in [0, 1)", metavar="EPS"),
+    "mixup": S(0.0, AUG, "float", "timm Mixup alpha; a number >= 0 (0 = off); needs an even batch_size",
+               metavar="ALPHA"),
+    "cutmix": S(0.0, AUG, "float", "timm CutMix alpha; a number >= 0 (0 = off); needs an even batch_size",
+                metavar="ALPHA"),
+    # evaluation
+    "eval_res": S([], EVAL, "ints", "test resolutions (pixels) for the last and the best model after training, each a "
+                  "positive multiple of patch_size; the training resolution is always included", metavar="PX"),
+    "eval_frames": S([], EVAL, "ints", "video: test frame counts for the last and the best model after training, "
+                     "crossed with eval_res (a frames x resolution table); the built-in tasks sample the same clip "
+                     "duration, so more frames = a higher frame rate; each a multiple of the tubelet's frames; "
+                     "num_frames is always included. RoPE adapts time as space (pe_kwargs scaling=none "
+                     "extrapolates, scaling=pi interpolates to the training grid), learned tables are resampled",
+                     metavar="T"),
+    "eval_batch_size": S(256, EVAL, "int", "batch size of evaluation; an integer >= 1", metavar="N"),
+    # run
+    "seed": S(0, RUN, "int", "seed of the model, data order, synthetic scenes and augmentation; an integer >= 0",
+              metavar="N"),
+    "device": S("auto", RUN, "choice", "auto = CUDA if available, else CPU", choices=DEVICES),
+    "threads": S(0, RUN, "int", "torch.set_num_threads; an integer >= 0 (0 = torch's default)", metavar="N"),
+    "output": S(None, RUN, "str?", "run directory (default runs/<data>_<pe>_s<seed>)", metavar="DIR"),
+    "overwrite": S(False, RUN, "bool", "delete the previous run's files in the run directory and start again"),
+    "stop_after": S(0, RUN, "int", "stop after this many epochs as if interrupted (0 = never); --resume continues; "
+                    "an integer >= 0", metavar="N"),
+    "progress": S(True, RUN, "bool", "a progress bar per epoch (only on a terminal)"),
+    "imports": S([], RUN, "strs", "", metavar="MODULE_OR_FILE"),  # --import: cli.add_import
+}
+
+
+DEFAULTS = {key: s.default for key, s in SETTINGS.items()}
+
+
+SIZE_HELP = {"embed_dim": "token width (sets model_kwargs.embed_dim); an integer >= 1",
+             "depth": "number of transformer blocks (sets model_kwargs.depth); an integer >= 1",
+             "num_heads": "attention heads (sets model_kwargs.num_heads); an integer >= 1"}
+
+
+def _kv(text: str):
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        return key, yaml.safe_load(value)
+    except yaml.YAMLError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: the value is not plain YAML ({one_line(err)})") from None
+
+
+def _default_text(key: str) -> str:
+    default = DEFAULTS[key]
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if isinstance(default, dict):
+        return " ".join(f"{k}={v}" for k, v in default.items()) or "none"
+    if isinstance(default, list):
+        return " ".join(map(str, default)) or "none"
+    return str(default)
+
+
+def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "") -> Parser:
+    """The training command line, flags grouped as timm's train.py groups them."""
+    p = Parser(prog=prog, description=description, epilog=epilog, argument_default=argparse.SUPPRESS)
+    groups = {g: p.add_argument_group(f"{g} settings") for g in GROUPS}
+    groups[RUN].add_argument("--config", metavar="YAML", help="YAML recipe: a mapping of settings (keys as below, "
+                             "with underscores); the command line overrides it")
+    groups[RUN].add_argument("--resume", nargs="?", const=True, metavar="DIR",
+                             help="continue the run in DIR (default: --output) exactly where it stopped; only "
+                                  f"{', '.join(SAFE_ON_RESUME)} may change")
+    for key, s in SETTINGS.items():
+        if key == "imports":
+            add_import(p, groups[RUN])
+            continue
+        flag = "--" + key.replace("_", "-")
+        text = (s.help or {"pe": _pe_help, "data": _data_help}[key]()) + \
+            ("" if s.default is None else f" (default: {_default_text(key)})")
+        g = groups[s.group]
+        if s.kind == "mapping":
+            g.add_argument(flag, nargs="*", type=_kv, metavar=s.metavar, help=text)
+        elif s.kind == "bool":
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
+        elif s.kind == "ints":
+            g.add_argument(flag, nargs="*", type=int, metavar=s.metavar, help=text)
+        elif s.kind == "choice":
+            g.add_argument(flag, choices=s.choices, help=text)
+        else:
+            kind = {"int": int, "int?": int, "float": float}.get(s.kind, str)
+            g.add_argument(flag, type=kind, metavar=s.metavar, help=text)
+        if key == "model_kwargs":
+            for size in SIZE_KEYS:
+                g.add_argument("--" + size.replace("_", "-"), type=int, metavar="N", help=SIZE_HELP[size])
+    p.add_debug(groups[RUN])
+    return p
+
+
+def parse_args(argv, prog: str = "train_vit", description: str = "", epilog: str = "") -> dict:
+    """The settings given on the command line (only those), plus ``config``/``resume``/``debug`` if given."""
+    args = vars(build_parser(prog, description, epilog).parse_args(argv))
+    for key in ("pe_kwargs", "model_kwargs"):
+        if key in args:
+            args[key] = dict(args[key])
+    return args
+
+
+def read_yaml(path, what: str = "config file") -> dict:
+    """A YAML mapping from ``path`` (``yaml.safe_load``: Python tags are refused), or a :class:`UserError`."""
+    try:
+        with open(path) as f:
+            cfg = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise UserError(f"{what} {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"{what} {str(path)!r} is a directory, not a YAML file") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{what} {str(path)!r} is not a text file") from None
+    except yaml.YAMLError as err:
+        raise UserError(f"{what} {str(path)!r} is not plain YAML (only plain mappings, no tags): "
+                        f"{one_line(err)}") from None
+    if cfg is None:
+        cfg = {}
+    if not isinstance(cfg, dict):
+        raise UserError(f"{what} {str(path)!r} must hold a mapping of settings, got {type(cfg).__name__}")
+    return cfg
+
+
+def resolve(args: dict, base: dict | None = None) -> dict:
+    """Defaults (or ``base``, a resumed run's config) < ``args['config']`` YAML < the other ``args``; checked.
+
+    Adds the derived ``num_classes`` and ``in_chans`` (kept from ``base`` when the data set is unchanged; an
+    ImageFolder's class count is ``None`` until its data is loaded)."""
+    cfg = copied(DEFAULTS if base is None else base)
+    given_sizes = "model_kwargs" in args or any(key in args for key in SIZE_KEYS)
+    if args.get("config"):
+        recipe = read_yaml(args["config"])
+        misplaced = sorted(set(recipe) & set(RUN_KEYS))
+        if misplaced:
+            raise UserError(f"config file {args['config']!r}: {', '.join(misplaced)} are derived from the data and "
+                            "the model, not settings; remove them")
+        given_sizes = given_sizes or "model_kwargs" in recipe
+        cfg.update(copied(recipe))
+    cfg.update({k: copied(v) for k, v in args.items() if k in DEFAULTS and k != "imports"})
+    imports = [*(cfg.get("imports") or []), *(args.get("imports") or [])]
+    if not isinstance(imports, list) or not all(isinstance(v, str) for v in imports):
+        raise UserError(f"imports must be a list of module names or .py files, got {cfg.get('imports')!r}")
+    cfg["imports"] = list(dict.fromkeys(import_user_code(imports)))  # before any name is checked
+    for key in ("model_kwargs", "pe_kwargs"):
+        if cfg.get(key) is None:
+            cfg[key] = {}
+    if base is None and not given_sizes and not is_vit(str(cfg["model"])):
+        cfg["model_kwargs"] = {}  # the default sizes are a tiny ViT's: other models keep their own
+    for key in SIZE_KEYS:
+        if key in args and isinstance(cfg["model_kwargs"], dict):
+            cfg["model_kwargs"][key] = args[key]
+    unknown = sorted(set(cfg) - set(DEFAULTS) - set(RUN_KEYS))
+    if unknown:
+        raise UserError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
+    check(cfg)
+    if base is None or cfg["data"] != base.get("data") or base.get("num_classes") is None:
+        info = vdata.info(cfg["data"])
+        cfg["num_classes"], cfg["in_chans"] = info["num_classes"], info["in_chans"]
+    if cfg["output"] is None:
+        cfg["output"] = f"runs/{cfg['data']}_{cfg['pe'].replace('+', '-')}_s{cfg['seed']}"
+    return cfg
+
+
+def copied(value):
+    """A copy of a settings value: nested dicts and lists copied, everything else shared (immutable)."""
+    if isinstance(value, dict):
+        return {k: copied(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [copied(v) for v in value]
+    return value
+
+
+def need(ok, message: str) -> None:
+    """A :class:`UserError` with ``message`` unless ``ok``."""
+    if not ok:
+        raise UserError(message)
+
+
+def check(cfg: dict, training: bool = True) -> None:
+    """Check every setting in ``cfg``: the kind of each value, then each group's ranges and names (model, data and
+    video, optimizer, schedule, augmentation, evaluation, run). ``training=False`` skips what only matters to
+    training on this machine (the CUDA device). Floats given as strings (YAML reads ``1e-3`` as a string) are
+    converted in place."""
+    check_kinds(cfg)
+    check_model_settings(cfg)
+    check_data(cfg)
+    check_video(cfg)
+    check_optimizer(cfg)
+    check_schedule(cfg)
+    check_augmentation(cfg)
+    check_evaluation(cfg)
+    check_run(cfg, training)
+
+
+def check_kinds(cfg: dict) -> None:
+    """Each value is of its setting's kind (integer, number, true/false, name, choice, mapping, list)."""
+    for key, s in SETTINGS.items():
+        value = cfg[key]
+        if s.kind in ("int", "int?"):
+            if value is None and s.kind == "int?":
+                continue
+            need(isinstance(value, int) and not isinstance(value, bool), f"{key} must be an integer, got {value!r}")
+        elif s.kind == "float":
+            if isinstance(value, str):
+                try:
+                    value = cfg[key] = float(value)
+                except ValueError:
+                    pass
+            need(isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value),
+                 f"{key} must be a number, got {value!r}")
+        elif s.kind == "bool":
+            need(isinstance(value, bool), f"{key} must be true or false, got {value!r}")
+        elif s.kind in ("str", "str?"):
+            if value is None and s.kind == "str?":
+                continue
+            need(isinstance(value, str) and value != "", f"{key} must be a non-empty string, got {value!r}")
+        elif s.kind == "choice":
+            need(value in s.choices, f"{key} must be one of {', '.join(s.choices)}, got {value!r}")
+        elif s.kind == "mapping":
+            need(isinstance(value, dict) and all(isinstance(k, str) for k in value),
+                 f"{key} must be a mapping of KEY=VALUE, got {value!r}")
+        elif s.kind == "ints":
+            need(isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+                 f"{key} must be a list of integers, got {value!r}")
+        elif s.kind == "strs":
+            need(isinstance(value, list) and all(isinstance(v, str) and v for v in value),
+                 f"{key} must be a list of names, got {value!r}")
+
+
+def check_model_settings(cfg: dict) -> None:
+    """The model name (a known backbone that fits the run), its sizes, the encoding, the patch and image sizes."""
+    from ..backbones import parse_pe
+    check_model(cfg)
+    for key in ("patch_size",):
+        need(cfg[key] >= 1, f"{key} must be an integer >= 1, got {cfg[key]}")
+    need(cfg["img_size"] >= cfg["patch_size"] and cfg["img_size"] % cfg["patch_size"] == 0,
+         f"img_size {cfg['img_size']} must be a positive multiple of patch_size {cfg['patch_size']}")
+    for key in SIZE_KEYS if is_vit(cfg["model"]) else ("embed_dim",):  # other models' depth and heads are per stage
+        value = cfg["model_kwargs"].get(key)
+        need(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+             f"{key} (model_kwargs.{key}) must be an integer >= 1, got {value!r}")
+    dim, heads = cfg["model_kwargs"].get("embed_dim"), cfg["model_kwargs"].get("num_heads")
+    need(not isinstance(heads, int) or dim is None or heads is None or dim % heads == 0,
+         f"embed_dim {dim} must be divisible by num_heads {heads}")
+    if cfg["pe"] == TIMM_NATIVE:
+        need(not cfg["pe_kwargs"], f"pe=timm keeps timm's own encoding: give its keywords in --model-kwargs (e.g. "
+             f"ref_feat_shape=8, rope_type=dinov3), not --pe-kwargs {' '.join(cfg['pe_kwargs'])}")
+    else:
+        try:
+            parse_pe(cfg["pe"])
+        except ValueError as err:
+            raise UserError(f"pe: {one_line(err)} (or 'none', or 'timm')") from None
+    need(not cfg["init_head_reset"] or cfg["init_from"], "--init-head-reset needs --init-from PATH (it resets the "
+         "classifier head of the weights taken from PATH)")
+
+
+def check_data(cfg: dict) -> None:
+    """A registered data set, sample counts and loader workers."""
+    need(cfg["data"] in vdata.DATASETS, f"unknown data set --data {cfg['data']!r}; choose from: "
+         f"{', '.join(vdata.DATASETS)} (or register one with --import)")
+    for key in ("train_samples", "val_samples"):
+        need(cfg[key] is None or cfg[key] >= 1, f"{key} must be an integer >= 1, got {cfg[key]}")
+    need(cfg["workers"] >= 0, f"workers must be an integer >= 0, got {cfg['workers']}")
+
+
+def check_video(cfg: dict) -> None:
+    """Video settings: num_frames exactly for video data, tubelet and frame counts that fit each other."""
+    video = vdata.get_spec(cfg["data"]).video
+    frames = cfg["num_frames"]
+    if frames is None:
+        need(not video, f"--data {cfg['data']} is a video data set: give --num-frames T (frames per clip)")
+        need(not cfg["tubelet_size"], "--tubelet-size is for video runs (video data and --num-frames)")
+        need(not cfg["eval_frames"], "--eval-frames is for video runs (video data and --num-frames)")
+        return
+    need(video, f"--num-frames is for video data ({', '.join(vdata.names('video'))}); --data {cfg['data']} is an "
+         "image data set")
+    need(frames >= 1, f"num_frames must be an integer >= 1, got {frames}")
+    need(not cfg["train_res"], "train_res is for image data; video runs train at img_size and num_frames (evaluate "
+         "other sizes with --eval-res / --eval-frames)")
+    tub = cfg["tubelet_size"]
+    if tub:
+        need(len(tub) == 3 and all(v >= 1 for v in tub),
+             f"tubelet_size must be 3 integers >= 1 (frames height width), got {' '.join(map(str, tub))}")
+        need(tub[1] == tub[2] == cfg["patch_size"], f"tubelet_size {' '.join(map(str, tub))}: its frame patch "
+             f"must be patch_size {cfg['patch_size']} (set --patch-size {tub[1]} for {tub[1]} px patches)")
+    t = tubelet(cfg)[0]
+    need(frames % t == 0, f"num_frames {frames} must be a multiple of the tubelet's {t} frames "
+         f"(tubelet_size {' '.join(map(str, tubelet(cfg)))})")
+    for f in cfg["eval_frames"]:
+        need(f >= 1 and f % t == 0, f"eval_frames {f} must be a positive multiple of the tubelet's {t} frames")
+
+
+def check_optimizer(cfg: dict) -> None:
+    """A timm optimizer, batch size, decay, clipping."""
+    from timm.optim import list_optimizers
+    need(cfg["opt"].lower() in list_optimizers(),
+         f"unknown optimizer opt={cfg['opt']!r}; e.g. adamw, adam, sgd, lamb, lion (timm.optim.list_optimizers())")
+    need(cfg["batch_size"] >= 1, f"batch_size must be an integer >= 1, got {cfg['batch_size']}")
+    for key in ("weight_decay", "clip_grad"):
+        need(cfg[key] >= 0, f"{key} must be a number >= 0, got {cfg[key]}")
+
+
+def check_schedule(cfg: dict) -> None:
+    """Epochs, peak and final learning rates (the cosine decays: min_lr <= lr), warmup."""
+    need(cfg["epochs"] >= 1, f"epochs must be an integer >= 1, got {cfg['epochs']}")
+    need(cfg["lr"] > 0, f"lr must be a number > 0, got {cfg['lr']}")
+    need(cfg["min_lr"] >= 0, f"min_lr must be a number >= 0, got {cfg['min_lr']}")
+    need(cfg["min_lr"] <= cfg["lr"], f"min_lr {cfg['min_lr']} must not exceed lr {cfg['lr']} (the cosine schedule "
+         "decays from lr to min_lr)")
+    need(0 <= cfg["warmup_epochs"] <= cfg["epochs"],
+         f"warmup_epochs must be in [0, epochs={cfg['epochs']}], got {cfg['warmup_epochs']}")
+
+
+def check_augmentation(cfg: dict) -> None:
+    """Regularization rates, mixup/cutmix, multi-resolution training sizes."""
+    need(0 <= cfg["label_smoothing"] < 1, f"label_smoothing must be in [0, 1), got {cfg['label_smoothing']}")
+    need(0 <= cfg["drop_path"] < 1, f"drop_path must be in [0, 1), got {cfg['drop_path']}")
+    for key in ("mixup", "cutmix"):
+        need(cfg[key] >= 0, f"{key} must be a number >= 0, got {cfg[key]}")
+    if cfg["mixup"] > 0 or cfg["cutmix"] > 0:
+        need(cfg["batch_size"] % 2 == 0, f"mixup/cutmix need an even batch_size, got {cfg['batch_size']}")
+    for res in cfg["train_res"]:
+        need(res >= cfg["patch_size"] and res % cfg["patch_size"] == 0,
+             f"train_res {res} must be a positive multiple of patch_size {cfg['patch_size']}")
+
+
+def check_evaluation(cfg: dict) -> None:
+    """Test resolutions and the evaluation batch."""
+    need(cfg["eval_batch_size"] >= 1, f"eval_batch_size must be an integer >= 1, got {cfg['eval_batch_size']}")
+    for res in cfg["eval_res"]:
+        need(res >= cfg["patch_size"] and res % cfg["patch_size"] == 0,
+             f"eval_res {res} must be a positive multiple of patch_size {cfg['patch_size']}")
+
+
+def check_run(cfg: dict, training: bool) -> None:
+    """Seed, threads, early stop; the device when training here."""
+    for key in ("threads", "stop_after", "seed"):
+        need(cfg[key] >= 0, f"{key} must be an integer >= 0, got {cfg[key]}")
+    if training:
+        import torch
+        need(cfg["device"] != "cuda" or torch.cuda.is_available(),
+             "device=cuda but no CUDA device is available (use --device cpu or auto)")
+
+
+def saved_form(cfg: dict) -> dict:
+    """What config.yaml holds: the settings that define the run, with ``model_kwargs`` complete (everything
+    ``visionpe.create_model(model, pe, pe_kwargs=..., **model_kwargs)`` needs)."""
+    saved = {k: copied(v) for k, v in cfg.items() if k not in NOT_SAVED}
+    saved["model_kwargs"] = model_kwargs(cfg)
+    return saved
+
+
+def changes(old: dict, new: dict) -> list[tuple[str, object, object]]:
+    """``[(setting, old value, new value)]`` between two resolved configs (``model_kwargs`` per key)."""
+    a, b = saved_form(old), saved_form(new)
+    out = []
+    for key in dict.fromkeys([*a, *b]):
+        if key == "output":
+            continue
+        if key == "model_kwargs":
+            for sub in dict.fromkeys([*a[key], *b[key]]):
+                if a[key].get(sub) != b[key].get(sub) and sub not in DERIVED_MODEL_KWARGS:
+                    out.append((f"model_kwargs.{sub}", a[key].get(sub), b[key].get(sub)))
+        elif a.get(key) != b.get(key):
+            out.append((key, a.get(key), b.get(key)))
+    for key in NOT_SAVED:
+        if old.get(key, DEFAULTS[key]) != new.get(key, DEFAULTS[key]) and key != "overwrite":
+            out.append((key, old.get(key, DEFAULTS[key]), new.get(key, DEFAULTS[key])))
+    return out
+
+
+def refused_changes(base: dict, cfg: dict) -> list[tuple[str, object, object]]:
+    """The changes from a run's settings ``base`` to ``cfg`` that ``--resume`` refuses: everything not in
+    :data:`SAFE_ON_RESUME` (they would change what is trained)."""
+    return [d for d in changes(base, cfg) if d[0] not in SAFE_ON_RESUME]

@@ -1,0 +1,157 @@
+"""Weights and files on disk: atomic writes, safetensors in and out, state dicts read from any checkpoint file."""
+from __future__ import annotations
+
+import os
+import reprlib
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+
+def atomic_write(path, write) -> None:
+    """``write(tmp_path)`` next to ``path``, then ``os.replace`` onto it: readers never see a half-written file,
+    and a kill mid-write leaves the previous file intact (and at most a stray ``.<name>.<random>.tmp`` beside it).
+
+    The result has mode ``0o666`` minus the umask, as ``open(path, "w")`` would give, like any file the user writes
+    (``tempfile.mkstemp`` would make it ``0o600``, and so does safetensors' own writer)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+            break
+        except FileExistsError:
+            continue
+    try:
+        mode = os.fstat(fd).st_mode & 0o777  # 0o666 minus the umask
+        os.close(fd)
+        write(str(tmp))
+        if os.stat(tmp).st_mode & 0o777 != mode:  # a writer that replaced the file (safetensors makes it 0o600)
+            os.chmod(tmp, mode)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the data is on disk before the new name points at it
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_text(path, text: str) -> None:
+    """``text`` written to ``path`` atomically (:func:`atomic_write`)."""
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+    atomic_write(path, write)
+
+
+def save_weights(model_or_state: nn.Module | dict, path, metadata: dict[str, str] | None = None) -> None:
+    """Write a state dict to ``path`` (safetensors) atomically, with optional string ``metadata``."""
+    state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else model_or_state
+    state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
+
+
+def weights_metadata(path) -> dict[str, str]:
+    """The string metadata stored with a safetensors file (e.g. the epoch ``train_vit.py`` wrote it at)."""
+    with safe_open(str(path), "pt") as f:
+        return f.metadata() or {}
+
+
+def read_state_dict(source) -> dict[str, torch.Tensor]:
+    """A state dict from a dict, a ``.safetensors`` file, or a torch file (loaded with ``weights_only=True``).
+
+    Anything else, a file that cannot be read (garbage, truncated) or one that holds no state dict raises a
+    ``ValueError`` naming the source."""
+    if isinstance(source, Mapping):
+        return _check_state_dict(_unwrap(source), "source")
+    if not isinstance(source, (str, os.PathLike)):
+        shown = "" if isinstance(source, torch.Tensor) else f" {reprlib.repr(source)}"
+        raise ValueError(f"source must be a state dict (a dict of tensors) or the path of a checkpoint file, got "
+                         f"{type(source).__name__}{shown}")
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist (or is not a file)")
+    if path.suffix == ".safetensors":
+        try:
+            return _check_state_dict(load_file(path), f"checkpoint {str(path)!r}")
+        except Exception as err:  # SafetensorError (garbage, truncated), OSError, ...
+            if isinstance(err, ValueError) and str(path) in str(err):
+                raise
+            raise ValueError(f"checkpoint {str(path)!r} is not a readable safetensors file: {err}") from err
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError, a corrupt zip archive, EOFError, ...
+        raise ValueError(f"checkpoint {str(path)!r} is not a readable torch checkpoint (corrupt or truncated, not a "
+                         f"torch file, or it holds objects that torch.load(weights_only=True) refuses): "
+                         f"{_load_error(err)}") from err
+    return _check_state_dict(_unwrap(state), f"checkpoint {str(path)!r}")
+
+
+def _unwrap(state):
+    """A training checkpoint's model weights (``{"state_dict": ...}``, ``{"model": ...}``, ``{"module": ...}``)."""
+    for key in ("state_dict", "model", "module"):
+        if isinstance(state, Mapping) and key in state and isinstance(state[key], Mapping):
+            state = state[key]
+    return state
+
+
+def _load_error(err: Exception) -> str:
+    """The informative line of a ``torch.load`` error (the weights-only unpickler buries it under advice)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        if line.endswith("WeightsUnpickler error:") and i + 1 < len(lines):
+            return lines[i + 1][:300]
+    return lines[0][:300] if lines else type(err).__name__
+
+
+def _check_state_dict(state, where: str) -> dict[str, torch.Tensor]:
+    """``state`` must be a mapping of string keys to tensors."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"{where} does not hold a state dict (a dict of tensors); it holds a "
+                         f"{type(state).__name__}")
+    for key, value in state.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise ValueError(f"{where} is not a state dict: entry {key!r} holds a {type(value).__name__}, not a "
+                             "tensor")
+    return state if isinstance(state, dict) else dict(state)
+
+
+def _check_strict(strict) -> None:
+    if not isinstance(strict, bool):
+        raise ValueError(f"strict must be True or False, got {strict!r}")
+
+
+def _where(source) -> str:
+    return "state dict" if isinstance(source, Mapping) else f"checkpoint {str(source)!r}"
+
+
+def load_weights(model: nn.Module, source, strict: bool = True):
+    """Load a visionpe model's own checkpoint (as written by :func:`save_weights`).
+
+    A checkpoint of another model (keys missing or unexpected with ``strict=True``, or any tensor of another
+    shape) raises a ``ValueError`` naming the file and the keys."""
+    _check_strict(strict)
+    state = read_state_dict(source)
+    target = model.state_dict()
+    problems = [f"{k}: {tuple(v.shape)} in the checkpoint, {tuple(target[k].shape)} in the model"
+                for k, v in state.items() if k in target and v.shape != target[k].shape]
+    if strict:
+        missing = [k for k in target if k not in state]
+        unexpected = [k for k in state if k not in target]
+        problems += [f"missing {k}" for k in missing[:10]] + ([f"... {len(missing) - 10} more missing"]
+                                                              if len(missing) > 10 else [])
+        problems += [f"unexpected {k}" for k in unexpected[:10]] + ([f"... {len(unexpected) - 10} more unexpected"]
+                                                                    if len(unexpected) > 10 else [])
+    if problems:
+        raise ValueError(f"{_where(source)} does not fit {type(model).__name__}"
+                         f"{'' if strict else ' (strict=False)'}:\n  " + "\n  ".join(problems))
+    return model.load_state_dict(state, strict=strict)
