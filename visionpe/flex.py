@@ -14,7 +14,10 @@ into a ``score_mod`` for one forward's token layout:
   padded key blocks (padded query rows attend to the real keys and are ignored downstream, as with SDPA).
 
 Outside ``torch.compile`` the call goes through one compiled ``flex_attention`` (eager ``flex_attention`` is an
-unfused reference that materialises the scores); inside a compiled model it is traced into the model's graph.
+unfused reference that materialises the scores); inside a compiled model it is traced into the model's graph. Each
+layout kind, score function and (on CPU) shape is one more graph of that function: past dynamo's
+``torch._dynamo.config.recompile_limit`` (8 by default) further ones run the unfused reference, so raise the limit
+for models with many (a Swin's stages, mixed batches, several resolutions).
 """
 from __future__ import annotations
 

@@ -19,6 +19,12 @@ VIDEO = dict(num_frames=4, img_size=16, tubelet_size=(2, 4, 4), embed_dim=48, de
 VIDEO_SWIN = dict(patch_size=[2, 4, 4], embed_dim=32, depths=[2, 1], num_heads=[2, 4], window_size=[2, 4, 4],
                   num_classes=5, stochastic_depth_prob=0.0)  # torchvision's default 0.1 would draw per step
 
+# FlexAttention compiles a graph per layout kind, score function and (CPU) shape; past dynamo's recompile limit (8)
+# calls would run flex_attention's unfused reference instead of the kernel under test
+for _name in ("recompile_limit", "cache_size_limit"):
+    if hasattr(torch._dynamo.config, _name):
+        setattr(torch._dynamo.config, _name, max(64, getattr(torch._dynamo.config, _name)))
+
 VIT_PES = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi", "bucket_bias",
            "rope_mixed+learned", "rope_axial+alibi"]
 SWIN_PES = ["swin_bias", "cpb", "bucket_bias", "alibi", "rope_axial", "rope_mixed"]
