@@ -109,6 +109,8 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Grid 
         token = None if layout.keep is None else layout.token_index().to(q.device)
         group, tables = None, scores[0].tables
     score_mod = _score_mod(scores[0], tables, token, group, attn_mask)
+    if q.device.type == "cpu":  # the CPU kernel on q, k, v sliced from a fused qkv: 5x its time on copies (4097 tokens)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     return _flex_attention(q.device.type)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
 
