@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh: on a machine without CUDA one line and exit 0; its report writer (visionpe.bench.gpu) reads
 pytest's JUnit XML and puts the CUDA part into docs/PERFORMANCE.md's GPU section, leaving the rest of the file."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,8 @@ def test_report_replaces_only_the_cuda_part(tmp_path):
     assert "**second table**" in second and "**first table**" not in second
     assert "hand-written intro" in second and second.endswith("## Later section\n\nkept\n")
     assert second.count("### CUDA") == 1 and "stopped by the time limit" in second
+
+
+def test_the_check_runs_every_file_of_tests_cuda():
+    listed = re.search(r"^tests=\((.*?)\)$", SCRIPT.read_text(), re.S | re.M).group(1).split()
+    assert sorted(listed) == sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "cuda").glob("test_*.py"))

@@ -99,9 +99,11 @@ CASES = [Case("vit", pe, (3, 32, 40)) for pe in VIT_PES]
 CASES += [Case("swin", pe, (3, 32, 48)) for pe in SWIN_PES] + [Case("swinv2", "cpb", (3, 32, 48))]
 CASES += [Case("video", pe, (3, 4, 16, 24)) for pe in VIDEO_PES]
 CASES += [Case("video_swin", pe, (3, 4, 32, 40)) for pe in VIDEO_SWIN_PES]
-# one bias encoding of each backbone with a pair form, for attention="flex"
+# attention="flex" in the models: both kinds of pair function (a per-offset table, a function of coordinates, the
+# latter with a rotary encoding) and Swin's shifted windows (an extra mask read per pair); few, since each is a
+# kernel compiled per dtype, layout kind and number of heads (tens of seconds each on a GPU)
 FLEX_CASES = [Case("vit", "rel_bias", (3, 32, 40)), Case("vit", "rope_axial+alibi", (3, 32, 40)),
-              Case("swin", "swin_bias", (3, 32, 48)), Case("video_swin", "swin_bias", (3, 4, 32, 40))]
+              Case("swin", "swin_bias", (3, 32, 48))]
 
 
 def ids(cases) -> list[str]:

@@ -14,9 +14,10 @@ import torch
 import torch.distributed as dist
 from devicecases import Case, exact_float32
 
-COMPILED = [(Case("vit", "rope_mixed", (3, 32, 40)), "auto"), (Case("vit", "learned", (3, 32, 40)), "auto"),
-            (Case("vit", "rel_bias", (3, 32, 40)), "auto"), (Case("vit", "rel_bias", (3, 32, 40)), "flex"),
-            (Case("swin", "swin_bias", (3, 32, 48)), "auto"), (Case("video", "rope_mixed", (3, 4, 16, 24)), "auto")]
+# one model of each family and backbone kind (an inductor compile takes tens of seconds even for these)
+COMPILED = [(Case("vit", "rope_mixed", (3, 32, 40)), "auto"), (Case("vit", "rel_bias", (3, 32, 40)), "auto"),
+            (Case("vit", "rel_bias", (3, 32, 40)), "flex"), (Case("swin", "swin_bias", (3, 32, 48)), "auto"),
+            (Case("video", "learned", (3, 4, 16, 24)), "auto")]
 COMPILED_IDS = [f"{c.id}-{a}" for c, a in COMPILED]
 
 
@@ -38,7 +39,7 @@ def test_inductor_fullgraph_equals_eager(device, case_attention):
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("case", [Case("vit", "rope_mixed+learned", (3, 32, 40)), Case("swin", "cpb", (3, 32, 48))],
+@pytest.mark.parametrize("case", [Case("vit", "rope_mixed+learned", (3, 32, 40)), Case("vit", "cpb", (3, 32, 40))],
                          ids=lambda c: c.id)
 def test_inductor_fullgraph_training_step_equals_eager(device, case):
     if device.type == "cpu":

@@ -140,8 +140,8 @@ def offset_codes(shape, window, prefix: int, prefix_columns: int, device=None) -
         strides.insert(0, stride)
         stride *= 2 * w - 1
     axes = [torch.arange(s, device=device) for s in shape]
-    coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, len(shape))
-    key = F.pad((coords * torch.tensor(strides, device=device)).sum(-1), (prefix, 0))
+    coords = [c.reshape(-1) for c in torch.meshgrid(*axes, indexing="ij")]  # per axis, (N,)
+    key = F.pad(sum(c * stride for c, stride in zip(coords, strides)), (prefix, 0))
     centre = prefix_columns + sum((w - 1) * s for w, s in zip(window, strides))
     query = key + centre
     query[:prefix] = 0
