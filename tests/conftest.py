@@ -54,14 +54,19 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", f"cuda: needs a CUDA device (skipped when there is {NO_CUDA})")
+    config.addinivalue_line("markers", "cuda_matrix: a case run with --device cuda only (the CPU run takes a subset)")
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    for item in items:
-        if item.get_closest_marker("cuda") is not None:
-            item.add_marker(pytest.mark.skip(reason=f"needs CUDA: {NO_CUDA}"))
+    if config.getoption("--device") == "cpu":
+        matrix = [item for item in items if item.get_closest_marker("cuda_matrix") is not None]
+        if matrix:
+            config.hook.pytest_deselected(items=matrix)
+            items[:] = [item for item in items if item.get_closest_marker("cuda_matrix") is None]
+    if not torch.cuda.is_available():
+        for item in items:
+            if item.get_closest_marker("cuda") is not None:
+                item.add_marker(pytest.mark.skip(reason=f"needs CUDA: {NO_CUDA}"))
 
 
 @pytest.fixture

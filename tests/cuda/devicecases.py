@@ -6,6 +6,7 @@ import contextlib
 import copy
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 import visionpe as vpe
@@ -106,8 +107,23 @@ FLEX_CASES = [Case("vit", "rel_bias", (3, 32, 40)), Case("vit", "rope_axial+alib
               Case("swin", "swin_bias", (3, 32, 48))]
 
 
-def ids(cases) -> list[str]:
-    return [case.id for case in cases]
+# the CPU run (the default --device) takes one case per backbone and family, and one flex case (CPU flex is tested
+# through and through in tests/encodings/test_flex_attention.py); --device cuda takes every case
+CPU_FLEX = {"vit-rel_bias", "vit-rel_bias-flex"}
+CPU_CASES = {"vit-learned", "vit-rope_mixed", "vit-rel_bias", "vit-rope_axial+alibi", "swin-swin_bias",
+             "swin-rope_mixed", "swinv2-cpb", "video-rope_mixed", "video_swin-swin_bias"}
+
+
+def params(runs, cpu: set[str] | None = None) -> list:
+    """``pytest.param`` of each case (or tuple whose first item is a case), with the ``cuda_matrix`` marker (deselected
+    by the CPU run, tests/conftest.py) unless its case is in :data:`CPU_CASES` or, given ``cpu``, its id is."""
+    out = []
+    for run in runs:
+        values = run if isinstance(run, tuple) else (run,)
+        name = "-".join([values[0].id, *map(str, values[1:])])
+        on_cpu = name in cpu if cpu is not None else values[0].id in CPU_CASES
+        out.append(pytest.param(*values, id=name, marks=() if on_cpu else (pytest.mark.cuda_matrix,)))
+    return out
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 import torch
-from devicecases import CASES, FLEX_CASES
+from devicecases import CASES, CPU_FLEX, FLEX_CASES, params
 
 
 @pytest.fixture
@@ -43,10 +43,10 @@ def run_concurrently(model, inputs, iterations: int, threads: int = 4, atol: flo
     return errors
 
 
-CONCURRENT = [(case, "auto") for case in CASES] + [(FLEX_CASES[0], "flex")]
+CONCURRENT = params([(case, "auto") for case in CASES]) + params([(FLEX_CASES[0], "flex")], cpu=CPU_FLEX)
 
 
-@pytest.mark.parametrize("case,attention", CONCURRENT, ids=[f"{c.id}-{a}" for c, a in CONCURRENT])
+@pytest.mark.parametrize("case,attention", CONCURRENT)
 def test_concurrent_forwards_equal_single_threaded(one_thread_kernels, device, case, attention):
     model = case.build(attention).to(device)
     inputs = [case.input(shape=shape).to(device) for shape in [case.shape, *case.other_shapes()]]

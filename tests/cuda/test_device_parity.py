@@ -9,7 +9,7 @@ its cosine attention multiplies bf16-rounded unit vectors by a logit scale of 10
 effect (0.02-0.14 here); float32 does."""
 import pytest
 import torch
-from devicecases import CASES, FLEX_CASES, autocast, float64_reference, ids
+from devicecases import CASES, CPU_FLEX, FLEX_CASES, autocast, float64_reference, params
 
 TOLERANCE = {"float32": dict(atol=2e-5, rtol=1e-5), "bfloat16": dict(atol=6e-2, rtol=4e-2)}
 SWINV2_BF16 = dict(atol=0.2, rtol=4e-2)
@@ -29,13 +29,13 @@ def check_against_float64(case, device, precision, attention="auto"):
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+@pytest.mark.parametrize("case", params(CASES))
 def test_outputs_equal_the_float64_cpu_reference(device, case, precision):
     check_against_float64(case, device, precision)
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-@pytest.mark.parametrize("case", FLEX_CASES, ids=ids(FLEX_CASES))
+@pytest.mark.parametrize("case", params(FLEX_CASES, cpu=CPU_FLEX))
 def test_flex_outputs_equal_the_float64_cpu_reference(device, case, precision):
     """attention="flex": compiled flex_attention on the device (inference on CPU: it has no CPU backward)."""
     check_against_float64(case, device, precision, attention="flex")

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from devicecases import CASES, exact_float32, ids, tensors_of
+from devicecases import CASES, exact_float32, params, tensors_of
 
 import visionpe as vpe
 from visionpe.bias._base import PAIR_INDEX
@@ -42,7 +42,7 @@ def caches_of(model: torch.nn.Module) -> list[TableCache]:
     return [value for module in model.modules() for value in vars(module).values() if isinstance(value, TableCache)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+@pytest.mark.parametrize("case", params(CASES))
 def test_cached_tables_live_on_the_device(device, case):
     model = case.build().to(device)
     x = case.input().to(device)
@@ -58,7 +58,7 @@ def test_cached_tables_live_on_the_device(device, case):
         torch.testing.assert_close(model(x), first, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.pe not in PARAMETER_FREE], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", params([c for c in CASES if c.pe not in PARAMETER_FREE]))
 def test_a_weight_change_reaches_the_cached_tables(device, case):
     """After an in-place change of a position parameter (an optimizer step), the output equals a fresh copy's:
     no stale table survives."""
@@ -78,7 +78,7 @@ def test_a_weight_change_reaches_the_cached_tables(device, case):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
-@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_forward_makes_no_host_device_sync(case, train):
     """``torch.cuda.set_sync_debug_mode("error")`` around a forward (and the training step's backward) after a warm
     call: every table, index and mask it reads is on the device already."""

@@ -4,11 +4,11 @@ dropped keys masked in every block, and each image of a padded batch (a :class:`
 what it gets alone. float32 without TF32; agreement to ``atol=2e-5, rtol=1e-5``."""
 import pytest
 import torch
-from devicecases import CASES, FLEX_CASES, exact_float32
+from devicecases import CASES, CPU_FLEX, FLEX_CASES, exact_float32, params
 
 VIT_CASES = [c for c in CASES if c.backbone in ("vit", "video") and c.pe != "peg"]  # PEG needs the full grid
-RUNS = [(c, "auto") for c in VIT_CASES] + [(c, "flex") for c in FLEX_CASES if c.backbone in ("vit", "video")]
-RUN_IDS = [f"{c.id}-{a}" for c, a in RUNS]
+RUNS = params([(c, "auto") for c in VIT_CASES])
+RUNS += params([(c, "flex") for c in FLEX_CASES if c.backbone in ("vit", "video")], cpu=CPU_FLEX)
 TOLERANCE = dict(atol=2e-5, rtol=1e-5)
 
 
@@ -18,7 +18,7 @@ def random_keep(batch: int, num_patches: int, num_keep: int, device) -> torch.Te
     return torch.stack([torch.randperm(num_patches, generator=g)[:num_keep] for _ in range(batch)]).to(device)
 
 
-@pytest.mark.parametrize("case,attention", RUNS, ids=RUN_IDS)
+@pytest.mark.parametrize("case,attention", RUNS)
 def test_masked_encoder_equals_the_full_grid_with_dropped_keys_masked(device, case, attention):
     model = case.build(attention).to(device)
     x = case.input().to(device)
@@ -36,7 +36,7 @@ def test_masked_encoder_equals_the_full_grid_with_dropped_keys_masked(device, ca
     torch.testing.assert_close(tokens, expected, **TOLERANCE)
 
 
-@pytest.mark.parametrize("case,attention", RUNS, ids=RUN_IDS)
+@pytest.mark.parametrize("case,attention", RUNS)
 def test_each_image_of_a_mixed_batch_gets_its_own_positions(device, case, attention):
     model = case.build(attention).to(device)
     images = [case.input(1, seed, shape)[0].to(device)

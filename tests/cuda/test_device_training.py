@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from devicecases import CASES, VIT, autocast, exact_float32, ids
+from devicecases import CASES, VIT, autocast, exact_float32, params
 
 import visionpe as vpe
 
@@ -30,7 +30,7 @@ def step(model, x, labels, precision: str, backward: bool = True):
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+@pytest.mark.parametrize("case", params(CASES))
 def test_training_step_equals_the_float64_cpu_reference(device, case, precision):
     model = case.build().train()
     reference = copy.deepcopy(model).double()
