@@ -52,7 +52,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
     if bias is not None and dropout_p == 0.0 and _wants_flex(attention, q):
         _check_tokens(q, layout)
         scores = pair_scores(layout, bias)
-        if scores is not None and _flex_runs_here(attention, q, k, v, scores):
+        if scores is not None and _flex_runs_here(attention, [q, k, v, *(rotary.parameters() if rotary else ())],
+                                                  scores):
             q, k = _rotate(q, k, layout, rotary)
             return flex_attend(q, k, v, layout, scores, attn_mask, scale)
     if isinstance(layout, MixedLayout):
@@ -92,13 +93,13 @@ def _wants_flex(attention: str, q: torch.Tensor) -> bool:
                                    and flex_available())
 
 
-def _flex_runs_here(attention: str, q, k, v, scores) -> bool:
-    """FlexAttention has no CPU backward: a CPU call that needs gradients (of q, k, v or the bias tables) takes SDPA
-    under "auto" and is an error under an explicit "flex" (never a silent missing gradient)."""
-    if q.device.type != "cpu" or not torch.is_grad_enabled():
+def _flex_runs_here(attention: str, inputs: list[torch.Tensor], scores) -> bool:
+    """FlexAttention has no CPU backward: a CPU call that needs gradients (of q, k, v, a rotary encoding's parameters
+    or the bias tables) takes SDPA under "auto" and is an error under an explicit "flex" (never a silent missing
+    gradient)."""
+    if inputs[0].device.type != "cpu" or not torch.is_grad_enabled():
         return True
-    tensors = [q, k, v] + [t for score in scores for t in score.tables]
-    if not any(t.requires_grad for t in tensors):
+    if not any(t.requires_grad for t in inputs + [t for score in scores for t in score.tables]):
         return True
     if attention == "flex":
         raise ValueError("attention='flex' cannot train on CPU: PyTorch's CPU FlexAttention has no backward; use "

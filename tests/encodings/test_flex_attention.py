@@ -326,7 +326,7 @@ def test_gradients_equal_sdpa(monkeypatch, name, kind):
 
 def test_cpu_training_takes_sdpa_under_auto_and_refuses_flex():
     """CPU FlexAttention has no backward: "auto" gives the SDPA gradients, an explicit "flex" is an error, also when
-    only the bias table needs a gradient (never a silently missing one)."""
+    only the bias table or a rotary encoding's frequencies need a gradient (never a silently missing one)."""
     torch.manual_seed(0)
     pe = build("rel_bias", 2)
     grid = Grid(SHAPES[2], prefix=1)
@@ -337,6 +337,10 @@ def test_cpu_training_takes_sdpa_under_auto_and_refuses_flex():
         vpe.attend(q, k, v, grid, bias=pe, attention="flex")
     with pytest.raises(ValueError, match="attention='flex' cannot train on CPU"):
         vpe.attend(q.detach(), k.detach(), v.detach(), grid, bias=pe, attention="flex")
+    pe.requires_grad_(False)
+    rotary = vpe.build("rope_mixed", **build_kwargs("rope_mixed", 2))  # learned frequencies: rotated q, k need grad
+    with pytest.raises(ValueError, match="attention='flex' cannot train on CPU"):
+        vpe.attend(q.detach(), k.detach(), v.detach(), grid, rotary, pe, attention="flex")
 
 
 # -- choosing it -------------------------------------------------------------------------------------------------------
