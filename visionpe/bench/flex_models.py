@@ -4,8 +4,8 @@ each kind of bias pair function (``rel_bias``: a learned per-offset table, the f
 forward, the training step (forward, backward, AdamW) and, on CUDA, its peak memory; then the compiled eval forward
 at the first size. On CUDA the models run under bf16 autocast (the training recipe's precision), on CPU in float32.
 
-Every cell is a measurement or the error the call raised (an out-of-memory SDPA at 16384 tokens, CPU flex training,
-which PyTorch does not support): the table shows what happened."""
+Every cell is a measurement or the error the call raised (running out of memory, or training through FlexAttention
+on CPU, which PyTorch does not support): the table shows what happened."""
 from __future__ import annotations
 
 import contextlib
@@ -131,6 +131,7 @@ def ratio_table(title: str, columns: dict[tuple[str, str], dict], extra: dict | 
 
 
 def cells(values: dict, name: str, fmt) -> list[str]:
+    """The value of row ``name``, its ratio to ``none`` and (flex rows) to the same encoding's sdpa row."""
     value, base = values.get(name), values.get("none")
     if isinstance(value, str) or value is None:
         return [value or "-", "-", "-"]
