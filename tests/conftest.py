@@ -61,3 +61,38 @@ def _registries():
         registry.update(entries)
     for name in [m for m in sys.modules if m.startswith("visionpe_user_") and m not in modules]:
         del sys.modules[name]
+
+
+# -- the device of tests/cuda: `pytest --device cuda tests/cuda` on a GPU machine; CPU by default ---------------------
+NO_CUDA = "no CUDA device on this machine (torch.cuda.is_available() is False)"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu", choices=("cpu", "cuda"),
+                     help="device of the device-parametrized tests (tests/cuda); cuda skips them without a GPU")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"cuda: needs a CUDA device (skipped when there is {NO_CUDA})")
+    config.addinivalue_line("markers", "cuda_matrix: a case run with --device cuda only (the CPU run takes a subset)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--device") == "cpu":
+        matrix = [item for item in items if item.get_closest_marker("cuda_matrix") is not None]
+        if matrix:
+            config.hook.pytest_deselected(items=matrix)
+            items[:] = [item for item in items if item.get_closest_marker("cuda_matrix") is None]
+    if not torch.cuda.is_available():
+        for item in items:
+            if item.get_closest_marker("cuda") is not None:
+                item.add_marker(pytest.mark.skip(reason=f"needs CUDA: {NO_CUDA}"))
+
+
+@pytest.fixture
+def device(request) -> torch.device:
+    """The ``--device`` under test; ``--device cuda`` without a GPU skips the test."""
+    name = request.config.getoption("--device")
+    if name == "cuda" and not torch.cuda.is_available():
+        pytest.skip(f"--device cuda: {NO_CUDA}")
+    return torch.device(name)

@@ -16,7 +16,7 @@ visionpe), its registry has a ``vpe_<timm name>`` model for each supported archi
 import importlib
 
 from ._import_hook import when_imported
-from .attention import Attention, attend
+from .attention import Attention, attend, set_attention
 from .bias import FIRE, ALiBi, BiasEncoding, ContinuousPositionBias, LookHere, RelBias, RelativePositionBias, SwinBias
 from .weights import load_timm_checkpoint, load_weights, save_weights
 from .coords import CoordinateSystem
@@ -35,7 +35,7 @@ __all__ = ["ALiBi", "Attention", "AxialRoPE", "BiasEncoding", "ComRoPE", "Contin
            "Encoding", "FIRE", "Grid", "Layout", "Learned", "LieRE", "LookHere", "MixedLayout", "MixedRoPE",
            "ModelContext", "PEG", "RelBias", "RelativePositionBias", "RoPE", "RotaryEncoding", "SinCos", "StringRoPE",
            "SwinBias", "TokenEncoding", "VideoRoPE", "attend", "available", "build", "load_timm_checkpoint",
-           "load_weights", "register", "save_weights", "unregister", *_LAZY]
+           "load_weights", "register", "save_weights", "set_attention", "unregister", *_LAZY]
 
 
 def __getattr__(name: str):

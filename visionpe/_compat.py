@@ -17,3 +17,11 @@ try:
     is_autocast_enabled = torch.is_autocast_enabled
 except TypeError:
     is_autocast_enabled = _is_autocast_enabled_before_2_4
+
+
+def autocast_dtype(device_type: str) -> torch.dtype:
+    """The dtype autocast casts to on ``device_type`` (torch 2.4 added ``torch.get_autocast_dtype``; before it, one
+    function per device type)."""
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype(device_type)
+    return torch.get_autocast_cpu_dtype() if device_type == "cpu" else torch.get_autocast_gpu_dtype()

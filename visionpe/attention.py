@@ -1,4 +1,5 @@
-"""One attention for every encoding: rotary on q/k, bias on the logits, ``scaled_dot_product_attention``."""
+"""One attention for every encoding: rotary on q/k, bias on the logits, ``scaled_dot_product_attention`` or, for a
+bias with a pair form, FlexAttention (:mod:`visionpe.flex`)."""
 from __future__ import annotations
 
 import torch
@@ -6,15 +7,22 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from ._checks import check_number, check_positive_int
-from ._compat import is_compiling
+from ._checks import check_choice, check_number, check_positive_int
+from ._compat import autocast_dtype, is_autocast_enabled, is_compiling
+from .flex import flex_attend, flex_available, pair_scores
 from .grid import Grid, Layout, MixedLayout, as_layout
+
+ATTENTIONS = ("auto", "sdpa", "flex")
+# What attention="auto" takes per device type for a bias with a pair form, by measurement (docs/PERFORMANCE.md, GPU
+# section): on CPU flex was never faster than SDPA with the materialised bias, and CPU FlexAttention has no backward;
+# on CUDA, SDPA until the GPU check (scripts/gpu_check.sh) has measured flex against it.
+AUTO_ATTENTION = {"cpu": "sdpa", "cuda": "sdpa"}
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layout | MixedLayout,
            rotary: nn.Module | None = None,
            bias: nn.Module | None = None, attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-           scale: float | None = None) -> torch.Tensor:
+           scale: float | None = None, attention: str = "auto") -> torch.Tensor:
     """Attention over a grid's tokens with optional rotary and bias encodings.
 
     Args:
@@ -27,17 +35,32 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
         bias: a bias-family module, ``bias(grid) -> (heads, P + N, P + N)``.
         attn_mask: extra additive float mask broadcastable to ``(B, heads, T, T)`` (e.g. Swin's shift mask)
             or a boolean mask (True = attend).
+        attention: ``"sdpa"``: ``scaled_dot_product_attention`` with the bias materialised; ``"flex"``:
+            ``flex_attention`` reading the bias per token pair (:meth:`~visionpe.BiasEncoding.score_mod`; torch >=
+            2.5; no backward on CPU, so a CPU call that needs gradients is an error); ``"auto"``: the measured
+            choice for the device (:data:`AUTO_ATTENTION`). Calls without a bias, with a bias that has no pair form
+            or with attention dropout take SDPA whatever the choice.
     Returns:
         ``(B, heads, P + N, v_head_dim)``.
     """
     check_qkv(q, k, v)
     check_number("dropout_p", dropout_p, minimum=0.0, maximum=1.0)
+    check_choice("attention", attention, ATTENTIONS)
     if scale is not None:
         check_number("scale", scale)
-    if isinstance(grid, MixedLayout):
-        q, k, mask = _mixed_positions(q, k, grid, rotary, bias)
+    layout = grid if isinstance(grid, MixedLayout) else as_layout(grid)
+    attn_mask = _extra_mask(attn_mask, q, k)
+    if bias is not None and dropout_p == 0.0 and _wants_flex(attention, q):
+        _check_tokens(q, layout)
+        scores = pair_scores(layout, bias)
+        if scores is not None and _flex_runs_here(attention, [q, k, v, *(rotary.parameters() if rotary else ())],
+                                                  scores):
+            q, k = _rotate(q, k, layout, rotary)
+            return flex_attend(q, k, v, layout, scores, attn_mask, scale)
+    if isinstance(layout, MixedLayout):
+        q, k, mask = _mixed_positions(q, k, layout, rotary, bias)
     else:
-        q, k, mask = _positions(q, k, as_layout(grid), rotary, bias)
+        q, k, mask = _positions(q, k, layout, rotary, bias)
     if (rotary is not None and v.requires_grad and torch.is_grad_enabled() and not is_compiling()
             and _views_larger_buffer(v)):
         # SDPA saves q, k, v for its backward; q and k are now rotated copies, so a v that views the fused qkv would
@@ -45,15 +68,54 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
         # a compiled graph chooses what it saves itself)
         v = v.clone()
     if attn_mask is not None:
-        expected = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-        if not isinstance(attn_mask, torch.Tensor) or attn_mask.ndim > 4 or not _broadcasts(attn_mask.shape, expected):
-            raise ValueError(f"attn_mask of shape {tuple(getattr(attn_mask, 'shape', ()))} does not broadcast to "
-                             f"(batch, heads, q tokens, k tokens) = {expected}")
-        if attn_mask.dtype == torch.bool:
-            attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(
-                ~attn_mask, float("-inf"))
-        mask = attn_mask.to(q.dtype) if mask is None else mask + attn_mask.to(q.dtype)
+        mask = attn_mask if mask is None else mask + attn_mask
     return _sdpa(q, k, v, mask, dropout_p, scale)
+
+
+def _extra_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """The caller's mask checked and made additive in q's dtype (a boolean False becomes ``-inf``)."""
+    if attn_mask is None:
+        return None
+    expected = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    if not isinstance(attn_mask, torch.Tensor) or attn_mask.ndim > 4 or not _broadcasts(attn_mask.shape, expected):
+        raise ValueError(f"attn_mask of shape {tuple(getattr(attn_mask, 'shape', ()))} does not broadcast to "
+                         f"(batch, heads, q tokens, k tokens) = {expected}")
+    if attn_mask.dtype == torch.bool:
+        return torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(~attn_mask, float("-inf"))
+    return attn_mask.to(q.dtype)
+
+
+def _wants_flex(attention: str, q: torch.Tensor) -> bool:
+    """Whether the choice asks for FlexAttention on q's device (an explicit "flex" needs torch >= 2.5)."""
+    if attention == "flex" and not flex_available():
+        raise ValueError(f"attention='flex' needs torch >= 2.5 (torch.nn.attention.flex_attention), this is torch "
+                         f"{torch.__version__}; use attention='sdpa'")
+    return attention == "flex" or (attention == "auto" and AUTO_ATTENTION.get(q.device.type) == "flex"
+                                   and flex_available())
+
+
+def _flex_runs_here(attention: str, inputs: list[torch.Tensor], scores) -> bool:
+    """FlexAttention has no CPU backward: a CPU call that needs gradients (of q, k, v, a rotary encoding's parameters
+    or the bias tables) takes SDPA under "auto" and is an error under an explicit "flex" (never a silent missing
+    gradient)."""
+    if inputs[0].device.type != "cpu" or not torch.is_grad_enabled():
+        return True
+    if not any(t.requires_grad for t in inputs + [t for score in scores for t in score.tables]):
+        return True
+    if attention == "flex":
+        raise ValueError("attention='flex' cannot train on CPU: PyTorch's CPU FlexAttention has no backward; use "
+                         "attention='auto' or 'sdpa' for CPU training (or run under torch.no_grad())")
+    return False
+
+
+def _rotate(q: torch.Tensor, k: torch.Tensor, layout: Layout | MixedLayout, rotary):
+    """q and k rotated by the rotary encoding (per distinct grid of a mixed layout), or as they are."""
+    if rotary is None:
+        return q, k
+    if isinstance(layout, MixedLayout):
+        q, k, _ = _mixed_positions(q, k, layout, rotary, None, with_mask=False)
+        return q, k
+    return rotary(q, k, layout.unwrap())
 
 
 # PyTorch's fused CPU attention as an op that returns the log-sum-exp (private; SDPA's own path where it is missing)
@@ -68,6 +130,9 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     if (mask is not None and mask.requires_grad and torch.is_grad_enabled() and q.device.type == "cpu"
             and dropout_p == 0.0 and mask.is_floating_point() and q.shape[-1] == v.shape[-1]
             and _FLASH_CPU is not None and not is_compiling()):
+        if is_autocast_enabled("cpu"):  # a custom function is not autocast: cast as SDPA's autocast does
+            dtype = autocast_dtype("cpu")  # (Swin-V2's normalised q, k are float32 there, v is not)
+            q, k, v, mask = (t.to(dtype) for t in (q, k, v, mask))
         return _FusedBiasAttention.apply(q, k, v, mask, q.shape[-1] ** -0.5 if scale is None else scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
@@ -137,12 +202,22 @@ def batch_chunks(batch: int, sample_bytes: int) -> list[slice]:
     return [slice(start, start + step) for start in range(0, batch, step)]
 
 
+def _check_tokens(q: torch.Tensor, layout: Layout | MixedLayout) -> None:
+    if q.shape[2] == layout.num_tokens:
+        return
+    if isinstance(layout, MixedLayout):
+        raise ValueError(f"q, k, v have {q.shape[2]} tokens but the longest sample of the mixed layout has "
+                         f"{layout.num_tokens}")
+    grid = layout.grid
+    raise ValueError(f"q, k, v have {q.shape[2]} tokens but grid {grid.shape} with prefix={grid.prefix} has "
+                     f"{layout.num_tokens}{'' if layout.keep is None else ' kept'}")
+
+
 def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias):
     """q and k rotated, and the bias of the layout (``None`` without a bias encoding)."""
     grid = layout.grid
-    if (rotary is not None or bias is not None) and q.shape[2] != layout.num_tokens:
-        raise ValueError(f"q, k, v have {q.shape[2]} tokens but grid {grid.shape} with prefix={grid.prefix} has "
-                         f"{layout.num_tokens}{'' if layout.keep is None else ' kept'}")
+    if rotary is not None or bias is not None:
+        _check_tokens(q, layout)
     if rotary is not None:
         q, k = rotary(q, k, layout.unwrap())
     if bias is None:
@@ -160,13 +235,13 @@ def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias):
     return q, k, (mask if mask.ndim == 4 else mask[None]).to(q.dtype)
 
 
-def _mixed_positions(q: torch.Tensor, k: torch.Tensor, layout: MixedLayout, rotary, bias):
+def _mixed_positions(q: torch.Tensor, k: torch.Tensor, layout: MixedLayout, rotary, bias, with_mask: bool = True):
     """Per-sample grids: every encoding runs once per distinct grid on its samples' real tokens; padded keys are
-    masked. Returns q, k and the ``(B, heads or 1, T, T)`` additive mask."""
-    if q.shape[2] != layout.num_tokens:
-        raise ValueError(f"q, k, v have {q.shape[2]} tokens but the longest sample of the mixed layout has "
-                         f"{layout.num_tokens}")
-    mask = q.new_zeros(q.shape[0], q.shape[1] if bias is not None else 1, q.shape[2], q.shape[2])
+    masked. Returns q, k and the ``(B, heads or 1, T, T)`` additive mask (None with ``with_mask=False``)."""
+    _check_tokens(q, layout)
+    mask = None
+    if with_mask:
+        mask = q.new_zeros(q.shape[0], q.shape[1] if bias is not None else 1, q.shape[2], q.shape[2])
     rotated_q, rotated_k = (q.clone(), k.clone()) if rotary is not None else (q, k)
     for index, grid in layout.groups(q.device):
         n = grid.num_tokens
@@ -175,7 +250,8 @@ def _mixed_positions(q: torch.Tensor, k: torch.Tensor, layout: MixedLayout, rota
             rotated_q[index, :, :n], rotated_k[index, :, :n] = group_q, group_k
         if group_bias is not None:
             mask[index, :, :n, :n] = group_bias
-    mask = mask.masked_fill(~layout.key_mask(q.device)[:, None, None, :], float("-inf"))
+    if mask is not None:
+        mask = mask.masked_fill(~layout.key_mask(q.device)[:, None, None, :], float("-inf"))
     return rotated_q, rotated_k, mask
 
 
@@ -207,16 +283,22 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 class Attention(nn.Module):
     """Multi-head self-attention with timm's parameter names (``qkv``, ``q_norm``, ``k_norm``, ``norm``, ``gate``,
-    ``proj``): a timm ``Attention``'s weights load unchanged. ``rotary`` and ``bias`` hold the block's encodings.
+    ``proj``): a timm ``Attention``'s weights load unchanged. ``rotary`` and ``bias`` hold the block's encodings;
+    ``attention`` is :func:`attend`'s choice (``"auto"``, ``"sdpa"``, ``"flex"``; :func:`set_attention` sets it in a
+    whole model).
 
     Call: ``attn(x, grid)`` with ``x: (B, P + N, dim)`` -> same shape. The grid travels with the call, so one
     module serves concurrent calls on different grids.
     """
 
+    attention: str = "auto"
+
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, qk_norm: bool = False,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, norm_layer=nn.LayerNorm,
-                 rotary: nn.Module | None = None, bias: nn.Module | None = None):
+                 rotary: nn.Module | None = None, bias: nn.Module | None = None, attention: str = "auto"):
         super().__init__()
+        check_choice("attention", attention, ATTENTIONS)
+        self.attention = attention
         check_positive_int("dim", dim)
         check_positive_int("num_heads", num_heads)
         if dim % num_heads:
@@ -255,8 +337,22 @@ class Attention(nn.Module):
         q, k, v = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
         q, k = self.q_norm(q), self.k_norm(k)
         dropout_p = self.attn_drop.p if self.training and isinstance(self.attn_drop, nn.Dropout) else 0.0
-        out = attend(q, k, v, grid, self.rotary, self.bias, attn_mask, dropout_p=dropout_p)
+        out = attend(q, k, v, grid, self.rotary, self.bias, attn_mask, dropout_p=dropout_p, attention=self.attention)
         out = self.norm(rearrange(out, "b h t d -> b t (h d)"))
         if gate is not None:
             out = out * gate
         return self.proj_drop(self.proj(out))
+
+
+def set_attention(model: nn.Module, attention: str) -> nn.Module:
+    """Set :func:`attend`'s ``attention`` choice (``"auto"``, ``"sdpa"``, ``"flex"``) in every attention module of
+    ``model`` (each class that declares an ``attention`` attribute: :class:`Attention`, the Swin and Video Swin window
+    attentions); returns ``model``."""
+    check_choice("attention", attention, ATTENTIONS)
+    found = [m for m in model.modules() if isinstance(getattr(type(m), "attention", None), str)]
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no visionpe attention module; build it with "
+                         f"visionpe.create_model or visionpe.apply first")
+    for module in found:
+        module.attention = attention
+    return model

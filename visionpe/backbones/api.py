@@ -14,12 +14,13 @@ from __future__ import annotations
 import timm
 from torch import nn
 
-from .._checks import check_bool
+from .._checks import check_bool, check_choice
+from ..attention import ATTENTIONS, set_attention
 from ..encoding import Encoding
 from .adapter import ADAPTERS, adapter_for, parse_pe, route_kwargs, timm_adapter
 
 
-def apply(model: nn.Module, pe: str = "learned", **pe_kwargs) -> nn.Module:
+def apply(model: nn.Module, pe: str = "learned", attention: str = "auto", **pe_kwargs) -> nn.Module:
     """Give a backbone the encoding ``pe`` in place and return it; non-positional weights are kept.
 
     Args:
@@ -27,35 +28,40 @@ def apply(model: nn.Module, pe: str = "learned", **pe_kwargs) -> nn.Module:
             ``SwinTransformer``, ``SwinTransformerV2``, torchvision ``SwinTransformer3d``, ...
         pe: an encoding name from :func:`visionpe.available`, a ``+`` combination of one encoding per family
             (``"rope_mixed+learned"``), or ``"none"``.
+        attention: every attention's :func:`visionpe.attend` choice, ``"auto"``, ``"sdpa"`` or ``"flex"``
+            (:func:`visionpe.set_attention`).
         pe_kwargs: constructor keywords, each given to the encodings of the combination that take it
             (e.g. ``scaling="pi"``, ``interpolation="bilinear"``, ``theta=10``).
     """
+    check_choice("attention", attention, ATTENTIONS)
     names = parse_pe(pe)
     kwargs = route_kwargs(names, pe_kwargs)
     adapter = adapter_for(model)
     adapter.put_encodings(model, names, kwargs)
     model.__class__ = adapter.patched
     model.pe = pe
-    return model
+    return set_attention(model, attention)
 
 
 def create_model(model_name: str, pe: str = "learned", pretrained: bool = False, pe_kwargs: dict | None = None,
-                 **timm_kwargs) -> nn.Module:
+                 attention: str = "auto", **timm_kwargs) -> nn.Module:
     """``timm.create_model(model_name, **timm_kwargs)`` with the encoding ``pe``, runnable at any input size.
 
     >>> model = create_model("deit_tiny_patch16_224", pe="rope_mixed", img_size=64, patch_size=8, num_classes=10)
     >>> model(torch.randn(2, 3, 96, 96)).shape
     torch.Size([2, 10])
 
-    ``pe_kwargs`` go to the encodings (see :func:`apply`); every other keyword goes to timm.
+    ``pe_kwargs`` go to the encodings and ``attention`` to every attention (see :func:`apply`); every other keyword
+    goes to timm.
     """
+    check_choice("attention", attention, ATTENTIONS)
     route_kwargs(parse_pe(pe), {} if pe_kwargs is None else pe_kwargs)  # bad pe / pe_kwargs fail before timm builds
     if not isinstance(model_name, str) or not timm.is_model(model_name):
         raise ValueError(f"model_name={model_name!r} is not a timm model; use a vit_*, deit_* or swin* name "
                          f"(timm.list_models('vit_*'))")
     check_bool("pretrained", pretrained)
     model = timm.create_model(model_name, pretrained=pretrained, **any_size_kwargs(model_name, timm_kwargs))
-    return apply(model, pe, **(pe_kwargs or {}))
+    return apply(model, pe, attention, **(pe_kwargs or {}))
 
 
 def any_size_kwargs(model_name: str, timm_kwargs: dict) -> dict:

@@ -28,7 +28,10 @@ class WindowAttention(nn.Module):
     """Replaces Swin (v1/v2) ``WindowAttention``: same projections, encodings over one window's grid.
 
     Swin-V2's cosine attention (``logit_scale``, ``q_bias``/``v_bias``) is kept when the source has it.
+    ``attention``: :func:`visionpe.attend`'s choice (:func:`visionpe.set_attention`).
     """
+
+    attention: str = "auto"
 
     def __init__(self, source: nn.Module, rotary=None, bias=None):
         super().__init__()
@@ -64,7 +67,7 @@ class WindowAttention(nn.Module):
             num_windows = mask.shape[0]
             mask = rearrange(mask.expand(x.shape[0] // num_windows, -1, -1, -1), "b w n m -> (b w) 1 n m")
         out = attend(q, k, v, Grid(self.window_size), self.rotary, self.bias, mask,
-                     dropout_p=self.attn_drop.p if self.training else 0.0, scale=scale)
+                     dropout_p=self.attn_drop.p if self.training else 0.0, scale=scale, attention=self.attention)
         return self.proj_drop(self.proj(rearrange(out, "b h t d -> b t (h d)")))
 
 

@@ -51,7 +51,7 @@ def inflate_patch_embed(patch_embed: nn.Module, tubelet: TubeletEmbed) -> Tubele
 
 
 def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int = 8, tubelet_size=(2, 16, 16),
-                       pe_kwargs: dict | None = None, **timm_kwargs) -> nn.Module:
+                       pe_kwargs: dict | None = None, attention: str = "auto", **timm_kwargs) -> nn.Module:
     """A timm ViT that takes clips ``(B, C, T, H, W)``, with the encoding ``pe`` on the 3D token grid.
 
     >>> model = create_video_model("vit_tiny_patch16_224", pe="rope_mixed", num_frames=8, img_size=32,
@@ -62,6 +62,7 @@ def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int 
     Any clip length and frame size divisible by the tubelet works at run time. A rotary encoding whose head_dim
     does not split into three equal bands gets :func:`~visionpe.rotary.sections.video_sections` unless ``pe_kwargs``
     sets ``sections`` (or the encoding has no per-axis channels: :func:`~visionpe.backbones.adapter.default_sections`).
+    ``attention``: every attention's :func:`visionpe.attend` choice (see :func:`~visionpe.apply`).
     """
     names = parse_pe(pe)
     route_kwargs(names, {} if pe_kwargs is None else pe_kwargs)
@@ -86,4 +87,4 @@ def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int 
     head_dim = model.blocks[0].attn.head_dim
     if "sections" not in pe_kwargs:
         pe_kwargs.update(default_sections(names.get("rotary"), head_dim))
-    return apply(model, pe, **pe_kwargs)
+    return apply(model, pe, attention, **pe_kwargs)

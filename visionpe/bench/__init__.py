@@ -35,6 +35,9 @@ op: their gap to the baseline is the noise of the run. Sections (``--sections``,
 - ``flex`` (opt-in, not in the default list: ``--sections flex``): compiled FlexAttention with a ``score_mod`` vs SDPA
   with the same bias materialised, for biases computed from token coordinates (ALiBi-2D, a Swin table), at ViT-S/16
   shape and at 4096 tokens; and whether training through FlexAttention works on the device.
+- ``flex-models`` (opt-in): visionpe's ``attention="flex"`` vs ``"sdpa"`` in a ViT-S/16 with ``rel_bias`` and
+  ``alibi``: eval forward, training step and (CUDA) its peak memory at 197 and 4097 tokens (CPU, 2 of the 12 blocks,
+  float32) or 4097 and 16385 tokens (CUDA, bf16 autocast), and (CUDA) the compiled eval forward.
 - ``profile`` (opt-in): the training step of each encoding under ``torch.profiler`` at ViT-S/16 and the small config:
   the operators where its time over ``none`` goes (the evidence behind "Not met, and why" in docs/PERFORMANCE.md).
 
@@ -44,6 +47,6 @@ Targets (printed with each ratio): time and memory of an encoding <= 1.05x none 
 
 Modules: :mod:`.plan` (which model, which batch), :mod:`.timing` (interleaved rounds), :mod:`.tables` (ratio
 tables), one module per section (:mod:`.rope`, :mod:`.models`, :mod:`.memory`, :mod:`.versus_timm`, :mod:`.scale`,
-:mod:`.flex`, :mod:`.profile`) and :mod:`.cli` (``scripts/bench_speed.py``). A new section is a function
+:mod:`.flex`, :mod:`.flex_models`, :mod:`.profile`) and :mod:`.cli` (``scripts/bench_speed.py``). A new section is a function
 ``section(run) -> list[Table]`` in its own module and one entry in :data:`visionpe.bench.cli.RUNNERS`.
 """

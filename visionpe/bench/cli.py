@@ -14,6 +14,7 @@ from ..train.cli import UserError
 from ..train.report import keep_hand_written
 from . import __doc__ as DOC
 from .flex import flex_cost
+from .flex_models import flex_models
 from .memory import memory_cost
 from .models import cache_hits, compiled_cost, compiled_train_cost, forward_cost, train_cost
 from .plan import make_plan
@@ -24,12 +25,13 @@ from .timing import Run, allow_recompiles
 from .versus_timm import versus_timm
 
 SECTIONS = ["rope", "forward", "train", "memory", "compile", "timm", "cache", "scale"]  # the default run
-OPT_IN = ["compile-train", "flex", "profile"]  # run only when named in --sections
+OPT_IN = ["compile-train", "flex", "flex-models", "profile"]  # run only when named in --sections
 COMPILED_PAIRS = ("learned", "swin_bias", "control", "rope_axial", "rope_mixed")  # --compile-pairs: first two default
 PES = ["learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]
 RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "memory": memory_cost,
            "compile": compiled_cost, "timm": versus_timm, "cache": cache_hits, "scale": scale_cost,
-           "compile-train": compiled_train_cost, "flex": flex_cost, "profile": profile_cost}
+           "compile-train": compiled_train_cost, "flex": flex_cost, "flex-models": flex_models,
+           "profile": profile_cost}
 READING = "## Reading these numbers"
 
 
@@ -93,7 +95,8 @@ def run_sections(argv: list[str]) -> str:
     if args.threads:
         torch.set_num_threads(args.threads)
     allow_recompiles()
-    run = Run(torch.device(args.device), args.repeats, args.min_run_time, make_plan(args.quick, args.batch),
+    plan = make_plan(args.quick, args.batch, args.device)
+    run = Run(torch.device(args.device), args.repeats, args.min_run_time, plan,
               args.pes, args.scale_repeats, tuple(args.compile_pairs), args.slow_repeats)
     out = header(run, [a for a in argv if a != "--debug"])
     for i, key in enumerate(args.sections):

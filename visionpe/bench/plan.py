@@ -59,6 +59,7 @@ class Plan:
     swin: dict[str, tuple[str, dict, tuple[int, int]]]  # (timm name, kwargs, input size) of Swin-T and SwinV2-T
     alt_size: tuple[int, int]  # the cache section's second input size
     flex: tuple[int, int, tuple[tuple[int, int], ...]]  # heads, head_dim, (batch, grid side) of each flex table
+    flex_models: tuple[Setup, ...] = ()  # the flex-models section's ViT at each token count
 
 
 def tiny_recipe(batch: int | None = None) -> Setup:
@@ -70,7 +71,22 @@ def tiny_recipe(batch: int | None = None) -> Setup:
                  f"{size} px / {cfg['patch_size']})", cfg["model"], kwargs, batch or cfg["batch_size"], (size, size))
 
 
-def make_plan(quick: bool, batch: int) -> Plan:
+def flex_model_setups(quick: bool, batch: int, device_type: str) -> tuple[Setup, ...]:
+    """The flex-models section's ViT-S/16: 197 and 4097 tokens with 2 of its 12 blocks on CPU (a 4097-token training
+    step of all 12 takes about 20 s there); 4097 and 16385 tokens with all 12 blocks on CUDA."""
+    if quick:
+        kw = dict(embed_dim=32, depth=2, num_heads=2, img_size=32, patch_size=8)
+        return (Setup("quick ViT (32 px / 8)", "vit_tiny_patch16_224", kw, 2, (32, 32)),
+                Setup("quick ViT (64 px / 8)", "vit_tiny_patch16_224", kw, 1, (64, 64)))
+    if device_type == "cuda":
+        return (Setup("ViT-S/16, 1024 px", "vit_small_patch16_224", {}, 1, (1024, 1024)),
+                Setup("ViT-S/16, 2048 px", "vit_small_patch16_224", {}, 1, (2048, 2048)))
+    blocks = {"depth": 2}
+    return (Setup("ViT-S/16 with 2 blocks, 224 px", "vit_small_patch16_224", blocks, batch, (224, 224)),
+            Setup("ViT-S/16 with 2 blocks, 1024 px", "vit_small_patch16_224", blocks, 1, (1024, 1024)))
+
+
+def make_plan(quick: bool, batch: int, device_type: str = "cpu") -> Plan:
     """The full sizes (ViT-S/16, Swin-T, 1024 px...) or, with ``quick``, tiny models that run in seconds."""
     if quick:
         width = dict(embed_dim=48, depth=2, num_heads=2)  # 48: sin and cos channels for 3 axes
@@ -89,7 +105,8 @@ def make_plan(quick: bool, batch: int) -> Plan:
             swin={"Swin-T": ("swin_tiny_patch4_window7_224", swin, (32, 32)),
                   "SwinV2-T": ("swinv2_tiny_window8_256", swin, (32, 32))},
             alt_size=(48, 48),
-            flex=(2, 16, ((2, 4),)))
+            flex=(2, 16, ((2, 4),)),
+            flex_models=flex_model_setups(quick, batch, device_type))
     return Plan(
         vit=Setup("vit_small_patch16_224 (ViT-S/16), 224 px", "vit_small_patch16_224", {}, batch, (224, 224)),
         tiny=tiny_recipe(),
@@ -101,6 +118,7 @@ def make_plan(quick: bool, batch: int) -> Plan:
         swin={"Swin-T": ("swin_tiny_patch4_window7_224", {}, (224, 224)),
               "SwinV2-T": ("swinv2_tiny_window8_256", {}, (256, 256))},
         alt_size=(256, 256),
-        flex=(6, 64, ((batch, 14), (1, 64))))
+        flex=(6, 64, ((batch, 14), (1, 64))),
+        flex_models=flex_model_setups(quick, batch, device_type))
 
 

@@ -1,5 +1,9 @@
-"""Shared pieces of the bias family: relative offsets on a grid and prefix padding."""
+"""Shared pieces of the bias family: relative offsets on a grid, prefix padding, and the pair-function form of a bias
+(:class:`PairScore`) that FlexAttention reads instead of a materialised ``(heads, T, T)`` tensor."""
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -13,10 +17,43 @@ from ..grid import Grid, as_grid
 PAIR_INDEX = TableCache(maxsize=16, max_bytes=None)
 
 
+@dataclass(frozen=True, eq=False)
+class PairScore:
+    """A bias on one grid as a function of token pairs: what FlexAttention's ``score_mod`` adds to each logit, so the
+    ``(heads, T, T)`` bias is never materialised.
+
+    ``fn(tables, head, q, k, **options)`` returns ``bias[head, q, k]`` for scalar integer tensors ``head``, ``q`` and
+    ``k``, where ``q`` and ``k`` index the grid's ``P + N`` tokens (prefix first, then the patches row-major). ``fn``
+    reads each of ``tables`` by indexing only (``tables[i][...]``), so attention can give it a token subset's indices
+    (:class:`~visionpe.grid.Layout`) or stack the tables of several grids (a
+    :class:`~visionpe.grid.MixedLayout`); tables may carry gradients to the encoding's parameters. ``options`` are
+    Python constants of ``fn`` (equal for every grid of one encoding). ``num_heads``: the bias's heads.
+    """
+
+    fn: Callable
+    tables: tuple[torch.Tensor, ...]
+    num_heads: int
+    options: dict = field(default_factory=dict)
+
+    def __call__(self, head, q, k):
+        """The bias of one pair, read from this grid's tables."""
+        return self.fn(self.tables, head, q, k, **self.options)
+
+
 class BiasEncoding(Encoding):
-    """Base class: ``pe(grid) -> (num_heads, P + N, P + N)`` float32 bias added to attention logits."""
+    """Base class: ``pe(grid) -> (num_heads, P + N, P + N)`` float32 bias added to attention logits.
+
+    An encoding whose bias is a function of coordinates or of a small table also implements :meth:`score_mod`, and
+    ``attention="flex"`` (:func:`visionpe.attend`) then reads it inside the attention kernel.
+    """
 
     family = "bias"
+
+    def score_mod(self, grid) -> PairScore | None:
+        """The bias of ``grid`` as a :class:`PairScore` (equal to ``self(grid)`` entry for entry), or None when this
+        encoding has no such form (attention then materialises ``self(grid)``). Table encodings return
+        :func:`offset_table_score`; coordinate functions write their own ``fn`` (see :class:`~visionpe.ALiBi`)."""
+        return None
 
     @torch.no_grad()
     def pair_map(self, grid) -> torch.Tensor:
@@ -92,3 +129,48 @@ def pair_bias(table: torch.Tensor, grid: Grid, window, prefix_entries: torch.Ten
     index = PAIR_INDEX.get(key, lambda: pair_index(grid.shape, window, grid.prefix, rows, prefix_rows, table.device))
     by_head = torch.cat([table, extra]).t().contiguous()  # (heads, rows + 1 or 3): each head's row contiguous
     return by_head.index_select(1, index.view(-1)).view(heads, *index.shape)
+
+
+def offset_codes(shape, window, prefix: int, prefix_columns: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token codes whose difference is a pair's column in a prefix-first per-offset table: ``query[i] - key[j]``
+    is ``prefix_columns + grid_offset_index[i, j]`` for patches ``i``, ``j`` (Swin's index is linear in the
+    coordinates: ``sum_a (c_ia - c_ja + W_a - 1) * stride_a``). ``(P + N,)`` long each; prefix tokens read 0."""
+    strides, stride = [], 1
+    for w in reversed(window):
+        strides.insert(0, stride)
+        stride *= 2 * w - 1
+    axes = [torch.arange(s, device=device) for s in shape]
+    coords = [c.reshape(-1) for c in torch.meshgrid(*axes, indexing="ij")]  # per axis, (N,)
+    key = F.pad(sum(c * stride for c, stride in zip(coords, strides)), (prefix, 0))
+    centre = prefix_columns + sum((w - 1) * s for w, s in zip(window, strides))
+    query = key + centre
+    query[:prefix] = 0
+    return query, key
+
+
+def offset_table_score(table: torch.Tensor, grid: Grid, window,
+                       prefix_entries: torch.Tensor | None = None) -> PairScore:
+    """:func:`pair_bias` of the same table as a :class:`PairScore`: a patch pair reads its offset's row of ``table``
+    (``(prod(2 W_a - 1), heads)``, Swin's order), prefix pairs read ``prefix_entries`` (``(3, heads)``: prefix->patch,
+    patch->prefix, prefix->prefix, BEiT) or zero. Every table encoding (a learned table, an MLP or buckets evaluated
+    per offset) joins FlexAttention through this."""
+    heads = table.shape[1]
+    extra = table.new_zeros(1, heads) if prefix_entries is None else prefix_entries.to(table.dtype)
+    prefix_rows = (0, 0, 0) if prefix_entries is None else (0, 1, 2)
+    by_head = torch.cat([extra, table]).t().contiguous()  # (heads, prefix columns + offsets): prefix columns first
+    key = ("codes", grid.shape, grid.prefix, tuple(window), extra.shape[0], str(table.device))
+    query_code, key_code = PAIR_INDEX.get(
+        key, lambda: offset_codes(grid.shape, window, grid.prefix, extra.shape[0], table.device))
+    return PairScore(_offset_table_bias, (by_head, query_code, key_code), heads,
+                     {"prefix": grid.prefix, "prefix_rows": prefix_rows})
+
+
+def _offset_table_bias(tables, head, q, k, prefix: int, prefix_rows: tuple[int, int, int]):
+    """The :func:`offset_table_score` function: one read of the prefix-first table."""
+    by_head, query_code, key_code = tables
+    column = query_code[q] - key_code[k]
+    if prefix:
+        to_patch, from_patch, between = prefix_rows
+        column = torch.where(q < prefix, torch.where(k < prefix, between, to_patch),
+                             torch.where(k < prefix, from_patch, column))
+    return by_head[head, column]

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .._checks import check_grid_ndim, check_ndim, check_positive_int
 from ..cache import TableCache
 from ..coords import CoordinateSystem
 from ..grid import Grid, as_grid
-from ._base import BiasEncoding
+from ._base import BiasEncoding, PairScore
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -51,12 +52,25 @@ class ALiBi(BiasEncoding):
             return self._build(grid, device, transform)
         return self._cache.get((grid.shape, grid.prefix, str(device)), lambda: self._build(grid, device))
 
-    def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
+    def _positions(self, grid: Grid, device, transform=None) -> torch.Tensor:
         coords = self.coordinates.positions(grid, device)
-        if transform is not None:
-            coords = transform(coords)
+        return coords if transform is None else transform(coords)
+
+    def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
+        coords = self._positions(grid, device, transform)
         distance = (coords[:, None] - coords[None]).norm(dim=-1)  # (N, N), exact 0 on the diagonal
         return self.pad_prefix(-self.slopes[:, None, None] * distance, grid)
+
+    def score_mod(self, grid: Grid) -> PairScore:
+        """The distance computed per token pair from the patch coordinates (one augmentation draw per call, as
+        ``forward``); prefix pairs read zero."""
+        grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, "alibi")
+        device = self.slopes.device
+        coords = self._positions(grid, device, self.coordinates.draw(self.training, self.ndim, device))
+        positions = F.pad(coords, (0, 0, grid.prefix, 0))  # (P + N, ndim), prefix rows unused
+        return PairScore(_alibi_bias, (positions, self.slopes), self.num_heads,
+                         {"prefix": grid.prefix, "ndim": self.ndim})
 
     def adaptation_label(self) -> str:
         if self.coordinates.normalized:
@@ -66,3 +80,11 @@ class ALiBi(BiasEncoding):
     def extra_repr(self) -> str:
         extra = self.coordinates.describe()
         return f"num_heads={self.num_heads}, ndim={self.ndim}{', ' + extra if extra else ''}"
+
+
+def _alibi_bias(tables, head, q, k, prefix: int, ndim: int):
+    """The :meth:`ALiBi.score_mod` function: ``-slope_head * ||c_q - c_k||``, zero for prefix pairs."""
+    positions, slopes = tables
+    squared = sum((positions[q, a] - positions[k, a]) ** 2 for a in range(ndim))
+    bias = -slopes[head] * squared.sqrt()
+    return torch.where((q < prefix) | (k < prefix), 0.0, bias) if prefix else bias

@@ -16,7 +16,7 @@ from torch import nn
 from .._checks import check_choice, check_grid_ndim, check_ndim, check_number, check_positive_int
 from ..cache import TableCache
 from ..grid import Grid, as_grid
-from ._base import BiasEncoding, relative_offsets
+from ._base import BiasEncoding, PairScore, offset_table_score, relative_offsets
 
 BUCKETS = ("t5", "piecewise")
 METHODS = ("product", "cross")
@@ -94,17 +94,20 @@ class BucketedBias(BiasEncoding):
             return t5_bucket(offsets, self.num_buckets, self.max_distance)
         return piecewise_index(offsets, self.alpha, self.beta, self.gamma) + int(self.beta)
 
+    def rows(self, offsets: torch.Tensor) -> torch.Tensor:
+        """Table rows of query - key offsets ``(..., ndim)``: ``(..., 1)`` (product) or ``(..., ndim)`` (cross, one
+        row per axis)."""
+        buckets = self.axis_buckets(-offsets)  # key - query
+        if self.method == "cross":
+            return buckets + torch.arange(self.ndim, device=offsets.device) * self.per_axis
+        joint = torch.zeros(buckets.shape[:-1], dtype=torch.long, device=offsets.device)
+        for axis in range(self.ndim):
+            joint = joint * self.per_axis + buckets[..., axis]
+        return joint[..., None]
+
     def index(self, shape, device=None) -> torch.Tensor:
         """Table rows ``(N, N, 1)`` (product) or ``(N, N, ndim)`` (cross, one row per axis) for a grid ``shape``."""
-        def build():
-            buckets = self.axis_buckets(-relative_offsets(shape, device))  # key - query, (N, N, ndim)
-            if self.method == "cross":
-                return buckets + torch.arange(self.ndim, device=device) * self.per_axis
-            joint = torch.zeros(buckets.shape[:-1], dtype=torch.long, device=device)
-            for axis in range(self.ndim):
-                joint = joint * self.per_axis + buckets[..., axis]
-            return joint[..., None]
-        return self._index_cache.get((tuple(shape), str(device)), build)
+        return self._index_cache.get((tuple(shape), str(device)), lambda: self.rows(relative_offsets(shape, device)))
 
     def forward(self, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)
@@ -112,6 +115,15 @@ class BucketedBias(BiasEncoding):
         table = self.relative_position_bias_table
         bias = table[self.index(grid.shape, table.device)].sum(-2)  # (N, N, heads)
         return self.pad_prefix(rearrange(bias, "n m h -> h n m").float(), grid)
+
+    def score_mod(self, grid: Grid) -> PairScore:
+        """The bias of every offset of the grid (``(prod(2 s - 1), heads)``, Swin's order), read per token pair."""
+        grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, "bucket_bias")
+        table = self.relative_position_bias_table
+        axes = [torch.arange(-(s - 1), s, device=table.device) for s in grid.shape]
+        offsets = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, grid.ndim)  # query - key
+        return offset_table_score(table[self.rows(offsets)].sum(-2).float(), grid, grid.shape)
 
     def adaptation_label(self) -> str:
         return "buckets on the new grid (saturate beyond the largest)"

@@ -10,7 +10,7 @@ from .._checks import check_grid_ndim, check_positive_int, to_shape
 from ..cache import TableCache
 from ..coords import CoordinateSystem, axis_offsets
 from ..grid import Grid, as_grid
-from ._base import BiasEncoding, pair_bias
+from ._base import BiasEncoding, PairScore, offset_table_score, pair_bias
 
 
 def log_relative_coords(shape, norm_window, device=None, offsets=None, units=None) -> torch.Tensor:
@@ -23,8 +23,8 @@ def log_relative_coords(shape, norm_window, device=None, offsets=None, units=Non
     if offsets is None:
         offsets = [torch.arange(-(s - 1), s, device=device, dtype=torch.float32) for s in shape]
     units = [max(w - 1, 1) for w in norm_window] if units is None else units
+    offsets = [o / u * 8 for o, u in zip(offsets, units)]  # per axis: no host-to-device copy of the units
     coords = torch.stack(torch.meshgrid(*offsets, indexing="ij"), dim=-1).reshape(-1, len(shape))
-    coords = coords / torch.tensor(units, device=device, dtype=coords.dtype) * 8
     return torch.sign(coords) * torch.log2(1.0 + coords.abs()) / math.log2(8)
 
 
@@ -67,7 +67,8 @@ class ContinuousPositionBias(BiasEncoding):
                                      nn.Linear(hidden_dim, num_heads, bias=False))
         self._cache = TableCache()
 
-    def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
+    def _offset_table(self, grid: Grid, device, transform=None) -> torch.Tensor:
+        """``16 * sigmoid(MLP)`` at every offset of ``grid``, ``(prod(2 s - 1), heads)`` float32 (Swin's order)."""
         window = self.pretrained_window_size or self.window_size
         offsets = units = None
         if self.coordinates.normalized or transform is not None:
@@ -78,8 +79,10 @@ class ContinuousPositionBias(BiasEncoding):
             units = [2.0] * grid.ndim if self.coordinates.normalized else None
         coords = log_relative_coords(grid.shape, window, device, offsets, units)
         with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
-            table = 16 * torch.sigmoid(self.cpb_mlp(coords).float())  # (offsets, heads)
-        return pair_bias(table, grid, grid.shape)
+            return 16 * torch.sigmoid(self.cpb_mlp(coords.to(self.cpb_mlp[0].weight.dtype)).float())
+
+    def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
+        return pair_bias(self._offset_table(grid, device, transform), grid, grid.shape)
 
     def forward(self, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)
@@ -90,6 +93,15 @@ class ContinuousPositionBias(BiasEncoding):
             return self._build(grid, device, transform)
         key = (grid.shape, grid.prefix, str(device))
         return self._cache.get(key, lambda: self._build(grid, device), self.parameters())
+
+    def score_mod(self, grid: Grid) -> PairScore:
+        """The MLP's table on the grid's offsets, read per token pair (one augmentation draw per call, as
+        ``forward``)."""
+        grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, "cpb")
+        device = self.cpb_mlp[0].weight.device
+        transform = self.coordinates.draw(self.training, self.ndim, device)
+        return offset_table_score(self._offset_table(grid, device, transform), grid, grid.shape)
 
     @classmethod
     def model_defaults(cls, context) -> dict:

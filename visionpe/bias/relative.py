@@ -11,7 +11,7 @@ from ..cache import TableCache
 from ..encoding import constructor_keywords
 from ..grid import Grid, as_grid
 from ..resample import INTERPOLATIONS, resample_grid
-from ._base import BiasEncoding, pair_bias
+from ._base import BiasEncoding, PairScore, offset_table_score, pair_bias
 
 
 def num_offsets(window) -> int:
@@ -67,8 +67,8 @@ class RelativePositionBias(BiasEncoding):
         spatial = resample_grid(spatial, [2 * w - 1 for w in window], self.interpolation, self.antialias)
         return spatial.reshape(-1, self.num_heads)
 
-    def forward(self, grid: Grid) -> torch.Tensor:
-        grid = as_grid(grid)
+    def _window_for(self, grid: Grid) -> tuple[int, ...]:
+        """The window whose offsets ``grid`` reads: ``window_size``, grown to the grid with ``grow="resample"``."""
         check_grid_ndim(grid, self.ndim, type(self).__name__)
         window = self.window_size
         if any(g > w for g, w in zip(grid.shape, window)):
@@ -76,13 +76,26 @@ class RelativePositionBias(BiasEncoding):
                 raise ValueError(f"grid {grid.shape} is larger than window_size={self.window_size}; "
                                  f"call resize({grid.shape}) first or build with grow='resample'")
             window = tuple(max(g, w) for g, w in zip(grid.shape, window))
+        return window
+
+    def _prefix_table(self) -> torch.Tensor | None:
+        return self.relative_position_bias_table[-3:] if self.prefix_entries else None
+
+    def forward(self, grid: Grid) -> torch.Tensor:
+        grid = as_grid(grid)
+        window = self._window_for(grid)
         key = (grid.shape, grid.prefix, window, str(self.relative_position_bias_table.device))
         return self._bias_cache.get(key, lambda: self._build(grid, window), self.parameters())
 
     def _build(self, grid: Grid, window) -> torch.Tensor:
         """The bias of ``grid`` read from the offset table resampled to ``window``: ``(heads, P + N, P + N)``."""
-        prefix_entries = self.relative_position_bias_table[-3:] if self.prefix_entries else None
-        return pair_bias(self._grid_table(window).float(), grid, window, prefix_entries)
+        return pair_bias(self._grid_table(window).float(), grid, window, self._prefix_table())
+
+    def score_mod(self, grid: Grid) -> PairScore:
+        """The same table read per token pair (:func:`~visionpe.bias._base.offset_table_score`)."""
+        grid = as_grid(grid)
+        window = self._window_for(grid)
+        return offset_table_score(self._grid_table(window).float(), grid, window, self._prefix_table())
 
     @torch.no_grad()
     def resize(self, new_window, interpolation: str | None = None, antialias: bool | None = None):

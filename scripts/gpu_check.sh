@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# One prepared check for a GPU machine that reaches no package registry, in about 8 minutes:
+#   1. the CUDA tests: pytest --device cuda tests/cuda (at most TESTS_SECONDS, default 270);
+#   2. the GPU benchmark: scripts/bench_speed.py --device cuda, the flex-models section first (bf16: eval, training
+#      step, memory, compiled, flex vs SDPA at 4097 and 16385 tokens), then forward, train, memory, scale and flex
+#      (what time is left, less a margin for the report);
+#   3. the report: the machine, the test results and the tables, written as the "### CUDA" part of
+#      docs/PERFORMANCE.md's GPU section; with $OUT set, copies of everything under $OUT.
+# It runs under the machine's own python3 (PYTHON=... to choose another) with visionpe from this working tree
+# (PYTHONPATH=.), installing nothing. On a machine without CUDA it says so in one line and exits 0.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" MPLBACKEND=Agg
+
+if ! cuda=$("$PY" -c "import torch; print(torch.cuda.is_available())" 2>/dev/null); then
+    echo "gpu_check: $PY cannot import torch; set PYTHON to a python with torch"
+    exit 1
+fi
+if [ "$cuda" != "True" ]; then
+    echo "gpu_check: no CUDA device here (torch.cuda.is_available() is False under $PY); nothing to check"
+    exit 0
+fi
+
+BUDGET=${GPU_CHECK_SECONDS:-480}
+TESTS_SECONDS=${TESTS_SECONDS:-270}
+REPORT_MARGIN=25
+start=$SECONDS
+work=$(mktemp -d)
+# the broad, quick files first; the ones that compile kernels (flex, inductor) last, where the time limit may cut them
+tests=(tests/cuda/test_device_parity.py tests/cuda/test_device_training.py tests/cuda/test_device_properties.py
+       tests/cuda/test_device_subsets.py tests/cuda/test_device_concurrency.py tests/cuda/test_cuda_kernels.py
+       tests/cuda/test_device_compile_ddp.py)
+tests_cmd=("$PY" -m pytest --device cuda "${tests[@]}" -q -rfE -p no:cacheprovider --junitxml="$work/cuda_tests.xml")
+bench_cmd=("$PY" scripts/bench_speed.py --device cuda --sections flex-models forward train memory scale flex
+           --repeats 3 --slow-repeats 3 --min-run-time 0.1)
+
+{
+    if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+        echo "gpu_check at commit $commit$(git diff --quiet HEAD 2>/dev/null || echo ' with local changes')"
+    else
+        echo "gpu_check outside a git checkout"
+    fi
+    "$PY" - <<'EOF'
+import platform, torch, torchvision, timm
+props = torch.cuda.get_device_properties(0)
+print(f"{torch.cuda.get_device_name(0)}, {props.total_memory / 2**30:.0f} GiB; python {platform.python_version()}, "
+      f"torch {torch.__version__} (CUDA {torch.version.cuda}), torchvision {torchvision.__version__}, timm {timm.__version__}")
+floor = (1, 0, 15)  # pyproject.toml: timm>=1.0.15
+if tuple(int(p) for p in timm.__version__.split(".")[:3] if p.isdigit()) < floor:
+    print(f"warning: timm {timm.__version__} is older than the timm>=1.0.15 visionpe declares")
+EOF
+    echo "tests: ${tests_cmd[*]}"
+    echo "benchmark: ${bench_cmd[*]}"
+} > "$work/env.txt" 2>&1
+cat "$work/env.txt"
+
+echo "gpu_check: CUDA tests (at most ${TESTS_SECONDS} s)"
+# SIGINT first: pytest stops as after Ctrl-C and still writes its JUnit file
+timeout -s INT -k 20 "$TESTS_SECONDS" "${tests_cmd[@]}" > "$work/cuda_tests.txt" 2>&1
+tests_status=$?
+tail -n 15 "$work/cuda_tests.txt"
+
+left=$((BUDGET - (SECONDS - start) - REPORT_MARGIN))
+echo "gpu_check: benchmark (at most ${left} s)"
+if [ "$left" -gt 30 ]; then
+    timeout -s INT -k 15 "$left" "${bench_cmd[@]}" > "$work/bench.md" 2> "$work/bench.log"
+    bench_status=$?
+else
+    echo "(no time left for the benchmark)" > "$work/bench.md"
+    bench_status=124
+fi
+
+"$PY" -m visionpe.bench.gpu --doc docs/PERFORMANCE.md --env "$work/env.txt" --junit "$work/cuda_tests.xml" \
+    --bench "$work/bench.md" --tests-status "$tests_status" --bench-status "$bench_status" \
+    --seconds "$((SECONDS - start))"
+report_status=$?
+if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT" && cp "$work"/* docs/PERFORMANCE.md "$OUT"/
+fi
+echo "gpu_check: tests exit $tests_status, benchmark exit $bench_status, report exit $report_status," \
+     "$((SECONDS - start)) s; docs/PERFORMANCE.md '### CUDA' written${OUT:+, copies in $OUT}"
+[ "$report_status" -ne 0 ] && exit "$report_status"
+exit "$tests_status"

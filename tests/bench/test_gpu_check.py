@@ -1,0 +1,81 @@
+"""scripts/gpu_check.sh: on a machine without CUDA one line and exit 0; its report writer (visionpe.bench.gpu) reads
+pytest's JUnit XML and puts the CUDA part into docs/PERFORMANCE.md's GPU section, leaving the rest of the file."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from visionpe.bench import gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+
+
+def test_without_cuda_one_line_and_exit_0():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHON=sys.executable)
+    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 0, done
+    assert lines == [f"gpu_check: no CUDA device here (torch.cuda.is_available() is False under {sys.executable}); "
+                     f"nothing to check"]
+
+
+def test_without_torch_one_line_and_exit_1(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    done = subprocess.run(["bash", str(SCRIPT)], env=dict(os.environ, PYTHON=str(fake)), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stdout.strip() == f"gpu_check: {fake} cannot import torch; set PYTHON to a python with torch"
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" errors="1" failures="1" skipped="1" tests="5" time="12.5">
+<testcase classname="tests.cuda.test_cuda_kernels" name="test_unmasked_families_take_flash_or_cudnn[vit-none]"/>
+<testcase classname="tests.cuda.test_device_parity" name="test_outputs[vit-none-float32]"/>
+<testcase classname="tests.cuda.test_device_parity" name="test_outputs[vit-alibi-bfloat16]">
+  <failure message="AssertionError: Tensor-likes are not close! | x">long traceback</failure></testcase>
+<testcase classname="tests.cuda.test_device_training" name="test_step[swin-cpb]"><error message="RuntimeError: boom"/></testcase>
+<testcase classname="tests.cuda.test_device_properties" name="test_sync[vit-none]"><skipped message="needs CUDA"/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_report_counts_and_lists_what_did_not_pass(tmp_path):
+    junit = tmp_path / "t.xml"
+    junit.write_text(JUNIT)
+    counts, listed = gpu.test_results(junit)
+    assert counts == {"tests": 5, "failures": 1, "errors": 1, "skipped": 1}
+    assert [(name.split("::")[0], outcome) for name, outcome, _ in listed] == [
+        ("test_cuda_kernels", "passed"), ("test_device_parity", "failure"), ("test_device_training", "error"),
+        ("test_device_properties", "skipped")]
+    assert listed[1][2] == "AssertionError: Tensor-likes are not close! / x"  # one line, no table-breaking "|"
+    lines = gpu.tests_part(junit, 124)
+    assert lines[0].startswith("`pytest --device cuda tests/cuda`: 2 passed, 1 failed, 1 errors, 1 skipped (stopped")
+    assert gpu.tests_part(tmp_path / "missing.xml", 2) == ["The CUDA tests left no results (pytest exit status 2)."]
+
+
+def test_report_replaces_only_the_cuda_part(tmp_path):
+    doc = tmp_path / "PERFORMANCE.md"
+    doc.write_text("# Performance\n\ntables\n\n## Reading these numbers\n\nprose\n")
+    args = ["--doc", str(doc), "--env", str(tmp_path / "env.txt"), "--junit", str(tmp_path / "none.xml"),
+            "--bench", str(tmp_path / "bench.md"), "--tests-status", "0", "--bench-status", "0", "--seconds", "7"]
+    (tmp_path / "env.txt").write_text("H200, 139 GiB; torch 2.11\n")
+    (tmp_path / "bench.md").write_text("**first table**\n\n| a |\n|---|\n| 1 |\n")
+    gpu.main(args)
+    first = doc.read_text()
+    assert first.startswith("# Performance\n\ntables\n\n## Reading these numbers\n\nprose\n\n## GPU\n\n### CUDA\n")
+    assert "in 7 s" in first and "H200, 139 GiB" in first and "**first table**" in first
+    doc.write_text(first.replace("## GPU\n", "## GPU\n\nhand-written intro\n") + "\n## Later section\n\nkept\n")
+    (tmp_path / "bench.md").write_text("**second table**\n")
+    gpu.main(args[:-6] + ["--tests-status", "0", "--bench-status", "124"])
+    second = doc.read_text()
+    assert "**second table**" in second and "**first table**" not in second
+    assert "hand-written intro" in second and second.endswith("## Later section\n\nkept\n")
+    assert second.count("### CUDA") == 1 and "stopped by the time limit" in second
+
+
+def test_the_check_runs_every_file_of_tests_cuda():
+    listed = re.search(r"^tests=\((.*?)\)$", SCRIPT.read_text(), re.S | re.M).group(1).split()
+    assert sorted(listed) == sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "cuda").glob("test_*.py"))
