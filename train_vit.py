@@ -88,7 +88,7 @@ def main(argv: list[str]) -> dict:
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=cfg["seed"],
                                  drop_last=True)
     loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler, num_workers=cfg["workers"], drop_last=True,
-                        pin_memory=use_cuda)
+                        pin_memory=use_cuda, collate_fn=loop.collate_images)  # --max-patches: lists of mixed sizes
     steps_per_epoch = len(loader)
     if steps_per_epoch == 0:
         raise UserError(f"batch_size {cfg['batch_size']} is larger than the training set ({len(train_set)} images)")
@@ -101,7 +101,8 @@ def main(argv: list[str]) -> dict:
     if cfg["init_from"] and state is None:  # a new run from another model's weights (or one resumed before epoch 1)
         init = restore.init_weights(raw_model, cfg)
     raw_model = raw_model.to(device)
-    model = DDP(raw_model, device_ids=[local_rank] if use_cuda else None) if world > 1 else raw_model
+    net = loop.MixedSizes(raw_model) if cfg["max_patches"] else raw_model  # takes a list of images of mixed sizes
+    model = DDP(net, device_ids=[local_rank] if use_cuda else None) if world > 1 else net
     num_params = sum(p.numel() for p in raw_model.parameters())
     with cli.user_errors(f"opt={cfg['opt']}", (ValueError, TypeError, ImportError)):
         optimizer = create_optimizer_v2(raw_model, opt=cfg["opt"], lr=cfg["lr"], weight_decay=cfg["weight_decay"])
@@ -138,6 +139,8 @@ def main(argv: list[str]) -> dict:
         log(f"resuming {out} after epoch {start_epoch}")
     if init:
         log(restore.init_text(init))
+    for note in loop.data_notes(cfg):
+        log(note)
     clips = (f" clips of {cfg['num_frames']} frames, tubelet {'x'.join(map(str, models.tubelet(cfg)))}"
              if video else "")
     log(f"{cfg['model']} pe={cfg['pe']} {num_params / 1e6:.3f}M params | {cfg['data']} {len(train_set)} train "
@@ -189,8 +192,12 @@ def main(argv: list[str]) -> dict:
         history += [{"kind": "eval_res", "model": which, **({"res": k[1], "frames": k[0]} if video else {"res": k}),
                      **m} for k, m in results[which].items()]
     epochs_run = [h for h in history if h["kind"] == "epoch"]
+    protocol = settings.transforms_of(cfg)
     summary = {"model": cfg["model"], "pe": cfg["pe"], "data": cfg["data"], "seed": cfg["seed"],
-               "img_size": cfg["img_size"], **({"num_frames": cfg["num_frames"],
+               "img_size": cfg["img_size"], "eval_protocol": protocol.eval_protocol,
+               **({"crop_pct": protocol.crop_pct} if protocol.eval_protocol == "crop" else {}),
+               **({"max_patches": cfg["max_patches"]} if cfg["max_patches"] else {}),
+               **({"num_frames": cfg["num_frames"],
                                                 "tubelet_size": list(models.tubelet(cfg))} if video else {}),
                "init_from": cfg["init_from"], "params": num_params,
                "epochs": cfg["epochs"], "best_epoch": best_epoch,
@@ -207,7 +214,10 @@ def main(argv: list[str]) -> dict:
             rows.append([f"{name} top-1 %"] + [f"{at(r)['acc']:.2f}" for r in resolutions])
             rows.append([f"{name} retention"] + [f"{at(r)['retention']:.3f}" for r in resolutions])
     trained = f"{cfg['num_frames']} frames at {cfg['img_size']}px" if video else f"{cfg['img_size']}px"
-    log(f"\n{cfg['data']}  {cfg['model']}  pe={cfg['pe']}  trained at {trained}, best epoch {best_epoch}\n"
+    if cfg["max_patches"]:
+        trained += f" (native aspect ratios within {cfg['max_patches']} patches)"
+    log(f"\n{cfg['data']}  {cfg['model']}  pe={cfg['pe']}  trained at {trained}, best epoch {best_epoch}, evaluated "
+        f"under protocol {protocol.describe()}\n"
         + report.text_table(rows, ["frames x resolution" if video else "resolution"] + [f"{r}px" for r in resolutions]))
     if world > 1:
         dist.destroy_process_group()
