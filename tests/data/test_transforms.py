@@ -292,3 +292,18 @@ def test_builders_that_take_transforms():
     assert not data.takes_transforms("moving-shapes")
     with pytest.raises(TypeError, match="Transforms"):
         data.build_dataset("shapes-position", "val", 16, num_samples=2, transforms={"eval_protocol": "crop"})
+
+
+@pytest.mark.parametrize("aa", ["rand-m9-mstd0.5-inc1", "v0"])
+def test_auto_augment_policies_that_reach_zero_posterize_bits_do_not_crash(aa):
+    """timm 1.0.31 asks Pillow to posterize to 0 bits (RandAugment with a magnitude std, AutoAugment v0), which
+    Pillow 13 refuses; visionpe's transforms module makes it a black image, as older Pillow did."""
+    from timm.data import auto_augment
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8))
+    assert np.asarray(auto_augment.NAME_TO_OP["PosterizeIncreasing"](image, 0)).max() == 0
+    assert np.array_equal(np.asarray(auto_augment.NAME_TO_OP["Posterize"](image, 4)),
+                          np.asarray(image) & 0xF0)
+    t = create_transform(16, is_training=True, auto_augment=aa)
+    for s in range(300):
+        with seeded((s,)):
+            assert t(image).shape == (3, 16, 16)

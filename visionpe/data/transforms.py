@@ -42,6 +42,29 @@ RE_MODES = ("pixel", "rand", "const")
 AA_EXAMPLES = "rand-m9-mstd0.5-inc1, 3a (DeiT-III's 3-Augment), original, augmix-m5-w4-d2"
 
 
+def _posterize(img, bits_to_keep, **__):
+    """timm's ``posterize`` op, where keeping 0 bits gives a black image, as Pillow did until it refused bits < 1:
+    timm 1.0.31's RandAugment with a magnitude std (``rand-m9-mstd0.5-inc1``) and AutoAugment ``v0`` reach 0 bits
+    (``PosterizeIncreasing`` at magnitude 10), and Pillow 13 raises there, stopping a training run at random."""
+    from PIL import Image, ImageOps
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)  # every bit masked off: black
+    return ImageOps.posterize(img, bits_to_keep)
+
+
+def _fix_timm_posterize() -> None:
+    """Point timm's auto-augment table at :func:`_posterize` (ops look their function up when built)."""
+    from timm.data import auto_augment
+    for name, fn in auto_augment.NAME_TO_OP.items():
+        if fn is auto_augment.posterize:
+            auto_augment.NAME_TO_OP[name] = _posterize
+
+
+_fix_timm_posterize()
+
+
 @contextmanager
 def seeded(key):
     """Run the block with Python's ``random``, NumPy's global RNG and torch's CPU generator seeded from ``key`` (a
