@@ -11,7 +11,8 @@ classes) in a temporary directory, then times, side by side in interleaved round
 
 and, for native aspect ratios (``--max-patches``), visionpe's loader with timm's NaFlex training transform and a list
 collate (``forward_batch``) against timm's ``create_naflex_loader`` (same budget, one sequence length). Each pass
-starts a fresh iterator (its workers' start-up included). Reported: images/s and the ratio visionpe / timm (the
+starts a fresh iterator (its workers' start-up included); visionpe's round ``r`` reads epoch ``r`` (its draws
+change per round, as timm's do: RandAugment's cost depends on the ops drawn). Reported: images/s and the ratio visionpe / timm (the
 target is >= 1.00), and the share of a training step (a ViT-Ti/16 at 224 px on the same loader) spent waiting for
 data.
 """
@@ -53,10 +54,13 @@ def write_jpeg_folder(root: Path, num_images: int, seed: int = 0) -> Path:
     return train
 
 
-def ours(train: Path, batch: int, workers: int, max_patches: int | None = None) -> torch.utils.data.DataLoader:
-    """visionpe's training loader as ``train_vit.py`` builds it (``max_patches``: native aspect ratios)."""
+def ours(train: Path, batch: int, workers: int, max_patches: int | None = None,
+         epoch: int = 0) -> torch.utils.data.DataLoader:
+    """visionpe's training loader as ``train_vit.py`` builds it for ``epoch`` (``max_patches``: native aspect
+    ratios)."""
     transforms = Transforms(**AUGMENT, patch_size=PATCH, max_patches=max_patches, train_size=SIZE)
     dataset = ImageFolderDataset(train, SIZE, augment=True, transforms=transforms)
+    dataset.set_epoch(epoch)
     sampler = torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(0))
     return torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers,
                                        drop_last=True, collate_fn=collate_images)
@@ -116,12 +120,10 @@ def data_loader(run: Run) -> list[Table]:
         cases = {"square 224 px": None, f"native aspect, {budget} patches": budget}
         rows, ratios = [], {}
         for name, max_patches in cases.items():
-            makers = {"visionpe": lambda m=max_patches: ours(train, batch, workers, m),
-                      "timm": lambda m=max_patches: timms(train, batch, workers, m)}
-            rates = {k: [] for k in makers}
-            for _ in range(rounds):  # interleaved: one pass of each per round
-                for k, make in makers.items():
-                    rates[k].append(images_per_second(make))
+            rates = {"visionpe": [], "timm": []}
+            for epoch in range(rounds):  # interleaved: one pass of each per round; ours draws each epoch's stream
+                rates["visionpe"].append(images_per_second(lambda: ours(train, batch, workers, max_patches, epoch)))
+                rates["timm"].append(images_per_second(lambda: timms(train, batch, workers, max_patches)))
             mine, theirs = statistics.median(rates["visionpe"]), statistics.median(rates["timm"])
             ratios[name] = mine / theirs
             rows.append((name, f"{mine:.1f}", f"{theirs:.1f}", f"{mine / theirs:.2f}x",
