@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Subset, default_collate
 from tqdm import tqdm
 
 from .. import data as vdata
@@ -59,13 +59,13 @@ def data_notes(cfg: dict) -> list[str]:
 
 
 def collate_images(batch) -> tuple:
-    """A batch of ``(image, label)``: images stacked ``(B, C, H, W)`` when they share a size, else kept as a list of
+    """A batch of ``(image, label)``: images stacked ``(B, C, H, W)`` when they share a size (torch's
+    ``default_collate``, which in a loader worker stacks straight into shared memory), else kept as a list of
     ``(C, H_i, W_i)`` (a batch of mixed grids for ``forward_batch``); labels ``(B,)``."""
     images = [b[0] for b in batch]
-    labels = torch.tensor([int(b[1]) for b in batch])
     if all(x.shape == images[0].shape for x in images):
-        return torch.stack(images), labels
-    return images, labels
+        return tuple(default_collate(batch))
+    return images, torch.tensor([int(b[1]) for b in batch])
 
 
 class MixedSizes(torch.nn.Module):
