@@ -103,6 +103,41 @@ SETUPS = {
 }
 
 
+def image_classes(tmp, layout, corrupt=None):
+    """``tmp/folder/<split>/<class>/`` with 4 small PNGs a class; ``corrupt``: a path under ``folder`` written as a
+    damaged PNG."""
+    from PIL import Image
+    for split, classes in layout.items():
+        for c in classes:
+            (tmp / "folder" / split / c).mkdir(parents=True, exist_ok=True)
+            for i in range(4):
+                Image.new("RGB", (12, 12), (60 * i, 80, 200)).save(tmp / "folder" / split / c / f"{i}.png")
+    if corrupt:
+        (tmp / "folder" / corrupt).write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)
+
+
+def clip_classes(tmp, clips):
+    """``tmp/folder/<split>/<class>/<clip>/`` frame folders: ``clips`` maps ``split/class/clip`` to a frame count."""
+    from PIL import Image
+    for name, frames in clips.items():
+        (tmp / "folder" / name).mkdir(parents=True)
+        for k in range(frames):
+            Image.new("RGB", (8, 8), (20 * k, 0, 0)).save(tmp / "folder" / name / f"{k:03d}.png")
+
+
+SETUPS.update({
+    "imagefolder_other_classes": lambda tmp, run: image_classes(tmp, {"train": ("cat", "dog"),
+                                                                      "val": ("dog", "zebra")}),
+    "imagefolder_corrupt_train": lambda tmp, run: image_classes(tmp, {"train": ("cat", "dog"), "val": ("cat", "dog")},
+                                                                corrupt="train/dog/broken.png"),
+    "imagefolder_corrupt_val": lambda tmp, run: image_classes(tmp, {"train": ("cat", "dog"), "val": ("cat", "dog")},
+                                                              corrupt="val/cat/broken.png"),
+    "videofolder_empty_clip": lambda tmp, run: clip_classes(tmp, {"train/a/c1": 2, "train/b/c1": 2, "train/b/c2": 0,
+                                                                  "val/a/c1": 2}),
+})
+FOLDER_RUN = ["--data", "imagefolder", "--data-dir", "{tmp}/folder", "--batch-size", "2", "--epochs", "1"]
+
+
 def user_code(tmp, text):
     path = tmp / "user_code.py"
     path.write_text(text)
@@ -378,6 +413,14 @@ ROWS = [
     (T, ["--lr", "1e-4", "--min-lr", "1.0"], ["min_lr 1.0 must not exceed lr 0.0001"]),
     (T, ["--model", "resnet18"], ["--model resnet18", "no adapter"]),
     (S, ["{run}", "--res", "16", "--out", "{tmp}/afile"], ["--out", "is a file"], "output_is_a_file"),
+    (T, ["--data", "imagefolder", "--data-dir", "{tmp}/folder"],
+     ["class folders", "{tmp}/folder/train lacks zebra", "{tmp}/folder/val lacks cat"], "imagefolder_other_classes"),
+    (T, FOLDER_RUN, ["cannot read the image {tmp}/folder/train/dog/broken.png"], "imagefolder_corrupt_train"),
+    (T, FOLDER_RUN + ["--workers", "1"], ["cannot read the image {tmp}/folder/train/dog/broken.png"],
+     "imagefolder_corrupt_train"),  # raised in a loader worker: still one line
+    (T, FOLDER_RUN, ["cannot read the image {tmp}/folder/val/cat/broken.png"], "imagefolder_corrupt_val"),
+    (T, ["--data", "videofolder", "--num-frames", "2", "--data-dir", "{tmp}/folder", "--batch-size", "2"],
+     ["videofolder", "clip folder", "{tmp}/folder/train/b/c2", "holds no frames"], "videofolder_empty_clip"),
     (V, ["--run", "{run}", "--pe", "rope_mixed", "--layer", "99"], ["layer=99 is out of range", "layers 0..0"]),
     (Q, ["--threads", "-2"], ["--threads must be an integer >= 1"]),
     (Q, ["--repeats", "0"], ["--repeats must be an integer >= 1"]),

@@ -43,6 +43,31 @@ def dataset(cfg: dict, split: str, img_size, num_frames: int | None = None, prot
     return ds
 
 
+def read_samples(batches):
+    """The batches of a loader, in order; a sample that cannot be read (:class:`visionpe.data.DataDamaged`: a corrupt
+    image or clip, found when it is read) is a :class:`UserError` of one line naming the file, also when a loader
+    worker raised it (torch then wraps the worker's traceback in the message: its last line is kept)."""
+    batches = iter(batches)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except vdata.DataDamaged as err:
+            raise UserError(worker_message(err)) from None
+        yield batch
+
+
+def worker_message(err: BaseException) -> str:
+    """The message of an error raised in a DataLoader worker (torch re-raises it in the main process with the worker's
+    traceback as its text): the error's own last line without its type; any other error's message unchanged."""
+    text = str(err)
+    if "Original Traceback" not in text:
+        return one_line(text)
+    last = [line for line in text.splitlines() if line.strip()][-1]
+    return one_line(last.split(": ", 1)[1] if f"{type(err).__name__}: " in last else last)
+
+
 def data_notes(cfg: dict) -> list[str]:
     """Lines that say which transform settings the run's data set does not take (a built-in task is rendered at each
     size, not augmented: a flip or a crop would change its labels; a set whose builder takes no ``transforms``):
@@ -308,7 +333,7 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
                total=steps, disable=None if progress else True)  # None: off when not a terminal
     t0 = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    for step, (x, y) in enumerate(bar, start=first):
+    for step, (x, y) in enumerate(read_samples(bar), start=first):
         seed_everything(seed, epoch, rank, step)
         x, y = to_device(x, device), y.to(device, non_blocking=True)  # x: a list of images with --max-patches
         if mixup is not None:
@@ -365,7 +390,7 @@ def evaluate(model, dataset, *, batch_size: int, device, autocast, workers: int 
     loader = DataLoader(Subset(dataset, range(rank, len(dataset), world)), batch_size=batch_size,
                         num_workers=workers, collate_fn=collate_images)
     correct = loss = count = 0.0
-    for x, y in loader:
+    for x, y in read_samples(loader):
         x, y = to_device(x, device), y.to(device)
         with autocast():
             logits = logits_of(model, x)
