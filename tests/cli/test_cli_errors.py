@@ -125,7 +125,24 @@ def clip_classes(tmp, clips):
             Image.new("RGB", (8, 8), (20 * k, 0, 0)).save(tmp / "folder" / name / f"{k:03d}.png")
 
 
+def idx_files(tmp, cut=0, bad_label=False):
+    """MNIST idx files of 64 train and 32 test images in ``tmp/idx``; ``cut`` bytes cut from the test images' end,
+    ``bad_label``: a test label of 10."""
+    import numpy as np
+    (tmp / "idx").mkdir()
+    for stem, n in (("train", 64), ("t10k", 32)):
+        for kind, array in (("images-idx3-ubyte", np.zeros((n, 28, 28))), ("labels-idx1-ubyte", np.arange(n) % 10)):
+            if bad_label and kind.startswith("labels") and stem == "t10k":
+                array[3] = 10
+            body = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+            body += array.astype(np.uint8).tobytes()
+            cut_here = cut if stem == "t10k" and kind.startswith("images") else 0
+            (tmp / "idx" / f"{stem}-{kind}").write_bytes(body[:len(body) - cut_here])
+
+
 SETUPS.update({
+    "idx_truncated": lambda tmp, run: idx_files(tmp, cut=28 * 28),
+    "idx_bad_label": lambda tmp, run: idx_files(tmp, bad_label=True),
     "imagefolder_other_classes": lambda tmp, run: image_classes(tmp, {"train": ("cat", "dog"),
                                                                       "val": ("dog", "zebra")}),
     "imagefolder_corrupt_train": lambda tmp, run: image_classes(tmp, {"train": ("cat", "dog"), "val": ("cat", "dog")},
@@ -416,6 +433,11 @@ ROWS = [
     (T, ["--data", "imagefolder", "--data-dir", "{tmp}/folder"],
      ["class folders", "{tmp}/folder/train lacks zebra", "{tmp}/folder/val lacks cat"], "imagefolder_other_classes"),
     (T, FOLDER_RUN, ["cannot read the image {tmp}/folder/train/dog/broken.png"], "imagefolder_corrupt_train"),
+    (T, ["--data", "mnist", "--data-dir", "{tmp}/idx"],
+     ["{tmp}/idx/t10k-images-idx3-ubyte", "truncated", f"{16 + 31 * 784} bytes, expected {16 + 32 * 784}"],
+     "idx_truncated"),
+    (T, ["--data", "mnist", "--data-dir", "{tmp}/idx"],
+     ["{tmp}/idx/t10k-labels-idx1-ubyte", "labels out of range [0, 10)", "10 at index 3"], "idx_bad_label"),
     (T, FOLDER_RUN + ["--workers", "1"], ["cannot read the image {tmp}/folder/train/dog/broken.png"],
      "imagefolder_corrupt_train"),  # raised in a loader worker: still one line
     (T, FOLDER_RUN, ["cannot read the image {tmp}/folder/val/cat/broken.png"], "imagefolder_corrupt_val"),

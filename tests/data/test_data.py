@@ -112,6 +112,44 @@ def test_idx_files_in_data_dir_are_read_and_resized(tmp_path):
     assert torch.equal(small[3][0], squash(Image.fromarray(native[3, 0].numpy(), "L")))
 
 
+def _write_idx_raw(path, array, cut=0):
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    body = header + array.astype(np.uint8).tobytes()
+    path.write_bytes(body[:len(body) - cut])
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_truncated_idx_file_is_named_with_its_sizes(tmp_path, gz):
+    """Issue 22: a truncated idx file used to fail in numpy's reshape without naming the file."""
+    rng = np.random.default_rng(0)
+    images = tmp_path / ("t10k-images-idx3-ubyte" + (".gz" if gz else ""))
+    if gz:
+        _write_idx(images, rng.integers(0, 256, (10, 28, 28)))
+        images.write_bytes(images.read_bytes()[:-30])  # a cut gzip stream
+    else:
+        _write_idx_raw(images, rng.integers(0, 256, (10, 28, 28)), cut=100)
+    _write_idx_raw(tmp_path / "t10k-labels-idx1-ubyte", np.arange(10) % 10)
+    with pytest.raises(data.DataDamaged, match=str(images)) as err:
+        data.build_dataset("mnist", "val", 28, data_dir=str(tmp_path))
+    if not gz:
+        assert f"{16 + 10 * 28 * 28 - 100} bytes, expected {16 + 10 * 28 * 28}" in str(err.value)
+
+
+def test_idx_labels_out_of_range_or_miscounted_are_named(tmp_path):
+    rng = np.random.default_rng(0)
+    _write_idx_raw(tmp_path / "t10k-images-idx3-ubyte", rng.integers(0, 256, (10, 28, 28)))
+    labels = tmp_path / "t10k-labels-idx1-ubyte"
+    _write_idx_raw(labels, np.array([0, 1, 2, 3, 12, 5, 6, 7, 8, 9]))
+    with pytest.raises(data.DataDamaged, match=f"{labels} holds labels out of range \\[0, 10\\): 12 at index 4"):
+        data.build_dataset("fashion-mnist", "val", 28, data_dir=str(tmp_path))
+    _write_idx_raw(labels, np.arange(9) % 10)
+    with pytest.raises(data.DataDamaged, match="9 labels for the 10 images"):
+        data.build_dataset("fashion-mnist", "val", 28, data_dir=str(tmp_path))
+    labels.write_bytes(b"garbage!")
+    with pytest.raises(data.DataDamaged, match=f"{labels} is not an idx file"):
+        data.build_dataset("fashion-mnist", "val", 28, data_dir=str(tmp_path))
+
+
 def test_augmentation_is_a_function_of_seed_epoch_index(tmp_path):
     images = torch.randint(0, 256, (4, 1, 16, 16), dtype=torch.uint8)
     ds = data.ImageTensorDataset(images, torch.arange(4), 4, (0.5,), (0.5,), augment=True, flip=True, seed=1)
