@@ -277,6 +277,38 @@ def test_non_finite_loss_in_epoch_2_keeps_the_checkpoint_of_epoch_1(reference, t
     assert same_weights(out / "last.safetensors", reference / "last.safetensors")
 
 
+@pytest.mark.parametrize("epochs", ["1", "2"])
+def test_diverged_weights_are_never_committed_nor_reported(tmp_path, capsys, epochs):
+    """Issue 22: at --lr 1e10 one step leaves a finite training loss and NaN validation loss; the run used to exit 0
+    with "loss": NaN and an accuracy in results.json (with more epochs: the diverged epoch 1 committed as "kept")."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(MINI + ["--output", str(out), "--lr", "1e10", "--train-samples", "16", "--epochs", epochs,
+                           "--warmup-epochs", "0"])
+    err = "".join(line for line in capsys.readouterr().err.splitlines(True) if "Cosine annealing" not in line)
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err  # (timm warns of a one-step cosine schedule)
+    assert "non-finite validation loss" in err and "after epoch 1" in err and "no epoch was saved" in err, err
+    assert rundir.existing(out) == ["config.yaml"]  # no state.pt, no weights, no metrics, no results
+
+
+def test_check_finite_names_what_diverged_and_what_is_kept(tmp_path):
+    from visionpe.train import loop
+    model = torch.nn.Linear(2, 2)
+    loop.check_finite(model, epoch=1, kept_epoch=0, val_loss=0.5)  # all finite: nothing
+    with torch.no_grad():
+        model.weight[0, 0] = float("inf")
+    with pytest.raises(loop.NonFiniteLoss, match=r"non-finite weights \(1 tensors, e.g. weight\) at step 3/5 of "
+                                                 r"epoch 2.*checkpoint of epoch 1 is kept"):
+        loop.check_finite(model, epoch=2, kept_epoch=1, within="at step 3/5 of")
+    with pytest.raises(loop.NonFiniteLoss, match="non-finite EMA validation loss"):
+        loop.check_finite(torch.nn.Linear(2, 2), epoch=1, kept_epoch=0, val_loss=1.0, ema_loss=float("nan"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    with pytest.raises(rundir.UserError, match="refusing to commit"):  # the last guard, in the writer itself
+        rundir.save_checkpoint(tmp_path, model, optimizer, scheduler, epoch=1, best_acc=0.0, best_epoch=1, history=[])
+    assert not (tmp_path / "state.pt").exists()
+
+
 def test_non_finite_loss_under_torchrun_stops_every_rank(tmp_path):
     out = tmp_path / "ddp"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

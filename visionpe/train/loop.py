@@ -23,7 +23,34 @@ from .cli import UserError, one_line
 
 
 class NonFiniteLoss(UserError):
-    """The training loss became NaN or infinite: the run stops without saving (its last checkpoint stays)."""
+    """The training loss, the validation loss or the weights became NaN or infinite: the run stops without saving
+    (its last checkpoint stays), so a diverged model is never committed, exported or reported with an accuracy."""
+
+
+def nonfinite_tensors(module) -> list[str]:
+    """The names of ``module``'s floating-point parameters and buffers that hold a NaN or an infinity."""
+    return [name for name, t in module.state_dict().items()
+            if torch.is_floating_point(t) and not bool(torch.isfinite(t).all())]
+
+
+def check_finite(model, *, epoch: int, kept_epoch: int, val_loss: float | None = None, ema=None,
+                 ema_loss: float | None = None, within: str = "") -> None:
+    """Before a commit of ``epoch`` (1-based; ``within``: where in it, for a commit within the epoch): the model's
+    (and the EMA's) weights and validation losses are finite, else :class:`NonFiniteLoss` with one line saying what
+    diverged and what is kept (``kept_epoch``: the last committed epoch, 0 for none). Every process calls it with the
+    same weights and losses (DDP keeps them equal), so every process stops at the same point."""
+    problems = []
+    for what, loss in (("validation loss", val_loss), ("EMA validation loss", ema_loss)):
+        if loss is not None and not math.isfinite(loss):
+            problems.append(f"non-finite {what} ({loss})")
+    for what, module in (("weights", model), ("EMA weights", ema)):
+        bad = nonfinite_tensors(module) if module is not None else []
+        if bad:
+            problems.append(f"non-finite {what} ({len(bad)} tensors, e.g. {bad[0]})")
+    if problems:
+        kept = f"its checkpoint of epoch {kept_epoch} is kept" if kept_epoch else "no epoch was saved"
+        raise NonFiniteLoss(f"{' and '.join(problems)} {within or 'after'} epoch {epoch}: the model diverged; the run "
+                            f"stopped without saving ({kept}); lower --lr or check the data")
 
 
 def dataset(cfg: dict, split: str, img_size, num_frames: int | None = None, protocol: str | None = None):

@@ -172,6 +172,10 @@ def save_checkpoint(out: Path, model, optimizer, scheduler, *, epoch: int, best_
     """Commit ``state.pt``: at the end of epoch ``epoch``, then export last/best/ema weights and metrics from it; or,
     with ``progress`` (see :func:`visionpe.train.loop.train_one_epoch`), within epoch ``epoch + 1``, ``state.pt``
     alone. ``ema``: the EMA module (timm ``ModelEmaV3.module``); ``scaler``: timm's ``NativeScaler``."""
+    bad = [k for k, t in model.state_dict().items() if torch.is_floating_point(t) and not bool(torch.isfinite(t).all())]
+    if bad:  # the loop checks first (train_vit.py, visionpe.train.loop.check_finite); this is the last guard
+        raise UserError(f"refusing to commit {out / STATE}: the model's weights are not finite ({len(bad)} tensors, "
+                        f"e.g. {bad[0]}); the run diverged: lower --lr")
     state = {"format": 3, "epoch": epoch, "best_acc": best_acc, "best_epoch": best_epoch,
              "history": json.dumps(history), "model": tensors(model), "optimizer": optimizer.state_dict(),
              "scheduler": scheduler.state_dict()}
