@@ -140,7 +140,19 @@ def idx_files(tmp, cut=0, bad_label=False):
             (tmp / "idx" / f"{stem}-{kind}").write_bytes(body[:len(body) - cut_here])
 
 
+def partial_run(tmp, remains=False):
+    """``tmp/partial``: a run killed before its config.yaml existed (a stray temporary of it), or, with
+    ``remains``, during --overwrite's deletion of a previous run (its state.pt and metrics left)."""
+    (tmp / "partial").mkdir()
+    (tmp / "partial" / ".config.yaml.k1ll3d.tmp").write_text("model: vit")
+    if remains:
+        (tmp / "partial" / "state.pt").write_bytes(b"old")
+        (tmp / "partial" / "metrics.jsonl").write_text("{}\n")
+
+
 SETUPS.update({
+    "killed_before_config": lambda tmp, run: partial_run(tmp),
+    "remains_without_config": lambda tmp, run: partial_run(tmp, remains=True),
     "idx_truncated": lambda tmp, run: idx_files(tmp, cut=28 * 28),
     "idx_bad_label": lambda tmp, run: idx_files(tmp, bad_label=True),
     "imagefolder_other_classes": lambda tmp, run: image_classes(tmp, {"train": ("cat", "dog"),
@@ -336,6 +348,12 @@ ROWS = [
     # -- run directory and resume ---------------------------------------------------------------------------------
     (T, ["--output", "{run}"], ["already holds a run", "--resume", "--overwrite"]),
     (T, ["--resume", "{tmp}/nothing-here"], ["no run to continue", "nothing-here"]),
+    (T, ["--resume", "{tmp}/partial"], ["no run to continue", "{tmp}/partial", "no config.yaml",
+                                        "rerun the same command without --resume"], "killed_before_config"),
+    (T, ["--resume", "{tmp}/partial"], ["no run to continue", "state.pt", "with --overwrite"],
+     "remains_without_config"),
+    (T, ["--output", "{tmp}/partial"], ["remains of a run without config.yaml", "state.pt",
+                                        "rerun the same command with --overwrite"], "remains_without_config"),
     (T, ["--resume", "{run}", "--overwrite"], ["--overwrite"]),
     (T, ["--resume", "{run}"], ["state.pt", "damaged"], "truncate_state"),
     (T, ["--resume", "{run}"], ["state.pt", "damaged"], "random_state"),

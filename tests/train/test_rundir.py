@@ -277,6 +277,37 @@ def test_non_finite_loss_in_epoch_2_keeps_the_checkpoint_of_epoch_1(reference, t
     assert same_weights(out / "last.safetensors", reference / "last.safetensors")
 
 
+def test_kill_before_config_yaml_leaves_a_run_the_same_command_starts(tmp_path, capsys):
+    """Issue 22 item 3: a kill before config.yaml exists (during its write: a stray temporary) leaves nothing to
+    continue; --resume says to rerun the same command, and that command starts the run."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".config.yaml.k1ll3d.tmp").write_text("model: vit_tiny")  # a write cut short
+    with pytest.raises(SystemExit):
+        train_main(["--resume", str(out)])
+    err = capsys.readouterr().err
+    assert "no run to continue" in err and "rerun the same command without --resume" in err, err
+    train_main(MINI + ["--output", str(out), "--epochs", "1"])
+    assert (out / "results.json").is_file() and not rundir.temp_files(out)
+
+
+def test_remains_without_config_yaml_say_rerun_with_overwrite(tmp_path, capsys):
+    """A kill while --overwrite deleted a previous run (config.yaml goes first) leaves its state.pt and exports:
+    neither a fresh start nor --resume may use them; both say to rerun the same command with --overwrite."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "state.pt").write_bytes(b"old run")
+    (out / "metrics.jsonl").write_text("{}\n")
+    for argv in (MINI + ["--output", str(out)], ["--resume", str(out)]):
+        with pytest.raises(SystemExit):
+            train_main(argv)
+        err = capsys.readouterr().err
+        assert "without config.yaml" in err or "no config.yaml" in err, err
+        assert "state.pt" in err and "same command" in err and "--overwrite" in err, err
+    train_main(MINI + ["--output", str(out), "--epochs", "1", "--overwrite"])
+    assert (out / "results.json").is_file()
+
+
 @pytest.mark.parametrize("epochs", ["1", "2"])
 def test_diverged_weights_are_never_committed_nor_reported(tmp_path, capsys, epochs):
     """Issue 22: at --lr 1e10 one step leaves a finite training loss and NaN validation loss; the run used to exit 0
