@@ -94,7 +94,7 @@ def main(argv: list[str]) -> dict:
     loader_set, sampler = sampling.training_order(train_set, world=world, rank=rank, seed=cfg["seed"],
                                                   repeats=cfg["aug_repeats"])  # DistributedSampler or RepeatAugSampler
     loader = DataLoader(loader_set, batch_size=per_rank, sampler=sampler, num_workers=cfg["workers"], drop_last=True,
-                        pin_memory=use_cuda)
+                        pin_memory=use_cuda, collate_fn=loop.collate_images)  # --max-patches: lists of mixed sizes
     steps_per_epoch = len(loader)  # loader batches; an optimizer step every grad_accum_steps of them
     if steps_per_epoch == 0:
         raise UserError(f"batch_size {cfg['batch_size']} is larger than the training set ({len(train_set)} images)")
@@ -116,7 +116,8 @@ def main(argv: list[str]) -> dict:
         if cfg["model_ema"] else None  # after the weights and the device, before compile and DDP (as timm)
     ema_module = ema.module if ema is not None else None  # the averaged model itself (evaluated, saved)
     train_model = torch.compile(raw_model) if cfg["compile"] else raw_model
-    model = DDP(train_model, device_ids=[local_rank] if use_cuda else None) if world > 1 else train_model
+    net = loop.MixedSizes(train_model) if cfg["max_patches"] else train_model  # takes lists of images of mixed sizes
+    model = DDP(net, device_ids=[local_rank] if use_cuda else None) if world > 1 else net
     num_params = sum(p.numel() for p in raw_model.parameters())
     with cli.user_errors(f"opt={cfg['opt']}", (ValueError, TypeError, ImportError)):
         optimizer = create_optimizer_v2(raw_model, opt=cfg["opt"], lr=cfg["lr"], weight_decay=cfg["weight_decay"],
@@ -161,6 +162,8 @@ def main(argv: list[str]) -> dict:
                                   else f"after epoch {start_epoch}"))
     if init:
         log(restore.init_text(init))
+    for note in loop.data_notes(cfg):
+        log(note)
     clips = (f" clips of {cfg['num_frames']} frames, tubelet {'x'.join(map(str, models.tubelet(cfg)))}"
              if video else "")
     recipe = "".join([f" | {cfg['grad_accum_steps']} batches a step" if cfg["grad_accum_steps"] > 1 else "",
@@ -245,8 +248,12 @@ def main(argv: list[str]) -> dict:
         history += [{"kind": "eval_res", "model": which, **({"res": k[1], "frames": k[0]} if video else {"res": k}),
                      **m} for k, m in results[which].items()]
     epochs_run = [h for h in history if h["kind"] == "epoch"]
+    protocol = settings.transforms_of(cfg)
     summary = {"model": cfg["model"], "pe": cfg["pe"], "data": cfg["data"], "seed": cfg["seed"],
-               "img_size": cfg["img_size"], **({"num_frames": cfg["num_frames"],
+               "img_size": cfg["img_size"], "eval_protocol": protocol.eval_protocol,
+               **({"crop_pct": protocol.crop_pct} if protocol.eval_protocol == "crop" else {}),
+               **({"max_patches": cfg["max_patches"]} if cfg["max_patches"] else {}),
+               **({"num_frames": cfg["num_frames"],
                                                 "tubelet_size": list(models.tubelet(cfg))} if video else {}),
                "init_from": cfg["init_from"], "params": num_params,
                "epochs": cfg["epochs"], "best_epoch": best_epoch,
@@ -263,7 +270,10 @@ def main(argv: list[str]) -> dict:
             rows.append([f"{name} top-1 %"] + [f"{at(r)['acc']:.2f}" for r in resolutions])
             rows.append([f"{name} retention"] + [f"{at(r)['retention']:.3f}" for r in resolutions])
     trained = f"{cfg['num_frames']} frames at {cfg['img_size']}px" if video else f"{cfg['img_size']}px"
-    log(f"\n{cfg['data']}  {cfg['model']}  pe={cfg['pe']}  trained at {trained}, best epoch {best_epoch}\n"
+    if cfg["max_patches"]:
+        trained += f" (native aspect ratios within {cfg['max_patches']} patches)"
+    log(f"\n{cfg['data']}  {cfg['model']}  pe={cfg['pe']}  trained at {trained}, best epoch {best_epoch}, evaluated "
+        f"under protocol {protocol.describe()}\n"
         + report.text_table(rows, ["frames x resolution" if video else "resolution"] + [f"{r}px" for r in resolutions]))
     if world > 1:
         dist.destroy_process_group()

@@ -30,7 +30,7 @@ work=$(mktemp -d)
 # the broad, quick files first; the ones that compile kernels (flex, inductor) last, where the time limit may cut them
 tests=(tests/cuda/test_device_parity.py tests/cuda/test_device_training.py tests/cuda/test_device_properties.py
        tests/cuda/test_device_subsets.py tests/cuda/test_device_concurrency.py tests/cuda/test_cuda_kernels.py
-       tests/cuda/test_device_compile_ddp.py)
+       tests/cuda/test_device_compile_ddp.py tests/cuda/test_cuda_recipe.py)
 tests_cmd=("$PY" -m pytest --device cuda "${tests[@]}" -q -rfE -p no:cacheprovider --junitxml="$work/cuda_tests.xml")
 bench_cmd=("$PY" scripts/bench_speed.py --device cuda --sections flex-models forward train memory scale flex
            --repeats 3 --slow-repeats 3 --min-run-time 0.1)

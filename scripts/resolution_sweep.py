@@ -4,8 +4,10 @@
     python scripts/resolution_sweep.py runs/A runs/B --res 24 32 48 64 --scaling none pi ntk yarn --out runs/sweep
     python scripts/resolution_sweep.py runs/A --res 32 32x48 48x32          # non-square sizes: HEIGHTxWIDTH
     python scripts/resolution_sweep.py runs/VIDEO --frames 4 8 16 --res 24 32 48 --scaling none pi   # video runs
+    python scripts/resolution_sweep.py runs/A --res 24 32 48 --eval-protocol resize crop native   # protocols
 
-What each adaptation is, how video and non-square sizes are swept, and what OUT/sweep.csv and OUT/sweep.png hold:
+What each adaptation and protocol is, how video and non-square sizes are swept, and what OUT/sweep.csv and
+OUT/sweep.png hold:
 visionpe/train/sweep.py. Errors in the arguments exit with status 2 and one line.
 """
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from visionpe.data import PROTOCOLS
 from visionpe.resample import INTERPOLATIONS
 from visionpe.rotary.scaling import SCALINGS
 from visionpe.train import cli, loop, sweep
@@ -36,6 +39,13 @@ def build_parser() -> cli.Parser:
     ev.add_argument("--interpolation", nargs="*", default=[], choices=INTERPOLATIONS, metavar="MODE",
                     help=f"learned-table resampling modes to compare: {', '.join(INTERPOLATIONS)} "
                          "(default: the run's own)")
+    ev.add_argument("--eval-protocol", nargs="+", default=None, choices=PROTOCOLS, metavar="NAME",
+                    help=f"how each validation image is shown at a test size, of {', '.join(PROTOCOLS)}: resize (the "
+                         "whole image), crop (timm's eval transform: shorter side to size / crop_pct, centre crop), "
+                         "native (its own aspect ratio within the patch budget of the size); several compare them on "
+                         "the same weights (default: each run's own)")
+    ev.add_argument("--crop-pct", type=float, default=None, metavar="PCT",
+                    help="the crop protocol's crop fraction, in (0, 1] (default: each run's crop_pct)")
     ev.add_argument("--weights", default="last", choices=["last", "best", "ema"],
                     help="which weights of each run: last, best or ema (the EMA weights of a --model-ema run) "
                          "(default: last)")
@@ -60,11 +70,14 @@ def run(argv) -> list[dict]:
         raise UserError(f"--batch-size must be an integer >= 1, got {args.batch_size}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda but no CUDA device is available")
+    if args.crop_pct is not None and not 0 < args.crop_pct <= 1:
+        raise UserError(f"--crop-pct must be in (0, 1], got {args.crop_pct}")
     if any(f < 1 for f in args.frames):
         raise UserError(f"--frames takes positive frame counts, got {' '.join(map(str, args.frames))}")
     cli.import_user_code(args.imports)
     rows = sweep.sweep_runs(args.runs, args.res, args.scaling, args.interpolation, args.weights, args.val_samples,
-                            args.device, args.batch_size, frames=args.frames, out=args.out)
+                            args.device, args.batch_size, frames=args.frames, out=args.out,
+                            protocols=args.eval_protocol, crop_pct=args.crop_pct)
     print(f"wrote {args.out / 'sweep.csv'} and {args.out / 'sweep.png'}")
     return rows
 

@@ -87,6 +87,15 @@ SETUPS = {
     "rows_bad_pe": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe rope_bogus}]\n"),
     "rows_empty_ok": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe learned}]\n"),
     "rows_bad_flag": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --bogus-flag 1}]\n"),
+    "rows_bad_protocol": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe learned, "
+                                                         "protocol: [squash]}]\n"),
+    "rows_bad_compare": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe learned}]\n"
+                                                        "compare: [a]\n"),
+    "rows_native_swin": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --model "
+                                                        "swin_tiny_patch4_window7_224 --pe swin_bias, "
+                                                        "protocol: [native]}]\n"),
+    "config_swin": lambda tmp, run: run_config(run, model="swin_tiny_patch4_window7_224", pe="swin_bias",
+                                               model_kwargs={}),
     "user_code_clash": lambda tmp, run: user_code(tmp, "import visionpe as vpe\n"
                                                        "vpe.register('rope_axial', vpe.AxialRoPE.__mro__[1])\n"),
     "user_code_syntax": lambda tmp, run: user_code(tmp, "def broken(:\n"),
@@ -160,6 +169,18 @@ ROWS = [
     (T, ["--data", "moving-shapes", "--num-frames", "4", "--frame-stride", "2"],
      ["moving-shapes", "does not take --frame-stride"]),
     (T, ["--data", "video-files", "--num-frames", "4", "--frame-stride", "0"], ["frame_stride", ">= 1"]),
+    (T, ["--max-patches", "0"], ["max_patches", ">= 1"]),
+    (T, ["--max-patches", "16", "--model", "swin_tiny_patch4_window7_224"], ["--max-patches", "ViT", "swin_tiny"]),
+    (T, ["--max-patches", "16", "--pe", "timm"], ["--max-patches", "pe=timm"]),
+    (T, ["--max-patches", "16", "--data", "moving-shapes", "--num-frames", "4"], ["--max-patches", "video"]),
+    (T, ["--max-patches", "16", "--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "global_pool=map"],
+     ["--max-patches", "global_pool", "map"]),
+    (T, ["--max-patches", "16", "--mixup", "0.5"], ["--mixup", "--max-patches"]),
+    (T, ["--max-patches", "16", "--train-res", "16", "24"], ["--train-res", "--max-patches"]),
+    (T, ["--max-patches", "16", "--train-crop-mode", "rkrc"], ["train_crop_mode", "max_patches"]),
+    (T, ["--max-patches", "many"], ["--max-patches", "many"]),
+    (T, ["--max-patches", "16", "--compile"], ["--compile", "--max-patches"]),
+    (T, ["--interpolation", "cubic"], ["--interpolation", "cubic", "bicubic"]),
     # -- video ------------------------------------------------------------------------------------------------
     (T, ["--num-frames", "4"], ["--num-frames", "shapes-position", "image data set"]),
     (T, ["--data", "moving-shapes"], ["moving-shapes", "video data set", "--num-frames"]),
@@ -215,12 +236,31 @@ ROWS = [
     (T, ["--mixup", "-1"], ["mixup", ">= 0"]),
     (T, ["--cutmix", "-0.5"], ["cutmix", ">= 0"]),
     (T, ["--mixup", "0.5", "--batch-size", "15"], ["even batch_size"]),
+    (T, ["--scale", "0.5"], ["scale", "two numbers"]),
+    (T, ["--scale", "0", "1"], ["scale", "0.0 < low <= high"]),
+    (T, ["--scale", "x", "1"], ["--scale", "'x'"]),
+    (T, ["--ratio", "2", "1"], ["ratio", "low <= high"]),
+    (T, ["--hflip", "1.5"], ["hflip", "1.5"]),
+    (T, ["--color-jitter", "-0.4"], ["color_jitter", ">= 0.0"]),
+    (T, ["--aa", "rand-q9"], ["aa 'rand-q9'", "timm auto-augment", "rand-m9-mstd0.5-inc1"]),
+    (T, ["--reprob", "2"], ["reprob", "<= 1.0"]),
+    (T, ["--remode", "noise"], ["--remode", "noise", "pixel"]),
+    (T, ["--recount", "0"], ["recount", ">= 1"]),
+    (T, ["--train-crop-mode", "random"], ["--train-crop-mode", "random", "rrc"]),
+    (T, ["--grayscale-prob", "-0.1"], ["grayscale_prob", ">= 0.0"]),
+    (T, ["--gaussian-blur-prob", "3"], ["gaussian_blur_prob", "<= 1.0"]),
     (T, ["--eval-res", "30"], ["eval_res 30", "patch_size 4"]),
     (T, ["--train-res", "30"], ["train_res 30", "patch_size 4"]),
     (T, ["--train-res", "x"], ["--train-res", "'x'"]),
     (T, ["--eval-res", "0"], ["eval_res 0"]),
     (T, ["--eval-res", "x"], ["--eval-res", "'x'"]),
     (T, ["--eval-batch-size", "-5"], ["eval_batch_size", ">= 1"]),
+    (T, ["--eval-protocol", "squash"], ["--eval-protocol", "squash", "resize", "crop", "native"]),
+    (T, ["--eval-protocol", "native", "--model", "swin_tiny_patch4_window7_224"], ["eval_protocol native", "ViT"]),
+    (T, ["--eval-protocol", "crop", "--data", "moving-shapes", "--num-frames", "4"],
+     ["eval_protocol crop", "video runs evaluate with resize"]),
+    (T, ["--crop-pct", "0"], ["crop_pct", "> 0.0"]),
+    (T, ["--crop-pct", "1.5"], ["crop_pct", "<= 1.0"]),
     (T, ["--seed", "-1"], ["seed", ">= 0"]),
     (T, ["--device", "tpu"], ["--device", "tpu", "cpu"]),
     (T, ["--threads", "-2"], ["threads", ">= 0"]),
@@ -271,6 +311,10 @@ ROWS = [
     (S, ["{run}", "--res", "16", "--device", "tpu"], ["--device", "tpu"]),
     (S, ["{run}", "--res", "16", "--frames", "4"], ["--frames", "video runs", "image run"]),
     (S, ["{run}", "--res", "16", "--frames", "0"], ["--frames", "positive"]),
+    (S, ["{run}", "--res", "16", "--eval-protocol", "squash"], ["--eval-protocol", "squash", "native"]),
+    (S, ["{run}", "--res", "16", "--crop-pct", "0"], ["--crop-pct", "(0, 1]"]),
+    (S, ["{run}", "--res", "16", "--eval-protocol", "native"], ["--eval-protocol native", "ViT", "swin"],
+     "config_swin"),
     (S, ["{run}", "--res", "16"], ["last.safetensors", "damaged"], "truncate_last"),
     (S, ["{run}", "--res", "16"], ["last.safetensors", "damaged"], "random_last"),
     (S, ["{run}", "--res", "16"], ["last.safetensors", "not found"], "remove_last"),
@@ -326,6 +370,9 @@ ROWS = [
     (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["two rows", "a-b"], "rows_same_label"),
     (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["rope_bogus"], "rows_bad_pe"),
     (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["--bogus-flag"], "rows_bad_flag"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["protocol", "squash", "native"], "rows_bad_protocol"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["compare", "[label, label]"], "rows_bad_compare"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["eval_protocol native", "ViT"], "rows_native_swin"),
     (B, ["--rows", "{yaml}", "--data", "shapes-position", "--swin"], ["--rows", "--swin"], "rows_empty_ok"),
     # -- values that were accepted before and gave wrong or surprising results (issue 22) -------------------------
     (T, ["--lr", "1e-4", "--min-lr", "1.0"], ["min_lr 1.0 must not exceed lr 0.0001"]),
@@ -400,7 +447,7 @@ def test_table_covers_every_training_flag():
     flags = {a.split("=")[0] for row in ROWS if row[0] == T for a in row[1] if a.startswith("--")}  # --flag=value too
     flag = lambda key: "--import" if key == "imports" else "--" + key.replace("_", "-")
     missing = [k for k in settings.DEFAULTS if flag(k) not in flags
-               and k not in ("download", "overwrite", "progress")]  # booleans: argparse takes only the flag
+               and k not in ("download", "overwrite", "progress", "no_aug")]  # booleans: argparse takes only the flag
     assert not missing, missing
     assert sum(row[0] == T for row in ROWS) >= 40
 

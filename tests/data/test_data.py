@@ -103,8 +103,12 @@ def test_idx_files_in_data_dir_are_read_and_resized(tmp_path):
     native = data.torchvision_sets._native("mnist", "test", str(tmp_path), False)[0]
     assert native.shape == (10, 1, 28, 28)
     small = data.build_dataset("mnist", "val", 14, data_dir=str(tmp_path))
-    want = F.interpolate(native.float(), size=(14, 14), mode="bicubic", antialias=True).round().clamp(0, 255)
-    assert torch.equal(small.images.float(), want)
+    assert torch.equal(small.images, native)  # kept at native resolution; timm's eval transform resizes each image
+    from timm.data import create_transform
+    from PIL import Image
+    squash = create_transform(14, crop_pct=1.0, crop_mode="squash", interpolation="bicubic", mean=(0.1307,),
+                              std=(0.3081,))  # the resize protocol: the whole image at the size
+    assert torch.equal(small[3][0], squash(Image.fromarray(native[3, 0].numpy(), "L")))
 
 
 def test_augmentation_is_a_function_of_seed_epoch_index(tmp_path):
@@ -131,7 +135,7 @@ def test_missing_data_says_how_to_get_it(tmp_path):
 @pytest.mark.skipif(not os.path.isdir(data.DEBIAN_FASHION_MNIST), reason="dataset-fashion-mnist not installed")
 def test_fashion_mnist_from_debian_package():
     ds = data.build_dataset("fashion-mnist", "val", 32, num_samples=100)
-    assert len(ds) == 100 and ds.in_chans == 1 and ds.images.shape == (100, 1, 32, 32)
+    assert len(ds) == 100 and ds.in_chans == 1 and ds.images.shape == (100, 1, 28, 28) and ds[0][0].shape == (1, 32, 32)
     assert set(ds.labels.tolist()) <= set(range(10)) and len(set(ds.labels.tolist())) > 5
     assert math.isclose(ds.images.float().mean().item() / 255, 0.286, abs_tol=0.05)
 

@@ -70,6 +70,8 @@ class GridAttention(nn.Module):
     transformers' eager attention returns them) when ``output_attentions``, else None.
     """
 
+    attention: str = "auto"  # visionpe.attend's choice (visionpe.set_attention)
+
     def __init__(self, source: nn.Module, rotary: nn.Module | None = None, bias: nn.Module | None = None):
         super().__init__()
         self.num_attention_heads, self.head_dim = source.num_attention_heads, source.head_dim
@@ -89,7 +91,8 @@ class GridAttention(nn.Module):
                                 self.training)
             out = weights @ v
         else:
-            out = attend(q, k, v, layout, self.rotary, self.bias, attention_mask, dropout_p=dropout_p)
+            out = attend(q, k, v, layout, self.rotary, self.bias, attention_mask, dropout_p=dropout_p,
+                         attention=self.attention)
         return self.o_proj(rearrange(out, "b h t d -> b t (h d)")), weights
 
 

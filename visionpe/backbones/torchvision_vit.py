@@ -43,11 +43,13 @@ class GridMultiheadAttention(nn.MultiheadAttention):
 
     rotary: nn.Module | None
     bias: nn.Module | None
+    attention: str = "auto"  # visionpe.attend's choice (visionpe.set_attention)
 
     def forward(self, x: torch.Tensor, layout: Grid | Layout) -> torch.Tensor:
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
         q, k, v = rearrange(qkv, "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
-        out = attend(q, k, v, layout, self.rotary, self.bias, dropout_p=self.dropout if self.training else 0.0)
+        out = attend(q, k, v, layout, self.rotary, self.bias, dropout_p=self.dropout if self.training else 0.0,
+                     attention=self.attention)
         return self.out_proj(rearrange(out, "b h t d -> b t (h d)"))
 
 

@@ -41,12 +41,17 @@ op: their gap to the baseline is the noise of the run. Sections (``--sections``,
 - ``profile`` (opt-in): the training step of each encoding under ``torch.profiler`` at ViT-S/16 and the small config:
   the operators where its time over ``none`` goes (the evidence behind "Not met, and why" in docs/PERFORMANCE.md).
 
+- ``data`` (opt-in: it writes a folder of JPEGs and decodes it many times): visionpe's training loader (timm's
+  transforms, seeded per sample) vs timm's ``create_loader`` on the same JPEG folder at 224 px, same transforms and
+  workers, square and native aspect (``create_naflex_loader``); and the share of a training step spent waiting for
+  data.
+
 ``--quick`` swaps every model for a tiny one and times one short round: a smoke test of the script, not a
 measurement. ``--out`` rewrites the file's tables and keeps its hand-written "Reading these numbers" section.
 Targets (printed with each ratio): time and memory of an encoding <= 1.05x none (``peg`` <= 1.10x).
 
 Modules: :mod:`.plan` (which model, which batch), :mod:`.timing` (interleaved rounds), :mod:`.tables` (ratio
 tables), one module per section (:mod:`.rope`, :mod:`.models`, :mod:`.memory`, :mod:`.versus_timm`, :mod:`.scale`,
-:mod:`.flex`, :mod:`.flex_models`, :mod:`.profile`) and :mod:`.cli` (``scripts/bench_speed.py``). A new section is a function
+:mod:`.flex`, :mod:`.flex_models`, :mod:`.profile`, :mod:`.data`) and :mod:`.cli` (``scripts/bench_speed.py``). A new section is a function
 ``section(run) -> list[Table]`` in its own module and one entry in :data:`visionpe.bench.cli.RUNNERS`.
 """

@@ -13,6 +13,7 @@ from ..train import cli
 from ..train.cli import UserError
 from ..train.report import keep_hand_written
 from . import __doc__ as DOC
+from .data import data_loader
 from .flex import flex_cost
 from .flex_models import flex_models
 from .memory import memory_cost
@@ -25,13 +26,13 @@ from .timing import Run, allow_recompiles
 from .versus_timm import versus_timm
 
 SECTIONS = ["rope", "forward", "train", "memory", "compile", "timm", "cache", "scale"]  # the default run
-OPT_IN = ["compile-train", "flex", "flex-models", "profile"]  # run only when named in --sections
+OPT_IN = ["compile-train", "flex", "flex-models", "profile", "data"]  # run only when named in --sections
 COMPILED_PAIRS = ("learned", "swin_bias", "control", "rope_axial", "rope_mixed")  # --compile-pairs: first two default
 PES = ["learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]
 RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "memory": memory_cost,
            "compile": compiled_cost, "timm": versus_timm, "cache": cache_hits, "scale": scale_cost,
            "compile-train": compiled_train_cost, "flex": flex_cost, "flex-models": flex_models,
-           "profile": profile_cost}
+           "profile": profile_cost, "data": data_loader}
 READING = "## Reading these numbers"
 
 

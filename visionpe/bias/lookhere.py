@@ -39,12 +39,13 @@ import itertools
 import math
 
 import torch
+import torch.nn.functional as F
 
 from .._checks import check_choice, check_grid_ndim, check_number, check_positive_int
 from ..cache import TableCache
 from ..coords import CoordinateSystem
 from ..grid import Grid, as_grid
-from ._base import BiasEncoding
+from ._base import BiasEncoding, PairScore
 
 # visible iff n . (dx, dy) >= 0 for every normal n of a primitive (dx: key column - query column, dy: rows, down)
 PRIMITIVES = {
@@ -187,6 +188,34 @@ class LookHere(BiasEncoding):
             return self._build(grid, device, transform)
         return self._cache.get((grid, str(device)), lambda: self._build(grid, device))
 
+    def score_mod(self, grid: Grid) -> PairScore:
+        """The bias per token pair (equal to ``self(grid)``; one augmentation draw per call, as ``forward``): the
+        fields of view from each head's normals on the patch lattice, the penalty from the coordinates; prefix pairs
+        read zero."""
+        grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, "lookhere")
+        device = self.slopes.device
+        coords = self.coordinates.positions(grid, device)
+        transform = self.coordinates.draw(self.training, self.ndim, device)
+        if transform is not None:
+            coords = transform(coords)
+        lattice = torch.stack(torch.meshgrid(*(torch.arange(s, device=device) for s in grid.shape), indexing="ij"),
+                              dim=-1).reshape(-1, 2)  # (N, 2) rows, columns
+        from_centre = (coords - coords.mean(0)).norm(dim=-1)
+        pad = (0, 0, grid.prefix, 0)
+        kinds = torch.tensor([1 if "zero" in e else 2 if "center" in e else 0 for e in self.head_entries],
+                             device=device)
+        width = max(1, max(len(self.normals(h)) for h in range(self.num_heads)))
+        normals = torch.zeros(self.num_heads, width, 2, dtype=torch.long, device=device)  # (0, 0) sees everything
+        for h in range(self.num_heads):
+            for j, n in enumerate(self.normals(h)):
+                normals[h, j] = torch.tensor(n)
+        tables = (F.pad(coords, pad), F.pad(lattice, pad), F.pad(from_centre, pad[2:]), kinds, normals,
+                  self.global_slope * self.slopes)
+        power = {"linear": 1.0, "sqrt": 0.5, "square": 2.0}[self.distance]
+        return PairScore(_lookhere_bias, tables, self.num_heads,
+                         {"prefix": grid.prefix, "width": width, "power": power})
+
     def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
         coords = self.coordinates.positions(grid, device)
         if transform is not None:
@@ -224,3 +253,19 @@ class LookHere(BiasEncoding):
         extra = self.coordinates.describe()
         return (f"num_heads={self.num_heads}, head_directions={self.head_directions!r}, "
                 f"global_slope={self.global_slope}, distance={self.distance!r}{', ' + extra if extra else ''}")
+
+
+def _lookhere_bias(tables, head, q, k, prefix: int, width: int, power: float):
+    """The :meth:`LookHere.score_mod` function: ``-slope_head * distance`` where head ``head`` of query ``q`` sees
+    key ``k`` (every ``n . (c_k - c_q) >= 0``), ``-inf`` elsewhere, zero for prefix pairs."""
+    positions, lattice, from_centre, kinds, normals, slopes = tables
+    squared = (positions[q, 0] - positions[k, 0]) ** 2 + (positions[q, 1] - positions[k, 1]) ** 2
+    distance = squared if power == 2.0 else squared.sqrt() if power == 1.0 else squared.sqrt() ** power
+    kind = kinds[head]
+    value = torch.where(kind == 0, distance, torch.where(kind == 2, from_centre[k], 0.0))
+    dy, dx = lattice[k, 0] - lattice[q, 0], lattice[k, 1] - lattice[q, 1]
+    sees = (normals[head, 0, 0] * dx + normals[head, 0, 1] * dy) >= 0
+    for j in range(1, width):
+        sees = sees & ((normals[head, j, 0] * dx + normals[head, j, 1] * dy) >= 0)
+    bias = torch.where(sees, -slopes[head] * value, float("-inf"))
+    return torch.where((q < prefix) | (k < prefix), 0.0, bias) if prefix else bias

@@ -6,16 +6,22 @@ or for video sets (``num_frames=T``) clips ``(C, T, H, W)``. Every data set has 
 ``mean``, ``std`` and ``set_epoch(epoch)`` (augmentation is a function of ``(seed, epoch, index)`` only, so runs
 are reproducible and resumable whatever the loader does).
 
-One module a kind: :mod:`.scenes` (built-in image tasks rendered at any size), :mod:`.clips` (built-in video
-tasks), :mod:`.torchvision_sets` (Fashion-MNIST, MNIST, CIFAR), :mod:`.folders` (ImageFolder, folders of frames),
-:mod:`.video_files` (folders of video files), :mod:`.budget` (native aspect ratios within a token budget);
-:mod:`.registry` holds the table and :mod:`.base` the shared base class. A new data set is one function decorated with :func:`register_dataset` (from a user's module
-too: ``train_vit.py --import my_data.py --data my-set``).
+One module a kind: :mod:`.scenes` (built-in image tasks rendered at any size), :mod:`.aspect` (a built-in task at
+random aspect ratios), :mod:`.clips` (built-in video tasks), :mod:`.torchvision_sets` (Fashion-MNIST, MNIST, CIFAR),
+:mod:`.folders` (ImageFolder, folders of frames), :mod:`.video_files` (folders of video files), :mod:`.budget`
+(native aspect ratios within a token budget); :mod:`.transforms` (timm's image transforms seeded per sample, and the
+resolution protocols ``resize``, ``crop``, ``native``); :mod:`.registry` holds the table and :mod:`.base` the shared
+base class. A new data set is one function decorated with :func:`register_dataset` (from a user's module too:
+``train_vit.py --import my_data.py --data my-set``); a builder that names a ``transforms`` parameter takes timm's
+transforms and the protocol (:class:`~visionpe.data.transforms.Transforms`).
 """
 from __future__ import annotations
 
-from . import scenes, torchvision_sets, folders, clips, video_files  # noqa: F401, I001  (each registers its data sets, in this order)
-from .base import ClipTensorDataset, ImageTensorDataset, PositionDataset, fixed_subset, image_hw, resize, size_key
+import inspect
+
+from . import scenes, aspect, torchvision_sets, folders, clips, video_files  # noqa: F401, I001  (each registers its data sets, in this order)
+from .base import (ClipTensorDataset, ImageListDataset, ImageTensorDataset, PositionDataset, fixed_subset, image_hw,
+                   resize, size_key)
 from .budget import native_aspect_size, resize_to_budget
 from .clips import clip_scene, render_clip
 from .folders import ClipFolderDataset, ImageFolderDataset
@@ -23,12 +29,14 @@ from .registry import (DATASETS, SPLITS, DataMissing, DatasetSpec, call_builder,
                        takes_option, unregister_dataset)
 from .scenes import render, scene
 from .torchvision_sets import DEBIAN_FASHION_MNIST
+from .transforms import PROTOCOLS, TransformedDataset, Transforms, seeded
 
-__all__ = ["DATASETS", "DEBIAN_FASHION_MNIST", "SPLITS", "ClipFolderDataset", "ClipTensorDataset", "DataMissing",
-           "DatasetSpec", "ImageFolderDataset", "ImageTensorDataset", "PositionDataset", "build_dataset",
-           "clip_scene", "fixed_subset", "get_spec", "image_hw", "info", "names", "native_aspect_size",
-           "register_dataset", "render", "render_clip", "resize", "resize_to_budget", "scene", "size_key",
-           "takes_option", "unregister_dataset"]
+__all__ = ["DATASETS", "DEBIAN_FASHION_MNIST", "PROTOCOLS", "SPLITS", "ClipFolderDataset", "ClipTensorDataset",
+           "DataMissing", "DatasetSpec", "ImageFolderDataset", "ImageListDataset", "ImageTensorDataset",
+           "PositionDataset", "TransformedDataset", "Transforms", "build_dataset", "clip_scene", "fixed_subset",
+           "get_spec", "image_hw", "info", "names", "native_aspect_size", "register_dataset", "render", "render_clip",
+           "resize", "resize_to_budget", "scene", "seeded", "size_key", "takes_option", "takes_transforms",
+           "unregister_dataset"]
 
 
 def info(name: str) -> dict:
@@ -39,9 +47,15 @@ def info(name: str) -> dict:
             "video": spec.video}
 
 
+def takes_transforms(name: str) -> bool:
+    """Whether the builder of ``name`` takes ``transforms`` (timm's transforms and the resolution protocol): its
+    signature names the parameter."""
+    return "transforms" in inspect.signature(get_spec(name).build).parameters
+
+
 def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool = False, seed: int = 0,
                   num_samples=None, augment=None, num_frames: int | None = None,
-                  frame_stride: int | None = None) -> PositionDataset:
+                  frame_stride: int | None = None, transforms: Transforms | None = None) -> PositionDataset:
     """The data set ``name`` at ``img_size`` pixels (a square integer; an image set also takes ``(height, width)``,
     a square pair being the integer).
 
@@ -50,6 +64,8 @@ def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool
     tasks (a flip or shift would change their labels). ``seed``: synthetic scenes and the augmentation stream; real
     subsets do not depend on it. ``num_frames``: clips of that many frames; required by video sets, refused by image
     ones. ``frame_stride``: video sets that take it sample frames that far apart (given only to those).
+    ``transforms``: timm's transforms and the resolution protocol (default :class:`Transforms` ``()``: timm's
+    training defaults, the ``resize`` protocol), passed to builders that take them (:func:`takes_transforms`).
     """
     spec = get_spec(name)
     if split not in SPLITS:
@@ -63,7 +79,11 @@ def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool
                          f"{'give' if spec.video else 'do not give'} num_frames (clips of T frames)")
     if num_frames is not None and (isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 1):
         raise ValueError(f"num_frames must be a positive integer, got {num_frames!r}")
+    if transforms is not None and not isinstance(transforms, Transforms):
+        raise TypeError(f"transforms must be a visionpe.data.Transforms, got {type(transforms).__name__}")
     options = dict(data_dir=data_dir, download=download, seed=seed, num_samples=num_samples, augment=augment)
+    if transforms is not None and takes_transforms(name):
+        options["transforms"] = transforms
     if spec.video:
         options["num_frames"] = num_frames
     if frame_stride is not None:

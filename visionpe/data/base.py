@@ -1,5 +1,5 @@
 """What every data set shares: the :class:`PositionDataset` base (normalisation, ``set_epoch``, length), the
-in-memory image and clip sets, image sizes, antialiased resizing and fixed subsets."""
+in-memory image and clip sets, sets whose samples differ in size (:class:`ImageListDataset`), image sizes, antialiased resizing and fixed subsets."""
 from __future__ import annotations
 
 import numpy as np
@@ -126,3 +126,18 @@ class ClipTensorDataset(PositionDataset):
 
     def __getitem__(self, index):
         return self.normalize(self.images[index]), int(self.labels[index])
+
+
+class ImageListDataset(PositionDataset):
+    """uint8 images of different sizes (a list of ``(C, H_i, W_i)``), normalized on access (no augmentation): a
+    rendered set shown at each image's own aspect ratio."""
+
+    def __init__(self, images, labels, num_classes, mean, std, name=""):
+        super().__init__(name, num_classes, mean, std)
+        self.images, self.labels = list(images), labels
+        if any(x.shape[0] != self.in_chans for x in self.images):
+            raise ValueError(f"{name}: every image must have {self.in_chans} channels (mean/std)")
+
+    def __getitem__(self, index):
+        return self.normalize(self.images[index]), int(self.labels[index])
+

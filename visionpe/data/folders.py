@@ -1,7 +1,8 @@
 """Your own data in folders of class folders:
 
 - ``imagefolder``: ``data_dir/train/<class>/*`` and ``data_dir/val/<class>/*`` (torchvision ImageFolder), decoded
-  lazily and resized with antialiasing to the requested size; the train split flipped.
+  lazily through timm's transforms (:class:`~visionpe.data.transforms.Transforms`): the train split augmented
+  (random-resized crop, flip, colour jitter, RandAugment, ... as set), the val split by its resolution protocol.
 - ``videofolder``: ``data_dir/train/<class>/<clip>/*.png|jpg`` (and ``val/``): each clip a folder of frames in name
   order, ``T`` frames sampled evenly, resized with antialiasing.
 """
@@ -15,32 +16,32 @@ from PIL import Image
 
 from .base import PositionDataset, resize, size_key
 from .registry import DataMissing, register_dataset
+from .transforms import TransformedDataset, Transforms
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-class ImageFolderDataset(PositionDataset):
-    """torchvision ImageFolder, decoded lazily, resized to ``img_size`` (int or ``(H, W)``) with antialiasing."""
+class ImageFolderDataset(TransformedDataset):
+    """torchvision ImageFolder, decoded lazily (RGB), through timm's transforms (:class:`Transforms`): the training
+    transform when ``augment``, else the eval transform of its protocol, at ``img_size`` (int or ``(H, W)``)."""
 
-    def __init__(self, root, img_size, augment=False, seed=0):
+    def __init__(self, root, img_size, augment=False, seed=0, transforms: Transforms | None = None):
         import torchvision
         self.folder = torchvision.datasets.ImageFolder(root)
-        super().__init__("imagefolder", len(self.folder.classes), IMAGENET_MEAN, IMAGENET_STD, seed=seed)
+        transforms = transforms or Transforms()
+        transform = (transforms.train(img_size, IMAGENET_MEAN, IMAGENET_STD) if augment else
+                     transforms.eval(img_size, IMAGENET_MEAN, IMAGENET_STD))
+        super().__init__("imagefolder", len(self.folder.classes), IMAGENET_MEAN, IMAGENET_STD, transform, seed=seed)
         self.labels = self.folder.targets
         self.img_size, self.augment = img_size, augment
 
-    def __getitem__(self, index):
-        path, label = self.folder.samples[index]
-        with Image.open(path) as im:
-            x = torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)[None]
-        x = resize(x, self.img_size)[0]
-        if self.augment and np.random.default_rng([self.seed, self.epoch, index, 7]).random() < 0.5:
-            x = x.flip(-1)
-        return self.normalize(x), label
+    def image(self, index):
+        return self.folder.loader(self.folder.samples[index][0])  # PIL, converted to RGB
 
 
 @register_dataset("imagefolder", num_classes=None, mean=IMAGENET_MEAN, std=IMAGENET_STD)
-def imagefolder(split: str, img_size, data_dir=None, seed: int = 0, augment=None) -> ImageFolderDataset:
+def imagefolder(split: str, img_size, data_dir=None, seed: int = 0, augment=None,
+                transforms: Transforms | None = None) -> ImageFolderDataset:
     if data_dir is None:
         raise DataMissing("imagefolder needs --data-dir DIR holding train/<class>/ and val/<class>/ folders")
     root = os.path.join(data_dir, "train" if split == "train" else "val")
@@ -48,7 +49,7 @@ def imagefolder(split: str, img_size, data_dir=None, seed: int = 0, augment=None
         raise DataMissing(f"imagefolder: {root!r} does not exist (expected DIR/train/<class>/ and DIR/val/<class>/)")
     try:
         return ImageFolderDataset(root, size_key(img_size), augment=(split == "train") if augment is None else augment,
-                                  seed=seed)
+                                  seed=seed, transforms=transforms)
     except FileNotFoundError as err:  # torchvision: no class folder, or no image in them
         raise DataMissing(f"imagefolder: {root!r} holds no images in class folders (expected "
                           f"DIR/{os.path.basename(root)}/<class>/*.png|jpg; torchvision: {err})") from None

@@ -13,6 +13,10 @@ Hues, saturation, kinds, sizes and the dark background are random, so only colou
 Without any positional encoding a ViT is at chance on both (its attention is permutation invariant); the cues are
 deliberately easy so that a tiny ViT learns them in a few epochs on a CPU and the benchmark measures position, not
 shape recognition. A non-square size stretches the scene (x with the width, y with the height).
+
+Resolution protocols (:mod:`.transforms`) mean the same here as for photos, with rendering in place of resampling:
+``resize`` renders the whole scene at the size, ``crop`` renders it at ``size / crop_pct`` and centre-crops the size,
+``native`` renders it at its own aspect ratio (square) within the patch budget.
 """
 from __future__ import annotations
 
@@ -25,8 +29,11 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from torchvision.transforms.functional import center_crop
+
 from .base import ImageTensorDataset, image_hw, size_key
 from .registry import SPLITS, register_dataset
+from .transforms import Transforms
 
 SYNTHETIC = ("shapes-position", "shapes-relation")
 SUPERSAMPLE = 4
@@ -106,13 +113,15 @@ def _draw_shape(draw: ImageDraw.ImageDraw, kind: str, x: float, y: float, rx: fl
 def render(sc: dict, size, supersample: int = SUPERSAMPLE) -> np.ndarray:
     """Rasterize a scene at ``size`` pixels (an integer: square; or ``(height, width)``): draw at ``supersample``
     times the size, then area-average. x scales with the width and y with the height, and so does each shape's
-    radius per axis (a non-square size stretches the scene as resizing a photo would). Returns ``uint8 (H, W, 3)``."""
+    radius per axis (a non-square size stretches the scene as resizing a photo would); a radius may be a pair
+    ``(rx, ry)`` of fractions of the width and the height. Returns ``uint8 (H, W, 3)``."""
     height, width = image_hw(size, "size", 1)
     big_h, big_w = height * supersample, width * supersample
     img = Image.new("RGB", (big_w, big_h), sc["background"])
     draw = ImageDraw.Draw(img)
     for kind, cx, cy, radius, colour in sc["shapes"]:
-        _draw_shape(draw, kind, cx * big_w, cy * big_h, radius * big_w, radius * big_h, colour)
+        rx, ry = radius if isinstance(radius, tuple) else (radius, radius)
+        _draw_shape(draw, kind, cx * big_w, cy * big_h, rx * big_w, ry * big_h, colour)
     return np.asarray(img.resize((width, height), Image.BOX))
 
 
@@ -136,9 +145,21 @@ def num_scenes(split: str, num_samples) -> int:
     return num
 
 
+SQUARE_HW = (1024, 1024)  # the nominal pixel size of a square scene: only its aspect ratio matters to the protocols
+
+
 def _builder(task: str, num_classes: int):
-    def build(split: str, img_size, seed: int = 0, num_samples=None) -> ImageTensorDataset:
-        images, labels = _render_split(task, split, num_scenes(split, num_samples), seed, size_key(img_size))
+    def build(split: str, img_size, seed: int = 0, num_samples=None,
+              transforms: Transforms | None = None) -> ImageTensorDataset:
+        """The split rendered at the geometry of its protocol (``transforms``; default: at ``img_size``): ``crop``
+        renders at ``size / crop_pct`` and centre-crops, ``native`` renders a square within the patch budget; the
+        training split at ``img_size``, or within ``max_patches``. timm's augmentation never applies (a flip or a
+        crop would change the label)."""
+        transforms = transforms or Transforms()
+        render_hw, crop = transforms.render_size(SQUARE_HW, size_key(img_size), train=split == "train")
+        images, labels = _render_split(task, split, num_scenes(split, num_samples), seed, size_key(render_hw))
+        if crop is not None:
+            images = center_crop(images, list(crop))
         return ImageTensorDataset(images, labels, num_classes, *MEAN_STD, augment=False, seed=seed, name=task)
     build.__name__ = task.replace("-", "_")
     return build

@@ -1,9 +1,10 @@
 """Real image sets read through torchvision's layouts (or Debian's idx files): Fashion-MNIST, MNIST, CIFAR-10/100.
 One table, :data:`TORCHVISION_SETS`, as timm's ``create_dataset`` keeps one; each row one registration.
 
-Images are read once at native resolution (cached), then resized with antialiasing to the requested size; the
-train split is augmented with a random translation of up to 1/8 of the side and, except digits, horizontal flips.
-Grayscale sets keep one channel (``in_chans=1``; the model is built with ``in_chans=1``) rather than being copied to
+Images are read once at native resolution (cached) and go through timm's transforms per sample
+(:class:`~visionpe.data.transforms.Transforms`): the train split timm's training transform (random-resized crop,
+horizontal flips except for digits, colour jitter, ... as set), the val split the eval transform of its resolution
+protocol. Grayscale sets keep one channel (timm's transforms run on ``L`` images with a 1-channel mean/std) (``in_chans=1``; the model is built with ``in_chans=1``) rather than being copied to
 three: same information, a third of the patch-embedding input.
 
 - ``fashion-mnist``: torchvision's ``FashionMNIST`` under ``data_dir`` (``download=True`` fetches it), else Debian's
@@ -21,16 +22,17 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .base import ImageTensorDataset, fixed_subset, resize, size_key
+from .base import fixed_subset, size_key
 from .registry import DataMissing, register_dataset
+from .transforms import TransformedDataset, Transforms, to_pil
 
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
-# name: (torchvision class, classes, mean, std, horizontal flips in augmentation)
+# name: (torchvision class, classes, mean, std, default horizontal flip probability of the training transform)
 TORCHVISION_SETS = {
-    "fashion-mnist": ("FashionMNIST", 10, (0.2860,), (0.3530,), True),
-    "mnist": ("MNIST", 10, (0.1307,), (0.3081,), False),
-    "cifar10": ("CIFAR10", 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), True),
-    "cifar100": ("CIFAR100", 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), True),
+    "fashion-mnist": ("FashionMNIST", 10, (0.2860,), (0.3530,), 0.5),
+    "mnist": ("MNIST", 10, (0.1307,), (0.3081,), 0.0),
+    "cifar10": ("CIFAR10", 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), 0.5),
+    "cifar100": ("CIFAR100", 100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), 0.5),
 }
 
 
@@ -104,19 +106,34 @@ def _native(name: str, split: str, data_dir, download: bool):
     return images, torch.from_numpy(np.array(labels, dtype=np.int64))
 
 
+class TransformedImages(TransformedDataset):
+    """uint8 images ``(N, C, H, W)`` in memory at native resolution, each through ``transform`` as a PIL image."""
+
+    def __init__(self, images, labels, num_classes, mean, std, transform, seed=0, name=""):
+        super().__init__(name, num_classes, mean, std, transform, seed=seed)
+        if images.shape[1] != self.in_chans:
+            raise ValueError(f"{name}: images have {images.shape[1]} channels, mean/std {self.in_chans}")
+        self.images, self.labels = images, labels
+
+    def image(self, index):
+        return to_pil(self.images[index])
+
+
 def _builder(name: str):
-    _, num_classes, mean, std, flip = TORCHVISION_SETS[name]
+    _, num_classes, mean, std, hflip = TORCHVISION_SETS[name]
 
     def build(split: str, img_size, data_dir=None, download: bool = False, seed: int = 0, num_samples=None,
-              augment=None) -> ImageTensorDataset:
+              augment=None, transforms: Transforms | None = None) -> TransformedImages:
         augment = (split == "train") if augment is None else augment
+        transforms = transforms or Transforms()
         images, labels = _native(name, "train" if split == "train" else "test",
                                  None if data_dir is None else str(data_dir), bool(download))
         idx = fixed_subset(len(labels), num_samples)
         if idx is not None:
             images, labels = images[idx], labels[idx]
-        return ImageTensorDataset(resize(images, size_key(img_size)), labels, num_classes, mean, std,
-                                  augment=augment, flip=flip, seed=seed, name=name)
+        size = size_key(img_size)
+        transform = transforms.train(size, mean, std, hflip) if augment else transforms.eval(size, mean, std)
+        return TransformedImages(images, labels, num_classes, mean, std, transform, seed=seed, name=name)
     build.__name__ = name.replace("-", "_")
     return build
 

@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..data import PROTOCOLS
 from ..rotary.scaling import SCALINGS
 from ..weights import write_text
 from . import cli, loop, models, restore, rundir, settings
@@ -37,16 +38,18 @@ SWIN_LIST = ["swin_bias", "cpb", "rope_mixed", "alibi"]
 
 
 def job(cfg_path: Path, data: str, seed: int, run: Path, train_args: list[str], res, scalings, log_dir: Path,
-        frames=()) -> dict:
+        frames=(), protocols=()) -> dict:
     """Train one run (``python train_vit.py --config CFG --data D --seed S TRAIN_ARGS ...``) unless it is finished
-    with the settings asked for now, then sweep it (``python scripts/resolution_sweep.py ...``) unless its sweep was
-    made from these results with these arguments; each in its own process. Returns {'run', 'ok', 'seconds', 'log'}."""
+    with the settings asked for now, then sweep it (``python scripts/resolution_sweep.py ...``, under ``protocols``,
+    default the run's own) unless its sweep was made from these results with these arguments; each in its own
+    process. Returns {'run', 'ok', 'seconds', 'log'}."""
     log = log_dir / f"{run.parent.parent.name}__{run.parent.name}__{run.name}.log"
     train = ["--config", str(cfg_path), "--data", data, "--seed", str(seed), "--output", str(run), "--threads", "1",
              "--no-progress", "--eval-res", *train_args]
     t0 = time.time()
-    return {"run": run, "ok": run_logged(plan_run(run, train, sweep_command(run, res, scalings, frames), log), log),
-            "seconds": time.time() - t0, "log": log}
+    sweep = sweep_command(run, res, scalings, frames, protocols)
+    return {"run": run, "ok": run_logged(plan_run(run, train, sweep, log), log), "seconds": time.time() - t0,
+            "log": log}
 
 
 def plan_run(run: Path, train: list[str], sweep: list[str], log: Path) -> list[list[str]]:
@@ -128,12 +131,12 @@ def finished_runs_or_refuse(runs: list[Path], out: Path, doc: Path) -> list[Path
     return done
 
 
-def sweep_command(run: Path, res, scalings, frames=()) -> list[str]:
+def sweep_command(run: Path, res, scalings, frames=(), protocols=()) -> list[str]:
     """``scripts/resolution_sweep.py`` on a run's last weights, writing ``run/sweep/`` (``frames``: a video run's
-    test frame counts)."""
-    return [str(ROOT / "scripts" / "resolution_sweep.py"), str(run), "--res", *map(key_text, res),
-            "--scaling", *scalings,
-            *(["--frames", *map(str, frames)] if frames else []), "--out", str(run / "sweep")]
+    test frame counts; ``protocols``: evaluation protocols, default the run's own)."""
+    return [str(ROOT / "scripts" / "resolution_sweep.py"), str(run), "--res", *map(key_text, res), "--scaling", *scalings,
+            *(["--frames", *map(str, frames)] if frames else []),
+            *(["--eval-protocol", *protocols] if protocols else []), "--out", str(run / "sweep")]
 
 
 def run_logged(commands: list[list[str]], log: Path) -> bool:
@@ -167,7 +170,7 @@ def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
         results = rundir.read_results(run)
         with open(sweep) as f:
             for row in csv.DictReader(f):
-                key = (family, data, pe, row["adaptation"])
+                key = (family, data, pe, adaptation_key(row))
                 video = bool(row.get("frames"))  # a video run: columns are (frames, res)
                 col = (int(row["frames"]), int(row["res"])) if video else loop.parse_size(row["res"])
                 train = (int(row["train_frames"]), int(row["train_res"])) if video else int(row["train_res"])
@@ -179,6 +182,15 @@ def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
                     entry["seeds"].add(seed)
                     entry["img_s"].append(results["train_img_per_s"])
     return table
+
+
+def adaptation_key(row: dict) -> str:
+    """A sweep row's adaptation, with its evaluation protocol unless that is ``resize`` (the default, unmarked):
+    ``pi``, ``pi/crop``, ``crop`` (the ``default`` adaptation under crop)."""
+    protocol = row.get("protocol") or "resize"
+    if protocol == "resize":
+        return row["adaptation"]
+    return protocol if row["adaptation"] == "default" else f"{row['adaptation']}/{protocol}"
 
 
 def label(pe: str, adaptation: str) -> str:
@@ -351,7 +363,9 @@ def write_video_section(path: Path, args, table, runs, command: str, wall: float
 
 
 ROW_KEYS = {"label": "the row's name in the table", "args": "train_vit.py arguments of the row (--pe ...)",
-            "scaling": "RoPE adaptations to sweep (default: none)"}
+            "scaling": "RoPE adaptations to sweep (default: none)",
+            "protocol": "evaluation protocols to sweep (default: the run's own)"}
+SPEC_KEYS = ("section", "title", "note", "rows", "compare")
 
 
 OWN_KEYS = ("config", "data", "seed", "output", "resume", "overwrite")  # set by the benchmark for every run
@@ -384,15 +398,27 @@ def read_rows(path: Path) -> dict:
         if not isinstance(scaling, list) or not scaling or any(v not in SCALINGS for v in scaling):
             raise UserError(f"{where}: row {row['label']!r}: scaling must be a list of {', '.join(SCALINGS)}, "
                             f"got {scaling!r}")
+        protocols = row.get("protocol", [])
+        if not isinstance(protocols, list) or any(v not in PROTOCOLS for v in protocols):
+            raise UserError(f"{where}: row {row['label']!r}: protocol must be a list of {', '.join(PROTOCOLS)}, "
+                            f"got {protocols!r}")
         slug = re.sub(r"^[.-]+|-+$", "", re.sub(r"[^\w.+-]+", "-", str(row["label"])).replace("+", "-"))
         if not slug:
             raise UserError(f"{where}: row label {row['label']!r} has no letters or digits for its folder name")
         if slug in slugs:
             raise UserError(f"{where}: two rows share the label {row['label']!r} (or its folder name {slug!r})")
         slugs.add(slug)
-        rows.append({"label": str(row["label"]), "train": train, "scaling": scaling, "slug": slug,
+        rows.append({"label": str(row["label"]), "train": train, "scaling": scaling, "protocol": protocols, "slug": slug,
                      "timm": parsed.get("pe") == models.TIMM_NATIVE})
-    return {**spec, "rows": rows}
+    compare = spec.get("compare", [])
+    if not isinstance(compare, list) or not all(isinstance(pair, list) and len(pair) == 2
+                                                and all(isinstance(v, str) for v in pair) for pair in compare):
+        raise UserError(f"{where}: compare must be a list of [label, label] pairs of table rows (e.g. "
+                        f"['learned [crop]', 'learned']), got {compare!r}")
+    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)} (keys: {', '.join(SPEC_KEYS)})")
+    return {**spec, "rows": rows, "compare": compare}
 
 
 def compare_text(a: dict, b: dict, r) -> tuple[float, str]:
@@ -434,6 +460,21 @@ def rows_verdict(table: dict, data: str, rows: list[dict], res: list) -> str:
     return "\n".join(lines) + "\n"
 
 
+def compare_verdict(table: dict, data: str, pairs: list, res: list) -> str:
+    """For each ``[a, b]`` pair of table rows: ``a - b`` at every size, within or beyond the seed spread."""
+    entries = {label(k[2], k[3]): v for k, v in table.items() if k[1] == data}
+    lines = []
+    for a, b in pairs:
+        if a not in entries or b not in entries:
+            lines.append(f"- `{a}` − `{b}`: no finished runs for {' and '.join(f'`{n}`' for n in (a, b) if n not in entries)}.")
+            continue
+        gaps = [(r, *compare_text(entries[a], entries[b], r)) for r in res]
+        beyond = [key_text(r) for r, _, spread in gaps if spread == "beyond"]
+        lines.append(f"- `{a}` − `{b}`: " + "; ".join(f"{key_text(r)}px {gap:+.1f} ({spread})" for r, gap, spread in gaps)
+                     + f". Beyond the seed spread at {', '.join(beyond) + ' px' if beyond else 'no size'}.")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
 def rows_section(path: Path, args, spec: dict, table: dict, runs, command: str, wall: float) -> None:
     """The rows benchmark's marked section of ``path`` (``<!-- BEGIN section -->``); the rest is left as it is."""
     import torch
@@ -451,9 +492,12 @@ def rows_section(path: Path, args, spec: dict, table: dict, runs, command: str, 
              f"Recipe `{cfg_path.relative_to(ROOT) if cfg_path.is_relative_to(ROOT) else cfg_path}`"
              + (f" with `{shlex.join(args.extra)}`" if args.extra else "") + ":", "",
              "```yaml", cfg_path.read_text().strip(), "```", "", "Rows:", "",
-             "| row | train_vit.py arguments | swept adaptations |", "|---|---|---|"]
+             "| row | train_vit.py arguments | swept adaptations | evaluation protocols |", "|---|---|---|---|"]
+    own = "the run's own"
     lines += [f"| {r['label']}{' *(timm)*' if r['timm'] else ''} | `{shlex.join(r['train'])}` | "
-              f"{', '.join(r['scaling'])} |" for r in spec["rows"]] + [""]
+              f"{', '.join(r['scaling'])} | {', '.join(r['protocol']) or own} |" for r in spec["rows"]]
+    lines += ["", "A row label `[crop]` or `[native]` (or `[pi/crop]`) is that protocol of evaluation; unmarked rows "
+              "are evaluated with the run's own protocol (`resize` unless the row says otherwise).", ""]
     for note in (spec.get("note"), args.note):
         if note:
             lines += [str(note).strip(), ""]
@@ -463,7 +507,8 @@ def rows_section(path: Path, args, spec: dict, table: dict, runs, command: str, 
         if plot(table, "rows", data, args.res, png):
             lines += [f"![{data}]({png.name})", ""]
         lines += [markdown_table(table, "rows", data, args.res), "Verdict (generated):", "",
-                  rows_verdict(table, data, spec["rows"], args.res)]
+                  rows_verdict(table, data, spec["rows"], args.res)
+                  + compare_verdict(table, data, spec["compare"], args.res)]
     write_section(path, name, "\n".join(lines).rstrip("\n") + f"\n<!-- END {name} -->\n")
 
 
@@ -512,16 +557,19 @@ def check(args) -> int | None:
     extra = settings.parse_args(list(args.extra), prog="benchmark (train_vit.py arguments after --)")
     if args.rows is not None and args.swin:
         raise UserError("--rows replaces the encoding lists: give --rows or --swin, not both")
-    vit_runs = ([settings.parse_args(r["train"]) for r in read_rows(args.rows)["rows"]] if args.rows is not None
-                else [{"pe": pe} for pe in args.pe])
+    row_specs = read_rows(args.rows)["rows"] if args.rows is not None else [{"pe": pe} for pe in args.pe]
+    vit_runs = [settings.parse_args(r["train"]) if args.rows is not None else r for r in row_specs]
+    protocols = {i: r.get("protocol", []) for i, r in enumerate(row_specs)}
     recipes = {"vit": (args.config, vit_runs)}
     if args.swin:
         recipes["swin"] = (args.swin_config, [{"pe": pe} for pe in args.swin_pe])
     frames = set()
     for cfg_path, rows in recipes.values():
         for data in args.data:
-            for own in rows:
+            for i, own in enumerate(rows):
                 cfg = settings.resolve({**extra, **own, "config": str(cfg_path), "data": data})
+                for protocol in protocols.get(i, []) if rows is vit_runs else []:
+                    settings.check_evaluation({**cfg, "eval_protocol": protocol})
                 bad = [r for r in args.res if any(side % cfg["patch_size"] for side in loop.size_order(r))]
                 if bad:
                     raise UserError(f"--res {' '.join(map(key_text, bad))}: not a multiple of {cfg_path.name}'s "
@@ -563,11 +611,11 @@ def run(args, command: str) -> int:
         runs = [("rows", data, r["label"], seed, args.out / data / r["slug"] / f"s{seed}")
                 for data in args.data for r in spec["rows"] for seed in args.seeds]
         configs = {"rows": configs["vit"]}
-        plan = lambda pe: ([*rows[pe]["train"], *args.extra], rows[pe]["scaling"])
+        plan = lambda pe: ([*rows[pe]["train"], *args.extra], rows[pe]["scaling"], rows[pe]["protocol"])
     else:
         runs = [(family, data, pe, seed, args.out / family / data / pe.replace("+", "-") / f"s{seed}")
                 for family in configs for data in args.data for pe in lists[family] for seed in args.seeds]
-        plan = lambda pe: (["--pe", pe, *args.extra], args.scaling)
+        plan = lambda pe: (["--pe", pe, *args.extra], args.scaling, [])
     # order: seed-major, so that an early stop leaves every encoding with the same number of seeds
     runs.sort(key=lambda r: (r[3], list(configs).index(r[0]), args.data.index(r[1])))
     t0 = time.time()
@@ -580,7 +628,7 @@ def run(args, command: str) -> int:
         log_dir.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(args.jobs) as pool:
             futures = [pool.submit(job, configs[f], d, s, run, plan(pe)[0], args.res, plan(pe)[1], log_dir,
-                                   args.frames) for f, d, pe, s, run in runs]
+                                   args.frames, plan(pe)[2]) for f, d, pe, s, run in runs]
             for i, fut in enumerate(futures, 1):
                 r = fut.result()
                 status = "ok" if r["ok"] else f"FAILED (see {r['log']})"

@@ -1,5 +1,6 @@
-"""The pieces of the training loop: data sets from settings, RNG streams, one epoch of training, evaluation, and
-evaluation across resolutions (used by ``train_vit.py`` and :mod:`visionpe.train.sweep`)."""
+"""The pieces of the training loop: data sets from settings (timm's transforms and the resolution protocol),
+batches of mixed sizes, RNG streams, one epoch of training, evaluation, and evaluation across resolutions (used by
+``train_vit.py`` and :mod:`visionpe.train.sweep`)."""
 from __future__ import annotations
 
 import argparse
@@ -13,10 +14,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, Subset, default_collate
 from tqdm import tqdm
 
 from .. import data as vdata
+from . import settings
 from .cli import UserError, one_line
 
 
@@ -24,21 +26,78 @@ class NonFiniteLoss(UserError):
     """The training loss became NaN or infinite: the run stops without saving (its last checkpoint stays)."""
 
 
-def dataset(cfg: dict, split: str, img_size, num_frames: int | None = None):
+def dataset(cfg: dict, split: str, img_size, num_frames: int | None = None, protocol: str | None = None):
     """The run's data set ``split`` at ``img_size`` pixels (an image run also takes ``(height, width)``; a video
-    run's: clips of ``num_frames`` frames, default the run's ``num_frames``); missing or empty data is a
-    :class:`UserError`."""
+    run's: clips of ``num_frames`` frames, default the run's ``num_frames``), through the run's transforms and
+    evaluation protocol (``protocol``: another one); missing or empty data is a :class:`UserError`."""
     num = cfg["train_samples"] if split == "train" else cfg["val_samples"]
     frames = (num_frames or cfg["num_frames"]) if cfg.get("num_frames") else None
     try:
         ds = vdata.build_dataset(cfg["data"], split, img_size, data_dir=cfg["data_dir"], download=cfg["download"],
                                  seed=cfg["seed"], num_samples=num, num_frames=frames,
-                                 frame_stride=cfg.get("frame_stride"))
+                                 frame_stride=cfg.get("frame_stride"), transforms=settings.transforms_of(cfg, protocol))
     except (vdata.DataMissing, ValueError) as err:
         raise UserError(one_line(err)) from None
     if len(ds) == 0:
         raise UserError(f"{cfg['data']}: the {split} split under {cfg['data_dir']!r} holds no images")
     return ds
+
+
+def data_notes(cfg: dict) -> list[str]:
+    """Lines that say which transform settings the run's data set does not take (a built-in task is rendered at each
+    size, not augmented: a flip or a crop would change its labels; a set whose builder takes no ``transforms``):
+    they are ignored, not refused, so one recipe serves every data set of a benchmark."""
+    changed = [key for key in settings.TRANSFORM_KEYS if cfg.get(key) != settings.DEFAULTS[key]]
+    if not changed:
+        return []
+    flags = " ".join("--" + key.replace("_", "-") for key in changed)
+    spec = vdata.get_spec(cfg["data"])
+    if spec.synthetic or spec.video:
+        what = "a built-in task rendered at each size" if spec.synthetic else "a video data set"
+        return [f"note: {flags} ignored: {cfg['data']} is {what}, not images through timm's transforms"]
+    if not vdata.takes_transforms(cfg["data"]):
+        return [f"note: {flags} ignored: the builder of {cfg['data']} takes no transforms"]
+    return []
+
+
+def collate_images(batch) -> tuple:
+    """A batch of ``(image, label)``: images stacked ``(B, C, H, W)`` when they share a size (torch's
+    ``default_collate``, which in a loader worker stacks straight into shared memory), else kept as a list of
+    ``(C, H_i, W_i)`` (a batch of mixed grids for ``forward_batch``); labels ``(B,)``."""
+    images = [b[0] for b in batch]
+    if all(x.shape == images[0].shape for x in images):
+        return tuple(default_collate(batch))
+    return images, torch.tensor([int(b[1]) for b in batch])
+
+
+class MixedSizes(torch.nn.Module):
+    """``model`` taking a batch either stacked (``model(x)``) or as a list of images of different sizes
+    (``model.forward_batch(images)``): the module DDP wraps for ``--max-patches`` (DDP syncs gradients of what goes
+    through its forward). Holds no parameters of its own."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x) if isinstance(x, torch.Tensor) else self.model.forward_batch(x)
+
+
+def to_device(x, device):
+    """A batch of images (a tensor, or a list of tensors of different sizes) on ``device``."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device, non_blocking=True)
+    return [t.to(device, non_blocking=True) for t in x]
+
+
+def logits_of(model, x):
+    """Logits of a batch: ``model(x)`` for a stacked batch, the underlying model's ``forward_batch`` for a list
+    (evaluation only: no gradient goes through a DDP wrapper here)."""
+    if isinstance(x, torch.Tensor):
+        return model(x)
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    inner = inner.model if isinstance(inner, MixedSizes) else inner
+    return inner.forward_batch(x)
 
 
 def parse_size(text: str) -> int | tuple[int, int]:
@@ -148,8 +207,9 @@ def channels_last_(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def to_memory_format(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
-    """``x`` in channels-last layout (``channels_last_3d`` for clips ``(B, C, T, H, W)``) when asked, else as is."""
-    if not channels_last:
+    """``x`` in channels-last layout (``channels_last_3d`` for clips ``(B, C, T, H, W)``) when asked, else as is (a
+    list of images of mixed sizes, too)."""
+    if not channels_last or not isinstance(x, torch.Tensor):
         return x
     return x.contiguous(memory_format=torch.channels_last if x.ndim == 4 else torch.channels_last_3d)
 
@@ -250,7 +310,7 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
     optimizer.zero_grad(set_to_none=True)
     for step, (x, y) in enumerate(bar, start=first):
         seed_everything(seed, epoch, rank, step)
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        x, y = to_device(x, device), y.to(device, non_blocking=True)  # x: a list of images with --max-patches
         if mixup is not None:
             x, y = mixup(x, y)
         size = step_resolution(train_res, seed, epoch, step)
@@ -299,15 +359,16 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
 @torch.no_grad()
 def evaluate(model, dataset, *, batch_size: int, device, autocast, workers: int = 0, rank: int = 0,
              world: int = 1) -> tuple[float, float]:
-    """Top-1 (%) and mean cross-entropy over the whole set; each process takes every world-th image."""
+    """Top-1 (%) and mean cross-entropy over the whole set; each process takes every world-th image. Images of
+    different sizes (the native protocol) go through the model's ``forward_batch`` as batches of mixed grids."""
     model.eval()
     loader = DataLoader(Subset(dataset, range(rank, len(dataset), world)), batch_size=batch_size,
-                        num_workers=workers)
+                        num_workers=workers, collate_fn=collate_images)
     correct = loss = count = 0.0
     for x, y in loader:
-        x, y = x.to(device), y.to(device)
+        x, y = to_device(x, device), y.to(device)
         with autocast():
-            logits = model(x)
+            logits = logits_of(model, x)
         loss += F.cross_entropy(logits.float(), y, reduction="sum").item()
         correct += (logits.argmax(-1) == y).sum().item()
         count += len(y)

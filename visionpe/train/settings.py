@@ -38,7 +38,7 @@ SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "thre
 class Setting:
     default: object
     group: str
-    kind: str  # int, float, bool, str, choice, ints, mapping, int?, float?, str?
+    kind: str  # int, float, bool, str, choice, ints, floats, mapping, int?, float?, str?, choice?
     help: str
     choices: tuple = ()
     metavar: str | None = None
@@ -125,6 +125,14 @@ SETTINGS: dict[str, Setting] = {
                      ">= 1", metavar="N"),
     "workers": S(0, DATA, "int", "DataLoader worker processes; an integer >= 0 (0 = load in the main process)",
                  metavar="N"),
+    "max_patches": S(None, DATA, "int?", "train each image at its native aspect ratio within this many patches "
+                     "(NaFlex's token budget: timm's RandomResizedCropToSequence for real images, the built-in tasks "
+                     "rendered at their aspect ratio), batches of mixed grids through the model's forward_batch; the "
+                     "budget of img_size under the native evaluation protocol (the default protocol then). A ViT "
+                     "with a visionpe encoding (global_pool token or avg); images only; not with mixup, cutmix or "
+                     "train_res; an integer >= 1 (default: square images at img_size)", metavar="N"),
+    "interpolation": S("bicubic", DATA, "choice", "resampling of timm's transforms (real images), training and "
+                       "evaluation (timm's --interpolation)", choices=vdata.transforms.INTERPOLATIONS),
     # optimizer
     "opt": S("adamw", OPTIM, "str", "timm optimizer name (timm.optim.list_optimizers()), e.g. adamw, sgd, lamb",
              metavar="NAME"),
@@ -179,6 +187,32 @@ SETTINGS: dict[str, Setting] = {
                metavar="ALPHA"),
     "cutmix": S(0.0, AUG, "float", "timm CutMix alpha; a number >= 0 (0 = off); needs an even batch_size",
                 metavar="ALPHA"),
+    # timm's image transforms (timm.data.create_transform), by timm train.py's names; real image sets only (the
+    # built-in tasks are rendered, not augmented: a flip or a crop would change their labels)
+    "scale": S([0.08, 1.0], AUG, "floats", "random-resized-crop area range (timm --scale): two numbers 0 < low <= "
+               "high", metavar="PCT"),
+    "ratio": S([3 / 4, 4 / 3], AUG, "floats", "random-resized-crop aspect-ratio range (timm --ratio): two numbers "
+               "0 < low <= high", metavar="RATIO"),
+    "hflip": S(None, AUG, "float?", "horizontal flip probability (timm --hflip), in [0, 1] (default: the data "
+               "set's, 0.5; 0 for MNIST digits)", metavar="P"),
+    "color_jitter": S(0.4, AUG, "float", "colour jitter factor of brightness, contrast and saturation (timm "
+                      "--color-jitter; off when --aa is set, except for 3a); a number >= 0", metavar="F"),
+    "aa": S(None, AUG, "str?", "timm auto-augment policy (timm --aa), e.g. rand-m9-mstd0.5-inc1 (RandAugment), 3a "
+            "(DeiT-III's 3-Augment), original, augmix-m5-w4-d2 (default: none)", metavar="NAME"),
+    "reprob": S(0.0, AUG, "float", "random erasing probability (timm --reprob); in [0, 1]", metavar="P"),
+    "remode": S("pixel", AUG, "choice", "random erasing fill (timm --remode)",
+                choices=vdata.transforms.RE_MODES),
+    "recount": S(1, AUG, "int", "random erasing regions per image (timm --recount); an integer >= 1",
+                 metavar="N"),
+    "train_crop_mode": S("rrc", AUG, "choice", "training crop (timm --train-crop-mode): rrc random-resized crop, "
+                         "rkrc / rkrr resize keeping the ratio then a centre / random crop",
+                         choices=vdata.transforms.TRAIN_CROP_MODES),
+    "grayscale_prob": S(0.0, AUG, "float", "probability of a grayscale image (timm --grayscale-prob); in [0, 1]",
+                        metavar="P"),
+    "gaussian_blur_prob": S(0.0, AUG, "float", "probability of a Gaussian blur (timm --gaussian-blur-prob); in "
+                            "[0, 1]", metavar="P"),
+    "no_aug": S(False, AUG, "bool", "no training augmentation (timm --no-aug): resize and centre-crop the train "
+                "split"),
     # evaluation
     "eval_res": S([], EVAL, "ints", "test resolutions (pixels) for the last and the best model after training, each a "
                   "positive multiple of patch_size; the training resolution is always included", metavar="PX"),
@@ -189,6 +223,15 @@ SETTINGS: dict[str, Setting] = {
                      "extrapolates, scaling=pi interpolates to the training grid), learned tables are resampled",
                      metavar="T"),
     "eval_batch_size": S(256, EVAL, "int", "batch size of evaluation; an integer >= 1", metavar="N"),
+    "eval_protocol": S(None, EVAL, "choice?", "how a validation image is shown at each test size: resize (the whole "
+                       "image at the size; the built-in tasks render the same scene with more pixels), crop (timm's "
+                       "eval transform: shorter side to size / crop_pct, centre crop; RoPE-ViT's and FixRes's "
+                       "protocol), native (each image at its own aspect ratio within the patch budget of the size: "
+                       "(size / patch_size)^2 patches, scaled from max_patches when given; needs a ViT with a visionpe "
+                       "encoding); used for the validation of every epoch and the resolution table (default: native "
+                       "with --max-patches, else resize)", choices=vdata.PROTOCOLS),
+    "crop_pct": S(0.875, EVAL, "float", "the crop protocol's crop fraction (timm --crop-pct); in (0, 1]",
+                  metavar="PCT"),
     # run
     "seed": S(0, RUN, "int", "seed of the model, data order, synthetic scenes and augmentation; an integer >= 0",
               metavar="N"),
@@ -216,6 +259,9 @@ SETTINGS: dict[str, Setting] = {
 
 
 DEFAULTS = {key: s.default for key, s in SETTINGS.items()}
+# settings that only timm's transforms of real images read (a built-in task is rendered, not augmented)
+TRANSFORM_KEYS = ("scale", "ratio", "hflip", "color_jitter", "aa", "reprob", "remode", "recount", "train_crop_mode",
+                  "interpolation", "grayscale_prob", "gaussian_blur_prob", "no_aug")
 
 
 SIZE_HELP = {"embed_dim": "token width (sets model_kwargs.embed_dim); an integer >= 1",
@@ -267,8 +313,10 @@ def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "
             g.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
         elif s.kind == "ints":
             g.add_argument(flag, nargs="*", type=int, metavar=s.metavar, help=text)
-        elif s.kind == "choice":
+        elif s.kind in ("choice", "choice?"):
             g.add_argument(flag, choices=s.choices, help=text)
+        elif s.kind == "floats":
+            g.add_argument(flag, nargs="*", type=float, metavar=s.metavar, help=text)
         else:
             kind = {"int": int, "int?": int, "float": float, "float?": float}.get(s.kind, str)
             g.add_argument(flag, type=kind, metavar=s.metavar, help=text)
@@ -341,6 +389,7 @@ def resolve(args: dict, base: dict | None = None) -> dict:
     if unknown:
         raise UserError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
     check(cfg)
+    cfg["eval_protocol"] = eval_protocol(cfg)  # recorded as the protocol the run uses
     if base is None or cfg["data"] != base.get("data") or base.get("num_classes") is None:
         info = vdata.info(cfg["data"])
         cfg["num_classes"], cfg["in_chans"] = info["num_classes"], info["in_chans"]
@@ -404,7 +453,9 @@ def check_kinds(cfg: dict) -> None:
             if value is None and s.kind == "str?":
                 continue
             need(isinstance(value, str) and value != "", f"{key} must be a non-empty string, got {value!r}")
-        elif s.kind == "choice":
+        elif s.kind in ("choice", "choice?"):
+            if value is None and s.kind == "choice?":
+                continue
             need(value in s.choices, f"{key} must be one of {', '.join(s.choices)}, got {value!r}")
         elif s.kind == "mapping":
             need(isinstance(value, dict) and all(isinstance(k, str) for k in value),
@@ -412,6 +463,9 @@ def check_kinds(cfg: dict) -> None:
         elif s.kind == "ints":
             need(isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
                  f"{key} must be a list of integers, got {value!r}")
+        elif s.kind == "floats":
+            need(isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                 for v in value), f"{key} must be a list of numbers, got {value!r}")
         elif s.kind == "strs":
             need(isinstance(value, list) and all(isinstance(v, str) and v for v in value),
                  f"{key} must be a list of names, got {value!r}")
@@ -451,12 +505,49 @@ def check_model_settings(cfg: dict) -> None:
 
 
 def check_data(cfg: dict) -> None:
-    """A registered data set, sample counts and loader workers."""
+    """A registered data set, sample counts, loader workers, the native-aspect token budget."""
     need(cfg["data"] in vdata.DATASETS, f"unknown data set --data {cfg['data']!r}; choose from: "
          f"{', '.join(vdata.DATASETS)} (or register one with --import)")
     for key in ("train_samples", "val_samples"):
         need(cfg[key] is None or cfg[key] >= 1, f"{key} must be an integer >= 1, got {cfg[key]}")
     need(cfg["workers"] >= 0, f"workers must be an integer >= 0, got {cfg['workers']}")
+    if cfg["max_patches"] is not None:
+        need(cfg["max_patches"] >= 1, f"max_patches must be an integer >= 1, got {cfg['max_patches']}")
+        reason = mixed_sizes_refused(cfg)
+        need(reason is None, f"--max-patches trains batches of mixed sizes: {reason}")
+
+
+def mixed_sizes_refused(cfg: dict) -> str | None:
+    """Why the run's model cannot take batches of images of different sizes (``forward_batch``), or None."""
+    if cfg.get("num_frames") is not None or vdata.get_spec(cfg["data"]).video:
+        return "it is for images, not video runs"
+    if cfg["pe"] == TIMM_NATIVE or not is_vit(cfg["model"]):
+        return (f"it needs a ViT (vit_*, deit_*) with a visionpe encoding (forward_batch), not --model {cfg['model']} "
+                f"with pe={cfg['pe']}")
+    kwargs = cfg["model_kwargs"] if isinstance(cfg["model_kwargs"], dict) else {}
+    if kwargs.get("global_pool", "token") not in ("token", "avg"):
+        return f"pooling is over each image's own tokens: model_kwargs.global_pool token or avg, not " \
+               f"{kwargs['global_pool']!r}"
+    if kwargs.get("patch_drop_rate"):
+        return "patch dropout is not supported with mixed sizes (model_kwargs.patch_drop_rate must be 0)"
+    return None
+
+
+def eval_protocol(cfg: dict) -> str:
+    """The run's evaluation protocol: ``eval_protocol``, or by default ``native`` with ``max_patches``, else
+    ``resize``."""
+    if cfg.get("eval_protocol") is not None:
+        return cfg["eval_protocol"]
+    return "native" if cfg.get("max_patches") is not None else "resize"
+
+
+def transforms_of(cfg: dict, protocol: str | None = None) -> vdata.Transforms:
+    """The run's image transforms and protocol (``protocol`` overrides the run's), as
+    :class:`visionpe.data.Transforms`; a bad value is a :class:`UserError` naming the setting."""
+    try:
+        return vdata.Transforms.from_settings({**cfg, "eval_protocol": protocol or eval_protocol(cfg)})
+    except (ValueError, TypeError) as err:
+        raise UserError(one_line(err)) from None
 
 
 def check_video(cfg: dict) -> None:
@@ -534,11 +625,26 @@ def check_augmentation(cfg: dict) -> None:
     for res in cfg["train_res"]:
         need(res >= cfg["patch_size"] and res % cfg["patch_size"] == 0,
              f"train_res {res} must be a positive multiple of patch_size {cfg['patch_size']}")
+    if cfg["max_patches"] is not None:
+        for key in ("mixup", "cutmix"):
+            need(not cfg[key], f"--{key} mixes images of one size; it does not apply with --max-patches (mixed "
+                 "sizes)")
+        need(not cfg["train_res"], "--train-res resizes each batch to one square size; --max-patches keeps each "
+             "image's own aspect ratio: give one of them")
+        need(not cfg["compile"], "--compile compiles the model's forward; --max-patches trains through its "
+             "forward_batch (lists of mixed sizes), which it would not compile: give one of them")
+    transforms_of(cfg)  # timm's transform settings: ranges, names, the auto-augment policy
 
 
 def check_evaluation(cfg: dict) -> None:
-    """Test resolutions and the evaluation batch."""
+    """Test resolutions, the evaluation batch, the protocol and its crop fraction."""
     need(cfg["eval_batch_size"] >= 1, f"eval_batch_size must be an integer >= 1, got {cfg['eval_batch_size']}")
+    protocol = eval_protocol(cfg)
+    if protocol != "resize":
+        need(not cfg.get("num_frames"), f"eval_protocol {protocol} is for images; video runs evaluate with resize")
+    if protocol == "native":
+        reason = mixed_sizes_refused(cfg)
+        need(reason is None, f"eval_protocol native shows each image at its own size: {reason}")
     for res in cfg["eval_res"]:
         need(res >= cfg["patch_size"] and res % cfg["patch_size"] == 0,
              f"eval_res {res} must be a positive multiple of patch_size {cfg['patch_size']}")

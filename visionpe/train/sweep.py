@@ -24,10 +24,14 @@ synthetic scenes are rendered stretched to that aspect, real images resized to i
 ``32x48`` in the CSV and are left out of the plot (its x-axis is the side of a square). A video run takes square
 sizes only.
 
-The validation images are the run's own (synthetic tasks re-rendered natively at each size, real images
-resized with antialiasing). Writes ``OUT/sweep.csv`` (one row per run x adaptation x resolution, with
-top-1 and retention = acc(res) / acc(train res)) and ``OUT/sweep.png`` (accuracy vs resolution, one line per
-run and adaptation), and prints the table. Errors in the arguments exit with status 2 and one line.
+The validation images are the run's own, shown at each size under an evaluation protocol (``--eval-protocol``,
+default the run's own; several compare them on the same weights): ``resize`` (the whole image at the size; synthetic
+tasks re-rendered natively, the same scene with more pixels), ``crop`` (timm's eval transform: shorter side to
+size / ``--crop-pct``, centre crop; synthetic tasks rendered at that size and centre-cropped), ``native`` (each image
+at its own aspect ratio within the patch budget of the size, visionpe.data.transforms). Writes ``OUT/sweep.csv``
+(one row per run x protocol x adaptation x resolution, with top-1 and retention = acc(res) / acc(train res) under
+the same protocol) and ``OUT/sweep.png`` (accuracy vs resolution, one line per run, adaptation and protocol), and
+prints the table. Errors in the arguments exit with status 2 and one line.
 """
 from __future__ import annotations
 
@@ -39,11 +43,11 @@ import torch
 
 from ..backbones import parse_pe
 from ..weights import write_text
-from . import cli, loop, models, restore, rundir
+from . import cli, loop, models, restore, rundir, settings
 from .cli import UserError
 
 FIELDS = ["run", "data", "model", "pe", "seed", "train_res", "adaptation", "weights", "res", "acc", "loss",
-          "retention", "frames", "train_frames"]
+          "retention", "frames", "train_frames", "protocol"]
 
 
 def adaptations(pe: str, scalings, interpolations) -> list[tuple[str, dict]]:
@@ -88,6 +92,16 @@ def check_frames(run: Path, cfg: dict, frames) -> None:
         raise UserError(f"--frames {' '.join(map(str, bad))}: not a positive multiple of {run}'s tubelet frames {t}")
 
 
+def check_protocols(run: Path, cfg: dict, protocols) -> None:
+    """``--eval-protocol`` fits the run: video runs take ``resize`` only, ``native`` needs a model that takes mixed
+    sizes."""
+    for protocol in protocols or ():
+        try:
+            settings.check_evaluation({**cfg, "eval_protocol": protocol})
+        except UserError as err:
+            raise UserError(f"--eval-protocol {protocol} for {run}: {err}") from None
+
+
 def res_cell(key, video: bool) -> int | str:
     """The ``res`` column of a row: the pixels of a square size (an int, as a video key's ``res``), ``"HxW"`` of a
     non-square one."""
@@ -97,27 +111,44 @@ def res_cell(key, video: bool) -> int | str:
 
 
 def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), weights="last", val_samples=None,
-              device="cpu", batch_size=256, log=print, frames=()) -> list[dict]:
-    """Rows of the sweep for one run directory (a video run: at every ``frames`` x ``resolutions`` pair)."""
+              device="cpu", batch_size=256, log=print, frames=(), protocols=None, crop_pct=None) -> list[dict]:
+    """Rows of the sweep for one run directory (a video run: at every ``frames`` x ``resolutions`` pair), under each
+    of ``protocols`` (default: the run's own) with ``crop_pct`` (default: the run's)."""
     run = Path(run)
     cfg = restore.load_run(run, require=("data",))
     check_frames(run, cfg, frames)
     cfg.update(workers=0, eval_batch_size=batch_size)
     if val_samples is not None:
         cfg["val_samples"] = val_samples
+    if crop_pct is not None:
+        cfg["crop_pct"] = crop_pct
     check_sizes(run, cfg, resolutions)
-    state = rundir.read_weights(rundir.weights_file(run, weights))
+    protocols = list(protocols or [settings.eval_protocol(cfg)])
+    check_protocols(run, cfg, protocols)
+    rows = []
+    for protocol in protocols:
+        rows += _sweep_protocol(run, cfg, protocol, resolutions, scalings, interpolations, weights, device,
+                                batch_size, log, frames)
+    return rows
+
+
+def _sweep_protocol(run: Path, cfg: dict, protocol: str, resolutions, scalings, interpolations, weights, device,
+                    batch_size, log, frames) -> list[dict]:
+    """The rows of one run under one protocol: every adaptation at every size."""
+    path = rundir.weights_file(run, weights)
+    state = rundir.read_weights(path)
     device = torch.device(device)
     eval_kw = dict(batch_size=batch_size, device=device,
                    autocast=loop.autocast_for(device, loop.amp_dtype("auto", device)))
     video = bool(cfg.get("num_frames"))
     keys, train_key = loop.eval_grid(cfg, resolutions, frames)
-    sets = {k: loop.dataset(cfg, "val", k[1], k[0]) if video else loop.dataset(cfg, "val", k) for k in keys}
+    sets = {k: loop.dataset(cfg, "val", k[1], k[0], protocol=protocol) if video else
+            loop.dataset(cfg, "val", k, protocol=protocol) for k in keys}
     wanted = [k for k in keys if (k[1] if video else k) in resolutions]  # the training size only if asked for
     rows, known = [], {}
     for label, kw in adaptations(cfg["pe"], scalings, interpolations):
         model = models.build_model({**cfg, "pe_kwargs": {**cfg["pe_kwargs"], **kw}})
-        restore.load_state(model, state, run / f"{weights}.safetensors")
+        restore.load_state(model, state, path)
         model.to(device)
         # at the training grid every adaptation is the identity (scale 1), so that size is evaluated once
         res = loop.evaluate_resolutions(model, sets, train_key, known=known, **eval_kw)
@@ -128,8 +159,8 @@ def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), wei
                          "seed": cfg["seed"], "train_res": cfg["img_size"], "adaptation": label, "weights": weights,
                          "res": res_cell(k, video), "acc": round(m["acc"], 4), "loss": m["loss"],
                          "retention": round(m["retention"], 5), "frames": k[0] if video else "",
-                         "train_frames": cfg["num_frames"] if video else ""})
-        log(f"{run.name:40s} {label:16s} " + "  ".join(
+                         "train_frames": cfg["num_frames"] if video else "", "protocol": protocol})
+        log(f"{run.name:40s} {label:16s} {protocol:7s} " + "  ".join(
             f"{f'{k[0]}f ' if video else ''}{k[1] if video else loop.key_text(k)}px {res[k]['acc']:6.2f}"
             for k in wanted))
     return rows
@@ -146,7 +177,8 @@ def check_out(out: Path) -> None:
 
 
 def sweep_runs(runs, resolutions, scalings=("none",), interpolations=(), weights="last", val_samples=None,
-               device="cpu", batch_size=256, frames=(), out: Path | None = None, log=print) -> list[dict]:
+               device="cpu", batch_size=256, frames=(), out: Path | None = None, log=print, protocols=None,
+               crop_pct=None) -> list[dict]:
     """Rows of the sweep for every run (all of them checked before the first is evaluated); with ``out``, written
     to ``out/sweep.csv`` and plotted to ``out/sweep.png``."""
     if out is not None:
@@ -155,10 +187,11 @@ def sweep_runs(runs, resolutions, scalings=("none",), interpolations=(), weights
         cfg = restore.load_run(run, require=("data",))
         check_frames(run, cfg, frames)
         check_sizes(run, cfg, resolutions)
+        check_protocols(run, cfg, protocols)
     rows = []
     for run in runs:
         rows += sweep_run(run, resolutions, scalings, interpolations, weights, val_samples, device, batch_size,
-                          log=log, frames=frames)
+                          log=log, frames=frames, protocols=protocols, crop_pct=crop_pct)
     if out is not None:
         write_csv(rows, Path(out) / "sweep.csv")
         plot(rows, Path(out) / "sweep.png")
@@ -186,7 +219,8 @@ def plot(rows, path: Path, title: str = "") -> None:
     for r in rows:
         if not isinstance(r["res"], int):
             continue  # a non-square size has no place on the axis
-        lines.setdefault((Path(r["run"]).name, r["adaptation"]), []).append((r["res"], r["acc"]))
+        label = r["adaptation"] if r.get("protocol") in (None, "", "resize") else f"{r['adaptation']}, {r['protocol']}"
+        lines.setdefault((Path(r["run"]).name, label), []).append((r["res"], r["acc"]))
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for (run, label), pts in lines.items():
         pts.sort()

@@ -1,0 +1,277 @@
+"""Real images through timm's transforms (``timm.data.create_transform``), seeded per sample, and the resolution
+protocols that say how a validation image is shown to a model at a test size.
+
+:class:`Transforms` holds timm's training flags under timm's ``train.py`` names (``scale``, ``ratio``, ``hflip``,
+``color_jitter``, ``aa``, ``reprob``/``remode``/``recount``, ``train_crop_mode``, ``interpolation``,
+``grayscale_prob``, ``gaussian_blur_prob``, ``no_aug``), the evaluation protocol and, for native aspect ratios, the
+patch size and token budget. It builds timm's own pipelines; nothing here re-implements a transform.
+
+Protocols (:data:`PROTOCOLS`) of a test size ``S`` (or ``H x W``):
+
+- ``resize``: the whole image at ``S`` (squashed to its shape: timm's eval transform with ``crop_mode="squash"`` and
+  ``crop_pct=1``); a built-in task renders the same scene with more pixels.
+- ``crop``: timm's eval transform at ``S``: the shorter side to ``S / crop_pct``, a centre crop of ``S`` (RoPE-ViT's,
+  FixRes's and DeiT's protocol); a built-in task renders at that larger size and is centre-cropped the same way.
+- ``native``: each image at its own aspect ratio within a token budget (NaFlex's way: timm's ``ResizeToSequence``):
+  the budget at ``S`` is the training budget times ``(S / img_size)^2``, i.e. ``(S / patch)^2`` patches when the run
+  trained on squares, so ``S`` still reads as a linear resolution.
+
+Randomness: timm's transforms draw from Python's ``random``, NumPy's global RNG and torch's CPU generator. Each
+sample's transform runs under :func:`seeded` with a key of ``(seed, epoch, index)``, and the three global states are
+restored afterwards (in the main process: a DataLoader worker has no other use for them), so a sample's augmentation
+depends on nothing else: not on the loader's workers, the process (DDP ranks read disjoint indices, each drawing its
+own stream), nor on a resume, and the training loop's own RNG streams are left as they were when the data is loaded
+in the main process (``workers=0``).
+"""
+from __future__ import annotations
+
+import math
+import random
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from .._checks import check_number
+from .base import PositionDataset, image_hw
+
+PROTOCOLS = ("resize", "crop", "native")
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "box", "hamming", "lanczos")
+TRAIN_CROP_MODES = ("rrc", "rkrc", "rkrr")
+RE_MODES = ("pixel", "rand", "const")
+AA_EXAMPLES = "rand-m9-mstd0.5-inc1, 3a (DeiT-III's 3-Augment), original, augmix-m5-w4-d2"
+
+
+def _posterize(img, bits_to_keep, **__):
+    """timm's ``posterize`` op, where keeping 0 bits gives a black image, as Pillow did until it refused bits < 1:
+    timm 1.0.31's RandAugment with a magnitude std (``rand-m9-mstd0.5-inc1``) and AutoAugment ``v0`` reach 0 bits
+    (``PosterizeIncreasing`` at magnitude 10), and Pillow 13 raises there, stopping a training run at random."""
+    from PIL import Image, ImageOps
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)  # every bit masked off: black
+    return ImageOps.posterize(img, bits_to_keep)
+
+
+def _fix_timm_posterize() -> None:
+    """Point timm's auto-augment table at :func:`_posterize` (ops look their function up when built)."""
+    from timm.data import auto_augment
+    for name, fn in auto_augment.NAME_TO_OP.items():
+        if fn is auto_augment.posterize:
+            auto_augment.NAME_TO_OP[name] = _posterize
+
+
+_fix_timm_posterize()
+
+
+@contextmanager
+def seeded(key):
+    """Run the block with Python's ``random``, NumPy's global RNG and torch's CPU generator seeded from ``key`` (a
+    tuple of non-negative integers, e.g. ``(seed, epoch, index)``), then restore the three states as they were. In a
+    DataLoader worker nothing else draws from them (every sample seeds its own), so there they are not restored:
+    saving NumPy's state alone costs about 1 % of a 224 px sample."""
+    words = np.random.SeedSequence([int(k) for k in key]).generate_state(2, np.uint32)
+    in_worker = torch.utils.data.get_worker_info() is not None
+    saved = None if in_worker else (random.getstate(), np.random.get_state(), torch.default_generator.get_state())
+    random.seed(int(words[0]) << 32 | int(words[1]))
+    np.random.seed(int(words[0]))
+    torch.default_generator.manual_seed(int(words[0]) << 32 | int(words[1]))
+    try:
+        yield
+    finally:
+        if saved is not None:
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
+            torch.default_generator.set_state(saved[2])
+
+
+def _pair(name: str, value, low: float) -> tuple[float, float]:
+    if (not isinstance(value, (tuple, list)) or len(value) != 2
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in value)):
+        raise ValueError(f"{name} must be two numbers (low high), got {value!r}")
+    lo, hi = float(value[0]), float(value[1])
+    if not low < lo <= hi:
+        raise ValueError(f"{name} must be two numbers with {low} < low <= high, got {lo} {hi}")
+    return lo, hi
+
+
+def _probability(name: str, value) -> float:
+    return check_number(name, value, 0.0, maximum=1.0)
+
+
+@dataclass(frozen=True)
+class Transforms:
+    """timm's image transforms of a real image set and its evaluation protocol (fields: timm's ``train.py`` flags).
+
+    ``hflip=None`` takes the data set's own default (0.5; 0 for digits). ``max_patches``: train each image at its
+    native aspect ratio within that many patches of ``patch_size`` (timm's NaFlex ``RandomResizedCropToSequence``);
+    ``train_size`` is the run's ``img_size``, the size whose native budget is the training budget. Bad values are a
+    ValueError naming the field and what it takes.
+    """
+
+    scale: tuple = (0.08, 1.0)
+    ratio: tuple = (3 / 4, 4 / 3)
+    hflip: float | None = None
+    color_jitter: float = 0.4
+    aa: str | None = None
+    reprob: float = 0.0
+    remode: str = "pixel"
+    recount: int = 1
+    train_crop_mode: str = "rrc"
+    interpolation: str = "bicubic"
+    grayscale_prob: float = 0.0
+    gaussian_blur_prob: float = 0.0
+    no_aug: bool = False
+    eval_protocol: str = "resize"
+    crop_pct: float = 0.875
+    patch_size: int = 16
+    max_patches: int | None = None
+    train_size: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "scale", _pair("scale", self.scale, 0.0))
+        object.__setattr__(self, "ratio", _pair("ratio", self.ratio, 0.0))
+        for name in ("reprob", "grayscale_prob", "gaussian_blur_prob") + (("hflip",) if self.hflip is not None else ()):
+            _probability(name, getattr(self, name))
+        check_number("color_jitter", self.color_jitter, 0.0)
+        check_number("crop_pct", self.crop_pct, 0.0, inclusive=False, maximum=1.0)
+        for name, value, allowed in (("remode", self.remode, RE_MODES), ("interpolation", self.interpolation,
+                                     INTERPOLATIONS), ("train_crop_mode", self.train_crop_mode, TRAIN_CROP_MODES),
+                                     ("eval_protocol", self.eval_protocol, PROTOCOLS)):
+            if value not in allowed:
+                raise ValueError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+        for name in ("recount", "patch_size") + (("max_patches",) if self.max_patches is not None else ()) + \
+                (("train_size",) if self.train_size is not None else ()):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.max_patches is not None and self.train_crop_mode != "rrc":
+            raise ValueError(f"train_crop_mode {self.train_crop_mode!r} does not apply with max_patches (native "
+                             "aspect ratios crop with timm's RandomResizedCropToSequence); leave it at rrc")
+        if self.aa is not None:
+            if not isinstance(self.aa, str) or not self.aa:
+                raise ValueError(f"aa must be a timm auto-augment policy name, got {self.aa!r}")
+            from timm.data import create_transform
+            try:
+                create_transform(8, is_training=True, auto_augment=self.aa)
+            except (AssertionError, ValueError, KeyError, IndexError) as err:
+                raise ValueError(f"aa {self.aa!r} is not a timm auto-augment policy ({err or 'bad config'}); e.g. "
+                                 f"{AA_EXAMPLES}") from None
+
+    @classmethod
+    def from_settings(cls, cfg: dict) -> Transforms:
+        """The transforms of a run's settings (a dict holding every field's key; ``img_size`` is ``train_size``)."""
+        values = {f.name: cfg[f.name] for f in fields(cls) if f.name in cfg and f.name != "train_size"}
+        for name in ("scale", "ratio"):
+            if isinstance(values.get(name), list):
+                values[name] = tuple(values[name])
+        return cls(**values, train_size=cfg.get("img_size"))
+
+    def replace(self, **changes) -> Transforms:
+        return type(self)(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
+
+    # -- timm's pipelines -------------------------------------------------------------------------------------
+    def train(self, size, mean, std, hflip: float = 0.5):
+        """timm's training transform (PIL image -> normalised ``(C, H, W)``) at ``size`` (int or ``(H, W)``), or
+        at the image's own aspect ratio within ``max_patches`` patches; ``hflip`` is the data set's default."""
+        from timm.data import create_transform
+        native = self.max_patches is not None
+        return create_transform(
+            image_hw(size, "size", 1), is_training=True, no_aug=self.no_aug, train_crop_mode=self.train_crop_mode,
+            scale=self.scale, ratio=self.ratio, hflip=hflip if self.hflip is None else self.hflip,
+            color_jitter=self.color_jitter, grayscale_prob=self.grayscale_prob,
+            gaussian_blur_prob=self.gaussian_blur_prob, auto_augment=self.aa, interpolation=self.interpolation,
+            mean=tuple(mean), std=tuple(std), re_prob=self.reprob, re_mode=self.remode, re_count=self.recount,
+            naflex=native, patch_size=self.patch_size, max_seq_len=self.max_patches or 1)
+
+    def eval(self, size, mean, std):
+        """timm's eval transform of the protocol at ``size``: ``resize`` (squash the whole image), ``crop``
+        (shorter side to ``size / crop_pct``, centre crop) or ``native`` (:meth:`budget` patches, aspect kept)."""
+        from timm.data import create_transform
+        common = dict(is_training=False, interpolation=self.interpolation, mean=tuple(mean), std=tuple(std))
+        if self.eval_protocol == "native":
+            return create_transform(image_hw(size, "size", 1), naflex=True, patch_size=self.patch_size,
+                                    max_seq_len=self.budget(size), **common)
+        if self.eval_protocol == "crop":
+            return create_transform(image_hw(size, "size", 1), crop_pct=self.crop_pct, **common)
+        return create_transform(image_hw(size, "size", 1), crop_pct=1.0, crop_mode="squash", **common)
+
+    # -- geometry: what the protocols do to an image of a given size --------------------------------------------
+    def budget(self, size) -> int:
+        """Patches of the native protocol at ``size``: the training budget (``max_patches``, else the patches of a
+        ``train_size`` square) times the area ratio ``H W / train_size^2``; ``(H / p)(W / p)`` without either."""
+        height, width = image_hw(size, "size", 1)
+        patches = height * width / self.patch_size ** 2
+        if self.max_patches is not None and self.train_size is not None:
+            patches *= self.max_patches / (self.train_size / self.patch_size) ** 2
+        return max(1, int(patches + 1e-9))
+
+    def native_size(self, image_hw_: tuple[int, int], budget: int) -> tuple[int, int]:
+        """``(H, W)`` of an image of ``image_hw_`` pixels at its aspect ratio within ``budget`` patches (timm's
+        ``get_image_size_for_seq``, as its ``ResizeToSequence`` computes it)."""
+        from timm.data.naflex_transforms import get_image_size_for_seq
+        return tuple(get_image_size_for_seq(tuple(image_hw_), self.patch_size, budget)[1])
+
+    def render_size(self, image_hw_: tuple[int, int], size, train: bool = False):
+        """For a data set rendered at any size (the built-in tasks): ``(render (H, W), centre crop (H, W) or None)``
+        of a scene whose native pixel size is ``image_hw_``, shown at ``size``: the geometry of timm's transforms
+        (checked against them in the tests), without the resampling. ``train=True``: the training view (native
+        within ``max_patches``, else ``size``)."""
+        if train:
+            return (self.native_size(image_hw_, self.max_patches), None) if self.max_patches else \
+                (image_hw(size, "size", 1), None)
+        target = image_hw(size, "size", 1)
+        if self.eval_protocol == "native":
+            return self.native_size(image_hw_, self.budget(size)), None
+        if self.eval_protocol == "resize":
+            return target, None
+        h0, w0 = image_hw_
+        scaled = tuple(math.floor(s / self.crop_pct) for s in target)
+        if scaled[0] == scaled[1]:  # torchvision Resize(int): the shorter side to the size, the longer in proportion
+            short, long = (h0, w0) if h0 <= w0 else (w0, h0)
+            sides = (scaled[0], int(scaled[0] * long / short))
+            return (sides if h0 <= w0 else sides[::-1]), target
+        ratio = min(h0 / scaled[0], w0 / scaled[1])  # timm ResizeKeepRatio: cover the target, aspect kept
+        return (round(h0 / ratio), round(w0 / ratio)), target
+
+    def describe(self) -> str:
+        """The protocol in words, for tables and logs."""
+        if self.eval_protocol == "crop":
+            return f"crop (shorter side to size / {self.crop_pct:g}, centre crop)"
+        if self.eval_protocol == "native":
+            return f"native (aspect kept within the patch budget of each size; patch {self.patch_size})"
+        return "resize (the whole image at each size)"
+
+
+class TransformedDataset(PositionDataset):
+    """A set whose samples are ``transform(image(index))`` (a PIL image through timm's transforms, which normalise
+    it), run under :func:`seeded` with the key ``(seed, epoch, index)``: the augmentation
+    of a sample is a function of those three alone. Subclasses set ``labels`` and implement :meth:`image`."""
+
+    def __init__(self, name: str, num_classes: int, mean, std, transform, seed: int = 0):
+        super().__init__(name, num_classes, mean, std, seed=seed)
+        self.transform = transform
+
+    def image(self, index: int):
+        """The source image of sample ``index`` (a PIL image)."""
+        raise NotImplementedError
+
+    def __getitem__(self, index):
+        image = self.image(index)
+        with seeded((self.seed, self.epoch, index)):
+            x = self.transform(image)
+        if x.shape[0] != self.in_chans:  # e.g. a 1-channel mean/std broadcast over an RGB image
+            raise ValueError(f"{self.name}: the transform gave {x.shape[0]} channels, the data set has "
+                             f"{self.in_chans} (mean/std)")
+        return x, int(self.labels[index])
+
+
+def to_pil(image: torch.Tensor):
+    """uint8 ``(C, H, W)`` (C = 1 or 3) -> a PIL image (``L`` or ``RGB``): what timm's transforms take."""
+    from PIL import Image
+    if image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] not in (1, 3):
+        raise ValueError(f"image must be uint8 (1 or 3, H, W), got {image.dtype} {tuple(image.shape)}")
+    array = image.permute(1, 2, 0).numpy()
+    return Image.fromarray(array[..., 0] if image.shape[0] == 1 else array, "L" if image.shape[0] == 1 else "RGB")
