@@ -157,7 +157,8 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
         Args:
             x: images ``(B, C, H, W)`` (clips ``(B, C, T, H, W)``).
             mask_ratio: fraction of patches hidden, drawn uniformly per sample as MAE does (ignored with ``keep``).
-            keep: ``(B, K)`` patch indices (row-major) to keep instead of a random draw.
+            keep: ``(B, K)`` patch indices (row-major, ``0 .. N - 1``) to keep instead of a random draw, or ``(1, K)``:
+                the same patches for every sample.
         Returns:
             ``(tokens, keep)``: normed tokens ``(B, P + K, D)`` (prefix first, then the kept patches in ``keep``
             order) and the ``(B, K)`` indices.
@@ -175,7 +176,7 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
         x, layout = self.embed(x, grid_offset, keep)
         for x in self.run_blocks(x, layout):
             pass
-        return self.norm(x), layout.keep
+        return self.norm(x), layout.keep.expand(x.shape[0], -1)
 
     def forward_intermediates(self, x: torch.Tensor, indices=None, return_prefix_tokens: bool = False,
                               norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
@@ -211,12 +212,13 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
 
 
 def keep_tokens(x: torch.Tensor, grid: Grid, keep: torch.Tensor) -> torch.Tensor:
-    """The prefix tokens and the kept patches of each sample: ``(B, P + N, D) -> (B, P + K, D)``."""
-    if not isinstance(keep, torch.Tensor) or keep.ndim != 2 or keep.shape[0] != x.shape[0] \
+    """The prefix tokens and the kept patches of each sample: ``(B, P + N, D) -> (B, P + K, D)``; ``keep`` ``(B, K)``
+    or ``(1, K)`` (the same patches for every sample)."""
+    if not isinstance(keep, torch.Tensor) or keep.ndim != 2 or keep.shape[0] not in (1, x.shape[0]) \
             or keep.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"keep must be a (batch={x.shape[0]}, kept) integer tensor of patch indices, got "
+        raise ValueError(f"keep must be a (batch={x.shape[0]} or 1, kept) integer tensor of patch indices, got "
                          f"{getattr(keep, 'dtype', type(keep).__name__)} {tuple(getattr(keep, 'shape', ()))}")
-    index = Layout(grid, keep).token_index()
+    index = Layout(grid, keep).token_index(x.device, x.shape[0])
     return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
 
 
