@@ -11,6 +11,7 @@ import torch
 
 import visionpe as vpe
 from visionpe import Grid
+from visionpe.grid import Layout, MixedLayout
 
 NAN, INF = float("nan"), float("inf")
 VIT = "vit_tiny_patch16_224"
@@ -60,6 +61,18 @@ def qk(heads=2, tokens=7, head_dim=8, dtype=torch.float32):
 
 def image(*shape, dtype=torch.float32):
     return torch.randn(*shape).to(dtype)
+
+
+def keep(rows):
+    """A ``keep`` tensor (long) from nested lists."""
+    return torch.tensor(rows)
+
+
+class HalfRotary(torch.nn.Module):
+    """A user's rotary module that returns q cut to half its head_dim."""
+
+    def forward(self, q, k, grid):
+        return q[..., :q.shape[-1] // 2], k
 
 
 class NoFamily(vpe.Encoding):
@@ -144,6 +157,11 @@ ROWS = [
     ("grid-offset-str", lambda: Grid((2, 2), offset="ab"), VE, "offset", "one value per axis"),
     ("grid-offset-scalar", lambda: Grid((2, 2), offset=5), VE, "offset", "one value per axis"),
     ("grid-with-shape-bad", lambda: Grid((2, 2)).with_shape((0, 2)), VE, "shape", "positive integer"),
+    ("layout-keep-negative", lambda: Layout(G, keep([[-1, 0]])), VE, "keep", "-1 .. 0", "allowed 0 .. 5",
+     "not counted from the end"),
+    ("layout-keep-past-the-end", lambda: Layout(G, keep([[0, 6]])), VE, "keep", "0 .. 6", "allowed 0 .. 5"),
+    ("layout-keep-float", lambda: Layout(G, torch.zeros(1, 2)), VE, "keep", "integer tensor", "torch.float32"),
+    ("layout-keep-1d", lambda: Layout(G, keep([0, 1])), VE, "keep", "(batch, kept)", "(2,)"),
 
     # -- build: names and keywords ---------------------------------------------------------------------------------
     ("build-unknown-name", lambda: vpe.build("rope_fancy"), VE, "'rope_fancy'", "available", "sincos", "alibi"),
@@ -210,6 +228,9 @@ ROWS = [
                 (dict(sections=(2, 1, 1)), "sections", "ndim=2"), (dict(sections=(4, 0)), "sections", "positive"),
                 (dict(ndim=4), "ndim=4", "1, 2, 3"), (dict(head_dim=16, ndim=3), "head_dim=16", "divisible by 6")),
     # -- build: rope_mixed -----------------------------------------------------------------------------------------
+    ("build-rope_axial-mrope-sections-past-the-head",
+     lambda: vpe.build("rope_axial", head_dim=8, ndim=3, spectrum="mrope_interleaved", sections=(2, 2, 2)), VE,
+     "sections=(2, 2, 2)", "6 rotation pairs", "head_dim / 2 = 4", "at most"),
     *build_rows("rope_mixed", dict(head_dim=8, num_heads=2),
                 (dict(num_heads=0), "num_heads", "positive integer"),
                 (dict(num_heads=2.0), "num_heads", "positive integer"),
@@ -324,6 +345,29 @@ ROWS = [
     ("Attention-dim-zero", lambda: vpe.Attention(0, num_heads=2), VE, "dim", "positive integer"),
     ("Attention-dim-float", lambda: vpe.Attention(8.0, num_heads=2), VE, "dim", "positive integer"),
     ("Attention-wrong-width", lambda: vpe.Attention(8, num_heads=2)(x(dim=6), G), VE, "width 6", "dim=8"),
+    ("attend-bias-in-rotary-slot", lambda: vpe.attend(qk(), qk(), qk(), G, rotary=pe("alibi")), VE,
+     "rotary=ALiBi", "'bias' encoding", "pass it as bias="),
+    ("attend-rotary-in-bias-slot", lambda: vpe.attend(qk(), qk(), qk(), G, bias=pe("rope_mixed")), VE,
+     "bias=MixedRoPE", "'rotary' encoding", "pass it as rotary="),
+    ("attend-tokens-in-rotary-slot", lambda: vpe.attend(qk(), qk(), qk(), G, rotary=pe("sincos")), VE,
+     "'tokens' encoding", "added to the tokens before attention"),
+    ("attend-rotary-not-a-module", lambda: vpe.attend(qk(), qk(), qk(), G, rotary=lambda q, k, g: (q, k)), VE,
+     "rotary must be a torch.nn.Module", "None"),
+    ("attend-rotary-wrong-output", lambda: vpe.attend(qk(), qk(), qk(), G, rotary=HalfRotary()), VE,
+     "rotary HalfRotary returned", "(1, 2, 7, 4)", "(1, 2, 7, 8)"),
+    ("Attention-bias-in-rotary-slot", lambda: vpe.Attention(8, num_heads=2, rotary=pe("alibi")), VE,
+     "rotary=ALiBi", "pass it as bias="),
+    ("attend-keep-batch", lambda: vpe.attend(qk(tokens=3), qk(tokens=3), qk(tokens=3), Layout(G, keep([[0, 1]] * 2)),
+                                             bias=pe("alibi")), VE, "keep has 2 rows", "batch has 1", "1 row"),
+    ("attend-keep-device", lambda: vpe.attend(qk(tokens=3), qk(tokens=3), qk(tokens=3),
+                                              Layout(G, keep([[0, 1]]).to("meta")), pe("rope_axial")), VE,
+     "keep is on meta", "tokens are on cpu"),
+    ("attend-mixed-fewer-grids", lambda: vpe.attend(*[torch.randn(2, 2, 7, 8)] * 3, MixedLayout((G,)),
+                                                    pe("rope_axial")), VE, "1 grids", "batch has 2 samples"),
+    ("call-rope_axial-keep-batch", lambda: pe("rope_axial")(qk(tokens=3), qk(tokens=3), Layout(G, keep([[0, 1]] * 3))),
+     VE, "keep has 3 rows", "batch has 1"),
+    ("call-learned-keep-batch", lambda: pe("learned")(x(tokens=3, batch=2), Layout(G, keep([[0, 1]] * 3))), VE,
+     "keep has 3 rows", "batch has 2"),
 
     # -- register --------------------------------------------------------------------------------------------------
     ("register-bad-name", lambda: vpe.register("1bad", Mine), VE, "name='1bad'", "identifier"),
@@ -409,6 +453,10 @@ ROWS = [
     ("forward-is-causal", lambda: vit()(image(1, 3, 16, 16), is_causal=True), VE, "is_causal=True", "not supported"),
     ("forward-attn-mask-shape", lambda: vit("alibi")(image(1, 3, 16, 16), attn_mask=torch.zeros(3, 3)), VE,
      "attn_mask", "(3, 3)", "(1, 2, 17, 17)"),
+    ("forward-masked-keep-negative", lambda: vit("rope_axial").forward_masked(image(1, 3, 16, 16), keep=keep([[-1]])),
+     VE, "keep", "allowed 0 .. 15"),
+    ("forward-masked-keep-batch", lambda: vit().forward_masked(image(2, 3, 16, 16), keep=keep([[0]] * 3)), VE,
+     "keep", "batch=2 or 1"),
     ("forward-intermediates-fmt", lambda: vit().forward_intermediates(image(1, 3, 16, 16), output_fmt="NHWC"), VE,
      "output_fmt='NHWC'", "'NCHW'", "'NLC'"),
     ("forward-swin-no-batch-axis", lambda: swin()(image(3, 16, 16)), VE, "(B, C, H, W)", "x[None]"),
@@ -486,7 +534,7 @@ def test_bad_input_is_named(call, exc, words, tmp_path):
 
 
 def test_matrix_size_and_unique_ids():
-    assert len(ROWS) >= 130
+    assert len(ROWS) >= 304
     assert len({r[0] for r in ROWS}) == len(ROWS), "ids must be unique"
 
 
