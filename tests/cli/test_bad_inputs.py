@@ -1,12 +1,13 @@
 """Every bad input to the public API, one row each: the call, the exception and the words its message must hold.
 
-A row is ``(id, call, exception, *words)``: ``call()`` must raise ``exception`` (``ValueError``, or ``TypeError`` only
-where Python itself decides, e.g. a missing argument) whose message contains every word (plain text). A new
-option adds rows here; the table is the matrix of issue 9.
+A row is ``(id, call, exception, *words)``: ``call()`` must raise ``exception`` (``ValueError``, or ``TypeError`` where
+Python itself decides, e.g. a missing argument, or for an object of the wrong type) whose message contains every
+word (plain text). A new option adds rows here; the table is the matrix of issues 9 and 22.
 """
 import functools
 
 import pytest
+import timm
 import torch
 
 import visionpe as vpe
@@ -121,6 +122,16 @@ def _other_model_weights():
     path = _tmp() / "other.safetensors"
     vpe.save_weights({"pe_tokens.table": torch.randn(9, 9, 16)}, path)
     return path
+
+
+def _poisoned(value, path=None):
+    """``vit()``'s weights with ``value`` (NaN or inf) in one entry of ``head.weight``; written to ``path`` if given."""
+    state = {k: v.clone() for k, v in vit().state_dict().items()}
+    state["head.weight"][1, 2] = value
+    if path is None:
+        return state
+    vpe.save_weights(state, _tmp() / path)
+    return _tmp() / path
 
 
 VE = ValueError
@@ -426,6 +437,27 @@ ROWS = [
     ("create-sincos-embed-dim", lambda: vpe.create_model(VIT, pe="sincos", **{**VIT_KW, "embed_dim": 18,
                                                                               "num_heads": 3}), VE,
      "dim=18", "divisible by 4"),
+    *[(f"create-{param}={value!r}", (lambda kw=kw: vpe.create_model(VIT, pe="learned", **{**VIT_KW, **kw})), VE,
+       *words) for kw, words in [
+        (dict(num_classes=-1), ("num_classes", "0 (no head", "positive integer", "-1")),
+        (dict(num_classes=2.0), ("num_classes", "positive integer", "2.0")),
+        (dict(in_chans=0), ("in_chans", "positive integer", "0")),
+        (dict(num_heads=2.0), ("num_heads", "positive integer", "2.0")),
+        (dict(depth=0), ("depth", "positive integer", "0")),
+        (dict(embed_dim=0), ("embed_dim", "positive integer")),
+        (dict(num_heads=3), ("embed_dim=16", "divisible by 3", "num_heads=3"))] for param, value in kw.items()],
+    ("create-rope-heads-not-dividing", lambda: vpe.create_model(VIT, pe="rope_axial", **{**VIT_KW, "num_heads": 3}),
+     VE, "embed_dim=16", "divisible by 3"),
+    ("create-swin-num-classes", lambda: vpe.create_model(SWIN, pe="swin_bias", **{**SWIN_KW, "num_classes": -1}), VE,
+     "num_classes", "positive integer", "-1"),
+    ("create-swin-depths-zero", lambda: vpe.create_model(SWIN, pe="swin_bias", **{**SWIN_KW, "depths": (0,)}), VE,
+     "depths", "one positive integer per stage", "(0,)"),
+    ("create-swin-num-heads-int", lambda: vpe.create_model(SWIN, pe="swin_bias", **{**SWIN_KW, "num_heads": 2}), VE,
+     "num_heads", "one positive integer per stage", "2"),
+    ("apply-depth-zero", lambda: vpe.apply(timm.create_model(VIT, **{**VIT_KW, "depth": 0}), "rope_axial"), VE,
+     "no blocks", "depth must be a positive integer"),
+    ("video-in-chans-zero", lambda: vpe.create_video_model(VIT, **{**VIDEO_KW, "in_chans": 0}), VE, "in_chans",
+     "positive integer"),
     ("apply-unknown-keyword", lambda: vpe.apply(vit("learned"), "learned", theta=10.0), VE, "pe keyword 'theta'",
      "learned"),
     ("create-swin_bias-on-vit", lambda: vpe.create_model(VIT, pe="swin_bias", **VIT_KW), VE,
@@ -459,6 +491,24 @@ ROWS = [
      "keep", "batch=2 or 1"),
     ("forward-intermediates-fmt", lambda: vit().forward_intermediates(image(1, 3, 16, 16), output_fmt="NHWC"), VE,
      "output_fmt='NHWC'", "'NCHW'", "'NLC'"),
+    ("forward-intermediates-index-past-depth", lambda: vit().forward_intermediates(image(1, 3, 16, 16), indices=[5]),
+     VE, "indices=[5]", "block(s) [5]", "depth=1", "allowed -1 .. 0"),
+    ("forward-intermediates-index-negative", lambda: vit().forward_intermediates(image(1, 3, 16, 16), indices=[-2]),
+     VE, "block(s) [-2]", "allowed -1 .. 0"),
+    ("forward-intermediates-last-n-zero", lambda: vit().forward_intermediates(image(1, 3, 16, 16), indices=0), VE,
+     "indices=0", "allowed 1 .. 1"),
+    ("forward-intermediates-last-n-past-depth", lambda: vit().forward_intermediates(image(1, 3, 16, 16), indices=3),
+     VE, "indices=3", "depth=1", "allowed 1 .. 1"),
+    ("forward-intermediates-index-str", lambda: vit().forward_intermediates(image(1, 3, 16, 16), indices="0"), VE,
+     "indices must be None, an int", "'0'"),
+    ("forward-float64-into-float32", lambda: vit()(image(1, 3, 16, 16, dtype=torch.float64)), VE,
+     "torch.float32 weights", "input is torch.float64", "x.to(torch.float32)", "autocast"),
+    ("forward-bfloat16-into-float32", lambda: vit("rope_mixed")(image(1, 3, 16, 16, dtype=torch.bfloat16)), VE,
+     "torch.float32 weights", "input is torch.bfloat16"),
+    ("forward-swin-float64", lambda: swin()(image(1, 3, 16, 16, dtype=torch.float64)), VE, "torch.float32 weights",
+     "torch.float64"),
+    ("video-forward-float16", lambda: video()(image(1, 3, 4, 16, 16, dtype=torch.float16)), VE,
+     "torch.float32 weights", "torch.float16"),
     ("forward-swin-no-batch-axis", lambda: swin()(image(3, 16, 16)), VE, "(B, C, H, W)", "x[None]"),
     ("forward-swin-one-channel", lambda: swin()(image(1, 1, 16, 16)), VE, "in_chans=3", "1 channels"),
     ("forward-swin-uint8", lambda: swin()(image(1, 3, 16, 16, dtype=torch.uint8)), VE, "floating-point"),
@@ -503,6 +553,17 @@ ROWS = [
      "Tensor"),
     ("load_weights-list", lambda: vpe.load_weights(vit(), [1, 2]), VE, "source", "state dict", "list"),
     ("load_weights-int", lambda: vpe.load_weights(vit(), 5), VE, "source", "state dict", "5"),
+    ("load_weights-nan-dict", lambda: vpe.load_weights(vit(), _poisoned(NAN)), VE, "state dict", "1 NaN or infinite",
+     "'head.weight'", "(3, 16)", "finite weights"),
+    ("load_weights-inf-file", lambda: vpe.load_weights(vit(), _poisoned(-INF, "inf.safetensors")), VE,
+     "inf.safetensors", "'head.weight'", "finite weights"),
+    ("save_weights-int-value", lambda: vpe.save_weights({"w": 1}, _tmp() / "s.safetensors"), TypeError,
+     "entry 'w' holds a int", "tensor values"),
+    ("save_weights-int-key", lambda: vpe.save_weights({3: torch.zeros(1)}, _tmp() / "s.safetensors"), TypeError,
+     "entry 3", "string keys"),
+    ("save_weights-list", lambda: vpe.save_weights([torch.zeros(1)], _tmp() / "s.safetensors"), TypeError,
+     "model_or_state", "torch.nn.Module or a state dict", "list"),
+    ("encodings_of-none", lambda: vpe.encodings_of(None), TypeError, "model must be a torch.nn.Module", "NoneType"),
     ("load_timm-list", lambda: vpe.load_timm_checkpoint(vit(), [torch.randn(2)]), VE, "source", "state dict", "list"),
     ("load_timm-tensor", lambda: vpe.load_timm_checkpoint(vit(), torch.randn(3)), VE, "source", "state dict",
      "Tensor"),
@@ -547,6 +608,15 @@ def test_peg_called_directly_with_half_input_works(dtype):
     assert out.dtype == dtype and out.shape == tokens.shape and torch.isfinite(out.float()).all()
     for name in ("sincos", "learned"):
         assert pe(name)(tokens, G).dtype == dtype
+
+
+def test_an_input_of_the_model_dtype_or_under_autocast_runs():
+    """The dtype check refuses only what PyTorch would: a bfloat16 model takes bfloat16 images, autocast casts."""
+    model = vpe.create_model(VIT, pe="rope_mixed", **VIT_KW).eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(image(1, 3, 16, 16, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    with torch.no_grad():
+        assert model.to(torch.float64)(image(1, 3, 16, 16, dtype=torch.float64)).dtype == torch.float64
 
 
 def test_unregister_gives_an_overwritten_builtin_back():
