@@ -595,7 +595,7 @@ def test_bad_input_is_named(call, exc, words, tmp_path):
 
 
 def test_matrix_size_and_unique_ids():
-    assert len(ROWS) >= 304
+    assert len(ROWS) >= 332
     assert len({r[0] for r in ROWS}) == len(ROWS), "ids must be unique"
 
 
