@@ -42,6 +42,23 @@ def test_learned_vit_matches_timm_at_every_size(vit_kw):
             assert (model(x) - ref(x)).abs().max() < 1e-5, size
 
 
+@pytest.mark.parametrize("indices", [None, 1, 2, [0], [-1], (0, -1), range(2)])
+def test_forward_intermediates_takes_timm_indices(indices):
+    """Every ``indices`` form timm takes (the last n blocks, block indices, negative from the end) gives timm's
+    intermediates; indices out of range are a ValueError (the bad-input matrix)."""
+    torch.manual_seed(0)
+    ref = _perturb(timm.create_model(VIT, dynamic_img_size=True, **VIT_KW)).eval()
+    model = timm.create_model(VIT, **VIT_KW).eval()
+    model.load_state_dict(ref.state_dict())
+    vpe.apply(model, "learned")
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        expected, got = ref.forward_intermediates(x, indices=indices), model.forward_intermediates(x, indices=indices)
+    assert len(got[1]) == len(expected[1])
+    for a, b in zip(got[1], expected[1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name,pe", [("swin_tiny_patch4_window7_224", "swin_bias"), ("swinv2_tiny_window8_256", "cpb")])
 def test_swin_native_bias_matches_timm(name, pe):
     torch.manual_seed(0)

@@ -20,8 +20,8 @@ from ..bias import ContinuousPositionBias, SwinBias
 from ..encoding import ModelContext
 from ..grid import Grid
 from .._checks import to_shape
-from .adapter import (Adapter, EncodingSet, PositionalModel, check_img_size, check_window_families,
-                      register_adapter)
+from .adapter import (Adapter, EncodingSet, PositionalModel, check_img_size, check_model_sizes,
+                      check_window_families, register_adapter)
 
 
 class WindowAttention(nn.Module):
@@ -121,9 +121,11 @@ def take_over_bias(bias: nn.Module | None, source: nn.Module) -> None:
 
 def any_size_swin(timm_kwargs: dict) -> dict:
     """timm's way of running a Swin at any input size: ``strict_img_size=False`` (the caller's value wins);
-    ``img_size`` checked against ``patch_size``, a ``window_size`` of 2 sides."""
+    ``img_size`` checked against ``patch_size``, a ``window_size`` of 2 sides, the model sizes
+    (:func:`check_model_sizes`, one depth and head count per stage)."""
     timm_kwargs.setdefault("strict_img_size", False)
     check_img_size(timm_kwargs)
+    check_model_sizes(timm_kwargs, stages=True)
     if "window_size" in timm_kwargs:
         to_shape("window_size", timm_kwargs["window_size"], 2)
     return timm_kwargs

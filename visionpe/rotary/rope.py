@@ -359,6 +359,11 @@ class RoPE(RotaryEncoding):
             raise ValueError(f"expected (..., {layout.num_tokens}, {self.head_dim}) for grid {grid.shape} with "
                              f"prefix={grid.prefix}{'' if layout.keep is None else ' and kept patches'}, got "
                              f"{tuple(x.shape)}")
+        if layout.keep is not None:
+            if x.ndim != 4:
+                raise ValueError(f"with kept patches the rotary input must be (batch, heads, tokens, head_dim), got "
+                                 f"{tuple(x.shape)}")
+            layout.check_batch(x.shape[0], x.device)
         heads = self.freqs.shape[1]
         if heads > 1 and x.shape[-3] != heads:
             raise ValueError(f"q/k have {x.shape[-3]} heads but {type(self).__name__} was built with "
@@ -526,6 +531,10 @@ class AxialRoPE(RoPE):
             check_divisible("head_dim", head_dim, 2, "rotation pairs")
             sections = to_shape("sections", sections if sections is not None else (head_dim // (2 * ndim),) * ndim,
                                 ndim)
+            if sum(sections) > head_dim // 2:  # less is allowed: time takes the pairs left over (timm, GenLIP)
+                raise ValueError(f"sections={sections} ask for {sum(sections)} rotation pairs but head_dim / 2 = "
+                                 f"{head_dim // 2}; with spectrum='mrope_interleaved' they may sum to at most "
+                                 f"head_dim / 2 (pairs left over turn with axis 0)")
         else:
             sections = resolve_sections(head_dim, ndim, sections, "rope_axial")
         coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
