@@ -380,6 +380,8 @@ ROWS = [
     # -- values that were accepted before and gave wrong or surprising results (issue 22) -------------------------
     (T, ["--lr", "1e-4", "--min-lr", "1.0"], ["min_lr 1.0 must not exceed lr 0.0001"]),
     (T, ["--model", "resnet18"], ["--model resnet18", "no adapter"]),
+    (T, ["--model", "deit_tiny_distilled_patch16_224"], ["--model deit_tiny_distilled_patch16_224", "distillation",
+                                                        "deit_tiny_patch16_224", "--pe timm"]),
     (S, ["{run}", "--res", "16", "--out", "{tmp}/afile"], ["--out", "is a file"], "output_is_a_file"),
     (V, ["--run", "{run}", "--pe", "rope_mixed", "--layer", "99"], ["layer=99 is out of range", "layers 0..0"]),
     (Q, ["--threads", "-2"], ["--threads must be an integer >= 1"]),

@@ -292,4 +292,4 @@ def any_size_vit(timm_kwargs: dict) -> dict:
 
 
 register_adapter(Adapter(VisionTransformer, VisionTransformerPE, apply_vit, (Attention,),
-                         timm_modules=("vision_transformer", "eva"), any_size=any_size_vit))
+                         timm_modules=("vision_transformer", "eva", "deit"), any_size=any_size_vit))
