@@ -36,6 +36,7 @@ from torchvision.models.video.swin_transformer import ShiftedWindowAttention3d, 
 from .._checks import check_choice
 from ..attention import attend
 from ..bias import RelativePositionBias, SwinBias
+from ..coords import shares_draws
 from ..encoding import ModelContext
 from ..grid import Grid
 from .adapter import Adapter, EncodingSet, PositionalModel, check_input, default_sections, register_adapter
@@ -182,6 +183,7 @@ class SwinTransformer3dPE(PositionalModel, _NoWeightDecayBase, SwinTransformer3d
     def check_input(self, x: torch.Tensor) -> None:
         check_input(x, (1, 1, 1), self.patch_embed.proj.in_channels, type(self).__name__)
 
+    @shares_draws
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         return super().forward(x)

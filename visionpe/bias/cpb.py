@@ -50,7 +50,7 @@ class ContinuousPositionBias(BiasEncoding):
 
     def __init__(self, num_heads: int, window_size=(7, 7), pretrained_window_size=None, hidden_dim: int = 512,
                  coords: str = "index", normalize_coords: str = "separate", shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None):
+                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward"):
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.window_size = to_shape("window_size", window_size)
@@ -62,7 +62,8 @@ class ContinuousPositionBias(BiasEncoding):
             p = None
         self.pretrained_window_size = None if p is None else to_shape("pretrained_window_size", p, self.ndim)
         check_positive_int("hidden_dim", hidden_dim)
-        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                            draw_coords)
         self.cpb_mlp = nn.Sequential(nn.Linear(self.ndim, hidden_dim, bias=True), nn.ReLU(inplace=True),
                                      nn.Linear(hidden_dim, num_heads, bias=False))
         self._cache = TableCache()
