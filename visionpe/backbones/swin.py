@@ -47,10 +47,17 @@ class WindowAttention(nn.Module):
         self.rotary, self.bias = rotary, bias
 
     def set_window_size(self, window_size) -> None:
-        """Called by timm's ``set_input_size``: a new window resizes a table bias (as timm does)."""
+        """Called by timm's ``set_input_size``, as timm's window attentions: a Swin table is resized geometrically
+        (timm ``resize_rel_pos_bias_table``), a CPB normalises offsets by the new window unless it has a pretrained
+        window (timm ``SwinTransformerV2``), another table bias is resized its own way."""
         window_size = tuple(window_size)
-        if window_size != self.window_size and hasattr(self.bias, "resize"):
-            self.bias.resize(window_size)
+        if window_size != self.window_size:
+            if isinstance(self.bias, SwinBias):
+                self.bias.resize(window_size, interpolation="geometric")
+            elif isinstance(self.bias, ContinuousPositionBias):
+                self.bias.set_window_size(window_size)
+            elif hasattr(self.bias, "resize"):
+                self.bias.resize(window_size)
         self.window_size = window_size
 
     def _qkv(self, x: torch.Tensor) -> torch.Tensor:

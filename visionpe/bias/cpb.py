@@ -82,6 +82,11 @@ class ContinuousPositionBias(BiasEncoding):
         with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
             return 16 * torch.sigmoid(self.cpb_mlp(coords.to(self.cpb_mlp[0].weight.dtype)).float())
 
+    def set_window_size(self, window_size) -> None:
+        """A new window (timm's ``set_window_size``): without a pretrained window, offsets are normalised by the new
+        one from now on, as timm's Swin-V2; with one, nothing changes. The MLP is kept."""
+        self.window_size = to_shape("window_size", window_size, self.ndim)
+
     def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
         return pair_bias(self._offset_table(grid, device, transform), grid, grid.shape)
 
@@ -92,7 +97,7 @@ class ContinuousPositionBias(BiasEncoding):
         transform = self.coordinates.draw(self.training, self.ndim, device)
         if transform is not None:
             return self._build(grid, device, transform)
-        key = (grid.shape, grid.prefix, str(device))
+        key = (grid.shape, grid.prefix, str(device), self.window_size)
         return self._cache.get(key, lambda: self._build(grid, device), self.parameters())
 
     def score_mod(self, grid: Grid) -> PairScore:
