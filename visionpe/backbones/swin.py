@@ -34,6 +34,7 @@ class WindowAttention(nn.Module):
     """
 
     attention: str = "auto"
+    table_resize: str | None = "geometric"  # how set_window_size resizes a Swin table: timm's (None: the table's own)
 
     def __init__(self, source: nn.Module, rotary=None, bias=None):
         super().__init__()
@@ -53,7 +54,7 @@ class WindowAttention(nn.Module):
         window_size = tuple(window_size)
         if window_size != self.window_size:
             if isinstance(self.bias, SwinBias):
-                self.bias.resize(window_size, interpolation="geometric")
+                self.bias.resize(window_size, interpolation=self.table_resize)
             elif isinstance(self.bias, ContinuousPositionBias):
                 self.bias.set_window_size(window_size)
             elif hasattr(self.bias, "resize"):
