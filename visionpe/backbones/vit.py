@@ -23,6 +23,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.checkpoint import checkpoint
 
 from ..attention import Attention
+from ..coords import shares_draws, with_draws
 from ..encoding import ModelContext
 from .._checks import check_number
 from ..grid import Grid, Layout, MixedLayout
@@ -57,6 +58,8 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
     Token subsets keep their positions: timm's ``patch_drop_rate`` (training) and :meth:`forward_masked` (MAE's
     encoder on the visible patches) pass a :class:`~visionpe.grid.Layout` with the kept patches to every block.
     A tokens encoding with ``block_index = i > 0`` (PEG after the first block, as CPVT) is added before block ``i``.
+    Coordinate augmentation (training) is drawn once per forward and shared by every block, as timm's Eva
+    (:func:`~visionpe.coords.coordinate_draws`; ``draw_coords="block"`` for a draw per block).
     """
 
     pe_tokens: nn.Module | None
@@ -107,6 +110,7 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
             x = layout.per_grid(x, self.pe_tokens)
         return self.norm_pre(self.pos_drop(x)), layout
 
+    @shares_draws
     def forward_batch(self, images) -> torch.Tensor:
         """Logits ``(B, num_classes)`` of a list of images of different sizes, run as one padded batch (padded keys
         masked, each image on its own grid). Pooling: ``"token"`` or ``"avg"`` over each image's own patches."""
@@ -134,11 +138,12 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
             if late is not None and i == late.block_index:
                 x = layout.per_grid(x, late) if isinstance(layout, MixedLayout) else late(x, layout.unwrap())
             if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
-                x = checkpoint(block, x, layout, attn_mask, use_reentrant=False)
+                x = checkpoint(with_draws(block), x, layout, attn_mask, use_reentrant=False)
             else:
                 x = block(x, layout, attn_mask)
             yield x
 
+    @shares_draws
     def forward_features(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                          grid_offset=None) -> torch.Tensor:
         check_not_causal(is_causal)
@@ -151,6 +156,7 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
                 grid_offset=None) -> torch.Tensor:
         return self.forward_head(self.forward_features(x, attn_mask, is_causal, grid_offset))
 
+    @shares_draws
     def forward_masked(self, x: torch.Tensor, mask_ratio: float = 0.75, keep: torch.Tensor | None = None,
                        grid_offset=None) -> tuple[torch.Tensor, torch.Tensor]:
         """MAE's encoder: the blocks run on the visible patches only, each with its own position.
@@ -179,6 +185,7 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
             pass
         return self.norm(x), layout.keep.expand(x.shape[0], -1)
 
+    @shares_draws
     def forward_intermediates(self, x: torch.Tensor, indices=None, return_prefix_tokens: bool = False,
                               norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
                               intermediates_only: bool = False, output_dict: bool = False,

@@ -35,11 +35,12 @@ class ALiBi(BiasEncoding):
 
     def __init__(self, num_heads: int, ndim: int = 2, coords: str = "index", normalize_coords: str = "separate",
                  shift_coords: float | None = None, jitter_coords: float | None = None,
-                 rescale_coords: float | None = None):
+                 rescale_coords: float | None = None, draw_coords: str = "forward"):
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.ndim = check_ndim(ndim)
-        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                            draw_coords)
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
         # one module serves every block (parameter-free), so its table is kept whatever its size: built once per grid
         self._cache = TableCache(max_bytes=None)

@@ -512,7 +512,7 @@ class AxialRoPE(RoPE):
                  yarn_alpha: float = 1.0, yarn_beta: float = 32.0, axis_order: str = "xy", spectrum: str = "axial",
                  coords: str = "index", normalize_coords: str = "separate", min_period: float | None = None,
                  max_period: float | None = None, shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None,
+                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward",
                  directions: str = "axial", rotate_fraction: float = 1.0, head_axes=None):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
@@ -537,7 +537,8 @@ class AxialRoPE(RoPE):
                                  f"head_dim / 2 (pairs left over turn with axis 0)")
         else:
             sections = resolve_sections(head_dim, ndim, sections, "rope_axial")
-        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                       draw_coords)
         self.theta, self.sections, self.spectrum, self.num_pairs = float(theta), sections, spectrum, head_dim // 2
         self.bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
         self.num_heads, self.ndim = num_heads, ndim  # the golden and per-head layouts build a table per head
@@ -611,7 +612,7 @@ class MixedRoPE(RoPE):
                  yarn_alpha: float = 1.0, yarn_beta: float = 32.0, generator=None, axis_order: str = "xy",
                  coords: str = "index", normalize_coords: str = "separate", min_period: float | None = None,
                  max_period: float | None = None, shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None,
+                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward",
                  directions: str = "random", rotate_fraction: float = 1.0, head_axes=None):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
@@ -627,7 +628,8 @@ class MixedRoPE(RoPE):
             sections = resolve_sections(head_dim, ndim, sections, "rope_mixed")
         check_number("theta", theta, minimum=1.0, inclusive=False)
         check_choice("axis_order", axis_order, AXIS_ORDERS)
-        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                       draw_coords)
         bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
         if head_axes is not None:
             def rotations(k):
