@@ -44,6 +44,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
         ``(B, heads, P + N, v_head_dim)``.
     """
     check_qkv(q, k, v)
+    check_slot("rotary", rotary)
+    check_slot("bias", bias)
     check_number("dropout_p", dropout_p, minimum=0.0, maximum=1.0)
     check_choice("attention", attention, ATTENTIONS)
     if scale is not None:
@@ -115,7 +117,7 @@ def _rotate(q: torch.Tensor, k: torch.Tensor, layout: Layout | MixedLayout, rota
     if isinstance(layout, MixedLayout):
         q, k, _ = _mixed_positions(q, k, layout, rotary, None, with_mask=False)
         return q, k
-    return rotary(q, k, layout.unwrap())
+    return rotated(rotary, q, k, layout.unwrap())
 
 
 # PyTorch's fused CPU attention as an op that returns the log-sum-exp (private; SDPA's own path where it is missing)
@@ -203,6 +205,11 @@ def batch_chunks(batch: int, sample_bytes: int) -> list[slice]:
 
 
 def _check_tokens(q: torch.Tensor, layout: Layout | MixedLayout) -> None:
+    """q's tokens are the layout's; its batch fits the layout's samples (one grid each, or the rows of ``keep``)."""
+    if isinstance(layout, MixedLayout):
+        layout.check_batch(q.shape[0])
+    else:
+        layout.check_batch(q.shape[0], q.device)
     if q.shape[2] == layout.num_tokens:
         return
     if isinstance(layout, MixedLayout):
@@ -219,7 +226,7 @@ def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias):
     if rotary is not None or bias is not None:
         _check_tokens(q, layout)
     if rotary is not None:
-        q, k = rotary(q, k, layout.unwrap())
+        q, k = rotated(rotary, q, k, layout.unwrap())
     if bias is None:
         return q, k, None
     mask = bias(grid)
@@ -253,6 +260,37 @@ def _mixed_positions(q: torch.Tensor, k: torch.Tensor, layout: MixedLayout, rota
     if mask is not None:
         mask = mask.masked_fill(~layout.key_mask(q.device)[:, None, None, :], float("-inf"))
     return rotated_q, rotated_k, mask
+
+
+def rotated(rotary, q: torch.Tensor, k: torch.Tensor, grid) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotary(q, k, grid)``, checked: a rotary encoding returns ``(q, k)`` of the shapes it was given."""
+    out = rotary(q, k, grid)
+    if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)
+            and out[0].shape == q.shape and out[1].shape == k.shape):
+        got = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in out] \
+            if isinstance(out, (tuple, list)) else type(out).__name__
+        raise ValueError(f"rotary {type(rotary).__name__} returned {got}; a rotary encoding must return (q, k) of "
+                         f"the shapes it was given, {tuple(q.shape)} and {tuple(k.shape)}")
+    return out[0], out[1]
+
+
+SLOTS = {"rotary": "rotary(q, k, grid) -> (q, k)", "bias": "bias(grid) -> (heads, T, T)"}
+
+
+def check_slot(param: str, module) -> None:
+    """``module`` goes in ``param`` (``"rotary"`` or ``"bias"``): None, or a module whose ``family`` (if it has one, as
+    every visionpe encoding) is ``param``."""
+    if module is None:
+        return
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"{param} must be a torch.nn.Module ({SLOTS[param]}) or None, got {type(module).__name__}")
+    family = getattr(module, "family", param)
+    if family == param:
+        return
+    where = (f"pass it as {family}=..." if family in SLOTS else
+             "a tokens encoding is added to the tokens before attention, pe(x, grid); it has no slot in attention")
+    raise ValueError(f"{param}={type(module).__name__} is a {family!r} encoding, not a {param} one ({SLOTS[param]}); "
+                     f"{where}")
 
 
 def _views_larger_buffer(t: torch.Tensor) -> bool:
@@ -312,6 +350,8 @@ class Attention(nn.Module):
         self.gate = None
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        check_slot("rotary", rotary)
+        check_slot("bias", bias)
         self.rotary, self.bias = rotary, bias
 
     @classmethod

@@ -25,8 +25,9 @@ class TableCache:
 
     ``get(key, build, params)`` returns ``build()`` for ``key``. When any of ``params`` requires grad and
     autograd is on, the table is rebuilt every call so gradients flow into it (training a learned table);
-    otherwise the parameters' versions join the key, so an optimizer step or ``load_state_dict`` invalidates
-    it. Under ``torch.compile`` the table is built inside the graph (no Python dictionary lookups to guard on).
+    otherwise the tables are kept while ``params`` stay what they were when the tables were built
+    (:class:`ParameterWatch`): an optimizer step, ``load_state_dict``, ``p.data.mul_()`` or ``p.data = ...`` empties
+    the cache. Under ``torch.compile`` the table is built inside the graph (no Python dictionary lookups to guard on).
     A table of more than ``max_bytes`` is returned but not kept, so at large grids (4096 tokens and more) each
     block's ``(heads, T, T)`` bias lives only while its attention runs instead of one per block for the model's
     lifetime; ``max_bytes=None`` keeps every table (a module or cache shared by all blocks: one table in all).
@@ -36,14 +37,16 @@ class TableCache:
     def __init__(self, maxsize: int = 8, max_bytes: int | None = MAX_TABLE_BYTES):
         self.maxsize, self.max_bytes = maxsize, max_bytes
         self._tables: OrderedDict = OrderedDict()
+        self._watch = ParameterWatch()
         self._lock = threading.Lock()  # concurrent forwards share caches: lookups and evictions are atomic
 
     def get(self, key: Hashable, build: Callable[[], torch.Tensor], params: Iterable[torch.Tensor] = ()):
         params = tuple(params)
         if is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
             return build()  # traced into the compiled graph (a function of shapes only), or gradients must flow
-        key = (key, tuple(p._version for p in params))
         with self._lock:
+            if params and self._watch.changed(params):
+                self._tables.clear()  # every table was built from the old values
             if key in self._tables:
                 self._tables.move_to_end(key)
                 return self._tables[key]
@@ -72,3 +75,29 @@ class TableCache:
     def clear(self) -> None:
         with self._lock:
             self._tables.clear()
+
+
+class ParameterWatch:
+    """Whether parameters still hold the values they had when last seen.
+
+    A parameter's version counter (``p._version``) misses writes through ``p.data``: ``p.data.mul_()`` bumps the
+    counter of the tensor ``.data`` returns, a new one at every access, not the parameter's; ``p.data = other`` swaps
+    the storage and keeps the version. So the watch keeps a copy of each parameter and compares values
+    (``torch.equal``: one pass over the parameter per lookup; on an accelerator a sync): any write counts, however it
+    was made, and an equal value (``p.data = p.data.clone()``) keeps the tables.
+    """
+
+    def __init__(self):
+        self._seen: dict[int, torch.Tensor] = {}  # id(p) -> a copy of its values when last seen
+
+    def changed(self, params: tuple[torch.Tensor, ...]) -> bool:
+        """True (and remember the new values) when any of ``params`` is new to the watch or differs from when it was
+        last seen."""
+        changed = False
+        for p in params:
+            seen = self._seen.get(id(p))
+            if seen is None or (seen.shape, seen.dtype, seen.device) != (p.shape, p.dtype, p.device) \
+                    or not torch.equal(p, seen):
+                self._seen[id(p)] = p.detach().clone()
+                changed = True
+        return changed

@@ -27,21 +27,109 @@ normalised units for ``"normalized"``), ``log jitter_a ~ U[-log J, log J]`` per 
 and ``log rescale ~ U[-log R, log R]`` shared by all axes (``rescale_coords=R >= 1``). Draws are taken in that
 order, in float32 from torch's default generator on the coordinates' device, once per forward call and shared
 by every head (and by q and k), so a ``torch.manual_seed`` reproduces them and the same RNG state gives timm's
-draws. Relative encodings (``alibi``, ``cpb``) see only the scales (a shift leaves offsets unchanged, but is
+draws. Inside a model forward (:func:`coordinate_draws`, opened by every backbone's forward) the draw is shared by
+every block: the first encoding that draws takes it, every later one with the same settings reuses it, so a token
+has one position in all layers, as in timm's Eva (``self.rope.get_embed()`` once per forward, passed to every
+block). ``draw_coords="block"`` asks for a fresh draw in each block instead. Relative encodings (``alibi``,
+``cpb``) see only the scales (a shift leaves offsets unchanged, but is
 still drawn, keeping the RNG sequence).
 """
 from __future__ import annotations
 
+import contextvars
+import functools
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from ._checks import check_choice, check_number
+from ._compat import is_compiling
 from .grid import Grid
 
 COORDS = ("index", "normalized")
 NORMALIZE_COORDS = ("separate", "min", "max")
+DRAW_COORDS = ("forward", "block")
+
+# The draws of the model forward running in this context (thread, task): ``None`` outside a forward. A context
+# variable, not module state, so concurrent forwards (threads) never see each other's draws.
+_DRAWS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("visionpe_coordinate_draws", default=None)
+# While torch.compile traces a forward: dynamo cannot set a ContextVar, but traces a module dict's mutations into
+# the graph (the compiled code does not read it at run time), so a traced forward's scope lives here.
+_TRACED: dict = {"draws": None}
+
+
+@contextmanager
+def coordinate_draws(draws: dict | None = None):
+    """Share coordinate augmentation draws for the duration of one model forward (timm's Eva convention).
+
+    Inside, :meth:`CoordinateSystem.draw` (with ``draw_coords="forward"``) returns one transform per coordinate
+    settings, channel count and device: the first call draws it, later ones reuse it. A nested call joins the open
+    scope (``forward`` calling ``forward_features``). ``draws``: re-enter a scope with these draws (what
+    :func:`with_draws` does for activation checkpointing's recomputation). Yields the scope's dict.
+    """
+    current = _DRAWS.get()
+    if draws is None and current is not None:
+        yield current
+        return
+    token = _DRAWS.set({} if draws is None else draws)
+    try:
+        yield _DRAWS.get()
+    finally:
+        _DRAWS.reset(token)
+
+
+def _open_draws() -> dict | None:
+    return _TRACED["draws"] if is_compiling() else _DRAWS.get()
+
+
+def shares_draws(method):
+    """Decorator of a model's forward methods: one coordinate augmentation draw per forward, shared by every block
+    (:func:`coordinate_draws`). In evaluation mode nothing is drawn, so nothing is opened."""
+    @functools.wraps(method)
+    def forward(self, *args, **kwargs):
+        if not self.training:
+            return method(self, *args, **kwargs)
+        if is_compiling():
+            if _TRACED["draws"] is not None:  # nested in a traced forward
+                return method(self, *args, **kwargs)
+            _TRACED["draws"] = {}
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                _TRACED["draws"] = None
+        with coordinate_draws():
+            return method(self, *args, **kwargs)
+    return forward
+
+
+def with_draws(fn):
+    """``fn`` bound to a snapshot of the open scope's draws, for ``torch.utils.checkpoint``: its recomputation runs
+    in the backward pass, outside the forward's scope; with the snapshot (the draws taken before ``fn`` ran) it
+    reuses the shared draws and redraws, from the restored RNG state, exactly those ``fn`` drew first. ``fn`` itself
+    when no (eager) scope is open."""
+    current = None if is_compiling() else _DRAWS.get()
+    if current is None:
+        return fn
+    snapshot = dict(current)
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if _DRAWS.get() is current:  # the first (forward) call: draw into the live scope
+            return fn(*args, **kwargs)
+        with coordinate_draws(dict(snapshot)):  # the recomputation: the draws as they were before fn
+            return fn(*args, **kwargs)
+    return run
+
+
+def _device_key(device) -> str:
+    """One name per device (``"cuda"`` and ``"cuda:0"`` are the same one), so encodings share a draw however they
+    name it."""
+    device = torch.device("cpu" if device is None else device)
+    if device.type != "cpu" and device.index is None and device.type == "cuda" and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return str(device)
 
 
 def denominators(shape, normalize_coords: str = "separate") -> tuple[float, ...]:
@@ -119,6 +207,8 @@ class CoordinateSystem:
             ``"min"`` or ``"max"`` (the shortest or longest side, for all axes).
         shift_coords, jitter_coords, rescale_coords: timm's augmentation factors (``None``: off); see the module
             docstring. Applied by the encodings in training mode only.
+        draw_coords: ``"forward"`` (default, timm's Eva): one draw per model forward, shared by every block;
+            ``"block"``: a fresh draw in every block (every call of the encoding).
     """
 
     coords: str = "index"
@@ -126,9 +216,11 @@ class CoordinateSystem:
     shift_coords: float | None = None
     jitter_coords: float | None = None
     rescale_coords: float | None = None
+    draw_coords: str = "forward"
 
     def __post_init__(self):
         check_choice("coords", self.coords, COORDS)
+        check_choice("draw_coords", self.draw_coords, DRAW_COORDS)
         check_choice("normalize_coords", self.normalize_coords, NORMALIZE_COORDS)
         for name, minimum in (("shift_coords", 0.0), ("jitter_coords", 1.0), ("rescale_coords", 1.0)):
             value = getattr(self, name)
@@ -159,9 +251,20 @@ class CoordinateSystem:
 
     def draw(self, training: bool, ndim: int, device=None) -> CoordTransform | None:
         """One augmentation draw for ``ndim`` coordinate channels (None when not ``training`` or none is set):
-        shift, then jitter, then rescale, in float32 from torch's default generator on ``device``."""
+        shift, then jitter, then rescale, in float32 from torch's default generator on ``device``. Inside a model
+        forward (:func:`coordinate_draws`) with ``draw_coords="forward"``, the forward's one draw for these settings
+        (taken by the first block that asks)."""
         if not (training and self.augments):
             return None
+        draws = _open_draws() if self.draw_coords == "forward" else None
+        if draws is None:
+            return self._draw(ndim, device)
+        key = (self, ndim, _device_key(device))
+        if key not in draws:
+            draws[key] = self._draw(ndim, device)
+        return draws[key]
+
+    def _draw(self, ndim: int, device=None) -> CoordTransform:
         like = dict(device=device, dtype=torch.float32)
         shift = jitter = rescale = None
         if self.shift_coords is not None:
@@ -181,6 +284,8 @@ class CoordinateSystem:
             parts.append(f"normalize_coords={self.normalize_coords!r}")
         parts += [f"{name}={getattr(self, name)}" for name in ("shift_coords", "jitter_coords", "rescale_coords")
                   if getattr(self, name) is not None]
+        if self.augments and self.draw_coords != "forward":
+            parts.append(f"draw_coords={self.draw_coords!r}")
         return ", ".join(parts)
 
     def label(self) -> str:

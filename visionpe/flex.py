@@ -107,7 +107,7 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Grid 
         token, group, tables = _mixed_indices(layout, scores, q.device)
         block_mask = padding_block_mask(layout, q.device)
     else:
-        token = None if layout.keep is None else layout.token_index().to(q.device)
+        token = None if layout.keep is None else layout.token_index(q.device, q.shape[0])
         group, tables = None, scores[0].tables
     score_mod = _score_mod(scores[0], tables, token, group, attn_mask)
     if q.device.type == "cpu":  # the CPU kernel on q, k, v sliced from a fused qkv: 5x its time on copies (4097 tokens)

@@ -8,6 +8,7 @@ import torch
 from einops import rearrange
 
 from ._checks import check_nonnegative_int, check_number, to_shape
+from ._compat import is_compiling
 
 
 @dataclass(frozen=True)
@@ -102,10 +103,13 @@ def as_grid(grid) -> Grid:
 class Layout:
     """The tokens of one forward: a :class:`Grid` and, optionally, which of its patches each sample keeps.
 
-    ``keep: (B, K)`` long indices into the grid's patches (row-major), per sample: masked image modelling (MAE),
-    patch dropout, token pruning. Each kept token keeps its own position: encodings compute their tables on the
-    full grid and gather the kept rows (rotary) or rows and columns (bias) per sample; tokens encodings are added
-    before dropping. The token sequence is ``P`` prefix tokens then the ``K`` kept patches in ``keep`` order.
+    ``keep: (B, K)`` long indices into the grid's patches (row-major, ``0 .. N - 1``: a negative index is an error,
+    not counted from the end), per sample: masked image modelling (MAE), patch dropout, token pruning. One row
+    (``(1, K)``) is the same patches for every sample of the batch (broadcast, as PyTorch broadcasts a size-1 axis:
+    every family takes it). Each kept token keeps its own position: encodings compute their tables on the full
+    grid and gather the kept rows (rotary) or rows and columns (bias) per sample; tokens encodings are added before
+    dropping. The token sequence is ``P`` prefix tokens then the ``K`` kept patches in ``keep`` order. ``keep`` must
+    be on the device of the tokens it selects.
     """
 
     grid: Grid
@@ -119,6 +123,7 @@ class Layout:
             if not isinstance(keep, torch.Tensor) or keep.ndim != 2 or keep.dtype not in (torch.int64, torch.int32):
                 raise ValueError(f"keep must be a (batch, kept) integer tensor of patch indices, got "
                                  f"{getattr(keep, 'dtype', type(keep).__name__)} {tuple(getattr(keep, 'shape', ()))}")
+            check_patch_indices(keep, self.grid)
 
     @property
     def num_tokens(self) -> int:
@@ -128,24 +133,49 @@ class Layout:
         """The grid itself when every patch is kept (what encodings that know only grids expect), else ``self``."""
         return self.grid if self.keep is None else self
 
-    def token_index(self) -> torch.Tensor:
-        """``(B, P + K)`` indices of this layout's tokens among the full grid's ``P + N`` tokens."""
+    def check_batch(self, batch: int, device=None) -> None:
+        """``keep`` fits a batch of ``batch`` samples on ``device``: one row per sample or one row for all."""
+        if self.keep is None:
+            return
+        if self.keep.shape[0] not in (1, batch):
+            raise ValueError(f"keep has {self.keep.shape[0]} rows but the batch has {batch} samples; allowed: one row "
+                             "per sample, or 1 row for every sample")
+        if device is not None and self.keep.device != torch.device(device):
+            raise ValueError(f"keep is on {self.keep.device} but the tokens are on {torch.device(device)}; move keep "
+                             "to the tokens' device")
+
+    def token_index(self, device=None, batch: int | None = None) -> torch.Tensor:
+        """``(B, P + K)`` indices of this layout's tokens among the full grid's ``P + N`` tokens (``(1, P + K)`` for a
+        one-row ``keep``; ``batch`` expands it). ``device``: where the tokens are (checked against ``keep``'s)."""
+        self.check_batch(self.keep.shape[0] if batch is None else batch, device)
         prefix = torch.arange(self.grid.prefix, device=self.keep.device).expand(self.keep.shape[0], -1)
-        return torch.cat([prefix, self.keep.long() + self.grid.prefix], dim=1)
+        index = torch.cat([prefix, self.keep.long() + self.grid.prefix], dim=1)
+        return index if batch is None else index.expand(batch, -1)
 
     def rows(self, table: torch.Tensor) -> torch.Tensor:
-        """Per-token rows of a full-grid table ``(heads, P + N, ...)`` -> ``(B, heads, P + K, ...)`` (unchanged
-        without ``keep``)."""
+        """Per-token rows of a full-grid table ``(heads, P + N, ...)`` -> ``(B, heads, P + K, ...)`` (``B`` = 1 for a
+        one-row ``keep``; unchanged without ``keep``)."""
         if self.keep is None:
             return table
-        return rearrange(table[:, self.token_index()], "h b t ... -> b h t ...")
+        return rearrange(table[:, self.token_index(table.device)], "h b t ... -> b h t ...")
 
     def pairs(self, bias: torch.Tensor) -> torch.Tensor:
         """Rows and columns of a full-grid bias ``(heads, P + N, P + N)`` -> ``(B, heads, P + K, P + K)``."""
         if self.keep is None:
             return bias
-        index = self.token_index()
+        index = self.token_index(bias.device)
         return rearrange(bias[:, index[:, :, None], index[:, None, :]], "h b t s -> b h t s")
+
+
+def check_patch_indices(keep: torch.Tensor, grid: Grid) -> None:
+    """Every index of ``keep`` is a patch of ``grid``, ``0 .. N - 1`` (skipped while ``torch.compile`` traces, where
+    reading values would break the graph, and for a meta tensor, which has none)."""
+    if keep.numel() == 0 or keep.device.type == "meta" or is_compiling():
+        return
+    low, high = (int(v) for v in torch.aminmax(keep))
+    if low < 0 or high >= grid.num_patches:
+        raise ValueError(f"keep holds patch indices {low} .. {high} but grid {grid.shape} has {grid.num_patches} "
+                         f"patches: allowed 0 .. {grid.num_patches - 1} (a negative index is not counted from the end)")
 
 
 def as_layout(layout) -> Layout:
@@ -191,9 +221,16 @@ class MixedLayout:
         counts = torch.tensor([g.num_tokens for g in self.grids], device=device)
         return torch.arange(self.num_tokens, device=device) < counts[:, None]
 
+    def check_batch(self, batch: int) -> None:
+        """One grid per sample: ``batch`` must be the number of grids."""
+        if batch != len(self.grids):
+            raise ValueError(f"the mixed layout has {len(self.grids)} grids but the batch has {batch} samples; give "
+                             "one grid per sample")
+
     def per_grid(self, x: torch.Tensor, fn) -> torch.Tensor:
         """``x: (B, T, ...)`` with ``fn(x_group, grid) -> same shape`` applied to each group's real tokens; padding
         passes through unchanged."""
+        self.check_batch(x.shape[0])
         out = x.clone()
         for index, grid in self.groups(x.device):
             out[index, :grid.num_tokens] = fn(x[index, :grid.num_tokens], grid)

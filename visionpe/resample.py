@@ -103,3 +103,65 @@ def sample_grid(table: torch.Tensor, positions, interpolation: str = "bicubic") 
         weights = axis_weights(p, table.shape[axis], interpolation).to(table.dtype)
         table = torch.tensordot(weights, table.movedim(axis, 0), dims=1).movedim(0, axis)
     return table
+
+
+# -- BEiT's geometric resize of a relative position table (timm resize_rel_pos_bias_table) -------------------------
+GEOMETRIC_RATIO = (1.01, 1.5)  # the ratios the source spacing may take (BEiT's search interval)
+
+
+def geometric_offsets(src: int, dst: int) -> torch.Tensor:
+    """Where the ``src`` offsets ``-(n-1) .. n-1`` of a table (``src = 2 n - 1``) sit on the axis of a table of
+    ``dst`` offsets (BEiT, timm ``resize_rel_pos_bias_table``): the centre at 0, the ``k``-th offset either side at
+    ``1 + r + ... + r^(k-1)``, with the ratio ``r`` that puts the outermost one at ``dst // 2``, taken in
+    ``[1.01, 1.5]`` (the interval's end when the root lies outside it). ``(src,)`` float64."""
+    n = src // 2
+    if n == 0:
+        return torch.zeros(1, dtype=torch.float64)
+    target = dst // 2
+
+    def reach(r: float) -> float:  # position of the outermost source offset
+        return sum(r ** i for i in range(n))
+    low, high = GEOMETRIC_RATIO
+    if reach(low) >= target:
+        ratio = low
+    elif reach(high) <= target:
+        ratio = high
+    else:
+        for _ in range(100):  # bisection to float64 precision
+            mid = (low + high) / 2
+            low, high = (mid, high) if reach(mid) < target else (low, mid)
+        ratio = (low + high) / 2
+    side = torch.tensor([ratio ** i for i in range(n)], dtype=torch.float64).cumsum(0)
+    return torch.cat([-side.flip(0), torch.zeros(1, dtype=torch.float64), side])
+
+
+def linear_weights(points: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``(len(targets), len(points))`` piecewise-linear interpolation of values at increasing ``points`` at
+    ``targets``; a target beyond the ends takes the end value."""
+    if len(points) == 1:
+        return torch.ones(len(targets), 1, dtype=points.dtype)
+    targets = targets.clamp(points[0], points[-1])
+    right = torch.searchsorted(points, targets).clamp(1, len(points) - 1)
+    left = right - 1
+    t = (targets - points[left]) / (points[right] - points[left])
+    weights = torch.zeros(len(targets), len(points), dtype=points.dtype)
+    rows = torch.arange(len(targets))
+    weights[rows, left] += 1 - t
+    weights[rows, right] += t
+    return weights
+
+
+def resample_offsets_geometric(table: torch.Tensor, new_shape) -> torch.Tensor:
+    """A relative offset table ``(2 w_1 - 1, ..., 2 w_n - 1, C)`` resized to ``new_shape`` (offsets per axis, odd)
+    as BEiT and timm's Swin ``set_window_size`` do: the source offsets spread geometrically over the new range
+    (:func:`geometric_offsets`), values interpolated linearly per axis at the new integer offsets, computed in
+    float32 (as timm) and returned in the table's dtype."""
+    if tuple(table.shape[:-1]) == tuple(new_shape):
+        return table
+    out = table.float()
+    for axis, (src, dst) in enumerate(zip(table.shape[:-1], new_shape)):
+        # every axis is resampled when any changes (an unchanged one spread at r = 1.01, as timm's)
+        half = dst // 2
+        weights = linear_weights(geometric_offsets(src, dst).float(), torch.arange(-half, half + 1).float())
+        out = torch.movedim(torch.tensordot(weights.to(out.device), out, dims=([1], [axis])), 0, axis)
+    return out.to(table.dtype)

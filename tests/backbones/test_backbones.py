@@ -42,6 +42,23 @@ def test_learned_vit_matches_timm_at_every_size(vit_kw):
             assert (model(x) - ref(x)).abs().max() < 1e-5, size
 
 
+@pytest.mark.parametrize("indices", [None, 1, 2, [0], [-1], (0, -1), range(2)])
+def test_forward_intermediates_takes_timm_indices(indices):
+    """Every ``indices`` form timm takes (the last n blocks, block indices, negative from the end) gives timm's
+    intermediates; indices out of range are a ValueError (the bad-input matrix)."""
+    torch.manual_seed(0)
+    ref = _perturb(timm.create_model(VIT, dynamic_img_size=True, **VIT_KW)).eval()
+    model = timm.create_model(VIT, **VIT_KW).eval()
+    model.load_state_dict(ref.state_dict())
+    vpe.apply(model, "learned")
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        expected, got = ref.forward_intermediates(x, indices=indices), model.forward_intermediates(x, indices=indices)
+    assert len(got[1]) == len(expected[1])
+    for a, b in zip(got[1], expected[1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name,pe", [("swin_tiny_patch4_window7_224", "swin_bias"), ("swinv2_tiny_window8_256", "cpb")])
 def test_swin_native_bias_matches_timm(name, pe):
     torch.manual_seed(0)
@@ -222,6 +239,32 @@ def test_timm_checkpoint_resizes_pos_embed_and_swin_tables():
     ours = vpe.create_model(name, pe="swin_bias", **{**SWIN[name], "window_size": 2})
     report = vpe.load_timm_checkpoint(ours, swin.state_dict())
     assert all("(resized)" in line for line in report.converted) and len(report.converted) == 2
+
+
+def test_timm_checkpoint_of_a_non_square_grid(tmp_path):
+    """A timm checkpoint at a 16x4 grid (64 patches, also a square count): into a 16x4 model it loads as is, as timm
+    loads it; into another grid source_grid=(16, 4) gives timm's resample_abs_pos_embed from (16, 4), while the
+    square default would read it as 8x8; 14x7 (not square) asks for source_grid."""
+    kw = {**VIT_KW, "img_size": (128, 32)}
+    plain = _perturb(timm.create_model(VIT, **kw))
+    path = tmp_path / "vit_16x4.pth"
+    torch.save(plain.state_dict(), path)
+    same = vpe.create_model(VIT, pe="learned", **kw)
+    vpe.load_timm_checkpoint(same, path)
+    torch.testing.assert_close(same.pe_tokens.table.reshape(1, 64, -1), plain.pos_embed[:, 1:])
+    x = torch.randn(2, 3, 128, 32)
+    torch.testing.assert_close(same.eval()(x), plain.eval()(x), atol=1e-5, rtol=1e-5)
+    other = vpe.create_model(VIT, pe="learned", **{**VIT_KW, "img_size": (64, 64)})
+    vpe.load_timm_checkpoint(other, path, source_grid=(16, 4))
+    expected = timm.layers.resample_abs_pos_embed(plain.pos_embed, (8, 8), (16, 4), num_prefix_tokens=1)
+    torch.testing.assert_close(other.pe_tokens.table.reshape(1, 64, -1), expected[:, 1:], atol=1e-5, rtol=1e-5)
+    tall = _perturb(timm.create_model(VIT, **{**VIT_KW, "img_size": (112, 56)}))
+    with pytest.raises(ValueError, match=r"98 patch positions.*source_grid=\(height, width\)"):
+        vpe.load_timm_checkpoint(vpe.create_model(VIT, pe="learned", **VIT_KW), tall.state_dict())
+    with pytest.raises(ValueError, match=r"source_grid=\(16, 4\) has 64 patches .* holds 98"):
+        vpe.load_timm_checkpoint(other, tall.state_dict(), source_grid=(16, 4))
+    with pytest.raises(ValueError, match="source_grid must be"):
+        vpe.load_timm_checkpoint(other, path, source_grid=(16, 4.0))
 
 
 TINY = dict(patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3)

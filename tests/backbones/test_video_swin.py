@@ -220,3 +220,29 @@ def test_bad_inputs(reference):
         model(torch.randn(1, 1, 4, 32, 32))
     with pytest.raises(ValueError, match="floating-point"):
         model(torch.zeros(1, 3, 4, 32, 32, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("pe", ["rope_axial", "rope_mixed"])
+def test_rope_on_a_shrunk_window_keeps_integer_positions(monkeypatch, reference, pe):
+    """A clip axis shorter than the window: the window shrinks to the axis, and RoPE's position interpolation is
+    taken against the effective window, so positions stay the configured window's integer patch positions (the
+    closed form: the same frequencies with no scaling), not stretched by window / axis."""
+    import visionpe.backbones.video_swin as video_swin
+    model = vpe.apply(copy.deepcopy(reference), pe).eval()
+    rotary = vpe.encodings_of(model)["rotary"][-1]  # the last block's (stage 2)
+    assert rotary.scaling == "pi" and rotary.ref_shape == (2, 4, 4)
+    seen, attend = [], video_swin.attend
+
+    def spy(q, k, v, grid, rotary=None, *args, **kwargs):
+        seen.append((grid, rotary))
+        return attend(q, k, v, grid, rotary, *args, **kwargs)
+    monkeypatch.setattr(video_swin, "attend", spy)
+    with torch.no_grad():
+        model(torch.randn(1, 3, 4, 16, 16))  # stage 2 has tokens (2, 2, 2): the window (2, 4, 4) shrinks to (2, 2, 2)
+    grid, used = seen[-1]
+    assert grid.shape == (2, 2, 2) and seen[0][0].shape == (2, 4, 4)
+    integer = used.with_scaling("none").rotations(grid)
+    torch.testing.assert_close(used.rotations(grid), integer)
+    stretched = used.with_scaling("pi", ref_shape=(2, 4, 4)).rotations(grid)  # the configured window as reference
+    assert not torch.allclose(stretched, integer, atol=1e-3)
+    assert used.freqs is rotary.freqs and rotary.ref_shape == (2, 4, 4)  # shared, not copied; the module unchanged

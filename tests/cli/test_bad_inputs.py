@@ -1,16 +1,18 @@
 """Every bad input to the public API, one row each: the call, the exception and the words its message must hold.
 
-A row is ``(id, call, exception, *words)``: ``call()`` must raise ``exception`` (``ValueError``, or ``TypeError`` only
-where Python itself decides, e.g. a missing argument) whose message contains every word (plain text). A new
-option adds rows here; the table is the matrix of issue 9.
+A row is ``(id, call, exception, *words)``: ``call()`` must raise ``exception`` (``ValueError``, or ``TypeError`` where
+Python itself decides, e.g. a missing argument, or for an object of the wrong type) whose message contains every
+word (plain text). A new option adds rows here; the table is the matrix of issues 9 and 22.
 """
 import functools
 
 import pytest
+import timm
 import torch
 
 import visionpe as vpe
 from visionpe import Grid
+from visionpe.grid import Layout, MixedLayout
 
 NAN, INF = float("nan"), float("inf")
 VIT = "vit_tiny_patch16_224"
@@ -62,6 +64,18 @@ def image(*shape, dtype=torch.float32):
     return torch.randn(*shape).to(dtype)
 
 
+def keep(rows):
+    """A ``keep`` tensor (long) from nested lists."""
+    return torch.tensor(rows)
+
+
+class HalfRotary(torch.nn.Module):
+    """A user's rotary module that returns q cut to half its head_dim."""
+
+    def forward(self, q, k, grid):
+        return q[..., :q.shape[-1] // 2], k
+
+
 class NoFamily(vpe.Encoding):
     pass
 
@@ -110,6 +124,16 @@ def _other_model_weights():
     return path
 
 
+def _poisoned(value, path=None):
+    """``vit()``'s weights with ``value`` (NaN or inf) in one entry of ``head.weight``; written to ``path`` if given."""
+    state = {k: v.clone() for k, v in vit().state_dict().items()}
+    state["head.weight"][1, 2] = value
+    if path is None:
+        return state
+    vpe.save_weights(state, _tmp() / path)
+    return _tmp() / path
+
+
 VE = ValueError
 
 
@@ -144,6 +168,11 @@ ROWS = [
     ("grid-offset-str", lambda: Grid((2, 2), offset="ab"), VE, "offset", "one value per axis"),
     ("grid-offset-scalar", lambda: Grid((2, 2), offset=5), VE, "offset", "one value per axis"),
     ("grid-with-shape-bad", lambda: Grid((2, 2)).with_shape((0, 2)), VE, "shape", "positive integer"),
+    ("layout-keep-negative", lambda: Layout(G, keep([[-1, 0]])), VE, "keep", "-1 .. 0", "allowed 0 .. 5",
+     "not counted from the end"),
+    ("layout-keep-past-the-end", lambda: Layout(G, keep([[0, 6]])), VE, "keep", "0 .. 6", "allowed 0 .. 5"),
+    ("layout-keep-float", lambda: Layout(G, torch.zeros(1, 2)), VE, "keep", "integer tensor", "torch.float32"),
+    ("layout-keep-1d", lambda: Layout(G, keep([0, 1])), VE, "keep", "(batch, kept)", "(2,)"),
 
     # -- build: names and keywords ---------------------------------------------------------------------------------
     ("build-unknown-name", lambda: vpe.build("rope_fancy"), VE, "'rope_fancy'", "available", "sincos", "alibi"),
@@ -210,6 +239,9 @@ ROWS = [
                 (dict(sections=(2, 1, 1)), "sections", "ndim=2"), (dict(sections=(4, 0)), "sections", "positive"),
                 (dict(ndim=4), "ndim=4", "1, 2, 3"), (dict(head_dim=16, ndim=3), "head_dim=16", "divisible by 6")),
     # -- build: rope_mixed -----------------------------------------------------------------------------------------
+    ("build-rope_axial-mrope-sections-past-the-head",
+     lambda: vpe.build("rope_axial", head_dim=8, ndim=3, spectrum="mrope_interleaved", sections=(2, 2, 2)), VE,
+     "sections=(2, 2, 2)", "6 rotation pairs", "head_dim / 2 = 4", "at most"),
     *build_rows("rope_mixed", dict(head_dim=8, num_heads=2),
                 (dict(num_heads=0), "num_heads", "positive integer"),
                 (dict(num_heads=2.0), "num_heads", "positive integer"),
@@ -324,6 +356,29 @@ ROWS = [
     ("Attention-dim-zero", lambda: vpe.Attention(0, num_heads=2), VE, "dim", "positive integer"),
     ("Attention-dim-float", lambda: vpe.Attention(8.0, num_heads=2), VE, "dim", "positive integer"),
     ("Attention-wrong-width", lambda: vpe.Attention(8, num_heads=2)(x(dim=6), G), VE, "width 6", "dim=8"),
+    ("attend-bias-in-rotary-slot", lambda: vpe.attend(qk(), qk(), qk(), G, rotary=pe("alibi")), VE,
+     "rotary=ALiBi", "'bias' encoding", "pass it as bias="),
+    ("attend-rotary-in-bias-slot", lambda: vpe.attend(qk(), qk(), qk(), G, bias=pe("rope_mixed")), VE,
+     "bias=MixedRoPE", "'rotary' encoding", "pass it as rotary="),
+    ("attend-tokens-in-rotary-slot", lambda: vpe.attend(qk(), qk(), qk(), G, rotary=pe("sincos")), VE,
+     "'tokens' encoding", "added to the tokens before attention"),
+    ("attend-rotary-not-a-module", lambda: vpe.attend(qk(), qk(), qk(), G, rotary=lambda q, k, g: (q, k)), VE,
+     "rotary must be a torch.nn.Module", "None"),
+    ("attend-rotary-wrong-output", lambda: vpe.attend(qk(), qk(), qk(), G, rotary=HalfRotary()), VE,
+     "rotary HalfRotary returned", "(1, 2, 7, 4)", "(1, 2, 7, 8)"),
+    ("Attention-bias-in-rotary-slot", lambda: vpe.Attention(8, num_heads=2, rotary=pe("alibi")), VE,
+     "rotary=ALiBi", "pass it as bias="),
+    ("attend-keep-batch", lambda: vpe.attend(qk(tokens=3), qk(tokens=3), qk(tokens=3), Layout(G, keep([[0, 1]] * 2)),
+                                             bias=pe("alibi")), VE, "keep has 2 rows", "batch has 1", "1 row"),
+    ("attend-keep-device", lambda: vpe.attend(qk(tokens=3), qk(tokens=3), qk(tokens=3),
+                                              Layout(G, keep([[0, 1]]).to("meta")), pe("rope_axial")), VE,
+     "keep is on meta", "tokens are on cpu"),
+    ("attend-mixed-fewer-grids", lambda: vpe.attend(*[torch.randn(2, 2, 7, 8)] * 3, MixedLayout((G,)),
+                                                    pe("rope_axial")), VE, "1 grids", "batch has 2 samples"),
+    ("call-rope_axial-keep-batch", lambda: pe("rope_axial")(qk(tokens=3), qk(tokens=3), Layout(G, keep([[0, 1]] * 3))),
+     VE, "keep has 3 rows", "batch has 1"),
+    ("call-learned-keep-batch", lambda: pe("learned")(x(tokens=3, batch=2), Layout(G, keep([[0, 1]] * 3))), VE,
+     "keep has 3 rows", "batch has 2"),
 
     # -- register --------------------------------------------------------------------------------------------------
     ("register-bad-name", lambda: vpe.register("1bad", Mine), VE, "name='1bad'", "identifier"),
@@ -382,6 +437,27 @@ ROWS = [
     ("create-sincos-embed-dim", lambda: vpe.create_model(VIT, pe="sincos", **{**VIT_KW, "embed_dim": 18,
                                                                               "num_heads": 3}), VE,
      "dim=18", "divisible by 4"),
+    *[(f"create-{param}={value!r}", (lambda kw=kw: vpe.create_model(VIT, pe="learned", **{**VIT_KW, **kw})), VE,
+       *words) for kw, words in [
+        (dict(num_classes=-1), ("num_classes", "0 (no head", "positive integer", "-1")),
+        (dict(num_classes=2.0), ("num_classes", "positive integer", "2.0")),
+        (dict(in_chans=0), ("in_chans", "positive integer", "0")),
+        (dict(num_heads=2.0), ("num_heads", "positive integer", "2.0")),
+        (dict(depth=0), ("depth", "positive integer", "0")),
+        (dict(embed_dim=0), ("embed_dim", "positive integer")),
+        (dict(num_heads=3), ("embed_dim=16", "divisible by 3", "num_heads=3"))] for param, value in kw.items()],
+    ("create-rope-heads-not-dividing", lambda: vpe.create_model(VIT, pe="rope_axial", **{**VIT_KW, "num_heads": 3}),
+     VE, "embed_dim=16", "divisible by 3"),
+    ("create-swin-num-classes", lambda: vpe.create_model(SWIN, pe="swin_bias", **{**SWIN_KW, "num_classes": -1}), VE,
+     "num_classes", "positive integer", "-1"),
+    ("create-swin-depths-zero", lambda: vpe.create_model(SWIN, pe="swin_bias", **{**SWIN_KW, "depths": (0,)}), VE,
+     "depths", "one positive integer per stage", "(0,)"),
+    ("create-swin-num-heads-int", lambda: vpe.create_model(SWIN, pe="swin_bias", **{**SWIN_KW, "num_heads": 2}), VE,
+     "num_heads", "one positive integer per stage", "2"),
+    ("apply-depth-zero", lambda: vpe.apply(timm.create_model(VIT, **{**VIT_KW, "depth": 0}), "rope_axial"), VE,
+     "no blocks", "depth must be a positive integer"),
+    ("video-in-chans-zero", lambda: vpe.create_video_model(VIT, **{**VIDEO_KW, "in_chans": 0}), VE, "in_chans",
+     "positive integer"),
     ("apply-unknown-keyword", lambda: vpe.apply(vit("learned"), "learned", theta=10.0), VE, "pe keyword 'theta'",
      "learned"),
     ("create-swin_bias-on-vit", lambda: vpe.create_model(VIT, pe="swin_bias", **VIT_KW), VE,
@@ -409,8 +485,30 @@ ROWS = [
     ("forward-is-causal", lambda: vit()(image(1, 3, 16, 16), is_causal=True), VE, "is_causal=True", "not supported"),
     ("forward-attn-mask-shape", lambda: vit("alibi")(image(1, 3, 16, 16), attn_mask=torch.zeros(3, 3)), VE,
      "attn_mask", "(3, 3)", "(1, 2, 17, 17)"),
+    ("forward-masked-keep-negative", lambda: vit("rope_axial").forward_masked(image(1, 3, 16, 16), keep=keep([[-1]])),
+     VE, "keep", "allowed 0 .. 15"),
+    ("forward-masked-keep-batch", lambda: vit().forward_masked(image(2, 3, 16, 16), keep=keep([[0]] * 3)), VE,
+     "keep", "batch=2 or 1"),
     ("forward-intermediates-fmt", lambda: vit().forward_intermediates(image(1, 3, 16, 16), output_fmt="NHWC"), VE,
      "output_fmt='NHWC'", "'NCHW'", "'NLC'"),
+    ("forward-intermediates-index-past-depth", lambda: vit().forward_intermediates(image(1, 3, 16, 16), indices=[5]),
+     VE, "indices=[5]", "block(s) [5]", "depth=1", "allowed -1 .. 0"),
+    ("forward-intermediates-index-negative", lambda: vit().forward_intermediates(image(1, 3, 16, 16), indices=[-2]),
+     VE, "block(s) [-2]", "allowed -1 .. 0"),
+    ("forward-intermediates-last-n-zero", lambda: vit().forward_intermediates(image(1, 3, 16, 16), indices=0), VE,
+     "indices=0", "allowed 1 .. 1"),
+    ("forward-intermediates-last-n-past-depth", lambda: vit().forward_intermediates(image(1, 3, 16, 16), indices=3),
+     VE, "indices=3", "depth=1", "allowed 1 .. 1"),
+    ("forward-intermediates-index-str", lambda: vit().forward_intermediates(image(1, 3, 16, 16), indices="0"), VE,
+     "indices must be None, an int", "'0'"),
+    ("forward-float64-into-float32", lambda: vit()(image(1, 3, 16, 16, dtype=torch.float64)), VE,
+     "torch.float32 weights", "input is torch.float64", "x.to(torch.float32)", "autocast"),
+    ("forward-bfloat16-into-float32", lambda: vit("rope_mixed")(image(1, 3, 16, 16, dtype=torch.bfloat16)), VE,
+     "torch.float32 weights", "input is torch.bfloat16"),
+    ("forward-swin-float64", lambda: swin()(image(1, 3, 16, 16, dtype=torch.float64)), VE, "torch.float32 weights",
+     "torch.float64"),
+    ("video-forward-float16", lambda: video()(image(1, 3, 4, 16, 16, dtype=torch.float16)), VE,
+     "torch.float32 weights", "torch.float16"),
     ("forward-swin-no-batch-axis", lambda: swin()(image(3, 16, 16)), VE, "(B, C, H, W)", "x[None]"),
     ("forward-swin-one-channel", lambda: swin()(image(1, 1, 16, 16)), VE, "in_chans=3", "1 channels"),
     ("forward-swin-uint8", lambda: swin()(image(1, 3, 16, 16, dtype=torch.uint8)), VE, "floating-point"),
@@ -455,6 +553,17 @@ ROWS = [
      "Tensor"),
     ("load_weights-list", lambda: vpe.load_weights(vit(), [1, 2]), VE, "source", "state dict", "list"),
     ("load_weights-int", lambda: vpe.load_weights(vit(), 5), VE, "source", "state dict", "5"),
+    ("load_weights-nan-dict", lambda: vpe.load_weights(vit(), _poisoned(NAN)), VE, "state dict", "1 NaN or infinite",
+     "'head.weight'", "(3, 16)", "finite weights"),
+    ("load_weights-inf-file", lambda: vpe.load_weights(vit(), _poisoned(-INF, "inf.safetensors")), VE,
+     "inf.safetensors", "'head.weight'", "finite weights"),
+    ("save_weights-int-value", lambda: vpe.save_weights({"w": 1}, _tmp() / "s.safetensors"), TypeError,
+     "entry 'w' holds a int", "tensor values"),
+    ("save_weights-int-key", lambda: vpe.save_weights({3: torch.zeros(1)}, _tmp() / "s.safetensors"), TypeError,
+     "entry 3", "string keys"),
+    ("save_weights-list", lambda: vpe.save_weights([torch.zeros(1)], _tmp() / "s.safetensors"), TypeError,
+     "model_or_state", "torch.nn.Module or a state dict", "list"),
+    ("encodings_of-none", lambda: vpe.encodings_of(None), TypeError, "model must be a torch.nn.Module", "NoneType"),
     ("load_timm-list", lambda: vpe.load_timm_checkpoint(vit(), [torch.randn(2)]), VE, "source", "state dict", "list"),
     ("load_timm-tensor", lambda: vpe.load_timm_checkpoint(vit(), torch.randn(3)), VE, "source", "state dict",
      "Tensor"),
@@ -486,7 +595,7 @@ def test_bad_input_is_named(call, exc, words, tmp_path):
 
 
 def test_matrix_size_and_unique_ids():
-    assert len(ROWS) >= 130
+    assert len(ROWS) >= 332
     assert len({r[0] for r in ROWS}) == len(ROWS), "ids must be unique"
 
 
@@ -499,6 +608,15 @@ def test_peg_called_directly_with_half_input_works(dtype):
     assert out.dtype == dtype and out.shape == tokens.shape and torch.isfinite(out.float()).all()
     for name in ("sincos", "learned"):
         assert pe(name)(tokens, G).dtype == dtype
+
+
+def test_an_input_of_the_model_dtype_or_under_autocast_runs():
+    """The dtype check refuses only what PyTorch would: a bfloat16 model takes bfloat16 images, autocast casts."""
+    model = vpe.create_model(VIT, pe="rope_mixed", **VIT_KW).eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(image(1, 3, 16, 16, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    with torch.no_grad():
+        assert model.to(torch.float64)(image(1, 3, 16, 16, dtype=torch.float64)).dtype == torch.float64
 
 
 def test_unregister_gives_an_overwritten_builtin_back():

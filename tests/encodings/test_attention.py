@@ -10,6 +10,7 @@ from timm.layers import AttentionRope, RotaryEmbeddingCat
 
 import visionpe as vpe
 from visionpe import Attention, Grid, attend
+from visionpe.grid import Layout, MixedLayout
 from visionpe.tokens import Learned
 
 NAMES = ("sincos", "learned", "peg", "rope_axial", "rope_mixed", "swin_bias", "rel_bias", "cpb", "alibi")
@@ -56,6 +57,53 @@ def test_attend_masks_and_scale():
     torch.testing.assert_close(attend(q, k, v, grid, bias=bias, attn_mask=keep, scale=0.3), ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(attend(q, k, v, grid, bias=bias, attn_mask=float_mask, scale=0.3), ref,
                                atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sincos", "rope_axial", "rope_mixed", "rel_bias", "alibi"])
+def test_an_encoding_in_the_other_slot_is_refused(name):
+    """A bias passed as ``rotary=`` (or the reverse, or a tokens encoding in either) is named, with its own slot."""
+    pe = vpe.build(name, **build_kwargs(name, 2))
+    grid = Grid((3, 4), prefix=1)
+    q = torch.randn(1, NUM_HEADS, grid.num_tokens, HEAD_DIM)
+    for slot in {"rotary", "bias"} - {pe.family}:
+        hint = f"pass it as {pe.family}=" if pe.family != "tokens" else "added to the tokens before attention"
+        with pytest.raises(ValueError, match=f"{slot}={type(pe).__name__} is a '{pe.family}' encoding.*{hint}"):
+            attend(q, q, q, grid, **{slot: pe})
+        with pytest.raises(ValueError, match=f"{slot}={type(pe).__name__} is a '{pe.family}' encoding"):
+            Attention(DIM, num_heads=NUM_HEADS, **{slot: pe})
+    with pytest.raises(ValueError, match="rotary must be a torch.nn.Module"):
+        attend(q, q, q, grid, rotary=lambda q, k, grid: (q, k))
+
+
+class UserRotary(torch.nn.Module):
+    """A user's rotary module without a ``family`` attribute (accepted in the rotary slot), returning ``out(q, k)``."""
+
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+
+    def forward(self, q, k, grid):
+        return self.out(q, k)
+
+
+@pytest.mark.parametrize("out,got", [(lambda q, k: (q[..., :4], k), "[(1, 2, 13, 4), (1, 2, 13, 8)]"),
+                                     (lambda q, k: (q, k[:, :, :-1]), "[(1, 2, 13, 8), (1, 2, 12, 8)]"),
+                                     (lambda q, k: q, "returned Tensor"),
+                                     (lambda q, k: (q, k, q), "returned [(1, 2, 13, 8), (1, 2, 13, 8), (1, 2, 13")],
+                         ids=["narrower-q", "fewer-k-tokens", "one-tensor", "three-tensors"])
+def test_attend_checks_what_a_rotary_returns(out, got):
+    grid = Grid((3, 4), prefix=1)
+    q = torch.randn(1, 2, grid.num_tokens, 8)
+    torch.testing.assert_close(attend(q, q, q, grid, UserRotary(lambda q, k: (q, k))), attend(q, q, q, grid))
+    # the plain, the kept-patches and the mixed-batch paths
+    for layout in (grid, Layout(grid, torch.arange(12)[None]), MixedLayout((grid,))):
+        with pytest.raises(ValueError) as info:
+            attend(q, q, q, layout, UserRotary(out))
+        message = str(info.value)
+        assert message.startswith("rotary UserRotary returned") and got in message, message
+        assert "must return (q, k) of the shapes it was given, (1, 2, 13, 8) and (1, 2, 13, 8)" in message
+    with pytest.raises(ValueError, match="rotary UserRotary returned"):  # the mixed-batch path
+        attend(q, q, q, MixedLayout((grid,)), UserRotary(out))
 
 
 @requires("torch", "2.3", "PyTorch's fused CPU attention kernel with a bias")

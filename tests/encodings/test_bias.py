@@ -232,3 +232,15 @@ def test_pair_bias_is_the_gathered_table_with_prefix_rows(shape, window, prefix,
     for grad, reference in zip(torch.autograd.grad(result, leaves, upstream),
                                torch.autograd.grad(expected, leaves, upstream)):
         torch.testing.assert_close(grad, reference)
+
+
+def test_alibi_is_exact_at_any_offset_and_cached_per_spacing():
+    """An offset cancels in distances: a crop at 3e7 (past float32's exact integers) or 1e300 gets the table of the
+    origin, not one with neighbours at distance 0 or NaN; a table cached for one spacing is not served to another."""
+    pe = vpe.build("alibi", num_heads=2)
+    origin = pe(Grid((2, 3), prefix=1))
+    for offset in [(3e7, 0.5), (1e300, -1e300)]:
+        assert torch.equal(pe(Grid((2, 3), prefix=1, offset=offset)), origin), offset
+    spaced = pe(Grid((2, 3), prefix=1, spacing=(2.0, 1.0)))
+    assert spaced[0, 1, 4] == 2 * origin[0, 1, 4] != 0  # patches 0 and 3 are one row apart: distance 2, not 1
+    torch.testing.assert_close(pe(Grid((2, 3), prefix=1, spacing=(2.0, 1.0), offset=(5e8, 0))), spaced)

@@ -54,6 +54,14 @@ def test_mixed_layout_checks():
         MixedLayout(())
     with pytest.raises(ValueError, match="same prefix"):
         MixedLayout((Grid((2, 2), prefix=1), Grid((2, 2))))
+    layout = MixedLayout((Grid((2, 2), prefix=1), Grid((1, 2), prefix=1)))  # 2 grids for a batch of 4
+    q = torch.randn(4, 2, layout.num_tokens, 8)
+    for rotary, bias in [(vpe.build("rope_axial", head_dim=8, num_heads=2), None),
+                         (None, vpe.build("alibi", num_heads=2))]:
+        with pytest.raises(ValueError, match="2 grids but the batch has 4 samples"):
+            vpe.attend(q, q, q, layout, rotary, bias)
+    with pytest.raises(ValueError, match="2 grids but the batch has 4 samples"):
+        layout.per_grid(torch.randn(4, layout.num_tokens, 8), lambda x, grid: x)
     model = vpe.create_model("vit_tiny_patch16_224", pe="learned", global_pool="max", **KW)
     with pytest.raises(ValueError, match="global_pool 'token' or 'avg'"):
         model.forward_batch([torch.randn(3, 16, 16)])

@@ -103,3 +103,11 @@ def test_timm_sbb_eva_rope_model_loads_with_identical_logits():
         x = torch.randn(2, 3, *size)
         with torch.no_grad():
             assert (ours(x) - eva(x)).abs().max() < 1e-5, size
+
+
+def test_interleaved_mrope_sections_past_the_head_are_refused():
+    """Sections may leave pairs to axis 0 (timm, GenLIP) but not ask for more than head_dim / 2 (they were dropped)."""
+    vpe.build("rope_axial", head_dim=32, ndim=3, spectrum="mrope_interleaved", sections=(4, 4, 4))  # 12 of 16
+    vpe.build("rope_axial", head_dim=32, ndim=3, spectrum="mrope_interleaved", sections=(4, 6, 6))  # all 16
+    with pytest.raises(ValueError, match=r"sections=\(4, 8, 8\) ask for 20 rotation pairs but head_dim / 2 = 16"):
+        vpe.build("rope_axial", head_dim=32, ndim=3, spectrum="mrope_interleaved", sections=(4, 8, 8))

@@ -141,3 +141,73 @@ def test_peg_after_the_first_block_as_cpvt():
         vpe.create_model("vit_tiny_patch16_224", pe="peg", pe_kwargs={"block_index": 5}, **VIT_KW)
     one_block = vpe.create_model("vit_tiny_patch16_224", pe="peg", **{**VIT_KW, "depth": 1})
     assert one_block.pe_tokens.block_index == 0
+
+
+@pytest.mark.parametrize("bad", [[-1, 0], [0, 6], [2, 100]], ids=["negative", "one-past-the-end", "far"])
+def test_keep_indices_outside_the_grid_are_refused(bad):
+    """-1 is not counted from the end (it would take the prefix token's position); N and beyond do not exist."""
+    grid = Grid((2, 3), prefix=1)
+    with pytest.raises(ValueError, match=r"allowed 0 \.\. 5"):
+        Layout(grid, torch.tensor([bad]))
+    Layout(grid, torch.tensor([[0, 5]]))  # both ends allowed
+    model = vpe.create_model("vit_tiny_patch16_224", pe="rope_axial+learned", **VIT_KW).eval()
+    with pytest.raises(ValueError, match=r"allowed 0 \.\. 15"):
+        model.forward_masked(torch.randn(1, 3, 16, 16), keep=torch.tensor([[-1, 3]]))
+
+
+def test_a_meta_keep_is_checked_for_its_device_not_its_values():
+    """A meta tensor has no values to range-check; it is refused at the call, where the tokens' device is known."""
+    grid = Grid((2, 3), prefix=1)
+    layout = Layout(grid, torch.tensor([[0, 3]], device="meta"))
+    q = torch.randn(2, HEADS, 3, HEAD_DIM)
+    with pytest.raises(ValueError, match="keep is on meta but the tokens are on cpu"):
+        vpe.attend(q, q, q, layout, vpe.build("rope_axial", head_dim=HEAD_DIM, num_heads=HEADS))
+    with pytest.raises(ValueError, match="keep is on meta but the tokens are on cpu"):
+        vpe.build("sincos", dim=8)(torch.randn(2, 3, 8), layout)
+
+
+@pytest.mark.parametrize("ndim", [2, 3])
+@pytest.mark.parametrize("name", ROTARY_BIAS + ["sincos", "learned"])
+def test_one_keep_row_is_the_same_patches_for_every_sample(name, ndim):
+    """keep ``(1, K)`` with a batch of 3 equals the row repeated 3 times, in every family."""
+    if ndim not in ENCODINGS[name].ndims:
+        pytest.skip(f"{name} is defined for {ENCODINGS[name].ndims}D grids")
+    torch.manual_seed(0)
+    shape = SHAPES[ndim]
+    pe = ENCODINGS[name].for_model(vpe.ModelContext(shape, HEADS * HEAD_DIM, HEADS, HEAD_DIM, num_prefix_tokens=1))
+    for p in pe.parameters():
+        torch.nn.init.normal_(p)
+    grid = Grid(shape, prefix=1)
+    one = random_keep(1, grid.num_patches, 5)
+    shared, repeated = Layout(grid, one), Layout(grid, one.expand(3, -1).contiguous())
+    if pe.family == "tokens":
+        x = torch.randn(3, shared.num_tokens, HEADS * HEAD_DIM)
+        torch.testing.assert_close(pe(x, shared), pe(x, repeated), rtol=0, atol=0)
+        return
+    q, k, v = torch.randn(3, 3, HEADS, shared.num_tokens, HEAD_DIM).unbind(0)
+    rotary, bias = (pe, None) if pe.family == "rotary" else (None, pe)
+    torch.testing.assert_close(vpe.attend(q, k, v, shared, rotary, bias), vpe.attend(q, k, v, repeated, rotary, bias),
+                               rtol=1e-6, atol=1e-6)  # broadcast and batched products round differently
+
+
+def test_forward_masked_with_one_keep_row():
+    torch.manual_seed(0)
+    model = vpe.create_model("vit_tiny_patch16_224", pe="rope_mixed+learned+rel_bias", **VIT_KW).eval()
+    x = torch.randn(2, 3, 16, 16)
+    one = torch.tensor([[5, 0, 9]])
+    with torch.no_grad():
+        tokens, keep = model.forward_masked(x, keep=one)
+        expected, _ = model.forward_masked(x, keep=one.expand(2, -1))
+    assert keep.shape == (2, 3) and torch.equal(keep, one.expand(2, -1))
+    torch.testing.assert_close(tokens, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="batch=2 or 1"):
+        model.forward_masked(x, keep=torch.zeros(3, 4, dtype=torch.long))
+
+
+def test_a_keep_batch_unlike_the_tokens_is_refused():
+    layout = Layout(Grid((2, 3), prefix=1), random_keep(2, 6, 2))
+    q = torch.randn(3, HEADS, 3, HEAD_DIM)
+    for rotary, bias in [(vpe.build("rope_axial", head_dim=HEAD_DIM, num_heads=HEADS), None),
+                         (None, vpe.build("alibi", num_heads=HEADS))]:
+        with pytest.raises(ValueError, match="keep has 2 rows but the batch has 3 samples"):
+            vpe.attend(q, q, q, layout, rotary, bias)

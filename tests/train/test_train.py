@@ -220,3 +220,16 @@ def test_visualize_reads_a_real_run_directory(rope_run, tmp_path):
                             env={**os.environ, "MPLBACKEND": "Agg"})
     assert result.returncode == 0, result.stderr
     assert png.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("pe", ["rope_mixed", "timm"])
+def test_deit_models_train(tmp_path, pe):
+    """timm's DeiT models (timm.models.deit) train with a visionpe encoding and natively (--pe timm): the config
+    names the DeiT model and the exported weights load into it."""
+    out = tmp_path / pe
+    summary = run("--model", "deit_tiny_patch16_224", "--pe", pe, "--epochs", "1", out=out)
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert cfg["model"] == "deit_tiny_patch16_224" and cfg["pe"] == pe
+    assert 0 <= summary["results"]["last"]["16"]["acc"] <= 100
+    model = models.build_model(cfg)
+    model.load_state_dict(load_file(out / "last.safetensors"))

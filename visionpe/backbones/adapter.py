@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .._checks import to_shape
+from .._checks import check_divisible, check_positive_int, to_shape
+from .._compat import is_autocast_enabled
 from ..encoding import Encoding, ModelContext, constructor_keywords
 from ..registry import ENCODINGS, check_keywords, check_name
 from ..rotary.sections import video_sections
@@ -243,6 +244,32 @@ def check_img_size(timm_kwargs: dict) -> None:
                          f"patch_size={timm_kwargs['patch_size']!r}")
 
 
+def check_model_sizes(timm_kwargs: dict, stages: bool = False) -> None:
+    """The sizes a user gives a timm model, checked before timm builds it (timm accepts ``num_classes=-1`` and
+    ``in_chans=0`` and fails later, or deep inside, on the others): ``num_classes`` 0 (no head: pooled features, as
+    timm) or more, ``in_chans`` and ``embed_dim`` positive; a ViT's ``depth`` and ``num_heads`` positive integers
+    with ``embed_dim`` divisible by ``num_heads`` (when both are given); with ``stages`` (Swin) ``depths`` and
+    ``num_heads`` one positive integer per stage."""
+    if "num_classes" in timm_kwargs:
+        value = timm_kwargs["num_classes"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"num_classes must be 0 (no head: the pooled features) or a positive integer, got "
+                             f"{value!r}")
+    for param in ("in_chans", "embed_dim") + (() if stages else ("depth", "num_heads")):
+        if param in timm_kwargs:
+            check_positive_int(param, timm_kwargs[param])
+    if stages:
+        for param in ("depths", "num_heads"):
+            value = timm_kwargs.get(param)
+            if value is not None and not (isinstance(value, (tuple, list)) and value
+                                          and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                  for v in value)):
+                raise ValueError(f"{param} must be one positive integer per stage, e.g. (2, 2, 6, 2), got {value!r}")
+    elif "embed_dim" in timm_kwargs and "num_heads" in timm_kwargs:
+        check_divisible("embed_dim", timm_kwargs["embed_dim"], timm_kwargs["num_heads"],
+                        f"num_heads={timm_kwargs['num_heads']} heads of equal width")
+
+
 def default_sections(name: str | None, head_dim: int) -> dict:
     """What a video backbone gives the rotary encoding ``name`` on its ``(T, H, W)`` grid: ``{"sections":
     video_sections(head_dim)}`` when the head's pairs do not split into three equal bands and the encoding splits
@@ -253,9 +280,10 @@ def default_sections(name: str | None, head_dim: int) -> dict:
     return {"sections": video_sections(head_dim)}
 
 
-def check_input(x, patch_size, in_chans: int, model_name: str) -> None:
+def check_input(x, patch_size, in_chans: int, model_name: str, dtype: torch.dtype | None = None) -> None:
     """A clear error for an input the model cannot take: ``(B, C, *spatial)`` floating, ``C = in_chans``, each
-    spatial side a positive multiple of the patch (tubelet) size."""
+    spatial side a positive multiple of the patch (tubelet) size, and (given the model's ``dtype``) of that dtype
+    unless autocast casts it (timm raises PyTorch's "Input type and bias type should be the same")."""
     spatial = len(patch_size)
     if not isinstance(x, torch.Tensor) or x.ndim != 2 + spatial:
         layout = "(B, C, T, H, W)" if spatial == 3 else "(B, C, H, W)"
@@ -268,6 +296,9 @@ def check_input(x, patch_size, in_chans: int, model_name: str) -> None:
                          f"e.g. x.float() / 255)")
     if x.shape[1] != in_chans:
         raise ValueError(f"{model_name} was built with in_chans={in_chans} but the input has {x.shape[1]} channels")
+    if dtype is not None and x.dtype != dtype and not is_autocast_enabled(x.device.type):
+        raise ValueError(f"{model_name} has {dtype} weights but the input is {x.dtype}: pass x.to({dtype}), or run "
+                         f"under torch.autocast")
     sizes = tuple(x.shape[2:])
     if any(s % m or s < m for s, m in zip(sizes, patch_size)):
         raise ValueError(f"input size {sizes} does not fit {model_name}: each side must be a positive multiple of "
@@ -281,7 +312,8 @@ class PositionalModel:
     pe: str = "none"
 
     def check_input(self, x: torch.Tensor) -> None:
-        check_input(x, tuple(self.patch_embed.patch_size), self.patch_embed.proj.in_channels, type(self).__name__)
+        proj = self.patch_embed.proj
+        check_input(x, tuple(self.patch_embed.patch_size), proj.in_channels, type(self).__name__, proj.weight.dtype)
 
     def no_weight_decay(self) -> set[str]:
         """The base model's set (timm's; none for torchvision and transformers models) plus what every encoding

@@ -50,6 +50,7 @@ from transformers.models.swin.modeling_swin import SwinForImageClassification, S
 from transformers.models.vit.modeling_vit import ViTForImageClassification, ViTLayer, ViTModel
 
 from ..attention import attend
+from ..coords import shares_draws
 from ..encoding import ModelContext, constructor_keywords
 from ..grid import Grid, Layout
 from ..registry import ENCODINGS
@@ -201,6 +202,7 @@ class GridViTModel(PositionalModel):
             x = self.pe_tokens(x, grid)
         return self.embeddings.dropout(x), Layout(grid)
 
+    @shares_draws
     def forward(self, pixel_values: torch.Tensor | None = None, bool_masked_pos: torch.Tensor | None = None,
                 interpolate_pos_encoding: bool | None = None, attention_mask: torch.Tensor | None = None,
                 grid_offset=None, output_attentions: bool | None = None, output_hidden_states=None,
@@ -339,6 +341,7 @@ class SwinModelPE(PositionalModel, SwinModel):
     def check_input(self, x: torch.Tensor) -> None:
         check_input(x, (1, 1), self.embeddings.patch_embeddings.projection.in_channels, type(self).__name__)
 
+    @shares_draws
     def forward(self, pixel_values: torch.Tensor | None = None, *args, **kwargs):
         self.check_input(pixel_values)
         kwargs.setdefault("output_attentions", self.config.output_attentions)

@@ -11,17 +11,19 @@ import math
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from timm.models.swin_transformer import SwinTransformer
-from timm.models.swin_transformer_v2 import SwinTransformerV2
+from timm.models._manipulate import checkpoint
+from timm.models.swin_transformer import SwinTransformer, SwinTransformerStage
+from timm.models.swin_transformer_v2 import SwinTransformerV2, SwinTransformerV2Stage
 from torch import nn
 
 from ..attention import attend
 from ..bias import ContinuousPositionBias, SwinBias
+from ..coords import shares_draws, with_draws
 from ..encoding import ModelContext
 from ..grid import Grid
 from .._checks import to_shape
-from .adapter import (Adapter, EncodingSet, PositionalModel, check_img_size, check_window_families,
-                      register_adapter)
+from .adapter import (Adapter, EncodingSet, PositionalModel, check_img_size, check_model_sizes,
+                      check_window_families, register_adapter)
 
 
 class WindowAttention(nn.Module):
@@ -32,6 +34,7 @@ class WindowAttention(nn.Module):
     """
 
     attention: str = "auto"
+    table_resize: str | None = "geometric"  # how set_window_size resizes a Swin table: timm's (None: the table's own)
 
     def __init__(self, source: nn.Module, rotary=None, bias=None):
         super().__init__()
@@ -45,10 +48,17 @@ class WindowAttention(nn.Module):
         self.rotary, self.bias = rotary, bias
 
     def set_window_size(self, window_size) -> None:
-        """Called by timm's ``set_input_size``: a new window resizes a table bias (as timm does)."""
+        """Called by timm's ``set_input_size``, as timm's window attentions: a Swin table is resized geometrically
+        (timm ``resize_rel_pos_bias_table``), a CPB normalises offsets by the new window unless it has a pretrained
+        window (timm ``SwinTransformerV2``), another table bias is resized its own way."""
         window_size = tuple(window_size)
-        if window_size != self.window_size and hasattr(self.bias, "resize"):
-            self.bias.resize(window_size)
+        if window_size != self.window_size:
+            if isinstance(self.bias, SwinBias):
+                self.bias.resize(window_size, interpolation=self.table_resize)
+            elif isinstance(self.bias, ContinuousPositionBias):
+                self.bias.set_window_size(window_size)
+            elif hasattr(self.bias, "resize"):
+                self.bias.resize(window_size)
         self.window_size = window_size
 
     def _qkv(self, x: torch.Tensor) -> torch.Tensor:
@@ -71,20 +81,53 @@ class WindowAttention(nn.Module):
         return self.proj_drop(self.proj(rearrange(out, "b h t d -> b t (h d)")))
 
 
-class SwinTransformerPE(PositionalModel, SwinTransformer):
-    """timm ``SwinTransformer`` with visionpe encodings inside its windows."""
+class GridStage:
+    """Mixin of timm's Swin (v1, v2) stages: their forward, with activation checkpointing per block that carries the
+    forward's coordinate augmentation draws into the recomputation (:func:`~visionpe.coords.with_draws`)."""
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.downsample(x)
+        for block in self.blocks:
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(with_draws(block), x)
+            else:
+                x = block(x)
+        return x
+
+
+class GridSwinStage(GridStage, SwinTransformerStage):
+    pass
+
+
+class GridSwinV2Stage(GridStage, SwinTransformerV2Stage):
+    pass
+
+
+GRID_STAGES = {SwinTransformerStage: GridSwinStage, SwinTransformerV2Stage: GridSwinV2Stage}
+
+
+class SwinTransformerPE(PositionalModel, SwinTransformer):
+    """timm ``SwinTransformer`` with visionpe encodings inside its windows; coordinate augmentation (training) is
+    drawn once per forward, shared by every block."""
+
+    @shares_draws
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         return super().forward_features(x)
+
+    forward_intermediates = shares_draws(SwinTransformer.forward_intermediates)
 
 
 class SwinTransformerV2PE(PositionalModel, SwinTransformerV2):
-    """timm ``SwinTransformerV2`` with visionpe encodings inside its windows."""
+    """timm ``SwinTransformerV2`` with visionpe encodings inside its windows; coordinate augmentation (training) is
+    drawn once per forward, shared by every block."""
 
+    @shares_draws
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         return super().forward_features(x)
+
+    forward_intermediates = shares_draws(SwinTransformerV2.forward_intermediates)
 
 
 def apply_swin(model: nn.Module, names: dict, kwargs: dict) -> None:
@@ -94,6 +137,8 @@ def apply_swin(model: nn.Module, names: dict, kwargs: dict) -> None:
     model.dynamic_img_size = True
     encodings = EncodingSet(names, kwargs)
     for stage in model.layers:
+        if type(stage) in GRID_STAGES:
+            stage.__class__ = GRID_STAGES[type(stage)]
         for block in stage.blocks:
             block.dynamic_mask = True
             source = block.attn
@@ -121,9 +166,11 @@ def take_over_bias(bias: nn.Module | None, source: nn.Module) -> None:
 
 def any_size_swin(timm_kwargs: dict) -> dict:
     """timm's way of running a Swin at any input size: ``strict_img_size=False`` (the caller's value wins);
-    ``img_size`` checked against ``patch_size``, a ``window_size`` of 2 sides."""
+    ``img_size`` checked against ``patch_size``, a ``window_size`` of 2 sides, the model sizes
+    (:func:`check_model_sizes`, one depth and head count per stage)."""
     timm_kwargs.setdefault("strict_img_size", False)
     check_img_size(timm_kwargs)
+    check_model_sizes(timm_kwargs, stages=True)
     if "window_size" in timm_kwargs:
         to_shape("window_size", timm_kwargs["window_size"], 2)
     return timm_kwargs

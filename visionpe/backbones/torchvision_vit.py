@@ -30,6 +30,7 @@ from torchvision.models.vision_transformer import EncoderBlock, VisionTransforme
 
 from .._checks import check_positive_int, to_shape
 from ..attention import attend
+from ..coords import shares_draws
 from ..encoding import ModelContext
 from ..grid import Grid, Layout
 from .adapter import (Adapter, EncodingSet, PositionalModel, build_tokens, check_global_families, check_input,
@@ -99,6 +100,7 @@ class TorchvisionViTPE(PositionalModel, VisionTransformer):
             x = self.pe_tokens(x, grid)
         return self.encoder.dropout(x), Layout(grid)
 
+    @shares_draws
     def forward_features(self, x: torch.Tensor, grid_offset=None) -> torch.Tensor:
         """Normed tokens ``(B, 1 + N, D)`` after the encoder."""
         x, layout = self.embed(x, grid_offset)

@@ -14,7 +14,7 @@ from torch import nn
 
 from .._checks import check_divisible, check_positive_int, to_shape
 from ..weights.convert import inflate_patch_weight
-from .adapter import default_sections, parse_pe, route_kwargs
+from .adapter import check_model_sizes, default_sections, parse_pe, route_kwargs
 from .api import apply
 
 
@@ -71,6 +71,7 @@ def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int 
         raise ValueError(f"model_name={model_name!r}: video models are built on timm ViTs (vit_*, deit_*)")
     tubelet_size = to_shape("tubelet_size", tubelet_size, 3)
     check_positive_int("num_frames", num_frames)
+    check_model_sizes(timm_kwargs)
     check_divisible("num_frames", num_frames, tubelet_size[0], f"whole tubelets of tubelet_size={tubelet_size}")
     if "img_size" in timm_kwargs:
         img_size = to_shape("img_size", timm_kwargs["img_size"], 2)

@@ -25,6 +25,7 @@ window are zero-padded inside each attention.
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -36,6 +37,7 @@ from torchvision.models.video.swin_transformer import ShiftedWindowAttention3d, 
 from .._checks import check_choice
 from ..attention import attend
 from ..bias import RelativePositionBias, SwinBias
+from ..coords import shares_draws
 from ..encoding import ModelContext
 from ..grid import Grid
 from .adapter import Adapter, EncodingSet, PositionalModel, check_input, default_sections, register_adapter
@@ -87,6 +89,7 @@ class VideoWindowAttention(WindowAttention):
     """
 
     cosine = False
+    table_resize = None  # torchvision has no window change: a table keeps its own (bicubic) resize
 
     def __init__(self, source: nn.Module, rotary=None, bias=None, table_slicing: str = "torchvision"):
         nn.Module.__init__(self)
@@ -123,6 +126,21 @@ class VideoWindowAttention(WindowAttention):
             state_dict[prefix + "bias.relative_position_bias_table"] = state_dict.pop(table)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def _window_rotary(self, window):
+        """The rotary encoding on an effective window: a window shrunk to a short axis is the configured window with
+        fewer patches, so a scaled RoPE (``pi``/``ntk``/``yarn`` against ``ref_shape``) scales it as the configured
+        window, i.e. against ``ref * effective / configured`` (the effective window itself when the reference is the
+        window), never stretching the short axis. A shallow copy: parameters, buffers and cache are shared."""
+        rotary = self.rotary
+        ref = getattr(rotary, "ref_shape", None)
+        if rotary is None or ref is None or getattr(rotary, "scaling", "none") == "none" \
+                or tuple(window) == tuple(self.window_size):
+            return rotary
+        effective = copy.copy(rotary)
+        effective.ref_shape = tuple(r * e // w if r * e % w == 0 else r * e / w
+                                    for r, e, w in zip(ref, window, self.window_size))
+        return effective
+
     def _table_bias(self, window) -> torch.Tensor | None:
         """torchvision's slice of the full-window table bias for a shrunk window, ``(heads, n, n)``; None when the
         bias goes through :func:`visionpe.attend` on the effective grid."""
@@ -152,7 +170,7 @@ class VideoWindowAttention(WindowAttention):
             shifted = shift_mask(padded, window, shift, x.device, q.dtype)
             shifted = rearrange(shifted[None].expand(b, -1, -1, -1), "b nw n m -> (b nw) 1 n m")
             mask = shifted if mask is None else mask + shifted
-        out = attend(q, k, v, Grid(window), self.rotary, bias, mask,
+        out = attend(q, k, v, Grid(window), self._window_rotary(window), bias, mask,
                      dropout_p=self.attention_dropout if self.training else 0.0, attention=self.attention)
         out = F.dropout(self.proj(rearrange(out, "n h t d -> n t (h d)")), p=self.dropout, training=self.training)
 
@@ -182,6 +200,7 @@ class SwinTransformer3dPE(PositionalModel, _NoWeightDecayBase, SwinTransformer3d
     def check_input(self, x: torch.Tensor) -> None:
         check_input(x, (1, 1, 1), self.patch_embed.proj.in_channels, type(self).__name__)
 
+    @shares_draws
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         return super().forward(x)

@@ -10,6 +10,7 @@ their attention :class:`visionpe.Attention` with timm's weights and names.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from einops import rearrange
@@ -22,11 +23,12 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.checkpoint import checkpoint
 
 from ..attention import Attention
+from ..coords import shares_draws, with_draws
 from ..encoding import ModelContext
 from .._checks import check_number
 from ..grid import Grid, Layout, MixedLayout
 from .adapter import (Adapter, EncodingSet, PositionalModel, build_tokens, check_global_families, check_img_size,
-                      register_adapter)
+                      check_model_sizes, register_adapter)
 
 
 class GridBlock(Block):
@@ -56,6 +58,8 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
     Token subsets keep their positions: timm's ``patch_drop_rate`` (training) and :meth:`forward_masked` (MAE's
     encoder on the visible patches) pass a :class:`~visionpe.grid.Layout` with the kept patches to every block.
     A tokens encoding with ``block_index = i > 0`` (PEG after the first block, as CPVT) is added before block ``i``.
+    Coordinate augmentation (training) is drawn once per forward and shared by every block, as timm's Eva
+    (:func:`~visionpe.coords.coordinate_draws`; ``draw_coords="block"`` for a draw per block).
     """
 
     pe_tokens: nn.Module | None
@@ -106,6 +110,7 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
             x = layout.per_grid(x, self.pe_tokens)
         return self.norm_pre(self.pos_drop(x)), layout
 
+    @shares_draws
     def forward_batch(self, images) -> torch.Tensor:
         """Logits ``(B, num_classes)`` of a list of images of different sizes, run as one padded batch (padded keys
         masked, each image on its own grid). Pooling: ``"token"`` or ``"avg"`` over each image's own patches."""
@@ -133,11 +138,12 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
             if late is not None and i == late.block_index:
                 x = layout.per_grid(x, late) if isinstance(layout, MixedLayout) else late(x, layout.unwrap())
             if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
-                x = checkpoint(block, x, layout, attn_mask, use_reentrant=False)
+                x = checkpoint(with_draws(block), x, layout, attn_mask, use_reentrant=False)
             else:
                 x = block(x, layout, attn_mask)
             yield x
 
+    @shares_draws
     def forward_features(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                          grid_offset=None) -> torch.Tensor:
         check_not_causal(is_causal)
@@ -150,6 +156,7 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
                 grid_offset=None) -> torch.Tensor:
         return self.forward_head(self.forward_features(x, attn_mask, is_causal, grid_offset))
 
+    @shares_draws
     def forward_masked(self, x: torch.Tensor, mask_ratio: float = 0.75, keep: torch.Tensor | None = None,
                        grid_offset=None) -> tuple[torch.Tensor, torch.Tensor]:
         """MAE's encoder: the blocks run on the visible patches only, each with its own position.
@@ -157,7 +164,8 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
         Args:
             x: images ``(B, C, H, W)`` (clips ``(B, C, T, H, W)``).
             mask_ratio: fraction of patches hidden, drawn uniformly per sample as MAE does (ignored with ``keep``).
-            keep: ``(B, K)`` patch indices (row-major) to keep instead of a random draw.
+            keep: ``(B, K)`` patch indices (row-major, ``0 .. N - 1``) to keep instead of a random draw, or ``(1, K)``:
+                the same patches for every sample.
         Returns:
             ``(tokens, keep)``: normed tokens ``(B, P + K, D)`` (prefix first, then the kept patches in ``keep``
             order) and the ``(B, K)`` indices.
@@ -175,8 +183,9 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
         x, layout = self.embed(x, grid_offset, keep)
         for x in self.run_blocks(x, layout):
             pass
-        return self.norm(x), layout.keep
+        return self.norm(x), layout.keep.expand(x.shape[0], -1)
 
+    @shares_draws
     def forward_intermediates(self, x: torch.Tensor, indices=None, return_prefix_tokens: bool = False,
                               norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
                               intermediates_only: bool = False, output_dict: bool = False,
@@ -185,6 +194,7 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt={output_fmt!r} is not supported; allowed values: 'NCHW', 'NLC'")
         check_not_causal(is_causal)
+        check_block_indices(indices, len(self.blocks))
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         x, layout = self.embed(x, grid_offset)
         intermediates = []
@@ -210,13 +220,34 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
         return intermediates if intermediates_only else (self.norm(x), intermediates)
 
 
+def check_block_indices(indices, depth: int) -> None:
+    """``indices`` of ``forward_intermediates`` as timm reads them: None (every block), an int ``n`` (the last ``n``
+    blocks, ``1 .. depth``) or a sequence of block indices (``-depth .. depth - 1``, negative from the end)."""
+    if indices is None:
+        return
+    if isinstance(indices, int) and not isinstance(indices, bool):
+        if not 1 <= indices <= depth:
+            raise ValueError(f"indices={indices} asks for the last {indices} blocks but the model has depth={depth}: "
+                             f"allowed 1 .. {depth} (or a list of block indices)")
+        return
+    if not isinstance(indices, Sequence) or isinstance(indices, str) \
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
+        raise ValueError(f"indices must be None, an int (the last n blocks) or a list of block indices, got "
+                         f"{indices!r}")
+    outside = [i for i in indices if not -depth <= i < depth]
+    if outside:
+        raise ValueError(f"indices={list(indices)}: block(s) {outside} do not exist in a model of depth={depth}; "
+                         f"allowed {-depth} .. {depth - 1}")
+
+
 def keep_tokens(x: torch.Tensor, grid: Grid, keep: torch.Tensor) -> torch.Tensor:
-    """The prefix tokens and the kept patches of each sample: ``(B, P + N, D) -> (B, P + K, D)``."""
-    if not isinstance(keep, torch.Tensor) or keep.ndim != 2 or keep.shape[0] != x.shape[0] \
+    """The prefix tokens and the kept patches of each sample: ``(B, P + N, D) -> (B, P + K, D)``; ``keep`` ``(B, K)``
+    or ``(1, K)`` (the same patches for every sample)."""
+    if not isinstance(keep, torch.Tensor) or keep.ndim != 2 or keep.shape[0] not in (1, x.shape[0]) \
             or keep.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"keep must be a (batch={x.shape[0]}, kept) integer tensor of patch indices, got "
+        raise ValueError(f"keep must be a (batch={x.shape[0]} or 1, kept) integer tensor of patch indices, got "
                          f"{getattr(keep, 'dtype', type(keep).__name__)} {tuple(getattr(keep, 'shape', ()))}")
-    index = Layout(grid, keep).token_index()
+    index = Layout(grid, keep).token_index(x.device, x.shape[0])
     return x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))
 
 
@@ -228,6 +259,9 @@ def check_not_causal(is_causal: bool) -> None:
 def apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
     """Put the encodings ``names`` (family -> name) into a timm ViT in place; weights kept."""
     check_global_families(names)
+    if not len(model.blocks):
+        raise ValueError(f"{type(model).__name__} has no blocks (depth=0): positions enter attention in the blocks; "
+                         "depth must be a positive integer")
     patch_embed = model.patch_embed
     patch_embed.strict_img_size, patch_embed.flatten, patch_embed.output_fmt = False, False, Format.NHWC
     model.dynamic_img_size = True
@@ -257,11 +291,12 @@ def apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
 
 def any_size_vit(timm_kwargs: dict) -> dict:
     """timm's way of running a ViT/DeiT or Eva at any input size: ``dynamic_img_size=True`` (the caller's value
-    wins); ``img_size`` checked against ``patch_size``."""
+    wins); ``img_size`` checked against ``patch_size``, the model sizes (:func:`check_model_sizes`)."""
     timm_kwargs.setdefault("dynamic_img_size", True)
     check_img_size(timm_kwargs)
+    check_model_sizes(timm_kwargs)
     return timm_kwargs
 
 
 register_adapter(Adapter(VisionTransformer, VisionTransformerPE, apply_vit, (Attention,),
-                         timm_modules=("vision_transformer", "eva"), any_size=any_size_vit))
+                         timm_modules=("vision_transformer", "eva", "deit"), any_size=any_size_vit))

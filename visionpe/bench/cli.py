@@ -28,7 +28,8 @@ from .versus_timm import versus_timm
 SECTIONS = ["rope", "forward", "train", "memory", "compile", "timm", "cache", "scale"]  # the default run
 OPT_IN = ["compile-train", "flex", "flex-models", "profile", "data"]  # run only when named in --sections
 COMPILED_PAIRS = ("learned", "swin_bias", "control", "rope_axial", "rope_mixed")  # --compile-pairs: first two default
-PES = ["learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]
+PES = ["learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]  # the default rows
+FRONTIER = ["string", "comrope", "liere", "lookhere", "fire"]  # on request (--pes): the 2024-2026 image encodings
 RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "memory": memory_cost,
            "compile": compiled_cost, "timm": versus_timm, "cache": cache_hits, "scale": scale_cost,
            "compile-train": compiled_train_cost, "flex": flex_cost, "flex-models": flex_models,
@@ -60,7 +61,8 @@ def build_parser() -> cli.Parser:
     p.add_argument("--scale-repeats", type=int, default=1, help="timed rounds of the large-grid section, >= 1")
     p.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS + OPT_IN,
                    help=f"default: {' '.join(SECTIONS)}; opt-in: {' '.join(OPT_IN)}")
-    p.add_argument("--pes", nargs="+", default=PES, choices=PES, help="encodings compared with none")
+    p.add_argument("--pes", nargs="+", default=PES, choices=PES + FRONTIER,
+                   help=f"encodings compared with none (default: {' '.join(PES)}; also {' '.join(FRONTIER)})")
     p.add_argument("--compile-pairs", nargs="*", default=list(COMPILED_PAIRS[:2]), choices=COMPILED_PAIRS,
                    metavar="PAIR", help="compile section: the visionpe-vs-timm pairs compiled at full size, of "
                    f"{' '.join(COMPILED_PAIRS)} (default: learned swin_bias; each pair takes 1-1.5 min of "

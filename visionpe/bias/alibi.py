@@ -20,7 +20,8 @@ class ALiBi(BiasEncoding):
     """ALiBi (Press et al. 2022) on a grid, 2D as in CROMA: ``bias[h, i, j] = -slope_h * ||c_i - c_j||_2``.
 
     No parameters; defined for any grid, so a resolution change needs no adaptation. Prefix rows and columns are
-    zero.
+    zero. A grid's ``offset`` cancels in distances and is not read (exact at any offset); its ``spacing`` is. One
+    table is cached per shape, prefix, spacing and device.
 
     Coordinates (:mod:`visionpe.coords`): ``coords="index"`` (default) measures distances in patches, which grow
     with the grid; ``"normalized"`` in DINOv3's centred coordinates (``normalize_coords`` ``"separate"``: each axis
@@ -34,23 +35,23 @@ class ALiBi(BiasEncoding):
 
     def __init__(self, num_heads: int, ndim: int = 2, coords: str = "index", normalize_coords: str = "separate",
                  shift_coords: float | None = None, jitter_coords: float | None = None,
-                 rescale_coords: float | None = None):
+                 rescale_coords: float | None = None, draw_coords: str = "forward"):
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.ndim = check_ndim(ndim)
-        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                            draw_coords)
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
         # one module serves every block (parameter-free), so its table is kept whatever its size: built once per grid
         self._cache = TableCache(max_bytes=None)
 
     def forward(self, grid: Grid) -> torch.Tensor:
-        grid = as_grid(grid)
-        check_grid_ndim(grid, self.ndim, "alibi")
+        grid = unshifted(grid, self.ndim)
         device = self.slopes.device
         transform = self.coordinates.draw(self.training, self.ndim, device)
         if transform is not None:
             return self._build(grid, device, transform)
-        return self._cache.get((grid.shape, grid.prefix, str(device)), lambda: self._build(grid, device))
+        return self._cache.get((grid, str(device)), lambda: self._build(grid, device))
 
     def _positions(self, grid: Grid, device, transform=None) -> torch.Tensor:
         coords = self.coordinates.positions(grid, device)
@@ -64,8 +65,7 @@ class ALiBi(BiasEncoding):
     def score_mod(self, grid: Grid) -> PairScore:
         """The distance computed per token pair from the patch coordinates (one augmentation draw per call, as
         ``forward``); prefix pairs read zero."""
-        grid = as_grid(grid)
-        check_grid_ndim(grid, self.ndim, "alibi")
+        grid = unshifted(grid, self.ndim)
         device = self.slopes.device
         coords = self._positions(grid, device, self.coordinates.draw(self.training, self.ndim, device))
         positions = F.pad(coords, (0, 0, grid.prefix, 0))  # (P + N, ndim), prefix rows unused
@@ -80,6 +80,14 @@ class ALiBi(BiasEncoding):
     def extra_repr(self) -> str:
         extra = self.coordinates.describe()
         return f"num_heads={self.num_heads}, ndim={self.ndim}{', ' + extra if extra else ''}"
+
+
+def unshifted(grid, ndim: int) -> Grid:
+    """``grid`` (checked: ``ndim`` axes) without its offset: distances do not change with a shift, and measured from
+    the first patch they stay exact in float32 at any offset (``offset + index`` is not, past 2^24)."""
+    grid = as_grid(grid)
+    check_grid_ndim(grid, ndim, "alibi")
+    return Grid(grid.shape, grid.prefix, None, grid.spacing)
 
 
 def _alibi_bias(tables, head, q, k, prefix: int, ndim: int):

@@ -50,7 +50,7 @@ class ContinuousPositionBias(BiasEncoding):
 
     def __init__(self, num_heads: int, window_size=(7, 7), pretrained_window_size=None, hidden_dim: int = 512,
                  coords: str = "index", normalize_coords: str = "separate", shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None):
+                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward"):
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.window_size = to_shape("window_size", window_size)
@@ -62,7 +62,8 @@ class ContinuousPositionBias(BiasEncoding):
             p = None
         self.pretrained_window_size = None if p is None else to_shape("pretrained_window_size", p, self.ndim)
         check_positive_int("hidden_dim", hidden_dim)
-        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                            draw_coords)
         self.cpb_mlp = nn.Sequential(nn.Linear(self.ndim, hidden_dim, bias=True), nn.ReLU(inplace=True),
                                      nn.Linear(hidden_dim, num_heads, bias=False))
         self._cache = TableCache()
@@ -81,6 +82,11 @@ class ContinuousPositionBias(BiasEncoding):
         with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
             return 16 * torch.sigmoid(self.cpb_mlp(coords.to(self.cpb_mlp[0].weight.dtype)).float())
 
+    def set_window_size(self, window_size) -> None:
+        """A new window (timm's ``set_window_size``): without a pretrained window, offsets are normalised by the new
+        one from now on, as timm's Swin-V2; with one, nothing changes. The MLP is kept."""
+        self.window_size = to_shape("window_size", window_size, self.ndim)
+
     def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
         return pair_bias(self._offset_table(grid, device, transform), grid, grid.shape)
 
@@ -91,7 +97,7 @@ class ContinuousPositionBias(BiasEncoding):
         transform = self.coordinates.draw(self.training, self.ndim, device)
         if transform is not None:
             return self._build(grid, device, transform)
-        key = (grid.shape, grid.prefix, str(device))
+        key = (grid.shape, grid.prefix, str(device), self.window_size)
         return self._cache.get(key, lambda: self._build(grid, device), self.parameters())
 
     def score_mod(self, grid: Grid) -> PairScore:

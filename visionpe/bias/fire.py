@@ -71,14 +71,15 @@ class FIRE(BiasEncoding):
     def __init__(self, num_heads: int, ndim: int = 2, grid_shape=None, distance: str = "axes", hidden_dim: int = 32,
                  init_c: float = 0.1, threshold: float | None = None, eps: float = 1e-6, coords: str = "index",
                  normalize_coords: str = "separate", shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None):
+                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward"):
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.ndim = check_ndim(ndim)
         check_choice("distance", distance, FIRE_DISTANCES)
         check_positive_int("hidden_dim", hidden_dim)
         self.distance, self.eps = distance, check_number("eps", eps, minimum=0.0)
-        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                            draw_coords)
         self.grid_shape = None if grid_shape is None else to_shape("grid_shape", grid_shape, ndim)
         if threshold is None:
             threshold = PAPER_THRESHOLD if self.grid_shape is None else self.extent(self.grid_shape)

@@ -139,7 +139,7 @@ class LookHere(BiasEncoding):
     def __init__(self, num_heads: int, ndim: int = 2, head_directions: str = "halves", global_slope: float = 1.0,
                  distance: str = "linear", coords: str = "index", normalize_coords: str = "separate",
                  shift_coords: float | None = None, jitter_coords: float | None = None,
-                 rescale_coords: float | None = None):
+                 rescale_coords: float | None = None, draw_coords: str = "forward"):
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         if ndim != 2:
@@ -151,7 +151,8 @@ class LookHere(BiasEncoding):
         self.global_slope = check_number("global_slope", global_slope, minimum=0.0)
         set_names, entries = assign_directions(head_directions, num_heads)
         self.head_entries = tuple(entries)
-        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                            draw_coords)
         self.register_buffer("slopes", torch.tensor(head_slopes(set_names)), persistent=False)
         self._masks = TableCache(max_bytes=None)  # shared by every block: one table per grid shape in all
         self._cache = TableCache(max_bytes=None)

@@ -10,7 +10,7 @@ from .._checks import check_axes, check_bool, check_choice, check_grid_ndim, che
 from ..cache import TableCache
 from ..encoding import constructor_keywords
 from ..grid import Grid, as_grid
-from ..resample import INTERPOLATIONS, resample_grid
+from ..resample import INTERPOLATIONS, resample_grid, resample_offsets_geometric
 from ._base import BiasEncoding, PairScore, offset_table_score, pair_bias
 
 
@@ -99,10 +99,20 @@ class RelativePositionBias(BiasEncoding):
 
     @torch.no_grad()
     def resize(self, new_window, interpolation: str | None = None, antialias: bool | None = None):
-        """Resample the table to a new window for good (timm ``resize_rel_pos_bias_table_simple``)."""
+        """Resample the table to a new window for good: with the module's interpolation (bicubic: timm
+        ``resize_rel_pos_bias_table_simple``), or ``interpolation="geometric"``: BEiT's geometric spacing with
+        linear interpolation, timm ``resize_rel_pos_bias_table`` (what timm's Swin ``set_window_size`` calls)."""
         new_window = to_shape("new_window", new_window, self.ndim)
         if interpolation is not None:
-            check_choice("interpolation", interpolation, INTERPOLATIONS)
+            check_choice("interpolation", interpolation, INTERPOLATIONS + ("geometric",))
+        if interpolation == "geometric":
+            offsets = [2 * w - 1 for w in new_window]
+            spatial = self._offset_table().reshape(*[2 * w - 1 for w in self.window_size], self.num_heads)
+            table = resample_offsets_geometric(spatial, offsets).reshape(-1, self.num_heads)
+            extra = self.relative_position_bias_table[num_offsets(self.window_size):]
+            self.relative_position_bias_table = nn.Parameter(torch.cat([table, extra], 0))
+            self.window_size = new_window
+            return self
         old = (self.interpolation, self.antialias)
         self.interpolation = interpolation or self.interpolation
         self.antialias = self.antialias if antialias is None else antialias

@@ -6,6 +6,14 @@ protocols that say how a validation image is shown to a model at a test size.
 ``grayscale_prob``, ``gaussian_blur_prob``, ``no_aug``), the evaluation protocol and, for native aspect ratios, the
 patch size and token budget. It builds timm's own pipelines; nothing here re-implements a transform.
 
+DeiT-III (Touvron et al. 2022) trains with 3-Augment: after the crop and flip, one of grayscale, solarization
+(threshold 128) or a Gaussian blur (radius uniform in [0.1, 2]), each with probability 1, then colour jitter 0.3. That
+is timm's ``aa="3a"`` policy (``auto_augment_policy_3a``; colour jitter stays on with it), so ``aa="3a",
+color_jitter=0.3`` is DeiT-III's training transform. Its simple random crop (``--src``, used for ImageNet-21k) is
+``train_crop_mode="src"``: the shorter side resized to the size, a random crop of the size from the image padded
+by 4 pixels (reflect), then the flip; timm has no such crop mode, so it replaces the crop stage of timm's pipeline
+with torchvision's ``Resize`` and ``RandomCrop`` and keeps timm's other stages.
+
 Protocols (:data:`PROTOCOLS`) of a test size ``S`` (or ``H x W``):
 
 - ``resize``: the whole image at ``S`` (squashed to its shape: timm's eval transform with ``crop_mode="squash"`` and
@@ -38,7 +46,7 @@ from .base import PositionDataset, image_hw
 
 PROTOCOLS = ("resize", "crop", "native")
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "box", "hamming", "lanczos")
-TRAIN_CROP_MODES = ("rrc", "rkrc", "rkrr")
+TRAIN_CROP_MODES = ("rrc", "rkrc", "rkrr", "src")
 RE_MODES = ("pixel", "rand", "const")
 AA_EXAMPLES = "rand-m9-mstd0.5-inc1, 3a (DeiT-III's 3-Augment), original, augmix-m5-w4-d2"
 
@@ -178,13 +186,34 @@ class Transforms:
         at the image's own aspect ratio within ``max_patches`` patches; ``hflip`` is the data set's default."""
         from timm.data import create_transform
         native = self.max_patches is not None
-        return create_transform(
-            image_hw(size, "size", 1), is_training=True, no_aug=self.no_aug, train_crop_mode=self.train_crop_mode,
-            scale=self.scale, ratio=self.ratio, hflip=hflip if self.hflip is None else self.hflip,
+        flip = hflip if self.hflip is None else self.hflip
+        src = self.train_crop_mode == "src" and not self.no_aug
+        built = create_transform(
+            image_hw(size, "size", 1), is_training=True, no_aug=self.no_aug,
+            train_crop_mode="rrc" if src else self.train_crop_mode, scale=self.scale, ratio=self.ratio, hflip=flip,
             color_jitter=self.color_jitter, grayscale_prob=self.grayscale_prob,
             gaussian_blur_prob=self.gaussian_blur_prob, auto_augment=self.aa, interpolation=self.interpolation,
             mean=tuple(mean), std=tuple(std), re_prob=self.reprob, re_mode=self.remode, re_count=self.recount,
-            naflex=native, patch_size=self.patch_size, max_seq_len=self.max_patches or 1)
+            naflex=native, patch_size=self.patch_size, max_seq_len=self.max_patches or 1, separate=src)
+        if not src:
+            return built
+        from torchvision import transforms as T
+        _, secondary, final = built  # timm's colour / auto-augment stage and its tensor / normalise / erase stage
+        return T.Compose([*self.simple_random_crop(size, flip), *secondary.transforms, *final.transforms])
+
+    def simple_random_crop(self, size, hflip: float) -> list:
+        """DeiT-III's simple random crop (``train_crop_mode="src"``) as torchvision transforms: the image resized to
+        cover ``size`` keeping its aspect ratio (a square size: the shorter side to it, torchvision's ``Resize(int)``
+        as DeiT-III's code does), a random crop of ``size`` from the image padded by 4 pixels on each side
+        (reflect), then a horizontal flip with probability ``hflip``. ``scale`` and ``ratio`` do not apply."""
+        from timm.data.transforms import ResizeKeepRatio, str_to_interp_mode
+        from torchvision import transforms as T
+        height, width = image_hw(size, "size", 1)
+        mode = str_to_interp_mode(self.interpolation)
+        resize = T.Resize(height, interpolation=mode) if height == width else \
+            ResizeKeepRatio((height, width), interpolation=self.interpolation)
+        out = [resize, T.RandomCrop((height, width), padding=4, padding_mode="reflect", pad_if_needed=True)]
+        return out + ([T.RandomHorizontalFlip(p=hflip)] if hflip > 0 else [])
 
     def eval(self, size, mean, std):
         """timm's eval transform of the protocol at ``size``: ``resize`` (squash the whole image), ``crop``

@@ -49,7 +49,8 @@ class ComRoPE(LearnedRotation):
     def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, variant: str = "ld", block_size: int = 4,
                  init_std: float = 0.5, scaling: str = "none", ref_shape=None, coords: str = "normalized",
                  normalize_coords: str = "separate", shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None, generator=None):
+                 jitter_coords: float | None = None, rescale_coords: float | None = None,
+                 draw_coords: str = "forward", generator=None):
         check_choice("variant", variant, VARIANTS)
         check_positive_int("block_size", block_size)
         check_positive_int("head_dim", head_dim)
@@ -59,7 +60,8 @@ class ComRoPE(LearnedRotation):
         init_std = check_number("init_std", init_std, minimum=0.0)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
-        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                       draw_coords)
         super().__init__(head_dim, num_heads, ndim, scaling, ref_shape, coordinates)
         self.variant, self.block_size, self.num_blocks = variant, block_size, head_dim // block_size
         shape = (num_heads, self.num_blocks, block_size, block_size)

@@ -129,6 +129,7 @@ class LearnedRotation(RotaryEncoding):
             raise ValueError(f"expected (batch, heads, {layout.num_tokens}, {self.head_dim}) for grid {grid.shape} "
                              f"with prefix={grid.prefix}{'' if layout.keep is None else ' and kept patches'}, got "
                              f"{tuple(x.shape)}")
+        layout.check_batch(x.shape[0], x.device)
         if self.num_heads > 1 and x.shape[-3] != self.num_heads:
             raise ValueError(f"q/k have {x.shape[-3]} heads but {type(self).__name__} was built with "
                              f"num_heads={self.num_heads}")

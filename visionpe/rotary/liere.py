@@ -42,7 +42,8 @@ class LieRE(LearnedRotation):
     def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, block_size: int | None = None,
                  init_range: float = math.pi, scaling: str = "none", ref_shape=None, coords: str = "normalized",
                  normalize_coords: str = "separate", shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None, generator=None):
+                 jitter_coords: float | None = None, rescale_coords: float | None = None,
+                 draw_coords: str = "forward", generator=None):
         check_positive_int("head_dim", head_dim)
         block_size = head_dim if block_size is None else check_positive_int("block_size", block_size)
         if block_size < 2:
@@ -51,7 +52,8 @@ class LieRE(LearnedRotation):
         init_range = check_number("init_range", init_range, minimum=0.0)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
-        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                       draw_coords)
         super().__init__(head_dim, num_heads, ndim, scaling, ref_shape, coordinates)
         self.block_size, self.num_blocks = block_size, head_dim // block_size
         shape = (ndim, num_heads, self.num_blocks, num_upper(block_size))

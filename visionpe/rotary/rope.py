@@ -359,6 +359,11 @@ class RoPE(RotaryEncoding):
             raise ValueError(f"expected (..., {layout.num_tokens}, {self.head_dim}) for grid {grid.shape} with "
                              f"prefix={grid.prefix}{'' if layout.keep is None else ' and kept patches'}, got "
                              f"{tuple(x.shape)}")
+        if layout.keep is not None:
+            if x.ndim != 4:
+                raise ValueError(f"with kept patches the rotary input must be (batch, heads, tokens, head_dim), got "
+                                 f"{tuple(x.shape)}")
+            layout.check_batch(x.shape[0], x.device)
         heads = self.freqs.shape[1]
         if heads > 1 and x.shape[-3] != heads:
             raise ValueError(f"q/k have {x.shape[-3]} heads but {type(self).__name__} was built with "
@@ -507,7 +512,7 @@ class AxialRoPE(RoPE):
                  yarn_alpha: float = 1.0, yarn_beta: float = 32.0, axis_order: str = "xy", spectrum: str = "axial",
                  coords: str = "index", normalize_coords: str = "separate", min_period: float | None = None,
                  max_period: float | None = None, shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None,
+                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward",
                  directions: str = "axial", rotate_fraction: float = 1.0, head_axes=None):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
@@ -526,9 +531,14 @@ class AxialRoPE(RoPE):
             check_divisible("head_dim", head_dim, 2, "rotation pairs")
             sections = to_shape("sections", sections if sections is not None else (head_dim // (2 * ndim),) * ndim,
                                 ndim)
+            if sum(sections) > head_dim // 2:  # less is allowed: time takes the pairs left over (timm, GenLIP)
+                raise ValueError(f"sections={sections} ask for {sum(sections)} rotation pairs but head_dim / 2 = "
+                                 f"{head_dim // 2}; with spectrum='mrope_interleaved' they may sum to at most "
+                                 f"head_dim / 2 (pairs left over turn with axis 0)")
         else:
             sections = resolve_sections(head_dim, ndim, sections, "rope_axial")
-        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                       draw_coords)
         self.theta, self.sections, self.spectrum, self.num_pairs = float(theta), sections, spectrum, head_dim // 2
         self.bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
         self.num_heads, self.ndim = num_heads, ndim  # the golden and per-head layouts build a table per head
@@ -602,7 +612,7 @@ class MixedRoPE(RoPE):
                  yarn_alpha: float = 1.0, yarn_beta: float = 32.0, generator=None, axis_order: str = "xy",
                  coords: str = "index", normalize_coords: str = "separate", min_period: float | None = None,
                  max_period: float | None = None, shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None,
+                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward",
                  directions: str = "random", rotate_fraction: float = 1.0, head_axes=None):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
@@ -618,7 +628,8 @@ class MixedRoPE(RoPE):
             sections = resolve_sections(head_dim, ndim, sections, "rope_mixed")
         check_number("theta", theta, minimum=1.0, inclusive=False)
         check_choice("axis_order", axis_order, AXIS_ORDERS)
-        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                       draw_coords)
         bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
         if head_axes is not None:
             def rotations(k):

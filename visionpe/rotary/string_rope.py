@@ -78,13 +78,15 @@ class StringRoPE(LearnedRotation):
     def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, variant: str = "cayley", theta: float = 10.0,
                  sections=None, scaling: str = "none", ref_shape=None, coords: str = "index",
                  normalize_coords: str = "separate", shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None, generator=None):
+                 jitter_coords: float | None = None, rescale_coords: float | None = None,
+                 draw_coords: str = "forward", generator=None):
         check_choice("variant", variant, VARIANTS)
         check_number("theta", theta, minimum=1.0, inclusive=False)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
         sections = resolve_sections(head_dim, ndim, sections, "string")
-        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                       draw_coords)
         super().__init__(head_dim, num_heads, ndim, scaling, ref_shape, coordinates)
         self.variant, self.theta, self.sections = variant, float(theta), sections
         self.bands = dict(per_turn=coordinates.normalized)

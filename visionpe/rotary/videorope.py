@@ -48,7 +48,7 @@ class VideoRoPE(AxialRoPE):
                  axis_order: str = "xy", coords: str = "index", normalize_coords: str = "separate",
                  min_period: float | None = None, max_period: float | None = None,
                  shift_coords: float | None = None, jitter_coords: float | None = None,
-                 rescale_coords: float | None = None, rotate_fraction: float = 1.0):
+                 rescale_coords: float | None = None, rotate_fraction: float = 1.0, draw_coords: str = "forward"):
         if ndim != 3:
             raise ValueError(f"videorope is defined on (T, H, W) grids: ndim must be 3, got ndim={ndim!r} (for images "
                              "use rope_axial or rope_mixed)")
@@ -56,7 +56,7 @@ class VideoRoPE(AxialRoPE):
         self.diagonal = check_bool("diagonal", diagonal)
         super().__init__(head_dim, num_heads, ndim, theta, pairs, sections, scaling, ref_shape, yarn_alpha, yarn_beta,
                          axis_order, "videorope", coords, normalize_coords, min_period, max_period, shift_coords,
-                         jitter_coords, rescale_coords, rotate_fraction=rotate_fraction)
+                         jitter_coords, rescale_coords, draw_coords, rotate_fraction=rotate_fraction)
 
     def place(self, coords: torch.Tensor, grid: Grid, scales: torch.Tensor) -> torch.Tensor:
         """The diagonal layout with temporal spacing on ``coords (N, 3)`` in component order (after PI)."""

@@ -25,7 +25,7 @@ class TokenEncoding(Encoding):
             prefix_table = table.new_zeros(layout.grid.prefix, table.shape[-1])
         full = torch.cat([prefix_table, table], dim=0)  # (P + N, dim)
         if layout.keep is not None:
-            full = full[layout.token_index()]  # (B, P + K, dim)
+            full = full[layout.token_index(full.device)]  # (B or 1, P + K, dim)
         return x + full.to(x.dtype)
 
     @torch.no_grad()
@@ -45,8 +45,8 @@ class TokenEncoding(Encoding):
 
 
 def check_tokens(x: torch.Tensor, layout: Grid | Layout, dim: int) -> None:
-    """``x`` must be ``(B, P + N, dim)`` for the grid (``P + K`` kept tokens for a layout with ``keep``): a clear
-    error instead of a broadcasting one."""
+    """``x`` must be ``(B, P + N, dim)`` for the grid (``P + K`` kept tokens for a layout with ``keep``, whose rows
+    are one per sample or one for all, on ``x``'s device): a clear error instead of a broadcasting one."""
     layout = as_layout(layout)
     if not isinstance(x, torch.Tensor) or x.ndim != 3:
         got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
@@ -59,7 +59,6 @@ def check_tokens(x: torch.Tensor, layout: Grid | Layout, dim: int) -> None:
         kept = "" if layout.keep is None else f" and {layout.keep.shape[1]} kept patches"
         raise ValueError(f"x has {x.shape[1]} tokens but grid {layout.grid.shape} with prefix={layout.grid.prefix}"
                          f"{kept} has {layout.num_tokens}")
-    if layout.keep is not None and layout.keep.shape[0] != x.shape[0]:
-        raise ValueError(f"keep has {layout.keep.shape[0]} rows but x has batch size {x.shape[0]}")
+    layout.check_batch(x.shape[0], x.device)
     if x.shape[2] != dim:
         raise ValueError(f"x has width {x.shape[2]} but the encoding was built with dim={dim}")

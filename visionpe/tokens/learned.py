@@ -56,7 +56,7 @@ class Learned(TokenEncoding):
                  factorized: bool | str = False, interpolation: str = "bicubic", antialias: bool = True,
                  init_std: float = 0.02, coords: str = "index", normalize_coords: str = "separate",
                  shift_coords: float | None = None, jitter_coords: float | None = None,
-                 rescale_coords: float | None = None):
+                 rescale_coords: float | None = None, draw_coords: str = "forward"):
         super().__init__()
         self.ndim = check_ndim(ndim)
         self.dim = check_positive_int("dim", dim)
@@ -69,7 +69,8 @@ class Learned(TokenEncoding):
         check_bool("antialias", antialias)
         check_number("init_std", init_std, minimum=0.0)
         check_choice("interpolation", interpolation, INTERPOLATIONS)
-        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                            draw_coords)
         if (self.coordinates.normalized or self.coordinates.augments) and interpolation not in SAMPLING:
             raise ValueError(f"interpolation={interpolation!r} cannot sample a table at points (coords="
                              f"{coords!r}{', coordinate augmentation' if self.coordinates.augments else ''}); "

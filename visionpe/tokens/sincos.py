@@ -65,7 +65,7 @@ class SinCos(TokenEncoding):
     def __init__(self, dim: int, ndim: int = 2, layout: str = "mae", temperature: float = 10000.0,
                  ref_shape=None, coords: str = "index", normalize_coords: str = "separate",
                  shift_coords: float | None = None, jitter_coords: float | None = None,
-                 rescale_coords: float | None = None):
+                 rescale_coords: float | None = None, draw_coords: str = "forward"):
         super().__init__()
         self.ndim = check_ndim(ndim)
         self.dim = check_positive_int("dim", dim)
@@ -74,7 +74,8 @@ class SinCos(TokenEncoding):
         check_number("temperature", temperature, minimum=0.0, inclusive=False)
         self.layout, self.temperature = layout, float(temperature)
         self.ref_shape = None if ref_shape is None else to_shape("ref_shape", ref_shape, ndim)
-        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords)
+        self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
+                                            draw_coords)
         if self.coordinates.normalized and self.ref_shape is not None:
             raise ValueError(f"ref_shape={self.ref_shape} applies to coords='index' (interpolation to a reference "
                              "grid); coords='normalized' maps every grid onto [-1, 1] already: drop ref_shape")

@@ -68,6 +68,10 @@ def check_model(cfg: dict) -> None:
         raise UserError(f"--model {name}: visionpe has no adapter for it (supported: timm ViT/DeiT vit_*/deit_*, Swin "
                         "swin_*/swinv2_*, torchvision swin3d_t/s/b and tv_vit_b_16/b_32/l_16/l_32/h_14, or a backbone "
                         "registered by --import)")
+    if isinstance(adapter.base, type) and adapter.base.__name__ == "VisionTransformer" and "distilled" in name:
+        raise UserError(f"--model {name}: DeiT's distilled models add a distillation token and head "
+                        "(VisionTransformerDistilled), which visionpe's ViT adapter does not patch; use the plain DeiT "
+                        f"{name.replace('_distilled', '')}, or --pe timm to train {name} as timm builds it")
     if named is not None and named[0].video != video:
         raise UserError(f"--model {name} is a video model ({named[0].name}): it needs video data and --num-frames"
                         if named[0].video else f"--model {name} takes images, not --num-frames")

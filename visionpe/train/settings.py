@@ -202,14 +202,18 @@ SETTINGS: dict[str, Setting] = {
     "color_jitter": S(0.4, AUG, "float", "colour jitter factor of brightness, contrast and saturation (timm "
                       "--color-jitter; off when --aa is set, except for 3a); a number >= 0", metavar="F"),
     "aa": S(None, AUG, "str?", "timm auto-augment policy (timm --aa), e.g. rand-m9-mstd0.5-inc1 (RandAugment), 3a "
-            "(DeiT-III's 3-Augment), original, augmix-m5-w4-d2 (default: none)", metavar="NAME"),
+            "(DeiT-III's 3-Augment: one of grayscale, solarize, Gaussian blur per image, colour jitter kept on: "
+            "DeiT-III's --ThreeAugment is --aa 3a --color-jitter 0.3), original, augmix-m5-w4-d2 (default: none)",
+            metavar="NAME"),
     "reprob": S(0.0, AUG, "float", "random erasing probability (timm --reprob); in [0, 1]", metavar="P"),
     "remode": S("pixel", AUG, "choice", "random erasing fill (timm --remode)",
                 choices=vdata.transforms.RE_MODES),
     "recount": S(1, AUG, "int", "random erasing regions per image (timm --recount); an integer >= 1",
                  metavar="N"),
     "train_crop_mode": S("rrc", AUG, "choice", "training crop (timm --train-crop-mode): rrc random-resized crop, "
-                         "rkrc / rkrr resize keeping the ratio then a centre / random crop",
+                         "rkrc / rkrr resize keeping the ratio then a centre / random crop, src DeiT-III's simple "
+                         "random crop (the shorter side to img_size, a random crop from the image padded by 4 px, "
+                         "reflect; DeiT-III's --src; --scale and --ratio do not apply)",
                          choices=vdata.transforms.TRAIN_CROP_MODES),
     "grayscale_prob": S(0.0, AUG, "float", "probability of a grayscale image (timm --grayscale-prob); in [0, 1]",
                         metavar="P"),

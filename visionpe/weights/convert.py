@@ -74,14 +74,31 @@ def _eva_to_vit(state: dict, report: "LoadReport") -> dict:
 
 def pos_embed_tensors(tokens: nn.Module, pos_embed: torch.Tensor, source_grid=None) -> dict[str, torch.Tensor]:
     """timm ``pos_embed (1, P + N, D)`` -> a ``Learned`` module's state dict (its tables and ``prefix``), from
-    ``source_grid`` (default: a square grid of ``N`` patches) to the module's grid (:func:`spatial_tables`)."""
+    ``source_grid`` ``(H, W)`` to the module's grid (:func:`spatial_tables`).
+
+    Default ``source_grid``, as timm's checkpoint filter reads a ``pos_embed`` (a checkpoint stores no grid): the
+    module's own image grid when it has ``N`` patches (loaded as is), else a square grid of ``N`` patches; any other
+    ``N`` is a ``ValueError`` asking for ``source_grid``."""
     p = tokens.num_prefix_tokens
     patches = pos_embed.shape[1] - p
+    space = tuple(tokens.grid_shape[-2:])
     if source_grid is None:
-        side = int(round(patches ** 0.5))
-        source_grid = (side, side)
-    if math.prod(source_grid) != patches or len(source_grid) != 2:
-        raise ValueError(f"cannot convert pos_embed of shape {tuple(pos_embed.shape)} into {tokens!r}")
+        side = math.isqrt(max(patches, 0))
+        if math.prod(space) == patches:
+            source_grid = space
+        elif side * side == patches:
+            source_grid = (side, side)
+        else:
+            raise ValueError(f"pos_embed of shape {tuple(pos_embed.shape)} holds {patches} patch positions, neither "
+                             f"the model's grid {space} nor a square grid: give source_grid=(height, width) of the "
+                             "checkpoint's patch grid")
+    source_grid = tuple(source_grid) if isinstance(source_grid, (tuple, list)) else source_grid
+    if not (isinstance(source_grid, tuple) and len(source_grid) == 2
+            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in source_grid)):
+        raise ValueError(f"source_grid must be (height, width), two positive integers, got {source_grid!r}")
+    if math.prod(source_grid) != patches:
+        raise ValueError(f"source_grid={source_grid} has {math.prod(source_grid)} patches but pos_embed of shape "
+                         f"{tuple(pos_embed.shape)} holds {patches} (after {p} prefix tokens)")
     tables = spatial_tables(tokens, pos_embed[0, p:].reshape(*source_grid, -1))
     return {**tables, "prefix": pos_embed[0, :p]} if p else tables
 
@@ -135,7 +152,7 @@ def _image_to_video(model: nn.Module, key: str, value: torch.Tensor, want: torch
     return None
 
 
-def load_timm_checkpoint(model: nn.Module, source, strict: bool = False) -> LoadReport:
+def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_grid=None) -> LoadReport:
     """Load a plain timm ViT/Swin state dict (or a visionpe one of another size) into a visionpe-patched model and
     report every key.
 
@@ -150,6 +167,9 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False) -> Load
     initial values); when any of them is more than the classifier head (``head.*``) a warning summary is logged on
     the ``visionpe.weights`` logger. ``strict=True`` raises a ``ValueError`` listing them instead, before the
     model is changed: only kept and converted keys are allowed.
+
+    ``source_grid``: ``(height, width)`` of the checkpoint's ``pos_embed`` patch grid (a checkpoint does not store
+    it); by default the model's grid when the counts agree, else square (:func:`pos_embed_tensors`).
     """
     _check_strict(strict)
     report, load = LoadReport(), {}
@@ -161,7 +181,7 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False) -> Load
     for key, value in state.items():
         tables = None
         if key == "pos_embed" and learned is not None:
-            tables = pos_embed_tensors(learned, value)
+            tables = pos_embed_tensors(learned, value, source_grid)
         elif key == "pe_tokens.table" and learned is not None and value.ndim == 3 and \
                 (learned.ndim == 3 or learned.factorized is not False):  # an image run's table
             tables = spatial_tables(learned, value)

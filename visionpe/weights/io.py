@@ -54,8 +54,16 @@ def write_text(path, text: str) -> None:
 
 
 def save_weights(model_or_state: nn.Module | dict, path, metadata: dict[str, str] | None = None) -> None:
-    """Write a state dict to ``path`` (safetensors) atomically, with optional string ``metadata``."""
+    """Write a model's state dict, or a state dict (string keys, tensor values), to ``path`` (safetensors)
+    atomically, with optional string ``metadata``. Anything else is a ``TypeError`` naming the first wrong entry."""
     state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else model_or_state
+    if not isinstance(state, Mapping):
+        raise TypeError(f"model_or_state must be a torch.nn.Module or a state dict (a dict of tensors), got "
+                        f"{type(state).__name__}")
+    for key, value in state.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise TypeError(f"model_or_state is not a state dict: entry {key!r} holds a {type(value).__name__}; "
+                            "save_weights writes string keys with tensor values")
     state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
 
@@ -125,6 +133,16 @@ def _check_state_dict(state, where: str) -> dict[str, torch.Tensor]:
     return state if isinstance(state, dict) else dict(state)
 
 
+def check_finite(state: dict[str, torch.Tensor], where: str) -> None:
+    """Every floating-point tensor of ``state`` is finite: a NaN or infinite weight (a diverged run's checkpoint)
+    is an error naming the tensor, not a model that outputs NaN."""
+    for key, value in state.items():
+        if (value.is_floating_point() or value.is_complex()) and not torch.isfinite(value).all():
+            bad = int((~torch.isfinite(value)).sum())
+            raise ValueError(f"{where} holds {bad} NaN or infinite value(s) in {key!r} {tuple(value.shape)}; a "
+                             "checkpoint must hold finite weights (was it written after the loss diverged?)")
+
+
 def _check_strict(strict) -> None:
     if not isinstance(strict, bool):
         raise ValueError(f"strict must be True or False, got {strict!r}")
@@ -138,9 +156,11 @@ def load_weights(model: nn.Module, source, strict: bool = True):
     """Load a visionpe model's own checkpoint (as written by :func:`save_weights`).
 
     A checkpoint of another model (keys missing or unexpected with ``strict=True``, or any tensor of another
-    shape) raises a ``ValueError`` naming the file and the keys."""
+    shape) raises a ``ValueError`` naming the file and the keys; so does a NaN or infinite weight
+    (:func:`check_finite`)."""
     _check_strict(strict)
     state = read_state_dict(source)
+    check_finite(state, _where(source))
     target = model.state_dict()
     problems = [f"{k}: {tuple(v.shape)} in the checkpoint, {tuple(target[k].shape)} in the model"
                 for k, v in state.items() if k in target and v.shape != target[k].shape]
