@@ -181,6 +181,8 @@ def main(argv: list[str]) -> dict:
         def on_update(progress: dict) -> None:
             if progress["step"] == steps_per_epoch or not clock.due(progress["update"]):
                 return
+            loop.check_finite(raw_model, epoch=epoch + 1, kept_epoch=epoch, ema=ema_module,
+                              within=f"at step {progress['step']}/{steps_per_epoch} of")  # never commit NaN weights
             sums = loop.all_gather([progress["loss_sum"], progress["seen"]], device)  # every process's, by rank
             if master:
                 rundir.save_checkpoint(out, raw_model, optimizer, scheduler, epoch=epoch, best_acc=best_acc,
@@ -216,6 +218,8 @@ def main(argv: list[str]) -> dict:
         if ema is not None:  # the EMA weights beside the model's
             ema_acc, ema_loss = loop.evaluate(ema_module, val_set, **eval_kw)
             ema_metrics = {"ema_val_loss": ema_loss, "ema_val_acc": ema_acc}
+        loop.check_finite(raw_model, epoch=epoch + 1, kept_epoch=epoch, val_loss=val_loss, ema=ema_module,
+                          ema_loss=ema_metrics.get("ema_val_loss"))  # a diverged epoch is neither saved nor reported
         history.append({"kind": "epoch", "epoch": epoch + 1, "train_loss": stats["train_loss"], "val_loss": val_loss,
                         "val_acc": val_acc, **ema_metrics, "lr": max(g["lr"] for g in optimizer.param_groups),
                         "img_per_s": stats["seen"] / stats["elapsed"], "epoch_time_s": stats["elapsed"]})

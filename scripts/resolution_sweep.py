@@ -30,7 +30,7 @@ def build_parser() -> cli.Parser:
     ev = p.add_argument_group("evaluation")
     ev.add_argument("--res", nargs="+", type=loop.parse_size, required=True, metavar="PX|HxW",
                     help="test resolutions in pixels: PX (square) or HxW (height x width, image runs only), each side "
-                         "a positive multiple of the runs' patch_size (required)")
+                         "a positive multiple of the runs' patch_size, at most 65536 patches per image (required)")
     ev.add_argument("--frames", nargs="+", type=int, default=[], metavar="T",
                     help="video runs: test frame counts, crossed with --res; each a positive multiple of the runs' "
                          "tubelet frames (default: the training frame count only)")

@@ -103,6 +103,70 @@ SETUPS = {
 }
 
 
+def image_classes(tmp, layout, corrupt=None):
+    """``tmp/folder/<split>/<class>/`` with 4 small PNGs a class; ``corrupt``: a path under ``folder`` written as a
+    damaged PNG."""
+    from PIL import Image
+    for split, classes in layout.items():
+        for c in classes:
+            (tmp / "folder" / split / c).mkdir(parents=True, exist_ok=True)
+            for i in range(4):
+                Image.new("RGB", (12, 12), (60 * i, 80, 200)).save(tmp / "folder" / split / c / f"{i}.png")
+    if corrupt:
+        (tmp / "folder" / corrupt).write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)
+
+
+def clip_classes(tmp, clips):
+    """``tmp/folder/<split>/<class>/<clip>/`` frame folders: ``clips`` maps ``split/class/clip`` to a frame count."""
+    from PIL import Image
+    for name, frames in clips.items():
+        (tmp / "folder" / name).mkdir(parents=True)
+        for k in range(frames):
+            Image.new("RGB", (8, 8), (20 * k, 0, 0)).save(tmp / "folder" / name / f"{k:03d}.png")
+
+
+def idx_files(tmp, cut=0, bad_label=False):
+    """MNIST idx files of 64 train and 32 test images in ``tmp/idx``; ``cut`` bytes cut from the test images' end,
+    ``bad_label``: a test label of 10."""
+    import numpy as np
+    (tmp / "idx").mkdir()
+    for stem, n in (("train", 64), ("t10k", 32)):
+        for kind, array in (("images-idx3-ubyte", np.zeros((n, 28, 28))), ("labels-idx1-ubyte", np.arange(n) % 10)):
+            if bad_label and kind.startswith("labels") and stem == "t10k":
+                array[3] = 10
+            body = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+            body += array.astype(np.uint8).tobytes()
+            cut_here = cut if stem == "t10k" and kind.startswith("images") else 0
+            (tmp / "idx" / f"{stem}-{kind}").write_bytes(body[:len(body) - cut_here])
+
+
+def partial_run(tmp, remains=False):
+    """``tmp/partial``: a run killed before its config.yaml existed (a stray temporary of it), or, with
+    ``remains``, during --overwrite's deletion of a previous run (its state.pt and metrics left)."""
+    (tmp / "partial").mkdir()
+    (tmp / "partial" / ".config.yaml.k1ll3d.tmp").write_text("model: vit")
+    if remains:
+        (tmp / "partial" / "state.pt").write_bytes(b"old")
+        (tmp / "partial" / "metrics.jsonl").write_text("{}\n")
+
+
+SETUPS.update({
+    "killed_before_config": lambda tmp, run: partial_run(tmp),
+    "remains_without_config": lambda tmp, run: partial_run(tmp, remains=True),
+    "idx_truncated": lambda tmp, run: idx_files(tmp, cut=28 * 28),
+    "idx_bad_label": lambda tmp, run: idx_files(tmp, bad_label=True),
+    "imagefolder_other_classes": lambda tmp, run: image_classes(tmp, {"train": ("cat", "dog"),
+                                                                      "val": ("dog", "zebra")}),
+    "imagefolder_corrupt_train": lambda tmp, run: image_classes(tmp, {"train": ("cat", "dog"), "val": ("cat", "dog")},
+                                                                corrupt="train/dog/broken.png"),
+    "imagefolder_corrupt_val": lambda tmp, run: image_classes(tmp, {"train": ("cat", "dog"), "val": ("cat", "dog")},
+                                                              corrupt="val/cat/broken.png"),
+    "videofolder_empty_clip": lambda tmp, run: clip_classes(tmp, {"train/a/c1": 2, "train/b/c1": 2, "train/b/c2": 0,
+                                                                  "val/a/c1": 2}),
+})
+FOLDER_RUN = ["--data", "imagefolder", "--data-dir", "{tmp}/folder", "--batch-size", "2", "--epochs", "1"]
+
+
 def user_code(tmp, text):
     path = tmp / "user_code.py"
     path.write_text(text)
@@ -287,6 +351,12 @@ ROWS = [
     # -- run directory and resume ---------------------------------------------------------------------------------
     (T, ["--output", "{run}"], ["already holds a run", "--resume", "--overwrite"]),
     (T, ["--resume", "{tmp}/nothing-here"], ["no run to continue", "nothing-here"]),
+    (T, ["--resume", "{tmp}/partial"], ["no run to continue", "{tmp}/partial", "no config.yaml",
+                                        "rerun the same command without --resume"], "killed_before_config"),
+    (T, ["--resume", "{tmp}/partial"], ["no run to continue", "state.pt", "with --overwrite"],
+     "remains_without_config"),
+    (T, ["--output", "{tmp}/partial"], ["remains of a run without config.yaml", "state.pt",
+                                        "rerun the same command with --overwrite"], "remains_without_config"),
     (T, ["--resume", "{run}", "--overwrite"], ["--overwrite"]),
     (T, ["--resume", "{run}"], ["state.pt", "damaged"], "truncate_state"),
     (T, ["--resume", "{run}"], ["state.pt", "damaged"], "random_state"),
@@ -383,6 +453,38 @@ ROWS = [
     (T, ["--model", "deit_tiny_distilled_patch16_224"], ["--model deit_tiny_distilled_patch16_224", "distillation",
                                                         "deit_tiny_patch16_224", "--pe timm"]),
     (S, ["{run}", "--res", "16", "--out", "{tmp}/afile"], ["--out", "is a file"], "output_is_a_file"),
+    (T, ["--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "mlp_ratio=-2"],
+     ["mlp_ratio", "--model-kwargs", "> 0", "-2"]),
+    (T, ["--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "mlp_ratio=inf"], ["mlp_ratio", "> 0"]),
+    (T, ["--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "reg_tokens=-1"],
+     ["cannot build vit_tiny_patch16_224", "--model-kwargs", "reg_tokens=-1", "negative dimension"]),  # torch's error
+    (T, ["--lr", "1e10", "--epochs", "2", "--warmup-epochs", "0", "--train-samples", "16"],  # 1 step an epoch
+     ["non-finite validation loss", "after epoch 1", "no epoch was saved", "lower --lr"]),
+    (T, ["--train-samples", "1e12"], ["--train-samples", "invalid int value", "'1e12'"]),
+    (T, ["--train-samples", "1000000000000"], ["train_samples 1000000000000", "rendered train scenes", "at most"]),
+    (T, ["--val-samples", "1000000000000"], ["val_samples 1000000000000", "rendered val scenes", "at most"]),
+    (T, ["--img-size", "100000"], ["img_size 100000", "625000000 patches", "at most 65536"]),
+    (T, ["--eval-res", "100000"], ["eval_res 100000", "at most 65536"]),
+    (T, ["--train-res", "100000"], ["train_res 100000", "at most 65536"]),
+    (T, ["--img-size", "4096", "--patch-size", "2048", "--batch-size", "100000"],
+     ["batch_size 100000 at 4096 px", "float32 input", "at most", "half of this machine's"]),
+    (T, ["--data", "moving-shapes", "--num-frames", "64", "--img-size", "136"], ["img_size 136", "per clip",
+                                                                                 "at most 65536"]),
+    (S, ["{run}", "--res", "100000"], ["--res 100000", "at most 65536"]),
+    (S, ["{run}", "--res", "1024", "--val-samples", "1000000000"], ["val_samples 1000000000", "at most"]),
+    (T, ["--data", "imagefolder", "--data-dir", "{tmp}/folder"],
+     ["class folders", "{tmp}/folder/train lacks zebra", "{tmp}/folder/val lacks cat"], "imagefolder_other_classes"),
+    (T, FOLDER_RUN, ["cannot read the image {tmp}/folder/train/dog/broken.png"], "imagefolder_corrupt_train"),
+    (T, ["--data", "mnist", "--data-dir", "{tmp}/idx"],
+     ["{tmp}/idx/t10k-images-idx3-ubyte", "truncated", f"{16 + 31 * 784} bytes, expected {16 + 32 * 784}"],
+     "idx_truncated"),
+    (T, ["--data", "mnist", "--data-dir", "{tmp}/idx"],
+     ["{tmp}/idx/t10k-labels-idx1-ubyte", "labels out of range [0, 10)", "10 at index 3"], "idx_bad_label"),
+    (T, FOLDER_RUN + ["--workers", "1"], ["cannot read the image {tmp}/folder/train/dog/broken.png"],
+     "imagefolder_corrupt_train"),  # raised in a loader worker: still one line
+    (T, FOLDER_RUN, ["cannot read the image {tmp}/folder/val/cat/broken.png"], "imagefolder_corrupt_val"),
+    (T, ["--data", "videofolder", "--num-frames", "2", "--data-dir", "{tmp}/folder", "--batch-size", "2"],
+     ["videofolder", "clip folder", "{tmp}/folder/train/b/c2", "holds no frames"], "videofolder_empty_clip"),
     (V, ["--run", "{run}", "--pe", "rope_mixed", "--layer", "99"], ["layer=99 is out of range", "layers 0..0"]),
     (Q, ["--threads", "-2"], ["--threads must be an integer >= 1"]),
     (Q, ["--repeats", "0"], ["--repeats must be an integer >= 1"]),

@@ -2,6 +2,7 @@
 import gzip
 import math
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -111,6 +112,44 @@ def test_idx_files_in_data_dir_are_read_and_resized(tmp_path):
     assert torch.equal(small[3][0], squash(Image.fromarray(native[3, 0].numpy(), "L")))
 
 
+def _write_idx_raw(path, array, cut=0):
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    body = header + array.astype(np.uint8).tobytes()
+    path.write_bytes(body[:len(body) - cut])
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_truncated_idx_file_is_named_with_its_sizes(tmp_path, gz):
+    """Issue 22: a truncated idx file used to fail in numpy's reshape without naming the file."""
+    rng = np.random.default_rng(0)
+    images = tmp_path / ("t10k-images-idx3-ubyte" + (".gz" if gz else ""))
+    if gz:
+        _write_idx(images, rng.integers(0, 256, (10, 28, 28)))
+        images.write_bytes(images.read_bytes()[:-30])  # a cut gzip stream
+    else:
+        _write_idx_raw(images, rng.integers(0, 256, (10, 28, 28)), cut=100)
+    _write_idx_raw(tmp_path / "t10k-labels-idx1-ubyte", np.arange(10) % 10)
+    with pytest.raises(data.DataDamaged, match=str(images)) as err:
+        data.build_dataset("mnist", "val", 28, data_dir=str(tmp_path))
+    if not gz:
+        assert f"{16 + 10 * 28 * 28 - 100} bytes, expected {16 + 10 * 28 * 28}" in str(err.value)
+
+
+def test_idx_labels_out_of_range_or_miscounted_are_named(tmp_path):
+    rng = np.random.default_rng(0)
+    _write_idx_raw(tmp_path / "t10k-images-idx3-ubyte", rng.integers(0, 256, (10, 28, 28)))
+    labels = tmp_path / "t10k-labels-idx1-ubyte"
+    _write_idx_raw(labels, np.array([0, 1, 2, 3, 12, 5, 6, 7, 8, 9]))
+    with pytest.raises(data.DataDamaged, match=f"{labels} holds labels out of range \\[0, 10\\): 12 at index 4"):
+        data.build_dataset("fashion-mnist", "val", 28, data_dir=str(tmp_path))
+    _write_idx_raw(labels, np.arange(9) % 10)
+    with pytest.raises(data.DataDamaged, match="9 labels for the 10 images"):
+        data.build_dataset("fashion-mnist", "val", 28, data_dir=str(tmp_path))
+    labels.write_bytes(b"garbage!")
+    with pytest.raises(data.DataDamaged, match=f"{labels} is not an idx file"):
+        data.build_dataset("fashion-mnist", "val", 28, data_dir=str(tmp_path))
+
+
 def test_augmentation_is_a_function_of_seed_epoch_index(tmp_path):
     images = torch.randint(0, 256, (4, 1, 16, 16), dtype=torch.uint8)
     ds = data.ImageTensorDataset(images, torch.arange(4), 4, (0.5,), (0.5,), augment=True, flip=True, seed=1)
@@ -151,3 +190,62 @@ def test_imagefolder(tmp_path):
     assert len(ds) == 4 and ds.num_classes == 2
     x, y = ds[3]
     assert x.shape == (3, 16, 16) and y == 1
+
+
+def image_folder(root, classes, split, images=1):
+    from PIL import Image
+    for c in classes:
+        (root / split / c).mkdir(parents=True, exist_ok=True)
+        for i in range(images):
+            Image.new("RGB", (12, 12), (40 * i, 50, 200)).save(root / split / c / f"{i}.png")
+
+
+def test_imagefolder_val_classes_must_be_train_classes(tmp_path):
+    """train/{cat,dog} + val/{dog,zebra}: an error listing the classes missing on each side (it used to score val
+    'dog' as class 0, train's 'cat'); a val holding a subset of the train classes is mapped by class name."""
+    image_folder(tmp_path, ("cat", "dog"), "train")
+    image_folder(tmp_path, ("dog", "zebra"), "val")
+    with pytest.raises(data.DataDamaged) as err:
+        data.build_dataset("imagefolder", "val", 16, data_dir=str(tmp_path))
+    assert f"{tmp_path / 'train'} lacks zebra" in str(err.value) and f"{tmp_path / 'val'} lacks cat" in str(err.value)
+    image_folder(tmp_path, ("cat", "dog", "zebra"), "val")  # val has a class more than train: refused too
+    with pytest.raises(data.DataDamaged, match="lacks zebra"):
+        data.build_dataset("imagefolder", "val", 16, data_dir=str(tmp_path))
+    shutil.rmtree(tmp_path / "val")
+    image_folder(tmp_path, ("dog",), "val", images=2)  # a subset: by name
+    train = data.build_dataset("imagefolder", "train", 16, data_dir=str(tmp_path))
+    val = data.build_dataset("imagefolder", "val", 16, data_dir=str(tmp_path))
+    assert val.num_classes == train.num_classes == 2 and val.classes == train.classes == ["cat", "dog"]
+    assert list(val.labels) == [1, 1] and val[0][1] == 1  # val 'dog' gets train's index for 'dog'
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I"])
+def test_imagefolder_16_bit_png_is_scaled_not_saturated(tmp_path, mode):
+    """A 0..65535 gradient PNG becomes 0..255 (v / 257), not 255 wherever v > 255 (PIL's convert('RGB'))."""
+    from PIL import Image
+
+    from visionpe.data.folders import read_image, to_rgb
+    gradient = (np.arange(64 * 64).reshape(64, 64) * 16).astype(np.uint16)  # 0 .. 65520
+    image_folder(tmp_path, ("a",), "val")
+    path = tmp_path / "val" / "a" / "gradient.png"
+    Image.fromarray(gradient).save(path)
+    with Image.open(path) as im:
+        assert im.mode == "I;16"
+    rgb = np.asarray(read_image(str(path)) if mode == "I;16" else to_rgb(Image.fromarray(gradient.astype(np.int32))))
+    expected = np.round(gradient / 257).astype(np.uint8)
+    assert rgb.shape == (64, 64, 3) and rgb.dtype == np.uint8
+    assert all(np.array_equal(rgb[..., c], expected) for c in range(3))
+    assert (rgb == 255).mean() < 0.01  # was 99.6 %
+    ds = data.build_dataset("imagefolder", "val", 64, data_dir=str(tmp_path))
+    assert np.array_equal(np.asarray(ds.image(ds.folder.imgs.index((str(path), 0)))), rgb)
+
+
+def test_corrupt_image_is_an_error_naming_the_file_when_read(tmp_path):
+    image_folder(tmp_path, ("a", "b"), "val")
+    bad = tmp_path / "val" / "b" / "broken.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)  # a PNG signature, then garbage
+    ds = data.build_dataset("imagefolder", "val", 16, data_dir=str(tmp_path))  # decided at load time
+    assert ds[0][1] == 0
+    index = [p for p, _ in ds.folder.samples].index(str(bad))
+    with pytest.raises(data.DataDamaged, match=f"cannot read the image {bad}"):
+        ds[index]

@@ -71,9 +71,21 @@ def test_videofolder_reads_clips_of_frames(tmp_path):
     with pytest.raises(data.DataMissing, match="holds no clips"):
         (tmp_path / "val" / "empty").mkdir(parents=True)
         data.build_dataset("videofolder", "val", 8, data_dir=str(tmp_path), num_frames=4)
-    (tmp_path / "train" / "red" / "c").mkdir()
-    bad = data.build_dataset("videofolder", "train", 8, data_dir=str(tmp_path), num_frames=4)
-    with pytest.raises(data.DataMissing, match="holds no frames"):
-        bad[2]
+    (tmp_path / "train" / "red" / "c").mkdir()  # an empty clip folder: refused when the set is built, named
+    with pytest.raises(data.DataMissing, match="clip folder .*red/c' holds no frames"):
+        data.build_dataset("videofolder", "train", 8, data_dir=str(tmp_path), num_frames=4)
     with pytest.raises(data.DataMissing, match="needs --data-dir"):
         data.build_dataset("videofolder", "train", 8, num_frames=4)
+
+
+def test_videofolder_val_is_mapped_by_class_name(tmp_path):
+    """The training split numbers the classes: a val subset keeps train's index of each name; a val class that
+    train lacks is an error listing the classes missing on each side (issue 22)."""
+    for cls in ("blue", "red"):
+        write_clip(tmp_path / "train" / cls / "a", 2, (0, 0, 200))
+    write_clip(tmp_path / "val" / "red" / "a", 2, (200, 0, 0))
+    val = data.build_dataset("videofolder", "val", 8, data_dir=str(tmp_path), num_frames=2)
+    assert val.num_classes == 2 and val.labels == [1]  # red is class 1 in train (blue, red)
+    write_clip(tmp_path / "val" / "green" / "a", 2, (0, 200, 0))
+    with pytest.raises(data.DataDamaged, match="train lacks green; .*val lacks blue"):
+        data.build_dataset("videofolder", "val", 8, data_dir=str(tmp_path), num_frames=2)

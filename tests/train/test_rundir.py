@@ -277,6 +277,69 @@ def test_non_finite_loss_in_epoch_2_keeps_the_checkpoint_of_epoch_1(reference, t
     assert same_weights(out / "last.safetensors", reference / "last.safetensors")
 
 
+def test_kill_before_config_yaml_leaves_a_run_the_same_command_starts(tmp_path, capsys):
+    """Issue 22 item 3: a kill before config.yaml exists (during its write: a stray temporary) leaves nothing to
+    continue; --resume says to rerun the same command, and that command starts the run."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".config.yaml.k1ll3d.tmp").write_text("model: vit_tiny")  # a write cut short
+    with pytest.raises(SystemExit):
+        train_main(["--resume", str(out)])
+    err = capsys.readouterr().err
+    assert "no run to continue" in err and "rerun the same command without --resume" in err, err
+    train_main(MINI + ["--output", str(out), "--epochs", "1"])
+    assert (out / "results.json").is_file() and not rundir.temp_files(out)
+
+
+def test_remains_without_config_yaml_say_rerun_with_overwrite(tmp_path, capsys):
+    """A kill while --overwrite deleted a previous run (config.yaml goes first) leaves its state.pt and exports:
+    neither a fresh start nor --resume may use them; both say to rerun the same command with --overwrite."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "state.pt").write_bytes(b"old run")
+    (out / "metrics.jsonl").write_text("{}\n")
+    for argv in (MINI + ["--output", str(out)], ["--resume", str(out)]):
+        with pytest.raises(SystemExit):
+            train_main(argv)
+        err = capsys.readouterr().err
+        assert "without config.yaml" in err or "no config.yaml" in err, err
+        assert "state.pt" in err and "same command" in err and "--overwrite" in err, err
+    train_main(MINI + ["--output", str(out), "--epochs", "1", "--overwrite"])
+    assert (out / "results.json").is_file()
+
+
+@pytest.mark.parametrize("epochs", ["1", "2"])
+def test_diverged_weights_are_never_committed_nor_reported(tmp_path, capsys, epochs):
+    """Issue 22: at --lr 1e10 one step leaves a finite training loss and NaN validation loss; the run used to exit 0
+    with "loss": NaN and an accuracy in results.json (with more epochs: the diverged epoch 1 committed as "kept")."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(MINI + ["--output", str(out), "--lr", "1e10", "--train-samples", "16", "--epochs", epochs,
+                           "--warmup-epochs", "0"])
+    err = "".join(line for line in capsys.readouterr().err.splitlines(True) if "Cosine annealing" not in line)
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err  # (timm warns of a one-step cosine schedule)
+    assert "non-finite validation loss" in err and "after epoch 1" in err and "no epoch was saved" in err, err
+    assert rundir.existing(out) == ["config.yaml"]  # no state.pt, no weights, no metrics, no results
+
+
+def test_check_finite_names_what_diverged_and_what_is_kept(tmp_path):
+    from visionpe.train import loop
+    model = torch.nn.Linear(2, 2)
+    loop.check_finite(model, epoch=1, kept_epoch=0, val_loss=0.5)  # all finite: nothing
+    with torch.no_grad():
+        model.weight[0, 0] = float("inf")
+    with pytest.raises(loop.NonFiniteLoss, match=r"non-finite weights \(1 tensors, e.g. weight\) at step 3/5 of "
+                                                 r"epoch 2.*checkpoint of epoch 1 is kept"):
+        loop.check_finite(model, epoch=2, kept_epoch=1, within="at step 3/5 of")
+    with pytest.raises(loop.NonFiniteLoss, match="non-finite EMA validation loss"):
+        loop.check_finite(torch.nn.Linear(2, 2), epoch=1, kept_epoch=0, val_loss=1.0, ema_loss=float("nan"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
+    with pytest.raises(rundir.UserError, match="refusing to commit"):  # the last guard, in the writer itself
+        rundir.save_checkpoint(tmp_path, model, optimizer, scheduler, epoch=1, best_acc=0.0, best_epoch=1, history=[])
+    assert not (tmp_path / "state.pt").exists()
+
+
 def test_non_finite_loss_under_torchrun_stops_every_rank(tmp_path):
     out = tmp_path / "ddp"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

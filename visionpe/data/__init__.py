@@ -25,14 +25,14 @@ from .base import (ClipTensorDataset, ImageListDataset, ImageTensorDataset, Posi
 from .budget import native_aspect_size, resize_to_budget
 from .clips import clip_scene, render_clip
 from .folders import ClipFolderDataset, ImageFolderDataset
-from .registry import (DATASETS, SPLITS, DataMissing, DatasetSpec, call_builder, get_spec, names, register_dataset,
-                       takes_option, unregister_dataset)
+from .registry import (DATASETS, SPLITS, DataDamaged, DataMissing, DatasetSpec, call_builder, get_spec, names,
+                       register_dataset, takes_option, unregister_dataset)
 from .scenes import render, scene
 from .torchvision_sets import DEBIAN_FASHION_MNIST
 from .transforms import PROTOCOLS, TransformedDataset, Transforms, seeded
 
 __all__ = ["DATASETS", "DEBIAN_FASHION_MNIST", "PROTOCOLS", "SPLITS", "ClipFolderDataset", "ClipTensorDataset",
-           "DataMissing", "DatasetSpec", "ImageFolderDataset", "ImageListDataset", "ImageTensorDataset",
+           "DataDamaged", "DataMissing", "DatasetSpec", "ImageFolderDataset", "ImageListDataset", "ImageTensorDataset",
            "PositionDataset", "TransformedDataset", "Transforms", "build_dataset", "clip_scene", "fixed_subset",
            "get_spec", "image_hw", "info", "names", "native_aspect_size", "register_dataset", "render", "render_clip",
            "resize", "resize_to_budget", "scene", "seeded", "size_key", "takes_option", "takes_transforms",

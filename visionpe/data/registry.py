@@ -14,6 +14,12 @@ class DataMissing(FileNotFoundError):
     """The data set is not on this machine; the message says how to get it."""
 
 
+class DataDamaged(ValueError):
+    """A data file that is there but cannot be used (truncated, corrupt, labels out of range, class folders that do
+    not match); the message names the file or folder. Raised when the data set is built, or, for one sample (a
+    corrupt image or clip), when that sample is read."""
+
+
 @dataclass(frozen=True)
 class DatasetSpec:
     """What is known of a data set before it is loaded, and how to build it.

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .base import fixed_subset, size_key
-from .registry import DataMissing, register_dataset
+from .registry import DataDamaged, DataMissing, register_dataset
 from .transforms import TransformedDataset, Transforms, to_pil
 
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
@@ -37,12 +37,45 @@ TORCHVISION_SETS = {
 
 
 def _read_idx(path: str) -> np.ndarray:
+    """An idx file (LeCun's MNIST format, gzipped or not) of unsigned bytes; a truncated or malformed file is a
+    :class:`DataDamaged` naming it and the expected and actual sizes."""
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as err:  # a truncated .gz: EOFError; not gzip: BadGzipFile (an OSError)
+        raise DataDamaged(f"cannot read the idx file {path}: {type(err).__name__}: {err}") from None
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08 or not 1 <= data[3] <= 4:
+        raise DataDamaged(f"{path} is not an idx file of unsigned bytes (its header is {data[:4].hex() or 'empty'}, "
+                          "expected 000008 then the number of dimensions)")
     ndim = data[3]
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise DataDamaged(f"the idx file {path} is truncated: {len(data)} bytes, its header alone is {header}")
     dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    expected = header + int(np.prod(dims))
+    if len(data) != expected:
+        raise DataDamaged(f"the idx file {path} is {'truncated' if len(data) < expected else 'too long'}: "
+                          f"{len(data)} bytes, expected {expected} (a {ndim}-dimensional array "
+                          f"{'x'.join(map(str, dims))} after a {header}-byte header)")
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def _read_idx_pair(images_path: str, labels_path: str, num_classes: int):
+    """Images ``(N, H, W)`` and labels ``(N,)`` from their idx files, checked: 3-dimensional images, as many labels
+    as images, each label in ``[0, num_classes)``; a :class:`DataDamaged` naming the file otherwise."""
+    images, labels = _read_idx(images_path), _read_idx(labels_path)
+    if images.ndim != 3:
+        raise DataDamaged(f"the idx file {images_path} holds a {images.ndim}-dimensional array; images are 3 "
+                          "(count, height, width)")
+    if labels.ndim != 1 or len(labels) != len(images):
+        raise DataDamaged(f"the idx file {labels_path} holds {'x'.join(map(str, labels.shape))} labels for the "
+                          f"{len(images)} images of {images_path}")
+    bad = np.flatnonzero(labels >= num_classes)
+    if len(bad):
+        raise DataDamaged(f"the idx file {labels_path} holds labels out of range [0, {num_classes}): "
+                          f"{int(labels[bad[0]])} at index {int(bad[0])} ({len(bad)} such labels)")
+    return images, labels
 
 
 def _find_idx(folder: str, split: str):
@@ -59,13 +92,14 @@ def _find_idx(folder: str, split: str):
 
 def _mnist_like(name: str, split: str, data_dir, download: bool):
     import torchvision
+    classes = TORCHVISION_SETS[name][1]
     cls = torchvision.datasets.FashionMNIST if name == "fashion-mnist" else torchvision.datasets.MNIST
     train = split == "train"
     if data_dir is not None:
         for folder in (data_dir, os.path.join(data_dir, cls.__name__, "raw")):
             files = _find_idx(folder, split)
             if files:
-                return _read_idx(files[0]), _read_idx(files[1])
+                return _read_idx_pair(*files, classes)
         if download:
             ds = cls(root=data_dir, train=train, download=True)
             return ds.data.numpy(), ds.targets.numpy()
@@ -75,7 +109,7 @@ def _mnist_like(name: str, split: str, data_dir, download: bool):
     if name == "fashion-mnist":
         files = _find_idx(DEBIAN_FASHION_MNIST, split)
         if files:
-            return _read_idx(files[0]), _read_idx(files[1])
+            return _read_idx_pair(*files, classes)
     where = "(no --data-dir given)"
     hint = (f"install Debian's package (apt-get install dataset-fashion-mnist, files in {DEBIAN_FASHION_MNIST}) "
             "or " if name == "fashion-mnist" else "")

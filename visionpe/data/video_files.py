@@ -31,7 +31,7 @@ import torch
 
 from .base import PositionDataset, fixed_subset
 from .folders import IMAGENET_MEAN, IMAGENET_STD
-from .registry import DataMissing, register_dataset
+from .registry import DataDamaged, DataMissing, register_dataset
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".webm", ".mkv")
 DECODERS = ("torchcodec", "av")
@@ -83,14 +83,14 @@ def decode_clip(path: str, choose: Callable[[int], list[int]], backend: str | No
 
     ``backend``: ``"torchcodec"`` or ``"av"`` (default: :func:`decoder`). A file that cannot be decoded is a
     ValueError naming it."""
-    backend = backend or decoder()
+    backend = backend or decoder()  # a file that cannot be decoded: DataDamaged (a ValueError) naming it
     if backend not in DECODERS:
         raise ValueError(f"backend={backend!r} is not supported; allowed values: {', '.join(DECODERS)}")
     try:
         return _decode_torchcodec(path, choose) if backend == "torchcodec" else _decode_av(path, choose)
     except (ValueError, RuntimeError, OSError) as err:
         message = " ".join(str(err).split())[:300]
-        raise ValueError(f"video-files: cannot decode {path} ({type(err).__name__}: {message})") from None
+        raise DataDamaged(f"video-files: cannot decode {path} ({type(err).__name__}: {message})") from None
 
 
 def _decode_torchcodec(path: str, choose) -> torch.Tensor:

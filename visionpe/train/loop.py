@@ -23,7 +23,34 @@ from .cli import UserError, one_line
 
 
 class NonFiniteLoss(UserError):
-    """The training loss became NaN or infinite: the run stops without saving (its last checkpoint stays)."""
+    """The training loss, the validation loss or the weights became NaN or infinite: the run stops without saving
+    (its last checkpoint stays), so a diverged model is never committed, exported or reported with an accuracy."""
+
+
+def nonfinite_tensors(module) -> list[str]:
+    """The names of ``module``'s floating-point parameters and buffers that hold a NaN or an infinity."""
+    return [name for name, t in module.state_dict().items()
+            if torch.is_floating_point(t) and not bool(torch.isfinite(t).all())]
+
+
+def check_finite(model, *, epoch: int, kept_epoch: int, val_loss: float | None = None, ema=None,
+                 ema_loss: float | None = None, within: str = "") -> None:
+    """Before a commit of ``epoch`` (1-based; ``within``: where in it, for a commit within the epoch): the model's
+    (and the EMA's) weights and validation losses are finite, else :class:`NonFiniteLoss` with one line saying what
+    diverged and what is kept (``kept_epoch``: the last committed epoch, 0 for none). Every process calls it with the
+    same weights and losses (DDP keeps them equal), so every process stops at the same point."""
+    problems = []
+    for what, loss in (("validation loss", val_loss), ("EMA validation loss", ema_loss)):
+        if loss is not None and not math.isfinite(loss):
+            problems.append(f"non-finite {what} ({loss})")
+    for what, module in (("weights", model), ("EMA weights", ema)):
+        bad = nonfinite_tensors(module) if module is not None else []
+        if bad:
+            problems.append(f"non-finite {what} ({len(bad)} tensors, e.g. {bad[0]})")
+    if problems:
+        kept = f"its checkpoint of epoch {kept_epoch} is kept" if kept_epoch else "no epoch was saved"
+        raise NonFiniteLoss(f"{' and '.join(problems)} {within or 'after'} epoch {epoch}: the model diverged; the run "
+                            f"stopped without saving ({kept}); lower --lr or check the data")
 
 
 def dataset(cfg: dict, split: str, img_size, num_frames: int | None = None, protocol: str | None = None):
@@ -41,6 +68,31 @@ def dataset(cfg: dict, split: str, img_size, num_frames: int | None = None, prot
     if len(ds) == 0:
         raise UserError(f"{cfg['data']}: the {split} split under {cfg['data_dir']!r} holds no images")
     return ds
+
+
+def read_samples(batches):
+    """The batches of a loader, in order; a sample that cannot be read (:class:`visionpe.data.DataDamaged`: a corrupt
+    image or clip, found when it is read) is a :class:`UserError` of one line naming the file, also when a loader
+    worker raised it (torch then wraps the worker's traceback in the message: its last line is kept)."""
+    batches = iter(batches)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except vdata.DataDamaged as err:
+            raise UserError(worker_message(err)) from None
+        yield batch
+
+
+def worker_message(err: BaseException) -> str:
+    """The message of an error raised in a DataLoader worker (torch re-raises it in the main process with the worker's
+    traceback as its text): the error's own last line without its type; any other error's message unchanged."""
+    text = str(err)
+    if "Original Traceback" not in text:
+        return one_line(text)
+    last = [line for line in text.splitlines() if line.strip()][-1]
+    return one_line(last.split(": ", 1)[1] if f"{type(err).__name__}: " in last else last)
 
 
 def data_notes(cfg: dict) -> list[str]:
@@ -308,7 +360,7 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
                total=steps, disable=None if progress else True)  # None: off when not a terminal
     t0 = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    for step, (x, y) in enumerate(bar, start=first):
+    for step, (x, y) in enumerate(read_samples(bar), start=first):
         seed_everything(seed, epoch, rank, step)
         x, y = to_device(x, device), y.to(device, non_blocking=True)  # x: a list of images with --max-patches
         if mixup is not None:
@@ -365,7 +417,7 @@ def evaluate(model, dataset, *, batch_size: int, device, autocast, workers: int 
     loader = DataLoader(Subset(dataset, range(rank, len(dataset), world)), batch_size=batch_size,
                         num_workers=workers, collate_fn=collate_images)
     correct = loss = count = 0.0
-    for x, y in loader:
+    for x, y in read_samples(loader):
         x, y = to_device(x, device), y.to(device)
         with autocast():
             logits = logits_of(model, x)

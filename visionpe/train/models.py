@@ -87,7 +87,10 @@ def build_model(cfg: dict) -> torch.nn.Module:
     import visionpe
     kwargs = model_kwargs(cfg)
     named = named_constructor(cfg["model"])
-    with user_errors(f"cannot build {cfg['model']} with pe={cfg['pe']}", (ValueError, TypeError, AssertionError)):
+    given = " ".join(f"{k}={v}" for k, v in dict(cfg.get("model_kwargs") or {}).items())
+    what = f"cannot build {cfg['model']} with pe={cfg['pe']}" + (f" and --model-kwargs {given}" if given else "")
+    # a constructor refuses bad keywords in many ways (a negative width: torch's RuntimeError, a failed assert)
+    with user_errors(what, (ValueError, TypeError, AssertionError, RuntimeError, ZeroDivisionError)):
         if named is not None:
             return visionpe.apply(named[1](**kwargs), cfg["pe"], **cfg["pe_kwargs"])
         if cfg.get("num_frames"):

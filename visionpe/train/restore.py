@@ -97,7 +97,7 @@ def resume_config(args: dict) -> tuple[dict, list[tuple]]:
     if args.get("overwrite"):
         raise UserError("--resume continues a run and --overwrite deletes it; give one of them")
     if not (out / CONFIG).is_file():
-        raise UserError(f"--resume: no run to continue in {str(out)!r} (no {CONFIG})")
+        raise UserError(rundir.no_run_message(out))
     base = load_run(out)
     given = {k: v for k, v in args.items() if k not in ("resume", "debug")}
     given["output"] = str(out)

@@ -28,7 +28,11 @@ Checkpoint protocol (a kill at any instant leaves a run that ``--resume`` contin
    weights' metadata, the history) and rewrites any that lag behind: ``last`` and ``ema`` from the state's weights;
    ``best`` likewise when the best epoch is the state's epoch (the only case in which ``best`` can lag, since the
    next epoch starts only after the exports are complete).
-4. ``results.json`` is written after everything else. A run without ``state.pt`` has finished no epoch: resume
+4. ``config.yaml`` is the first file a run writes (:func:`prepare`), so a kill before it exists leaves at most a
+   stray temporary, or, during ``--overwrite``, the remains of the previous run (``config.yaml`` is deleted
+   before them): nothing of the new run to continue. ``--resume`` and a fresh start then say so: rerun the same
+   command (with ``--overwrite`` where remains are there) (:func:`no_run_message`).
+   ``results.json`` is written after everything else. A run without ``state.pt`` has finished no epoch: resume
    starts it at epoch 1 from its ``config.yaml``.
 5. A commit within an epoch (``--checkpoint-every-steps`` / ``--checkpoint-every-minutes``) replaces ``state.pt``
    alone, between two optimizer steps (no gradient is pending): its ``progress`` holds the loader batches of epoch
@@ -104,9 +108,28 @@ def check_fresh(out: Path, overwrite: bool) -> None:
     if Path(out).exists() and not Path(out).is_dir():
         raise UserError(f"--output {str(out)!r} is not a directory")
     found = existing(out)
+    if found and CONFIG not in found and not overwrite:  # a kill during --overwrite's clear: the old run's remains
+        raise UserError(f"run directory {str(out)!r} holds the remains of a run without {CONFIG} ({', '.join(found)}; "
+                        f"a run killed while --overwrite deleted it), which --resume cannot continue: rerun the same "
+                        "command with --overwrite to start again")
     if found and not overwrite:
         raise UserError(f"run directory {str(out)!r} already holds a run ({', '.join(found)}); pass --resume to "
                         "continue it or --overwrite to delete it and start again")
+
+
+def no_run_message(out: Path) -> str:
+    """Why ``--resume out`` has nothing to continue (no ``config.yaml``), and what to run instead."""
+    out = Path(out)
+    if not out.is_dir():
+        return f"--resume: no run to continue in {str(out)!r} (no such directory)"
+    found, stray = existing(out), temp_files(out)
+    if found:
+        return (f"--resume: no run to continue in {str(out)!r}: no {CONFIG}, only the remains of a run "
+                f"({', '.join(found)}; a kill while --overwrite deleted it); rerun the same command without --resume "
+                "and with --overwrite to start again")
+    killed = f" (a run killed before writing it: {stray[0].name})" if stray else ""
+    return (f"--resume: no run to continue in {str(out)!r} (no {CONFIG}{killed}); nothing was trained there: rerun the "
+            "same command without --resume to start it")
 
 
 def read_config(run) -> dict:
@@ -172,6 +195,10 @@ def save_checkpoint(out: Path, model, optimizer, scheduler, *, epoch: int, best_
     """Commit ``state.pt``: at the end of epoch ``epoch``, then export last/best/ema weights and metrics from it; or,
     with ``progress`` (see :func:`visionpe.train.loop.train_one_epoch`), within epoch ``epoch + 1``, ``state.pt``
     alone. ``ema``: the EMA module (timm ``ModelEmaV3.module``); ``scaler``: timm's ``NativeScaler``."""
+    bad = [k for k, t in model.state_dict().items() if torch.is_floating_point(t) and not bool(torch.isfinite(t).all())]
+    if bad:  # the loop checks first (train_vit.py, visionpe.train.loop.check_finite); this is the last guard
+        raise UserError(f"refusing to commit {out / STATE}: the model's weights are not finite ({len(bad)} tensors, "
+                        f"e.g. {bad[0]}); the run diverged: lower --lr")
     state = {"format": 3, "epoch": epoch, "best_acc": best_acc, "best_epoch": best_epoch,
              "history": json.dumps(history), "model": tensors(model), "optimizer": optimizer.state_dict(),
              "scheduler": scheduler.state_dict()}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import dataclass
 
 import yaml
@@ -71,7 +72,8 @@ SETTINGS: dict[str, Setting] = {
     "pe": S("learned", MODEL, "str", "", metavar="NAME"),  # help filled from the registry
     "pe_kwargs": S({}, MODEL, "mapping", "encoding keywords as KEY=VALUE (VALUE read as YAML), e.g. theta=100 "
                    "scaling=pi; see visionpe.build for each encoding's keywords", metavar="KEY=VALUE"),
-    "img_size": S(32, MODEL, "int", "training resolution in pixels (square); a positive multiple of patch_size",
+    "img_size": S(32, MODEL, "int", "training resolution in pixels (square); a positive multiple of patch_size, at most 65536 "
+                  "patches per image (a 256x256 grid; video: per clip)",
                   metavar="PX"),
     "patch_size": S(4, MODEL, "int", "patch side in pixels; an integer >= 1", metavar="PX"),
     "model_kwargs": S({"embed_dim": 64, "depth": 4, "num_heads": 4}, MODEL, "mapping",
@@ -119,10 +121,11 @@ SETTINGS: dict[str, Setting] = {
                       "segment when training, the centre segment when evaluating); default: num_frames frames spread "
                       "evenly over the whole clip; an integer >= 1, for data sets that take it (video-files)",
                       metavar="STRIDE"),
-    "train_samples": S(None, DATA, "int?", "training images: synthetic scenes rendered (default 10000), real sets a "
-                       "fixed random subset (default all); an integer >= 1", metavar="N"),
-    "val_samples": S(None, DATA, "int?", "validation images (synthetic default 2000, real default all); an integer "
-                     ">= 1", metavar="N"),
+    "train_samples": S(None, DATA, "int?", "training images: synthetic scenes rendered (default 10000; held in memory, "
+                       "so at most what this machine's memory holds), real sets a fixed random subset (default all); "
+                       "an integer >= 1", metavar="N"),
+    "val_samples": S(None, DATA, "int?", "validation images (synthetic default 2000, rendered in memory at each "
+                     "eval_res: at most what memory holds; real default all); an integer >= 1", metavar="N"),
     "workers": S(0, DATA, "int", "DataLoader worker processes; an integer >= 0 (0 = load in the main process)",
                  metavar="N"),
     "max_patches": S(None, DATA, "int?", "train each image at its native aspect ratio within this many patches "
@@ -140,7 +143,8 @@ SETTINGS: dict[str, Setting] = {
                       "(model.no_weight_decay())", metavar="WD"),
     "clip_grad": S(1.0, OPTIM, "float", "max global gradient norm; a number >= 0 (0 = off)", metavar="NORM"),
     "batch_size": S(128, OPTIM, "int", "global batch size over all processes (each of N takes batch_size / N); an "
-                    "integer >= 1", metavar="N"),
+                    "integer >= 1 whose float32 input batch takes at most half of this machine's memory",
+                    metavar="N"),
     "amp": S("auto", OPTIM, "choice", "mixed precision: auto = bf16 autocast on CUDA, none on CPU; bf16; fp16 (CUDA "
              "only: float16 autocast with timm's NativeScaler gradient scaler); none", choices=AMP),
     "grad_accum_steps": S(1, OPTIM, "int", "gradient accumulation as timm's train.py: an optimizer step sums the "
@@ -181,7 +185,7 @@ SETTINGS: dict[str, Setting] = {
     "train_res": S([], AUG, "ints", "multi-resolution training (ResFormer / FlexiViT): each step's batch is resized "
                    "(bicubic, antialias) to one of these sizes, drawn from (seed, epoch, step), so every process "
                    "draws the same; the learning-rate schedule is unchanged; each a positive multiple of patch_size; "
-                   "images only (empty = train at img_size only)", metavar="PX"),
+                   "images only (empty = train at img_size only); at most 65536 patches per image", metavar="PX"),
     "label_smoothing": S(0.1, AUG, "float", "label smoothing; in [0, 1)", metavar="EPS"),
     "mixup": S(0.0, AUG, "float", "timm Mixup alpha; a number >= 0 (0 = off); needs an even batch_size",
                metavar="ALPHA"),
@@ -219,7 +223,8 @@ SETTINGS: dict[str, Setting] = {
                 "split"),
     # evaluation
     "eval_res": S([], EVAL, "ints", "test resolutions (pixels) for the last and the best model after training, each a "
-                  "positive multiple of patch_size; the training resolution is always included", metavar="PX"),
+                  "positive multiple of patch_size, at most 65536 patches per image; the training resolution is always included",
+                  metavar="PX"),
     "eval_frames": S([], EVAL, "ints", "video: test frame counts for the last and the best model after training, "
                      "crossed with eval_res (a frames x resolution table); the built-in tasks sample the same clip "
                      "duration, so more frames = a higher frame rate; each a multiple of the tubelet's frames; "
@@ -411,6 +416,66 @@ def copied(value):
     return value
 
 
+MAX_PATCHES = 65536  # patches per image (a 256 x 256 grid; 1024 px at patch 4, 4096 px at patch 16): attention
+# over more tokens does not fit memory (the (heads, T, T) bias and score tables of one image alone exceed 17 GB)
+BATCH_MEMORY_SHARE = 0.5  # one float32 input batch may take at most this share of the machine's memory
+
+
+def machine_memory() -> int:
+    """The physical memory of this machine in bytes (0 when the system does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+def gib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**40:.3g} TiB" if num_bytes >= 2**40 else f"{num_bytes / 2**30:.3g} GiB"
+
+
+def check_patches(what: str, size, patch_size: int, frames: int = 1) -> None:
+    """An image (or clip) of ``size`` (pixels: an int or ``(height, width)``) has at most :data:`MAX_PATCHES`
+    patches of ``patch_size`` (times ``frames`` tubelets in time); a :class:`UserError` naming ``what`` and the
+    limit otherwise."""
+    height, width = (size, size) if isinstance(size, int) else size
+    count = (height // patch_size) * (width // patch_size) * max(1, frames)
+    need(count <= MAX_PATCHES, f"{what} {size if isinstance(size, int) else f'{height}x{width}'} with patch_size "
+         f"{patch_size} gives {count} patches per {'clip' if frames > 1 else 'image'}; at most {MAX_PATCHES} (a "
+         f"256x256 grid, e.g. {256 * patch_size} px) fit attention in memory")
+
+
+def check_memory(cfg: dict, memory: int | None = None) -> None:
+    """Sizes that fit this machine's memory (``memory`` bytes, default :func:`machine_memory`), checked before
+    anything is allocated: one float32 input batch (training and evaluation) within :data:`BATCH_MEMORY_SHARE` of
+    it, and a built-in task's rendered scenes (uint8, held in memory: the training set at img_size, the validation
+    set at img_size and each eval_res) within it. A :class:`UserError` giving the size and the limit otherwise."""
+    memory = machine_memory() if memory is None else memory
+    if memory <= 0:
+        return
+    spec = vdata.get_spec(cfg["data"])
+    chans = cfg.get("in_chans") or spec.in_chans
+    frames = cfg["num_frames"] or 1
+    area = lambda size: size * size if isinstance(size, int) else size[0] * size[1]
+    train_area = max(area(s) for s in [cfg["img_size"], *cfg["train_res"]])
+    eval_area = max(area(s) for s in [cfg["img_size"], *cfg["eval_res"]])
+    for key, batch, pixels in (("batch_size", cfg["batch_size"], train_area),
+                               ("eval_batch_size", cfg["eval_batch_size"], eval_area)):
+        need(batch * chans * pixels * frames * 4 <= memory * BATCH_MEMORY_SHARE,
+             f"{key} {batch} at {math.isqrt(pixels)} px is {gib(batch * chans * pixels * frames * 4)} of float32 input "
+             f"alone; at most {gib(memory * BATCH_MEMORY_SHARE)} (half of this machine's {gib(memory)}): give a smaller "
+             f"{key} or size")
+    if not spec.synthetic:
+        return  # real sets are read at their own size, a sample at a time (or once, at native size)
+    sizes = vdata.scenes.DEFAULT_SIZES
+    for key, split, areas in (("train_samples", "train", [area(cfg["img_size"])]),
+                              ("val_samples", "val", [area(s) for s in {cfg["img_size"], *cfg["eval_res"]}])):
+        count = cfg[key] if cfg[key] is not None else sizes[split]
+        per_sample = chans * frames * sum(areas)
+        most = memory // per_sample
+        need(count <= most, f"{key} {count}: the rendered {split} scenes of {cfg['data']} would take "
+             f"{gib(count * per_sample)} in memory, more than this machine's {gib(memory)}; at most {most} fit")
+
+
 def need(ok, message: str) -> None:
     """A :class:`UserError` with ``message`` unless ``ok``."""
     if not ok:
@@ -431,6 +496,7 @@ def check(cfg: dict, training: bool = True) -> None:
     check_augmentation(cfg)
     check_evaluation(cfg)
     check_run(cfg, training)
+    check_sizes(cfg, training)
 
 
 def check_kinds(cfg: dict) -> None:
@@ -487,6 +553,11 @@ def check_model_settings(cfg: dict) -> None:
         value = cfg["model_kwargs"].get(key)
         need(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
              f"{key} (model_kwargs.{key}) must be an integer >= 1, got {value!r}")
+    ratio = cfg["model_kwargs"].get("mlp_ratio")
+    need(ratio is None or (isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and math.isfinite(ratio)
+                           and ratio > 0),
+         f"mlp_ratio (--model-kwargs mlp_ratio=) must be a number > 0 (the MLP's hidden width / embed_dim), got "
+         f"{ratio!r}")
     dim, heads = cfg["model_kwargs"].get("embed_dim"), cfg["model_kwargs"].get("num_heads")
     need(not isinstance(heads, int) or dim is None or heads is None or dim % heads == 0,
          f"embed_dim {dim} must be divisible by num_heads {heads}")
@@ -652,6 +723,19 @@ def check_evaluation(cfg: dict) -> None:
     for res in cfg["eval_res"]:
         need(res >= cfg["patch_size"] and res % cfg["patch_size"] == 0,
              f"eval_res {res} must be a positive multiple of patch_size {cfg['patch_size']}")
+
+
+def check_sizes(cfg: dict, training: bool = True) -> None:
+    """Every image and clip size within :data:`MAX_PATCHES` patches; when training here, the batches and a built-in
+    task's rendered scenes within this machine's memory (:func:`check_memory`)."""
+    frames = max([cfg["num_frames"] or 1, *cfg["eval_frames"]])
+    t = tubelet(cfg)[0] if cfg.get("num_frames") else 1
+    check_patches("img_size", cfg["img_size"], cfg["patch_size"], (cfg["num_frames"] or 1) // t)
+    for key in ("train_res", "eval_res"):
+        for size in cfg[key]:
+            check_patches(key, size, cfg["patch_size"], frames // t)
+    if training:
+        check_memory(cfg)
 
 
 def check_run(cfg: dict, training: bool) -> None:

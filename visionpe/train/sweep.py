@@ -68,7 +68,9 @@ def adaptations(pe: str, scalings, interpolations) -> list[tuple[str, dict]]:
 
 
 def check_sizes(run: Path, cfg: dict, sizes) -> None:
-    """``--res`` fits the run: every side a positive multiple of its patch_size, and ``HxW`` for image runs only."""
+    """``--res`` fits the run: every side a positive multiple of its patch_size, at most
+    :data:`~visionpe.train.settings.MAX_PATCHES` patches, ``HxW`` for image runs only; the rendered scenes and an
+    evaluation batch within this machine's memory."""
     video = bool(cfg.get("num_frames"))
     for size in sizes:
         if video and not isinstance(size, int):
@@ -78,6 +80,8 @@ def check_sizes(run: Path, cfg: dict, sizes) -> None:
         if any(s < cfg["patch_size"] or s % cfg["patch_size"] for s in sides):
             raise UserError(f"resolution {loop.key_text(size)} is not a positive multiple of {run}'s patch_size "
                             f"{cfg['patch_size']}" + ("" if isinstance(size, int) else " on each side"))
+        settings.check_patches("--res", size, cfg["patch_size"])
+    settings.check_memory({**cfg, "eval_res": list(sizes), "train_res": []})  # the rendered scenes, one eval batch
 
 
 def check_frames(run: Path, cfg: dict, frames) -> None:
