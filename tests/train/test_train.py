@@ -184,6 +184,9 @@ def test_resolution_sweep_writes_csv_and_png(rope_run, tmp_path):
 def test_sweep_adaptations_per_encoding():
     assert [a for a, _ in sweep.adaptations("learned", ["none", "pi"], [])] == ["default"]
     assert [a for a, _ in sweep.adaptations("rope_axial", ["none", "ntk"], [])] == ["none", "ntk"]
+    # every rotary encoding with a scaling option is swept with the scalings it takes (STRING: none and pi)
+    assert [a for a, _ in sweep.adaptations("string", ["none", "pi", "ntk"], [])] == ["none", "pi"]
+    assert [a for a, _ in sweep.adaptations("videorope", ["none", "yarn"], [])] == ["none", "yarn"]
     got = sweep.adaptations("rope_mixed+learned", ["pi"], ["bicubic", "bilinear"])
     assert got == [("pi/bicubic", {"scaling": "pi", "interpolation": "bicubic"}),
                    ("pi/bilinear", {"scaling": "pi", "interpolation": "bilinear"})]

@@ -47,6 +47,8 @@ class LearnedRotation(RotaryEncoding):
     blocks, :meth:`_finish`, :meth:`_rotate` and :meth:`rotation_blocks`.
     """
 
+    scalings = LEARNED_SCALINGS  # the adaptations to a new grid it takes (the sweep reads them)
+
     def __init__(self, head_dim: int, num_heads: int, ndim: int, scaling: str, ref_shape,
                  coordinates: CoordinateSystem):
         super().__init__()

@@ -229,6 +229,8 @@ class RoPE(RotaryEncoding):
     leaves out); its gradient there is 0.
     """
 
+    scalings = SCALINGS  # the adaptations to a new grid it takes (the sweep reads them)
+
     def __init__(self, head_dim: int, num_heads: int, ndim: int, freqs: torch.Tensor, band_fraction: torch.Tensor,
                  learnable: bool, pairs: str, scaling: str, ref_shape, yarn_alpha: float, yarn_beta: float,
                  axis_order: str = "xy", coordinates: CoordinateSystem | None = None,

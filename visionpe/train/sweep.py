@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from ..backbones import parse_pe
+from ..registry import ENCODINGS
 from ..weights import write_text
 from . import cli, loop, models, restore, rundir, settings
 from .cli import UserError
@@ -51,16 +52,19 @@ FIELDS = ["run", "data", "model", "pe", "seed", "train_res", "adaptation", "weig
 
 
 def adaptations(pe: str, scalings, interpolations) -> list[tuple[str, dict]]:
-    """``[(label, pe_kwargs overrides)]`` for one encoding: RoPE scalings x learned interpolations."""
+    """``[(label, pe_kwargs overrides)]`` for one encoding: the rotary encoding's scalings (those of ``scalings`` it
+    takes: its class's ``scalings``, e.g. RoPE's none/pi/ntk/yarn, the learned rotations' none/pi) x learned
+    interpolations."""
     if pe == models.TIMM_NATIVE:  # timm's own model: it adapts to a new size its own way
         return [("default", {})]
     with cli.user_errors("pe"):
         names = parse_pe(pe)
-    rope = names.get("rotary") in ("rope_axial", "rope_mixed")
+    rotary = ENCODINGS.get(names.get("rotary"))
+    swept = [s for s in scalings if s in getattr(rotary, "scalings", ())]
     learned = names.get("tokens") == "learned"
     out = [("", {})]
-    if rope:
-        out = [(f"{label}{'/' if label else ''}{s}", {**kw, "scaling": s}) for label, kw in out for s in scalings]
+    if swept:
+        out = [(f"{label}{'/' if label else ''}{s}", {**kw, "scaling": s}) for label, kw in out for s in swept]
     if learned and interpolations:
         out = [(f"{label}{'/' if label else ''}{m}", {**kw, "interpolation": m})
                for label, kw in out for m in interpolations]
