@@ -1,6 +1,6 @@
 """Frequency layouts of RoPE: the direction each rotation pair turns along, and which pairs or heads rotate at all.
 
-A layout maps the band magnitudes of :mod:`visionpe.rotary.rope` to frequency vectors ``freqs: (ndim, heads or 1,
+A layout maps band magnitudes (:func:`band_frequencies`) to frequency vectors ``freqs: (ndim, heads or 1,
 pairs)`` (components in coordinate order: ``x`` first for ``axis_order="xy"``). Three options, one vocabulary, on
 ``rope_axial`` (fixed) and ``rope_mixed`` (the initialisation of learned vectors):
 
@@ -32,6 +32,22 @@ import math
 import torch
 
 from .._checks import check_number
+
+
+def band_frequencies(num_bands: int, theta: float, dtype=torch.float32, per_turn: bool = False,
+                     periods=None) -> torch.Tensor:
+    """``w_i = 1 / theta ** (i / num_bands)``, ``i < num_bands``: rope-vit's ``1/theta^(4i/d)`` in 2D.
+
+    DINOv3's parametrisation (timm ``RotaryEmbeddingDinoV3``) gives *periods* instead, ``w_i = 2 pi / period_i``:
+    ``per_turn=True`` reads ``theta ** (i / num_bands)`` as the periods (DINOv3's ``temperature``), and
+    ``periods=(min_period, max_period)`` spaces them geometrically, ``min_period (max/min) ** (i / (n - 1))``.
+    """
+    if periods is not None:
+        low, high = periods
+        exponents = torch.linspace(0, 1, num_bands, dtype=dtype)
+        return 2 * math.pi / (low * (high / low) ** exponents)
+    freqs = theta ** -(torch.arange(num_bands, dtype=dtype) / num_bands)
+    return 2 * math.pi * freqs if per_turn else freqs
 
 GOLDEN_ANGLE = math.pi * (3.0 - math.sqrt(5.0))
 DIRECTIONS = ("axial", "random", "golden")
@@ -100,12 +116,11 @@ def head_axes_layout(head_axes, num_pairs: int, ndim: int, axis_order: str, thet
         sections: pairs per axis (grid order) for heads that rotate with every axis, or None for an even split.
         rotations: optional callable ``k -> (k, k)`` rotation drawn for a head with ``k`` axes (``rope_mixed``'s
             random directions inside the head's axes); None keeps each band on its axis.
-        bands: :func:`~visionpe.rotary.rope.band_frequencies` keywords (``per_turn``, ``periods``).
+        bands: :func:`band_frequencies` keywords (``per_turn``, ``periods``).
     Returns:
         ``freqs (ndim, heads, pairs)``, NTK's band fractions ``(heads, pairs)``, and ``free (ndim, heads, pairs)``:
         1 where a learned frequency may move (its head's axes, rotating pairs), 0 where it stays 0.
     """
-    from .rope import band_frequencies  # rope.py imports this module
 
     heads = len(head_axes)
     freqs = torch.zeros(ndim, heads, num_pairs, dtype=dtype)

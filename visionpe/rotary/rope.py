@@ -25,29 +25,13 @@ from ..cache import TableCache
 from ..coords import CoordinateSystem
 from ..grid import Grid, Layout, as_grid, as_layout
 from ._base import RotaryEncoding
-from .layouts import (AXIS_LETTERS, DIRECTIONS, check_rotate_fraction, golden_directions, head_axes_layout,
-                      parse_head_axes, rotated_pairs)
+from .layouts import (AXIS_LETTERS, DIRECTIONS, band_frequencies, check_rotate_fraction, golden_directions,
+                      head_axes_layout, parse_head_axes, rotated_pairs)
 from .scaling import SCALINGS, attention_factor, axis_scales, scale_frequencies, scale_positions
 
 PAIRS = ("interleaved", "half")
 AXIS_ORDERS = ("xy", "ij")
 SPECTRA = ("axial", "mrope", "mrope_interleaved", "videorope")
-
-
-def band_frequencies(num_bands: int, theta: float, dtype=torch.float32, per_turn: bool = False,
-                     periods=None) -> torch.Tensor:
-    """``w_i = 1 / theta ** (i / num_bands)``, ``i < num_bands``: rope-vit's ``1/theta^(4i/d)`` in 2D.
-
-    DINOv3's parametrisation (timm ``RotaryEmbeddingDinoV3``) gives *periods* instead, ``w_i = 2 pi / period_i``:
-    ``per_turn=True`` reads ``theta ** (i / num_bands)`` as the periods (DINOv3's ``temperature``), and
-    ``periods=(min_period, max_period)`` spaces them geometrically, ``min_period (max/min) ** (i / (n - 1))``.
-    """
-    if periods is not None:
-        low, high = periods
-        exponents = torch.linspace(0, 1, num_bands, dtype=dtype)
-        return 2 * math.pi / (low * (high / low) ** exponents)
-    freqs = theta ** -(torch.arange(num_bands, dtype=dtype) / num_bands)
-    return 2 * math.pi * freqs if per_turn else freqs
 
 
 def band_fractions(sizes) -> torch.Tensor:
