@@ -25,3 +25,14 @@ def autocast_dtype(device_type: str) -> torch.dtype:
     if hasattr(torch, "get_autocast_dtype"):
         return torch.get_autocast_dtype(device_type)
     return torch.get_autocast_cpu_dtype() if device_type == "cpu" else torch.get_autocast_gpu_dtype()
+
+
+# tree_leaves(tree): the leaves of a pytree (nested tuples, lists, dicts), in tree_flatten's order; torch 2.2 added
+# torch.utils._pytree.tree_leaves, tree_flatten has them before it
+try:
+    from torch.utils._pytree import tree_leaves
+except ImportError:
+    from torch.utils._pytree import tree_flatten as _tree_flatten
+
+    def tree_leaves(tree) -> list:
+        return _tree_flatten(tree)[0]

@@ -128,13 +128,19 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
           scale: float | None) -> torch.Tensor:
     """``scaled_dot_product_attention``, except for a float mask that needs a gradient (a learned bias in
     training) on CPU: SDPA sends that to its unfused math path, which keeps every block's ``(B, heads, T, T)``
-    softmax for the backward; :class:`_FusedBiasAttention` runs the fused kernel instead."""
+    softmax for the backward; :class:`_FusedBiasAttention` runs the fused kernel instead.
+
+    Under CPU autocast q, k, v and a float mask are cast as SDPA's autocast casts them, here: a custom function is
+    not autocast, and torch 2.1's CPU autocast does not cover SDPA at all (Swin-V2's normalised q, scaled by its
+    float32 logit scale, is float32 there while k and v are bfloat16, which SDPA refuses)."""
+    if q.device.type == "cpu" and is_autocast_enabled("cpu"):
+        dtype = autocast_dtype("cpu")
+        q, k, v = (t.to(dtype) for t in (q, k, v))
+        if mask is not None and mask.is_floating_point():
+            mask = mask.to(dtype)
     if (mask is not None and mask.requires_grad and torch.is_grad_enabled() and q.device.type == "cpu"
             and dropout_p == 0.0 and mask.is_floating_point() and q.shape[-1] == v.shape[-1]
             and _FLASH_CPU is not None and not is_compiling()):
-        if is_autocast_enabled("cpu"):  # a custom function is not autocast: cast as SDPA's autocast does
-            dtype = autocast_dtype("cpu")  # (Swin-V2's normalised q, k are float32 there, v is not)
-            q, k, v, mask = (t.to(dtype) for t in (q, k, v, mask))
         return _FusedBiasAttention.apply(q, k, v, mask, q.shape[-1] ** -0.5 if scale is None else scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 

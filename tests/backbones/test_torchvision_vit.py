@@ -7,6 +7,7 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import requires
 from torchvision.models import resnet18
 from torchvision.models.vision_transformer import ConvStemConfig, VisionTransformer
 from trainutil import train_main
@@ -129,6 +130,7 @@ def test_concurrent_forwards_at_different_sizes_equal_single_threaded():
     assert not errors
 
 
+@requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
 def test_fullgraph_compile_matches_eager_and_trains():
     torch._dynamo.reset()
     model = vpe.apply(_reference(), "rope_mixed+learned")

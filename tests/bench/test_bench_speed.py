@@ -18,6 +18,13 @@ TITLES = {"rope": (2, "RoPE apply"), "forward": (2, "Eval forward"), "train": (2
           "memory": (2, "Training step peak memory"), "timm": (1, "visionpe vs timm native"),
           "cache": (1, "Alternating resolutions"), "scale": (2, "Large grid"), "compile": (1, "Compiled eval forward")}
 PER_ENCODING = ("Eval forward", "Training step", "Large grid", "Compiled eval forward")
+# torch.compile(fullgraph=True) through a Grid needs torch >= 2.4 (README): before it the compiled rows are errors
+TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+FULLGRAPH = TORCH >= (2, 4)
+# torch 2.1's profiler now and then loses an operator's event (one step profiled twelve times in a row counted 133
+# aten::empty once and 134 the other times), so there the control row is not always exactly none's; the releases
+# after it are taken to count exactly (2.1.2 and the pinned release checked, not the ones between)
+EXACT_PROFILE = TORCH >= (2, 2)
 
 
 @pytest.fixture
@@ -58,6 +65,8 @@ def check_section(tables: dict, section: str) -> list:
         for row in rows:
             for column, cell in row.items():
                 if column.startswith("vs ") or column in ("ours / timm", "ratio"):
+                    if cell == "-" and not FULLGRAPH and "compiled" in next(iter(row.values())):
+                        continue  # the row's error: torch.compile(fullgraph=True) of it needs torch >= 2.4
                     assert math.isfinite(ratio(cell)) and ratio(cell) > 0, (title, row)
         if title.startswith(PER_ENCODING):
             assert [row["pe"] for row in rows] == ["none", "none (control)", *cli.PES], title
@@ -173,7 +182,8 @@ def test_quick_profile_section(one_thread):
         for row in rows:
             assert float(row["profiled ms / step"]) > 0 and math.isfinite(float(row["vs none ms"]))
             assert math.isfinite(float(row["operators with none's calls, net ms"]))
-        assert rows[0][changed] == "-"  # the control model calls exactly none's operators
+        if EXACT_PROFILE:
+            assert rows[0][changed] == "-"  # the control model calls exactly none's operators
         for row in rows[1:]:
             ops = row[changed].split("; ")
             assert len(ops) == profile.PROFILE_OPS, row

@@ -12,6 +12,7 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import requires
 from devicecases import Case, exact_float32
 
 # one model of each family and backbone kind (an inductor compile takes tens of seconds even for these)
@@ -26,6 +27,7 @@ def skip_beyond_the_first_on_cpu(device, case_attention):
         pytest.skip("inductor on CPU builds C++ per graph: the CPU run compiles the first case only")
 
 
+@requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
 @pytest.mark.parametrize("case_attention", COMPILED, ids=COMPILED_IDS)
 def test_inductor_fullgraph_equals_eager(device, case_attention):
     skip_beyond_the_first_on_cpu(device, case_attention)
@@ -39,6 +41,7 @@ def test_inductor_fullgraph_equals_eager(device, case_attention):
     torch._dynamo.reset()
 
 
+@requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
 @pytest.mark.parametrize("case", [Case("vit", "rope_mixed+learned", (3, 32, 40)), Case("vit", "cpb", (3, 32, 40))],
                          ids=lambda c: c.id)
 def test_inductor_fullgraph_training_step_equals_eager(device, case):

@@ -6,6 +6,7 @@ import copy
 import pytest
 import timm
 import torch
+from conftest import requires
 
 import visionpe as vpe
 from visionpe.coords import CoordinateSystem, coordinate_draws
@@ -147,6 +148,7 @@ def test_swin_blocks_share_one_draw(monkeypatch):
     assert len(seen) == 4 and all(same(seen[0], t) for t in seen)
 
 
+@requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
 def test_compiled_training_shares_the_draw():
     """torch.compile cannot set the forward's context variable; the traced forward keeps its draws in the graph:
     the compiled training forward (fullgraph, no graph break) equals eager from the same RNG state."""

@@ -8,6 +8,7 @@ import threading
 import pytest
 import timm.optim
 import torch
+from conftest import requires
 
 import visionpe as vpe
 from visionpe import Grid, viz
@@ -99,6 +100,7 @@ def test_each_image_of_a_mixed_batch_gets_its_own_positions(pe, kw):
     torch.testing.assert_close(together, alone, atol=2e-5, rtol=2e-5)
 
 
+@requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
 @cases(EACH)
 def test_fullgraph_compile_matches_eager_and_trains(pe, kw):
     """dynamo traces the matrix exponentials, the Cayley solve and the block products as one graph (no graph break),
@@ -117,6 +119,7 @@ def test_fullgraph_compile_matches_eager_and_trains(pe, kw):
             assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
+@requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
 def test_inductor_compiles_the_table_builders_and_their_gradients():
     """Inductor (not only dynamo's tracing): the exponentials and the block products compile to the eager values in the inference and the training graph, gradients included (matrix_exp needs a contiguous input,
     which inductor's inference graph did not give an einsum's output even after .contiguous())."""

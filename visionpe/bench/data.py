@@ -69,9 +69,12 @@ def ours(train: Path, batch: int, workers: int, max_patches: int | None = None,
 def timms(train: Path, batch: int, workers: int, max_patches: int | None = None):
     """timm's loader of the same folder and transform settings (``max_patches``: ``create_naflex_loader``)."""
     from timm.data import ImageDataset, create_loader, create_naflex_loader
+
+    # persistent_workers only with workers: timm 1.0.19 passes its default (True) to the DataLoader even with
+    # num_workers=0, which the DataLoader refuses
     common = dict(batch_size=batch, is_training=True, auto_augment=AUGMENT["aa"], re_prob=AUGMENT["reprob"],
                   re_mode="pixel", interpolation=AUGMENT["interpolation"], mean=IMAGENET_MEAN, std=IMAGENET_STD,
-                  num_workers=workers, use_prefetcher=False, pin_memory=False)
+                  num_workers=workers, persistent_workers=workers > 0, use_prefetcher=False, pin_memory=False)
     if max_patches is not None:
         return create_naflex_loader(ImageDataset(str(train)), patch_size=PATCH, train_seq_lens=(max_patches,),
                                     max_seq_len=max_patches, device=torch.device("cpu"), **common)

@@ -1,13 +1,11 @@
 """Section ``memory``: peak memory of the training step per encoding vs none."""
 from __future__ import annotations
 
-import weakref
-
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-from torch.utils.weak import WeakIdKeyDictionary
 
+from .._compat import tree_leaves
 from .tables import Table, megabytes, versus
 from .timing import Run
 
@@ -15,32 +13,41 @@ from .timing import Run
 class LiveTensorBytes(TorchDispatchMode):
     """Bytes of the tensor storages that operators allocate while the mode is on and that are still alive, and
     their peak. Views and in-place results share their input's storage and are not counted again; a storage is
-    forgotten when it is freed. Buffers a kernel allocates internally and frees before returning are not seen."""
+    forgotten when it is freed. Buffers a kernel allocates internally and frees before returning are not seen.
+
+    A storage's freeing is seen through a C++ weak reference to it, checked before each operator's outputs are
+    counted (a peak is only reached at an allocation) and when ``live`` is read: a finalizer on the Python storage
+    object would not do, as that object is a fresh one per ``untyped_storage()`` call in torch 2.1 (torch 2.2 made it
+    live as long as the storage)."""
 
     def __init__(self):
         super().__init__()
-        self.live = self.peak = 0
-        self._known = WeakIdKeyDictionary()
+        self.peak = self._live = 0
+        self._known: dict[int, tuple[StorageWeakRef, int]] = {}  # data_ptr: (weak reference, nbytes), not yet freed
+
+    @property
+    def live(self) -> int:
+        self._forget_freed()
+        return self._live
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        self._forget_freed()  # before counting: a freed storage's address can be a new one's
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 storage = t.untyped_storage()
-                if storage.data_ptr() not in inputs and storage not in self._known:
-                    self._allocated(storage)
+                address, nbytes = storage.data_ptr(), storage.nbytes()
+                if nbytes and address not in inputs and address not in self._known:
+                    self._known[address] = (StorageWeakRef(storage), nbytes)
+                    self._live += nbytes
+                    self.peak = max(self.peak, self._live)
         return out
 
-    def _allocated(self, storage) -> None:
-        nbytes = storage.nbytes()
-        self._known[storage] = nbytes
-        self.live += nbytes
-        self.peak = max(self.peak, self.live)
-        weakref.finalize(storage, self._freed, nbytes)
-
-    def _freed(self, nbytes: int) -> None:
-        self.live -= nbytes
+    def _forget_freed(self) -> None:
+        freed = [address for address, (ref, _) in self._known.items() if ref.expired()]
+        for address in freed:
+            self._live -= self._known.pop(address)[1]
 
 
 def step_peak_bytes(step, device: torch.device) -> int:

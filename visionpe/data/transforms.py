@@ -74,6 +74,39 @@ def _fix_timm_posterize() -> None:
 _fix_timm_posterize()
 
 
+def _augmix_basic(self, img, mixing_weights, m):
+    """timm's ``AugMixAugment._apply_basic`` as timm's newer releases have it: the mix accumulates in an array of
+    the image's own shape (timm 1.0.19 allocates ``(width, height, bands)``, which an ``L`` image or one that is not
+    square does not broadcast to: ``--aa augmix-...`` on MNIST raised)."""
+    from PIL import Image
+    mixed = np.zeros_like(np.asarray(img), dtype=np.float32)
+    for mw in mixing_weights:
+        depth = self.depth if self.depth > 0 else np.random.randint(1, 4)
+        ops = np.random.choice(self.ops, depth, replace=True)
+        img_aug = img
+        for op in ops:
+            img_aug = op(img_aug)
+        mixed += mw * np.asarray(img_aug, dtype=np.float32)
+    np.clip(mixed, 0, 255., out=mixed)
+    return Image.blend(img, Image.fromarray(mixed.astype(np.uint8)), m)
+
+
+def _fix_timm_augmix() -> None:
+    """Point timm 1.0.19's AugMix at :func:`_augmix_basic` (a newer timm's own method is left as it is)."""
+    import inspect
+
+    from timm.data.auto_augment import AugMixAugment
+    try:
+        old = "img.size[0], img.size[1]" in inspect.getsource(AugMixAugment._apply_basic)
+    except (OSError, TypeError):  # no source to read: leave timm's method
+        old = False
+    if old:
+        AugMixAugment._apply_basic = _augmix_basic
+
+
+_fix_timm_augmix()
+
+
 @contextmanager
 def seeded(key):
     """Run the block with Python's ``random``, NumPy's global RNG and torch's CPU generator seeded from ``key`` (a

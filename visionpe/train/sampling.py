@@ -11,6 +11,7 @@ epoch ``epoch * R + r``.
 from __future__ import annotations
 
 import itertools
+import math
 
 from timm.data.distributed_sampler import RepeatAugSampler as TimmRepeatAugSampler
 from torch.utils.data import Dataset, DistributedSampler, Sampler
@@ -21,10 +22,16 @@ class RepeatAugSampler(TimmRepeatAugSampler):
     ``1/R`` of the images each epoch; the ``R`` views of an image go to consecutive processes), with the order of
     epoch ``e`` drawn from ``seed + e`` (torch's ``DistributedSampler`` rule; timm's draws from ``e`` alone) and
     each view numbered (see the module docstring). ``sample % len(dataset)`` of what it yields is exactly what timm's
-    sampler yields for epoch ``seed + e``."""
+    sampler yields for epoch ``seed + e``.
+
+    A set of fewer than 256 images (timm's ``selected_round``) gets ``ceil(len(dataset) / world)`` samples per process
+    whatever timm is installed: the newer timm releases' rule; timm 1.0.19 rounds the count down to a multiple of 256
+    images there, an epoch of none."""
 
     def __init__(self, dataset, num_replicas: int, rank: int, num_repeats: int, seed: int = 0):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, num_repeats=num_repeats)
+        if len(dataset) < 256:
+            self.num_selected_samples = min(math.ceil(len(dataset) / num_replicas), self.num_samples)
         self.seed = seed
 
     def set_epoch(self, epoch: int) -> None:
