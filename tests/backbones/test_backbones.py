@@ -3,6 +3,7 @@ import pytest
 import timm
 import timm.optim
 import torch
+from packaging.version import Version
 
 import visionpe as vpe
 from visionpe import Attention
@@ -256,8 +257,16 @@ def test_timm_checkpoint_of_a_non_square_grid(tmp_path):
     torch.testing.assert_close(same.eval()(x), plain.eval()(x), atol=1e-5, rtol=1e-5)
     other = vpe.create_model(VIT, pe="learned", **{**VIT_KW, "img_size": (64, 64)})
     vpe.load_timm_checkpoint(other, path, source_grid=(16, 4))
-    expected = timm.layers.resample_abs_pos_embed(plain.pos_embed, (8, 8), (16, 4), num_prefix_tokens=1)
-    torch.testing.assert_close(other.pe_tokens.table.reshape(1, 64, -1), expected[:, 1:], atol=1e-5, rtol=1e-5)
+    # timm's resample_abs_pos_embed(pos_embed, (8, 8), old_size=(16, 4)) in closed form: the (16, 4) grid resized
+    # bicubically with antialias (equal to timm's function at the pinned timm; timm 1.0.19 read a non-square
+    # old_size otherwise, so the closed form is the oracle at every release)
+    grid = plain.pos_embed[:, 1:].reshape(1, 16, 4, -1).permute(0, 3, 1, 2)
+    expected = torch.nn.functional.interpolate(grid, size=(8, 8), mode="bicubic", antialias=True, align_corners=False)
+    torch.testing.assert_close(other.pe_tokens.table, expected[0].permute(1, 2, 0), atol=1e-5, rtol=1e-5)
+    if Version(timm.__version__) >= Version("1.0.31"):
+        timm_resampled = timm.layers.resample_abs_pos_embed(plain.pos_embed, (8, 8), (16, 4), num_prefix_tokens=1)
+        torch.testing.assert_close(other.pe_tokens.table.reshape(1, 64, -1), timm_resampled[:, 1:], atol=1e-5,
+                                   rtol=1e-5)
     tall = _perturb(timm.create_model(VIT, **{**VIT_KW, "img_size": (112, 56)}))
     with pytest.raises(ValueError, match=r"98 patch positions.*source_grid=\(height, width\)"):
         vpe.load_timm_checkpoint(vpe.create_model(VIT, pe="learned", **VIT_KW), tall.state_dict())

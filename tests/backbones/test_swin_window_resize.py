@@ -6,6 +6,7 @@ import copy
 import pytest
 import timm
 import torch
+from conftest import requires_that
 from timm.layers import resize_rel_pos_bias_table
 
 import visionpe as vpe
@@ -13,6 +14,21 @@ from visionpe import Grid
 from visionpe.resample import resample_grid, resample_offsets_geometric
 
 KW = dict(img_size=64, patch_size=4, window_size=4, embed_dim=16, depths=(2, 2), num_heads=(2, 2), num_classes=3)
+
+
+def timm_window_change_works() -> bool:
+    """timm's own ``set_input_size(window_size=...)`` on Swin and Swin-V2 (the oracles) runs in this timm (1.0.19's
+    raises UnboundLocalError for its grid size)."""
+    try:
+        for name in ("swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256"):
+            timm.create_model(name, **KW).set_input_size(window_size=(8, 8))
+    except Exception:  # noqa: BLE001 (any failure of the oracle itself means it cannot serve here)
+        return False
+    return True
+
+
+pytestmark = requires_that(timm_window_change_works(), "a timm whose Swin set_input_size(window_size=...) runs "
+                           "(the oracle; timm 1.0.19's raises UnboundLocalError)")
 
 
 def perturbed(name: str, **kw):

@@ -2,11 +2,12 @@
 ``self.rope.get_embed()`` per forward, passed to every block); ``draw_coords="block"`` draws in each block. Oracles:
 timm's Eva in training mode with ``rope_*_coords`` (same RNG state, same logits) and the draws the blocks receive."""
 import copy
+import inspect
 
 import pytest
 import timm
 import torch
-from conftest import requires
+from conftest import requires, requires_that
 
 import visionpe as vpe
 from visionpe.coords import CoordinateSystem, coordinate_draws
@@ -84,6 +85,8 @@ def test_outside_a_model_each_call_draws_and_eval_draws_nothing(monkeypatch):
     assert len(seen) == 4
 
 
+@requires_that("rope_shift_coords" in inspect.signature(timm.models.eva.Eva).parameters,
+               "timm's Eva with RoPE coordinate augmentation (rope_shift_coords; not in timm 1.0.19)")
 @pytest.mark.parametrize("eva_name,pe", [("vit_small_patch16_rope_224", "rope_axial"),
                                          ("vit_small_patch16_rope_mixed_224", "rope_mixed")])
 def test_training_logits_equal_timm_eva_with_rope_augmentation(eva_name, pe):
