@@ -11,7 +11,7 @@ from PIL import Image
 
 from trainutil import TINY, run_script, train_main
 from visionpe import data
-from visionpe.train import loop, sweep
+from visionpe.train import loop, settings, sweep
 from visionpe.train.cli import UserError
 
 
@@ -124,13 +124,13 @@ def test_parse_size_refuses_zero(text):
 
 
 def test_check_sizes():
-    image = {"data": "shapes-position", "patch_size": 4}
+    image = {**settings.DEFAULTS, "data": "shapes-position", "patch_size": 4}  # a run's settings
     sweep.check_sizes("r", image, [8, (8, 16), (16, 8)])
     with pytest.raises(UserError, match=r"resolution 8x18 .*patch_size 4"):
         sweep.check_sizes("r", image, [(8, 18)])
     with pytest.raises(UserError, match=r"resolution 0x8 "):
         sweep.check_sizes("r", image, [(0, 8)])
-    video = {"data": "moving-shapes", "patch_size": 4, "num_frames": 4}
+    video = {**settings.DEFAULTS, "data": "moving-shapes", "patch_size": 4, "num_frames": 4, "img_size": 16}
     sweep.check_sizes("r", video, [8, 16])
     with pytest.raises(UserError, match=r"--res 8x16: .*image runs.*video run"):
         sweep.check_sizes("r", video, [(8, 16)])

@@ -187,6 +187,11 @@ def test_sweep_adaptations_per_encoding():
     # every rotary encoding with a scaling option is swept with the scalings it takes (STRING: none and pi)
     assert [a for a, _ in sweep.adaptations("string", ["none", "pi", "ntk"], [])] == ["none", "pi"]
     assert [a for a, _ in sweep.adaptations("videorope", ["none", "yarn"], [])] == ["none", "yarn"]
+    # on normalised coordinates (ComRoPE's and LieRE's default) no scaling applies: the run is swept as trained
+    assert [a for a, _ in sweep.adaptations("comrope", ["none", "pi"], [])] == ["default"]
+    assert [a for a, _ in sweep.adaptations("rope_mixed", ["none", "pi"], [], {"coords": "normalized"})] == \
+        ["default"]
+    assert [a for a, _ in sweep.adaptations("liere", ["none", "pi"], [], {"coords": "index"})] == ["none", "pi"]
     got = sweep.adaptations("rope_mixed+learned", ["pi"], ["bicubic", "bilinear"])
     assert got == [("pi/bicubic", {"scaling": "pi", "interpolation": "bicubic"}),
                    ("pi/bilinear", {"scaling": "pi", "interpolation": "bilinear"})]

@@ -36,6 +36,7 @@ prints the table. Errors in the arguments exit with status 2 and one line.
 from __future__ import annotations
 
 import csv
+import inspect
 import io as text_io
 from pathlib import Path
 
@@ -51,16 +52,26 @@ FIELDS = ["run", "data", "model", "pe", "seed", "train_res", "adaptation", "weig
           "retention", "frames", "train_frames", "protocol"]
 
 
-def adaptations(pe: str, scalings, interpolations) -> list[tuple[str, dict]]:
-    """``[(label, pe_kwargs overrides)]`` for one encoding: the rotary encoding's scalings (those of ``scalings`` it
-    takes: its class's ``scalings``, e.g. RoPE's none/pi/ntk/yarn, the learned rotations' none/pi) x learned
-    interpolations."""
+def coordinates_of(cls, pe_kwargs: dict) -> str | None:
+    """The ``coords`` an encoding class is built with: ``pe_kwargs``'s, else its constructor's default."""
+    if "coords" in pe_kwargs:
+        return pe_kwargs["coords"]
+    parameter = inspect.signature(cls).parameters.get("coords")
+    return None if parameter is None else parameter.default
+
+
+def adaptations(pe: str, scalings, interpolations, pe_kwargs=None) -> list[tuple[str, dict]]:
+    """``[(label, pe_kwargs overrides)]`` for one encoding built with ``pe_kwargs``: the rotary encoding's scalings
+    (those of ``scalings`` it takes: its class's ``scalings``, e.g. RoPE's none/pi/ntk/yarn, the learned rotations'
+    none/pi; none on normalised coordinates, which map every grid onto [-1, 1] already) x learned interpolations."""
     if pe == models.TIMM_NATIVE:  # timm's own model: it adapts to a new size its own way
         return [("default", {})]
     with cli.user_errors("pe"):
         names = parse_pe(pe)
     rotary = ENCODINGS.get(names.get("rotary"))
     swept = [s for s in scalings if s in getattr(rotary, "scalings", ())]
+    if rotary is not None and coordinates_of(rotary, pe_kwargs or {}) == "normalized":
+        swept = []
     learned = names.get("tokens") == "learned"
     out = [("", {})]
     if swept:
@@ -154,7 +165,7 @@ def _sweep_protocol(run: Path, cfg: dict, protocol: str, resolutions, scalings, 
             loop.dataset(cfg, "val", k, protocol=protocol) for k in keys}
     wanted = [k for k in keys if (k[1] if video else k) in resolutions]  # the training size only if asked for
     rows, known = [], {}
-    for label, kw in adaptations(cfg["pe"], scalings, interpolations):
+    for label, kw in adaptations(cfg["pe"], scalings, interpolations, cfg["pe_kwargs"]):
         model = models.build_model({**cfg, "pe_kwargs": {**cfg["pe_kwargs"], **kw}})
         restore.load_state(model, state, path)
         model.to(device)
