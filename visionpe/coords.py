@@ -46,7 +46,7 @@ import torch
 
 from ._checks import check_choice, check_number
 from ._compat import is_compiling
-from .grid import Grid
+from .grid import Grid, check_exact_positions
 
 COORDS = ("index", "normalized")
 NORMALIZE_COORDS = ("separate", "min", "max")
@@ -148,6 +148,7 @@ def axis_positions(shape, offset=None, coords: str = "index", normalize_coords: 
     ``ref_shape`` (``coords="index"`` only) interpolates onto a reference grid's index range (PI). ``spacing``
     (:attr:`Grid.spacing`, ``coords="index"`` only) is the step per axis: ``offset + i * spacing``.
     """
+    check_exact_positions(shape, offset, spacing, dtype)
     offset = offset or (0.0,) * len(shape)
     if coords == "normalized":  # timm's order of operations: (i + 0.5 + offset) / d, then 2 c - 1
         if spacing is not None:

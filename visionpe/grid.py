@@ -1,6 +1,7 @@
 """The token layout every encoding reads: a grid of patches after a few prefix tokens."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -81,6 +82,7 @@ class Grid:
         Computed in ``dtype`` when it is a floating type (float64 keeps large offsets exact), else in float32.
         """
         work = dtype if dtype.is_floating_point else torch.float32
+        check_exact_positions(self.shape, self.offset, self.spacing, work)
         axes = [torch.arange(s, device=device, dtype=work) for s in self.shape]
         coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, self.ndim)
         if self.spacing is not None:
@@ -88,6 +90,21 @@ class Grid:
         if self.offset is not None:
             coords = coords + torch.tensor(self.offset, device=device, dtype=work)
         return coords.to(dtype)
+
+
+def check_exact_positions(shape, offset, spacing, dtype: torch.dtype) -> None:
+    """Coordinates ``offset + i * spacing`` of a grid of ``shape`` stay where ``dtype`` tells integer neighbours apart
+    (``|c| <= 2^(mantissa bits + 1)``: 2^24 in float32, 2^53 in float64); beyond, neighbouring patches would get the
+    same position without an error, so it is a ``ValueError``."""
+    if offset is None:
+        return
+    spacing = spacing or (1.0,) * len(shape)
+    farthest = max(abs(o) + (n - 1) * abs(s) for o, n, s in zip(offset, shape, spacing))
+    bits = round(-math.log2(torch.finfo(dtype).eps)) + 1  # mantissa bits + 1: 24 in float32, 53 in float64
+    if farthest > 2 ** bits:
+        raise ValueError(f"offset={tuple(offset)} places patch coordinates up to {farthest:.6g}, beyond 2^{bits} = "
+                         f"{2 ** bits}, where {dtype} positions of neighbouring patches coincide: keep |offset| + "
+                         f"(size - 1) * spacing <= 2^{bits} per axis")
 
 
 def as_grid(grid) -> Grid:

@@ -165,6 +165,13 @@ ROWS = [
     ("grid-offset-str-item", lambda: Grid((2, 2), offset=("a", 0)), VE, "offset", "finite number", "'a'"),
     ("grid-offset-bool", lambda: Grid((2, 2), offset=(True, 0)), VE, "offset", "finite number", "True"),
     ("grid-offset-length", lambda: Grid((2, 2), offset=(1, 2, 3)), VE, "offset", "one value per axis"),
+    ("grid-offset-beyond-float64", lambda: Grid((2, 2), offset=(0, 1e16)).coords(dtype=torch.float64), VE, "offset",
+     "2^53", "neighbouring patches coincide"),
+    ("grid-offset-beyond-float32", lambda: Grid((2, 2), offset=(3e7, 0)).coords(), VE, "offset", "2^24"),
+    ("rope-offset-beyond-float64", lambda: vpe.build("rope_axial", head_dim=8, num_heads=2, ndim=2)(
+        torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), Grid((2, 2), offset=(1e16, 0))), VE, "offset", "2^53"),
+    ("sincos-offset-beyond-float64", lambda: vpe.build("sincos", dim=8, ndim=2)(
+        torch.randn(1, 4, 8), Grid((2, 2), offset=(0, 1e17))), VE, "offset", "2^53"),
     ("grid-offset-str", lambda: Grid((2, 2), offset="ab"), VE, "offset", "one value per axis"),
     ("grid-offset-scalar", lambda: Grid((2, 2), offset=5), VE, "offset", "one value per axis"),
     ("grid-with-shape-bad", lambda: Grid((2, 2)).with_shape((0, 2)), VE, "shape", "positive integer"),
@@ -595,7 +602,7 @@ def test_bad_input_is_named(call, exc, words, tmp_path):
 
 
 def test_matrix_size_and_unique_ids():
-    assert len(ROWS) >= 332
+    assert len(ROWS) >= 336
     assert len({r[0] for r in ROWS}) == len(ROWS), "ids must be unique"
 
 
