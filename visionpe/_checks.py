@@ -24,6 +24,12 @@ def check_positive_int(param: str, value) -> int:
     return value
 
 
+def check_generator(generator) -> None:
+    """``generator`` is a ``torch.Generator`` or None (the random initialisation's stream)."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
+
+
 def check_nonnegative_int(param: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{param} must be 0 or a positive integer, got {value!r}")

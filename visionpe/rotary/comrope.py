@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_choice, check_divisible, check_number, check_positive_int
+from .._checks import check_choice, check_generator, check_number, check_positive_int
 from ..coords import CoordinateSystem
 from .blocks import commuting_rotations, skew
-from .learned import LearnedRotation
+from .learned import LearnedRotation, check_block_size
 
 VARIANTS = ("ap", "ld")
 
@@ -54,12 +54,9 @@ class ComRoPE(LearnedRotation):
         check_choice("variant", variant, VARIANTS)
         check_positive_int("block_size", block_size)
         check_positive_int("head_dim", head_dim)
-        if block_size < 2:
-            raise ValueError(f"block_size must be >= 2 (a 1x1 skew-symmetric block is 0), got {block_size!r}")
-        check_divisible("head_dim", head_dim, block_size, f"whole {block_size}x{block_size} blocks (block_size)")
+        check_block_size(head_dim, block_size)
         init_std = check_number("init_std", init_std, minimum=0.0)
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
+        check_generator(generator)
         coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
                                        draw_coords)
         super().__init__(head_dim, num_heads, ndim, scaling, ref_shape, coordinates)

@@ -20,7 +20,8 @@ import inspect
 
 import torch
 
-from .._checks import angle_dtype, check_choice, check_grid_ndim, check_ndim, check_positive_int, to_shape
+from .._checks import (angle_dtype, check_choice, check_divisible, check_grid_ndim, check_ndim, check_positive_int,
+                       to_shape)
 from ..cache import TableCache
 from ..coords import CoordinateSystem, CoordTransform
 from ..grid import Grid, Layout, as_grid, as_layout
@@ -34,6 +35,14 @@ LEARNED_SCALINGS = ("none", "pi")
 def grid_coordinates(axis_positions) -> torch.Tensor:
     """Per-axis coordinates ``[(n_a,)]`` -> ``(N, ndim)`` for every patch, row-major, grid axis order."""
     return torch.stack(torch.meshgrid(*axis_positions, indexing="ij"), dim=-1).reshape(-1, len(axis_positions))
+
+
+def check_block_size(head_dim: int, block_size: int) -> None:
+    """``block_size`` (checked a positive integer) splits ``head_dim`` into whole skew-symmetric blocks of at least
+    2 x 2 (a 1 x 1 one is 0)."""
+    if block_size < 2:
+        raise ValueError(f"block_size must be >= 2 (a 1x1 skew-symmetric block is 0), got {block_size!r}")
+    check_divisible("head_dim", head_dim, block_size, f"whole {block_size}x{block_size} blocks (block_size)")
 
 
 class LearnedRotation(RotaryEncoding):

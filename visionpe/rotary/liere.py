@@ -7,10 +7,10 @@ import math
 import torch
 from torch import nn
 
-from .._checks import check_divisible, check_number, check_positive_int
+from .._checks import check_generator, check_number, check_positive_int
 from ..coords import CoordinateSystem
 from .blocks import num_upper, skew_from_upper
-from .learned import LearnedRotation, grid_coordinates
+from .learned import LearnedRotation, check_block_size, grid_coordinates
 
 
 class LieRE(LearnedRotation):
@@ -46,12 +46,9 @@ class LieRE(LearnedRotation):
                  draw_coords: str = "forward", generator=None):
         check_positive_int("head_dim", head_dim)
         block_size = head_dim if block_size is None else check_positive_int("block_size", block_size)
-        if block_size < 2:
-            raise ValueError(f"block_size must be >= 2 (a 1x1 skew-symmetric block is 0), got {block_size!r}")
-        check_divisible("head_dim", head_dim, block_size, f"whole {block_size}x{block_size} blocks (block_size)")
+        check_block_size(head_dim, block_size)
         init_range = check_number("init_range", init_range, minimum=0.0)
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
+        check_generator(generator)
         coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
                                        draw_coords)
         super().__init__(head_dim, num_heads, ndim, scaling, ref_shape, coordinates)

@@ -18,8 +18,8 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from .._checks import (angle_dtype, check_choice, check_divisible, check_grid_ndim, check_ndim, check_number,
-                       check_positive_int, to_shape)
+from .._checks import (angle_dtype, check_choice, check_divisible, check_generator, check_grid_ndim, check_ndim,
+                       check_number, check_positive_int, to_shape)
 from .._compat import is_compiling
 from ..cache import TableCache
 from ..coords import CoordinateSystem
@@ -602,8 +602,7 @@ class MixedRoPE(RoPE):
                  directions: str = "random", rotate_fraction: float = 1.0, head_axes=None):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
+        check_generator(generator)
         check_layout(ndim, directions, DIRECTIONS, head_axes)
         head_axes = parse_head_axes(head_axes, ndim, num_heads)
         fraction = check_rotate_fraction(rotate_fraction)

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .._checks import check_choice, check_number
+from .._checks import check_choice, check_generator, check_number
 from ..coords import CoordinateSystem
 from ..grid import as_grid
 from ._base import pair_blocks
@@ -82,8 +82,7 @@ class StringRoPE(LearnedRotation):
                  draw_coords: str = "forward", generator=None):
         check_choice("variant", variant, VARIANTS)
         check_number("theta", theta, minimum=1.0, inclusive=False)
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
+        check_generator(generator)
         sections = resolve_sections(head_dim, ndim, sections, "string")
         coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
                                        draw_coords)
