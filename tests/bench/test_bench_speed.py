@@ -225,3 +225,29 @@ def test_quick_compiled_training_section(one_thread):
     assert [row["pe"] for row in rows] == ["none", "none (control)", "rope_mixed"]
     assert all(math.isfinite(ratio(row["vs none"])) for row in rows), rows
     assert not any(row["ms"].startswith("error") for row in rows), rows
+
+
+def test_quick_video_section(one_thread):
+    assert "video" not in cli.SECTIONS  # opt-in
+    report = cli.main(["--quick", "--threads", "1", "--sections", "video", "--pes", "learned", "lookhere",
+                       "rope_mixed", "fire"])
+    tables = {t: r for t, r in parse_tables(report).items() if t.startswith("Video ")}
+    assert [t.split(":")[0] for t in tables] == ["Video eval forward", "Video training step (forward + backward + AdamW)"]
+    for title, rows in tables.items():
+        # lookhere is defined on 2D grids only: not a video row; videorope (3D only) always is
+        assert [row["pe"] for row in rows] == ["none", "none (control)", "learned", "rope_mixed", "fire", "videorope"]
+        assert all(math.isfinite(ratio(row["vs none"])) and not row["ms"].startswith("error") for row in rows), rows
+
+
+def test_video_setups_are_the_video_benchmark_recipe_and_cover_every_3d_encoding():
+    import yaml
+    recipe = yaml.safe_load(plan.VIDEO_RECIPE.read_text())
+    small, large = plan.make_plan(quick=False, batch=8).video
+    assert small.size == (recipe["num_frames"], recipe["img_size"], recipe["img_size"])
+    assert small.batch == recipe["batch_size"] and small.kwargs["embed_dim"] == recipe["model_kwargs"]["embed_dim"]
+    assert small.video["tubelet_size"] == (1, recipe["patch_size"], recipe["patch_size"]) and not small.slow
+    assert large.slow and large.size == (8, 224, 224)
+    from visionpe.bench.video import video_encodings
+    every = video_encodings(cli.PES + cli.FRONTIER)
+    assert "lookhere" not in every and every[-1] == "videorope"
+    assert set(every) == {pe for pe in cli.PES + cli.FRONTIER if pe != "lookhere"} | {"videorope"}

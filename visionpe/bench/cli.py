@@ -23,17 +23,18 @@ from .profile import profile_cost
 from .rope import rope_apply
 from .scale import scale_cost
 from .timing import Run, allow_recompiles
+from .video import video_cost
 from .versus_timm import versus_timm
 
 SECTIONS = ["rope", "forward", "train", "memory", "compile", "timm", "cache", "scale"]  # the default run
-OPT_IN = ["compile-train", "flex", "flex-models", "profile", "data"]  # run only when named in --sections
+OPT_IN = ["compile-train", "flex", "flex-models", "profile", "data", "video"]  # run only when named in --sections
 COMPILED_PAIRS = ("learned", "swin_bias", "control", "rope_axial", "rope_mixed")  # --compile-pairs: first two default
 PES = ["learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]  # the default rows
 FRONTIER = ["string", "comrope", "liere", "lookhere", "fire"]  # on request (--pes): the 2024-2026 image encodings
 RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "memory": memory_cost,
            "compile": compiled_cost, "timm": versus_timm, "cache": cache_hits, "scale": scale_cost,
            "compile-train": compiled_train_cost, "flex": flex_cost, "flex-models": flex_models,
-           "profile": profile_cost, "data": data_loader}
+           "profile": profile_cost, "data": data_loader, "video": video_cost}
 READING = "## Reading these numbers"
 
 

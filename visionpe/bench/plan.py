@@ -12,6 +12,7 @@ import yaml
 import visionpe as vpe
 
 TINY_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "bench_vit_tiny.yaml"
+VIDEO_RECIPE = TINY_RECIPE.with_name("bench_video_tiny.yaml")
 NUM_CLASSES = 10
 
 
@@ -25,6 +26,7 @@ class Setup:
     batch: int
     size: tuple[int, ...]  # input size, (H, W), or (T, H, W) for a video model
     video: dict | None = None  # create_video_model keywords (num_frames, tubelet_size)
+    slow: bool = False  # a call lasts longer than --min-run-time: timed over --slow-repeats rounds of one call
 
     def create(self, pe: str, device) -> torch.nn.Module:
         torch.manual_seed(0)
@@ -60,6 +62,7 @@ class Plan:
     alt_size: tuple[int, int]  # the cache section's second input size
     flex: tuple[int, int, tuple[tuple[int, int], ...]]  # heads, head_dim, (batch, grid side) of each flex table
     flex_models: tuple[Setup, ...] = ()  # the flex-models section's ViT at each token count
+    video: tuple[Setup, ...] = ()  # the video section's tubelet video ViTs
 
 
 def tiny_recipe(batch: int | None = None) -> Setup:
@@ -69,6 +72,18 @@ def tiny_recipe(batch: int | None = None) -> Setup:
     kwargs = dict(cfg.get("model_kwargs", {}), img_size=size, patch_size=cfg["patch_size"])
     return Setup(f"{cfg['model']} of {TINY_RECIPE.name} ({kwargs['embed_dim']}-dim, {kwargs['depth']} blocks, "
                  f"{size} px / {cfg['patch_size']})", cfg["model"], kwargs, batch or cfg["batch_size"], (size, size))
+
+
+def video_recipe() -> Setup:
+    """The tubelet video ViT of ``configs/bench_video_tiny.yaml`` (the CPU video benchmark's recipe) at its batch
+    size, clips of its frame count and size."""
+    cfg = yaml.safe_load(VIDEO_RECIPE.read_text())
+    size, patch, frames = cfg["img_size"], cfg["patch_size"], cfg["num_frames"]
+    tubelet = tuple(cfg.get("tubelet_size") or (1, patch, patch))
+    return Setup(f"{cfg['model']} of {VIDEO_RECIPE.name} ({cfg['model_kwargs']['embed_dim']}-dim, "
+                 f"{cfg['model_kwargs']['depth']} blocks, tubelets {'x'.join(map(str, tubelet))})", cfg["model"],
+                 dict(cfg.get("model_kwargs", {}), img_size=size), cfg["batch_size"], (frames, size, size),
+                 video=dict(num_frames=frames, tubelet_size=tubelet))
 
 
 def flex_model_setups(quick: bool, batch: int, device_type: str) -> tuple[Setup, ...]:
@@ -106,7 +121,9 @@ def make_plan(quick: bool, batch: int, device_type: str = "cpu") -> Plan:
                   "SwinV2-T": ("swinv2_tiny_window8_256", swin, (32, 32))},
             alt_size=(48, 48),
             flex=(2, 16, ((2, 4),)),
-            flex_models=flex_model_setups(quick, batch, device_type))
+            flex_models=flex_model_setups(quick, batch, device_type),
+            video=(Setup("quick video ViT", "vit_tiny_patch16_224", dict(width, img_size=32), 2, (4, 32, 32),
+                         video=dict(num_frames=4, tubelet_size=(2, 8, 8))),))
     return Plan(
         vit=Setup("vit_small_patch16_224 (ViT-S/16), 224 px", "vit_small_patch16_224", {}, batch, (224, 224)),
         tiny=tiny_recipe(),
@@ -119,6 +136,9 @@ def make_plan(quick: bool, batch: int, device_type: str = "cpu") -> Plan:
               "SwinV2-T": ("swinv2_tiny_window8_256", {}, (256, 256))},
         alt_size=(256, 256),
         flex=(6, 64, ((batch, 14), (1, 64))),
-        flex_models=flex_model_setups(quick, batch, device_type))
+        flex_models=flex_model_setups(quick, batch, device_type),
+        video=(video_recipe(),
+               Setup("ViT-S/16 video, tubelets 2x16x16", "vit_small_patch16_224", {}, 2, (8, 224, 224),
+                     video=dict(num_frames=8, tubelet_size=(2, 16, 16)), slow=True)))
 
 
