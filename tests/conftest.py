@@ -1,6 +1,7 @@
 """Shared fixtures and helpers for the core tests: tiny tensors, fixed seeds, and ``requires`` for tests that need a
 newer release than the oldest one visionpe supports (they skip there, saying why: .ci/check_floor.sh runs the whole
 suite at that floor)."""
+import threading
 from importlib.metadata import version
 
 import pytest
@@ -96,3 +97,39 @@ def device(request) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         pytest.skip(f"--device cuda: {NO_CUDA}")
     return torch.device(name)
+
+
+@pytest.fixture
+def one_thread_kernels():
+    """Our threads interleave, not the kernels' own: deterministic outputs to compare exactly."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def run_concurrently(model, inputs, iterations: int, threads: int = 4, atol: float = 0.0) -> list[str]:
+    """Each of ``threads`` threads runs ``model`` on the inputs round-robin ``iterations`` times (without gradients)
+    against its single-threaded outputs; returns every mismatch (shape, or any element off by more than ``atol``: 0
+    is exact; NaN is a mismatch) or error."""
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+    errors = []
+
+    def worker(start: int):
+        try:
+            with torch.no_grad():
+                for i in range(iterations):
+                    k = (i + start) % len(inputs)
+                    out = model(inputs[k])
+                    if out.shape != expected[k].shape or not torch.allclose(out, expected[k], rtol=0.0, atol=atol):
+                        errors.append(f"input {k} differed in thread {start}")
+        except Exception as err:  # noqa: BLE001 (collected and reported by the test)
+            errors.append(f"{type(err).__name__}: {err}")
+
+    pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return errors

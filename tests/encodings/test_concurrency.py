@@ -1,9 +1,8 @@
 """One patched model serves concurrent forwards at different sizes: the grid travels with each call, so every
 thread gets exactly the single-threaded output (issue 9: shared grid state mixed sizes between threads)."""
-import threading
-
 import pytest
 import torch
+from conftest import run_concurrently
 
 import visionpe as vpe
 
@@ -18,39 +17,6 @@ SWIN_PES = ["swin_bias", "cpb", "alibi", "rope_axial", "rope_mixed"]
 # sizes with equal token counts (16x24 / 24x16) are the case that gave wrong answers without any error
 CASES = [("vit_tiny_patch16_224", pe, VIT, [(16, 24), (24, 16), (16, 16), (32, 20)]) for pe in VIT_PES]
 CASES += [(name, pe, kw, [(32, 48), (48, 32), (32, 32)]) for name, kw in SWIN.items() for pe in SWIN_PES]
-
-
-@pytest.fixture
-def one_thread_kernels():
-    """Our threads interleave, not the kernels' own: deterministic outputs to compare exactly."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def run_concurrently(model, inputs, iterations: int, threads: int = 4) -> list[str]:
-    """Each thread runs the inputs round-robin ``iterations`` times; returns every mismatch or error."""
-    with torch.no_grad():
-        expected = [model(x) for x in inputs]
-    errors = []
-
-    def worker(start: int):
-        try:
-            with torch.no_grad():
-                for i in range(iterations):
-                    k = (i + start) % len(inputs)
-                    if not torch.equal(model(inputs[k]), expected[k]):
-                        errors.append(f"input {k} differed in thread {start}")
-        except Exception as err:  # noqa: BLE001 (collected and reported by the test)
-            errors.append(f"{type(err).__name__}: {err}")
-
-    pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    return errors
 
 
 @pytest.mark.parametrize("name,pe,kw,sizes", CASES, ids=[f"{c[0].split('_')[0]}-{c[1]}" for c in CASES])

@@ -3,12 +3,10 @@ batches, torch.compile(fullgraph=True), concurrent forwards, the optimizer's no-
 input."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 import timm.optim
 import torch
-from conftest import requires
+from conftest import requires, run_concurrently
 
 import visionpe as vpe
 from visionpe import Grid, viz
@@ -148,34 +146,11 @@ def test_inductor_compiles_the_table_builders_and_their_gradients():
 
 
 @cases(EACH)
-def test_concurrent_forwards_at_different_sizes_equal_single_threaded(pe, kw):
+def test_concurrent_forwards_at_different_sizes_equal_single_threaded(one_thread_kernels, pe, kw):
     torch.manual_seed(0)
     model = perturbed(vpe.create_model("vit_tiny_patch16_224", pe=pe, pe_kwargs=kw, **VIT)).eval()
     inputs = [torch.randn(2, 3, *size) for size in ((16, 24), (24, 16), (16, 16), (32, 20))]
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.no_grad():
-            expected = [model(x) for x in inputs]
-        errors = []
-
-        def worker(start: int):
-            try:
-                with torch.no_grad():
-                    for i in range(12):
-                        j = (i + start) % len(inputs)
-                        if not torch.equal(model(inputs[j]), expected[j]):
-                            errors.append(f"input {j} differed in thread {start}")
-            except Exception as err:  # noqa: BLE001 (reported by the assertion)
-                errors.append(f"{type(err).__name__}: {err}")
-
-        threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        torch.set_num_threads(before)
+    errors = run_concurrently(model, inputs, iterations=12)
     assert not errors, errors[:3]
 
 
