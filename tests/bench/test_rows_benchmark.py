@@ -8,7 +8,6 @@ import inspect
 import pytest
 import timm
 import torch
-from conftest import requires_that
 from trainutil import ROOT, TINY, run_script, train_main
 
 from visionpe.train import benchmark, models, restore, settings
