@@ -60,10 +60,10 @@ def save_weights(model_or_state: nn.Module | dict, path, metadata: dict[str, str
     if not isinstance(state, Mapping):
         raise TypeError(f"model_or_state must be a torch.nn.Module or a state dict (a dict of tensors), got "
                         f"{type(state).__name__}")
-    for key, value in state.items():
-        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
-            raise TypeError(f"model_or_state is not a state dict: entry {key!r} holds a {type(value).__name__}; "
-                            "save_weights writes string keys with tensor values")
+    bad = non_tensor_entry(state)
+    if bad:
+        raise TypeError(f"model_or_state is not a state dict: entry {bad[0]!r} holds a {type(bad[1]).__name__}; "
+                        "save_weights writes string keys with tensor values")
     state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
     atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
 
@@ -126,11 +126,16 @@ def _check_state_dict(state, where: str) -> dict[str, torch.Tensor]:
     if not isinstance(state, Mapping):
         raise ValueError(f"{where} does not hold a state dict (a dict of tensors); it holds a "
                          f"{type(state).__name__}")
-    for key, value in state.items():
-        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
-            raise ValueError(f"{where} is not a state dict: entry {key!r} holds a {type(value).__name__}, not a "
-                             "tensor")
+    bad = non_tensor_entry(state)
+    if bad:
+        raise ValueError(f"{where} is not a state dict: entry {bad[0]!r} holds a {type(bad[1]).__name__}, not a "
+                         "tensor")
     return state if isinstance(state, dict) else dict(state)
+
+
+def non_tensor_entry(state: Mapping) -> tuple | None:
+    """The first ``(key, value)`` of ``state`` that is not a string key with a tensor value, or None."""
+    return next(((k, v) for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)), None)
 
 
 def check_finite(state: dict[str, torch.Tensor], where: str) -> None:
