@@ -7,7 +7,7 @@ from importlib.metadata import version
 import pytest
 import torch
 
-from visionpe import ModelContext
+from visionpe import ModelContext, encodings_of
 from visionpe.registry import ENCODINGS
 
 # Small keyword sets that build every encoding at a given number of grid axes (used by several files).
@@ -133,3 +133,19 @@ def run_concurrently(model, inputs, iterations: int, threads: int = 4, atol: flo
     for t in pool:
         t.join()
     return errors
+
+
+def compiled_matches_eager_and_trains(model, x: torch.Tensor, output=lambda out: out, **tolerance) -> list[str]:
+    """``torch.compile(model, fullgraph=True, backend="eager")`` (one graph, no break) gives the eager model's output
+    on ``x`` in evaluation (``assert_close`` with ``tolerance``), and a backward through it in training reaches the
+    parameters of every rotary encoding; returns the names of those that got no gradient. ``output`` picks the
+    tensor from a model's output (e.g. ``.logits``)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(output(compiled(x)), output(model(x)), **tolerance)
+    model.train()
+    output(compiled(x)).sum().backward()
+    return [name for enc in encodings_of(model)["rotary"] for name, p in enc.named_parameters()
+            if p.grad is None or not p.grad.abs().sum() > 0]

@@ -4,7 +4,6 @@ import copy
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ import visionpe as vpe  # noqa: E402
 from visionpe.backbones.hf import GridAttention, GridSwinLayer, swin_window  # noqa: E402
 from visionpe.grid import Grid  # noqa: E402
 from visionpe.tokens import Learned  # noqa: E402
+from conftest import compiled_matches_eager_and_trains, run_concurrently  # noqa: E402
 from trainutil import ROOT  # noqa: E402
 
 VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
@@ -183,46 +183,16 @@ def test_concurrent_forwards_at_different_sizes_equal_single_threaded(cls):
     model = vpe.apply(_build(cls), "rope_axial+learned" if cls is ViTForImageClassification else "rope_axial+swin_bias")
     sizes = [(32, 48), (48, 32), (16, 16)] if cls is ViTForImageClassification else [(24, 24), (32, 48), (48, 32)]
     inputs = [torch.randn(1, 3, *s) for s in sizes]
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.no_grad():
-            expected = [model(x).logits for x in inputs]
-        errors = []
-
-        def worker(start):
-            with torch.no_grad():
-                for i in range(24):
-                    k = (i + start) % len(inputs)
-                    if not torch.equal(model(inputs[k]).logits, expected[k]):
-                        errors.append(k)
-
-        pool = [threading.Thread(target=worker, args=(t,)) for t in range(3)]
-        for t in pool:
-            t.start()
-        for t in pool:
-            t.join()
-    finally:
-        torch.set_num_threads(before)
-    assert not errors
-
+    errors = run_concurrently(lambda x: model(x).logits, inputs, iterations=24, threads=3)
+    assert not errors, errors[:3]
 
 @pytest.mark.parametrize("cls,pe,config", [(ViTForImageClassification, "rope_mixed+learned", {}),
                                            (SwinForImageClassification, "rope_mixed+swin_bias",
                                             dict(depths=[2], num_heads=[2]))],  # one stage: a shifted block
                          ids=["vit", "swin"])
 def test_fullgraph_compile_matches_eager_and_trains(cls, pe, config):
-    torch._dynamo.reset()
     model = vpe.apply(_build(cls, **config), pe)
-    compiled = torch.compile(model, fullgraph=True, backend="eager")
-    x = torch.randn(2, 3, 32, 40)
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(x).logits, model(x).logits)
-    model.train()
-    compiled(x).logits.sum().backward()
-    assert all(p.grad is not None and p.grad.abs().sum() > 0
-               for enc in vpe.encodings_of(model)["rotary"] for p in enc.parameters())
-
+    assert not compiled_matches_eager_and_trains(model, torch.randn(2, 3, 32, 40), output=lambda out: out.logits)
 
 def test_gradient_checkpointing_gives_the_same_gradients():
     model = vpe.apply(_build(ViTForImageClassification), "rope_mixed+learned").train()
