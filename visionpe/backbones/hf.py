@@ -38,6 +38,8 @@ passes the window's grid to its attention. transformers' stages, encoder, model 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange
@@ -46,11 +48,11 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.models.deit.modeling_deit import (DeiTForImageClassification, DeiTForImageClassificationWithTeacher,
                                                     DeiTLayer, DeiTModel)
 from transformers.models.dinov2.modeling_dinov2 import Dinov2ForImageClassification, Dinov2Layer, Dinov2Model
-from transformers.models.swin.modeling_swin import SwinForImageClassification, SwinLayer, SwinModel
+from transformers.models.swin.modeling_swin import SwinForImageClassification, SwinLayer, SwinModel, SwinStage
 from transformers.models.vit.modeling_vit import ViTForImageClassification, ViTLayer, ViTModel
 
 from ..attention import attend
-from ..coords import shares_draws
+from ..coords import shares_draws, with_draws
 from ..encoding import ModelContext, constructor_keywords
 from ..grid import Grid, Layout
 from ..registry import ENCODINGS
@@ -97,6 +99,37 @@ class GridAttention(nn.Module):
         return self.o_proj(rearrange(out, "b h t d -> b t (h d)")), weights
 
 
+def carrying_draws(checkpoint_fn):
+    """transformers' checkpointing function ``checkpoint_fn(fn, *args)`` with ``fn`` bound to the forward's coordinate
+    augmentation draws (:func:`~visionpe.coords.with_draws`): the recomputation in the backward pass reuses them
+    instead of drawing new coordinates per layer."""
+    if getattr(checkpoint_fn, "carries_draws", False):
+        return checkpoint_fn
+
+    @functools.wraps(checkpoint_fn)
+    def checkpointed(fn, *args, **kwargs):
+        return checkpoint_fn(with_draws(fn), *args, **kwargs)
+    checkpointed.carries_draws = True
+    return checkpointed
+
+
+class CheckpointsCarryDraws:
+    """Mixin of the patched transformers layers (and Swin stages), which transformers checkpoints one by one
+    (``gradient_checkpointing_enable``): the checkpointing function it gives them is :func:`carrying_draws`."""
+
+    def __setattr__(self, name, value):
+        if name == "_gradient_checkpointing_func" and callable(value):
+            value = carrying_draws(value)
+        super().__setattr__(name, value)
+
+
+def swap_class(module: nn.Module, cls: type) -> None:
+    """``module`` becomes a ``cls`` in place; a checkpointing function transformers gave it before is re-wrapped."""
+    module.__class__ = cls
+    if "_gradient_checkpointing_func" in vars(module):
+        module._gradient_checkpointing_func = vars(module)["_gradient_checkpointing_func"]
+
+
 def pre_norm_forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                      layout: Layout | None = None, output_attentions: bool = False):
     """A ViT/DeiT layer (pre-norm: ``layernorm_before``, attention, ``dropout``, residual; ``layernorm_after``,
@@ -107,20 +140,20 @@ def pre_norm_forward(self, hidden_states: torch.Tensor, attention_mask: torch.Te
     return self.dropout(self.mlp(self.layernorm_after(hidden_states))) + hidden_states, weights
 
 
-class GridViTLayer(ViTLayer):
+class GridViTLayer(CheckpointsCarryDraws, ViTLayer):
     """transformers ``ViTLayer`` whose forward takes the token layout and returns the attention weights:
     ``layer(x, attention_mask, layout=, output_attentions=) -> (x, weights)``."""
 
     forward = pre_norm_forward
 
 
-class GridDeiTLayer(DeiTLayer):
+class GridDeiTLayer(CheckpointsCarryDraws, DeiTLayer):
     """transformers ``DeiTLayer`` (ViT's layer) whose forward takes the token layout (as :class:`GridViTLayer`)."""
 
     forward = pre_norm_forward
 
 
-class GridDinov2Layer(Dinov2Layer):
+class GridDinov2Layer(CheckpointsCarryDraws, Dinov2Layer):
     """transformers ``Dinov2Layer`` (layer scale, drop path, MLP or SwiGLU) whose forward takes the token layout and
     returns the attention weights, as :class:`GridViTLayer`."""
 
@@ -280,7 +313,7 @@ def apply_vit_like(model: nn.Module, names: dict, kwargs: dict) -> None:
     embeddings.position_embeddings = None
     encodings = EncodingSet(names, kwargs)
     for layer in layers:
-        layer.__class__ = GRID_LAYERS[next(b for b in GRID_LAYERS if isinstance(layer, b))]
+        swap_class(layer, GRID_LAYERS[next(b for b in GRID_LAYERS if isinstance(layer, b))])
         source = layer.attention
         rotary = encodings.block("rotary", context, getattr(source, "rotary", None))
         bias = encodings.block("bias", context, getattr(source, "bias", None))
@@ -301,7 +334,7 @@ def swin_window(size, window: int, shift: int) -> tuple[int, int]:
     return (min(size), 0) if min(size) <= window else (window, shift)
 
 
-class GridSwinLayer(SwinLayer):
+class GridSwinLayer(CheckpointsCarryDraws, SwinLayer):
     """transformers ``SwinLayer`` whose window and shift are computed per call (``window_size``, ``shift_size`` stay
     the configured ones) and whose attention reads the window's grid. Call as transformers':
     ``layer(x, input_dimensions, always_partition=False, output_attentions=False) -> (x, weights)`` with
@@ -333,6 +366,10 @@ class GridSwinLayer(SwinLayer):
         return self.dropout(self.mlp(self.layernorm_after(hidden_states))) + hidden_states, weights
 
 
+class GridSwinStage(CheckpointsCarryDraws, SwinStage):
+    """transformers ``SwinStage`` whose checkpointing carries the coordinate draws (:class:`CheckpointsCarryDraws`)."""
+
+
 class SwinModelPE(PositionalModel, SwinModel):
     """transformers ``SwinModel`` with visionpe encodings inside its windows; takes what transformers takes:
     ``(B, C, H, W)`` of any size (padded to whole patches and windows). ``output_attentions`` defaults to the
@@ -358,12 +395,14 @@ def apply_swin(model: SwinModel, names: dict, kwargs: dict) -> None:
     layers = [(index, layer) for stage in model.encoder.layers for index, layer in enumerate(stage.blocks)]
     for _, layer in layers:
         check_attention(layer.attention)
+    for stage in model.encoder.layers:
+        swap_class(stage, GridSwinStage)
     encodings = EncodingSet(names, kwargs)
     window = model.config.window_size
     for index, layer in layers:
         # the configured window and shift (transformers' layer may have shrunk them for good in an earlier call)
         layer.window_size, layer.shift_size = window, 0 if index % 2 == 0 else window // 2
-        layer.__class__ = GridSwinLayer
+        swap_class(layer, GridSwinLayer)
         source = layer.attention
         context = ModelContext((window, window), source.q_proj.in_features, source.num_attention_heads,
                                source.head_dim)
