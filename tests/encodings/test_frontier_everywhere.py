@@ -1,11 +1,9 @@
 """The new layouts and encodings everywhere the others go: timm ViT/DeiT, Swin windows, video ViT and Video Swin,
 token subsets, mixed-size batches, torch.compile(fullgraph=True), concurrent forwards, no_weight_decay, coordinate
 systems and augmentation, and every visualization kind."""
-import threading
-
 import pytest
 import torch
-from conftest import requires
+from conftest import requires, run_concurrently
 from torchvision.models.video.swin_transformer import SwinTransformer3d
 
 import visionpe as vpe
@@ -132,6 +130,20 @@ def test_video_models(pe, kw):
     assert torch.isfinite(swin(torch.randn(1, 3, 4, 32, 32))).all()
 
 
+@pytest.mark.parametrize("pe", ["videorope", "rope_axial", "string", "comrope", "liere"])
+def test_video_rotation_tables_are_built_once_then_served_from_the_cache(pe):
+    """In evaluation a video model's rotary tables are built in the first forward at a clip size and only read in
+    the next one (docs/PERFORMANCE.md's video section)."""
+    from visionpe.bench.scale import TableCensus
+    model = vpe.create_video_model("vit_tiny_patch16_224", pe=pe, **VIDEO).eval()
+    census, clip = TableCensus(), torch.randn(1, 3, 4, 16, 16)
+    with census.installed({pe: model}), torch.no_grad():
+        for _ in range(2):
+            census.run(pe, model, clip)
+    first, second = census.forwards[pe]
+    assert first.built == len(first.tables) >= 1 and second.built == 0 and second.tables.keys() == first.tables.keys()
+
+
 def test_video_needs_and_image_refuses_what_is_not_defined_there():
     with pytest.raises(ValueError, match="lookhere is defined on 2D grids"):
         vpe.create_video_model("vit_tiny_patch16_224", pe="lookhere", **VIDEO)
@@ -179,32 +191,12 @@ def test_compiled_video_models():
 
 @pytest.mark.parametrize("pe,kw", [("lookhere", {}), ("fire", {}), ("rope_axial", {"directions": "golden"}),
                                    ("rope_mixed", {"head_axes": ("x", "")})])
-def test_concurrent_forwards_equal_single_threaded(pe, kw):
+def test_concurrent_forwards_equal_single_threaded(one_thread_kernels, pe, kw):
     torch.manual_seed(0)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model = randomise(vpe.create_model("vit_tiny_patch16_224", pe=pe, pe_kwargs=kw, **VIT)).eval()
-        inputs = [torch.randn(1, 3, *size) for size in [(16, 24), (24, 16), (16, 16)]]
-        with torch.no_grad():
-            expected = [model(x) for x in inputs]
-        errors = []
-
-        def worker(start):
-            with torch.no_grad():
-                for i in range(12):
-                    j = (i + start) % len(inputs)
-                    if not torch.equal(model(inputs[j]), expected[j]):
-                        errors.append((start, j))
-
-        threads = [threading.Thread(target=worker, args=(t,)) for t in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors
-    finally:
-        torch.set_num_threads(before)
+    model = randomise(vpe.create_model("vit_tiny_patch16_224", pe=pe, pe_kwargs=kw, **VIT)).eval()
+    inputs = [torch.randn(1, 3, *size) for size in [(16, 24), (24, 16), (16, 16)]]
+    errors = run_concurrently(model, inputs, iterations=12, threads=3)
+    assert not errors, errors[:3]
 
 
 @pytest.mark.parametrize("pe,kw", [("rope_axial", {"directions": "golden"}), ("rope_mixed", {"rotate_fraction": 0.5}),
