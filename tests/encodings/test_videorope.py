@@ -180,3 +180,29 @@ def test_grid_spacing_is_part_of_the_grid():
     torch.testing.assert_close(grid.coords()[:, 0], torch.tensor([0.0, 0, 0, 2.5, 2.5, 2.5]))
     alibi = vpe.build("alibi", num_heads=1)  # distances read the spaced coordinates too
     assert float(alibi(Grid((2, 1), spacing=(2.5, 1)))[0, 0, 1]) == pytest.approx(-2.5 * 2 ** -8)
+
+
+@pytest.mark.parametrize("frames", [4, 16], ids=["half-frame-rate", "double-frame-rate"])
+def test_interpolation_puts_every_frame_on_the_training_time_grid(frames):
+    """With ``scaling="pi"`` a clip of the same duration at another frame rate is scored as the training clip: 4
+    frames score as training frames 0, 2, 4, 6 (16 frames: their even frames as all 8), spatial diagonal shift
+    included (the video benchmark's reading rests on it)."""
+    torch.manual_seed(0)
+    pe = vpe.build("videorope", head_dim=24, ndim=3, scaling="pi", ref_shape=(8, 4, 4))
+    train = vpe.build("videorope", head_dim=24, ndim=3)
+    tokens = lambda t: torch.randn(1, 1, t * 16, 24)
+    if frames < 8:
+        q, k = tokens(8), tokens(8)
+        picked = lambda x: x.view(1, 1, 8, 16, 24)[:, :, ::2].reshape(1, 1, frames * 16, 24)
+        small = pe(picked(q), picked(k), Grid((frames, 4, 4)))
+        full = train(q, k, Grid((8, 4, 4)))
+        expected = (full[0] @ full[1].transpose(-1, -2)).view(8, 16, 8, 16)[::2, :, ::2].reshape(64, 64)
+        got = (small[0] @ small[1].transpose(-1, -2))[0, 0]
+    else:
+        q, k = tokens(frames), tokens(frames)
+        picked = lambda x: x.view(1, 1, frames, 16, 24)[:, :, ::2].reshape(1, 1, 128, 24)
+        long = pe(q, k, Grid((frames, 4, 4)))
+        short = train(picked(q), picked(k), Grid((8, 4, 4)))
+        got = (long[0] @ long[1].transpose(-1, -2)).view(frames, 16, frames, 16)[::2, :, ::2].reshape(128, 128)
+        expected = (short[0] @ short[1].transpose(-1, -2))[0, 0]
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
