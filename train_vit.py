@@ -233,6 +233,7 @@ def main(argv: list[str]) -> dict:
         if cfg["stop_after"] and epoch + 1 - start_epoch >= cfg["stop_after"] and epoch + 1 < cfg["epochs"]:
             log(f"stopping after epoch {epoch + 1} (stop_after); continue with --resume {out}")
             if world > 1:
+                del model  # DDP's reducer freed inside the group, as at the end of the run
                 dist.barrier()
                 dist.destroy_process_group()
             return {"stopped": epoch + 1}
@@ -280,6 +281,10 @@ def main(argv: list[str]) -> dict:
         f"under protocol {protocol.describe()}\n"
         + report.text_table(rows, ["frames x resolution" if video else "resolution"] + [f"{r}px" for r in resolutions]))
     if world > 1:
+        # free DDP's reducer (it holds the group) while every rank is still in the group, then leave it together:
+        # freed after destroy_process_group, torch 2.1's gloo group hung now and then in its destructor at exit
+        del model
+        dist.barrier()
         dist.destroy_process_group()
     return summary
 
