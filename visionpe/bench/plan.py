@@ -125,7 +125,8 @@ def make_plan(quick: bool, batch: int, device_type: str = "cpu") -> Plan:
             video=(Setup("quick video ViT", "vit_tiny_patch16_224", dict(width, img_size=32), 2, (4, 32, 32),
                          video=dict(num_frames=4, tubelet_size=(2, 8, 8))),))
     return Plan(
-        vit=Setup("vit_small_patch16_224 (ViT-S/16), 224 px", "vit_small_patch16_224", {}, batch, (224, 224)),
+        vit=Setup("vit_small_patch16_224 (ViT-S/16), 224 px", "vit_small_patch16_224", {}, batch, (224, 224),
+                  slow=True),
         tiny=tiny_recipe(),
         compiled=tiny_recipe(),
         large=(Setup("ViT-S/16, 1024 px", "vit_small_patch16_224", {}, 1, (1024, 1024)),

@@ -53,13 +53,14 @@ class Run:
                 return elapsed / calls
 
     def rounds(self, setup: Setup) -> int:
-        """``slow_repeats`` for the ViT-S/16 setup (a call lasts longer than ``min_run_time``: a round is one call),
-        ``repeats`` otherwise."""
-        return self.slow_repeats if setup == self.plan.vit else self.repeats
+        """``slow_repeats`` for a slow setup (ViT-S/16 and the ViT-S/16 video: a call lasts longer than
+        ``min_run_time``, so a round is one call), ``repeats`` otherwise."""
+        return self.slow_repeats if setup.slow else self.repeats
 
-    def models(self, setup: Setup) -> dict[str, torch.nn.Module]:
-        """``none``, ``none (control)`` (a second, identical model) and each encoding of ``--pes``."""
-        names = ["none", "none" + CONTROL, *self.pes]
+    def models(self, setup: Setup, pes: list[str] | None = None) -> dict[str, torch.nn.Module]:
+        """``none``, ``none (control)`` (a second, identical model) and each encoding of ``pes`` (default
+        ``--pes``)."""
+        names = ["none", "none" + CONTROL, *(self.pes if pes is None else pes)]
         return {name: setup.create(name.removesuffix(CONTROL), self.device) for name in names}
 
     def train_steps(self, setup: Setup) -> dict[str, TrainStep]:

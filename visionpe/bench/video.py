@@ -6,24 +6,23 @@ import torch
 
 from ..registry import check_name
 from .tables import Table, encoding_limit, ms, versus
-from .timing import CONTROL, Run, TrainStep
+from .timing import Run, TrainStep
 
 VIDEO_ONLY = ("videorope",)  # encodings defined on (T, H, W) grids only: always rows of this section
 
 
 def video_encodings(pes: list[str]) -> list[str]:
     """The encodings of ``--pes`` that are defined on 3D grids, then the video-only ones."""
-    return [pe for pe in pes if 3 in check_name(pe).ndims] + [pe for pe in VIDEO_ONLY if pe not in pes]
+    return [pe for pe in pes if 3 in check_name(pe).ndims] + list(VIDEO_ONLY)
 
 
 def video_cost(run: Run) -> list[Table]:
     """Per video setup: the eval forward and the training step of ``none``, its control and each video encoding."""
     tables = []
     for setup in run.plan.video:
-        names = ["none", "none" + CONTROL, *video_encodings(run.pes)]
-        models = {name: setup.create(name.removesuffix(CONTROL), run.device) for name in names}
+        models = run.models(setup, video_encodings(run.pes))
         x, y = setup.input(run.device), setup.labels(run.device)
-        rounds = run.slow_repeats if setup.slow else run.repeats
+        rounds = run.rounds(setup)
         with torch.no_grad():
             forward = run.side_by_side({n: (lambda m=m.eval(): m(x)) for n, m in models.items()}, rounds)
         steps = {n: TrainStep(m, x, y) for n, m in models.items()}
