@@ -16,7 +16,7 @@ from transformers import (DeiTConfig, DeiTForImageClassification, DeiTForImageCl
                           ViTForImageClassification, ViTModel)
 
 import visionpe as vpe  # noqa: E402
-from visionpe.backbones.hf import GridAttention, GridSwinLayer, swin_window  # noqa: E402
+from visionpe.backbones.hf import CheckpointsCarryDraws, GridAttention, GridSwinLayer, swin_window  # noqa: E402
 from visionpe.grid import Grid  # noqa: E402
 from visionpe.tokens import Learned  # noqa: E402
 from conftest import compiled_matches_eager_and_trains, run_concurrently  # noqa: E402
@@ -186,6 +186,7 @@ def test_concurrent_forwards_at_different_sizes_equal_single_threaded(cls):
     errors = run_concurrently(lambda x: model(x).logits, inputs, iterations=24, threads=3)
     assert not errors, errors[:3]
 
+
 @pytest.mark.parametrize("cls,pe,config", [(ViTForImageClassification, "rope_mixed+learned", {}),
                                            (SwinForImageClassification, "rope_mixed+swin_bias",
                                             dict(depths=[2], num_heads=[2]))],  # one stage: a shifted block
@@ -193,6 +194,7 @@ def test_concurrent_forwards_at_different_sizes_equal_single_threaded(cls):
 def test_fullgraph_compile_matches_eager_and_trains(cls, pe, config):
     model = vpe.apply(_build(cls, **config), pe)
     assert not compiled_matches_eager_and_trains(model, torch.randn(2, 3, 32, 40), output=lambda out: out.logits)
+
 
 AUGMENTED = dict(coords="normalized", jitter_coords=1.5)  # coordinates drawn once per training forward
 
@@ -227,7 +229,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(cls, pe, kw, enabled):
         model.activation_checkpointing_disable()
         plain = gradients(1)
         model.activation_checkpointing_enable()
-    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules()), "checkpointing is not on"
+    patched = [m for m in model.modules() if isinstance(m, CheckpointsCarryDraws)]  # every layer (and Swin stage)
+    assert patched and all(m.gradient_checkpointing for m in patched), "checkpointing is not on"
     checkpointed = gradients(1)
     assert checkpointed.keys() == plain.keys()
     assert all(torch.allclose(checkpointed[n], plain[n], atol=1e-6) for n in plain), \
