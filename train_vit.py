@@ -45,7 +45,7 @@ from timm.utils import ModelEmaV3, NativeScaler
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from visionpe.train import cli, loop, models, report, restore, rundir, sampling, settings
+from visionpe.train import cli, distributed, loop, models, report, restore, rundir, sampling, settings
 from visionpe.train.cli import UserError
 
 
@@ -173,7 +173,7 @@ def main(argv: list[str]) -> dict:
         f"{'' if amp_dtype is None else ' ' + cfg['amp'].replace('auto', 'bf16')}{recipe} | {out}")
 
     # -- training --------------------------------------------------------------------------------------------
-    clock = loop.CheckpointClock(cfg["checkpoint_every_steps"], cfg["checkpoint_every_minutes"], world, device)
+    clock = loop.CheckpointClock(cfg["checkpoint_every_steps"], cfg["checkpoint_every_minutes"], device)
 
     def commit_within(epoch: int):
         """After each optimizer step of ``epoch``: commit state.pt when the clock says so (not after the last
@@ -183,7 +183,7 @@ def main(argv: list[str]) -> dict:
                 return
             loop.check_finite(raw_model, epoch=epoch + 1, kept_epoch=epoch, ema=ema_module,
                               within=f"at step {progress['step']}/{steps_per_epoch} of")  # never commit NaN weights
-            sums = loop.all_gather([progress["loss_sum"], progress["seen"]], device)  # every process's, by rank
+            sums = distributed.all_gather([progress["loss_sum"], progress["seen"]], device)  # every process's, by rank
             if master:
                 rundir.save_checkpoint(out, raw_model, optimizer, scheduler, epoch=epoch, best_acc=best_acc,
                                        best_epoch=best_epoch, history=history, ema=ema_module, scaler=scaler,
@@ -232,10 +232,8 @@ def main(argv: list[str]) -> dict:
             f"{stats['seen'] / stats['elapsed']:.0f} img/s")
         if cfg["stop_after"] and epoch + 1 - start_epoch >= cfg["stop_after"] and epoch + 1 < cfg["epochs"]:
             log(f"stopping after epoch {epoch + 1} (stop_after); continue with --resume {out}")
-            if world > 1:
-                del model  # DDP's reducer freed inside the group, as at the end of the run
-                dist.barrier()
-                dist.destroy_process_group()
+            del model  # DDP's reducer freed while the group stands, as at the end of the run
+            distributed.leave()
             return {"stopped": epoch + 1}
 
     # -- resolution evaluation: last, best (and EMA) weights, same scenes at every resolution (and frame count) --
@@ -280,12 +278,8 @@ def main(argv: list[str]) -> dict:
     log(f"\n{cfg['data']}  {cfg['model']}  pe={cfg['pe']}  trained at {trained}, best epoch {best_epoch}, evaluated "
         f"under protocol {protocol.describe()}\n"
         + report.text_table(rows, ["frames x resolution" if video else "resolution"] + [f"{r}px" for r in resolutions]))
-    if world > 1:
-        # free DDP's reducer (it holds the group) while every rank is still in the group, then leave it together:
-        # freed after destroy_process_group, torch 2.1's gloo group hung now and then in its destructor at exit
-        del model
-        dist.barrier()
-        dist.destroy_process_group()
+    del model  # DDP's reducer holds the process group: freed first, the group is destroyed in leave()
+    distributed.leave()
     return summary
 
 

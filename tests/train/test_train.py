@@ -2,8 +2,10 @@
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,14 +103,37 @@ def test_resume_is_exact(tmp_path):
     assert first["train_loss"] != second["train_loss"] and first["lr"] != second["lr"]
 
 
+def children_of(pid: int) -> list[int]:
+    """The process ids whose parent is ``pid`` (read from Linux's /proc; none elsewhere)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def test_torchrun_two_processes_match_one(tmp_path):
     args = TINY + ["--pe", "rope_axial", "--epochs", "1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(ROOT / "train_vit.py"), *args, "--output", str(tmp_path / "ddp")],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "2 process(es)" in proc.stdout
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             str(ROOT / "train_vit.py"), *args, "--output", str(tmp_path / "ddp")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        for worker in children_of(proc.pid):  # each in a session of its own: signalled one by one
+            os.kill(worker, signal.SIGABRT)  # faulthandler prints where it stands, then it ends
+            time.sleep(1)  # one process's stacks at a time
+        proc.terminate()
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"torchrun did not exit within 120 s; finished: {(tmp_path / 'ddp' / 'results.json').exists()}; "
+                    f"the processes' stacks:\n{stderr[-8000:]}")
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "2 process(es)" in stdout
     train_main(args + ["--output", str(tmp_path / "one")])
     ddp, one = (records(tmp_path / d / "metrics.jsonl", "epoch")[0] for d in ("ddp", "one"))
     # same global batches (DistributedSampler shards one permutation), gradients averaged over ranks

@@ -11,14 +11,13 @@ import time
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from torch.utils.data import DataLoader, Subset, default_collate
 from tqdm import tqdm
 
 from .. import data as vdata
-from . import settings
+from . import distributed, settings
 from .cli import UserError, one_line
 
 
@@ -200,14 +199,6 @@ def seed_everything(seed: int, epoch: int, rank: int, step: int | None = None) -
     torch.manual_seed(s)
 
 
-def all_sum(values, device) -> list[float]:
-    """Sum of ``values`` over the processes of a torchrun group (the values themselves without one)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return t.tolist()
-
-
 def autocast_for(device: torch.device, dtype: torch.dtype | None):
     """A function returning the autocast context of ``device`` in ``dtype`` (a no-op for ``None``)."""
     return lambda: torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
@@ -271,33 +262,20 @@ class CheckpointClock:
     ``every_minutes`` have passed since the last commit. The clock is read on rank 0 and broadcast, so every process
     of a torchrun group commits at the same step (the commit gathers from all of them)."""
 
-    def __init__(self, every_steps: int = 0, every_minutes: float = 0.0, world: int = 1, device="cpu"):
-        self.every_steps, self.every_seconds, self.world, self.device = every_steps, every_minutes * 60, world, device
+    def __init__(self, every_steps: int = 0, every_minutes: float = 0.0, device="cpu"):
+        self.every_steps, self.every_seconds, self.device = every_steps, every_minutes * 60, device
         self.last = time.monotonic()
 
     def due(self, update: int) -> bool:
         """Whether to commit after optimizer step ``update`` (1-based, within the epoch)."""
-        due = bool(self.every_steps) and update % self.every_steps == 0
-        if self.every_seconds:
-            late = torch.tensor([time.monotonic() - self.last >= self.every_seconds], device=self.device)
-            if self.world > 1:
-                dist.broadcast(late, 0)
-            due = due or bool(late.item())
-        return due
+        by_steps = bool(self.every_steps) and update % self.every_steps == 0
+        late = bool(self.every_seconds) and distributed.rank0_flag(time.monotonic() - self.last >= self.every_seconds,
+                                                                   self.device)
+        return by_steps or late
 
     def reset(self) -> None:
         """A commit happened: the minutes count from now."""
         self.last = time.monotonic()
-
-
-def all_gather(values, device) -> list[list[float]]:
-    """``values`` of every process of a torchrun group, by rank (``[values]`` without one)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if not dist.is_initialized():
-        return [t.tolist()]
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t)
-    return [o.tolist() for o in out]
 
 
 def step_resolution(train_res, seed: int, epoch: int, step: int) -> int | None:
@@ -378,9 +356,7 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
         with sync:
             with autocast():
                 loss = criterion(model(x), y)
-            total = loss.detach().float().reshape(1).clone()
-            if world > 1:
-                dist.all_reduce(total)
+            total = distributed.sum_over_processes(loss.detach().float().reshape(1))
             if not bool(torch.isfinite(total).all()):
                 where = f"step {step + 1}/{steps} of epoch {epoch + 1} (global step {epoch * steps + step + 1})"
                 before_text = ("no finite loss before it" if last_finite is None else
@@ -404,7 +380,7 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
                 on_update({"step": step + 1, "update": update + 1, "loss_sum": loss_sum, "seen": seen,
                            "last_finite": list(last_finite), "elapsed": before + time.perf_counter() - t0})
     elapsed = before + time.perf_counter() - t0
-    loss_sum, seen = all_sum([loss_sum, seen], device)
+    loss_sum, seen = distributed.all_sum([loss_sum, seen], device)
     return {"train_loss": loss_sum / seen, "seen": seen, "elapsed": elapsed, "last_finite": last_finite}
 
 
@@ -424,7 +400,7 @@ def evaluate(model, dataset, *, batch_size: int, device, autocast, workers: int 
         loss += F.cross_entropy(logits.float(), y, reduction="sum").item()
         correct += (logits.argmax(-1) == y).sum().item()
         count += len(y)
-    correct, loss, count = all_sum([correct, loss, count], device)
+    correct, loss, count = distributed.all_sum([correct, loss, count], device)
     return 100.0 * correct / count, (loss / count if count else math.nan)
 
 
