@@ -8,6 +8,7 @@ import inspect
 import pytest
 import timm
 import torch
+from conftest import requires_that
 from trainutil import ROOT, TINY, run_script, train_main
 
 from visionpe.train import benchmark, models, restore, settings
@@ -22,16 +23,16 @@ def row_config(row: dict, data="shapes-position") -> dict:
     return cfg
 
 
-ROWS_FILES = sorted((ROOT / "configs").glob("bench_rows_*.yaml"))
-EVA_ROPE_TYPE = "rope_type" in inspect.signature(timm.models.eva.Eva).parameters
+EVA_ROPE_TYPE = requires_that("rope_type" in inspect.signature(timm.models.eva.Eva).parameters,
+                              "a timm whose Eva takes rope_type (the rows file's DINOv3 reference rows)")
+ROWS_FILES = [pytest.param(path, id=path.stem, marks=[EVA_ROPE_TYPE] if "rope_type" in path.read_text() else [])
+              for path in sorted((ROOT / "configs").glob("bench_rows_*.yaml"))]
 
 
-@pytest.mark.parametrize("rows_file", ROWS_FILES, ids=[p.stem for p in ROWS_FILES])
+@pytest.mark.parametrize("rows_file", ROWS_FILES)
 def test_committed_rows_files_build_every_model_at_every_test_size(rows_file):
     """Every row of every committed rows file resolves with the benchmark recipe, and its model runs at the test
     sizes (below, at, above training and non-square); timm rows are timm's classes, without layer scale."""
-    if "rope_type" in rows_file.read_text() and not EVA_ROPE_TYPE:
-        pytest.skip("needs a timm whose Eva takes rope_type (the rows file's DINOv3 reference rows)")
     spec = benchmark.read_rows(rows_file)
     assert len({r["slug"] for r in spec["rows"]}) == len(spec["rows"])
     assert {r["label"] for r in spec["rows"] if r["timm"]} == {r["label"] for r in spec["rows"]
