@@ -118,20 +118,21 @@ def children_of(pid: int) -> list[int]:
 
 def test_torchrun_two_processes_match_one(tmp_path):
     args = TINY + ["--pe", "rope_axial", "--epochs", "1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+    env, timeout = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}, 120
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                              str(ROOT / "train_vit.py"), *args, "--output", str(tmp_path / "ddp")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
-        stdout, stderr = proc.communicate(timeout=120)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         for worker in children_of(proc.pid):  # each in a session of its own: signalled one by one
             os.kill(worker, signal.SIGABRT)  # faulthandler prints where it stands, then it ends
             time.sleep(1)  # one process's stacks at a time
         proc.terminate()
         stdout, stderr = proc.communicate()
-        pytest.fail(f"torchrun did not exit within 120 s; finished: {(tmp_path / 'ddp' / 'results.json').exists()}; "
-                    f"the processes' stacks:\n{stderr[-8000:]}")
+        finished = (tmp_path / "ddp" / "results.json").exists()
+        pytest.fail(f"torchrun did not exit within {timeout} s; finished: {finished}; the processes' stacks:\n"
+                    f"{stderr[-8000:]}")
     assert proc.returncode == 0, stderr[-2000:]
     assert "2 process(es)" in stdout
     train_main(args + ["--output", str(tmp_path / "one")])
