@@ -139,7 +139,9 @@ SETTINGS: dict[str, Setting] = {
                     "(--tubelet-size); a multiple of the tubelet's frames", metavar="T"),
     "frame_stride": S(None, DATA, "int?", "video files: sample each clip as num_frames frames STRIDE apart (a random "
                       "segment when training, the centre segment when evaluating); default: num_frames frames spread "
-                      "evenly over the whole clip; an integer >= 1, for data sets that take it (video-files)",
+                      "evenly over the whole clip, as a clip shorter than the segment is read (a stride none of the "
+                      "clips probed in a split holds is refused); an integer >= 1, for data sets that take it "
+                      "(video-files)",
                       metavar="STRIDE"),
     "train_samples": S(None, DATA, "int?", "training images: synthetic scenes rendered (default 10000; held in memory, "
                        "so at most what this machine's memory holds), real sets a fixed random subset (default all); "
