@@ -307,8 +307,7 @@ def test_auto_augment_policies_that_reach_zero_posterize_bits_do_not_crash(aa):
     assert np.asarray(transforms._posterize(image, 0)).max() == 0
     assert np.array_equal(np.asarray(transforms._posterize(image, 4)), np.asarray(auto_augment.posterize(image, 4)))
     t = Transforms(aa=aa, scale=(1.0, 1.0), ratio=(1.0, 1.0)).train(16, IMAGENET_MEAN, IMAGENET_STD)
-    ops = [op for stage in t.transforms for op in getattr(stage, "ops", [])
-           + [op for sub in getattr(stage, "policy", []) for op in sub]]
+    ops = [op for stage in t.transforms for op in transforms.augment_ops(stage)]
     assert any(op.name.startswith("Posterize") for op in ops)
     assert all(op.aug_fn is transforms._posterize for op in ops if op.name.startswith("Posterize"))
     for s in range(300):
@@ -317,14 +316,13 @@ def test_auto_augment_policies_that_reach_zero_posterize_bits_do_not_crash(aa):
 
 
 TIMM_STATE = """
-import inspect, sys
+import sys
 from timm.data import auto_augment as aa
 def state():
     return (dict(aa.NAME_TO_OP), {c.__name__: dict(vars(c)) for c in (aa.AugMixAugment, aa.RandAugment, aa.AutoAugment,
                                                                       aa.AugmentOp)})
 before = state()
-from visionpe import data
-from visionpe.data.transforms import Transforms, AA_EXAMPLES
+from visionpe.data import Transforms
 mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 for policy in [None, "rand-m9-mstd0.5-inc1", "3a", "original", "v0", "augmix-m5-w4-d2", "rand-m9-tweights"]:
     for kw in ({}, {"train_crop_mode": "src"}, {"max_patches": 16, "patch_size": 4}):
@@ -353,7 +351,7 @@ def test_timms_own_pipelines_keep_timms_ops():
     from timm.data import auto_augment
     Transforms(aa="rand-m9-mstd0.5-inc1").train(16, IMAGENET_MEAN, IMAGENET_STD)
     theirs = create_transform(16, is_training=True, auto_augment="rand-m9-mstd0.5-inc1")
-    ops = [op for stage in theirs.transforms for op in getattr(stage, "ops", [])]
+    ops = [op for stage in theirs.transforms for op in transforms.augment_ops(stage)]
     assert [op.aug_fn for op in ops if op.name.startswith("Posterize")] == [auto_augment.posterize]
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
@@ -98,12 +99,21 @@ def _augmix_class():
         if old else AugMixAugment
 
 
+def augment_ops(stage) -> list:
+    """The ops (timm's ``AugmentOp``) of one of timm's auto-augment stages: a RandAugment's or an AugMix's, every op
+    of an AutoAugment's sub-policies; ``[]`` for any other stage."""
+    from timm.data.auto_augment import AugMixAugment, AutoAugment, RandAugment
+    if isinstance(stage, AutoAugment):
+        return [op for sub in stage.policy for op in sub]
+    return list(stage.ops) if isinstance(stage, (RandAugment, AugMixAugment)) else []
+
+
 def fix_augmenters(transform):
     """visionpe's fixes to timm's auto-augment stages inside ``transform`` (a pipeline of ``create_transform``, a
     tuple of them, or a torchvision ``Compose``), made to these objects only: timm's own tables and classes are left
     as they are. Each op of timm's ``posterize`` posterizes with :func:`_posterize`; at timm 1.0.19 an AugMix stage
     is replaced by one of :func:`_augmix_class`. Returns ``transform``."""
-    from timm.data.auto_augment import AugMixAugment, AutoAugment, RandAugment, posterize
+    from timm.data.auto_augment import AugMixAugment, posterize
     if isinstance(transform, tuple):  # create_transform(separate=True)
         for part in transform:
             fix_augmenters(part)
@@ -113,9 +123,7 @@ def fix_augmenters(transform):
         if isinstance(stage, AugMixAugment) and type(stage) is not _augmix_class():
             stage = stages[i] = _augmix_class()(stage.ops, alpha=stage.alpha, width=stage.width, depth=stage.depth,
                                                 blended=stage.blended)
-        ops = [op for sub in stage.policy for op in sub] if isinstance(stage, AutoAugment) else \
-            stage.ops if isinstance(stage, (RandAugment, AugMixAugment)) else ()
-        for op in ops:
+        for op in augment_ops(stage):
             if op.aug_fn is posterize:
                 op.aug_fn = _posterize
         fix_augmenters(stage)
@@ -128,15 +136,13 @@ def check_auto_augment(aa: str) -> None:
     without a word: ``rand-zz`` is timm's default RandAugment), no key twice, and the magnitudes, probabilities and
     layer counts of the ops timm built within what timm applies (it clamps a magnitude to ``mmax``, default 10). A
     ValueError naming the policy and the part otherwise."""
-    import re
-
     from timm.data import create_transform
-    from timm.data.auto_augment import _LEVEL_DENOM, AugMixAugment, AutoAugment, RandAugment, rand_augment_choices
+    from timm.data.auto_augment import _LEVEL_DENOM, RandAugment, rand_augment_choices
     if not isinstance(aa, str) or not aa:
         raise ValueError(f"aa must be a timm auto-augment policy name, got {aa!r}")
     try:
         stages = create_transform(8, is_training=True, auto_augment=aa, separate=True)[1].transforms
-        built = next(t for t in stages if isinstance(t, (RandAugment, AugMixAugment, AutoAugment)))
+        built = next(t for t in stages if augment_ops(t))
     except (AssertionError, ValueError, KeyError, IndexError) as err:
         raise ValueError(f"aa {aa!r} is not a timm auto-augment policy ({err or 'bad config'}); e.g. "
                          f"{AA_EXAMPLES}") from None
@@ -156,7 +162,7 @@ def check_auto_augment(aa: str) -> None:
         if key in seen:
             raise ValueError(f"aa {aa!r}: {key} is given twice; give each part once")
         seen.add(key)
-    ops = built.ops if isinstance(built, (RandAugment, AugMixAugment)) else [op for sub in built.policy for op in sub]
+    ops = augment_ops(built)
     for op in ops:
         most = op.magnitude_max or _LEVEL_DENOM  # timm's AugmentOp clamps the magnitude to this
         if not 0 <= op.magnitude <= most:
