@@ -12,6 +12,8 @@ import torch
 
 import visionpe as vpe
 from visionpe import Grid
+from visionpe import data as vdata
+from visionpe.data import video_files
 from visionpe.grid import Layout, MixedLayout
 
 NAN, INF = float("nan"), float("inf")
@@ -588,6 +590,46 @@ ROWS = [
     ("load_timm-strict-not-bool", lambda: vpe.load_timm_checkpoint(vit(), vit().state_dict(), strict=1), VE,
      "strict", "True or False"),
     ("load_timm-truncated", lambda: vpe.load_timm_checkpoint(vit(), _truncated()), VE, "truncated.safetensors"),
+]
+
+
+# -- issue 32: timm's transforms read strictly and bounded, video files, one-class sets ------------------------------
+def _folder(layout: dict, suffix: str = ".png"):
+    """``tmp/data/<split>/<class>/0<suffix>`` for ``layout`` ``{split: classes}``: PNGs, or empty files named as
+    clips (enough to build a video set that is not read)."""
+    from PIL import Image
+    for split, classes in layout.items():
+        for c in classes:
+            (_tmp() / "data" / split / c).mkdir(parents=True, exist_ok=True)
+            path = _tmp() / "data" / split / c / f"0{suffix}"
+            Image.new("RGB", (8, 8)).save(path) if suffix == ".png" else path.write_bytes(b"")
+    return _tmp() / "data"
+
+
+def _not_a_video():
+    pytest.importorskip("av")  # the decoder that reads it
+    return video_files.clip_length(str(_file("x.mp4", bytes(range(256)) * 2)), "av")
+
+
+ROWS += [
+    ("transforms-aa-part-timm-skips", lambda: vdata.Transforms(aa="rand-zz"), VE, "aa 'rand-zz'", "'zz'",
+     "timm would skip it"),
+    ("transforms-aa-magnitude-beyond-timms", lambda: vdata.Transforms(aa="rand-m1000"), VE, "m1000", "0..10",
+     "clamp"),
+    ("transforms-aa-part-twice", lambda: vdata.Transforms(aa="rand-m9-n2-m5"), VE, "m is given twice"),
+    ("transforms-aa-unknown-set", lambda: vdata.Transforms(aa="rand-m9-tfoo"), VE, "transform set 'foo'"),
+    ("transforms-aa-probability", lambda: vdata.Transforms(aa="rand-p2"), VE, "p2", "[0, 1]"),
+    ("transforms-color-jitter-huge", lambda: vdata.Transforms(color_jitter=1e30), VE, "color_jitter must be in [0, 1]",
+     "1e+30"),
+    ("transforms-recount-huge", lambda: vdata.Transforms(reprob=1.0, recount=10**6), VE,
+     "recount must be an integer in [1, 100]", "1000000"),
+    ("build_dataset-imagefolder-one-class", lambda: vdata.build_dataset(
+        "imagefolder", "train", 16, data_dir=_folder({"train": ["cat"], "val": ["cat"]})), VE,
+     "imagefolder: 1 class (cat)", "at least 2"),
+    ("video-files-hflip-above-1", lambda: video_files.VideoFileDataset(str(_folder({"train": ["a", "b"]}, ".mp4")
+                                                                           / "train"), 16, 2, hflip=1.5), VE,
+     "hflip must be <= 1.0", "1.5"),
+    ("video-files-not-a-video", _not_a_video, VE, "video-files: cannot decode", "x.mp4", "remove or replace it"),
 ]
 
 

@@ -507,6 +507,72 @@ ROWS = [
 ]
 
 
+# -- issue 32: data and augmentation (timm's lenient --aa, unbounded rates, video files, one class, offline) --------
+_PATCH = []  # the running row's monkeypatch: a setup may patch something for its row alone
+
+
+def video_clips(tmp, clips: dict, cut: str | None = None):
+    """``tmp/folder/<split>/<class>/<name>.mp4`` clips of grey frames (PyAV; the row skips without it): ``clips`` maps
+    ``split/class/name`` to a frame count; ``cut``: a clip of them written truncated to half its bytes."""
+    av = pytest.importorskip("av")
+    for name, frames in clips.items():
+        path = tmp / "folder" / f"{name}.mp4"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with av.open(str(path), "w") as container:
+            stream = container.add_stream("mpeg4", rate=8)
+            stream.width, stream.height, stream.pix_fmt = 16, 16, "yuv420p"
+            for k in range(frames):
+                image = av.VideoFrame.from_ndarray(torch.full((16, 16, 3), 16 * k, dtype=torch.uint8).numpy(), "rgb24")
+                for packet in stream.encode(image):
+                    container.mux(packet)
+            for packet in stream.encode():
+                container.mux(packet)
+        if name == cut:
+            path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+
+
+def offline(tmp, run):
+    """No network for this row: every URL torchvision opens fails as it does without one."""
+    import urllib.error
+    import urllib.request
+
+    def refuse(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+    _PATCH[0].setattr(urllib.request, "urlopen", refuse)
+
+
+SETUPS.update({
+    "imagefolder_one_class": lambda tmp, run: image_classes(tmp, {"train": ("cat",), "val": ("cat",)}),
+    "video_short_clips": lambda tmp, run: video_clips(tmp, {"train/a/c1": 6, "train/b/c1": 6, "val/a/c1": 6}),
+    "video_truncated": lambda tmp, run: video_clips(tmp, {"train/a/c1": 6, "train/a/c2": 6, "train/b/c1": 6,
+                                                          "val/a/c1": 6, "val/b/c1": 6}, cut="train/a/c2"),
+    "offline": offline,
+})
+VIDEO_RUN = ["--data", "video-files", "--num-frames", "4", "--data-dir", "{tmp}/folder", "--batch-size", "2",
+             "--epochs", "1"]
+ROWS += [
+    (T, ["--aa", "rand-zz"], ["aa 'rand-zz'", "'zz'", "timm would skip it"]),
+    (T, ["--aa", "rand-m1000"], ["aa 'rand-m1000'", "m1000", "timm's range 0..10"]),
+    (T, ["--aa", "rand-m9-m5"], ["aa 'rand-m9-m5'", "m is given twice"]),
+    (T, ["--aa", "rand-tfoo"], ["aa 'rand-tfoo'", "transform set 'foo'"]),
+    (T, ["--aa", "augmix-m20"], ["aa 'augmix-m20'", "m20", "0..10"]),
+    (T, ["--aa", "rand-n100"], ["aa 'rand-n100'", "n100", "15 ops"]),
+    (T, ["--color-jitter", "1e30"], ["color_jitter must be in [0, 1]", "1e+30", "saturate"]),
+    (T, ["--color-jitter", "inf"], ["color_jitter", "finite", "inf"]),
+    (T, ["--reprob", "1", "--recount", "1000000"], ["recount must be an integer in [1, 100]", "1000000"]),
+    (T, [*VIDEO_RUN, "--frame-stride", "100"], ["frame_stride 100", "span 301 frames", "none of 2 clips",
+                                                 "{tmp}/folder/train", "lower --frame-stride"], "video_short_clips"),
+    (T, [*VIDEO_RUN, "--batch-size", "3"], ["video-files: cannot decode {tmp}/folder/train/a/c2.mp4",
+                                            "truncated", "remove or replace it"], "video_truncated"),  # every clip read
+    (T, ["--data", "imagefolder", "--data-dir", "{tmp}/folder", "--batch-size", "2"],
+     ["imagefolder: 1 class (cat)", "{tmp}/folder", "at least 2"], "imagefolder_one_class"),
+    (T, ["--data", "cifar10", "--data-dir", "{tmp}/cifar", "--download"],
+     ["cifar10: --download could not fetch it into '{tmp}/cifar'", "URLError", "name resolution"], "offline"),
+    (T, ["--data", "mnist", "--data-dir", "{tmp}/mnist", "--download"],
+     ["mnist: --download could not fetch it into '{tmp}/mnist'", "name resolution"], "offline"),
+]
+
+
 def invoke(script, argv):
     if script == T:
         return train_main(TINY + argv)
@@ -525,7 +591,8 @@ CASES = [(*row, None) if len(row) == 3 else row for row in ROWS]
 
 @pytest.mark.parametrize("script, args, words, setup", CASES,
                          ids=[f"{c[0]}-{' '.join(c[1])[:40]}-{c[3] or ''}" for c in CASES])
-def test_mistake_is_one_line_and_exit_2(script, args, words, setup, finished_run, tmp_path, capsys):
+def test_mistake_is_one_line_and_exit_2(script, args, words, setup, finished_run, tmp_path, capsys, monkeypatch):
+    _PATCH[:] = [monkeypatch]
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     yaml_path = SETUPS[setup](tmp_path, run) if setup else None

@@ -1,4 +1,5 @@
-"""What the built wheel and sdist hold: every module, py.typed, the license, the version and the dependencies.
+"""What the built wheel and sdist hold: every module, py.typed, the explorer page's files, the license, the version
+and the dependencies.
 
 CI (.ci/check_dist.sh) passes the files ``python -m build`` made in ``VISIONPE_WHEEL`` / ``VISIONPE_SDIST``;
 elsewhere the test builds them from a copy of the tree with the installed setuptools (skipped where it is older
@@ -16,6 +17,7 @@ import pytest
 from packaging.requirements import Requirement
 
 import visionpe
+from visionpe.viz import explorer
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("pyproject.toml", "README.md", "LICENSE", "visionpe")
@@ -63,9 +65,12 @@ def test_wheel_holds_every_module_py_typed_and_the_license(dists):
         names = set(wheel.namelist())
         info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
         metadata = _metadata(wheel.read(f"{info}/METADATA").decode())
+        assets = {n: wheel.read(n) for n in names if n.startswith("visionpe/viz/assets/")}
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "visionpe").rglob("*.py")}
     assert modules <= names, sorted(modules - names)
     assert "visionpe/py.typed" in names
+    assert assets == {f"visionpe/viz/assets/{name}": (ROOT / "visionpe" / "viz" / "assets" / name).read_bytes()
+                      for name in explorer.ASSETS}, sorted(assets)  # the explorer page's files, as in the tree
     assert not [n for n in names if n.startswith(("tests/", "scripts/", "configs/", "docs/"))]
     assert f"{info}/licenses/LICENSE" in names
     assert metadata["Name"] == "visionpe" and metadata["Version"] == visionpe.__version__
@@ -82,4 +87,5 @@ def test_sdist_builds_the_same_package(dists):
         top = sdist.getnames()[0].split("/")[0]
         metadata = _metadata(sdist.extractfile(f"{top}/PKG-INFO").read().decode())
     assert {"pyproject.toml", "README.md", "LICENSE", "visionpe/__init__.py", "visionpe/py.typed"} <= names
+    assert {f"visionpe/viz/assets/{name}" for name in explorer.ASSETS} <= names
     assert metadata["Version"] == visionpe.__version__ and metadata["License-Expression"] == "Apache-2.0"

@@ -8,7 +8,7 @@ padding at the end of each axis to whole windows, the cyclic shift, the shift ma
 different shifted regions; padded tokens are not masked, as in torchvision), partition into windows with the
 tokens of a window row-major in ``(T, H, W)``. The encodings run on ``Grid(effective_window)``. They are built
 per block for the block's configured window (``ndim=3``); ``swin_bias`` takes over torchvision's
-``relative_position_bias_table`` (same Video-Swin index convention as :func:`visionpe.bias._base.grid_offset_index`).
+``relative_position_bias_table`` (same Video-Swin index convention as :func:`visionpe.bias.grid_offset_index`).
 
 A window that shrinks (an input axis shorter than the window): torchvision slices its full-window index,
 ``index[:n, :n]`` for the ``n`` tokens of the effective window, which is the bias of the effective window's true

@@ -98,11 +98,12 @@ def data_notes(cfg: dict) -> list[str]:
     """Lines that say which transform settings the run's data set does not take (a built-in task is rendered at each
     size, not augmented: a flip or a crop would change its labels; a set whose builder takes no ``transforms``):
     they are ignored, not refused, so one recipe serves every data set of a benchmark."""
-    changed = [key for key in settings.TRANSFORM_KEYS if cfg.get(key) != settings.DEFAULTS[key]]
+    spec = vdata.get_spec(cfg["data"])
+    changed = [key for key in settings.TRANSFORM_KEYS if cfg.get(key) != settings.DEFAULTS[key]
+               and not (key == "hflip" and spec.video and vdata.takes_option(spec, "hflip"))]  # video-files flips
     if not changed:
         return []
     flags = " ".join("--" + key.replace("_", "-") for key in changed)
-    spec = vdata.get_spec(cfg["data"])
     if spec.synthetic or spec.video:
         what = "a built-in task rendered at each size" if spec.synthetic else "a video data set"
         return [f"note: {flags} ignored: {cfg['data']} is {what}, not images through timm's transforms"]
@@ -345,7 +346,7 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
             x, y = mixup(x, y)
         size = step_resolution(train_res, seed, epoch, step)
         if size is not None and x.shape[-1] != size:
-            x = F.interpolate(x, size=(size, size), mode="bicubic", antialias=True, align_corners=False)
+            x = vdata.resize_bicubic(x, size)
         x = to_memory_format(x, channels_last)
         update = step // accum_steps  # this batch's optimizer step within the epoch (0-based)
         group = accum_steps if step < full else steps - full  # batches of that step

@@ -58,6 +58,26 @@ def _pe_help() -> str:
 
 
 S = Setting
+TRANSFORM_GROUPS = {"train": AUG, "eval": EVAL, "both": DATA}  # a Transforms field's stage -> its settings group
+FIELD_KINDS = {"tuple": "floats", "float": "float", "float | None": "float?", "int": "int", "bool": "bool",
+               "str": "str", "str | None": "str?"}  # a Transforms field's annotation -> the kind of its setting
+
+
+def transform_settings(stage: str) -> dict[str, Setting]:
+    """The settings of :class:`visionpe.data.Transforms`'s fields of ``stage`` (``train``, ``eval``, ``both``), made
+    from the fields (:func:`visionpe.data.transforms.setting_fields`): default (a tuple as a YAML list), kind (from
+    the annotation; ``choice`` / ``choice?`` where the field has choices), help, choices, metavar. The fields are the
+    one place of these facts."""
+    out = {}
+    for f in vdata.transforms.setting_fields():
+        if f.metadata["stage"] == stage:
+            kind = FIELD_KINDS[f.type]
+            if f.metadata["choices"]:
+                kind = "choice?" if kind.endswith("?") else "choice"
+            default = list(f.default) if isinstance(f.default, tuple) else f.default
+            out[f.name] = Setting(default, TRANSFORM_GROUPS[stage], kind, f.metadata["help"], f.metadata["choices"],
+                                  f.metadata["metavar"])
+    return out
 
 
 SETTINGS: dict[str, Setting] = {
@@ -119,7 +139,9 @@ SETTINGS: dict[str, Setting] = {
                     "(--tubelet-size); a multiple of the tubelet's frames", metavar="T"),
     "frame_stride": S(None, DATA, "int?", "video files: sample each clip as num_frames frames STRIDE apart (a random "
                       "segment when training, the centre segment when evaluating); default: num_frames frames spread "
-                      "evenly over the whole clip; an integer >= 1, for data sets that take it (video-files)",
+                      "evenly over the whole clip, as a clip shorter than the segment is read (a stride none of the "
+                      "clips probed in a split holds is refused); an integer >= 1, for data sets that take it "
+                      "(video-files)",
                       metavar="STRIDE"),
     "train_samples": S(None, DATA, "int?", "training images: synthetic scenes rendered (default 10000; held in memory, "
                        "so at most what this machine's memory holds), real sets a fixed random subset (default all); "
@@ -134,8 +156,7 @@ SETTINGS: dict[str, Setting] = {
                      "budget of img_size under the native evaluation protocol (the default protocol then). A ViT "
                      "with a visionpe encoding (global_pool token or avg); images only; not with mixup, cutmix or "
                      "train_res; an integer >= 1 (default: square images at img_size)", metavar="N"),
-    "interpolation": S("bicubic", DATA, "choice", "resampling of timm's transforms (real images), training and "
-                       "evaluation (timm's --interpolation)", choices=vdata.transforms.INTERPOLATIONS),
+    **transform_settings("both"),  # interpolation
     # optimizer
     "opt": S("adamw", OPTIM, "str", "timm optimizer name (timm.optim.list_optimizers()), e.g. adamw, sgd, lamb",
              metavar="NAME"),
@@ -193,34 +214,7 @@ SETTINGS: dict[str, Setting] = {
                 metavar="ALPHA"),
     # timm's image transforms (timm.data.create_transform), by timm train.py's names; real image sets only (the
     # built-in tasks are rendered, not augmented: a flip or a crop would change their labels)
-    "scale": S([0.08, 1.0], AUG, "floats", "random-resized-crop area range (timm --scale): two numbers 0 < low <= "
-               "high", metavar="PCT"),
-    "ratio": S([3 / 4, 4 / 3], AUG, "floats", "random-resized-crop aspect-ratio range (timm --ratio): two numbers "
-               "0 < low <= high", metavar="RATIO"),
-    "hflip": S(None, AUG, "float?", "horizontal flip probability (timm --hflip), in [0, 1] (default: the data "
-               "set's, 0.5; 0 for MNIST digits)", metavar="P"),
-    "color_jitter": S(0.4, AUG, "float", "colour jitter factor of brightness, contrast and saturation (timm "
-                      "--color-jitter; off when --aa is set, except for 3a); a number >= 0", metavar="F"),
-    "aa": S(None, AUG, "str?", "timm auto-augment policy (timm --aa), e.g. rand-m9-mstd0.5-inc1 (RandAugment), 3a "
-            "(DeiT-III's 3-Augment: one of grayscale, solarize, Gaussian blur per image, colour jitter kept on: "
-            "DeiT-III's --ThreeAugment is --aa 3a --color-jitter 0.3), original, augmix-m5-w4-d2 (default: none)",
-            metavar="NAME"),
-    "reprob": S(0.0, AUG, "float", "random erasing probability (timm --reprob); in [0, 1]", metavar="P"),
-    "remode": S("pixel", AUG, "choice", "random erasing fill (timm --remode)",
-                choices=vdata.transforms.RE_MODES),
-    "recount": S(1, AUG, "int", "random erasing regions per image (timm --recount); an integer >= 1",
-                 metavar="N"),
-    "train_crop_mode": S("rrc", AUG, "choice", "training crop (timm --train-crop-mode): rrc random-resized crop, "
-                         "rkrc / rkrr resize keeping the ratio then a centre / random crop, src DeiT-III's simple "
-                         "random crop (the shorter side to img_size, a random crop from the image padded by 4 px, "
-                         "reflect; DeiT-III's --src; --scale and --ratio do not apply)",
-                         choices=vdata.transforms.TRAIN_CROP_MODES),
-    "grayscale_prob": S(0.0, AUG, "float", "probability of a grayscale image (timm --grayscale-prob); in [0, 1]",
-                        metavar="P"),
-    "gaussian_blur_prob": S(0.0, AUG, "float", "probability of a Gaussian blur (timm --gaussian-blur-prob); in "
-                            "[0, 1]", metavar="P"),
-    "no_aug": S(False, AUG, "bool", "no training augmentation (timm --no-aug): resize and centre-crop the train "
-                "split"),
+    **transform_settings("train"),
     # evaluation
     "eval_res": S([], EVAL, "ints", "test resolutions (pixels) for the last and the best model after training, each a "
                   "positive multiple of patch_size, at most 65536 patches per image; the training resolution is always included",
@@ -232,15 +226,7 @@ SETTINGS: dict[str, Setting] = {
                      "extrapolates, scaling=pi interpolates to the training grid), learned tables are resampled",
                      metavar="T"),
     "eval_batch_size": S(256, EVAL, "int", "batch size of evaluation; an integer >= 1", metavar="N"),
-    "eval_protocol": S(None, EVAL, "choice?", "how a validation image is shown at each test size: resize (the whole "
-                       "image at the size; the built-in tasks render the same scene with more pixels), crop (timm's "
-                       "eval transform: shorter side to size / crop_pct, centre crop; RoPE-ViT's and FixRes's "
-                       "protocol), native (each image at its own aspect ratio within the patch budget of the size: "
-                       "(size / patch_size)^2 patches, scaled from max_patches when given; needs a ViT with a visionpe "
-                       "encoding); used for the validation of every epoch and the resolution table (default: native "
-                       "with --max-patches, else resize)", choices=vdata.PROTOCOLS),
-    "crop_pct": S(0.875, EVAL, "float", "the crop protocol's crop fraction (timm --crop-pct); in (0, 1]",
-                  metavar="PCT"),
+    **transform_settings("eval"),  # eval_protocol, crop_pct
     # run
     "seed": S(0, RUN, "int", "seed of the model, data order, synthetic scenes and augmentation; an integer >= 0",
               metavar="N"),
@@ -269,8 +255,7 @@ SETTINGS: dict[str, Setting] = {
 
 DEFAULTS = {key: s.default for key, s in SETTINGS.items()}
 # settings that only timm's transforms of real images read (a built-in task is rendered, not augmented)
-TRANSFORM_KEYS = ("scale", "ratio", "hflip", "color_jitter", "aa", "reprob", "remode", "recount", "train_crop_mode",
-                  "interpolation", "grayscale_prob", "gaussian_blur_prob", "no_aug")
+TRANSFORM_KEYS = tuple(f.name for f in vdata.transforms.setting_fields() if f.metadata["stage"] != "eval")
 
 
 SIZE_HELP = {"embed_dim": "token width (sets model_kwargs.embed_dim); an integer >= 1",
@@ -610,10 +595,10 @@ def mixed_sizes_refused(cfg: dict) -> str | None:
 
 def eval_protocol(cfg: dict) -> str:
     """The run's evaluation protocol: ``eval_protocol``, or by default ``native`` with ``max_patches``, else
-    ``resize``."""
+    ``resize`` (:func:`visionpe.data.transforms.default_protocol`)."""
     if cfg.get("eval_protocol") is not None:
         return cfg["eval_protocol"]
-    return "native" if cfg.get("max_patches") is not None else "resize"
+    return vdata.transforms.default_protocol(cfg.get("max_patches"))
 
 
 def transforms_of(cfg: dict, protocol: str | None = None) -> vdata.Transforms:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..resample import resample_axis, resample_grid
-from .io import _check_strict, _where, read_state_dict
+from .io import check_strict, read_state_dict, source_name
 
 logger = logging.getLogger("visionpe.weights")  # one name for every weights module
 
@@ -171,7 +171,7 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     ``source_grid``: ``(height, width)`` of the checkpoint's ``pos_embed`` patch grid (a checkpoint does not store
     it); by default the model's grid when the counts agree, else square (:func:`pos_embed_tensors`).
     """
-    _check_strict(strict)
+    check_strict(strict)
     report, load = LoadReport(), {}
     state = _eva_to_vit(read_state_dict(source), report)
     target = model.state_dict()
@@ -214,12 +214,12 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     report.new = [k for k in target if k not in load]
     notable = [k for k in report.dropped + report.new if not is_classifier(k)]
     if strict and (report.new or report.dropped):
-        raise ValueError(f"load_timm_checkpoint(strict=True): {_where(source)} does not fit {type(model).__name__} "
-                         f"(nothing was loaded):\n" + _summary(report, mismatched, limit=None))
+        raise ValueError(f"load_timm_checkpoint(strict=True): {source_name(source)} does not fit "
+                         f"{type(model).__name__} (nothing was loaded):\n" + _summary(report, mismatched, limit=None))
     model.load_state_dict(load, strict=False)
     if notable:
         logger.warning("load_timm_checkpoint: %s into %s left keys unused or unset (positional: %s):\n%s",
-                       _where(source), type(model).__name__,
+                       source_name(source), type(model).__name__,
                        ", ".join(k for k in notable if is_positional(k)) or "none",
                        _summary(report, mismatched, limit=10))
     elif report.new or report.dropped:

@@ -148,12 +148,14 @@ def check_finite(state: dict[str, torch.Tensor], where: str) -> None:
                              "checkpoint must hold finite weights (was it written after the loss diverged?)")
 
 
-def _check_strict(strict) -> None:
+def check_strict(strict) -> None:
+    """``strict`` is a bool (the loaders' ``strict=``); a ValueError otherwise."""
     if not isinstance(strict, bool):
         raise ValueError(f"strict must be True or False, got {strict!r}")
 
 
-def _where(source) -> str:
+def source_name(source) -> str:
+    """How a message names a checkpoint source: ``state dict`` or ``checkpoint 'PATH'``."""
     return "state dict" if isinstance(source, Mapping) else f"checkpoint {str(source)!r}"
 
 
@@ -163,9 +165,9 @@ def load_weights(model: nn.Module, source, strict: bool = True):
     A checkpoint of another model (keys missing or unexpected with ``strict=True``, or any tensor of another
     shape) raises a ``ValueError`` naming the file and the keys; so does a NaN or infinite weight
     (:func:`check_finite`)."""
-    _check_strict(strict)
+    check_strict(strict)
     state = read_state_dict(source)
-    check_finite(state, _where(source))
+    check_finite(state, source_name(source))
     target = model.state_dict()
     problems = [f"{k}: {tuple(v.shape)} in the checkpoint, {tuple(target[k].shape)} in the model"
                 for k, v in state.items() if k in target and v.shape != target[k].shape]
@@ -177,6 +179,6 @@ def load_weights(model: nn.Module, source, strict: bool = True):
         problems += [f"unexpected {k}" for k in unexpected[:10]] + ([f"... {len(unexpected) - 10} more unexpected"]
                                                                     if len(unexpected) > 10 else [])
     if problems:
-        raise ValueError(f"{_where(source)} does not fit {type(model).__name__}"
+        raise ValueError(f"{source_name(source)} does not fit {type(model).__name__}"
                          f"{'' if strict else ' (strict=False)'}:\n  " + "\n  ".join(problems))
     return model.load_state_dict(state, strict=strict)
