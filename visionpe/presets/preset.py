@@ -74,6 +74,24 @@ class Preset:
         """``"Model: summary"``, the one line :func:`presets` lists."""
         return f"{self.model}: {self.summary}"
 
+    def build(self, context: ModelContext, **keywords) -> "PresetScheme":
+        """The scheme built for a model offering ``context`` (as a backbone builds ``pe="preset:NAME"``): each
+        encoding through :meth:`~visionpe.Encoding.for_model`, the conventions over the model's words, ``keywords``
+        over both (each to the encodings that take it; one none takes is a ``ValueError``)."""
+        taken = {k for encoding, _ in self.encodings.values() for k in keywords
+                 if k in constructor_keywords(ENCODINGS[encoding])}
+        unknown = sorted(set(keywords) - taken)
+        if unknown:
+            raise ValueError(f"preset {self.name!r} ({self.composition}) takes no keyword "
+                             f"{', '.join(map(repr, unknown))}; sizes: {', '.join(CONTEXT_WORDS)}, or a keyword of "
+                             f"its encodings")
+        built = {}
+        for family, (encoding, conventions) in self.encodings.items():
+            cls = ENCODINGS[encoding]
+            mine = {k: v for k, v in keywords.items() if k in constructor_keywords(cls)}
+            built[family] = cls.for_model(context, **{**conventions, **mine})
+        return PresetScheme(self, built)
+
 
 class PresetNames(dict):
     """``{family: encoding name}`` of a ``"preset:NAME"`` (what ``parse_pe`` returns for any ``pe``) that also
@@ -171,9 +189,11 @@ def preset(name: str, **overrides) -> PresetScheme:
     the model's exact conventions, built for the published model's sizes.
 
     ``overrides`` change what the preset gives: a size (``grid_shape``, ``dim``, ``num_heads``, ``head_dim``,
-    ``num_prefix_tokens``; ``head_dim`` follows ``dim // num_heads`` unless given) or any keyword of its encodings
-    (``theta=...``, ``interpolation=...``: given to each encoding of the preset that takes it, replacing the
-    convention). A keyword none of them takes is a ``ValueError``.
+    ``num_prefix_tokens``, ``depth``; ``head_dim`` follows ``dim // num_heads`` unless given) or any keyword of its
+    encodings (``theta=...``, ``interpolation=...``: given to each encoding of the preset that takes it, replacing
+    the convention). A size that is also a convention replaces it too: ``grid_shape`` of a preset with a fixed table
+    grid (SigLIP 2's 16x16) is that table's grid. A keyword none of them takes is a ``ValueError``.
+    :meth:`Preset.build` builds for a model's :class:`~visionpe.ModelContext` instead, as a backbone does.
 
     >>> scheme = preset("qwen3_vl")
     >>> scheme.tokens, scheme.rotary  # learned 48x48 grid (bilinear, align_corners=True), 2D RoPE
@@ -186,20 +206,8 @@ def preset(name: str, **overrides) -> PresetScheme:
     native.update(sizes)
     native.setdefault("head_dim", native["dim"] // native["num_heads"])
     context = ModelContext(**{k: (tuple(v) if k == "grid_shape" else v) for k, v in native.items()})
-    keywords = {k: v for k, v in overrides.items() if k not in CONTEXT_WORDS or
-                any(k in conventions for _, conventions in record.encodings.values())}
-    taken = {k for encoding, _ in record.encodings.values() for k in keywords
-             if k in constructor_keywords(ENCODINGS[encoding])}
-    unknown = sorted(set(keywords) - taken)
-    if unknown:
-        raise ValueError(f"preset {name!r} ({record.composition}) takes no keyword {', '.join(map(repr, unknown))}; "
-                         f"sizes: {', '.join(CONTEXT_WORDS)}, or a keyword of its encodings")
-    built = {}
-    for family, (encoding, conventions) in record.encodings.items():
-        cls = ENCODINGS[encoding]
-        mine = {k: v for k, v in keywords.items() if k in constructor_keywords(cls)}
-        built[family] = cls.for_model(context, **{**conventions, **mine})
-    return PresetScheme(record, built)
+    conventions = {k for _, c in record.encodings.values() for k in c}
+    return record.build(context, **{k: v for k, v in overrides.items() if k not in CONTEXT_WORDS or k in conventions})
 
 
 __all__ = ["CONTEXT_WORDS", "PRESETS", "PRESET_PREFIX", "Preset", "PresetNames", "PresetScheme", "add_preset",

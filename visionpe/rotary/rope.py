@@ -368,9 +368,9 @@ class RoPE(RotaryEncoding):
         self._check_input(x, layout)
         if cis is None:
             cis = self.rotations(layout.grid, x.device, tokens_first=heads_inside_tokens(x))
-        return self._apply(x, layout.rows(cis))
+        return self._rotate_rows(x, layout.rows(cis))
 
-    def _apply(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def _rotate_rows(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """``x`` rotated by its rows of :meth:`rotations` (per channel with ``channel_index``)."""
         return apply_rotary(x, rows, self.pairs) if self.channel_index is None else rotate_channels(x, rows)
 
@@ -415,7 +415,7 @@ class RoPE(RotaryEncoding):
         self._check_input(k, layout)
         rotations = self.rotations(layout.grid, q.device, augment=self.training, tokens_first=heads_inside_tokens(q))
         rows = layout.rows(rotations)
-        return self._apply(q, rows), self._apply(k, rows)
+        return self._rotate_rows(q, rows), self._rotate_rows(k, rows)
 
     @classmethod
     def model_defaults(cls, context) -> dict:
