@@ -55,7 +55,8 @@ add_preset(Preset(
                "rotary": ("rope_axial", QWEN_ROPE)},
     native=dict(grid_shape=(48, 48), dim=1152, num_heads=16),
     reference="transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLVisionModel (pos_embed read through "
-              "transformers.vision_utils.get_vision_interpolation_indices_and_weights) and Qwen3VLVisionRotaryEmbedding",
+              "transformers.vision_utils.get_vision_interpolation_indices_and_weights) and "
+              "Qwen3VLVisionRotaryEmbedding",
     patch_size=(16, 16),
     notes=("The table is resized with align_corners=True (the end patches on the end patches), no antialias; "
            "visionpe's default is bicubic, align_corners=False, antialias.",

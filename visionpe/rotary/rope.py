@@ -761,7 +761,7 @@ def check_model_conventions(directions: str, head_axes, spectrum: str, pairs: st
     if unrotated and spectrum != "axial":
         raise ValueError(f"sections='rest_unrotated' splits the pairs into per-axis bands; spectrum={spectrum!r} has "
                          "one spectrum over all pairs: use spectrum='axial'")
-    if channel_frequencies == "repeated" and (spectrum != "axial" or pairs != "interleaved" or pair_order != "spectrum"):
+    if channel_frequencies == "repeated" and (spectrum, pairs, pair_order) != ("axial", "interleaved", "spectrum"):
         raise ValueError(f"channel_frequencies='repeated' is V-JEPA 2's layout of per-axis bands over interleaved "
                          f"pairs: it needs spectrum='axial', pairs='interleaved', pair_order='spectrum'; got "
                          f"spectrum={spectrum!r}, pairs={pairs!r}, pair_order={pair_order!r}")
