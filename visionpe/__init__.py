@@ -8,6 +8,9 @@ Three families, by where position enters attention:
 - ``bias`` (``swin_bias``, ``rel_bias``, ``cpb``, ``alibi``, ``bucket_bias``, ``lookhere``, ``fire``):
   ``pe(grid) -> (heads, T, T)`` logit bias.
 
+Foundation models' positional schemes (SigLIP 2, Qwen-VL, DINOv3, V-JEPA 2, Wan, ...) are compositions of these with
+the models' exact conventions: :func:`preset`, :func:`presets`, ``pe="preset:NAME"`` (:mod:`visionpe.presets`).
+
 The encodings, :class:`Grid` and :func:`build` import without timm; the backbone helpers (``create_model``,
 ``apply``, ``create_video_model``, ...) import timm on first use. Once timm is imported (by anyone, before or after
 visionpe), its registry has a ``vpe_<timm name>`` model for each supported architecture:

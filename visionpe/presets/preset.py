@@ -59,11 +59,11 @@ class Preset:
     def __post_init__(self):
         for family, (encoding, conventions) in self.encodings.items():
             cls = ENCODINGS[encoding]
+            if cls.family != family:
+                raise ValueError(f"preset {self.name!r}: {encoding} is a {cls.family} encoding, listed as {family!r}")
             unknown = sorted(set(conventions) - set(constructor_keywords(cls)))
-            if family != cls.family or unknown:
-                raise ValueError(f"preset {self.name!r}: {encoding} is a {cls.family} encoding, listed as {family!r}"
-                                 if family != cls.family else
-                                 f"preset {self.name!r}: {encoding} does not take {', '.join(unknown)}")
+            if unknown:
+                raise ValueError(f"preset {self.name!r}: {encoding} does not take {', '.join(unknown)}")
 
     @property
     def composition(self) -> str:
