@@ -20,6 +20,7 @@ from torch import nn
 from .._checks import check_divisible, check_positive_int, to_shape
 from .._compat import is_autocast_enabled
 from ..encoding import Encoding, ModelContext, constructor_keywords
+from ..presets import PRESET_PREFIX, conventions_of, preset_names
 from ..registry import ENCODINGS, check_keywords, check_name
 from ..rotary.sections import video_sections
 from ..tokens import Learned
@@ -118,12 +119,16 @@ def timm_adapter(name: str) -> Adapter | None:
 def parse_pe(pe: str) -> dict[str, str]:
     """``"rope_mixed+learned"`` -> ``{"rotary": "rope_mixed", "tokens": "learned"}``; ``"none"`` -> ``{}``.
 
-    At most one encoding per family.
+    At most one encoding per family. ``"preset:NAME"`` (:mod:`visionpe.presets`) gives the preset's encodings, with
+    its conventions as their default keywords (:func:`~visionpe.presets.conventions_of`, read by
+    :func:`route_kwargs`).
     """
     if not isinstance(pe, str) or not pe:
         raise ValueError(f"pe must be a name like 'rope_mixed' or 'rope_mixed+learned', got {pe!r}")
     if pe == "none":
         return {}
+    if pe.startswith(PRESET_PREFIX):
+        return preset_names(pe)
     by_family: dict[str, str] = {}
     for name in pe.split("+"):
         family = check_name(name, "pe").family
@@ -135,10 +140,11 @@ def parse_pe(pe: str) -> dict[str, str]:
 
 
 def route_kwargs(names: dict[str, str], pe_kwargs: dict) -> dict[str, dict]:
-    """Give each keyword to every encoding of the combination whose constructor takes it."""
+    """Give each keyword to every encoding of the combination whose constructor takes it (over a preset's
+    conventions)."""
     if not isinstance(pe_kwargs, Mapping):
         raise ValueError(f"pe_kwargs must be a mapping of encoding keywords, got {pe_kwargs!r}")
-    routed = {name: {} for name in names.values()}
+    routed = {name: dict(conventions_of(names).get(name, {})) for name in names.values()}
     for key, value in pe_kwargs.items():
         takers = [n for n in routed if key in constructor_keywords(ENCODINGS[n])]
         if not takers:
@@ -149,8 +155,12 @@ def route_kwargs(names: dict[str, str], pe_kwargs: dict) -> dict[str, dict]:
 
 
 def build_for(name: str, context: ModelContext, kwargs: dict) -> Encoding:
-    """The encoding ``name`` built for a model (:meth:`Encoding.for_model`), the user's ``kwargs`` winning."""
+    """The encoding ``name`` built for a model (:meth:`Encoding.for_model`), the user's ``kwargs`` winning; an
+    ``ndim`` other than the model grid's (a video preset in an image model) is a ``ValueError``."""
     check_keywords(name, kwargs)
+    if kwargs.get("ndim", context.ndim) != context.ndim:
+        raise ValueError(f"{name} with ndim={kwargs['ndim']} is for {kwargs['ndim']}-axis grids, but the model's grid "
+                         f"{tuple(context.grid_shape)} has {context.ndim} axes")
     return ENCODINGS[name].for_model(context, **kwargs)
 
 
