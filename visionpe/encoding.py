@@ -57,6 +57,7 @@ class Encoding(nn.Module):
     family: str = ""
     ndims: tuple[int, ...] = (1, 2, 3)  # grid axes it is defined for (LookHere is 2D, VideoRoPE 3D by definition)
     masks_pairs: bool = False  # some token pairs are masked (-inf bias: a directional encoding such as LookHere)
+    initialised_by_backbone: bool = False  # its weights were taken over from the model (Swin-V2's CPB MLP)
 
     # -- building for a model -----------------------------------------------------------------------
     @classmethod
