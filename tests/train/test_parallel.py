@@ -213,6 +213,53 @@ def test_a_meta_build_is_sharded_then_materialised_and_trains(group):
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad.full_tensor()).all() for p in model.parameters())
 
 
+def step_gradients(model) -> dict:
+    x, y = parallel_worker.batch(0, 0, 1, 0, "cpu")
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    return {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("options", [dict(grad_checkpointing=True), dict(compile={"backend": "eager"})],
+                         ids=["grad_checkpointing", "compile"])
+def test_checkpointed_or_compiled_blocks_give_the_same_gradients(group, options):
+    """Activation checkpointing (the model's own, replaying coordinate draws) and torch.compile per block (dynamo;
+    inductor's kernels are the GPU check's) under FSDP2 leave every gradient as it was."""
+    torch._dynamo.reset()
+    plain = step_gradients(parallel.parallelize(tiny_model(), "fsdp", "cpu"))
+    other = step_gradients(parallel.parallelize(tiny_model(), "fsdp", "cpu", **options))
+    assert plain.keys() == other.keys()
+    for n in plain:
+        torch.testing.assert_close(other[n], plain[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("mode", parallel.MODES)
+def test_memory_per_rank_counts_the_bytes_each_rank_holds(group, mode):
+    """One process: the whole model is this rank's; AdamW keeps two moments per parameter and a step count per
+    tensor; the peak RSS includes everything before the model."""
+    got = parallel.measure_memory("vit_tiny_patch16_224", mode, "cpu", batch_size=1, img_size=16, patch_size=4,
+                                  embed_dim=16, depth=2, num_heads=2, num_classes=3)
+    model = vpe.create_model("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2,
+                             num_classes=3)
+    params = [p for p in model.parameters()]
+    size = sum(p.numel() * 4 for p in params)
+    assert got["parameters"] == size and got["gradients"] == size
+    assert got["optimizer"] == 2 * size + 4 * len(params)  # exp_avg, exp_avg_sq, and a float32 step each
+    assert got["peak_rss"] >= got["rss_before"] > 0
+
+
+def test_scaling_memory_table_and_bad_arguments(capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import scaling_memory
+    rank = {"parameters": 2**30, "gradients": 2**30, "optimizer": 2**31, "peak_rss": 5 * 2**30, "rss_before": 2**29}
+    text = scaling_memory.table([{"model": "vit_x", "mode": "fsdp", "ranks": [rank, {**rank, "peak_rss": 1}]}], 2, 4,
+                                224)
+    assert "| vit_x | fsdp | 1.00 GiB | 1.00 GiB | 2.00 GiB | 4.00 GiB | 5.00 GiB | 0.50 GiB |" in text
+    assert text.endswith("per rank, 2 processes, batch 4 per rank at 224 px, one AdamW step")
+    with pytest.raises(SystemExit) as exit_:
+        scaling_memory.main(["--batch-size", "0"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
 def test_bad_mode_is_a_clear_error():
     with pytest.raises(ValueError, match="mode='zero3'.*'ddp', 'fsdp'"):
         parallel.parallelize(tiny_model(), "zero3", "cpu")

@@ -63,8 +63,9 @@ def fsdp_api():
             from torch.distributed._composable.fsdp import (FSDPModule, MixedPrecisionPolicy, fully_shard,
                                                             register_fsdp_forward_method)
         except ImportError:
-            raise RuntimeError(f"FSDP2 (fully_shard) needs torch >= 2.4, this is {torch.__version__}; use "
-                               "--parallel ddp") from None
+            raise RuntimeError(f"FSDP2 (fully_shard, MixedPrecisionPolicy, register_fsdp_forward_method) needs torch "
+                               f">= 2.6 (2.4-2.5 where their private module has all three); this is "
+                               f"{torch.__version__}: use mode='ddp'") from None
     return fully_shard, MixedPrecisionPolicy, register_fsdp_forward_method, FSDPModule
 
 
@@ -94,7 +95,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def parallelize(model: nn.Module, mode: str, device, *, mixed_precision: torch.dtype | None = None,
-                grad_checkpointing: bool = False, compile: bool = False,
+                grad_checkpointing: bool = False, compile: bool | dict = False,
                 reshard_after_forward: bool = True) -> nn.Module:
     """``model`` ready for data-parallel training on ``device`` in the current process group.
 
@@ -107,7 +108,8 @@ def parallelize(model: nn.Module, mode: str, device, *, mixed_precision: torch.d
             float32 and the encodings' parameters stay float32. None: float32 throughout (CPU).
         grad_checkpointing: recompute each block's activations in the backward (the model's
             ``set_grad_checkpointing``).
-        compile: ``torch.compile`` each block in place before sharding.
+        compile: ``torch.compile`` each block in place before sharding (a dict: ``torch.compile``'s keywords, e.g.
+            ``{"backend": "eager"}``).
         reshard_after_forward: FSDP frees each block's gathered parameters after its forward (ZeRO-3; False keeps
             them until the backward: ZeRO-2, more memory, fewer all-gathers).
     """
@@ -120,8 +122,11 @@ def parallelize(model: nn.Module, mode: str, device, *, mixed_precision: torch.d
         model.set_grad_checkpointing(True)
     blocks = repeated_blocks(model)
     if compile:
+        if not hasattr(nn.Module, "compile"):
+            raise RuntimeError(f"compiling each block in place (nn.Module.compile) needs torch >= 2.2, this is "
+                               f"{torch.__version__}")
         for block in blocks:
-            block.compile()
+            block.compile(**(compile if isinstance(compile, dict) else {}))
     if mode == "ddp":
         if meta:
             reset_parameters(model.to_empty(device=device))
@@ -318,9 +323,10 @@ def memory_per_rank(model: nn.Module, optimizer) -> dict[str, int]:
 
 
 def measure_memory(model_name: str, mode: str, device, *, batch_size: int, img_size: int = 224,
-                   pe: str = "learned") -> dict[str, int]:
+                   pe: str = "learned", **model_kwargs) -> dict[str, int]:
     """:func:`memory_per_rank` after one AdamW training step (forward, backward, step) of ``visionpe.create_model(
-    model_name, pe=pe)`` on ``batch_size`` random images per rank, in the current process group. Under FSDP the model
+    model_name, pe=pe, **model_kwargs)`` on ``batch_size`` random images per rank, in the current process group
+    (1000 classes unless ``num_classes`` says otherwise). Under FSDP the model
     is built on the meta device and sharded before it is materialised (no rank holds it whole); under DDP every rank
     builds it. Adds ``rss_before``: the process's RSS before the model is built (imports, the group)."""
     import torch.nn.functional as F
@@ -329,18 +335,18 @@ def measure_memory(model_name: str, mode: str, device, *, batch_size: int, img_s
     torch.manual_seed(0)
     if mode == "fsdp":
         with torch.device("meta"):
-            model = create_model_for_memory(model_name, pe, img_size)
+            model = create_model_for_memory(model_name, pe, img_size, model_kwargs)
     else:
-        model = create_model_for_memory(model_name, pe, img_size)
+        model = create_model_for_memory(model_name, pe, img_size, model_kwargs)
     model = parallelize(model, mode, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(batch_size, 3, img_size, img_size, device=device)
-    y = torch.randint(0, 1000, (batch_size,), device=device)
+    y = torch.randint(0, model_kwargs.get("num_classes", 1000), (batch_size,), device=device)
     F.cross_entropy(model(x), y).backward()
     optimizer.step()
     return {**memory_per_rank(model, optimizer), "rss_before": before}
 
 
-def create_model_for_memory(model_name: str, pe: str, img_size: int) -> nn.Module:
+def create_model_for_memory(model_name: str, pe: str, img_size: int, model_kwargs: dict) -> nn.Module:
     from ..backbones.api import create_model
-    return create_model(model_name, pe=pe, img_size=img_size, drop_path_rate=0.0)
+    return create_model(model_name, pe=pe, img_size=img_size, **{"drop_path_rate": 0.0, **model_kwargs})
