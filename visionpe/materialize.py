@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from .encoding import Encoding
-from .sharding import reset_module
+from .sharding import built_class, reset_module
 
 
 def reset_parameters(model: nn.Module) -> nn.Module:
@@ -22,7 +22,7 @@ def reset_parameters(model: nn.Module) -> nn.Module:
     (a user's own) gets the module rules and the encodings'.
     """
     from .backbones.adapter import ADAPTERS  # noqa: PLC0415  (the backbones import this module's package)
-    adapter = next((a for a in ADAPTERS.values() if type(model) in (a.base, a.patched)), None)
+    adapter = next((a for a in ADAPTERS.values() if built_class(model) in (a.base, a.patched)), None)
     if adapter is not None and adapter.init_weights is None:
         supported = ", ".join(a.name for a in ADAPTERS.values() if a.init_weights is not None)
         raise ValueError(f"{adapter.name} initialises its weights inside its constructors, which a meta-device build "

@@ -11,6 +11,7 @@ shards (:func:`any_sharded`), so no cache holds a DTensor or a table that outliv
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
 import torch
@@ -47,6 +48,28 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a whole plain tensor: a DTensor gathered (differentiable: its gradient goes back to the shards), any
     other tensor as it is."""
     return t.full_tensor() if is_sharded(t) else t
+
+
+def built_class(module: nn.Module) -> type:
+    """The class ``module`` was built as: ``fully_shard`` swaps a module's class for a new subclass of FSDP's
+    ``FSDPModule`` and that class (``FSDPVisionTransformerPE``); what an adapter registered is the latter."""
+    cls = type(module)
+    fsdp_module = _fsdp_module_class()
+    if fsdp_module is not None and len(cls.__bases__) == 2 and cls.__bases__[0] is fsdp_module:
+        return cls.__bases__[1]
+    return cls
+
+
+def _fsdp_module_class():
+    """FSDP2's ``FSDPModule`` where torch has it (public from 2.6, ``torch.distributed._composable.fsdp`` in 2.4-2.5),
+    else None."""
+    if not torch.distributed.is_available():
+        return None
+    for path in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        module = sys.modules.get(path)  # never imported here: a model can only be sharded once FSDP is loaded
+        if module is not None and hasattr(module, "FSDPModule"):
+            return module.FSDPModule
+    return None
 
 
 def call_gathered(module: nn.Module, *args):

@@ -5,6 +5,7 @@ with the next-step loss of a 2-process resume; exports load with visionpe.load_w
 one-process checks of the checkpoint protocol (atomic commits, a failed save leaves the previous one)."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 from conftest import requires
 from safetensors.torch import load_file
+from tinymodels import BUILDS, example_input, logits
 
 import visionpe as vpe
 from visionpe.train import parallel
@@ -208,9 +210,40 @@ def test_a_meta_build_is_sharded_then_materialised_and_trains(group):
     eager = vpe.create_model("vit_tiny_patch16_224", pe="rope_mixed+cpb+learned", **parallel_worker.TINY)
     for (name, b), (_, e) in zip(model.named_buffers(), eager.named_buffers()):
         assert torch.equal(b, e), name
+    for name, p in model.named_parameters():  # timm's init scheme reached through the sharded model's adapter
+        reference = eager.get_parameter(name)
+        if p.numel() > 8 and reference.std() > 0:
+            assert 0.5 < float(p.full_tensor().std() / reference.detach().std()) < 2, name
     loss = model(torch.randn(2, 3, 16, 16)).logsumexp(-1).mean()
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad.full_tensor()).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", list(BUILDS))
+def test_every_backbone_shards_per_block_and_trains_as_unsharded(group, name):
+    """timm ViT and Swin (v1, v2), the tubelet video ViT, torchvision's ViT and Video Swin, transformers' ViT: one unit
+    per transformer block, one per encoding with parameters, the root; a step's gradients are the plain model's."""
+    from visionpe.backbones import repeated_blocks
+    torch.manual_seed(0)
+    plain = BUILDS[name]()
+    sharded = parallel.parallelize(copy.deepcopy(plain), "fsdp", "cpu")
+    fsdp_module = parallel.fsdp_api()[3]
+    assert all(isinstance(b, fsdp_module) for b in repeated_blocks(sharded))
+    assert all(isinstance(e, fsdp_module) for e in sharded.modules()
+               if isinstance(e, vpe.Encoding) and any(True for _ in e.parameters()))
+    x = example_input(name)
+    for model in (plain, sharded):
+        torch.manual_seed(1)  # the same drop-path draws (timm's Swin default 0.1)
+        logits(model(x)).logsumexp(-1).mean().backward()
+    for (n, p), (_, q) in zip(plain.named_parameters(), sharded.named_parameters()):
+        if p.grad is None:
+            assert q.grad is None, n
+            continue
+        torch.testing.assert_close(q.grad.full_tensor(), p.grad, rtol=1e-5, atol=1e-6, msg=n)
+    if hasattr(plain, "forward_masked"):  # an entry point besides forward, registered with FSDP
+        keep = torch.tensor([[0, 2, 3]])
+        with torch.no_grad():
+            torch.testing.assert_close(sharded.forward_masked(x, keep=keep)[0], plain.forward_masked(x, keep=keep)[0])
 
 
 def step_gradients(model) -> dict:

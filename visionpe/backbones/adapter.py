@@ -22,6 +22,7 @@ from .._compat import is_autocast_enabled
 from ..encoding import Encoding, ModelContext, constructor_keywords
 from ..registry import ENCODINGS, check_keywords, check_name
 from ..rotary.sections import video_sections
+from ..sharding import built_class
 from ..tokens import Learned
 from ..weights.convert import pos_embed_tensors
 
@@ -90,8 +91,9 @@ def register_adapter(adapter: Adapter, overwrite: bool = False) -> Adapter:
 
 
 def adapter_for(model: nn.Module) -> Adapter:
-    """The adapter of ``model``'s class: the class an adapter takes, or its patched subclass."""
-    cls = type(model)
+    """The adapter of ``model``'s class: the class an adapter takes, or its patched subclass (also after FSDP2's
+    ``fully_shard`` has swapped it for its own subclass)."""
+    cls = built_class(model)
     for adapter in ADAPTERS.values():
         if cls in (adapter.base, adapter.patched):
             return adapter

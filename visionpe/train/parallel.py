@@ -48,7 +48,9 @@ from ..weights import io as weights_io
 
 MODES = ("ddp", "fsdp")
 LATEST = "latest"  # the commit point of a checkpoint directory: the name of its newest complete checkpoint
-FORWARD_METHODS = ("forward_features", "forward_head", "forward_batch", "forward_masked", "forward_intermediates")
+# entry points besides forward that gather the root's parameters (none of them calls forward or another of them: a
+# registered method called from inside forward would reshard the root when it returns, before forward reads the head)
+FORWARD_METHODS = ("forward_batch", "forward_masked", "forward_intermediates")
 ENCODING_METHODS = {BiasEncoding: ("score_mod",)}  # called by attention outside the encoding's forward (flex)
 
 
