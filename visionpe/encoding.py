@@ -14,7 +14,10 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
+import torch
 from torch import nn
+
+from .sharding import assign_, reset_module
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Encoding(nn.Module):
     family: str = ""
     ndims: tuple[int, ...] = (1, 2, 3)  # grid axes it is defined for (LookHere is 2D, VideoRoPE 3D by definition)
     masks_pairs: bool = False  # some token pairs are masked (-inf bias: a directional encoding such as LookHere)
+    initialised_by_backbone: bool = False  # its weights were taken over from the model (Swin-V2's CPB MLP)
 
     # -- building for a model -----------------------------------------------------------------------
     @classmethod
@@ -66,6 +70,58 @@ class Encoding(nn.Module):
     def for_model(cls, context: ModelContext, **kwargs) -> "Encoding":
         """Build for a model; ``kwargs`` (the user's) override the model's defaults."""
         return cls(**{**cls.model_defaults(context), **kwargs})
+
+    # -- initialising itself (meta-device builds, sharded models) ------------------------------------
+    def derived_buffers(self) -> dict:
+        """The buffers this encoding computes from its settings (frequency bands, slopes, masks, bases): ``{name:
+        float32 CPU tensor or None}``, registered non-persistent (never in a state dict). Default: none."""
+        return {}
+
+    def register_derived_buffers(self) -> None:
+        """Register :meth:`derived_buffers` (the constructor's call)."""
+        for name, value in self.derived_buffers().items():
+            self.register_buffer(name, value, persistent=False)
+
+    def reset_buffers(self) -> None:
+        """Recompute the derived buffers on the module's device, float32 (after ``to_empty`` they hold garbage).
+        Runs after every ``to()``/``to_empty()``/``half()`` of the module, so a cast or a meta-device build never leaves
+        them stale or in a low precision."""
+        if type(self).derived_buffers is Encoding.derived_buffers:
+            return
+        with torch.device("cpu"):  # even inside a `with torch.device("meta")` block
+            values = self.derived_buffers()
+        for name, value in values.items():
+            old = self._buffers.get(name)
+            device = old.device if old is not None else next(self.parameters(), torch.empty(0)).device
+            self._buffers[name] = None if value is None else value.to(device)
+
+    def initial_parameters(self, generator=None) -> dict:
+        """The values the constructor gives this encoding's own parameters (not its submodules'), ``{name: tensor}``,
+        drawn from ``generator`` (default torch's global RNG) in the constructor's order. Default: none."""
+        return {}
+
+    def reset_parameters(self) -> None:
+        """Re-initialise the parameters as the constructor does, drawing from torch's global RNG (submodules such as
+        an MLP's ``Linear`` layers by their own ``reset_parameters``, in order, then the encoding's own), and
+        recompute the derived buffers: after ``with torch.device("meta")`` and ``to_empty``, the module equals one built
+        eagerly from the same RNG state. Sharded (FSDP) parameters get their shard of the values
+        (:func:`visionpe.sharding.assign_`, a collective)."""
+        self.reset_buffers()
+        for module in self.modules():
+            if module is not self and not isinstance(module, Encoding) and hasattr(module, "reset_parameters"):
+                reset_module(module)
+        self.fill_parameters()
+
+    def fill_parameters(self, generator=None) -> None:
+        """Write :meth:`initial_parameters` into the encoding's own parameters (the constructor's and
+        :meth:`reset_parameters`' step)."""
+        for name, value in self.initial_parameters(generator).items():
+            assign_(self.get_parameter(name), value)
+
+    def _apply(self, fn, *args, **kwargs):
+        super()._apply(fn, *args, **kwargs)
+        self.reset_buffers()  # a move, a cast or to_empty: the derived buffers recomputed, float32
+        return self
 
     # -- describing itself --------------------------------------------------------------------------
     def no_weight_decay(self) -> set[str]:

@@ -8,7 +8,7 @@ import importlib
 from .._import_hook import when_imported
 from . import vit, swin, video_swin, torchvision_vit  # noqa: F401, I001  (each registers its adapter, in this order)
 from .adapter import (ADAPTERS, Adapter, PositionalModel, adapter_for, named_constructor, parse_pe,
-                      register_adapter)
+                      register_adapter, repeated_blocks)
 from .api import apply, create_model, encodings_of
 from .swin import SwinTransformerPE, SwinTransformerV2PE, WindowAttention
 from .torchvision_vit import GridMultiheadAttention, TorchvisionViTPE
@@ -23,4 +23,4 @@ when_imported("transformers", lambda _: importlib.import_module(f"{__name__}.hf"
 __all__ = ["ADAPTERS", "Adapter", "GridBlock", "GridMultiheadAttention", "PositionalModel", "SwinTransformer3dPE",
            "SwinTransformerPE", "SwinTransformerV2PE", "TorchvisionViTPE", "TubeletEmbed", "VideoWindowAttention",
            "VisionTransformerPE", "WindowAttention", "adapter_for", "apply", "create_model", "create_video_model",
-           "encodings_of", "inflate_patch_embed", "named_constructor", "parse_pe", "register_adapter"]
+           "encodings_of", "inflate_patch_embed", "named_constructor", "parse_pe", "register_adapter", "repeated_blocks"]

@@ -23,6 +23,7 @@ from ..encoding import Encoding, ModelContext, constructor_keywords
 from ..presets import PRESET_PREFIX, conventions_of, preset_names
 from ..registry import ENCODINGS, check_keywords, check_name
 from ..rotary.sections import video_sections
+from ..sharding import built_class
 from ..tokens import Learned
 from ..weights.convert import pos_embed_tensors
 
@@ -48,6 +49,9 @@ class Adapter:
             build(**kwargs)``, called with timm's keyword names (``num_classes``, ``patch_size``, ``in_chans``,
             ``img_size``, ``drop_path_rate``) plus the user's model keywords.
         video: the models take clips ``(B, C, T, H, W)``.
+        init_weights: ``init_weights(model)``, the backbone's own initialisation scheme applied to a model built on
+            the meta device and materialised (:func:`visionpe.reset_parameters`; e.g. timm's ``init_weights()``);
+            None where the backbone initialises inside its constructors only (such models are built on a device).
     """
 
     base: type
@@ -59,6 +63,7 @@ class Adapter:
     any_size: Callable[[dict], dict] | None = None
     constructors: Mapping[str, Callable[..., nn.Module]] = field(default_factory=dict)
     video: bool = False
+    init_weights: Callable[[nn.Module], None] | None = None
 
     @property
     def name(self) -> str:
@@ -87,8 +92,9 @@ def register_adapter(adapter: Adapter, overwrite: bool = False) -> Adapter:
 
 
 def adapter_for(model: nn.Module) -> Adapter:
-    """The adapter of ``model``'s class: the class an adapter takes, or its patched subclass."""
-    cls = type(model)
+    """The adapter of ``model``'s class: the class an adapter takes, or its patched subclass (also after FSDP2's
+    ``fully_shard`` has swapped it for its own subclass)."""
+    cls = built_class(model)
     for adapter in ADAPTERS.values():
         if cls in (adapter.base, adapter.patched):
             return adapter
@@ -97,6 +103,27 @@ def adapter_for(model: nn.Module) -> Adapter:
     why = (f" (it subclasses {near.name}, whose adapter does not know what the subclass adds)" if near else "")
     raise ValueError(f"model class {cls.__module__}.{cls.__qualname__} is not supported{why}; supported: {supported} "
                      "(a new backbone: visionpe.backbones.register_adapter)")
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a patched model, in order: the outermost items of its ``ModuleList``/``Sequential``
+    containers that hold exactly one attention module of its adapter (timm ViT ``blocks``, each Swin stage's
+    ``blocks``, torchvision's ``encoder.layers``, transformers' ``encoder.layer``), each one unit of sharding,
+    activation checkpointing or compilation. A ``ValueError`` when the model has none (not a patched model)."""
+    attention = adapter_for(model).attention
+    blocks, inside = [], set()
+    for name, module in model.named_modules():
+        if any(name.startswith(f"{outer}.") for outer in inside):
+            continue
+        if isinstance(module, (nn.ModuleList, nn.Sequential)):
+            for index, item in enumerate(module):
+                if sum(isinstance(m, attention) for m in item.modules()) == 1:
+                    blocks.append(item)
+                    inside.add(f"{name}.{index}" if name else str(index))
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} has no transformer blocks holding "
+                         f"{', '.join(a.__name__ for a in attention)} in a ModuleList or Sequential")
+    return blocks
 
 
 def named_constructor(name: str) -> tuple[Adapter, Callable[..., nn.Module]] | None:

@@ -450,10 +450,13 @@ def task_model(cls: type) -> type:
 
 BASE_MODELS = {ViTModel: ViTModelPE, DeiTModel: DeiTModelPE, Dinov2Model: Dinov2ModelPE}
 for _base, _patched in BASE_MODELS.items():
-    register_adapter(Adapter(_base, _patched, apply_vit_like, (GridAttention,), library="transformers"))
-register_adapter(Adapter(SwinModel, SwinModelPE, apply_swin, (GridAttention,), library="transformers"))
+    register_adapter(Adapter(_base, _patched, apply_vit_like, (GridAttention,), library="transformers",
+                             init_weights=lambda model: model.init_weights()))
+register_adapter(Adapter(SwinModel, SwinModelPE, apply_swin, (GridAttention,), library="transformers",
+                         init_weights=lambda model: model.init_weights()))
 TASK_MODELS = {cls: task_model(cls) for cls in (ViTForImageClassification, DeiTForImageClassification,
                                                 DeiTForImageClassificationWithTeacher, Dinov2ForImageClassification,
                                                 SwinForImageClassification)}
 for _base, _patched in TASK_MODELS.items():
-    register_adapter(Adapter(_base, _patched, apply_task_model, (GridAttention,), library="transformers"))
+    register_adapter(Adapter(_base, _patched, apply_task_model, (GridAttention,), library="transformers",
+                             init_weights=lambda model: model.init_weights()))

@@ -162,6 +162,7 @@ def take_over_bias(bias: nn.Module | None, source: nn.Module) -> None:
     elif isinstance(bias, ContinuousPositionBias) and hasattr(source, "cpb_mlp") \
             and source.cpb_mlp[0].in_features == 2 and source.cpb_mlp[0].out_features == bias.cpb_mlp[0].out_features:
         bias.cpb_mlp.load_state_dict(source.cpb_mlp.state_dict())
+        bias.initialised_by_backbone = True  # its init is Swin-V2's (visionpe.reset_parameters keeps that)
 
 
 def any_size_swin(timm_kwargs: dict) -> dict:
@@ -177,6 +178,7 @@ def any_size_swin(timm_kwargs: dict) -> dict:
 
 
 register_adapter(Adapter(SwinTransformer, SwinTransformerPE, apply_swin, (WindowAttention,),
-                         timm_modules=("swin_transformer",), any_size=any_size_swin))
+                         timm_modules=("swin_transformer",), any_size=any_size_swin,
+                         init_weights=lambda model: model.init_weights()))
 register_adapter(Adapter(SwinTransformerV2, SwinTransformerV2PE, apply_swin, (WindowAttention,),
                          timm_modules=("swin_transformer_v2",), any_size=any_size_swin))

@@ -299,4 +299,5 @@ def any_size_vit(timm_kwargs: dict) -> dict:
 
 
 register_adapter(Adapter(VisionTransformer, VisionTransformerPE, apply_vit, (Attention,),
-                         timm_modules=("vision_transformer", "eva", "deit"), any_size=any_size_vit))
+                         timm_modules=("vision_transformer", "eva", "deit"), any_size=any_size_vit,
+                         init_weights=lambda model: model.init_weights()))

@@ -11,6 +11,7 @@ from einops import rearrange
 
 from ..encoding import Encoding
 from ..grid import Grid, as_grid
+from ..sharding import full_tensor
 
 
 def rope_kernel(cis: torch.Tensor) -> torch.Tensor:
@@ -79,7 +80,7 @@ class RotaryEncoding(Encoding):
         if not isinstance(freqs, torch.Tensor):
             raise ValueError(f"{type(self).__name__} has no frequency vectors: its rotations are not a set of planes "
                              "turning at fixed frequencies")
-        return freqs.detach()
+        return full_tensor(freqs).detach()
 
     def similarity_label(self, head: int | None = None) -> str:
         return f"RoPE kernel, {'mean over heads' if head is None else f'head {head}'}"

@@ -25,9 +25,10 @@ from .._compat import is_compiling
 from ..cache import TableCache
 from ..coords import CoordinateSystem
 from ..grid import Grid, Layout, as_grid, as_layout
+from ..sharding import full_tensor
 from ._base import RotaryEncoding
 from .layouts import (AXIS_LETTERS, DIRECTIONS, band_frequencies, check_rotate_fraction, golden_directions,
-                      head_axes_layout, parse_head_axes, rotated_pairs)
+                      head_axes_layout, parse_head_axes, rotated_count, rotated_pairs)
 from .scaling import SCALINGS, attention_factor, axis_scales, scale_frequencies, scale_positions
 
 PAIRS = ("interleaved", "half")
@@ -118,7 +119,7 @@ def mixed_frequencies(sections_xy, num_heads: int, theta: float, generator=None,
     """
     rot = random_rotations(num_heads, len(sections_xy), generator)  # (heads, ndim components, ndim groups)
     groups = [rot[:, :, g, None] * band_frequencies(n, theta, **bands) for g, n in enumerate(sections_xy)]
-    return rearrange(torch.cat(groups, dim=-1), "h a p -> a h p")
+    return rearrange(torch.cat(groups, dim=-1), "h a p -> a h p").contiguous()
 
 
 def apply_rotary(x: torch.Tensor, cis: torch.Tensor, pairs: str = "interleaved") -> torch.Tensor:
@@ -257,7 +258,7 @@ class RoPE(RotaryEncoding):
             raise ValueError(f"yarn_alpha={yarn_alpha!r} must be smaller than yarn_beta={yarn_beta!r} (YaRN keeps "
                              "bands above beta rotations and interpolates those below alpha)")
         if learnable:
-            self.freqs = nn.Parameter(freqs)
+            self.freqs = nn.Parameter(freqs.contiguous())  # FSDP shards contiguous parameters only
         else:
             self.register_buffer("freqs", freqs, persistent=False)
         self.register_buffer("band_fraction", band_fraction, persistent=False)
@@ -268,6 +269,20 @@ class RoPE(RotaryEncoding):
                              "grid on [-1, 1]: use grid_offset=0")
         self.register_buffer("channel_index", channel_index, persistent=False)
         self._cache = TableCache(maxsize=16)
+
+    def initial_state(self, generator=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """What the constructor computes from the settings: the initial frequencies ``(ndim, heads or 1, pairs)``
+        (learned ones drawn from ``generator``), the band fractions ``(pairs,)`` and ``freq_mask`` (or None)."""
+        raise NotImplementedError
+
+    def derived_buffers(self) -> dict:
+        """``band_fraction``, ``freq_mask`` and fixed ``freqs`` (which do not depend on the draw of learned ones)."""
+        freqs, fraction, mask = self.initial_state(torch.Generator().manual_seed(0))
+        buffers = {"band_fraction": fraction, "freq_mask": mask}
+        return buffers if "freqs" in self._parameters else {**buffers, "freqs": freqs.float().contiguous()}
+
+    def initial_parameters(self, generator=None) -> dict:
+        return {"freqs": self.initial_state(generator)[0]} if "freqs" in self._parameters else {}
 
     def cis(self, grid: Grid, device=None, augment: bool = False) -> torch.Tensor:
         """Complex rotations ``(heads or 1, P + N, head_dim / 2)``; prefix rows are the identity: a complex view of
@@ -333,7 +348,7 @@ class RoPE(RotaryEncoding):
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
         """The frequency vectors ``(ndim, heads or 1, pairs)`` in ``dtype`` (learned ones: as stored, times
         ``freq_mask``)."""
-        freqs = self.freqs.to(dtype)
+        freqs = full_tensor(self.freqs).to(dtype)
         return freqs if self.freq_mask is None else freqs * self.freq_mask.to(dtype)
 
     def place(self, coords: torch.Tensor, grid: Grid, scales: torch.Tensor) -> torch.Tensor:
@@ -663,17 +678,29 @@ class AxialRoPE(RoPE):
         self.theta, self.sections, self.spectrum, self.num_pairs = float(theta), sections, spectrum, head_dim // 2
         self.bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
         self.num_heads, self.ndim = num_heads, ndim  # the golden and per-head layouts build a table per head
+        self.axis_order = axis_order
+        freqs, fraction, _ = self.initial_state()
+        super().__init__(head_dim, num_heads, ndim, freqs, fraction, learnable=False, pairs=pairs, scaling=scaling,
+                         ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order,
+                         coordinates=coordinates, grid_offset=grid_offset, channel_index=self._channel_index())
+
+    def initial_state(self, generator=None) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """The fixed frequencies ``(ndim, heads or 1, pairs)`` float32 and band fractions (see :meth:`RoPE.initial_state`);
+        nothing is drawn."""
         if self.head_axes is not None:
-            fraction = self._head_layout(axis_order, torch.float32)[1]
+            fraction = self._head_layout(self.axis_order, torch.float32)[1]
         else:
-            fraction = self._arrange(self._band_fraction(axis_order), axis_order)
-        channel_index = None
-        if channel_frequencies == "repeated":
-            channel_index = repeated_channel_index(sections[::-1] if axis_order == "xy" else sections, head_dim // 2)
-        super().__init__(head_dim, num_heads, ndim, self._frequencies(axis_order, torch.float32), fraction,
-                         learnable=False, pairs=pairs, scaling=scaling, ref_shape=ref_shape,
-                         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order, coordinates=coordinates,
-                         grid_offset=grid_offset, channel_index=channel_index)
+            fraction = self._arrange(self._band_fraction(self.axis_order), self.axis_order)
+        return self._frequencies(self.axis_order, torch.float32), fraction, None
+
+    def _channel_index(self) -> torch.Tensor | None:
+        """V-JEPA 2's per-channel pair index ``(head_dim/2, 2)`` (``channel_frequencies="repeated"``), else None."""
+        if self.channel_frequencies != "repeated":
+            return None
+        return repeated_channel_index(self.sections[::-1] if self.axis_order == "xy" else self.sections, self.num_pairs)
+
+    def derived_buffers(self) -> dict:
+        return {**super().derived_buffers(), "channel_index": self._channel_index()}
 
     def _head_layout(self, axis_order: str, dtype: torch.dtype):
         return head_axes_layout(self.head_axes, self.num_pairs, self.ndim, axis_order, self.theta,
@@ -814,28 +841,35 @@ class MixedRoPE(RoPE):
         coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
                                        draw_coords)
         bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
-        if head_axes is not None:
-            def rotations(k):
-                return random_rotations(1, k, generator)[0] if directions == "random" else torch.eye(k)
-            freqs, band_fraction, free = head_axes_layout(head_axes, head_dim // 2, ndim, axis_order, theta, fraction,
-                                                          sections, bands=bands, rotations=rotations)
-        else:
-            order = sections[::-1] if axis_order == "xy" else sections
-            if directions == "random":
-                freqs = mixed_frequencies(order, num_heads, theta, generator, **bands)
-            else:
-                freqs = axial_frequencies(order, theta, torch.float64, **bands).expand(-1, num_heads, -1)
-                if directions == "golden":  # angles up to heads * pairs * 2.4 rad: computed in float64
-                    freqs = golden_directions(freqs.abs().sum(0)[0], num_heads)
-                freqs = freqs.float()
-            rotating = rotated_pairs(order, fraction).float()
-            freqs, band_fraction = freqs * rotating, band_fractions(order)
-            free = None if bool(rotating.all()) else rotating.expand_as(freqs).clone()
+        self.head_dim, self.num_heads, self.ndim, self.axis_order = head_dim, num_heads, ndim, axis_order
+        self.theta, self.sections, self.bands = float(theta), sections, bands
+        self.directions, self.rotate_fraction, self.head_axes = directions, fraction, head_axes
+        freqs, band_fraction, free = self.initial_state(generator)
         super().__init__(head_dim, num_heads, ndim, freqs, band_fraction, learnable=True, pairs=pairs,
                          scaling=scaling, ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta,
                          axis_order=axis_order, coordinates=coordinates, freq_mask=free)
-        self.theta, self.sections, self.bands = float(theta), sections, bands
-        self.directions, self.rotate_fraction, self.head_axes = directions, fraction, head_axes
+
+    def initial_state(self, generator=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """rope-vit's random initial frequencies drawn from ``generator`` (see :meth:`RoPE.initial_state`), the band
+        fractions and the mask of frequencies that may move (None: all)."""
+        head_axes, directions, sections, bands = self.head_axes, self.directions, self.sections, self.bands
+        if head_axes is not None:
+            def rotations(k):
+                return random_rotations(1, k, generator)[0] if directions == "random" else torch.eye(k)
+            return head_axes_layout(head_axes, self.head_dim // 2, self.ndim, self.axis_order, self.theta,
+                                    self.rotate_fraction, sections, bands=bands, rotations=rotations)
+        order = sections[::-1] if self.axis_order == "xy" else sections
+        if directions == "random":
+            freqs = mixed_frequencies(order, self.num_heads, self.theta, generator, **bands)
+        else:
+            freqs = axial_frequencies(order, self.theta, torch.float64, **bands).expand(-1, self.num_heads, -1)
+            if directions == "golden":  # angles up to heads * pairs * 2.4 rad: computed in float64
+                freqs = golden_directions(freqs.abs().sum(0)[0], self.num_heads)
+            freqs = freqs.float()
+        rotating = rotated_pairs(order, self.rotate_fraction).float()
+        every = all(rotated_count(n, self.rotate_fraction) == n for n in order)  # not read from a (meta) tensor
+        free = None if every else rotating.expand_as(freqs).clone()
+        return freqs * rotating, band_fractions(order), free
 
     def extra_repr(self) -> str:
         return super().extra_repr() + layout_repr(self)
