@@ -12,7 +12,7 @@ import yaml
 from trainutil import run_script
 
 from visionpe.train import benchmark
-from visionpe.train.cli import UserError
+from visionpe.cli import UserError
 
 RECIPE = {"data": "shapes-position", "img_size": 16, "patch_size": 4, "epochs": 1, "batch_size": 16,
           "train_samples": 32, "val_samples": 16, "warmup_epochs": 0,

@@ -19,7 +19,7 @@ import yaml
 from trainutil import ROOT, TINY, run_script, script_namespace, train_main
 
 from visionpe.train import settings
-from visionpe.train.cli import UserError
+from visionpe.cli import UserError
 
 
 SCRIPTS = {"sweep": "resolution_sweep", "visualize": "visualize", "benchmark": "benchmark", "speed": "bench_speed"}

@@ -12,7 +12,7 @@ from PIL import Image
 from trainutil import TINY, run_script, train_main
 from visionpe import data
 from visionpe.train import loop, settings, sweep
-from visionpe.train.cli import UserError
+from visionpe.cli import UserError
 
 
 

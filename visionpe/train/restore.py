@@ -17,7 +17,7 @@ import torch
 
 from ..weights import convert, io
 from . import models, rundir, settings
-from .cli import UserError, import_user_code, one_line, user_errors
+from ..cli import UserError, import_user_code, one_line, user_errors
 from .rundir import CONFIG, LAST
 
 MODEL_KEYS = ("model", "pe", "img_size", "patch_size", "num_classes")  # needed to rebuild the model
