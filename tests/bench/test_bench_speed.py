@@ -79,7 +79,7 @@ def test_quick_run_writes_every_section(tmp_path, one_thread):
     out = tmp_path / "PERFORMANCE.md"
     report = cli.main(["--quick", "--threads", "1", "--sections", *sections, "--out", str(out)])
     assert out.read_text() == report
-    assert report.startswith("# Performance\n\nMade by `python scripts/bench_speed.py --quick")
+    assert report.startswith("# Performance\n\nMade by `visionpe bench-speed --quick")
     tables = parse_tables(report)
     for section in sections:
         check_section(tables, section)

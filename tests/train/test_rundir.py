@@ -347,7 +347,7 @@ def test_non_finite_loss_under_torchrun_stops_every_rank(tmp_path):
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
                           timeout=150)  # a hang would time out
     assert proc.returncode != 0
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("train_vit: error:")]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("visionpe train: error:")]
     assert len(lines) == 1 and "non-finite training loss" in lines[0], proc.stderr[-3000:]
     assert "exitcode  : 2" in proc.stderr  # rank 0 stopped on the error, not killed
     assert not (out / "results.json").exists() and not (out / "state.pt").exists()

@@ -47,7 +47,7 @@ COMMANDS = {c.name: c for c in (
             "the accuracy benchmark: every encoding trained over seeds, swept, reported in docs/BENCHMARK.md"),
     Command("convert-benchmark", "visionpe.bench.accuracy.convert:main",
             "a trained learned-APE model converted to RoPE and fine-tuned, against RoPE from scratch"),
-    Command("visualize", "visionpe.viz.cli:main",
+    Command("visualize", "visionpe.train.visualize:main",
             "draw what an encoding knows about space (PNG figures or an HTML explorer), fresh or from a run"),
     Command("bench-speed", "visionpe.bench.speed.cli:main",
             "speed and memory of the encodings as ratios measured side by side (docs/PERFORMANCE.md)"),

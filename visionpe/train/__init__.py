@@ -16,7 +16,8 @@ Layers, each using only those above it in this list (and :mod:`visionpe.cli`, th
   epoch, and the loader that reads them;
 - :mod:`~visionpe.train.recipe`: optimizer, schedule, loss, mixup, EMA and scaler as timm builds them, and where a run
   stands;
-- :mod:`~visionpe.train.train_vit`: the training story; :mod:`~visionpe.train.sweep`: ``visionpe sweep``.
+- :mod:`~visionpe.train.train_vit`: the training story; :mod:`~visionpe.train.sweep`: ``visionpe sweep``;
+  :mod:`~visionpe.train.visualize`: ``visionpe visualize`` (:mod:`visionpe.viz` of a fresh encoding or of a run).
 """
 from ..cli import UserError
 

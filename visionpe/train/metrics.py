@@ -23,6 +23,7 @@ import importlib
 import io as text_io
 import json
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,14 +232,19 @@ class WandbLogger:
     logged at step = epoch. ``run/wandb.json`` keeps the run id and the last epoch sent, so a resumed run continues the
     same W&B run with the epochs it has not seen."""
 
+    active = None  # this process's last W&B run, finished before the next starts (one left open by an error)
+
     def __init__(self, out: Path, cfg: dict, history: list[dict], resume: bool):
         wandb = _needs("wandb", "wandb")
+        if WandbLogger.active is not None:
+            WandbLogger.active.finish()
         self.state = Path(out) / WANDB_STATE
         known = json.loads(self.state.read_text()) if resume and self.state.is_file() else None
-        self.id = known["id"] if known else wandb.util.generate_id()
+        self.id = known["id"] if known else uuid.uuid4().hex[:12]  # a new W&B run
         self.sent = known["epochs"] if known else 0
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "visionpe"), name=Path(out).name, id=self.id,
                               resume="allow", dir=str(out), config=settings.saved_form(cfg))
+        WandbLogger.active = self.run
         self.write(epochs(history))
 
     def write(self, rows: list[dict]) -> None:
@@ -250,6 +256,7 @@ class WandbLogger:
 
     def close(self) -> None:
         self.run.finish()
+        WandbLogger.active = None
 
 
 LOGGER_CLASSES = {"tensorboard": TensorBoardLogger, "wandb": WandbLogger}  # by the names of settings.LOGGERS

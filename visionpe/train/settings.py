@@ -376,6 +376,12 @@ def read_yaml(path, what: str = "config file") -> dict:
     return cfg
 
 
+def read_recipe(spec) -> dict:
+    """The settings of a recipe (``--config``): a YAML file, or the name of one shipped with visionpe
+    (:func:`visionpe.cli.recipes.recipe_path`)."""
+    return read_yaml(recipe_path(spec))
+
+
 def resolve(args: dict, base: dict | None = None) -> dict:
     """Defaults (or ``base``, a resumed run's config) < ``args['config']`` YAML < the other ``args``; checked.
 
@@ -384,7 +390,7 @@ def resolve(args: dict, base: dict | None = None) -> dict:
     cfg = copied(DEFAULTS if base is None else base)
     given_sizes = "model_kwargs" in args or any(key in args for key in SIZE_KEYS)
     if args.get("config"):
-        recipe = read_yaml(recipe_path(args["config"]))
+        recipe = read_recipe(args["config"])
         misplaced = sorted(set(recipe) & set(RUN_KEYS))
         if misplaced:
             raise UserError(f"config file {args['config']!r}: {', '.join(misplaced)} are derived from the data and "

@@ -28,7 +28,7 @@ from .. import cli, viz
 from ..cli import UserError
 from ..registry import available
 from ..rotary.scaling import SCALINGS
-from ..train import models, restore
+from . import models, restore
 
 KINDS = (*viz.KINDS, "explore")
 
