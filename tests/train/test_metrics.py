@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,12 @@ from trainutil import TINY, train_main
 
 from visionpe.train import loop, metrics, rundir
 
-TB = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
-                         reason="tensorboard is not installed (pip install 'visionpe[tensorboard]')")
+
+@pytest.fixture(autouse=True)
+def needs_tensorboard(request):
+    """The tests of --log tensorboard read the event files with TensorBoard's own reader."""
+    if "tensorboard" in request.function.__name__:
+        pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install 'visionpe[tensorboard]')")
 
 
 def epoch_rows(out) -> list[dict]:
@@ -39,7 +44,8 @@ def assert_summary_is_metrics(out):
 
 
 def tensorboard_scalars(out) -> dict[str, list[tuple[int, float]]]:
-    acc = TB.EventAccumulator(str(Path(out) / metrics.TENSORBOARD))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(Path(out) / metrics.TENSORBOARD))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
@@ -88,7 +94,7 @@ def test_log_tensorboard_and_summary_csv_equal_metrics_jsonl(tmp_path, capsys):
     assert [line.replace(" *", "") for line in lines] == expected  # the console line is the record's
 
 
-def test_a_resumed_run_shows_each_epoch_once_and_overwrite_clears_the_loggers(tmp_path):
+def test_a_resumed_run_shows_each_epoch_once_in_tensorboard_and_overwrite_clears_it(tmp_path):
     out = tmp_path / "run"
     train_main(TINY + ["--epochs", "3", "--stop-after", "1", "--log", "tensorboard", "--output", str(out)])
     assert [s for s, _ in tensorboard_scalars(out)["val_acc"]] == [1]
@@ -121,29 +127,38 @@ def test_kills_at_every_write_within_epochs_leave_summary_and_tensorboard_equal_
         assert_tensorboard_is_metrics(out)
 
 
-def wandb_history(out) -> list[dict]:
-    """The ``history`` records of every local W&B run file under ``out/wandb`` (LevelDB-log framing: 32 KiB
-    blocks, 7-byte record headers, full/first/middle/last fragments; each record one of W&B's own protobuf
-    ``Record`` messages), in the order they were written."""
+def wandb_records(path: Path) -> list:
+    """The records of a local W&B run file (LevelDB-log framing: 32 KiB blocks, 7-byte record headers, full, first,
+    middle and last fragments), each one of W&B's own protobuf ``Record`` messages, in the order written."""
     from wandb.proto import wandb_internal_pb2 as pb
+    data, pos, chunks, records = path.read_bytes(), 7, b"", []  # a 7-byte file header (":W&B", magic, version)
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+            pos += 32768 - pos % 32768
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 0 and length == 0:
+            continue
+        chunks = chunk if kind in (1, 2) else chunks + chunk
+        if kind in (1, 4):  # a full record, or the last fragment of one
+            records.append(pb.Record())
+            records[-1].ParseFromString(chunks)
+    return records
+
+
+def wandb_history(out, timeout: float = 60.0) -> list[dict]:
+    """The ``history`` records of every local W&B run under ``out/wandb``, in the order they were written. W&B's
+    service writes a run's file on its own after ``finish()`` returns: each file is read once it holds its ``exit``
+    record."""
     rows = []
     for path in sorted(Path(out).glob("wandb/*run-*/run-*.wandb")):
-        data, pos, chunks = path.read_bytes(), 7, b""  # a 7-byte file header (":W&B", magic, version)
-        while pos + 7 <= len(data):
-            if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
-                pos += 32768 - pos % 32768
-                continue
-            length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
-            chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
-            if kind == 0 and length == 0:
-                continue
-            chunks = chunk if kind in (1, 2) else chunks + chunk
-            if kind in (1, 4):  # a full record, or the last fragment of one
-                record = pb.Record()
-                record.ParseFromString(chunks)
-                if record.WhichOneof("record_type") == "history":
-                    rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
-                                 for i in record.history.item})
+        deadline = time.monotonic() + timeout
+        while not any(r.WhichOneof("record_type") == "exit" for r in wandb_records(path)):
+            assert time.monotonic() < deadline, f"{path} has no exit record after {timeout} s"
+            time.sleep(0.2)
+        rows += [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+                 for r in wandb_records(path) if r.WhichOneof("record_type") == "history"]
     return rows
 
 
