@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_rundir import WITHIN, KillAt, Killed
+from test_rundir import WITHIN, killed_and_finished
 from trainutil import TINY, train_main
 
-from visionpe.train import loop, metrics, rundir
+from visionpe.train import loop, metrics
 
 
 @pytest.fixture(autouse=True)
@@ -109,20 +109,7 @@ def test_a_resumed_run_shows_each_epoch_once_in_tensorboard_and_overwrite_clears
 def test_kills_at_every_write_within_epochs_leave_summary_and_tensorboard_equal_to_metrics(tmp_path, monkeypatch):
     """The run of test_rundir's kill test (commits within each epoch) with --log tensorboard, killed at every write
     and resumed: summary.csv and TensorBoard's scalars hold metrics.jsonl's epochs, each once."""
-    argv = WITHIN + ["--log", "tensorboard"]
-    with monkeypatch.context() as m:
-        counter = KillAt(m)
-        train_main(argv + ["--output", str(tmp_path / "count")])
-    for k in range(counter.count):
-        out = tmp_path / f"k{k}"
-        with monkeypatch.context() as m:
-            KillAt(m, k)
-            with pytest.raises(Killed):
-                train_main(argv + ["--output", str(out)])
-        if not (out / rundir.CONFIG).exists():  # killed before the run existed: start it again
-            train_main(argv + ["--output", str(out)])
-        elif not (out / metrics.RESULTS).exists():
-            train_main(["--resume", str(out)])
+    for _, out, _ in killed_and_finished(WITHIN + ["--log", "tensorboard"], tmp_path, monkeypatch):
         assert_summary_is_metrics(out)
         assert_tensorboard_is_metrics(out)
 
