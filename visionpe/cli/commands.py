@@ -6,9 +6,9 @@
     python -m visionpe.train ...                         # training alone, e.g. under torchrun:
     torchrun --nproc_per_node 2 -m visionpe.train --config shapes_tiny
 
-:data:`COMMANDS` is the one table of the subcommands: the dispatcher, its help and pyproject.toml's entry point are
-read from it (tests/packaging/test_commands.py holds pyproject.toml to it). Each target is ``module:function``, imported only
-when its subcommand runs, with the signature ``main(argv) -> result``; a :class:`~visionpe.cli.UserError` it raises
+:data:`COMMANDS` is the one table of the subcommands: the dispatcher and its help are read from it, and
+tests/packaging/test_commands.py holds pyproject.toml's entry point to it. Each target is ``module:function``, imported
+only when its subcommand runs, with the signature ``main(argv) -> result``; a :class:`~visionpe.cli.UserError` it raises
 becomes one line ``visionpe NAME: error: ...`` and exit status 2 (:func:`~visionpe.cli.run`).
 """
 from __future__ import annotations

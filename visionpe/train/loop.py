@@ -12,12 +12,11 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from .. import data as vdata
-from . import distributed, settings
+from . import distributed, rundir, settings
 from .metrics import Evaluation
 from ..cli import UserError, one_line
 
@@ -73,7 +72,7 @@ def dataset(cfg: dict, split: str, img_size, num_frames: int | None = None, prot
 def datasets(cfg: dict) -> tuple:
     """The run's training and validation sets at ``img_size`` (:func:`dataset`); the class count of an ImageFolder
     run is set in ``cfg`` once its folders are read, any other must agree with the data's."""
-    train_set, val_set = dataset(cfg, "train", cfg["img_size"]), dataset(cfg, "val", cfg["img_size"])
+    train_set, val_set = (dataset(cfg, split, cfg["img_size"]) for split in ("train", "val"))
     if cfg["num_classes"] is None:
         cfg["num_classes"] = train_set.num_classes
     elif cfg["num_classes"] != train_set.num_classes:
@@ -207,22 +206,6 @@ def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
 
 
-def criterion_for(cfg: dict, mixup: bool) -> torch.nn.Module:
-    """The training loss of a run's settings, as timm's train.py combines them: with mixup/cutmix (``mixup``) the
-    targets arrive soft and smoothed (timm's ``Mixup``), so the loss is ``SoftTargetCrossEntropy`` or, with
-    ``bce_loss``, ``BinaryCrossEntropy(target_threshold)``; without, label smoothing goes to
-    ``LabelSmoothingCrossEntropy`` or ``BinaryCrossEntropy(smoothing)``; plain cross-entropy otherwise (BCE stays
-    BCE here, where timm's train.py falls back to cross-entropy)."""
-    smoothing = cfg["label_smoothing"]
-    if cfg["bce_loss"]:
-        return BinaryCrossEntropy(smoothing=0.0 if mixup else smoothing, target_threshold=cfg["bce_target_thresh"])
-    if mixup:
-        return SoftTargetCrossEntropy()
-    if smoothing > 0:
-        return LabelSmoothingCrossEntropy(smoothing=smoothing)
-    return torch.nn.CrossEntropyLoss()
-
-
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module itself inside DistributedDataParallel and ``torch.compile`` wrappers."""
     while True:
@@ -272,6 +255,27 @@ class CheckpointClock:
     def reset(self) -> None:
         """A commit happened: the minutes count from now."""
         self.last = time.monotonic()
+
+
+def commit_within(out, model, parts, run, epoch: int, clock: CheckpointClock, steps: int, procs):
+    """``train_one_epoch``'s ``on_update`` for ``epoch``: after each optimizer step, commit ``out``'s state.pt when the
+    clock says so (not after the last of ``steps`` batches: the epoch's own commit follows), with every process's loss
+    sums of the epoch so far. ``parts``: the :class:`~visionpe.train.recipe.Recipe`, ``run`` its ``Progress``,
+    ``procs`` the :class:`~visionpe.train.distributed.Processes`."""
+    def on_update(progress: dict) -> None:
+        if progress["step"] == steps or not clock.due(progress["update"]):
+            return
+        check_finite(model, epoch=epoch + 1, kept_epoch=epoch, ema=parts.ema_module,
+                          within=f"at step {progress['step']}/{steps} of")  # never commit NaN weights
+        sums = distributed.all_gather([progress["loss_sum"], progress["seen"]], procs.device)  # by rank
+        if procs.master:
+            rundir.save_checkpoint(out, model, parts.optimizer, parts.scheduler, epoch=epoch, best_acc=run.best_acc,
+                                   best_epoch=run.best_epoch, history=run.history, ema=parts.ema_module,
+                                   scaler=parts.scaler,
+                                   progress={"step": progress["step"], "sums": sums,
+                                             "last_finite": progress["last_finite"], "elapsed": progress["elapsed"]})
+        clock.reset()
+    return on_update
 
 
 def step_resolution(train_res, seed: int, epoch: int, step: int) -> int | None:
@@ -407,4 +411,5 @@ def evaluate_resolutions(model, sets: dict, known: dict | None = None, **eval_kw
     ``{key: Evaluation}`` already measured (not evaluated again); :func:`visionpe.train.metrics.retention_table`
     reports them against the training size."""
     known = known or {}
-    return {k: known[k] if k in known else evaluate(model, sets[k], **eval_kwargs) for k in sorted(sets, key=size_order)}
+    return {k: known[k] if k in known else evaluate(model, sets[k], **eval_kwargs)
+            for k in sorted(sets, key=size_order)}

@@ -8,11 +8,12 @@ loggers.
 - the texts of ``metrics.jsonl`` and ``summary.csv``, written by :mod:`visionpe.train.rundir` as exports of the
   checkpoint's history (atomically, repaired on resume), and :func:`read_results` / :func:`read_history`, through
   which the sweep and the benchmarks read a run;
-- :class:`Report`: the console (rank 0 only) and the loggers chosen with ``--log`` (:data:`~visionpe.train.settings.LOGGERS`: TensorBoard
-  through ``torch.utils.tensorboard``, Weights & Biases through ``wandb``). A logger is an export too: at every start
-  it is brought in line with the checkpoint's history (TensorBoard's event files rewritten from it; W&B continued
-  with the same run id after the last epoch it was sent), and an epoch reaches it only after ``state.pt`` holds it,
-  so a resumed run, one killed within an epoch too, shows each epoch once.
+- :class:`Report`: the console (rank 0 only) and the loggers chosen with ``--log``
+  (:data:`~visionpe.train.settings.LOGGERS`): TensorBoard through ``torch.utils.tensorboard``, Weights & Biases
+  through ``wandb``. A logger is an export too: at every start it is brought in line with the checkpoint's history
+  (TensorBoard's event files rewritten from it; W&B continued with the same run id after the last epoch it was
+  sent), and an epoch reaches it only after ``state.pt`` holds it, so a resumed run, one killed within an epoch too,
+  shows each epoch once.
 
 The loggers get the epoch records only: the resolution table is in ``results.json``.
 """

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 
 import torch
 from timm.data import Mixup
+from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3, NativeScaler
 
 from ..cli import UserError, user_errors
-from . import loop, restore
+from . import restore
 
 
 @dataclass
@@ -66,8 +67,24 @@ def build(cfg: dict, model: torch.nn.Module, updates_per_epoch: int, device: tor
     if cfg["mixup"] > 0 or cfg["cutmix"] > 0:
         mixup = Mixup(mixup_alpha=cfg["mixup"], cutmix_alpha=cfg["cutmix"], label_smoothing=cfg["label_smoothing"],
                       num_classes=cfg["num_classes"])
-    return Recipe(optimizer, scheduler, loop.criterion_for(cfg, mixup is not None), mixup,
+    return Recipe(optimizer, scheduler, criterion_for(cfg, mixup is not None), mixup,
                   NativeScaler(device=device.type) if amp_dtype == torch.float16 else None, ema)
+
+
+def criterion_for(cfg: dict, mixup: bool) -> torch.nn.Module:
+    """The training loss of a run's settings, as timm's train.py combines them: with mixup/cutmix (``mixup``) the
+    targets arrive soft and smoothed (timm's ``Mixup``), so the loss is ``SoftTargetCrossEntropy`` or, with
+    ``bce_loss``, ``BinaryCrossEntropy(target_threshold)``; without, label smoothing goes to
+    ``LabelSmoothingCrossEntropy`` or ``BinaryCrossEntropy(smoothing)``; plain cross-entropy otherwise (BCE stays
+    BCE here, where timm's train.py falls back to cross-entropy)."""
+    smoothing = cfg["label_smoothing"]
+    if cfg["bce_loss"]:
+        return BinaryCrossEntropy(smoothing=0.0 if mixup else smoothing, target_threshold=cfg["bce_target_thresh"])
+    if mixup:
+        return SoftTargetCrossEntropy()
+    if smoothing > 0:
+        return LabelSmoothingCrossEntropy(smoothing=smoothing)
+    return torch.nn.CrossEntropyLoss()
 
 
 def resume(recipe: Recipe, model: torch.nn.Module, state: dict | None, path, world: int, init=None) -> Progress:

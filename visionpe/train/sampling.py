@@ -1,6 +1,7 @@
-"""The order of the training samples, epoch by epoch, and the loader that reads them: torch's ``DistributedSampler``, or
-timm's ``RepeatAugSampler`` (repeated augmentation, ``--aug-repeats``), started at any position of an epoch (a resume
-from a mid-epoch checkpoint continues with the next batch, without loading the ones before it).
+"""The order of the training samples, epoch by epoch, and the loader that reads them: torch's
+``DistributedSampler``, or timm's ``RepeatAugSampler`` (repeated augmentation, ``--aug-repeats``), started at any
+position of an epoch (a resume from a mid-epoch checkpoint continues with the next batch, without loading the ones
+before it).
 
 Repeated augmentation shows each chosen image ``R`` times in an epoch, each time augmented anew. A visionpe data set
 augments sample ``i`` as a function of ``(seed, epoch, index)`` only (:class:`visionpe.data.PositionDataset`), so

@@ -63,6 +63,8 @@ def main(argv: list[str]) -> dict:
 
     # -- data: the training and validation sets, one process's share of each batch ---------------------------------
     train_set, val_set = loop.datasets(cfg)
+    for note in loop.data_notes(cfg):  # transform settings the data set does not take
+        report(note)
     loader, loader_set, sampler = sampling.training_loader(train_set, cfg, world=world, rank=rank,
                                                            pin_memory=device.type == "cuda")
     steps_per_epoch = len(loader)  # loader batches; an optimizer step every grad_accum_steps of them
@@ -77,6 +79,8 @@ def main(argv: list[str]) -> dict:
         init = restore.init_weights(raw_model, cfg)
     elif state is None and cfg["pretrained"]:  # from timm's pretrained weights
         init = restore.pretrained_weights(raw_model, cfg)
+    if init:
+        report(restore.init_text(init))  # kept / converted / new / dropped
     raw_model = raw_model.to(device)
     if cfg["channels_last"]:
         loop.channels_last_(raw_model)
@@ -99,10 +103,6 @@ def main(argv: list[str]) -> dict:
         within = run.within
         report(f"resuming {out} " + (f"at batch {within['step']}/{steps_per_epoch} of epoch {start_epoch + 1}"
                                      if within else f"after epoch {start_epoch}"))
-    if init:
-        report(restore.init_text(init))
-    for note in loop.data_notes(cfg):
-        report(note)
     report(metrics.start_line(cfg, num_params=num_params, train_size=len(train_set), val_size=len(val_set),
                               world=world, device=device, amp=amp_dtype is not None, out=out))
 
@@ -123,8 +123,8 @@ def main(argv: list[str]) -> dict:
                                      last_finite=last_finite, train_res=cfg["train_res"], seed=cfg["seed"], rank=rank,
                                      accum_steps=cfg["grad_accum_steps"], ema=parts.ema, scaler=parts.scaler,
                                      channels_last=cfg["channels_last"], resume=resumed,
-                                     on_update=commit_within(out, raw_model, parts, run, epoch, clock, steps_per_epoch,
-                                                             procs))
+                                     on_update=loop.commit_within(out, raw_model, parts, run, epoch, clock,
+                                                                  steps_per_epoch, procs))
         last_finite = stats["last_finite"]
         val = loop.evaluate(model, val_set, **eval_kw)
         ema = loop.evaluate(parts.ema_module, val_set, **eval_kw) if parts.ema is not None else None
@@ -174,22 +174,3 @@ def main(argv: list[str]) -> dict:
     distributed.leave()
     return summary
 
-
-def commit_within(out: Path, model, parts: recipe.Recipe, run: recipe.Progress, epoch: int, clock, steps: int,
-                  procs: distributed.Processes):
-    """After each optimizer step of ``epoch``: commit state.pt when the clock says so (not after the last batch: the
-    epoch's own commit follows), with every process's loss sums of the epoch so far."""
-    def on_update(progress: dict) -> None:
-        if progress["step"] == steps or not clock.due(progress["update"]):
-            return
-        loop.check_finite(model, epoch=epoch + 1, kept_epoch=epoch, ema=parts.ema_module,
-                          within=f"at step {progress['step']}/{steps} of")  # never commit NaN weights
-        sums = distributed.all_gather([progress["loss_sum"], progress["seen"]], procs.device)  # by rank
-        if procs.master:
-            rundir.save_checkpoint(out, model, parts.optimizer, parts.scheduler, epoch=epoch, best_acc=run.best_acc,
-                                   best_epoch=run.best_epoch, history=run.history, ema=parts.ema_module,
-                                   scaler=parts.scaler,
-                                   progress={"step": progress["step"], "sums": sums,
-                                             "last_finite": progress["last_finite"], "elapsed": progress["elapsed"]})
-        clock.reset()
-    return on_update

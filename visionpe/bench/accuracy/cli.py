@@ -6,15 +6,17 @@
 For each (data set, encoding, seed) it runs ``visionpe train --config CONFIG --data D --pe P --seed S`` in its
 own process (``--jobs`` at a time, one thread each), then ``visionpe sweep`` on the last weights: RoPE
 encodings once per ``--scaling`` (none, pi, ntk, yarn), the others as trained. Finished runs (those with a
-``sweep.csv``) are skipped, so an interrupted benchmark continues where it stopped. The runs and logs go to ``--out`` and the report to ``--doc``, both relative to the
-working directory. The report holds, per data set, top-1 mean +- std over seeds at every resolution, the retention acc(res)/acc(train res),
-parameters and training images/s, plus a plot, the recipe and the exact command.
+``sweep.csv``) are skipped, so an interrupted benchmark continues where it stopped. The runs and logs go to
+``--out`` and the report to ``--doc``, both relative to the working directory. The report holds, per data set, top-1
+mean +- std over seeds at every resolution, the retention acc(res)/acc(train res), parameters and training images/s,
+plus a plot, the recipe and the exact command.
 
 ``--swin`` adds the Swin list (swin_bias, cpb, rope_mixed, alibi) with ``--swin-config``.
 
-Rows (``--rows FILE``, a file or a shipped one by name, e.g. ``bench_rows_resolution``): instead of the encoding lists, labelled rows
-each with its own ``visionpe train`` arguments and swept RoPE adaptations; rows with ``--pe timm`` are timm's own
-models (reference rows). The report is its own marked section of the doc with a verdict against timm's best row:
+Rows (``--rows FILE``, a file or a shipped one by name, e.g. ``bench_rows_resolution``): instead of the encoding
+lists, labelled rows each with its own ``visionpe train`` arguments and swept RoPE adaptations; rows with ``--pe
+timm`` are timm's own models (reference rows). The report is its own marked section of the doc with a verdict
+against timm's best row:
 
     visionpe benchmark --rows bench_rows_resolution --data shapes-position fashion-mnist \
         --seeds 0 1 2 --res 24 32 48 64 32x48 --jobs 2
@@ -40,16 +42,21 @@ from . import benchmark
 from .benchmark import SWIN_LIST, VIT_LIST
 
 
+def add_recipe_and_data(group, *, of: str, data: list[str]) -> None:
+    """``--config`` (the recipe ``of`` what, a file or a shipped recipe's name) and ``--data`` (default ``data``),
+    as both accuracy benchmarks take them."""
+    group.add_argument("--config", default="bench_vit_tiny", metavar="YAML|NAME",
+                       help=f"visionpe train recipe of {of}, a file or a shipped recipe's name "
+                            "(default: bench_vit_tiny)")
+    group.add_argument("--data", nargs="+", default=data, metavar="NAME",
+                       help=f"data sets, each one of {', '.join(DATASETS)} (default: {' '.join(data)})")
+
+
 def build_parser() -> cli.Parser:
     head, _, tail = __doc__.partition("\n\n")
     p = cli.Parser(prog="visionpe benchmark", description=head, epilog=tail)
     what = p.add_argument_group("what to train")
-    what.add_argument("--config", default="bench_vit_tiny", metavar="YAML|NAME",
-                      help="visionpe train recipe of the ViT list, a file or a shipped recipe's name "
-                           "(default: bench_vit_tiny)")
-    what.add_argument("--data", nargs="+", default=["shapes-position", "shapes-relation", "fashion-mnist"],
-                      metavar="NAME", help=f"data sets, each one of {', '.join(DATASETS)} "
-                                           "(default: shapes-position shapes-relation fashion-mnist)")
+    add_recipe_and_data(what, of="the ViT list", data=["shapes-position", "shapes-relation", "fashion-mnist"])
     what.add_argument("--pe", nargs="+", default=VIT_LIST, metavar="NAME",
                       help=f"encodings of the ViT list, as visionpe train --pe (default: {' '.join(VIT_LIST)})")
     what.add_argument("--swin", action="store_true", help="also run the Swin list with --swin-config")

@@ -36,9 +36,9 @@ from ...cli import UserError, user_errors
 from ...cli.recipes import recipe_path, shown
 from ...cli.report import markdown_table as report_table
 from ...cli.report import mean_std, write_section
-from ...data import DATASETS
 from ...rotary.scaling import SCALINGS
 from ...train import metrics, restore, settings
+from .cli import add_recipe_and_data
 from .collect import finished_runs_or_refuse
 from .jobs import plan_run, run_logged, sweep_command
 from .sections import accuracy_cells
@@ -302,11 +302,7 @@ def build_parser() -> cli.Parser:
     head, _, tail = __doc__.partition("\n\n")
     p = cli.Parser(prog="visionpe convert-benchmark", description=head, epilog=tail)
     what = p.add_argument_group("what to train")
-    what.add_argument("--config", default="bench_vit_tiny", metavar="YAML|NAME",
-                      help="visionpe train recipe of every run, a file or a shipped recipe's name "
-                           "(default: bench_vit_tiny)")
-    what.add_argument("--data", nargs="+", default=["shapes-position"], metavar="NAME",
-                      help=f"data sets, each one of {', '.join(DATASETS)} (default: shapes-position)")
+    add_recipe_and_data(what, of="every run", data=["shapes-position"])
     what.add_argument("--to", nargs="+", default=["rope_mixed", "rope_mixed+learned"], metavar="PE",
                       help="encodings to convert the learned-APE runs to (default: rope_mixed rope_mixed+learned)")
     what.add_argument("--pretrain-epochs", type=int, default=3, metavar="N",

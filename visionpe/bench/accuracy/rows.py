@@ -23,7 +23,8 @@ OWN_KEYS = ("config", "data", "seed", "output", "resume", "overwrite")  # set by
 
 
 def read_rows(path: Path) -> dict:
-    """A rows file (``--rows``: a path or the name of a shipped one, e.g. ``bench_rows_resolution``): ``{section, title, note?, rows: [{label, args, scaling?}]}``, checked; each row gets
+    """A rows file (``--rows``: a path or the name of a shipped one, e.g. ``bench_rows_resolution``): ``{section,
+    title, note?, rows: [{label, args, scaling?}]}``, checked; each row gets
     ``train`` (its arguments as a list), ``timm`` (True for a ``--pe timm`` reference row) and ``slug`` (its folder)."""
     path = recipe_path(path, "rows file")
     spec = settings.read_yaml(path, "rows file")
