@@ -18,8 +18,8 @@ import torch
 import yaml
 from trainutil import ROOT, TINY, parser_of, run_script, train_main
 
-from visionpe.train import settings
 from visionpe.cli import UserError
+from visionpe.train import settings
 
 
 SCRIPTS = {"sweep": "resolution_sweep", "visualize": "visualize", "benchmark": "benchmark", "speed": "bench_speed"}
