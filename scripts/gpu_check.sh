@@ -72,7 +72,7 @@ else
     bench_status=124
 fi
 
-"$PY" -m visionpe.bench.gpu --doc docs/PERFORMANCE.md --env "$work/env.txt" --junit "$work/cuda_tests.xml" \
+"$PY" -m visionpe.bench.speed.gpu --doc docs/PERFORMANCE.md --env "$work/env.txt" --junit "$work/cuda_tests.xml" \
     --bench "$work/bench.md" --tests-status "$tests_status" --bench-status "$bench_status" \
     --seconds "$((SECONDS - start))"
 report_status=$?

@@ -18,7 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from visionpe.train import cli, parallel
+from visionpe import cli
+from visionpe.train import parallel
 
 MODELS = ("vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224")
 

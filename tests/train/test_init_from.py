@@ -153,7 +153,7 @@ def error_line(capsys, argv):
         train_main(argv)
     err = capsys.readouterr().err
     assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert err.startswith("train_vit: error: ")
+    assert err.startswith("visionpe train: error: ")
     return err
 
 
@@ -210,7 +210,7 @@ def test_errors(source, tmp_path, capsys, case, words):
 def test_benchmark_section_replaced_in_place(tmp_path):
     """The conversion benchmark writes its section between markers: appended once, then replaced; the rest of
     the report is left as it is."""
-    from visionpe.train import convert_benchmark as bench
+    from visionpe.bench.accuracy import convert as bench
     doc = tmp_path / "BENCHMARK.md"
     doc.write_text("# Benchmark\n\ntable\n")
     section = lambda text: f"{bench.BEGIN}\n{bench.TITLE}\n\n{text}\n{bench.END}\n"

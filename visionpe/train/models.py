@@ -15,7 +15,7 @@ import torch
 
 from ..backbones.adapter import named_constructor, timm_adapter
 from ..backbones.api import any_size_kwargs, native_timm_modules
-from .cli import UserError, user_errors
+from ..cli import UserError, user_errors
 
 TIMM_NATIVE = "timm"  # pe: the timm model with its own position encoding, untouched (benchmark reference rows)
 DERIVED_MODEL_KWARGS = ("img_size", "patch_size", "num_classes", "in_chans", "drop_path_rate")  # set from settings

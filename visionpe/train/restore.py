@@ -17,7 +17,7 @@ import torch
 
 from ..weights import convert, io
 from . import models, rundir, settings
-from .cli import UserError, import_user_code, one_line, user_errors
+from ..cli import UserError, import_user_code, one_line, user_errors
 from .rundir import CONFIG, LAST
 
 MODEL_KEYS = ("model", "pe", "img_size", "patch_size", "num_classes")  # needed to rebuild the model
@@ -124,7 +124,7 @@ def new_config(args: dict) -> dict:
     recipe and the command line, and ``init_from`` becomes the weights file itself."""
     init = args.get("init_from")
     if init is None and args.get("config"):
-        init = settings.read_yaml(args["config"]).get("init_from")
+        init = settings.read_recipe(args["config"]).get("init_from")
     if init is None:
         return settings.resolve(args)
     if not isinstance(init, str) or not init:

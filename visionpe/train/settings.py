@@ -3,7 +3,7 @@
 
 Settings resolve as ``DEFAULTS < YAML recipe (--config) < command line``; a resumed run starts from its own
 ``config.yaml`` instead of the defaults (:func:`visionpe.train.restore.resume_config`). Every value is checked by
-:func:`check`, one group at a time, whatever its source, and a bad one is a :class:`~visionpe.train.cli.UserError`
+:func:`check`, one group at a time, whatever its source, and a bad one is a :class:`~visionpe.cli.UserError`
 naming the setting and the values it takes. Each setting ``key`` is ``--key-with-dashes`` on the command line
 and ``key:`` in YAML. User code named by ``--import`` (or ``imports:`` in a recipe) is imported before anything
 is checked, so its encodings, data sets and backbones are known names.
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import yaml
 
 from .. import data as vdata
-from .cli import Parser, UserError, add_import, import_user_code, one_line
+from ..cli import Parser, UserError, add_import, import_user_code, one_line
+from ..cli.recipes import recipe_path
 from .models import DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_kwargs, named_constructor, tubelet
 
 MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN = ("model", "data", "optimizer", "learning-rate schedule",
@@ -32,14 +33,15 @@ NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
 # settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
 SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "threads", "progress", "device",
                   "stop_after", "download", "imports", "compile", "channels_last", "checkpoint_every_steps",
-                  "checkpoint_every_minutes")
+                  "checkpoint_every_minutes", "log")
+LOGGERS = ("tensorboard", "wandb")  # --log: visionpe.train.metrics.LOGGER_CLASSES
 
 
 @dataclass(frozen=True)
 class Setting:
     default: object
     group: str
-    kind: str  # int, float, bool, str, choice, ints, floats, mapping, int?, float?, str?, choice?
+    kind: str  # int, float, bool, str, choice, ints, floats, strs, choices, mapping, int?, float?, str?, choice?
     help: str
     choices: tuple = ()
     metavar: str | None = None
@@ -249,6 +251,10 @@ SETTINGS: dict[str, Setting] = {
     "checkpoint_every_minutes": S(0.0, RUN, "float", "also commit state.pt within an epoch when this many minutes "
                                   "have passed since the last commit (decided on rank 0, the same step on every "
                                   "process); 0 = off; a number >= 0", metavar="MIN"),
+    "log": S([], RUN, "choices", "loggers besides the console, metrics.jsonl and summary.csv, of "
+             f"{', '.join(LOGGERS)}: TensorBoard event files in RUN/tensorboard/ (pip install 'visionpe[tensorboard]'), "
+             "a Weights & Biases run (pip install 'visionpe[wandb]'; WANDB_PROJECT, WANDB_MODE=offline); every epoch "
+             "once, also across --resume", choices=LOGGERS, metavar="NAME"),
     "imports": S([], RUN, "strs", "", metavar="MODULE_OR_FILE"),  # --import: cli.add_import
 }
 
@@ -284,12 +290,14 @@ def _default_text(key: str) -> str:
     return str(default)
 
 
-def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "") -> Parser:
+def build_parser(prog: str = "visionpe train", description: str = "", epilog: str = "") -> Parser:
     """The training command line, flags grouped as timm's train.py groups them."""
     p = Parser(prog=prog, description=description, epilog=epilog, argument_default=argparse.SUPPRESS)
     groups = {g: p.add_argument_group(f"{g} settings") for g in GROUPS}
-    groups[RUN].add_argument("--config", metavar="YAML", help="YAML recipe: a mapping of settings (keys as below, "
-                             "with underscores); the command line overrides it")
+    groups[RUN].add_argument("--config", metavar="YAML|NAME", help="YAML recipe: a mapping of settings (keys as "
+                             "below, with underscores), a file or the name of a recipe shipped with visionpe (e.g. "
+                             "shapes_tiny, deit3_small_rope_imagenet: visionpe/configs/); the command line overrides "
+                             "it")
     groups[RUN].add_argument("--resume", nargs="?", const=True, metavar="DIR",
                              help="continue the run in DIR (default: --output) exactly where it stopped; only "
                                   f"{', '.join(SAFE_ON_RESUME)} may change")
@@ -309,6 +317,8 @@ def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "
             g.add_argument(flag, nargs="*", type=int, metavar=s.metavar, help=text)
         elif s.kind in ("choice", "choice?"):
             g.add_argument(flag, choices=s.choices, help=text)
+        elif s.kind == "choices":
+            g.add_argument(flag, nargs="*", choices=s.choices, metavar=s.metavar, help=text)
         elif s.kind == "floats":
             g.add_argument(flag, nargs="*", type=float, metavar=s.metavar, help=text)
         else:
@@ -321,7 +331,7 @@ def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "
     return p
 
 
-def parse_args(argv, prog: str = "train_vit", description: str = "", epilog: str = "") -> dict:
+def parse_args(argv, prog: str = "visionpe train", description: str = "", epilog: str = "") -> dict:
     """The settings given on the command line (only those), plus ``config``/``resume``/``debug`` if given."""
     args = vars(build_parser(prog, description, epilog).parse_args(argv))
     for key in ("pe_kwargs", "model_kwargs"):
@@ -351,6 +361,12 @@ def read_yaml(path, what: str = "config file") -> dict:
     return cfg
 
 
+def read_recipe(spec) -> dict:
+    """The settings of a recipe (``--config``): a YAML file, or the name of one shipped with visionpe
+    (:func:`visionpe.cli.recipes.recipe_path`)."""
+    return read_yaml(recipe_path(spec))
+
+
 def resolve(args: dict, base: dict | None = None) -> dict:
     """Defaults (or ``base``, a resumed run's config) < ``args['config']`` YAML < the other ``args``; checked.
 
@@ -359,7 +375,7 @@ def resolve(args: dict, base: dict | None = None) -> dict:
     cfg = copied(DEFAULTS if base is None else base)
     given_sizes = "model_kwargs" in args or any(key in args for key in SIZE_KEYS)
     if args.get("config"):
-        recipe = read_yaml(args["config"])
+        recipe = read_recipe(args["config"])
         misplaced = sorted(set(recipe) & set(RUN_KEYS))
         if misplaced:
             raise UserError(f"config file {args['config']!r}: {', '.join(misplaced)} are derived from the data and "
@@ -524,6 +540,9 @@ def check_kinds(cfg: dict) -> None:
         elif s.kind == "strs":
             need(isinstance(value, list) and all(isinstance(v, str) and v for v in value),
                  f"{key} must be a list of names, got {value!r}")
+        elif s.kind == "choices":
+            need(isinstance(value, list) and all(isinstance(v, str) and v in s.choices for v in value),
+                 f"{key} must be a list of {', '.join(s.choices)}, got {value!r}")
 
 
 def check_model_settings(cfg: dict) -> None:
