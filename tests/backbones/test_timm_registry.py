@@ -1,8 +1,8 @@
 """visionpe models in timm's registry (``vpe_<timm name>``): timm's own create_model, tags, loaders and CLI parsing
 are the oracles; pretrained weights come from files the tests write (never a download)."""
 import argparse
-import fnmatch
 import logging
+import re
 import socket
 import warnings
 
@@ -16,7 +16,7 @@ from timm.utils import ParseKwargs
 
 import visionpe as vpe
 from visionpe.backbones import PositionalModel, timm_registry
-from visionpe.backbones.timm_registry import NATIVE_PE, PREFIX, UNSUPPORTED, supported_timm_names
+from visionpe.backbones.timm_registry import PREFIX, supported_timm_names, unsupported_timm_names
 
 VIT = "vit_small_patch16_224"
 TINY = {VIT: dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10),
@@ -48,7 +48,8 @@ def test_list_models_has_every_supported_architecture_and_timms_tags():
     assert set(listed) == {PREFIX + name for name in supported_timm_names()}
     for name in (VIT, "deit_small_patch16_224", "deit3_small_patch16_224", SWIN, SWINV2):
         assert PREFIX + name in listed
-    assert not any(fnmatch.fnmatchcase(name, f"{PREFIX}*_distilled_*") for name in listed)
+    assert PREFIX + "deit_tiny_distilled_patch16_224" in listed  # both heads, as transformers' DeiT
+    assert not set(listed) & {PREFIX + name for name in unsupported_timm_names()}
     assert set(timm.list_models(module="timm_registry")) == set(listed)
     # the pretrained tags are timm's, and so is each tag's weight source
     tags = timm.list_pretrained(f"{VIT}.*")
@@ -233,19 +234,21 @@ def test_timm_train_script_arguments(tmp_path):
 
 def test_every_registered_name_builds_and_every_excluded_one_is_unsupported():
     """The scheme is checked against the installed timm: each registered name builds through the registry (one block
-    a stage, narrow), each name left out by UNSUPPORTED fails in visionpe (so none is left out for nothing)."""
+    a stage, narrow) with its architecture's own encoding, each name an adapter leaves out fails in visionpe saying
+    why (so none is left out for nothing)."""
     def small(name):
         if "swin" in name:
             return dict(depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1), embed_dim=8)
         return dict(depth=1, embed_dim=24, num_heads=2)  # 24: every GLU MLP ratio gives an even hidden width
 
-    for name in supported_timm_names():
+    for name, adapter in supported_timm_names().items():
         model = timm.create_model(PREFIX + name, **small(name))
-        assert isinstance(model, PositionalModel), name
-    excluded = [n for m in NATIVE_PE for n in timm.list_models(module=m)
-                if any(fnmatch.fnmatchcase(n, p) for p in UNSUPPORTED)]
+        assert isinstance(model, PositionalModel) and model.pe == adapter.native_pe(model)[0], name
+    excluded = unsupported_timm_names()
     assert excluded and not any(hasattr(timm_registry, PREFIX + n) for n in excluded)
-    for name in excluded:
+    for name, why in excluded.items():
+        with pytest.raises(ValueError, match=re.escape(why)):
+            vpe.create_model(name, **small(name))
         plain = timm.create_model(name, **small(name))
         with pytest.raises((ValueError, AttributeError)):
             vpe.apply(plain, "learned")

@@ -19,7 +19,8 @@ import yaml
 
 from .. import data as vdata
 from .cli import Parser, UserError, add_import, import_user_code, one_line
-from .models import DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_kwargs, named_constructor, tubelet
+from .models import (DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_help, model_kwargs,
+                     named_constructor, tubelet)
 
 MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN = ("model", "data", "optimizer", "learning-rate schedule",
                                              "augmentation and regularization", "evaluation", "run and misc")
@@ -62,13 +63,7 @@ S = Setting
 
 SETTINGS: dict[str, Setting] = {
     # model
-    "model": S("vit_tiny_patch16_224", MODEL, "str", "timm model name: a ViT/DeiT (vit_*, deit_*) or Swin "
-               "(swin_*), e.g. vit_tiny_patch16_224, deit_small_patch16_224, swin_tiny_patch4_window7_224; with "
-               "--num-frames (video) a timm ViT, built as its tubelet version (visionpe.create_video_model), or "
-               "torchvision's Video Swin swin3d_t / swin3d_s / swin3d_b (torchvision's sizes; --model-kwargs "
-               "embed_dim=, depths=[..], num_heads=[..], window_size=[t,h,w] make a smaller one; its patch is "
-               "--tubelet-size); or torchvision's image ViT tv_vit_b_16 / tv_vit_b_32 / tv_vit_l_16 / tv_vit_l_32 / "
-               "tv_vit_h_14 (sized by --embed-dim, --depth, --num-heads)", metavar="NAME"),
+    "model": S("vit_tiny_patch16_224", MODEL, "str", "", metavar="NAME"),  # help from the backbones (models.py)
     "pe": S("learned", MODEL, "str", "", metavar="NAME"),  # help filled from the registry
     "pe_kwargs": S({}, MODEL, "mapping", "encoding keywords as KEY=VALUE (VALUE read as YAML), e.g. theta=100 "
                    "scaling=pi; see visionpe.build for each encoding's keywords", metavar="KEY=VALUE"),
@@ -313,7 +308,7 @@ def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "
             add_import(p, groups[RUN])
             continue
         flag = "--" + key.replace("_", "-")
-        text = (s.help or {"pe": _pe_help, "data": _data_help}[key]()) + \
+        text = (s.help or {"pe": _pe_help, "data": _data_help, "model": model_help}[key]()) + \
             ("" if s.default is None else f" (default: {_default_text(key)})")
         g = groups[s.group]
         if s.kind == "mapping":
@@ -337,7 +332,11 @@ def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "
 
 
 def parse_args(argv, prog: str = "train_vit", description: str = "", epilog: str = "") -> dict:
-    """The settings given on the command line (only those), plus ``config``/``resume``/``debug`` if given."""
+    """The settings given on the command line (only those), plus ``config``/``resume``/``debug`` if given. Its
+    ``--import`` code is imported first, so ``--help`` lists the user's encodings, data sets and backbones."""
+    first = Parser(add_help=False)
+    add_import(first)
+    import_user_code(first.parse_known_args(argv)[0].imports)
     args = vars(build_parser(prog, description, epilog).parse_args(argv))
     for key in ("pe_kwargs", "model_kwargs"):
         if key in args:

@@ -1,5 +1,6 @@
-"""Checkpoints of other models converted on load: timm ViT/DeiT ``pos_embed``, timm's Eva rope-vit ports, Swin tables
-and Swin-V2 MLPs, visionpe tables of another grid, and image weights inflated into video models (I3D)."""
+"""Checkpoints of other models converted on load: timm ViT/DeiT ``pos_embed``, Swin tables and Swin-V2 MLPs, visionpe
+tables of another grid, image weights inflated into video models (I3D), and what a backbone's adapter adds (its
+``checkpoint_hooks``: e.g. timm's Eva rope-vit ports into a ViT)."""
 from __future__ import annotations
 
 import logging
@@ -34,42 +35,8 @@ class LoadReport:
         return "\n".join(lines)
 
 
-_SWIN_POSITIONAL = re.compile(r"(.*\.attn)\.(relative_position_bias_table|cpb_mlp\..*)$")
-
-
-_EVA_LAYER_SCALE = re.compile(r"^blocks\.(\d+)\.gamma_([12])$")
-
-
-_EVA_QV_BIAS = re.compile(r"^(blocks\.\d+\.attn)\.([qv])_bias$")
-
-
-def _eva_to_vit(state: dict, report: "LoadReport") -> dict:
-    """timm ``Eva`` models (rope-vit ports ``vit_*_rope_*``, timm's SBB ``vit_*_rope_reg*_gap_256``) ->
-    ``VisionTransformer`` names: ``gamma_1`` -> ``ls1.gamma``, mixed ``rope.freqs (2, depth, heads, d/2)`` -> each
-    block's ``attn.rotary.freqs``, separate ``q_bias``/``v_bias`` -> one ``qkv.bias`` (the key bias is zero)."""
-    out = {}
-    for key, value in state.items():
-        match = _EVA_QV_BIAS.match(key)
-        if match and match.group(2) == "q" and f"{match.group(1)}.v_bias" in state:
-            new_key = f"{match.group(1)}.qkv.bias"
-            report.converted.append(f"{key} + {match.group(1)}.v_bias -> {new_key}")
-            out[new_key] = torch.cat([value, torch.zeros_like(value), state[f"{match.group(1)}.v_bias"]])
-            continue
-        if match and match.group(2) == "v" and f"{match.group(1)}.q_bias" in state:
-            continue
-        match = _EVA_LAYER_SCALE.match(key)
-        if match:
-            new_key = f"blocks.{match.group(1)}.ls{match.group(2)}.gamma"
-            report.converted.append(f"{key} -> {new_key}")
-            out[new_key] = value
-        elif key == "rope.freqs" and value.ndim == 4:
-            for layer in range(value.shape[1]):
-                new_key = f"blocks.{layer}.attn.rotary.freqs"
-                report.converted.append(f"{key}[:, {layer}] -> {new_key}")
-                out[new_key] = value[:, layer]
-        else:
-            out[key] = value
-    return out
+# timm's attention-held position tables (Swin, BEiT) and Swin-V2's MLP -> the attention's visionpe bias slot
+_ATTENTION_TABLES = re.compile(r"(.*\.attn)\.(relative_position_bias_table|cpb_mlp\..*)$")
 
 
 def pos_embed_tensors(tokens: nn.Module, pos_embed: torch.Tensor, source_grid=None) -> dict[str, torch.Tensor]:
@@ -173,7 +140,9 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     """
     _check_strict(strict)
     report, load = LoadReport(), {}
-    state = _eva_to_vit(read_state_dict(source), report)
+    state = read_state_dict(source)
+    for hook in getattr(getattr(model, "adapter", None), "checkpoint_hooks", ()):  # the model's backbone record
+        state = hook(state, report)
     target = model.state_dict()
     mismatched: dict[str, str] = {}
     tokens = getattr(model, "pe_tokens", None)
@@ -191,7 +160,7 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
                 load[new_key] = tensor
                 report.converted.append(f"{key} -> {new_key}")
             continue
-        match = _SWIN_POSITIONAL.match(key)
+        match = _ATTENTION_TABLES.match(key)
         new_key = f"{match.group(1)}.bias.{match.group(2)}" if match else key
         if new_key in target and target[new_key].shape == value.shape:
             load[new_key] = value
