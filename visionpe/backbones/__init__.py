@@ -8,7 +8,7 @@ the training CLI ask the registry."""
 import importlib
 
 from .._import_hook import when_imported
-from . import vit, swin, deit, video_swin, torchvision_vit  # noqa: F401, I001  (each registers its adapter)
+from . import vit, swin, deit, eva, video_swin, torchvision_vit  # noqa: F401, I001  (each registers its adapter)
 from .adapter import (ADAPTERS, Adapter, PositionalModel, adapter_for, named_constructor, parse_pe,
                       register_adapter)
 from .api import apply, create_model, encodings_of

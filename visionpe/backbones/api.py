@@ -48,9 +48,11 @@ def apply(model: nn.Module, pe: str | None = "learned", attention: str = "auto",
     adapter = adapter_for(model)
     check_encodings(adapter, names, type(model).__name__)
     adapter.put_encodings(model, names, kwargs)
-    for module in model.modules():  # new encodings take the model's mode (an eval model draws no augmentation)
-        if isinstance(module, Encoding):
+    for module in model.modules():  # what apply built takes the model's mode (in evaluation: no augmentation draw,
+        if isinstance(module, Encoding):  # no attention dropout)
             module.train(model.training)
+        elif isinstance(module, adapter.attention):
+            module.training = model.training
     model.__class__ = adapter.patched
     model.pe = pe
     return set_attention(model, attention)
