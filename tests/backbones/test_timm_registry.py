@@ -155,7 +155,7 @@ def test_pretrained_file_keeps_the_weights(name, suffix, tmp_path):
 
 def test_pretrained_into_another_encoding_keeps_every_other_weight(tmp_path, caplog):
     timm_model, path = _tiny_timm_checkpoint(VIT, tmp_path)
-    with caplog.at_level(logging.WARNING, logger="visionpe.weights"):
+    with caplog.at_level(logging.INFO, logger="visionpe.weights"):
         model = timm.create_model(PREFIX + VIT, pretrained=True, pe="rope_mixed", **TINY[VIT],
                                   pretrained_cfg_overlay=_file(path, num_classes=10))
     source = timm_model.state_dict()
@@ -163,7 +163,9 @@ def test_pretrained_into_another_encoding_keeps_every_other_weight(tmp_path, cap
     kept = [k for k in state if k in source]
     assert len(kept) == len(source) - 1  # all but timm's pos_embed
     assert all(torch.equal(state[k], source[k]) for k in kept)
-    assert "pos_embed" in caplog.text and "rotary.freqs" in caplog.text  # load_timm_checkpoint's report
+    [record] = caplog.records  # load_timm_checkpoint's one report: the grid came from timm's model, nothing assumed
+    assert record.levelname == "INFO" and record.getMessage().endswith(
+        "positional, not loaded: pos_embed (dropped); blocks.*.attn.rotary.freqs (2) (new)")
 
 
 def test_pretrained_with_other_classes_gets_a_fresh_head(tmp_path, caplog):
@@ -174,7 +176,7 @@ def test_pretrained_with_other_classes_gets_a_fresh_head(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="visionpe.weights"):
         model = timm.create_model(PREFIX + VIT, pretrained=True, pretrained_cfg_overlay=_file(path, num_classes=-1),
                                   **kwargs)
-    assert "classifier head not loaded (head.weight, head.bias)" in caplog.text
+    assert "classifier head, not loaded: head.weight, head.bias (new)" in caplog.text
     source, state = timm_model.state_dict(), model.state_dict()
     assert all(torch.equal(state[k], v) for k, v in source.items() if k in state and not k.startswith("head."))
     assert torch.equal(state["pe_tokens.table"], source["pos_embed"][0, 1:].reshape(4, 4, 32))
@@ -197,6 +199,19 @@ def test_pretrained_from_a_file_never_touches_the_network(tmp_path, monkeypatch)
     attempts.clear()
     timm.create_model(PREFIX + VIT, pretrained=True, pretrained_cfg_overlay=_file(path), **TINY[VIT])
     assert attempts == []
+
+
+def test_a_fixed_size_cfg_builds_the_model_at_its_size_and_says_it_runs_at_any():
+    """timm builds a model whose cfg says ``fixed_input_size`` at the cfg's input size (a 384 px ViT has a 24x24
+    pos_embed); the vpe_* model has that grid too, and its cfg says the truth: it runs at any size."""
+    name, kw = "vit_base_patch16_384", dict(depth=1, embed_dim=24, num_heads=2)
+    assert timm.get_pretrained_cfg(name).fixed_input_size
+    ours = timm.create_model(PREFIX + name, **kw)
+    assert ours.patch_embed.grid_size == timm.create_model(name, **kw).patch_embed.grid_size == (24, 24)
+    assert ours.pretrained_cfg["fixed_input_size"] is False
+    assert timm.get_pretrained_cfg(PREFIX + name).fixed_input_size is False
+    assert ours(torch.randn(1, 3, 64, 48)).shape == (1, 1000)
+    assert timm.create_model(PREFIX + name, img_size=64, **kw).patch_embed.grid_size == (4, 4)  # the caller's wins
 
 
 def test_tags_choose_timms_pretrained_cfg():

@@ -90,6 +90,10 @@ SETTINGS: dict[str, Setting] = {
                    "to the source run's (a recipe or flags override them), so '--init-from DIR --pe rope_mixed' "
                    "converts that run. Other sizes (embed_dim, depth, patch_size, model) are an error naming the "
                    "keys; so is another classifier head unless --init-head-reset", metavar="PATH"),
+    "init_grid": S([], MODEL, "ints", "with --init-from: the patch grid H W of the source's pos_embed, which a timm "
+                   "checkpoint does not store (default: the source run's grid; for a checkpoint of no run the new "
+                   "model's grid when the patch counts agree, else square, and the report says what it assumed)",
+                   metavar="N"),
     "init_head_reset": S(False, MODEL, "bool", "with --init-from: do not take the source's classifier head "
                          "(head.*); train a new one (needed when the number of classes differs)"),
     "pretrained": S(False, MODEL, "bool", "start from timm's pretrained weights of --model (a tag picks them, e.g. "
@@ -570,6 +574,10 @@ def check_model_settings(cfg: dict) -> None:
             raise UserError(f"pe: {one_line(err)} (or 'none', or 'timm')") from None
     need(not cfg["init_head_reset"] or cfg["init_from"], "--init-head-reset needs --init-from PATH (it resets the "
          "classifier head of the weights taken from PATH)")
+    need(not cfg["init_grid"] or cfg["init_from"], "--init-grid needs --init-from PATH (it is the patch grid of the "
+         "pos_embed in PATH)")
+    need(not cfg["init_grid"] or (len(cfg["init_grid"]) == 2 and all(v >= 1 for v in cfg["init_grid"])),
+         f"init_grid must be 2 integers >= 1 (height width, in patches), got {' '.join(map(str, cfg['init_grid']))}")
     need(not cfg["pretrained_path"] or cfg["pretrained"], "--pretrained-path FILE needs --pretrained (it names where "
          "timm's pretrained weights come from)")
     need(not (cfg["pretrained"] and cfg["init_from"]), "--pretrained and --init-from both give the starting weights; "
