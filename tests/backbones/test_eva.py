@@ -66,11 +66,11 @@ def _max_diff(ours, theirs, size):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_native_encoding_keeps_timms_logits_at_every_size(name):
-    """``apply(eva, pe=None)``: timm's own position encoding, reproduced exactly (at the training size and at other
+    """``apply(eva, pe="native")``: timm's own position encoding, reproduced exactly (at the training size and at other
     sizes, with the scaling that variant has); the model is patched in place, every weight kept."""
     eva = _timm_eva(name)
     before = copy.deepcopy(eva)
-    ours = vpe.apply(eva, pe=None)
+    ours = vpe.apply(eva, pe="native")
     assert ours is eva and isinstance(ours, PositionalModel) and ours.rope is None
     assert all(isinstance(b.attn, EvaAttentionPE) for b in ours.blocks)
     for size in SIZES:
@@ -91,9 +91,9 @@ def test_the_sbb_gap_ports_interpolate_to_their_reference_grid():
     eva = _timm_eva("vit_medium_patch16_rope_reg1_gap_256")
     assert vpe.backbones.adapter_for(eva).native_pe(eva) == (
         "rope_axial", dict(theta=10000.0, axis_order="ij", pairs="interleaved", scaling="pi", ref_shape=(16, 16)))
-    rotary = vpe.encodings_of(vpe.apply(copy.deepcopy(eva), pe=None))["rotary"][0]
+    rotary = vpe.encodings_of(vpe.apply(copy.deepcopy(eva), pe="native"))["rotary"][0]
     assert (rotary.scaling, rotary.ref_shape, rotary.axis_order, rotary.theta) == ("pi", (16, 16), "ij", 10000.0)
-    extrapolated = vpe.encodings_of(vpe.apply(copy.deepcopy(eva), pe=None, scaling="none"))["rotary"][0]
+    extrapolated = vpe.encodings_of(vpe.apply(copy.deepcopy(eva), pe="native", scaling="none"))["rotary"][0]
     for shape in ((4, 4), (6, 5)):
         q = torch.randn(1, 8, shape[0] * shape[1], rotary.head_dim)
         expected = apply_rot_embed_cat(q, eva.rope.get_embed(shape=list(shape)))
@@ -150,7 +150,7 @@ def test_create_model_with_another_encoding_and_back():
     model recorded when it was patched (timm's RoPE module is gone by then)."""
     ours = vpe.create_model("eva02_tiny_patch14_224", pe="alibi", **KW)
     assert ours.pe == "alibi" and vpe.encodings_of(ours)["bias"]
-    vpe.apply(ours, pe=None)
+    vpe.apply(ours, pe="native")
     rotary = vpe.encodings_of(ours)["rotary"][0]
     assert ours.pe == "rope_axial+learned" and (rotary.theta, rotary.ref_shape) == (10000.0, (16, 16))
 
@@ -161,17 +161,17 @@ def test_what_visionpe_cannot_reproduce_is_refused_with_the_reason():
     encoding replaces it; its gigantic models have no class token and no offset, and keep timm's logits."""
     pe_model = timm.create_model("vit_pe_core_tiny_patch16_384", **KW)
     with pytest.raises(ValueError, match="rope_grid_offset=1.0 .*Perception Encoder"):
-        vpe.apply(copy.deepcopy(pe_model), pe=None)
+        vpe.apply(copy.deepcopy(pe_model), pe="native")
     with pytest.raises(ValueError, match="timm Eva does not take it: Perception Encoder's RoPE starts"):
         vpe.create_model("vit_pe_core_tiny_patch16_384", pe="rope_axial", **KW)
     assert "vpe_vit_pe_core_tiny_patch16_384" not in timm.list_models("vpe_vit_pe_*")
     patched = vpe.apply(pe_model, "rope_axial")
     assert patched(torch.randn(1, 3, 32, 48)).shape == (1, 3)
     with pytest.raises(ValueError, match="rope_grid_offset"):  # the reason is remembered
-        vpe.apply(patched, pe=None)
+        vpe.apply(patched, pe="native")
     gigantic = _timm_eva("vit_pe_core_gigantic_patch14_448")
     assert gigantic.rope.grid_offset == 0 and "vpe_vit_pe_core_gigantic_patch14_448" in timm.list_models("vpe_*")
-    ours = vpe.apply(copy.deepcopy(gigantic), pe=None)
+    ours = vpe.apply(copy.deepcopy(gigantic), pe="native")
     for size in SIZES:
         assert _max_diff(ours, gigantic, size) < 2e-5, size
 
@@ -180,11 +180,11 @@ def test_what_visionpe_cannot_reproduce_is_refused_with_the_reason():
 def test_timm_mrope_has_no_native_equivalent():
     eva = timm.create_model("vit_small_patch16_rope_224", rope_type="mrope", rope_grid_indexing="ij", **KW)
     with pytest.raises(ValueError, match="RotaryEmbeddingMRope has no visionpe equivalent"):
-        vpe.apply(copy.deepcopy(eva), pe=None)
+        vpe.apply(copy.deepcopy(eva), pe="native")
     patched = vpe.apply(eva, "rope_axial")  # another encoding replaces it
     assert patched(torch.randn(1, 3, 32, 48)).shape == (1, 3)
     with pytest.raises(ValueError, match="RotaryEmbeddingMRope"):  # the reason is remembered
-        vpe.apply(patched, pe=None)
+        vpe.apply(patched, pe="native")
 
 
 def test_an_eval_model_draws_no_coordinate_augmentation():
@@ -194,7 +194,7 @@ def test_an_eval_model_draws_no_coordinate_augmentation():
     if "rope_shift_coords" not in inspect.signature(Eva).parameters:
         pytest.skip("needs timm's Eva with RoPE coordinate augmentation (rope_shift_coords; not in timm 1.0.19)")
     eva = _timm_eva("vit_small_patch16_rope_224", **kw)
-    ours = vpe.apply(copy.deepcopy(eva), pe=None)
+    ours = vpe.apply(copy.deepcopy(eva), pe="native")
     assert not any(m.training for m in ours.modules())  # the encodings and the new attentions too
     assert vpe.encodings_of(ours)["rotary"][0].coordinates.shift_coords == 1.0
     assert _max_diff(ours, eva, (32, 32)) < 2e-5
@@ -205,7 +205,7 @@ def test_training_mode_of_a_gqa_eva_is_timms():
     if not HAS_GQA:
         pytest.skip("needs timm's Eva with num_kv_heads (a newer timm)")
     eva = _timm_eva("vit_small_patch16_rope_224", num_kv_heads=1, qkv_fused=False)
-    ours = vpe.apply(copy.deepcopy(eva), pe=None)
+    ours = vpe.apply(copy.deepcopy(eva), pe="native")
     eva.train(), ours.train()
     x = torch.randn(2, 3, 40, 32)
     theirs, mine = eva(x), ours(x)
@@ -223,7 +223,7 @@ def test_distilled_deit_keeps_both_heads():
     heads' average), and in distilled training each head's own logits."""
     torch.manual_seed(0)
     deit = _perturb(timm.create_model("deit_tiny_distilled_patch16_224", dynamic_img_size=True, **KW))
-    ours = vpe.apply(copy.deepcopy(deit), pe=None)
+    ours = vpe.apply(copy.deepcopy(deit), pe="native")
     assert type(ours).__name__ == "VisionTransformerDistilledPE" and ours.pe == "learned"
     assert ours.pe_tokens.prefix.shape == (2, KW["embed_dim"])  # pos_embed's class and distillation rows
     for size in SIZES:

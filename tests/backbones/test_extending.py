@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 from trainutil import ROOT
-from usercode import write
+from usercode import BACKBONE, write
 
 import visionpe as vpe
 from visionpe import Grid, viz
@@ -103,53 +103,11 @@ def test_grid_offset_reaches_the_encodings(pe):
         torch.testing.assert_close(tokens, patches + window)
 
 
-# A user's backbone in one file: its model (registered in timm by its own entrypoints) and ONE Adapter record, from
-# which visionpe's timm registry, the training CLI's help and messages, the error messages and load_timm_checkpoint
-# learn everything they say about it.
-USER_BACKBONE = '''
+# A user's backbone in one file: its model (tests/usercode.py's ToyViT, registered in timm by its own entrypoints
+# here) and ONE Adapter record, from which visionpe's timm registry, the training CLI's help and messages, the error
+# messages and load_timm_checkpoint learn everything they say about it.
+USER_BACKBONE = BACKBONE[:BACKBONE.index("register_adapter(")] + '''
 from timm.models import build_model_with_cfg, register_model
-from torch import nn
-
-import visionpe as vpe
-from visionpe.backbones import Adapter, PositionalModel, register_adapter
-from visionpe.backbones.adapter import EncodingSet
-
-
-class ToyViT(nn.Module):
-    """A user's own transformer: conv patches, visionpe attention blocks, mean pooling."""
-
-    def __init__(self, num_classes=10, patch_size=4, in_chans=3, embed_dim=16, depth=1, num_heads=2):
-        super().__init__()
-        self.patch_embed = nn.Module()
-        self.patch_embed.proj = nn.Conv2d(in_chans, embed_dim, patch_size, patch_size)
-        self.patch_embed.patch_size = (patch_size, patch_size)
-        self.blocks = nn.ModuleList(vpe.Attention(embed_dim, num_heads) for _ in range(depth))
-        self.head = nn.Linear(embed_dim, num_classes)
-
-    def forward(self, x):
-        x = self.patch_embed.proj(x)
-        grid = vpe.Grid(tuple(x.shape[2:]))
-        x = x.flatten(2).transpose(1, 2)
-        for block in self.blocks:
-            x = x + block(x, grid)
-        return self.head(x.mean(1))
-
-
-class ToyViTPE(PositionalModel, ToyViT):
-    def no_weight_decay(self):
-        return set()  # (the encodings' names are added by PositionalModel)
-
-    def forward(self, x):
-        self.check_input(x)
-        return super().forward(x)
-
-
-def put_encodings(model, names, kwargs):
-    encodings = EncodingSet(names, kwargs)
-    for block in model.blocks:
-        context = vpe.ModelContext((4, 4), block.qkv.in_features, block.num_heads, block.head_dim)
-        block.rotary = encodings.block("rotary", context, block.rotary)
-        block.bias = encodings.block("bias", context, block.bias)
 
 
 def renamed_blocks(state, report):

@@ -101,7 +101,7 @@ def test_eva_forward_intermediates_equal_timms(name):
     with torch.no_grad():
         for p in eva.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    ours = vpe.apply(copy.deepcopy(eva), pe=None)
+    ours = vpe.apply(copy.deepcopy(eva), pe="native")
     x = torch.randn(2, 3, 40, 24)
     for kwargs in (dict(indices=2), dict(indices=[0, -1], return_prefix_tokens=True, norm=True),
                    dict(indices=1, output_fmt="NLC", stop_early=True)):

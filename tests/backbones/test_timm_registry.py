@@ -267,4 +267,4 @@ def test_every_registered_name_builds_and_every_excluded_one_is_unsupported():
             vpe.create_model(name, **small(name))
         plain = timm.create_model(name, **small(name))
         with pytest.raises((ValueError, AttributeError)):  # not even as timm built it
-            vpe.apply(plain, pe=None)
+            vpe.apply(plain, pe="native")

@@ -51,7 +51,7 @@ class Adapter:
             build(**kwargs)``, called with timm's keyword names (``num_classes``, ``patch_size``, ``in_chans``,
             ``img_size``, ``drop_path_rate``) plus the user's model keywords.
         video: the models take clips ``(B, C, T, H, W)``.
-        native: the encoding the architecture has itself, what ``pe=None`` gives (:func:`~visionpe.apply`) and the
+        native: the encoding the architecture has itself, what ``pe="native"`` gives (:func:`~visionpe.apply`) and the
             default of its ``vpe_*`` names in timm's registry: a ``pe`` string (``"learned"``), or
             ``native(model) -> (pe, pe_kwargs)`` for a family whose models differ (timm's Eva: its RoPE variant);
             None: the family has no native encoding visionpe reproduces.
@@ -112,6 +112,7 @@ class Adapter:
 
 
 ADAPTERS: dict[type, Adapter] = {}
+NATIVE = "native"  # pe: the architecture's own encoding (its adapter's ``native``)
 
 # what global and window attention refuse (records of the adapters with each kind of attention)
 GLOBAL_REFUSES = {"swin_bias": "needs window attention (Swin); for a ViT use rel_bias (BEiT's global table), cpb or "
@@ -252,8 +253,8 @@ def check_encodings(adapter: Adapter, names: dict[str, str], model_name: str) ->
             takers = [a.name for a in ADAPTERS.values() if family in a.families and not a.video]
             shown = ", ".join(takers[:3]) + (", ..." if len(takers) > 3 else "")
             raise ValueError(f"{model_name} takes {' and '.join(adapter.families)} encodings "
-                             f"({', '.join(adapter.encodings())}); {family} encodings ({name}) need a backbone with "
-                             f"a token sequence ({shown})")
+                             f"({', '.join(adapter.encodings())}); {family} encodings ({name}) need another "
+                             f"backbone, e.g. a ViT ({shown})")
         if name in adapter.refuses:
             raise ValueError(f"{name} {adapter.refuses[name]}")
 
@@ -376,7 +377,7 @@ class PositionalModel:
     pe: str = "none"
 
     @property
-    def adapter(self) -> Adapter:
+    def pe_adapter(self) -> Adapter:
         """The registered :class:`Adapter` of this model's class (what :func:`~visionpe.load_timm_checkpoint` reads
         its checkpoint hooks from)."""
         return adapter_for(self)

@@ -19,10 +19,10 @@ from torch import nn
 from .._checks import check_bool, check_choice
 from ..attention import ATTENTIONS, set_attention
 from ..encoding import Encoding
-from .adapter import ADAPTERS, adapter_for, check_encodings, parse_pe, route_kwargs, timm_adapter
+from .adapter import ADAPTERS, NATIVE, adapter_for, check_encodings, parse_pe, route_kwargs, timm_adapter
 
 
-def apply(model: nn.Module, pe: str | None = "learned", attention: str = "auto", **pe_kwargs) -> nn.Module:
+def apply(model: nn.Module, pe: str = "learned", attention: str = "auto", **pe_kwargs) -> nn.Module:
     """Give a backbone the encoding ``pe`` in place and return it; non-positional weights are kept.
 
     Args:
@@ -30,17 +30,17 @@ def apply(model: nn.Module, pe: str | None = "learned", attention: str = "auto",
             ``VisionTransformerDistilled``, ``SwinTransformer``, ``SwinTransformerV2``, ``Eva``, torchvision
             ``SwinTransformer3d``, ...
         pe: an encoding name from :func:`visionpe.available`, a ``+`` combination of one encoding per family
-            (``"rope_mixed+learned"``), ``"none"``, or None: the architecture's own encoding with its keywords
-            (its adapter's ``native``: ``learned`` for a ViT, ``swin_bias`` for Swin, an Eva's RoPE as timm builds
-            it), so the model computes what timm's does, at any input size.
+            (``"rope_mixed+learned"``), ``"none"``, or ``"native"``: the architecture's own encoding with its
+            keywords (its adapter's ``native``: ``learned`` for a ViT, ``swin_bias`` for Swin, an Eva's RoPE as timm
+            builds it), so the model computes what the original does, at any input size.
         attention: every attention's :func:`visionpe.attend` choice, ``"auto"``, ``"sdpa"`` or ``"flex"``
             (:func:`visionpe.set_attention`).
         pe_kwargs: constructor keywords, each given to the encodings of the combination that take it
-            (e.g. ``scaling="pi"``, ``interpolation="bilinear"``, ``theta=10``); with ``pe=None`` they override
+            (e.g. ``scaling="pi"``, ``interpolation="bilinear"``, ``theta=10``); with ``pe="native"`` they override
             the native ones.
     """
     check_choice("attention", attention, ATTENTIONS)
-    if pe is None:
+    if pe == NATIVE:
         pe, native_kwargs = adapter_for(model).native_pe(model)
         pe_kwargs = {**native_kwargs, **pe_kwargs}
     names = parse_pe(pe)
@@ -58,19 +58,19 @@ def apply(model: nn.Module, pe: str | None = "learned", attention: str = "auto",
     return set_attention(model, attention)
 
 
-def create_model(model_name: str, pe: str | None = "learned", pretrained: bool = False,
-                 pe_kwargs: dict | None = None, attention: str = "auto", **timm_kwargs) -> nn.Module:
+def create_model(model_name: str, pe: str = "learned", pretrained: bool = False, pe_kwargs: dict | None = None,
+                 attention: str = "auto", **timm_kwargs) -> nn.Module:
     """``timm.create_model(model_name, **timm_kwargs)`` with the encoding ``pe``, runnable at any input size.
 
     >>> model = create_model("deit_tiny_patch16_224", pe="rope_mixed", img_size=64, patch_size=8, num_classes=10)
     >>> model(torch.randn(2, 3, 96, 96)).shape
     torch.Size([2, 10])
 
-    ``pe_kwargs`` go to the encodings and ``attention`` to every attention (see :func:`apply`; ``pe=None``: the
+    ``pe_kwargs`` go to the encodings and ``attention`` to every attention (see :func:`apply`; ``pe="native"``: the
     architecture's own encoding); every other keyword goes to timm.
     """
     check_choice("attention", attention, ATTENTIONS)
-    if pe is not None:  # bad pe / pe_kwargs fail before timm builds
+    if pe != NATIVE:  # bad pe / pe_kwargs fail before timm builds
         route_kwargs(parse_pe(pe), {} if pe_kwargs is None else pe_kwargs)
     if not isinstance(model_name, str) or not timm.is_model(model_name):
         examples = [name for adapter in ADAPTERS.values() if adapter.timm_modules for name in adapter.examples]

@@ -8,7 +8,7 @@ through :func:`visionpe.attend`). The forward is the ViT adapter's (:class:`~vis
 the token layout goes to every block where timm's Eva passes its RoPE table (``rope=``), so nothing is shared
 between calls.
 
-The architecture's own encoding (``pe=None``, the default of ``vpe_<eva name>``) is timm's, exactly
+The architecture's own encoding (``pe="native"``, the default of ``vpe_<eva name>``) is timm's, exactly
 (:func:`native_eva`): the learned ``pos_embed`` is ``learned``; ``RotaryEmbeddingCat`` is ``rope_axial`` with
 ``theta`` = its temperature, its ``grid_indexing`` as ``axis_order``, its pair layout, and ``scaling="pi"`` against
 ``ref_feat_shape`` (EVA-02, the ``*_reg*_gap_256`` ports) or ``"none"`` (integer positions, the rope-vit ports);

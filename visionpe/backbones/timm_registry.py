@@ -7,9 +7,10 @@ and DeiT-III in ``vision_transformer`` and ``deit``, ``swin_transformer``, ``swi
 user's), except the names its ``unsupported`` patterns leave out (:func:`unsupported_timm_names` says why). An
 adapter registered later (a user's) joins at once. A registered name takes
 
-- ``pe``: any encoding or combination :func:`visionpe.create_model` takes; by default (None) the architecture's own,
-  as its adapter's ``native`` gives it (``learned`` for a ViT, ``swin_bias`` for Swin, ``cpb`` for Swin-V2, an Eva's
-  RoPE with timm's conventions), so ``vpe_<name>`` is timm's ``<name>`` running at any input size;
+- ``pe``: any encoding or combination :func:`visionpe.create_model` takes; by default ``"native"``: the
+  architecture's own, as its adapter's ``native`` gives it (``learned`` for a ViT, ``swin_bias`` for Swin, ``cpb``
+  for Swin-V2, an Eva's RoPE with timm's conventions), so ``vpe_<name>`` is timm's ``<name>`` running at any input
+  size;
 - ``pe_kwargs``: the encoding's keywords (a dict);
 - every timm keyword (``num_classes``, ``img_size``, ``drop_path_rate``, ``pretrained_cfg_overlay``, ...), and
   ``features_only=True`` with ``out_indices`` / ``feature_cls``: timm's own feature wrapper of the family (its
@@ -44,7 +45,7 @@ from timm.models import (
 from torch import nn
 
 from ..weights.convert import load_timm_checkpoint
-from .adapter import ADAPTERS, Adapter, adapter_for
+from .adapter import ADAPTERS, NATIVE, Adapter, adapter_for
 
 PREFIX = "vpe_"
 
@@ -102,17 +103,17 @@ def pretrained_cfgs(timm_name: str) -> DefaultCfg:
 def make_entrypoint(timm_name: str, name: str):
     """The timm entrypoint function of the registered ``name``."""
 
-    def entrypoint(pretrained: bool = False, pe: str | None = None, pe_kwargs: dict | None = None,
+    def entrypoint(pretrained: bool = False, pe: str = NATIVE, pe_kwargs: dict | None = None,
                    **timm_kwargs) -> nn.Module:
         return create_registered(timm_name, name, pe, pe_kwargs, pretrained, **timm_kwargs)
 
     entrypoint.__name__ = entrypoint.__qualname__ = name
-    entrypoint.__doc__ = (f"timm ``{timm_name}`` with the visionpe encoding ``pe`` (default None: the "
+    entrypoint.__doc__ = (f"timm ``{timm_name}`` with the visionpe encoding ``pe`` (default ``\"native\"``: the "
                           f"architecture's own) and its ``pe_kwargs``; every other keyword goes to timm.")
     return entrypoint
 
 
-def create_registered(timm_name: str, name: str, pe: str | None, pe_kwargs: dict | None, pretrained: bool,
+def create_registered(timm_name: str, name: str, pe: str, pe_kwargs: dict | None, pretrained: bool,
                       pretrained_cfg=None, pretrained_cfg_overlay: dict | None = None, cache_dir=None,
                       **timm_kwargs) -> nn.Module:
     """The model of the registered ``name``: :func:`visionpe.create_model` of ``timm_name``, with the registered

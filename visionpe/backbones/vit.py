@@ -31,8 +31,8 @@ from ..encoding import ModelContext
 from .._checks import check_number
 from ..grid import Grid, Layout, MixedLayout
 from ..weights.convert import LoadReport
-from .adapter import (GLOBAL_REFUSES, Adapter, EncodingSet, PositionalModel, build_tokens, check_img_size, check_model_sizes,
-                      register_adapter)
+from .adapter import (GLOBAL_REFUSES, Adapter, EncodingSet, PositionalModel, build_tokens, check_img_size,
+                      check_model_sizes, register_adapter)
 
 
 class GridBlock(Block):

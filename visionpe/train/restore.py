@@ -195,7 +195,7 @@ def pretrained_weights(model: torch.nn.Module, cfg: dict) -> dict:
     source_model, source = models.pretrained_source(cfg)
     head_reset = cfg["num_classes"] != source_model.pretrained_cfg.get("num_classes")  # timm's rule for a new head
     state = source_model.state_dict()
-    grid = getattr(source_model.patch_embed, "grid_size", None) if hasattr(source_model, "patch_embed") else None
+    grid = getattr(getattr(source_model, "patch_embed", None), "grid_size", None)  # the grid of its pos_embed
     report = _load_converted(model, state, cfg, f"--pretrained {cfg['model']}", None, head_reset=head_reset,
                              source_grid=None if grid is None else tuple(grid))
     return {"kind": "init", "source": source, "source_pe": "timm", "source_epoch": None, "head_reset": head_reset,

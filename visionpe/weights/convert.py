@@ -76,11 +76,11 @@ def pos_embed_grid(tokens: nn.Module, pos_embed: torch.Tensor, source_grid=None)
             raise ValueError(f"pos_embed of shape {tuple(pos_embed.shape)} holds {patches} patch positions, neither "
                              f"the model's grid {space} nor a square grid: give source_grid=(height, width) of the "
                              "checkpoint's patch grid")
-        others = [g for g in grids_of(patches) if g != grid]
+        others = [_x(g) for g in grids_of(patches) if g != grid]
+        fits = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
         note = None if not others else (
-            f"pos_embed: {patches} patch positions read as the grid {_x(grid)} ({why}; a checkpoint stores no grid, and "
-            f"{patches} also fits {', '.join(_x(g) for g in others[:4])}{', ...' if len(others) > 4 else ''}): give "
-            f"{GRID_HINT} if it was another")
+            f"pos_embed: {patches} patch positions read as the grid {_x(grid)} ({why}; a checkpoint stores no grid, "
+            f"and {patches} also fits {fits}): give {GRID_HINT} if it was another")
         return grid, note
     source_grid = tuple(source_grid) if isinstance(source_grid, (tuple, list)) else source_grid
     if not (isinstance(source_grid, tuple) and len(source_grid) == 2
@@ -187,7 +187,7 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
         where = _where(source)
     report, load = LoadReport(), {}
     state = read_state_dict(source)
-    for hook in getattr(getattr(model, "adapter", None), "checkpoint_hooks", ()):  # the model's backbone record
+    for hook in getattr(getattr(model, "pe_adapter", None), "checkpoint_hooks", ()):  # the model's backbone record
         state = hook(state, report)
     target = model.state_dict()
     mismatched: dict[str, str] = {}
