@@ -454,8 +454,9 @@ ROWS = [
     # -- values that were accepted before and gave wrong or surprising results (issue 22) -------------------------
     (T, ["--lr", "1e-4", "--min-lr", "1.0"], ["min_lr 1.0 must not exceed lr 0.0001"]),
     (T, ["--model", "resnet18"], ["--model resnet18", "no adapter"]),
-    (T, ["--model", "deit_tiny_distilled_patch16_224"], ["--model deit_tiny_distilled_patch16_224", "distillation",
-                                                        "deit_tiny_patch16_224", "--pe timm"]),
+    (T, ["--model", "vit_base_patch16_18x2_224"], ["--model vit_base_patch16_18x2_224", "parallel blocks",
+                                                  "--pe timm"]),
+    (T, ["--init-grid", "16", "4"], ["--init-grid needs --init-from"]),
     (S, ["{run}", "--res", "16", "--out", "{tmp}/afile"], ["--out", "is a file"], "output_is_a_file"),
     (T, ["--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "mlp_ratio=-2"],
      ["mlp_ratio", "--model-kwargs", "> 0", "-2"]),

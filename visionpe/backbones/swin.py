@@ -22,8 +22,8 @@ from ..coords import shares_draws, with_draws
 from ..encoding import ModelContext
 from ..grid import Grid
 from .._checks import to_shape
-from .adapter import (Adapter, EncodingSet, PositionalModel, check_img_size, check_model_sizes,
-                      check_window_families, register_adapter)
+from .adapter import (WINDOW_FAMILIES, WINDOW_REFUSES, Adapter, EncodingSet, PositionalModel, check_img_size,
+                      check_model_sizes, register_adapter)
 
 
 class WindowAttention(nn.Module):
@@ -132,7 +132,6 @@ class SwinTransformerV2PE(PositionalModel, SwinTransformerV2):
 
 def apply_swin(model: nn.Module, names: dict, kwargs: dict) -> None:
     """Put the encodings ``names`` (family -> name) into every window attention of a timm Swin, in place."""
-    check_window_families(names, type(model).__name__)
     model.patch_embed.strict_img_size = False
     model.dynamic_img_size = True
     encodings = EncodingSet(names, kwargs)
@@ -177,8 +176,18 @@ def any_size_swin(timm_kwargs: dict) -> dict:
     return timm_kwargs
 
 
+def swin_features(model: nn.Module) -> dict:
+    """timm's ``feature_cfg`` of a Swin: its stages as a feature list, every stage by default."""
+    return {"flatten_sequential": True, "out_indices": tuple(range(len(model.layers)))}
+
+
+WINDOW_RECORD = dict(families=WINDOW_FAMILIES, refuses=WINDOW_REFUSES, any_size=any_size_swin,
+                     feature_cfg=swin_features)
+
 register_adapter(Adapter(SwinTransformer, SwinTransformerPE, apply_swin, (WindowAttention,),
-                         timm_modules=("swin_transformer",), any_size=any_size_swin,
-                         init_weights=lambda model: model.init_weights()))
+                         timm_modules=("swin_transformer",), native="swin_bias",
+                         examples=("swin_tiny_patch4_window7_224",), init_weights=lambda model: model.init_weights(),
+                         **WINDOW_RECORD))
 register_adapter(Adapter(SwinTransformerV2, SwinTransformerV2PE, apply_swin, (WindowAttention,),
-                         timm_modules=("swin_transformer_v2",), any_size=any_size_swin))
+                         timm_modules=("swin_transformer_v2",), native="cpb", examples=("swinv2_tiny_window8_256",),
+                         **WINDOW_RECORD))

@@ -20,7 +20,8 @@ import yaml
 from .. import data as vdata
 from ..cli import Parser, UserError, add_import, import_user_code, one_line
 from ..cli.recipes import recipe_path
-from .models import DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_kwargs, named_constructor, tubelet
+from .models import (DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_help, model_kwargs,
+                     named_constructor, tubelet)
 
 MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN = ("model", "data", "optimizer", "learning-rate schedule",
                                              "augmentation and regularization", "evaluation", "run and misc")
@@ -84,13 +85,7 @@ def transform_settings(stage: str) -> dict[str, Setting]:
 
 SETTINGS: dict[str, Setting] = {
     # model
-    "model": S("vit_tiny_patch16_224", MODEL, "str", "timm model name: a ViT/DeiT (vit_*, deit_*) or Swin "
-               "(swin_*), e.g. vit_tiny_patch16_224, deit_small_patch16_224, swin_tiny_patch4_window7_224; with "
-               "--num-frames (video) a timm ViT, built as its tubelet version (visionpe.create_video_model), or "
-               "torchvision's Video Swin swin3d_t / swin3d_s / swin3d_b (torchvision's sizes; --model-kwargs "
-               "embed_dim=, depths=[..], num_heads=[..], window_size=[t,h,w] make a smaller one; its patch is "
-               "--tubelet-size); or torchvision's image ViT tv_vit_b_16 / tv_vit_b_32 / tv_vit_l_16 / tv_vit_l_32 / "
-               "tv_vit_h_14 (sized by --embed-dim, --depth, --num-heads)", metavar="NAME"),
+    "model": S("vit_tiny_patch16_224", MODEL, "str", "", metavar="NAME"),  # help from the backbones (models.py)
     "pe": S("learned", MODEL, "str", "", metavar="NAME"),  # help filled from the registry
     "pe_kwargs": S({}, MODEL, "mapping", "encoding keywords as KEY=VALUE (VALUE read as YAML), e.g. theta=100 "
                    "scaling=pi; see visionpe.build for each encoding's keywords", metavar="KEY=VALUE"),
@@ -117,6 +112,10 @@ SETTINGS: dict[str, Setting] = {
                    "to the source run's (a recipe or flags override them), so '--init-from DIR --pe rope_mixed' "
                    "converts that run. Other sizes (embed_dim, depth, patch_size, model) are an error naming the "
                    "keys; so is another classifier head unless --init-head-reset", metavar="PATH"),
+    "init_grid": S([], MODEL, "ints", "with --init-from: the patch grid H W of the source's pos_embed, which a timm "
+                   "checkpoint does not store (default: the source run's grid; for a checkpoint of no run the new "
+                   "model's grid when the patch counts agree, else square, and the report says what it assumed)",
+                   metavar="N"),
     "init_head_reset": S(False, MODEL, "bool", "with --init-from: do not take the source's classifier head "
                          "(head.*); train a new one (needed when the number of classes differs)"),
     "pretrained": S(False, MODEL, "bool", "start from timm's pretrained weights of --model (a tag picks them, e.g. "
@@ -306,7 +305,7 @@ def build_parser(prog: str = "visionpe train", description: str = "", epilog: st
             add_import(p, groups[RUN])
             continue
         flag = "--" + key.replace("_", "-")
-        text = (s.help or {"pe": _pe_help, "data": _data_help}[key]()) + \
+        text = (s.help or {"pe": _pe_help, "data": _data_help, "model": model_help}[key]()) + \
             ("" if s.default is None else f" (default: {_default_text(key)})")
         g = groups[s.group]
         if s.kind == "mapping":
@@ -332,7 +331,11 @@ def build_parser(prog: str = "visionpe train", description: str = "", epilog: st
 
 
 def parse_args(argv, prog: str = "visionpe train", description: str = "", epilog: str = "") -> dict:
-    """The settings given on the command line (only those), plus ``config``/``resume``/``debug`` if given."""
+    """The settings given on the command line (only those), plus ``config``/``resume``/``debug`` if given. Its
+    ``--import`` code is imported first, so ``--help`` lists the user's encodings, data sets and backbones."""
+    first = Parser(add_help=False)
+    add_import(first)
+    import_user_code(first.parse_known_args(argv)[0].imports)
     args = vars(build_parser(prog, description, epilog).parse_args(argv))
     for key in ("pe_kwargs", "model_kwargs"):
         if key in args:
@@ -575,6 +578,10 @@ def check_model_settings(cfg: dict) -> None:
             raise UserError(f"pe: {one_line(err)} (or 'none', or 'timm')") from None
     need(not cfg["init_head_reset"] or cfg["init_from"], "--init-head-reset needs --init-from PATH (it resets the "
          "classifier head of the weights taken from PATH)")
+    need(not cfg["init_grid"] or cfg["init_from"], "--init-grid needs --init-from PATH (it is the patch grid of the "
+         "pos_embed in PATH)")
+    need(not cfg["init_grid"] or (len(cfg["init_grid"]) == 2 and all(v >= 1 for v in cfg["init_grid"])),
+         f"init_grid must be 2 integers >= 1 (height width, in patches), got {' '.join(map(str, cfg['init_grid']))}")
     need(not cfg["pretrained_path"] or cfg["pretrained"], "--pretrained-path FILE needs --pretrained (it names where "
          "timm's pretrained weights come from)")
     need(not (cfg["pretrained"] and cfg["init_from"]), "--pretrained and --init-from both give the starting weights; "
