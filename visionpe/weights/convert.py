@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from ..resample import resample_axis, resample_grid
-from .io import _check_strict, _where, read_state_dict
+from .._checks import check_bool, check_module
+from .io import _check_strict, _where, check_finite, check_shapes, read_state_dict
 
 logger = logging.getLogger("visionpe.weights")  # one name for every weights module
 
@@ -152,7 +153,8 @@ def _image_to_video(model: nn.Module, key: str, value: torch.Tensor, want: torch
     return None
 
 
-def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_grid=None) -> LoadReport:
+def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_grid=None,
+                         allow_nonfinite: bool = False) -> LoadReport:
     """Load a plain timm ViT/Swin state dict (or a visionpe one of another size) into a visionpe-patched model and
     report every key.
 
@@ -170,10 +172,19 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
 
     ``source_grid``: ``(height, width)`` of the checkpoint's ``pos_embed`` patch grid (a checkpoint does not store
     it); by default the model's grid when the counts agree, else square (:func:`pos_embed_tensors`).
+
+    A NaN or infinite value in any tensor of the checkpoint is a ``ValueError`` naming it, as in
+    :func:`~visionpe.weights.load_weights`, unless ``allow_nonfinite=True``; so is a converted tensor of another
+    shape than the model's (a ``pos_embed`` of another width).
     """
+    check_module("model", model)
     _check_strict(strict)
+    check_bool("allow_nonfinite", allow_nonfinite)
     report, load = LoadReport(), {}
-    state = _eva_to_vit(read_state_dict(source), report)
+    state = read_state_dict(source)
+    if not allow_nonfinite:
+        check_finite(state, _where(source), "pass allow_nonfinite=True to load it anyway")
+    state = _eva_to_vit(state, report)
     target = model.state_dict()
     mismatched: dict[str, str] = {}
     tokens = getattr(model, "pe_tokens", None)
@@ -216,6 +227,7 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     if strict and (report.new or report.dropped):
         raise ValueError(f"load_timm_checkpoint(strict=True): {_where(source)} does not fit {type(model).__name__} "
                          f"(nothing was loaded):\n" + _summary(report, mismatched, limit=None))
+    check_shapes(load, target, f"{_where(source)} does not fit {type(model).__name__}", report.converted)
     model.load_state_dict(load, strict=False)
     if notable:
         logger.warning("load_timm_checkpoint: %s into %s left keys unused or unset (positional: %s):\n%s",
