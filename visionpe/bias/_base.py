@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .._compat import is_compiling
 from ..cache import TableCache
 from ..encoding import Encoding
 from ..grid import Grid, as_grid
@@ -87,14 +88,16 @@ class BiasEncoding(Encoding):
 
 
 def checked_forward(forward):
-    """A bias's ``forward(grid)`` that checks the table fits in memory before building it."""
+    """A bias's ``forward(grid, ...)`` that checks the table fits in memory before building it (not while
+    ``torch.compile`` traces)."""
     @functools.wraps(forward)
-    def checked(self, grid):
-        flex = type(self).score_mod is not BiasEncoding.score_mod
-        self.check_table(grid, what="bias table", advice="use a smaller grid" + (
-            ", or attention='flex' (FlexAttention reads the bias per token pair without building the table)"
-            if flex else ""))
-        return forward(self, grid)
+    def checked(self, grid, *args, **kwargs):
+        if not is_compiling():
+            flex = type(self).score_mod is not BiasEncoding.score_mod
+            self.check_table(grid, what="bias table", advice="use a smaller grid" + (
+                ", or attention='flex' (FlexAttention reads the bias per token pair without building the table)"
+                if flex else ""))
+        return forward(self, grid, *args, **kwargs)
 
     return checked
 
