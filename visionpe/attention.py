@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from ._checks import check_choice, check_number, check_positive_int
+from ._checks import check_choice, check_module, check_number, check_positive_int
 from ._compat import autocast_dtype, is_autocast_enabled, is_compiling
 from .flex import flex_attend, flex_available, pair_scores
 from .grid import Grid, Layout, MixedLayout, as_layout
@@ -37,7 +37,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
             or a boolean mask (True = attend).
         attention: ``"sdpa"``: ``scaled_dot_product_attention`` with the bias materialised; ``"flex"``:
             ``flex_attention`` reading the bias per token pair (:meth:`~visionpe.BiasEncoding.score_mod`; torch >=
-            2.5; no backward on CPU, so a CPU call that needs gradients is an error); ``"auto"``: the measured
+            2.5; no backward on CPU: a backward through a CPU call is an error); ``"auto"``: the measured
             choice for the device (:data:`AUTO_ATTENTION`). Calls without a bias, with a bias that has no pair form
             or with attention dropout take SDPA whatever the choice.
     Returns:
@@ -55,10 +55,18 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
     if bias is not None and dropout_p == 0.0 and _wants_flex(attention, q):
         _check_tokens(q, layout)
         scores = pair_scores(layout, bias)
-        if scores is not None and _flex_runs_here(attention, [q, k, v, *(rotary.parameters() if rotary else ())],
-                                                  scores):
-            q, k = _rotate(q, k, layout, rotary)
-            return flex_attend(q, k, v, layout, scores, attn_mask, scale)
+        inputs = [q, k, v, *(rotary.parameters() if rotary else ()), *(t for s in scores or () for t in s.tables)]
+        if scores is not None and _flex_runs_here(attention, inputs):
+            if q.device.type != "cpu":
+                q, k = _rotate(q, k, layout, rotary)
+                return flex_attend(q, k, v, layout, scores, attn_mask, scale)
+            # CPU FlexAttention has no backward and refuses inputs that require grad (also under no_grad): it runs on
+            # detached ones, and where a gradient is needed a backward through its output raises
+            with torch.no_grad():
+                q, k = _rotate(q, k, layout, rotary)
+                out = flex_attend(q.detach(), k.detach(), v.detach(), layout, scores, attn_mask, scale)
+            needing = [t for t in inputs if t.requires_grad]
+            return _NoCpuFlexBackward.apply(out, *needing) if torch.is_grad_enabled() and needing else out
     if isinstance(layout, MixedLayout):
         q, k, mask = _mixed_positions(q, k, layout, rotary, bias)
     else:
@@ -96,18 +104,33 @@ def _wants_flex(attention: str, q: torch.Tensor) -> bool:
                                    and flex_available())
 
 
-def _flex_runs_here(attention: str, inputs: list[torch.Tensor], scores) -> bool:
-    """FlexAttention has no CPU backward: a CPU call that needs gradients (of q, k, v, a rotary encoding's parameters
-    or the bias tables) takes SDPA under "auto" and is an error under an explicit "flex" (never a silent missing
-    gradient)."""
-    if inputs[0].device.type != "cpu" or not torch.is_grad_enabled():
-        return True
-    if not any(t.requires_grad for t in inputs + [t for score in scores for t in score.tables]):
-        return True
-    if attention == "flex":
-        raise ValueError("attention='flex' cannot train on CPU: PyTorch's CPU FlexAttention has no backward; use "
-                         "attention='auto' or 'sdpa' for CPU training (or run under torch.no_grad())")
-    return False
+def _needs_cpu_backward(inputs: list[torch.Tensor]) -> bool:
+    """A CPU call whose output needs a gradient (of q, k, v, a rotary encoding's parameters or the bias tables)."""
+    return inputs[0].device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+
+
+def _flex_runs_here(attention: str, inputs: list[torch.Tensor]) -> bool:
+    """FlexAttention has no CPU backward: a CPU call that needs gradients takes SDPA under "auto"; under an explicit
+    "flex" FlexAttention runs the forward and a backward through it is an error (:class:`_NoCpuFlexBackward`), so an
+    eval-mode model needs no ``torch.no_grad()`` and training is never a silently missing gradient."""
+    return attention == "flex" or not _needs_cpu_backward(inputs)
+
+
+CPU_FLEX_BACKWARD = ("attention='flex' cannot train on CPU: PyTorch's CPU FlexAttention has no backward; use "
+                     "attention='auto' or 'sdpa' for CPU training (a forward runs, also without torch.no_grad())")
+
+
+class _NoCpuFlexBackward(torch.autograd.Function):
+    """The output of a CPU FlexAttention forward run without autograd, tied to the inputs that need a gradient: its
+    backward is the error :data:`CPU_FLEX_BACKWARD`, never a gradient silently missing."""
+
+    @staticmethod
+    def forward(ctx, out, *inputs):
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise ValueError(CPU_FLEX_BACKWARD)
 
 
 def _rotate(q: torch.Tensor, k: torch.Tensor, layout: Layout | MixedLayout, rotary):
@@ -229,8 +252,7 @@ def _check_tokens(q: torch.Tensor, layout: Layout | MixedLayout) -> None:
 def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias):
     """q and k rotated, and the bias of the layout (``None`` without a bias encoding)."""
     grid = layout.grid
-    if rotary is not None or bias is not None:
-        _check_tokens(q, layout)
+    _check_tokens(q, layout)  # also without encodings: the grid states the tokens
     if rotary is not None:
         q, k = rotated(rotary, q, k, layout.unwrap())
     if bias is None:
@@ -394,6 +416,7 @@ def set_attention(model: nn.Module, attention: str) -> nn.Module:
     """Set :func:`attend`'s ``attention`` choice (``"auto"``, ``"sdpa"``, ``"flex"``) in every attention module of
     ``model`` (each class that declares an ``attention`` attribute: :class:`Attention`, the Swin and Video Swin window
     attentions); returns ``model``."""
+    check_module("model", model)
     check_choice("attention", attention, ATTENTIONS)
     found = [m for m in model.modules() if isinstance(getattr(type(m), "attention", None), str)]
     if not found:

@@ -11,12 +11,18 @@ One constructor vocabulary: a model offers a :class:`ModelContext` (``grid_shape
 """
 from __future__ import annotations
 
+import functools
 import inspect
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
+from ._checks import FITS_ANYWHERE, check_fits, check_vocabulary
+from ._compat import is_compiling
+from .grid import Grid, as_grid
 from .sharding import assign_, reset_module
 
 
@@ -46,6 +52,9 @@ class ModelContext:
                     head_dim=self.head_dim, num_prefix_tokens=self.num_prefix_tokens, depth=self.depth)
 
 
+MODEL_WORDS = ("dim", "head_dim", "num_heads", "ndim")  # what a model fixes for the encodings built into it
+
+
 class Encoding(nn.Module):
     """Base of every positional encoding. Subclasses set ``family`` and implement ``forward``.
 
@@ -59,6 +68,13 @@ class Encoding(nn.Module):
     masks_pairs: bool = False  # some token pairs are masked (-inf bias: a directional encoding such as LookHere)
     initialised_by_backbone: bool = False  # its weights were taken over from the model (Swin-V2's CPB MLP)
 
+    def __init_subclass__(cls, **kwargs):
+        """Every encoding's constructor checks the shared vocabulary and what it allocates
+        (:func:`checked_constructor`): a new encoding gets the checks by subclassing."""
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = checked_constructor(cls.__init__)
+
     # -- building for a model -----------------------------------------------------------------------
     @classmethod
     def model_defaults(cls, context: ModelContext) -> dict:
@@ -68,7 +84,14 @@ class Encoding(nn.Module):
 
     @classmethod
     def for_model(cls, context: ModelContext, **kwargs) -> "Encoding":
-        """Build for a model; ``kwargs`` (the user's) override the model's defaults."""
+        """Build for a model; ``kwargs`` (the user's) override the model's defaults, except the words the model
+        fixes (:data:`MODEL_WORDS`), which must agree with it (``num_heads=1``: one set shared by the heads)."""
+        words = context.words()
+        for key in MODEL_WORDS:
+            if key in kwargs and kwargs[key] != words[key] and not (key == "num_heads" and kwargs[key] == 1):
+                raise ValueError(f"pe keyword {key}={kwargs[key]!r} contradicts the model, whose {key} is "
+                                 f"{words[key]}: leave it out (the model gives it)"
+                                 f"{', or pass 1 for one set shared by the heads' if key == 'num_heads' else ''}")
         return cls(**{**cls.model_defaults(context), **kwargs})
 
     # -- initialising itself (meta-device builds, sharded models) ------------------------------------
@@ -123,6 +146,23 @@ class Encoding(nn.Module):
         self.reset_buffers()  # a move, a cast or to_empty: the derived buffers recomputed, float32
         return self
 
+    # -- memory -------------------------------------------------------------------------------------
+    def table_bytes(self, grid: Grid) -> int:
+        """Bytes of the tables this encoding builds for ``grid`` (what :meth:`check_table` compares with memory);
+        0 where none grows faster than the tokens themselves."""
+        return 0
+
+    def check_table(self, grid, num_bytes: int | None = None, what: str = "tables",
+                    advice: str = "use a smaller grid") -> None:
+        """The tables of ``grid`` (``num_bytes``, default :meth:`table_bytes`) fit in memory: a ``ValueError`` naming
+        the grid and the size otherwise, raised before they are built (not checked while ``torch.compile`` traces,
+        where the sizes are the graph's)."""
+        if is_compiling():
+            return
+        grid = as_grid(grid)
+        check_fits(f"grid={grid.shape} with prefix={grid.prefix} ({grid.num_tokens} tokens): the {what} of "
+                   f"{type(self).__name__}", self.table_bytes(grid) if num_bytes is None else num_bytes, advice)
+
     # -- describing itself --------------------------------------------------------------------------
     def no_weight_decay(self) -> set[str]:
         """Names (relative to this module) of parameters the optimizer must not decay: all of them by default,
@@ -152,3 +192,98 @@ class Encoding(nn.Module):
 def constructor_keywords(cls: type) -> tuple[str, ...]:
     """Keyword names of ``cls.__init__`` (without ``self``)."""
     return tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")
+
+
+def checked_constructor(init):
+    """An encoding's ``__init__`` that, called for the class being built (not through ``super()``), checks the shared
+    vocabulary among its arguments first (:func:`~visionpe._checks.check_vocabulary`), runs under
+    :class:`AllocationGuard` (a parameter or buffer too large for memory is refused before it is allocated), and
+    then checks that ``ndim`` is one of the class's ``ndims``."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        if getattr(type(self).__init__, "__wrapped__", None) is not init:
+            return init(self, *args, **kwargs)  # a base class's constructor, called through super()
+        try:
+            bound = signature.bind_partial(self, *args, **kwargs)  # a missing argument: Python's message, after these
+        except TypeError:
+            return init(self, *args, **kwargs)  # Python's own message (an unknown argument)
+        bound.apply_defaults()
+        words = dict(list(bound.arguments.items())[1:])  # every argument by name, without self
+        for name, parameter in signature.parameters.items():
+            if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+                words.update(words.pop(name, {}))
+        owner, ndims = type(self).__name__, type(self).ndims
+        check_vocabulary(owner, words, ndims)
+        with AllocationGuard(owner, words):
+            init(self, *args, **kwargs)
+        if "ndim" in words and words["ndim"] not in ndims:
+            raise ValueError(f"ndim={words['ndim']!r} is not supported by {owner}; allowed values: "
+                             f"{', '.join(map(str, ndims))}")
+
+    return __init__
+
+
+# the tensor factories a constructor makes parameters and buffers with (nn.Linear's and nn.Conv's torch.empty too),
+# each with the number of elements its arguments ask for
+_SHAPED = {f: None for f in (torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn)}
+FACTORIES = {
+    **_SHAPED,
+    torch.full: lambda size, *rest, **kw: math.prod(size),
+    torch.empty_strided: lambda size, *rest, **kw: math.prod(size),
+    torch.randint: lambda *args, size=None, **kw: math.prod(size if size is not None else args[-1]),
+    torch.arange: lambda *args, **kw: _arange_numel(*args, **kw),
+    torch.linspace: lambda start, end, steps, *rest, **kw: steps,
+    torch.logspace: lambda start, end, steps, *rest, **kw: steps,
+    torch.eye: lambda n, m=None, *rest, **kw: n * (n if m is None else m),
+    torch.randperm: lambda n, *rest, **kw: n,
+    torch.tril_indices: lambda row, col, *rest, **kw: 2 * row * col,
+    torch.triu_indices: lambda row, col, *rest, **kw: 2 * row * col,
+}
+
+
+def _arange_numel(start, end=None, step=1, **kwargs) -> int:
+    start, end = (0, start) if end is None else (start, end)
+    return max(0, math.ceil((end - start) / step))
+
+
+def factory_numel(func, args, kwargs) -> int:
+    """The number of elements the factory call ``func(*args, **kwargs)`` creates (0 where its arguments are not plain
+    numbers, e.g. tensors, or are ones torch refuses: its own call says why)."""
+    try:
+        count = FACTORIES[func]
+        if count is None:  # torch.zeros(2, 3), torch.zeros((2, 3)), torch.zeros(size=(2, 3))
+            size = kwargs.get("size", args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args)
+            return math.prod(size)
+        return int(count(*args, **kwargs))
+    except (TypeError, ValueError, IndexError, ZeroDivisionError, OverflowError):
+        return 0
+
+
+class AllocationGuard(TorchFunctionMode):
+    """Within it, a tensor factory (:data:`FACTORIES`) whose tensor would not fit in memory is a ``ValueError`` naming
+    ``owner`` and its size arguments (``words``), raised before anything is allocated (elements times 8 bytes, the
+    widest dtype a factory makes by default, checked from :data:`~visionpe._checks.FITS_ANYWHERE` on)."""
+
+    def __init__(self, owner: str, words: dict):
+        super().__init__()
+        self.owner, self.words = owner, words
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in FACTORIES:
+            numel = factory_numel(func, args, kwargs)
+            if numel * 8 > FITS_ANYWHERE:
+                dtype = kwargs.get("dtype") or (torch.int64 if func in (torch.arange, torch.randint, torch.randperm)
+                                                else torch.get_default_dtype())
+                sizes = ", ".join(f"{k}={v!r}" for k, v in self.words.items() if _is_size(v))
+                check_fits(f"{self.owner}({sizes}): a tensor of {numel} {dtype} values it creates",
+                           numel * torch.empty((), dtype=dtype).element_size(), "give smaller sizes")
+        return func(*args, **kwargs)
+
+
+def _is_size(value) -> bool:
+    """An int or a tuple of ints (a size or a shape), not a bool."""
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    return bool(values) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)

@@ -334,22 +334,44 @@ def test_gradients_equal_sdpa(monkeypatch, name, kind):
 
 
 def test_cpu_training_takes_sdpa_under_auto_and_refuses_flex():
-    """CPU FlexAttention has no backward: "auto" gives the SDPA gradients, an explicit "flex" is an error, also when
-    only the bias table or a rotary encoding's frequencies need a gradient (never a silently missing one)."""
+    """CPU FlexAttention has no backward: "auto" gives the SDPA gradients; under an explicit "flex" the forward runs
+    (the flex values) and its backward is an error, also when only the bias table or a rotary encoding's frequencies
+    need a gradient (never a silently missing one)."""
     torch.manual_seed(0)
     pe = build("rel_bias", 2)
     grid = Grid(SHAPES[2], prefix=1)
     q, k, v = qkv(grid, requires_grad=True)
     vpe.attend(q, k, v, grid, bias=pe, attention="auto").sum().backward()
     assert pe.relative_position_bias_table.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="attention='flex' cannot train on CPU"):
-        vpe.attend(q, k, v, grid, bias=pe, attention="flex")
-    with pytest.raises(ValueError, match="attention='flex' cannot train on CPU"):
-        vpe.attend(q.detach(), k.detach(), v.detach(), grid, bias=pe, attention="flex")
-    pe.requires_grad_(False)
     rotary = vpe.build("rope_mixed", **build_kwargs("rope_mixed", 2))  # learned frequencies: rotated q, k need grad
+    for args, needs in (((q, k, v), "q, k, v"), ((q.detach(), k.detach(), v.detach()), "the bias table")):
+        out = vpe.attend(*args, grid, bias=pe, attention="flex")
+        with torch.no_grad():
+            expected = vpe.attend(*args, grid, bias=pe, attention="flex")
+        assert out.requires_grad, needs
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        with pytest.raises(ValueError, match="attention='flex' cannot train on CPU"):
+            out.sum().backward()
+    pe.requires_grad_(False)
+    out = vpe.attend(q.detach(), k.detach(), v.detach(), grid, rotary, pe, attention="flex")
     with pytest.raises(ValueError, match="attention='flex' cannot train on CPU"):
-        vpe.attend(q.detach(), k.detach(), v.detach(), grid, rotary, pe, attention="flex")
+        out.sum().backward()
+
+
+def test_an_eval_model_with_flex_runs_on_cpu_without_no_grad():
+    """Issue 31: an eval-mode model built with attention="flex" is called without torch.no_grad(): FlexAttention's
+    forward runs (the values under no_grad, close to SDPA's); only a backward is refused."""
+    torch.manual_seed(0)
+    model = vpe.create_model("vit_tiny_patch16_224", pe="alibi", attention="flex", img_size=16, patch_size=4,
+                             embed_dim=16, depth=1, num_heads=2, num_classes=3).eval()
+    x = torch.randn(2, 3, 16, 16)
+    out = model(x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+        sdpa = vpe.set_attention(model, "sdpa")(x)
+    torch.testing.assert_close(out.detach(), sdpa, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="attention='flex' cannot train on CPU"):
+        out.sum().backward()
 
 
 # -- choosing it -------------------------------------------------------------------------------------------------------

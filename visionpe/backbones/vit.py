@@ -108,8 +108,11 @@ class GridTransformer(PositionalModel):
         if not isinstance(images, (list, tuple)) or not images:
             raise ValueError(f"images must be a non-empty list of (C, H, W) tensors, got {type(images).__name__}")
         tokens, grids = [], []
-        for image in images:
-            x, layout = self.embed(image[None] if isinstance(image, torch.Tensor) else image, with_position=False)
+        for i, image in enumerate(images):
+            if not isinstance(image, torch.Tensor) or image.ndim != 3:
+                raise ValueError(f"images[{i}] must be a (C, H, W) tensor, got {type(image).__name__} of shape "
+                                 f"{tuple(getattr(image, 'shape', ()))}")
+            x, layout = self.embed(image[None], with_position=False)
             tokens.append(x[0])
             grids.append(layout.grid)
         layout = MixedLayout(tuple(grids))

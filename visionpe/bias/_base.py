@@ -2,12 +2,14 @@
 (:class:`PairScore`) that FlexAttention reads instead of a materialised ``(heads, T, T)`` tensor."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from .._compat import is_compiling
 from ..cache import TableCache
 from ..encoding import Encoding
 from ..grid import Grid, as_grid
@@ -49,6 +51,18 @@ class BiasEncoding(Encoding):
 
     family = "bias"
 
+    def __init_subclass__(cls, **kwargs):
+        """Every bias's ``forward(grid)`` checks first that the table fits in memory (:meth:`check_table`)."""
+        super().__init_subclass__(**kwargs)
+        if "forward" in cls.__dict__:
+            cls.forward = checked_forward(cls.forward)
+
+    def table_bytes(self, grid: Grid) -> int:
+        """The ``(heads, T, T)`` float32 bias of ``grid`` and a ``(T, T)`` index or distance (8 bytes a pair) it is
+        built from."""
+        tokens = as_grid(grid).num_tokens
+        return tokens * tokens * (4 * getattr(self, "num_heads", 1) + 8)
+
     def score_mod(self, grid) -> PairScore | None:
         """The bias of ``grid`` as a :class:`PairScore` (equal to ``self(grid)`` entry for entry), or None when this
         encoding has no such form (attention then materialises ``self(grid)``). Table encodings return
@@ -71,6 +85,21 @@ class BiasEncoding(Encoding):
     def pad_prefix(bias: torch.Tensor, grid: Grid) -> torch.Tensor:
         """Zero rows and columns for the prefix tokens: ``(H, N, N) -> (H, P + N, P + N)``."""
         return F.pad(bias, (grid.prefix, 0, grid.prefix, 0)) if grid.prefix else bias
+
+
+def checked_forward(forward):
+    """A bias's ``forward(grid, ...)`` that checks the table fits in memory before building it (not while
+    ``torch.compile`` traces)."""
+    @functools.wraps(forward)
+    def checked(self, grid, *args, **kwargs):
+        if not is_compiling():
+            flex = type(self).score_mod is not BiasEncoding.score_mod
+            self.check_table(grid, what="bias table", advice="use a smaller grid" + (
+                ", or attention='flex' (FlexAttention reads the bias per token pair without building the table)"
+                if flex else ""))
+        return forward(self, grid, *args, **kwargs)
+
+    return checked
 
 
 def relative_offsets(shape, device=None) -> torch.Tensor:

@@ -46,6 +46,9 @@ class LieRE(LearnedRotation):
                  jitter_coords: float | None = None, rescale_coords: float | None = None,
                  draw_coords: str = "forward", generator=None):
         check_positive_int("head_dim", head_dim)
+        if block_size is None and head_dim < 2:
+            raise ValueError(f"head_dim must be >= 2 for LieRE (its generators are skew-symmetric head_dim x head_dim "
+                             f"blocks by default, and a 1x1 one is 0), got {head_dim!r}")
         block_size = head_dim if block_size is None else check_positive_int("block_size", block_size)
         check_block_size(head_dim, block_size)
         init_range = check_number("init_range", init_range, minimum=0.0)

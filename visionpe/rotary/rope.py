@@ -305,6 +305,7 @@ class RoPE(RotaryEncoding):
         and layout."""
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, type(self).__name__)
+        self.check_table(grid, what="rotation table")
         device = device or self.freqs.device
         transform = self.coordinates.draw(augment, self.ndim, device)
         if transform is not None:
@@ -380,7 +381,7 @@ class RoPE(RotaryEncoding):
         (default: :meth:`rotations` of the grid, never augmented: augmentation belongs to :meth:`forward`, which
         draws once for q and k)."""
         layout = as_layout(grid)
-        self._check_input(x, layout)
+        self.check_input("x", x, layout, self.freqs.shape[1], leading_axes=True)
         if cis is None:
             cis = self.rotations(layout.grid, x.device, tokens_first=heads_inside_tokens(x))
         return self._rotate_rows(x, layout.rows(cis))
@@ -404,30 +405,11 @@ class RoPE(RotaryEncoding):
                              "'repeated'): a pair has no one frequency vector")
         return super().frequency_vectors()
 
-    def _check_input(self, x: torch.Tensor, layout: Layout) -> None:
-        grid = layout.grid
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise ValueError(f"rotary input must be a floating-point tensor, got "
-                             f"{getattr(x, 'dtype', type(x).__name__)} (integer rotations would be truncated)")
-        if x.ndim < 3 or x.shape[-2] != layout.num_tokens or x.shape[-1] != self.head_dim:
-            raise ValueError(f"expected (..., {layout.num_tokens}, {self.head_dim}) for grid {grid.shape} with "
-                             f"prefix={grid.prefix}{'' if layout.keep is None else ' and kept patches'}, got "
-                             f"{tuple(x.shape)}")
-        if layout.keep is not None:
-            if x.ndim != 4:
-                raise ValueError(f"with kept patches the rotary input must be (batch, heads, tokens, head_dim), got "
-                                 f"{tuple(x.shape)}")
-            layout.check_batch(x.shape[0], x.device)
-        heads = self.freqs.shape[1]
-        if heads > 1 and x.shape[-3] != heads:
-            raise ValueError(f"q/k have {x.shape[-3]} heads but {type(self).__name__} was built with "
-                             f"num_heads={heads}")
-
     def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid | Layout) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k by one table (in training mode with augmentation set: one fresh draw for both)."""
         layout = as_layout(grid)
-        self._check_input(q, layout)
-        self._check_input(k, layout)
+        self.check_input("q", q, layout, self.freqs.shape[1], leading_axes=True)
+        self.check_input("k", k, layout, self.freqs.shape[1], leading_axes=True)
         rotations = self.rotations(layout.grid, q.device, augment=self.training, tokens_first=heads_inside_tokens(q))
         rows = layout.rows(rotations)
         return self._rotate_rows(q, rows), self._rotate_rows(k, rows)

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .._checks import check_choice
+from .._checks import check_bool, check_choice, check_module
 from ..resample import INTERPOLATIONS, resample_axis, resample_grid, resample_offsets_geometric
-from .io import check_strict, read_state_dict, source_name
+from .io import check_finite, check_shapes, check_strict, read_state_dict, source_name
 
 logger = logging.getLogger("visionpe.weights")  # one name for every weights module
 
@@ -151,7 +151,7 @@ def _image_to_video(model: nn.Module, key: str, value: torch.Tensor, want: torch
 
 
 def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_grid=None,
-                         table_resize: str | None = None) -> LoadReport:
+                         table_resize: str | None = None, allow_nonfinite: bool = False) -> LoadReport:
     """Load a plain timm checkpoint (a ViT, DeiT, Eva, Swin or BEiT state dict, a file, or a timm model), or a visionpe
     one of another size, into a visionpe-patched model and report every key.
 
@@ -175,8 +175,14 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     ``table_resize``: how a relative position table of another window is resized: None (default) as its source
     does it, timm's geometric ``resize_rel_pos_bias_table`` for a timm (BEiT, Swin) checkpoint and the table's own
     interpolation for a visionpe one; ``"geometric"``, or an interpolation (``"bicubic"``, ...) for every table.
+
+    A NaN or infinite value in any tensor of the checkpoint is a ``ValueError`` naming it, as in
+    :func:`~visionpe.weights.load_weights`, unless ``allow_nonfinite=True``; so is a converted tensor of another
+    shape than the model's (a ``pos_embed`` of another width).
     """
+    check_module("model", model)
     check_strict(strict)
+    check_bool("allow_nonfinite", allow_nonfinite)
     if table_resize is not None:
         check_choice("table_resize", table_resize, INTERPOLATIONS + ("geometric",))
     if isinstance(source, nn.Module):
@@ -187,6 +193,8 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
         where = source_name(source)
     report, load = LoadReport(), {}
     state = read_state_dict(source)
+    if not allow_nonfinite:
+        check_finite(state, where, "pass allow_nonfinite=True to load it anyway")
     for hook in getattr(getattr(model, "pe_adapter", None), "checkpoint_hooks", ()):  # the model's backbone record
         state = hook(state, report)
     target = model.state_dict()
@@ -233,6 +241,7 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     if strict and (report.new or report.dropped):
         raise ValueError(f"load_timm_checkpoint(strict=True): {where} does not fit {type(model).__name__} "
                          f"(nothing was loaded):\n" + _summary(report, mismatched, limit=None))
+    check_shapes(load, target, f"{where} does not fit {type(model).__name__}", report.converted)
     model.load_state_dict(load, strict=False)
     _log_report(report, mismatched, f"{where} into {type(model).__name__}")
     return report
