@@ -89,8 +89,10 @@ class Encoding(nn.Module):
         words = context.words()
         for key in MODEL_WORDS:
             if key in kwargs and kwargs[key] != words[key] and not (key == "num_heads" and kwargs[key] == 1):
+                axes = (f" (ndim={kwargs[key]!r} is for {kwargs[key]}-axis grids, but the model's grid "
+                        f"{tuple(context.grid_shape)} has {context.ndim} axes)" if key == "ndim" else "")
                 raise ValueError(f"pe keyword {key}={kwargs[key]!r} contradicts the model, whose {key} is "
-                                 f"{words[key]}: leave it out (the model gives it)"
+                                 f"{words[key]}{axes}: leave it out (the model gives it)"
                                  f"{', or pass 1 for one set shared by the heads' if key == 'num_heads' else ''}")
         return cls(**{**cls.model_defaults(context), **kwargs})
 

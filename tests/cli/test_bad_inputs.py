@@ -632,6 +632,7 @@ ROWS += [
                                                                            / "train"), 16, 2, hflip=1.5), VE,
      "hflip must be <= 1.0", "1.5"),
     ("video-files-not-a-video", _not_a_video, VE, "video-files: cannot decode", "x.mp4", "remove or replace it"),
+]
 
 
 # -- issue 32: the library's cases (sizes past memory, the shared vocabulary, rotary inputs, weights files) -----------

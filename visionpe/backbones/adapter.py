@@ -249,12 +249,9 @@ def route_kwargs(names: dict[str, str], pe_kwargs: dict) -> dict[str, dict]:
 
 
 def build_for(name: str, context: ModelContext, kwargs: dict) -> Encoding:
-    """The encoding ``name`` built for a model (:meth:`Encoding.for_model`), the user's ``kwargs`` winning; an
-    ``ndim`` other than the model grid's (a video preset in an image model) is a ``ValueError``."""
+    """The encoding ``name`` built for a model (:meth:`Encoding.for_model`: words that contradict the model, e.g. a
+    video preset's ``ndim`` in an image model, are a ``ValueError``), the user's ``kwargs`` winning."""
     check_keywords(name, kwargs)
-    if kwargs.get("ndim", context.ndim) != context.ndim:
-        raise ValueError(f"{name} with ndim={kwargs['ndim']} is for {kwargs['ndim']}-axis grids, but the model's grid "
-                         f"{tuple(context.grid_shape)} has {context.ndim} axes")
     return ENCODINGS[name].for_model(context, **kwargs)
 
 
