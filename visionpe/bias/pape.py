@@ -85,15 +85,14 @@ class ParabolicBias(BiasEncoding):
         coords = coords - coords[grid.prefix:].mean(0)
         return coords.flip(-1) if self.axis_order == "xy" else coords
 
-    def token_positions(self, layout: Layout, device, transform=None) -> torch.Tensor:
-        """The positions of the layout's tokens, ``(B or 1, P + K, ndim)``."""
-        positions = self.positions(layout.grid, device, transform)
-        return positions[None] if layout.keep is None else positions[layout.token_index(device)]
-
     # -- features ---------------------------------------------------------------------------------------------------
-    def _features(self, positions: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Query features ``(B, heads, T, C)`` from the tokens ``(B, T, dim)`` and positions ``(B or 1, T, ndim)``,
-        key features ``(B or 1, heads, T, C)``: ``bias = Q K^T / sqrt(head_dim)``."""
+    def _project(self, positions: torch.Tensor) -> torch.Tensor:
+        """The positions ``(P + N, ndim)`` as the parabolas read them, ``(heads, P + N, F)``."""
+        raise NotImplementedError
+
+    def _features(self, u: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query features ``(B, heads, T, C)`` from the tokens ``(B, T, dim)`` and the projected positions of the same
+        tokens ``(B or 1, heads, T, F)``, key features ``(B or 1, heads, T, C)``: ``bias = Q K^T / sqrt(head_dim)``."""
         raise NotImplementedError
 
     def features(self, grid, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,7 +103,9 @@ class ParabolicBias(BiasEncoding):
         device = tokens.device
         transform = self.coordinates.draw(self.training, self.ndim, device)
         with torch.autocast(device_type=device.type, enabled=False):
-            query, key = self._features(self.token_positions(layout, device, transform), tokens.float())
+            u = self._project(self.positions(layout.grid, device, transform))  # (heads, P + N, F): whole grid
+            u = layout.rows(u) if layout.keep is not None else u[None]  # (B or 1, heads, T, F): the layout's tokens
+            query, key = self._features(u, tokens.float())
             if self.prefix_position == "none" and layout.grid.prefix:
                 patch = (torch.arange(layout.num_tokens, device=device) >= layout.grid.prefix)[:, None].float()
                 query, key = query * patch, key * patch
@@ -125,7 +126,7 @@ class ParabolicBias(BiasEncoding):
             raise ValueError(f"{type(self).__name__} reads the attention's input tokens: call pe(grid, tokens) with "
                              "tokens (batch, T, dim) (visionpe.attend passes them as tokens=x)")
         query, key = self.features(grid, tokens)
-        return query @ key.transpose(-1, -2)
+        return query @ key.expand_as(query).contiguous().transpose(-1, -2)  # one product per sample, keys shared or not
 
     def score_mod(self, grid, tokens: torch.Tensor | None = None) -> PairScore:
         """The bias per pair as a :class:`PairScore` over the call's token sequence (``per_sample``): the dot product
@@ -196,8 +197,10 @@ class PaPE(ParabolicBias):
         self.position = nn.Linear(ndim, num_heads * num_parabolas, bias=False)
         self.ab = nn.Linear(dim, 2 * num_heads * num_parabolas, bias=False)
 
-    def _features(self, positions, tokens):
-        u = rearrange(F.linear(positions, self.position.weight.float()), "b t (h m) -> b h t m", h=self.num_heads)
+    def _project(self, positions):
+        return rearrange(F.linear(positions, self.position.weight.float()), "t (h m) -> h t m", h=self.num_heads)
+
+    def _features(self, u, tokens):
         a, b = rearrange(F.linear(tokens, self.ab.weight.float()), "b t (two h m) -> two b h t m", two=2,
                          h=self.num_heads)
         a = F.softplus(a)
@@ -230,9 +233,11 @@ class PaPERI(ParabolicBias):
         self.register_buffer("position_scales", (2 * torch.rand(num_heads, generator=generator) - 1) * bound)
         self.a = nn.Linear(dim, num_heads, bias=False)
 
-    def _features(self, positions, tokens):
+    def _project(self, positions):
+        return positions * self.position_scales.float()[:, None, None]  # (heads, P + N, ndim)
+
+    def _features(self, u, tokens):
         a = F.softplus(rearrange(F.linear(tokens, self.a.weight.float()), "b t h -> b h t"))[..., None]
-        u = positions[:, None] * self.position_scales.float()[:, None, None]  # (B or 1, heads, T, ndim)
         squared = (u * u).sum(-1, keepdim=True)
         # -a |u_i - u_j|^2 = -a |u_i|^2 + 2 a u_i . u_j - a |u_j|^2
         query = torch.cat([-a * squared, a, 2 * a * u], dim=-1)
