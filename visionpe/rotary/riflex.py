@@ -29,15 +29,16 @@ import torch
 
 from .._checks import check_number, check_positive_int
 from ..grid import Grid
-from .layouts import band_frequencies, rotated_pairs
+from .layouts import rotated_count
 from .rope import AxialRoPE
 
 
 def band_periods(num_bands: int, theta: float, rotate_fraction: float = 1.0) -> list[float]:
-    """Periods ``round(2 pi / w_j)`` in frames of the ``num_bands`` time bands, highest frequency first (official
-    ``identify_k``); a band that does not rotate (p-RoPE) has an infinite period."""
-    freqs = band_frequencies(num_bands, theta, torch.float64) * rotated_pairs([num_bands], rotate_fraction)
-    return [round(2 * math.pi / w) if w > 0 else math.inf for w in freqs.tolist()]
+    """Periods ``round(2 pi / w_j)`` in frames of the ``num_bands`` time bands ``w_j = theta^(-(j - 1) / n)``, highest
+    frequency first (official ``identify_k``); a band that does not rotate (p-RoPE) has an infinite period. Plain
+    Python (no tensor), so a compiled forward reads it as constants."""
+    rotating = rotated_count(num_bands, rotate_fraction)
+    return [round(2 * math.pi * theta ** (j / num_bands)) if j < rotating else math.inf for j in range(num_bands)]
 
 
 def intrinsic_band(periods, train_frames: float | None = None, repetition_frame: float | None = None) -> int:
