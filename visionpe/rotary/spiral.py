@@ -16,7 +16,7 @@ The official code, read (commit ``bde84ff``), builds the angle image of the y an
 channels with ``F.grid_sample`` (``padding_mode="border"``); here the angles are the linear function above. The two
 agree wherever a patch's turned coordinate stays inside the grid; beyond (the corners of a grid for turned
 directions) the official border padding holds the angle at its value on the border, a clamp this module does not
-reproduce (tests/encodings/test_enc2026.py shows both). Its defaults (``run_all.sh``): ``K = 4`` (``ROTATE=2``),
+reproduce (tests/encodings/test_encodings_2026.py shows both). Its defaults (``run_all.sh``): ``K = 4`` (``ROTATE=2``),
 ``theta = 10000``, ``max_freq = 1.5``, independent frequencies per direction (``SAME_THETA=False``, the only layout
 here), y pairs first (``axis_order="ij"``), adjacent channel pairs, positions interpolated to the training grid
 (``t = i / n * pt_seq_len``: ``scaling="pi"``, a model's default), the class token not rotated.
