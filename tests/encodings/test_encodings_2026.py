@@ -2,6 +2,8 @@
 conventions (each official algorithm written again here from the commit its module names): Spiral RoPE, HARoPE,
 ViT-5's register RoPE, RIFLEx, PaPE and PaPE-RI; their behaviour on a resolution change."""
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -489,3 +491,15 @@ def test_pape_reads_kept_tokens_in_their_order():
         full = pe(grid, x)
         expected = torch.stack([full[b][:, index[b]][:, :, index[b]] for b in range(2)])
         torch.testing.assert_close(pe(layout, kept), expected, atol=1e-5, rtol=1e-5)
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "encodings.md"
+
+
+BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+def test_the_guides_code_blocks_run(block):
+    """Every code block of docs/encodings.md runs as it is."""
+    exec(compile(block, str(DOC), "exec"), {})
