@@ -59,7 +59,8 @@ def _flex_attention(device_type: str):
         return _COMPILED[device_type]
 
 
-def pair_scores(layout: Grid | Layout | MixedLayout, bias, tokens: torch.Tensor | None = None) -> list[PairScore] | None:
+def pair_scores(layout: Grid | Layout | MixedLayout, bias,
+                tokens: torch.Tensor | None = None) -> list[PairScore] | None:
     """One :class:`PairScore` per distinct grid of the layout (one for a :class:`Layout`), or None when the bias
     encoding has no pair form. ``tokens`` ``(B, T, dim)``: the attention's input, for a bias that reads it (each
     group's samples and real tokens go to its grid's score)."""

@@ -343,7 +343,7 @@ def test_riflex_in_a_video_model_at_a_longer_clip():
     assert_same_turns(angles[:, 4], t * 0.9 * 2 * math.pi / 8)
 
 
-# -- PaPE and PaPE-RI ----------------------------------------------------------------------------------------------------
+# -- PaPE and PaPE-RI --------------------------------------------------------------------------------------------------
 
 def image_positions(shape, prefix: int = 1) -> torch.Tensor:
     """The official image model's positions ``(P + N, 2)``: patches ``(column, row)`` from 1, the class token at

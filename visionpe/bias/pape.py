@@ -116,7 +116,8 @@ class ParabolicBias(BiasEncoding):
                 or tokens.shape[1:] != (layout.num_tokens, self.dim):
             got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, torch.Tensor) else repr(tokens)
             raise ValueError(f"tokens must be the attention's floating input (batch, {layout.num_tokens}, "
-                             f"dim={self.dim}) for grid {layout.grid.shape} with prefix={layout.grid.prefix}, got {got}")
+                             f"dim={self.dim}) for grid {layout.grid.shape} with prefix={layout.grid.prefix}, "
+                             f"got {got}")
         layout.check_batch(tokens.shape[0], tokens.device)
 
     # -- the bias ---------------------------------------------------------------------------------------------------

@@ -15,5 +15,5 @@ from .string_rope import StringRoPE
 from .videorope import VideoRoPE
 
 __all__ = ["AxialRoPE", "ComRoPE", "GOLDEN_ANGLE", "HARoPE", "LearnedRotation", "LieRE", "MixedRoPE", "RIFLEx",
-           "RegisterRoPE", "RoPE", "RotaryEncoding", "SCALINGS", "SpiralRoPE", "StringRoPE", "VideoRoPE", "apply_rotary",
-           "rope_kernel", "rotation_kernel", "video_sections"]
+           "RegisterRoPE", "RoPE", "RotaryEncoding", "SCALINGS", "SpiralRoPE", "StringRoPE", "VideoRoPE",
+           "apply_rotary", "rope_kernel", "rotation_kernel", "video_sections"]

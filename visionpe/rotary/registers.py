@@ -6,10 +6,10 @@ A grid's prefix tokens are the class token(s), then the registers (timm's order;
 the patches, an order attention does not see). Here the last ``R = num_registers`` prefix tokens sit on a
 ``sqrt(R) x sqrt(R)`` grid (``(1, r, r)`` in 3D, a line of ``R`` in 1D), row-major, with integer positions and the
 patches' channel layout at their own base ``register_theta`` (radians per index, whatever the patches' ``coords``);
-the other prefix tokens are not rotated. Registers and patches turn at different frequencies, so their scores are not a function of an offset: the registers' grid only
-tells them apart from each other. In a model ``num_registers`` is the model's own count (timm's ``reg_tokens``:
-:attr:`~visionpe.ModelContext.num_registers`); with none, this is the patches' RoPE alone, as the official model
-without registers.
+the other prefix tokens are not rotated. Registers and patches turn at different frequencies, so their scores are
+not a function of an offset: the registers' grid only tells them apart from each other. In a model ``num_registers``
+is the model's own count (timm's ``reg_tokens``: :attr:`~visionpe.ModelContext.num_registers`); with none, this is
+the patches' RoPE alone, as the official model without registers.
 
 The official ViT-5 (read at commit ``b7b0796``): patches ``VisionRotaryEmbedding(head_dim // 2, img_size //
 patch_size)``, ``theta = 10000``, ``head_dim / 4`` bands per axis, y pairs first (``axis_order="ij"``), adjacent

@@ -93,8 +93,8 @@ class RIFLEx(AxialRoPE):
                 raise ValueError(f"intrinsic_index={intrinsic_index} is beyond the {self.sections[0]} time bands "
                                  f"(sections={self.sections}); allowed 1 .. {self.sections[0]}")
         elif repetition_frame is None and self.ref_shape is None:
-            raise ValueError("riflex finds its intrinsic band from the training clip's length: pass ref_shape=(T, H, W) "
-                             "(a model gives its grid), intrinsic_index=k or repetition_frame=N")
+            raise ValueError("riflex finds its intrinsic band from the training clip's length: pass "
+                             "ref_shape=(T, H, W) (a model gives its grid), intrinsic_index=k or repetition_frame=N")
         self.intrinsic_index, self.repetition_frame = intrinsic_index, repetition_frame
         self.intrinsic()  # a clear error now rather than at the first forward
 

@@ -1,6 +1,6 @@
-"""Spiral RoPE ("Spiral RoPE: Rotate Your Rotary Positional Embeddings in the 2D Plane", arXiv 2602.03227, 2026; official
-code ``huajianduzhuo-code/Spiral_RoPE``, ``RoPE_DeiT/rope.py``): axial RoPE whose channel groups are turned to ``K``
-evenly spaced directions of the image plane.
+"""Spiral RoPE ("Spiral RoPE: Rotate Your Rotary Positional Embeddings in the 2D Plane", arXiv 2602.03227, 2026;
+official code ``huajianduzhuo-code/Spiral_RoPE``, ``RoPE_DeiT/rope.py``): axial RoPE whose channel groups are turned
+to ``K`` evenly spaced directions of the image plane.
 
 Axial 2D RoPE rotates half of the pairs with y and half with x, so a head measures offsets along two directions only.
 Spiral RoPE turns groups of pairs to ``K`` directions spaced ``pi / K`` apart (``K = num_directions``, even): pair
