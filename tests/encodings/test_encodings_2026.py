@@ -493,6 +493,34 @@ def test_pape_reads_kept_tokens_in_their_order():
         torch.testing.assert_close(pe(layout, kept), expected, atol=1e-5, rtol=1e-5)
 
 
+# -- in the models -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pe", ["spiral_rope", "harope", "vit5_rope", "pape", "pape_ri"])
+def test_each_trains_in_a_vit_at_two_sizes(pe):
+    torch.manual_seed(0)
+    model = vpe.create_model("vit_tiny_patch16_224", pe=pe, **VIT)
+    for size in [(32, 32), (48, 40)]:
+        model.zero_grad()
+        out = model(torch.randn(2, 3, *size))
+        out.sum().backward()
+        assert out.shape == (2, 3) and torch.isfinite(out).all()
+        encodings = sum(vpe.encodings_of(model).values(), [])
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for e in encodings for p in e.parameters())
+
+
+def test_where_they_have_no_meaning_they_refuse():
+    swin = dict(img_size=32, patch_size=4, window_size=4, embed_dim=16, depths=(1, 1), num_heads=(2, 2), num_classes=3)
+    with pytest.raises(ValueError, match="riflex is defined on .T, H, W. grids"):
+        vpe.create_model("swin_tiny_patch4_window7_224", pe="riflex", **swin)
+    video_swin = pytest.importorskip("torchvision.models.video.swin_transformer")
+    model = video_swin.SwinTransformer3d(patch_size=[2, 4, 4], embed_dim=16, depths=[2, 2], num_heads=[2, 2],
+                                         window_size=[2, 4, 4], num_classes=3)
+    with pytest.raises(ValueError, match="spiral_rope turns frequency directions in the image plane"):
+        vpe.apply(model, "spiral_rope")
+    windows = vpe.create_model("swin_tiny_patch4_window7_224", pe="vit5_rope", **swin)
+    assert {m.num_registers for m in vpe.encodings_of(windows)["rotary"]} == {0}  # windows hold no registers
+
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "encodings.md"
 
 

@@ -70,8 +70,10 @@ class ParabolicBias(BiasEncoding):
     def positions(self, grid: Grid, device, transform=None) -> torch.Tensor:
         """Every token's position ``(P + N, ndim)`` float32, component order (``axis_order``), centred on the
         patches' mean: the prefix tokens at the corner (one step before the first patch on every axis) or 0 (their
-        features are zeroed: ``prefix_position="none"``); ``transform``: an augmentation draw (training)."""
+        features are zeroed: ``prefix_position="none"``); ``transform``: an augmentation draw (training). The grid's
+        offset cancels in every difference and is not read (exact at any offset, as ALiBi)."""
         check_grid_ndim(grid, self.ndim, type(self).__name__)
+        grid = Grid(grid.shape, grid.prefix, None, grid.spacing)
         patches = self.coordinates.positions(grid, device)  # (N, ndim) grid order
         axes = self.coordinates.axis_positions(grid.shape, grid.offset, device=device, spacing=grid.spacing)
         if self.coordinates.normalized:
