@@ -22,7 +22,7 @@ AUTO_ATTENTION = {"cpu": "sdpa", "cuda": "sdpa"}
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layout | MixedLayout,
            rotary: nn.Module | None = None,
            bias: nn.Module | None = None, attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-           scale: float | None = None, attention: str = "auto") -> torch.Tensor:
+           scale: float | None = None, attention: str = "auto", tokens: torch.Tensor | None = None) -> torch.Tensor:
     """Attention over a grid's tokens with optional rotary and bias encodings.
 
     Args:
@@ -40,6 +40,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
             2.5; no backward on CPU: a backward through a CPU call is an error); ``"auto"``: the measured
             choice for the device (:data:`AUTO_ATTENTION`). Calls without a bias, with a bias that has no pair form
             or with attention dropout take SDPA whatever the choice.
+        tokens: the attention's input ``(B, T, dim)`` (the tokens q, k, v were projected from, in their order), for a
+            bias that reads it (``bias.reads_tokens``: PaPE's per-query parabolas); required then, unused otherwise.
     Returns:
         ``(B, heads, P + N, v_head_dim)``.
     """
@@ -52,9 +54,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
         check_number("scale", scale)
     layout = grid if isinstance(grid, MixedLayout) else as_layout(grid)
     attn_mask = _extra_mask(attn_mask, q, k)
+    tokens = _bias_tokens(bias, tokens, q)
     if bias is not None and dropout_p == 0.0 and _wants_flex(attention, q):
         _check_tokens(q, layout)
-        scores = pair_scores(layout, bias)
+        scores = pair_scores(layout, bias, tokens)
         inputs = [q, k, v, *(rotary.parameters() if rotary else ()), *(t for s in scores or () for t in s.tables)]
         if scores is not None and _flex_runs_here(attention, inputs):
             if q.device.type != "cpu":
@@ -68,9 +71,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
             needing = [t for t in inputs if t.requires_grad]
             return _NoCpuFlexBackward.apply(out, *needing) if torch.is_grad_enabled() and needing else out
     if isinstance(layout, MixedLayout):
-        q, k, mask = _mixed_positions(q, k, layout, rotary, bias)
+        q, k, mask = _mixed_positions(q, k, layout, rotary, bias, tokens=tokens)
     else:
-        q, k, mask = _positions(q, k, layout, rotary, bias)
+        q, k, mask = _positions(q, k, layout, rotary, bias, tokens)
     if (rotary is not None and v.requires_grad and torch.is_grad_enabled() and not is_compiling()
             and _views_larger_buffer(v)):
         # SDPA saves q, k, v for its backward; q and k are now rotated copies, so a v that views the fused qkv would
@@ -80,6 +83,22 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
     if attn_mask is not None:
         mask = attn_mask if mask is None else mask + attn_mask
     return _sdpa(q, k, v, mask, dropout_p, scale)
+
+
+def _bias_tokens(bias, tokens, q: torch.Tensor) -> torch.Tensor | None:
+    """The tokens a bias that reads them gets (checked: ``(B, T, dim)`` floating, q's batch and tokens); None for any
+    other bias."""
+    if not getattr(bias, "reads_tokens", False):
+        return None
+    if tokens is None:
+        raise ValueError(f"bias {type(bias).__name__} reads the attention's input tokens: pass tokens=x, the (batch, "
+                         "tokens, dim) input q, k and v were projected from")
+    if not isinstance(tokens, torch.Tensor) or tokens.ndim != 3 or not tokens.is_floating_point() \
+            or tokens.shape[:2] != (q.shape[0], q.shape[2]):
+        got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise ValueError(f"tokens must be a floating (batch={q.shape[0]}, tokens={q.shape[2]}, dim) tensor, the "
+                         f"attention's input, got {got}")
+    return tokens
 
 
 def _extra_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
@@ -249,14 +268,17 @@ def _check_tokens(q: torch.Tensor, layout: Layout | MixedLayout) -> None:
                      f"{layout.num_tokens}{'' if layout.keep is None else ' kept'}")
 
 
-def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias):
-    """q and k rotated, and the bias of the layout (``None`` without a bias encoding)."""
+def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias, tokens=None):
+    """q and k rotated, and the bias of the layout (``None`` without a bias encoding; ``tokens`` for a bias that
+    reads them)."""
     grid = layout.grid
     _check_tokens(q, layout)  # also without encodings: the grid states the tokens
     if rotary is not None:
         q, k = rotated(rotary, q, k, layout.unwrap())
     if bias is None:
         return q, k, None
+    if tokens is not None:
+        return q, k, _token_bias(bias, layout, tokens, q)
     mask = bias(grid)
     expected = (q.shape[1], grid.num_tokens, grid.num_tokens)
     if not isinstance(mask, torch.Tensor) or mask.ndim != 3 or mask.shape[0] not in (1, q.shape[1]) \
@@ -270,7 +292,19 @@ def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias):
     return q, k, (mask if mask.ndim == 4 else mask[None]).to(q.dtype)
 
 
-def _mixed_positions(q: torch.Tensor, k: torch.Tensor, layout: MixedLayout, rotary, bias, with_mask: bool = True):
+def _token_bias(bias, layout: Layout, tokens: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """A token-reading bias of the layout's tokens, checked: ``(B or 1, heads or 1, T, T)`` in q's dtype."""
+    mask = bias(layout.unwrap(), tokens)
+    t = layout.num_tokens
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or mask.shape[0] not in (1, q.shape[0]) \
+            or mask.shape[1] not in (1, q.shape[1]) or tuple(mask.shape[2:]) != (t, t):
+        raise ValueError(f"bias {type(bias).__name__} gives shape {tuple(getattr(mask, 'shape', ()))} but q, k have "
+                         f"batch {q.shape[0]} and {q.shape[1]} heads: expected (batch, num_heads, {t}, {t})")
+    return mask.to(q.dtype)
+
+
+def _mixed_positions(q: torch.Tensor, k: torch.Tensor, layout: MixedLayout, rotary, bias, with_mask: bool = True,
+                     tokens: torch.Tensor | None = None):
     """Per-sample grids: every encoding runs once per distinct grid on its samples' real tokens; padded keys are
     masked. Returns q, k and the ``(B, heads or 1, T, T)`` additive mask (None with ``with_mask=False``)."""
     _check_tokens(q, layout)
@@ -280,7 +314,9 @@ def _mixed_positions(q: torch.Tensor, k: torch.Tensor, layout: MixedLayout, rota
     rotated_q, rotated_k = (q.clone(), k.clone()) if rotary is not None else (q, k)
     for index, grid in layout.groups(q.device):
         n = grid.num_tokens
-        group_q, group_k, group_bias = _positions(q[index, :, :n], k[index, :, :n], Layout(grid), rotary, bias)
+        group_tokens = None if tokens is None else tokens[index, :n]
+        group_q, group_k, group_bias = _positions(q[index, :, :n], k[index, :, :n], Layout(grid), rotary, bias,
+                                                  group_tokens)
         if rotary is not None:
             rotated_q[index, :, :n], rotated_k[index, :, :n] = group_q, group_k
         if group_bias is not None:
@@ -405,7 +441,8 @@ class Attention(nn.Module):
         q, k, v = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
         q, k = self.q_norm(q), self.k_norm(k)
         dropout_p = self.attn_drop.p if self.training and isinstance(self.attn_drop, nn.Dropout) else 0.0
-        out = attend(q, k, v, grid, self.rotary, self.bias, attn_mask, dropout_p=dropout_p, attention=self.attention)
+        out = attend(q, k, v, grid, self.rotary, self.bias, attn_mask, dropout_p=dropout_p, attention=self.attention,
+                     tokens=x)
         out = self.norm(rearrange(out, "b h t d -> b t (h d)"))
         if gate is not None:
             out = out * gate

@@ -5,7 +5,7 @@ The three family bases (:class:`~visionpe.tokens.TokenEncoding`, :class:`~vision
 :func:`visionpe.register` then makes available to ``build``, ``create_model``, the CLI and visualization.
 
 One constructor vocabulary: a model offers a :class:`ModelContext` (``grid_shape``, its training patch grid;
-``ndim``; ``dim``, the token width; ``num_heads``; ``head_dim``; ``num_prefix_tokens``), and
+``ndim``; ``dim``, the token width; ``num_heads``; ``head_dim``; ``num_prefix_tokens``; ``num_registers``), and
 :meth:`Encoding.for_model` passes each encoding the words its constructor names. Classes whose native grid has a more specific name map it in
 :meth:`Encoding.model_defaults` (``window_size`` of a window bias, ``ref_shape`` of RoPE scaling).
 """
@@ -32,7 +32,9 @@ class ModelContext:
 
     ``grid_shape``: the training patch grid (a Swin block's window); ``dim``: token width; ``num_heads`` and
     ``head_dim`` of the attention; ``num_prefix_tokens``: prefix tokens that own a position vector (timm's
-    ``pos_embed`` rows for class/register tokens; 0 with ``no_embed_class``); ``depth``: number of blocks.
+    ``pos_embed`` rows for class/register tokens; 0 with ``no_embed_class``); ``depth``: number of blocks;
+    ``num_registers``: how many of a grid's prefix tokens are register tokens, the last ones (timm's ``reg_tokens``,
+    after the class token), which an encoding may place on a grid of their own (ViT-5's ``vit5_rope``).
     """
 
     grid_shape: tuple[int, ...]
@@ -41,6 +43,7 @@ class ModelContext:
     head_dim: int
     num_prefix_tokens: int = 0
     depth: int = 1
+    num_registers: int = 0
 
     @property
     def ndim(self) -> int:
@@ -49,7 +52,8 @@ class ModelContext:
     def words(self) -> dict:
         """The shared constructor vocabulary with this model's values."""
         return dict(grid_shape=tuple(self.grid_shape), ndim=self.ndim, dim=self.dim, num_heads=self.num_heads,
-                    head_dim=self.head_dim, num_prefix_tokens=self.num_prefix_tokens, depth=self.depth)
+                    head_dim=self.head_dim, num_prefix_tokens=self.num_prefix_tokens, depth=self.depth,
+                    num_registers=self.num_registers)
 
 
 MODEL_WORDS = ("dim", "head_dim", "num_heads", "ndim")  # what a model fixes for the encodings built into it

@@ -90,12 +90,12 @@ class GridAttention(nn.Module):
         weights = None
         if output_attentions:  # the probabilities are attention applied to the identity: the same path, exactly
             eye = torch.eye(q.shape[2], dtype=q.dtype, device=q.device).expand(*q.shape[:2], -1, -1)
-            weights = F.dropout(attend(q, k, eye, layout, self.rotary, self.bias, attention_mask), dropout_p,
-                                self.training)
+            weights = F.dropout(attend(q, k, eye, layout, self.rotary, self.bias, attention_mask, tokens=x),
+                                dropout_p, self.training)
             out = weights @ v
         else:
             out = attend(q, k, v, layout, self.rotary, self.bias, attention_mask, dropout_p=dropout_p,
-                         attention=self.attention)
+                         attention=self.attention, tokens=x)
         return self.o_proj(rearrange(out, "b h t d -> b t (h d)")), weights
 
 

@@ -77,7 +77,8 @@ class WindowAttention(nn.Module):
             num_windows = mask.shape[0]
             mask = rearrange(mask.expand(x.shape[0] // num_windows, -1, -1, -1), "b w n m -> (b w) 1 n m")
         out = attend(q, k, v, Grid(self.window_size), self.rotary, self.bias, mask,
-                     dropout_p=self.attn_drop.p if self.training else 0.0, scale=scale, attention=self.attention)
+                     dropout_p=self.attn_drop.p if self.training else 0.0, scale=scale, attention=self.attention,
+                     tokens=x)
         return self.proj_drop(self.proj(rearrange(out, "b h t d -> b t (h d)")))
 
 

@@ -50,7 +50,7 @@ class GridMultiheadAttention(nn.MultiheadAttention):
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
         q, k, v = rearrange(qkv, "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
         out = attend(q, k, v, layout, self.rotary, self.bias, dropout_p=self.dropout if self.training else 0.0,
-                     attention=self.attention)
+                     attention=self.attention, tokens=x)
         return self.out_proj(rearrange(out, "b h t d -> b t (h d)"))
 
 

@@ -157,7 +157,8 @@ class VideoWindowAttention(WindowAttention):
             shifted = rearrange(shifted[None].expand(b, -1, -1, -1), "b nw n m -> (b nw) 1 n m")
             mask = shifted if mask is None else mask + shifted
         out = attend(q, k, v, Grid(window), self._window_rotary(window), bias, mask,
-                     dropout_p=self.attention_dropout if self.training else 0.0, attention=self.attention)
+                     dropout_p=self.attention_dropout if self.training else 0.0, attention=self.attention,
+                     tokens=windows)
         out = F.dropout(self.proj(rearrange(out, "n h t d -> n t (h d)")), p=self.dropout, training=self.training)
 
         nt, nh, nw = (p // k for p, k in zip(padded, window))

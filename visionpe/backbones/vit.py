@@ -286,7 +286,7 @@ def put_block_encodings(model: nn.Module, names: dict, kwargs: dict, patch_block
     first = model.blocks[0].attn
     context = ModelContext(grid_shape, model.embed_dim, first.num_heads, first.head_dim,
                            num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens,
-                           depth=len(model.blocks))
+                           depth=len(model.blocks), num_registers=model.num_reg_tokens)
     old_table = model.pos_embed if isinstance(getattr(model, "pos_embed", None), nn.Parameter) else None
     tokens = build_tokens(names, kwargs, context, old_table, getattr(model, "pe_tokens", None))
     model.pos_embed = None
@@ -295,7 +295,7 @@ def put_block_encodings(model: nn.Module, names: dict, kwargs: dict, patch_block
     for block in model.blocks:
         source = block.attn
         block_context = ModelContext(grid_shape, model.embed_dim, source.num_heads, source.head_dim,
-                                     context.num_prefix_tokens, context.depth)
+                                     context.num_prefix_tokens, context.depth, context.num_registers)
         rotary = encodings.block("rotary", block_context, getattr(source, "rotary", None))
         bias = encodings.block("bias", block_context, getattr(source, "bias", None))
         patch_block(block, rotary, bias)

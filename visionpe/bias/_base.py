@@ -30,16 +30,23 @@ class PairScore:
     (:class:`~visionpe.grid.Layout`) or stack the tables of several grids (a
     :class:`~visionpe.grid.MixedLayout`); tables may carry gradients to the encoding's parameters. ``options`` are
     Python constants of ``fn`` (equal for every grid of one encoding). ``num_heads``: the bias's heads.
+
+    ``per_sample=True``: a bias that reads the tokens (:attr:`BiasEncoding.reads_tokens`, PaPE) differs per sample;
+    its ``fn(tables, batch, head, q, k, **options)`` reads tables that hold one sample per row in the call's token
+    order (``q``, ``k``: positions in the sequence attention sees, a :class:`~visionpe.grid.Layout`'s kept tokens
+    included), so attention indexes them by sample and position and stacks a mixed batch's groups sample by sample.
     """
 
     fn: Callable
     tables: tuple[torch.Tensor, ...]
     num_heads: int
     options: dict = field(default_factory=dict)
+    per_sample: bool = False
 
-    def __call__(self, head, q, k):
-        """The bias of one pair, read from this grid's tables."""
-        return self.fn(self.tables, head, q, k, **self.options)
+    def __call__(self, *index):
+        """The bias of one pair, read from this grid's tables: ``score(head, q, k)``, or ``score(batch, head, q, k)``
+        with ``per_sample``."""
+        return self.fn(self.tables, *index, **self.options)
 
 
 class BiasEncoding(Encoding):
@@ -47,9 +54,15 @@ class BiasEncoding(Encoding):
 
     An encoding whose bias is a function of coordinates or of a small table also implements :meth:`score_mod`, and
     ``attention="flex"`` (:func:`visionpe.attend`) then reads it inside the attention kernel.
+
+    ``reads_tokens = True``: the bias depends on the attention's input tokens too (PaPE's per-query parabolas), and is
+    called ``pe(grid, tokens) -> (B, heads, T, T)`` with ``tokens: (B, T, dim)`` in the layout's token order (grid or
+    :class:`~visionpe.grid.Layout`); :func:`visionpe.attend` passes them (``tokens=``) and ``score_mod(grid, tokens)``
+    gives a ``per_sample`` :class:`PairScore`.
     """
 
     family = "bias"
+    reads_tokens: bool = False
 
     def __init_subclass__(cls, **kwargs):
         """Every bias's ``forward(grid)`` checks first that the table fits in memory (:meth:`check_table`)."""

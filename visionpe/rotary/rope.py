@@ -319,16 +319,7 @@ class RoPE(RotaryEncoding):
             coords = self.coordinates.positions(grid, device, wide) + self.grid_offset  # (N, ndim) in grid order
             coords = coords.flip(-1) if self.axis_order == "xy" else coords  # in component order
             freqs = self.frequencies(wide).to(device)
-            scales = torch.ones(self.ndim, dtype=wide)
-            if self.ref_shape is not None:
-                ref = self.components(self.ref_shape)
-                scales = axis_scales(self.components(grid.shape), ref, wide)
-                placed = grid.offset is not None or grid.spacing is not None
-                if placed and self.scaling != "none" and bool((scales != 1).any()):
-                    check_unscaled_placement(grid, self.scaling, self.ref_shape)
-                coords = scale_positions(coords, scales, self.scaling)
-                freqs = scale_frequencies(freqs, self.band_fraction, scales, ref, self.scaling,
-                                          self.yarn_alpha, self.yarn_beta)
+            coords, freqs, scales = self.rescale(coords, freqs, grid, self.ref_shape)
             coords = self.place(coords, grid, scales)
             if transform is not None:  # after PI, as timm augments after ref_feat_shape
                 coords = transform(coords)
@@ -338,9 +329,10 @@ class RoPE(RotaryEncoding):
             magnitude = attention_factor(scales, self.scaling)
             rotations = torch.stack([angles.cos(), angles.sin()], dim=-1)
             rotations = (rotations if magnitude == 1.0 else rotations * magnitude).float()
-        identity = torch.tensor([magnitude, 0.0], dtype=rotations.dtype, device=device)
-        prefix = identity.expand(grid.prefix, *rotations.shape[1:])
-        rotations = torch.cat([prefix, rotations])  # (P + N, heads or 1, pairs, [2 channels,] 2)
+        prefix = self.prefix_rotations(grid.prefix, device) * magnitude  # (P, 1, pairs, 2)
+        if self.channel_index is not None:  # both channels of a prefix pair keep the pair's rotation
+            prefix = prefix.unsqueeze(-2)  # (P, 1, pairs, 1, 2)
+        rotations = torch.cat([prefix.expand(grid.prefix, *rotations.shape[1:]), rotations])  # (P + N, heads or 1, pairs, [2 channels,] 2)
         if tokens_first:
             every_head = rotations.expand(-1, self.num_heads, *rotations.shape[2:]).contiguous()
             return rearrange(every_head, "t h ... -> h t ...")
@@ -351,6 +343,28 @@ class RoPE(RotaryEncoding):
         ``freq_mask``)."""
         freqs = full_tensor(self.freqs).to(dtype)
         return freqs if self.freq_mask is None else freqs * self.freq_mask.to(dtype)
+
+    def rescale(self, coords: torch.Tensor, freqs: torch.Tensor, grid: Grid, ref_shape):
+        """Resolution scaling of ``grid`` against ``ref_shape`` (grid order; None: none): the coordinates ``(N,
+        ndim)`` (component order) and frequencies ``(ndim, heads or 1, pairs)`` as the rotation reads them, and the
+        per-component size ratios ``(ndim,)``. RIFLEx keeps time out of it and lowers its intrinsic frequency."""
+        scales = torch.ones(self.ndim, dtype=coords.dtype)
+        if ref_shape is None:
+            return coords, freqs, scales
+        ref = self.components(ref_shape)
+        scales = axis_scales(self.components(grid.shape), ref, coords.dtype)
+        placed = grid.offset is not None or grid.spacing is not None
+        if placed and self.scaling != "none" and bool((scales != 1).any()):
+            check_unscaled_placement(grid, self.scaling, self.ref_shape)
+        coords = scale_positions(coords, scales, self.scaling)
+        freqs = scale_frequencies(freqs, self.band_fraction, scales, ref, self.scaling, self.yarn_alpha,
+                                  self.yarn_beta)
+        return coords, freqs, scales
+
+    def prefix_rotations(self, prefix: int, device) -> torch.Tensor:
+        """The rotations of a grid's ``prefix`` tokens, ``(prefix, 1, pairs, 2)`` float32 ``(cos, sin)``: the identity
+        (prefix tokens have no spatial position; ViT-5's register RoPE gives its registers one)."""
+        return torch.tensor([1.0, 0.0], device=device).expand(prefix, 1, self.head_dim // 2, 2)
 
     def place(self, coords: torch.Tensor, grid: Grid, scales: torch.Tensor) -> torch.Tensor:
         """Where the patches sit for the rotation: ``coords (N, ndim)`` in component order after resolution scaling
