@@ -271,6 +271,15 @@ class VisionTransformerPE(GridTransformer, VisionTransformer):
     (:class:`GridTransformer`)."""
 
 
+def register_count(model: nn.Module) -> int:
+    """Register tokens of a timm token transformer: ``num_reg_tokens`` (VisionTransformer) or the rows of
+    ``reg_token`` (Eva keeps no count)."""
+    if hasattr(model, "num_reg_tokens"):
+        return model.num_reg_tokens
+    reg_token = getattr(model, "reg_token", None)  # (1, R, D) or None
+    return 0 if reg_token is None else reg_token.shape[1]
+
+
 def put_block_encodings(model: nn.Module, names: dict, kwargs: dict, patch_block) -> None:
     """What every timm token transformer (ViT, distilled DeiT, Eva) does with the encodings ``names`` (family ->
     name): its patch embedding emits ``(B, *grid, D)`` at any size, a ``learned`` table takes over ``pos_embed``
@@ -286,7 +295,7 @@ def put_block_encodings(model: nn.Module, names: dict, kwargs: dict, patch_block
     first = model.blocks[0].attn
     context = ModelContext(grid_shape, model.embed_dim, first.num_heads, first.head_dim,
                            num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens,
-                           depth=len(model.blocks), num_registers=model.num_reg_tokens)
+                           depth=len(model.blocks), num_registers=register_count(model))
     old_table = model.pos_embed if isinstance(getattr(model, "pos_embed", None), nn.Parameter) else None
     tokens = build_tokens(names, kwargs, context, old_table, getattr(model, "pe_tokens", None))
     model.pos_embed = None
