@@ -16,6 +16,11 @@ import pytest
 
 from visionpe.cli.commands import COMMANDS
 
+try:  # the Hugging Face adapters register when transformers is imported: before conftest.py saves the registries
+    import transformers  # noqa: F401
+except ImportError:
+    pass
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[ \t]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
@@ -115,3 +120,37 @@ def test_a_skip_marker_is_read():
     text = "a\n<!-- skip: needs a GPU -->\n```python\nraise SystemExit\n```\n\n```python\nx = 1\n```\n"
     assert [(lang, reason) for lang, _, _, reason in fenced_blocks(text)] == [("python", "needs a GPU"),
                                                                                ("python", None)]
+
+
+def tree_paths(page: Path) -> list[str]:
+    """The paths the architecture tree of CONTRIBUTING.md names: each entry of its left column (a folder or file of
+    the package, or of the checkout for entries at the margin) and the ``name.py`` files listed beside a folder."""
+    tree = next(code for lang, code, _, _ in fenced_blocks(page.read_text()) if not lang and "visionpe/" in code)
+    paths, folder = [], None
+    for row in tree.splitlines()[1:]:
+        left, words = row[:31], row[31:]
+        base = "visionpe/" if left.startswith("  ") else ""
+        names = left.split()
+        if names:
+            paths += [base + name for name in names]
+            folder = base + names[0] if names[0].endswith("/") else None
+        if folder:
+            paths += [folder + name for name in re.findall(r"\b\w+\.py\b", words)]
+    return paths
+
+
+def test_the_architecture_tree_names_existing_paths():
+    """CONTRIBUTING.md's tree and its "where a new piece goes" table name files, folders and registries that exist."""
+    import importlib
+
+    page = ROOT / "CONTRIBUTING.md"
+    paths = tree_paths(page)
+    assert len(paths) > 40 and "visionpe/backbones/adapter.py" in paths
+    assert not [path for path in paths if not (ROOT / path).exists()]
+    table = page.read_text().split("**Where a new piece goes**")[1].split("\n\n")[1]
+    registries = re.findall(r"`((?:[a-z_]+/)*[a-z_]+)\.([A-Z_]+)`", table)  # `registry.ENCODINGS`, `cli/commands.COMMANDS`
+    assert len(registries) >= 4
+    for module, name in registries:
+        assert hasattr(importlib.import_module("visionpe." + module.replace("/", ".")), name), (module, name)
+    files = re.findall(r"`((?:[a-z_]+/)+[a-z_]+\.py)`", table)  # `presets/catalog.py`, `train/train_vit.py`
+    assert files and not [f for f in files if not (ROOT / "visionpe" / f).exists()]
