@@ -61,17 +61,21 @@ def test_python_block_runs_as_written(page, line, code, tmp_path, monkeypatch):
         torch.set_num_threads(threads)
 
 
+def without_fences(text: str) -> str:
+    """The text with fenced blocks blanked (a ``# comment`` in one is not a heading)."""
+    return FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+
+
 def without_code(text: str) -> str:
     """The text with fenced blocks and inline code spans blanked (their brackets are not links)."""
-    text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
-    return re.sub(r"`[^`\n]*`", "", text)
+    return re.sub(r"`[^`\n]*`", "", without_fences(text))
 
 
 def anchors(page: Path) -> set[str]:
     """GitHub's heading anchors of a markdown page (lower case, punctuation dropped, spaces to '-', '-1' ... for
     repeats)."""
     seen, found = {}, set()
-    for heading in re.findall(r"^#{1,6}[ \t]+(.+?)[ \t]*#*$", without_code(page.read_text().replace("`", "")), re.M):
+    for heading in re.findall(r"^#{1,6}[ \t]+(.+?)[ \t]*#*$", without_fences(page.read_text()).replace("`", ""), re.M):
         slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
         found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
         seen[slug] = seen.get(slug, 0) + 1
