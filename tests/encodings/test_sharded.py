@@ -86,7 +86,7 @@ def test_reset_parameters_redraws_the_parameters_and_keeps_the_buffers(name, ndi
     torch.manual_seed(1)
     pe.reset_parameters()
     random = [n for n, p in pe.named_parameters() if p.numel() > 1 and not torch.equal(p, before[n])]
-    fixed = ["skew", "c", "threshold_multiplier"]  # drawn from nothing (zeros, constants)
+    fixed = ["skew", "c", "threshold_multiplier", "A_u", "A_v", "sigma"]  # drawn from nothing (zeros, constants)
     assert {n for n, p in pe.named_parameters() if p.numel() > 1} - set(random) <= set(fixed)
 
 

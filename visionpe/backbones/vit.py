@@ -105,12 +105,13 @@ class GridTransformer(PositionalModel):
         """Images of different sizes and aspect ratios -> one padded batch ``(B, T, C)`` (``T`` the longest
         sample's ``P + N_b``) and its :class:`~visionpe.grid.MixedLayout`: each image has its own grid and gets
         exactly the positions it would get alone."""
+        sample = "(C, T, H, W)" if len(self.patch_embed.patch_size) == 3 else "(C, H, W)"  # a clip or an image
         if not isinstance(images, (list, tuple)) or not images:
-            raise ValueError(f"images must be a non-empty list of (C, H, W) tensors, got {type(images).__name__}")
+            raise ValueError(f"images must be a non-empty list of {sample} tensors, got {type(images).__name__}")
         tokens, grids = [], []
         for i, image in enumerate(images):
-            if not isinstance(image, torch.Tensor) or image.ndim != 3:
-                raise ValueError(f"images[{i}] must be a (C, H, W) tensor, got {type(image).__name__} of shape "
+            if not isinstance(image, torch.Tensor) or image.ndim != 1 + len(self.patch_embed.patch_size):
+                raise ValueError(f"images[{i}] must be a {sample} tensor, got {type(image).__name__} of shape "
                                  f"{tuple(getattr(image, 'shape', ()))}")
             x, layout = self.embed(image[None], with_position=False)
             tokens.append(x[0])
