@@ -38,7 +38,7 @@ def test_render_stretches_the_scene_per_axis():
         assert np.abs(wide - (square[0::2] + square[1::2]) / 2).mean() < 2.0
 
 
-@pytest.mark.parametrize("task", data.scenes.SYNTHETIC)
+@pytest.mark.parametrize("task", (*data.scenes.SYNTHETIC, *data.clutter.CLUTTER))
 def test_synthetic_dataset_at_height_by_width(task):
     ds = data.build_dataset(task, "val", (24, 48), seed=0, num_samples=4)
     x, y = ds[0]

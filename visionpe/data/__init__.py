@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 
-from . import scenes, aspect, torchvision_sets, folders, clips, video_files  # noqa: F401, I001  (each registers its data sets, in this order)
+from . import scenes, aspect, clutter, torchvision_sets, folders, clips, video_files  # noqa: F401, I001  (each registers its data sets, in this order)
 from .base import (ClipTensorDataset, ImageListDataset, ImageTensorDataset, PositionDataset, fixed_subset, image_hw,
                    resize, size_key)
 from .budget import native_aspect_size, resize_to_budget
