@@ -35,6 +35,24 @@ def test_nearest_label_is_the_colour_of_the_candidate_nearest_the_marker():
     assert 10 <= sum(calls) <= 30  # about half the scenes are clear calls
 
 
+def test_relation_label_is_where_the_red_item_lies_from_the_marker():
+    calls = []
+    for i in range(40):
+        sc = clutter.clutter_scene("clutter-relation", 2, i)
+        (marker,) = [it for it in sc["items"] if it.kind == "ring"]
+        classes = [_hue_class(it.colour) for it in sc["items"] if it.kind != "ring"]
+        assert classes.count(0) == 1  # one red item among the other colour classes and greys
+        (target,) = [it for it in sc["items"] if it.kind != "ring" and _hue_class(it.colour) == 0]
+        dx, dy = target.cx - marker.cx, target.cy - marker.cy
+        want = (0 if dx < 0 else 1) if abs(dx) > abs(dy) else (2 if dy < 0 else 3)  # y grows downwards
+        assert sc["label"] == want
+        turn = min(abs(dx), abs(dy)) / max(abs(dx), abs(dy))  # a clear or a close call, never a diagonal
+        assert turn <= clutter.CLEAR_TURN[1] or clutter.CLOSE_TURN[0] <= turn <= clutter.CLOSE_TURN[1]
+        calls.append(turn <= clutter.CLEAR_TURN[1])
+        assert math.hypot(dx, dy) - target.radius - marker.radius >= 0.125
+    assert 10 <= sum(calls) <= 30
+
+
 def _warm(colour):
     h, s, _ = colorsys.rgb_to_hsv(*(c / 255 for c in colour))
     return s > 0.5 and (h < 0.15 or h > 0.9)

@@ -48,7 +48,8 @@ def test_native_rendering_same_scene_more_pixels(task):
 
 
 def test_labels_cover_classes_and_are_balanced():
-    for task, k in (("shapes-position", 9), ("shapes-relation", 4), ("clutter-nearest", 4), ("clutter-count", 5)):
+    for task, k in (("shapes-position", 9), ("shapes-relation", 4), ("clutter-nearest", 4), ("clutter-relation", 4),
+                    ("clutter-count", 5)):
         ds = data.build_dataset(task, "train", 8, seed=0, num_samples=900)
         counts = torch.bincount(ds.labels, minlength=k)
         assert len(counts) == k and counts.min() > 900 / k * 0.6, counts

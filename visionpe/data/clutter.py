@@ -43,14 +43,16 @@ from .registry import SPLITS, register_dataset
 from .scenes import KINDS, MEAN_STD, SQUARE_HW, SUPERSAMPLE, _draw_shape, num_scenes
 from .transforms import Transforms
 
-CLUTTER = ("clutter-nearest", "clutter-count")
-NUM_CLASSES = {"clutter-nearest": 4, "clutter-count": 5}
+CLUTTER = ("clutter-nearest", "clutter-relation", "clutter-count")
+NUM_CLASSES = {"clutter-nearest": 4, "clutter-relation": 4, "clutter-count": 5}
 HUES = (0.0, 0.15, 0.35, 0.62)  # clutter-nearest's colour classes: red, yellow, green, blue
 TEXTURE_AMPLITUDE = 0.35  # a texture scales an item's colour by 1 +- this (its mean is the flat colour)
 OUTLINE = 0.02  # the box outline's thickness, a fraction of the side
 # clutter-nearest: the nearest candidate's distance over the second's, in one of two ranges (half the scenes each): a
 # clear call, which every encoding that can compare distances learns, and a close one, which takes precision
 CLEAR_CALL, CLOSE_CALL = (0.0, 0.6), (0.75, 0.9)
+# clutter-relation: the offset across the label's axis over the offset along it, likewise clear or close
+CLEAR_TURN, CLOSE_TURN = (0.0, 0.5), (0.67, 0.87)
 
 
 class Texture(NamedTuple):
@@ -133,6 +135,37 @@ def _nearest_scene(rng: random.Random) -> tuple[int, list[Item]]:
     return label, items
 
 
+def _relation_scene(rng: random.Random) -> tuple[int, list[Item]]:
+    label = rng.randrange(4)  # where the red item lies from the marker: 0 left, 1 right, 2 above, 3 below
+    lo, hi = CLEAR_TURN if rng.random() < 0.5 else CLOSE_TURN
+    marker_r = 0.05
+    while True:
+        mx, my = rng.uniform(0.15, 0.85), rng.uniform(0.15, 0.85)
+        r = math.exp(rng.uniform(math.log(0.04), math.log(0.1)))
+        along = rng.uniform(0.15, 0.5)  # the offset along the label's axis, and across it
+        across = along * rng.uniform(lo, hi) * rng.choice((-1, 1))
+        sign = -1 if label in (0, 2) else 1  # left and above are the negative directions (y grows downwards)
+        dx, dy = (sign * along, across) if label < 2 else (across, sign * along)
+        x, y = mx + dx, my + dy
+        if (0.06 + r <= x <= 0.94 - r and 0.06 + r <= y <= 0.94 - r
+                and math.hypot(dx, dy) - r - marker_r >= 0.125):  # not within a patch (at 32 px) of the marker
+            break
+    placed = [(mx, my, marker_r), (x, y, r)]
+    items = [Item("ring", mx, my, marker_r, (255, 255, 255)),
+             Item(rng.choice(KINDS), x, y, r, _hsv(HUES[0] + rng.uniform(-0.03, 0.03), rng.uniform(0.75, 1.0),
+                                                   rng.uniform(0.8, 1.0)), _texture(rng))]
+    for hue in [*HUES[1:], *[None] * rng.randint(2, 3)]:  # one item of each other colour class, then greys
+        size = math.exp(rng.uniform(math.log(0.035), math.log(0.1)))
+        at = _place(rng, size, placed, gap=0.03)
+        if at is not None:
+            placed.append((*at, size))
+            colour = (_hsv(rng.random(), rng.uniform(0.0, 0.15), rng.uniform(0.35, 0.6)) if hue is None else
+                      _hsv(hue + rng.uniform(-0.03, 0.03), rng.uniform(0.75, 1.0), rng.uniform(0.8, 1.0)))
+            items.append(Item(rng.choice(KINDS), *at, size, colour, _texture(rng)))
+    rng.shuffle(items)
+    return label, items
+
+
 def _count_scene(rng: random.Random) -> tuple[int, list[Item]]:
     label = rng.randrange(5)
     hx, hy = rng.uniform(0.2, 0.31), rng.uniform(0.2, 0.31)  # half extents, independent of the label
@@ -179,7 +212,7 @@ def _count_scene(rng: random.Random) -> tuple[int, list[Item]]:
     return label, items + marks
 
 
-SCENES = {"clutter-nearest": _nearest_scene, "clutter-count": _count_scene}
+SCENES = {"clutter-nearest": _nearest_scene, "clutter-relation": _relation_scene, "clutter-count": _count_scene}
 
 
 def clutter_scene(task: str, seed: int, index: int, split: str = "train") -> dict:
