@@ -8,6 +8,9 @@ Three families, by where position enters attention:
 - ``bias`` (``swin_bias``, ``rel_bias``, ``cpb``, ``alibi``, ``bucket_bias``, ``lookhere``, ``fire``):
   ``pe(grid) -> (heads, T, T)`` logit bias.
 
+Foundation models' positional schemes (SigLIP 2, Qwen-VL, DINOv3, V-JEPA 2, Wan, ...) are compositions of these with
+the models' exact conventions: :func:`preset`, :func:`presets`, ``pe="preset:NAME"`` (:mod:`visionpe.presets`).
+
 The encodings, :class:`Grid` and :func:`build` import without timm; the backbone helpers (``create_model``,
 ``apply``, ``create_video_model``, ...) import timm on first use. Once timm is imported (by anyone, before or after
 visionpe), its registry has a ``vpe_<timm name>`` model for each supported architecture:
@@ -22,6 +25,8 @@ from .weights import load_timm_checkpoint, load_weights, save_weights
 from .coords import CoordinateSystem
 from .encoding import Encoding, ModelContext
 from .grid import Grid, Layout, MixedLayout
+from .materialize import reset_parameters
+from .presets import preset, presets
 from .registry import available, build, register, unregister
 from .rotary import AxialRoPE, ComRoPE, LieRE, MixedRoPE, RoPE, RotaryEncoding, StringRoPE, VideoRoPE
 from .tokens import PEG, Learned, SinCos, TokenEncoding
@@ -35,7 +40,8 @@ __all__ = ["ALiBi", "Attention", "AxialRoPE", "BiasEncoding", "ComRoPE", "Contin
            "Encoding", "FIRE", "Grid", "Layout", "Learned", "LieRE", "LookHere", "MixedLayout", "MixedRoPE",
            "ModelContext", "PEG", "RelBias", "RelativePositionBias", "RoPE", "RotaryEncoding", "SinCos", "StringRoPE",
            "SwinBias", "TokenEncoding", "VideoRoPE", "attend", "available", "build", "load_timm_checkpoint",
-           "load_weights", "register", "save_weights", "set_attention", "unregister", *_LAZY]
+           "load_weights", "preset", "presets", "register", "reset_parameters", "save_weights", "set_attention",
+           "unregister", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -25,8 +25,12 @@ SAMPLING = ("bicubic", "bilinear", "nearest")  # sample_grid
 
 
 def resample_axis(table: torch.Tensor, axis: int, size: int, interpolation: str = "bicubic",
-                  antialias: bool = True) -> torch.Tensor:
-    """Resample ``table`` (any shape) along ``axis`` to ``size`` samples; computed in float32."""
+                  antialias: bool = True, align_corners: bool = False) -> torch.Tensor:
+    """Resample ``table`` (any shape) along ``axis`` to ``size`` samples; computed in float32.
+
+    ``align_corners`` (bicubic and bilinear, as ``F.interpolate``): ``False`` reads output ``j`` of ``n`` at source
+    position ``(j + 0.5) m / n - 0.5`` (half-pixel centres, timm's and PyTorch's default); ``True`` at ``j (m - 1) /
+    (n - 1)``, the end samples on the end samples (Qwen3-VL's learned grid)."""
     check_choice("interpolation", interpolation, INTERPOLATIONS)
     if table.shape[axis] == size:
         return table
@@ -35,19 +39,20 @@ def resample_axis(table: torch.Tensor, axis: int, size: int, interpolation: str 
     flat = rearrange(moved.float(), "... n -> (...) 1 1 n")
     kwargs = {"antialias": antialias} if interpolation in ("bicubic", "bilinear") else {}
     if interpolation in ("bicubic", "bilinear"):
-        kwargs["align_corners"] = False
+        kwargs["align_corners"] = align_corners
     out = F.interpolate(flat, size=(1, size), mode=interpolation, **kwargs)
     return out.reshape(*lead, size).movedim(-1, axis).to(table.dtype)
 
 
 def resample_grid(table: torch.Tensor, new_shape, interpolation: str = "bicubic",
-                  antialias: bool = True) -> torch.Tensor:
-    """Resample a grid table ``(*old_shape, C)`` to ``(*new_shape, C)``, one spatial axis at a time."""
+                  antialias: bool = True, align_corners: bool = False) -> torch.Tensor:
+    """Resample a grid table ``(*old_shape, C)`` to ``(*new_shape, C)``, one spatial axis at a time
+    (``align_corners``: see :func:`resample_axis`)."""
     new_shape = tuple(new_shape)
     if table.ndim != len(new_shape) + 1:
         raise ValueError(f"table of shape {tuple(table.shape)} cannot be resampled to {new_shape}")
     for axis, size in enumerate(new_shape):
-        table = resample_axis(table, axis, size, interpolation, antialias)
+        table = resample_axis(table, axis, size, interpolation, antialias, align_corners)
     return table
 
 

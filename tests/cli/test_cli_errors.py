@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from trainutil import ROOT, TINY, run_script, script_namespace, train_main
+from trainutil import ROOT, TINY, parser_of, run_script, train_main
 
+from visionpe.cli import UserError
 from visionpe.train import settings
-from visionpe.train.cli import UserError
 
 
 SCRIPTS = {"sweep": "resolution_sweep", "visualize": "visualize", "benchmark": "benchmark", "speed": "bench_speed"}
-PROG = {"train": "train_vit", "sweep": "resolution_sweep", "visualize": "visualize.py", "benchmark": "benchmark",
-        "speed": "bench_speed"}
+PROG = {"train": "visionpe train", "sweep": "visionpe sweep", "visualize": "visionpe visualize",
+        "benchmark": "visionpe benchmark", "speed": "visionpe bench-speed"}
 PYTHON_TAG = '!!python/object/apply:os.system ["touch {tmp}/pwned"]'
 
 
@@ -48,6 +48,7 @@ SETUPS = {
     "unknown_key_recipe": lambda tmp, run: recipe(tmp, run, "bogus_setting: 1\n"),
     "string_size_recipe": lambda tmp, run: recipe(tmp, run, "eval_batch_size: ten\n"),
     "string_decay_recipe": lambda tmp, run: recipe(tmp, run, "weight_decay: fast\n"),
+    "string_log_recipe": lambda tmp, run: recipe(tmp, run, "log: tensorboard\n"),
     "derived_key_recipe": lambda tmp, run: recipe(tmp, run, "num_classes: 3\n"),
     "binary_recipe": lambda tmp, run: (tmp / "recipe.yaml").write_bytes(b"\xff\xfe\x00garbage") and tmp / "recipe.yaml",
     "empty_dir": lambda tmp, run: (tmp / "empty").mkdir(),
@@ -330,6 +331,9 @@ ROWS = [
     (T, ["--crop-pct", "1.5"], ["crop_pct", "<= 1.0"]),
     (T, ["--seed", "-1"], ["seed", ">= 0"]),
     (T, ["--device", "tpu"], ["--device", "tpu", "cpu"]),
+    (T, ["--log", "mlflow"], ["--log", "mlflow", "tensorboard", "wandb"]),
+    (T, ["--config", "{yaml}"], ["log must be a list of tensorboard, wandb", "'tensorboard'"], "string_log_recipe"),
+    (T, ["--config", "no_such_recipe"], ["no_such_recipe", "does not exist", "shipped", "shapes_tiny"]),
     (T, ["--threads", "-2"], ["threads", ">= 0"]),
     (T, ["--stop-after", "-1"], ["stop_after", ">= 0"]),
     (T, ["--checkpoint-every-steps", "-1"], ["checkpoint_every_steps", ">= 0"]),
@@ -450,8 +454,9 @@ ROWS = [
     # -- values that were accepted before and gave wrong or surprising results (issue 22) -------------------------
     (T, ["--lr", "1e-4", "--min-lr", "1.0"], ["min_lr 1.0 must not exceed lr 0.0001"]),
     (T, ["--model", "resnet18"], ["--model resnet18", "no adapter"]),
-    (T, ["--model", "deit_tiny_distilled_patch16_224"], ["--model deit_tiny_distilled_patch16_224", "distillation",
-                                                        "deit_tiny_patch16_224", "--pe timm"]),
+    (T, ["--model", "vit_base_patch16_18x2_224"], ["--model vit_base_patch16_18x2_224", "parallel blocks",
+                                                  "--pe timm"]),
+    (T, ["--init-grid", "16", "4"], ["--init-grid needs --init-from"]),
     (S, ["{run}", "--res", "16", "--out", "{tmp}/afile"], ["--out", "is a file"], "output_is_a_file"),
     (T, ["--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "mlp_ratio=-2"],
      ["mlp_ratio", "--model-kwargs", "> 0", "-2"]),
@@ -507,6 +512,72 @@ ROWS = [
 ]
 
 
+# -- issue 32: data and augmentation (timm's lenient --aa, unbounded rates, video files, one class, offline) --------
+_PATCH = []  # the running row's monkeypatch: a setup may patch something for its row alone
+
+
+def video_clips(tmp, clips: dict, cut: str | None = None):
+    """``tmp/folder/<split>/<class>/<name>.mp4`` clips of grey frames (PyAV; the row skips without it): ``clips`` maps
+    ``split/class/name`` to a frame count; ``cut``: a clip of them written truncated to half its bytes."""
+    av = pytest.importorskip("av")
+    for name, frames in clips.items():
+        path = tmp / "folder" / f"{name}.mp4"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with av.open(str(path), "w") as container:
+            stream = container.add_stream("mpeg4", rate=8)
+            stream.width, stream.height, stream.pix_fmt = 16, 16, "yuv420p"
+            for k in range(frames):
+                image = av.VideoFrame.from_ndarray(torch.full((16, 16, 3), 16 * k, dtype=torch.uint8).numpy(), "rgb24")
+                for packet in stream.encode(image):
+                    container.mux(packet)
+            for packet in stream.encode():
+                container.mux(packet)
+        if name == cut:
+            path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
+
+
+def offline(tmp, run):
+    """No network for this row: every URL torchvision opens fails as it does without one."""
+    import urllib.error
+    import urllib.request
+
+    def refuse(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+    _PATCH[0].setattr(urllib.request, "urlopen", refuse)
+
+
+SETUPS.update({
+    "imagefolder_one_class": lambda tmp, run: image_classes(tmp, {"train": ("cat",), "val": ("cat",)}),
+    "video_short_clips": lambda tmp, run: video_clips(tmp, {"train/a/c1": 6, "train/b/c1": 6, "val/a/c1": 6}),
+    "video_truncated": lambda tmp, run: video_clips(tmp, {"train/a/c1": 6, "train/a/c2": 6, "train/b/c1": 6,
+                                                          "val/a/c1": 6, "val/b/c1": 6}, cut="train/a/c2"),
+    "offline": offline,
+})
+VIDEO_RUN = ["--data", "video-files", "--num-frames", "4", "--data-dir", "{tmp}/folder", "--batch-size", "2",
+             "--epochs", "1"]
+ROWS += [
+    (T, ["--aa", "rand-zz"], ["aa 'rand-zz'", "'zz'", "timm would skip it"]),
+    (T, ["--aa", "rand-m1000"], ["aa 'rand-m1000'", "m1000", "timm's range 0..10"]),
+    (T, ["--aa", "rand-m9-m5"], ["aa 'rand-m9-m5'", "m is given twice"]),
+    (T, ["--aa", "rand-tfoo"], ["aa 'rand-tfoo'", "transform set 'foo'"]),
+    (T, ["--aa", "augmix-m20"], ["aa 'augmix-m20'", "m20", "0..10"]),
+    (T, ["--aa", "rand-n100"], ["aa 'rand-n100'", "n100", "15 ops"]),
+    (T, ["--color-jitter", "1e30"], ["color_jitter must be in [0, 1]", "1e+30", "saturate"]),
+    (T, ["--color-jitter", "inf"], ["color_jitter", "finite", "inf"]),
+    (T, ["--reprob", "1", "--recount", "1000000"], ["recount must be an integer in [1, 100]", "1000000"]),
+    (T, [*VIDEO_RUN, "--frame-stride", "100"], ["frame_stride 100", "span 301 frames", "none of 2 clips",
+                                                 "{tmp}/folder/train", "lower --frame-stride"], "video_short_clips"),
+    (T, [*VIDEO_RUN, "--batch-size", "3"], ["video-files: cannot decode {tmp}/folder/train/a/c2.mp4",
+                                            "truncated", "remove or replace it"], "video_truncated"),  # every clip read
+    (T, ["--data", "imagefolder", "--data-dir", "{tmp}/folder", "--batch-size", "2"],
+     ["imagefolder: 1 class (cat)", "{tmp}/folder", "at least 2"], "imagefolder_one_class"),
+    (T, ["--data", "cifar10", "--data-dir", "{tmp}/cifar", "--download"],
+     ["cifar10: --download could not fetch it into '{tmp}/cifar'", "URLError", "name resolution"], "offline"),
+    (T, ["--data", "mnist", "--data-dir", "{tmp}/mnist", "--download"],
+     ["mnist: --download could not fetch it into '{tmp}/mnist'", "name resolution"], "offline"),
+]
+
+
 def invoke(script, argv):
     if script == T:
         return train_main(TINY + argv)
@@ -525,7 +596,8 @@ CASES = [(*row, None) if len(row) == 3 else row for row in ROWS]
 
 @pytest.mark.parametrize("script, args, words, setup", CASES,
                          ids=[f"{c[0]}-{' '.join(c[1])[:40]}-{c[3] or ''}" for c in CASES])
-def test_mistake_is_one_line_and_exit_2(script, args, words, setup, finished_run, tmp_path, capsys):
+def test_mistake_is_one_line_and_exit_2(script, args, words, setup, finished_run, tmp_path, capsys, monkeypatch):
+    _PATCH[:] = [monkeypatch]
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     yaml_path = SETUPS[setup](tmp_path, run) if setup else None
@@ -567,8 +639,8 @@ def test_debug_shows_the_traceback(tmp_path):
 @pytest.mark.parametrize("script", ["train_vit.py", "scripts/resolution_sweep.py", "scripts/visualize.py",
                                     "scripts/benchmark.py"])
 def test_help_groups_flags_and_explains_each(script, capsys):
-    parser = settings.build_parser() if script == "train_vit.py" else \
-        script_namespace(Path(script).stem)["build_parser"]()
+    parser = parser_of({"train_vit.py": "train", "scripts/resolution_sweep.py": "sweep",
+                        "scripts/visualize.py": "visualize", "scripts/benchmark.py": "benchmark"}[script])
     undocumented = [a.dest for a in parser._actions if not a.help]
     assert not undocumented
     assert len([g for g in parser._action_groups if g._group_actions]) >= 3

@@ -231,7 +231,7 @@ def test_imagefolder_16_bit_png_is_scaled_not_saturated(tmp_path, mode):
 
     from visionpe.data.folders import read_image, to_rgb
     gradient = (np.arange(64 * 64).reshape(64, 64) * 16).astype(np.uint16)  # 0 .. 65520
-    image_folder(tmp_path, ("a",), "val")
+    image_folder(tmp_path, ("a", "b"), "val")  # a classifier needs 2 classes
     path = tmp_path / "val" / "a" / "gradient.png"
     Image.fromarray(gradient).save(path)
     with Image.open(path) as im:

@@ -9,10 +9,12 @@ import pytest
 import torch
 from PIL import Image
 from timm.data import create_transform
+from conftest import requires_that
 from torch.utils.data import DataLoader, DistributedSampler
 
 from visionpe import data
 from visionpe.data.folders import IMAGENET_MEAN, IMAGENET_STD
+from visionpe.data import transforms
 from visionpe.data.transforms import Transforms, seeded
 
 SIZES = [(20, 30), (37, 23), (16, 16), (41, 64)]  # (height, width) of the test JPEGs
@@ -110,7 +112,7 @@ def epoch_batches(ds, workers, sampler=None):
 
 
 def data_collate():
-    from visionpe.train.loop import collate_images
+    from visionpe.data import collate_images
     return collate_images
 
 
@@ -204,6 +206,8 @@ def test_a_channel_mismatch_is_an_error_not_a_broadcast():
     (dict(eval_protocol="squash"), "eval_protocol"), (dict(crop_pct=0.0), "crop_pct"), (dict(crop_pct=1.2), "crop_pct"),
     (dict(max_patches=0), "max_patches"), (dict(patch_size=0), "patch_size"),
     (dict(max_patches=64, train_crop_mode="rkrc"), "train_crop_mode"),
+    (dict(color_jitter=1e30), r"color_jitter must be in \[0, 1\]"), (dict(color_jitter=1.5), "saturate"),
+    (dict(recount=1_000_000), r"recount must be an integer in \[1, 100\]"),
 ])
 def test_bad_transform_settings_name_the_field(kwargs, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(")):
@@ -297,13 +301,150 @@ def test_builders_that_take_transforms():
 @pytest.mark.parametrize("aa", ["rand-m9-mstd0.5-inc1", "v0"])
 def test_auto_augment_policies_that_reach_zero_posterize_bits_do_not_crash(aa):
     """timm 1.0.31 asks Pillow to posterize to 0 bits (RandAugment with a magnitude std, AutoAugment v0), which
-    Pillow 13 refuses; visionpe's transforms module makes it a black image, as older Pillow did."""
+    Pillow 13 refuses; visionpe's own pipelines posterize 0 bits to a black image, as older Pillow did."""
     from timm.data import auto_augment
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8))
-    assert np.asarray(auto_augment.NAME_TO_OP["PosterizeIncreasing"](image, 0)).max() == 0
-    assert np.array_equal(np.asarray(auto_augment.NAME_TO_OP["Posterize"](image, 4)),
-                          np.asarray(image) & 0xF0)
-    t = create_transform(16, is_training=True, auto_augment=aa)
+    assert np.asarray(transforms._posterize(image, 0)).max() == 0
+    assert np.array_equal(np.asarray(transforms._posterize(image, 4)), np.asarray(auto_augment.posterize(image, 4)))
+    t = Transforms(aa=aa, scale=(1.0, 1.0), ratio=(1.0, 1.0)).train(16, IMAGENET_MEAN, IMAGENET_STD)
+    ops = [op for stage in t.transforms for op in transforms.augment_ops(stage)]
+    assert any(op.name.startswith("Posterize") for op in ops)
+    assert all(op.aug_fn is transforms._posterize for op in ops if op.name.startswith("Posterize"))
     for s in range(300):
         with seeded((s,)):
             assert t(image).shape == (3, 16, 16)
+
+
+TIMM_STATE = """
+import sys
+from timm.data import auto_augment as aa
+def state():
+    return (dict(aa.NAME_TO_OP), {c.__name__: dict(vars(c)) for c in (aa.AugMixAugment, aa.RandAugment, aa.AutoAugment,
+                                                                      aa.AugmentOp)})
+before = state()
+from visionpe.data import Transforms
+mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+for policy in [None, "rand-m9-mstd0.5-inc1", "3a", "original", "v0", "augmix-m5-w4-d2", "rand-m9-tweights"]:
+    for kw in ({}, {"train_crop_mode": "src"}, {"max_patches": 16, "patch_size": 4}):
+        t = Transforms(aa=policy, **kw)
+        t.train(16, mean, std), t.eval(16, mean, std)
+after = state()
+assert after == before, [k for k in before[0] if before[0][k] is not after[0].get(k)] or "a class changed"
+sys.stdout.write("unchanged")
+"""
+
+
+def test_importing_visionpe_data_and_building_every_transform_leaves_timm_unchanged():
+    """visionpe's fixes to timm's augmenters (posterize at 0 bits, AugMix at timm 1.0.19) live on visionpe's own
+    pipeline objects: a fresh interpreter sees timm's op table and augmenter classes as they were before importing
+    visionpe.data and after building every kind of transform."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", TIMM_STATE], capture_output=True, text=True, timeout=240, cwd=root,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0 and out.stdout == "unchanged", out.stderr[-2000:]
+
+
+def test_timms_own_pipelines_keep_timms_ops():
+    from timm.data import auto_augment
+    Transforms(aa="rand-m9-mstd0.5-inc1").train(16, IMAGENET_MEAN, IMAGENET_STD)
+    theirs = create_transform(16, is_training=True, auto_augment="rand-m9-mstd0.5-inc1")
+    ops = [op for stage in theirs.transforms for op in transforms.augment_ops(stage)]
+    assert [op.aug_fn for op in ops if op.name.startswith("Posterize")] == [auto_augment.posterize]
+
+
+@requires_that(transforms._augmix_class() is __import__("timm").data.auto_augment.AugMixAugment,
+               "timm >= 1.0.20, whose AugMixAugment._apply_basic is the oracle of visionpe's 1.0.19 replacement")
+@pytest.mark.parametrize("mode, hw", [("L", (12, 20)), ("RGB", (16, 24)), ("RGB", (16, 16))])
+def test_augmix_replacement_equals_newer_timms_method(mode, hw):
+    """At timm 1.0.19 visionpe's AugMix stages mix with _augmix_basic; it must equal newer timm's own method."""
+    from timm.data.auto_augment import augment_and_mix_transform
+    fill = (124,) if mode == "L" else (124, 116, 104)  # as timm's create_transform passes the set's mean
+    stage = augment_and_mix_transform("augmix-m5-w3-d2", {"translate_const": 8, "img_mean": fill})
+    shape = hw if mode == "L" else (*hw, 3)
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8), mode)
+    weights = np.float32(np.random.default_rng(2).dirichlet([1.0] * 3))
+    with seeded((7,)):
+        theirs = stage._apply_basic(image, weights, 0.4)
+    with seeded((7,)):
+        ours = transforms._augmix_basic(stage, image, weights, 0.4)
+    assert np.array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+def test_visionpes_augmix_stage_replaces_timms_in_its_own_pipeline_only(monkeypatch):
+    """Where visionpe replaces timm's AugMix (timm 1.0.19), the stage of its pipeline is a new object of the replacement
+    class with the same ops and settings, and it mixes a grayscale image that is not square."""
+    from timm.data.auto_augment import AugMixAugment
+    method = AugMixAugment._apply_basic
+    replacement = type("AugMixAugment", (AugMixAugment,), {"_apply_basic": transforms._augmix_basic})
+    monkeypatch.setattr(transforms, "_augmix_class", lambda: replacement)
+    pipeline = Transforms(aa="augmix-m5-w4-d2").train((12, 20), (0.5,), (0.5,))
+    stages = [stage for stage in pipeline.transforms if isinstance(stage, AugMixAugment)]
+    assert [type(stage) for stage in stages] == [replacement]
+    assert (stages[0].width, stages[0].depth, len(stages[0].ops)) == (4, 2, len(
+        create_transform(8, is_training=True, auto_augment="augmix-m5-w4-d2", separate=True)[1].transforms[0].ops))
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (30, 50), dtype=np.uint8), "L")
+    with seeded((1,)):
+        assert pipeline(image).shape == (1, 12, 20)
+    assert AugMixAugment._apply_basic is method
+
+
+@pytest.mark.parametrize("aa, words", [
+    ("rand-zz", ["aa 'rand-zz'", "'zz'", "timm would skip it"]),
+    ("rand-m1000", ["m1000", "0..10", "clamp"]),
+    ("augmix-m20", ["m20", "0..10"]),
+    ("rand-m9-n2-m5", ["m is given twice"]),
+    ("rand-tfoo", ["transform set 'foo'", "weights, 3aw or 3a"]),
+    ("rand-p1.5", ["p1.5", "[0, 1]"]),
+    ("rand-n20", ["n20", "15 ops"]),
+    ("original-zz", ["'zz'"]),
+    ("rand-q9", ["not a timm auto-augment policy"]),
+])
+def test_auto_augment_policies_are_read_strictly(aa, words):
+    with pytest.raises(ValueError) as info:
+        Transforms(aa=aa)
+    assert all(w in str(info.value) for w in words), str(info.value)
+
+
+@pytest.mark.parametrize("aa", ["rand-m9-mstd0.5-inc1", "rand-m9-n2-mstd0.5", "rand-mmax20-m15", "rand-m0",
+                                "rand-m9-tweights", "3a", "original-mstd0.5", "v0", "augmix-m5-w4-d2", "augmix-m10"])
+def test_auto_augment_policies_timm_reads_are_accepted(aa):
+    Transforms(aa=aa)
+
+
+def test_transform_settings_are_the_transforms_fields(tmp_path):
+    """The training settings of timm's transforms are made from Transforms' fields (defaults, kinds, choices, help,
+    YAML keys): each field is a setting or given by the run, each such setting reads back into its field, and no
+    augmentation or evaluation setting beside them claims to be one of timm's transforms."""
+    import yaml
+    from dataclasses import fields
+
+    from visionpe.train import settings
+    own = {f.name: f for f in transforms.setting_fields()}
+    assert set(own) | {"patch_size", "max_patches", "train_size"} == {f.name for f in fields(Transforms)}
+    assert set(own) <= set(settings.SETTINGS) and {"patch_size", "max_patches"} <= set(settings.SETTINGS)
+    for name, f in own.items():
+        s = settings.SETTINGS[name]
+        default = list(f.default) if isinstance(f.default, tuple) else f.default
+        assert (s.default, s.help, s.choices, s.metavar) == (default, f.metadata["help"], f.metadata["choices"],
+                                                             f.metadata["metavar"]), name
+        assert s.group == settings.TRANSFORM_GROUPS[f.metadata["stage"]]
+    assert settings.TRANSFORM_KEYS == tuple(n for n, f in own.items() if f.metadata["stage"] != "eval")
+    timm_flag = "timm --"  # the help of a setting under one of timm train.py's transform flags names it
+    claimed = {k for k, s in settings.SETTINGS.items() if timm_flag in s.help and s.group in (settings.AUG,
+                                                                                             settings.EVAL)}
+    assert claimed <= set(own), claimed - set(own)
+    assert Transforms.from_settings(settings.DEFAULTS) == Transforms(patch_size=settings.DEFAULTS["patch_size"],
+                                                                     train_size=settings.DEFAULTS["img_size"])
+    given = {"scale": [0.5, 0.9], "ratio": [0.5, 2.0], "hflip": 0.25, "color_jitter": 0.2, "aa": "3a", "reprob": 0.5,
+             "remode": "const", "recount": 3, "train_crop_mode": "rkrr", "interpolation": "bilinear",
+             "grayscale_prob": 0.1, "gaussian_blur_prob": 0.2, "no_aug": True, "eval_protocol": "crop",
+             "crop_pct": 0.8}
+    assert set(given) == set(own)  # a new field needs a value here
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(given))
+    read = settings.transforms_of(settings.resolve({"config": str(recipe)}))
+    assert {name: getattr(read, name) for name in given} == {k: tuple(v) if isinstance(v, list) else v
+                                                             for k, v in given.items()}

@@ -113,7 +113,7 @@ def test_clip_indices_even_or_strided_segments():
     assert video_files.clip_indices(3, 5) == [0, 0, 1, 2, 2]  # a short clip repeats frames evenly
     assert video_files.clip_indices(20, 4, stride=3) == [5, 8, 11, 14]  # the centre segment: starts 0..10
     assert video_files.clip_indices(20, 4, stride=3, start=10) == [10, 13, 16, 19]
-    assert video_files.clip_indices(5, 4, stride=2) == [0, 2, 4, 4]  # too short: the last frame repeats
+    assert video_files.clip_indices(5, 4, stride=2) == [0, 1, 3, 4]  # shorter than the segment: read evenly
     with pytest.raises(ValueError, match=r"start=11 must be in \[0, 10\]"):
         video_files.clip_indices(20, 4, stride=3, start=11)
     with pytest.raises(ValueError, match="at least one frame"):
@@ -149,6 +149,7 @@ def test_one_crop_and_one_flip_for_every_frame_of_a_clip(tmp_path):
     still = np.repeat(moving_square(1), 6, axis=0)  # six identical, left-right asymmetric frames
     still[:, 24:, :10] = (30, 220, 90)
     write_clip(tmp_path / "train" / "a" / "still.mkv", still)
+    write_clip(tmp_path / "train" / "b" / "still.mkv", still)  # a classifier needs 2 classes
     ds = vdata.build_dataset("video-files", "train", 16, data_dir=str(tmp_path), num_frames=6, seed=4)
     views = []
     for epoch in range(6):
@@ -174,6 +175,7 @@ def test_one_crop_and_one_flip_for_every_frame_of_a_clip(tmp_path):
 
 def test_evaluation_resizes_the_shorter_side_and_takes_the_centre(tmp_path):
     write_clip(tmp_path / "val" / "a" / "move.webm", moving_square(9))
+    write_clip(tmp_path / "val" / "b" / "move.webm", moving_square(9))  # a classifier needs 2 classes
     ds = vdata.build_dataset("video-files", "val", 24, data_dir=str(tmp_path), num_frames=3)
     frames = video_files.decode_clip(str(tmp_path / "val" / "a" / "move.webm"), lambda n: [0, 4, 8])
     expected = T.Compose([T.Resize(24, interpolation=T.InterpolationMode.BICUBIC, antialias=True),
@@ -208,6 +210,75 @@ def test_folder_layout_and_its_errors(tmp_path):
         broken[0]
     subset = vdata.build_dataset("video-files", "train", 8, data_dir=str(tmp_path), num_frames=2, num_samples=1)
     assert len(subset) == 1
+
+
+def ramp(count: int) -> np.ndarray:
+    """Frames brightening from left to right: any crop of one still does, and its mirror darkens."""
+    row = np.linspace(0, 255, WIDTH).astype(np.uint8)
+    return np.broadcast_to(row[None, None, :, None], (count, HEIGHT, WIDTH, 3)).copy()
+
+
+def brightens_to_the_right(clip: torch.Tensor) -> list[bool]:
+    """For each frame of a normalised clip ``(3, T, H, W)``: does its brightness grow from left to right?"""
+    columns = clip.mean(dim=(0, 2))  # (T, W)
+    return [bool(c[-1] > c[0]) for c in columns]
+
+
+def ramp_folder(tmp_path):
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            for i in range(3):
+                write_clip(tmp_path / split / c / f"{i}.mp4", ramp(6))
+    return tmp_path
+
+
+def test_hflip_0_flips_no_training_clip_and_the_default_flips_some(tmp_path):
+    """--hflip reaches video-files (a direction-of-motion set needs 0): through the run's settings, with --hflip 0
+    no training clip of any epoch is mirrored (no note calls the flag ignored); by default about half are."""
+    from visionpe.train import loop, settings
+    root = ramp_folder(tmp_path)
+    base = {"data": "video-files", "data_dir": str(root), "num_frames": 2, "img_size": 16, "output": str(tmp_path)}
+    kept = settings.resolve({**base, "hflip": 0.0})
+    ds = loop.dataset(kept, "train", 16)
+    assert ds.hflip == 0.0 and loop.data_notes(kept) == []
+    default = loop.dataset(settings.resolve(base), "train", 16)
+    assert default.hflip == 0.5
+    unflipped, flipped = [], []
+    for epoch in range(4):
+        ds.set_epoch(epoch), default.set_epoch(epoch)
+        for i in range(len(ds)):
+            unflipped += brightens_to_the_right(ds[i][0])
+            flipped += brightens_to_the_right(default[i][0])
+    assert all(unflipped) and len(unflipped) == 4 * 6 * 2
+    assert 0 < sum(flipped) < len(flipped)
+    with pytest.raises(ValueError, match="hflip must be <= 1.0"):
+        video_files.VideoFileDataset(str(root / "train"), 16, 2, hflip=1.5)
+
+
+def test_a_stride_no_clip_holds_is_refused_and_a_short_clip_is_read_evenly(tmp_path):
+    for c in ("a", "b"):
+        write_clip(tmp_path / "train" / c / "short.mp4", numbered(6))
+    with pytest.raises(ValueError, match=r"frame_stride 3: 4 frames 3 apart span 10 frames, and none of 2 clips .*"
+                                         r"has 6\); lower --frame-stride"):
+        vdata.build_dataset("video-files", "train", 16, data_dir=str(tmp_path), num_frames=4, frame_stride=3)
+    write_clip(tmp_path / "train" / "b" / "zlong.mp4", numbered(12))
+    ds = vdata.build_dataset("video-files", "train", 16, data_dir=str(tmp_path), num_frames=4, frame_stride=3,
+                             augment=False)
+    assert frame_numbers(ds[0][0], ds) == [0, 2, 3, 5]  # 6 frames: spread evenly, as without a stride
+    assert frame_numbers(ds[2][0], ds) == [1, 4, 7, 10]  # 12 frames: the centre segment
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.8])
+def test_a_truncated_file_is_one_error_naming_it(tmp_path, cut):
+    write_clip(tmp_path / "whole.mp4", numbered(12))
+    data = (tmp_path / "whole.mp4").read_bytes()
+    (tmp_path / "cut.mp4").write_bytes(data[:int(len(data) * cut)])
+    for call in (lambda: video_files.decode_clip(str(tmp_path / "cut.mp4"), lambda n: [0, 1]),
+                 lambda: video_files.clip_length(str(tmp_path / "cut.mp4"))):
+        with pytest.raises(vdata.DataDamaged, match=r"video-files: cannot decode .*cut.mp4 \(.*truncated") as info:
+            call()
+        assert "\n" not in str(info.value)
+    assert video_files.clip_length(str(tmp_path / "whole.mp4")) == 12
 
 
 def test_a_tiny_video_vit_trains_on_video_files_from_image_weights(tmp_path):

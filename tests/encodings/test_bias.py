@@ -10,7 +10,7 @@ from timm.layers import RelPosMlp, gen_relative_log_coords, gen_relative_positio
 import visionpe as vpe
 from visionpe import Grid
 from visionpe.bias import RelativePositionBias, alibi_slopes
-from visionpe.bias._base import grid_offset_index
+from visionpe.bias import grid_offset_index
 from visionpe.bias.cpb import log_relative_coords
 
 

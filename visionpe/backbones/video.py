@@ -14,6 +14,7 @@ from torch import nn
 
 from .._checks import check_divisible, check_positive_int, to_shape
 from ..weights.convert import inflate_patch_weight
+from ..presets import conventions_of
 from .adapter import check_model_sizes, default_sections, parse_pe, route_kwargs
 from .api import apply
 
@@ -86,6 +87,6 @@ def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int 
     model.pos_embed = None  # the 2D table has no meaning on a 3D grid; apply() builds the chosen encoding
     pe_kwargs = dict(pe_kwargs or {})
     head_dim = model.blocks[0].attn.head_dim
-    if "sections" not in pe_kwargs:
+    if "sections" not in pe_kwargs and "sections" not in conventions_of(names).get(names.get("rotary"), {}):
         pe_kwargs.update(default_sections(names.get("rotary"), head_dim))
     return apply(model, pe, attention, **pe_kwargs)

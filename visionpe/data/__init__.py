@@ -9,7 +9,7 @@ are reproducible and resumable whatever the loader does).
 One module a kind: :mod:`.scenes` (built-in image tasks rendered at any size), :mod:`.aspect` (a built-in task at
 random aspect ratios), :mod:`.clips` (built-in video tasks), :mod:`.torchvision_sets` (Fashion-MNIST, MNIST, CIFAR),
 :mod:`.folders` (ImageFolder, folders of frames), :mod:`.video_files` (folders of video files), :mod:`.budget`
-(native aspect ratios within a token budget); :mod:`.transforms` (timm's image transforms seeded per sample, and the
+(native aspect ratios within a token budget), :mod:`.batching` (batches of mixed sizes); :mod:`.transforms` (timm's image transforms seeded per sample, and the
 resolution protocols ``resize``, ``crop``, ``native``); :mod:`.registry` holds the table and :mod:`.base` the shared
 base class. A new data set is one function decorated with :func:`register_dataset` (from a user's module too:
 ``train_vit.py --import my_data.py --data my-set``); a builder that names a ``transforms`` parameter takes timm's
@@ -21,7 +21,8 @@ import inspect
 
 from . import scenes, aspect, clutter, torchvision_sets, folders, clips, video_files  # noqa: F401, I001  (each registers its data sets, in this order)
 from .base import (ClipTensorDataset, ImageListDataset, ImageTensorDataset, PositionDataset, fixed_subset, image_hw,
-                   resize, size_key)
+                   resize, resize_bicubic, size_key)
+from .batching import collate_images
 from .budget import native_aspect_size, resize_to_budget
 from .clips import clip_scene, render_clip
 from .folders import ClipFolderDataset, ImageFolderDataset
@@ -33,10 +34,10 @@ from .transforms import PROTOCOLS, TransformedDataset, Transforms, seeded
 
 __all__ = ["DATASETS", "DEBIAN_FASHION_MNIST", "PROTOCOLS", "SPLITS", "ClipFolderDataset", "ClipTensorDataset",
            "DataDamaged", "DataMissing", "DatasetSpec", "ImageFolderDataset", "ImageListDataset", "ImageTensorDataset",
-           "PositionDataset", "TransformedDataset", "Transforms", "build_dataset", "clip_scene", "fixed_subset",
+           "PositionDataset", "TransformedDataset", "Transforms", "build_dataset", "clip_scene", "collate_images", "fixed_subset",
            "get_spec", "image_hw", "info", "names", "native_aspect_size", "register_dataset", "render", "render_clip",
-           "resize", "resize_to_budget", "scene", "seeded", "size_key", "takes_option", "takes_transforms",
-           "unregister_dataset"]
+           "resize", "resize_bicubic", "resize_to_budget", "scene", "seeded", "size_key", "takes_option",
+           "takes_transforms", "unregister_dataset"]
 
 
 def info(name: str) -> dict:
@@ -65,7 +66,9 @@ def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool
     subsets do not depend on it. ``num_frames``: clips of that many frames; required by video sets, refused by image
     ones. ``frame_stride``: video sets that take it sample frames that far apart (given only to those).
     ``transforms``: timm's transforms and the resolution protocol (default :class:`Transforms` ``()``: timm's
-    training defaults, the ``resize`` protocol), passed to builders that take them (:func:`takes_transforms`).
+    training defaults, the ``resize`` protocol), passed to builders that take them (:func:`takes_transforms`); a
+    builder that takes no transforms but an ``hflip`` (video-files) gets their ``hflip`` when it is set. A set of
+    fewer than 2 classes is a :class:`DataDamaged` (a classifier needs 2).
     """
     spec = get_spec(name)
     if split not in SPLITS:
@@ -84,6 +87,8 @@ def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool
     options = dict(data_dir=data_dir, download=download, seed=seed, num_samples=num_samples, augment=augment)
     if transforms is not None and takes_transforms(name):
         options["transforms"] = transforms
+    elif transforms is not None and transforms.hflip is not None and takes_option(spec, "hflip"):
+        options["hflip"] = transforms.hflip  # a set that flips without timm's transforms (video-files' clips)
     if spec.video:
         options["num_frames"] = num_frames
     if frame_stride is not None:
@@ -94,4 +99,9 @@ def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool
     if not isinstance(dataset, PositionDataset):
         raise TypeError(f"the builder of data set {name!r} returned {type(dataset).__name__}, not a "
                         "visionpe.data.PositionDataset")
+    if dataset.num_classes < 2:
+        classes = getattr(dataset, "classes", None)
+        raise DataDamaged(f"{name}: {dataset.num_classes} class{'' if dataset.num_classes == 1 else 'es'}"
+                          f"{f' ({classes[0]})' if classes else ''}{f' under {str(data_dir)!r}' if data_dir else ''}; "
+                          "a classifier needs at least 2 (a folder of each class in train/)")
     return dataset

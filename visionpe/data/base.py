@@ -25,17 +25,21 @@ def size_key(size) -> int | tuple[int, int]:
     return height if height == width else (height, width)
 
 
+def resize_bicubic(images: torch.Tensor, size) -> torch.Tensor:
+    """Float images ``(N, C, H, W)`` resized to ``size`` (an integer: square; or ``(height, width)``): bicubic with
+    antialiasing (``F.interpolate``, ``align_corners=False``), the one resize of visionpe's data and of multi-resolution
+    training. Returns ``(N, C, height, width)``."""
+    return F.interpolate(images, size=image_hw(size, "size", 1), mode="bicubic", antialias=True, align_corners=False)
+
+
 def resize(images: torch.Tensor, size, chunk: int = 4096) -> torch.Tensor:
-    """Resize uint8 ``(N, C, H, W)`` to ``size`` (an integer: square; or ``(height, width)``): bicubic with
-    antialiasing, rounded back to uint8. Returns ``(N, C, height, width)``."""
+    """Resize uint8 ``(N, C, H, W)`` to ``size`` (an integer: square; or ``(height, width)``): :func:`resize_bicubic`,
+    rounded back to uint8. Returns ``(N, C, height, width)``."""
     height, width = image_hw(size, "size", 1)
     if images.shape[-2] == height and images.shape[-1] == width:
         return images
-    out = []
-    for part in images.split(chunk):
-        x = F.interpolate(part.float(), size=(height, width), mode="bicubic", antialias=True, align_corners=False)
-        out.append(x.round_().clamp_(0, 255).to(torch.uint8))
-    return torch.cat(out)
+    return torch.cat([resize_bicubic(part.float(), (height, width)).round_().clamp_(0, 255).to(torch.uint8)
+                      for part in images.split(chunk)])
 
 
 def fixed_subset(num_total: int, num, seed: int = 1234) -> torch.Tensor | None:

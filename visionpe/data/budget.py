@@ -4,7 +4,8 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
+
+from .base import resize_bicubic
 
 
 def native_aspect_size(height: int, width: int, patch_size: int, max_patches: int) -> tuple[int, int]:
@@ -25,4 +26,4 @@ def resize_to_budget(image: torch.Tensor, patch_size: int, max_patches: int) -> 
     """A ``(C, H, W)`` image resized (bicubic, antialias) to :func:`native_aspect_size`: for mixed-size batches
     (``model.forward_batch([...])``), every image keeps its aspect ratio within the token budget."""
     size = native_aspect_size(image.shape[-2], image.shape[-1], patch_size, max_patches)
-    return F.interpolate(image[None].float(), size=size, mode="bicubic", antialias=True, align_corners=False)[0]
+    return resize_bicubic(image[None].float(), size)[0]

@@ -18,7 +18,7 @@ import torch
 
 from .base import ClipTensorDataset
 from .registry import SPLITS, register_dataset
-from .scenes import KINDS, _colour, num_scenes, render
+from .scenes import KINDS, num_scenes, random_colour, render
 
 VIDEO_SYNTHETIC = ("moving-shapes", "shape-endpoint")
 
@@ -42,15 +42,17 @@ def clip_scene(task: str, seed: int, index: int, split: str = "train") -> dict:
         cx, cy = rng.uniform(0.35, 0.65), rng.uniform(0.35, 0.65)  # path centre: the path stays inside
         start = (cx - dx * length / 2, cy - dy * length / 2)
         end = (cx + dx * length / 2, cy + dy * length / 2)
-        shapes.append((rng.choice(KINDS), start, end, rng.uniform(0.08, 0.11), _colour(rng, warm=rng.random() < .5)))
+        shapes.append((rng.choice(KINDS), start, end, rng.uniform(0.08, 0.11),
+                       random_colour(rng, warm=rng.random() < .5)))
     else:
         label = rng.randrange(9)
         first = rng.choice([c for c in range(9) if c != label])
         cell = lambda c: ((c % 3 + 0.5) / 3 + rng.uniform(-0.05, 0.05), (c // 3 + 0.5) / 3 + rng.uniform(-0.05, 0.05))
-        shapes.append((rng.choice(KINDS), cell(first), cell(label), rng.uniform(0.07, 0.09), _colour(rng, warm=True)))
+        shapes.append((rng.choice(KINDS), cell(first), cell(label), rng.uniform(0.07, 0.09),
+                       random_colour(rng, warm=True)))
         for c in rng.sample([c for c in range(9) if c not in (first, label)], 3):
             at = cell(c)
-            shapes.append((rng.choice(KINDS), at, at, rng.uniform(0.07, 0.09), _colour(rng, warm=False)))
+            shapes.append((rng.choice(KINDS), at, at, rng.uniform(0.07, 0.09), random_colour(rng, warm=False)))
     return {"label": label, "background": background, "shapes": shapes}
 
 

@@ -44,7 +44,7 @@ MEAN_STD = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 KINDS = ("circle", "square", "triangle", "diamond", "cross")
 
 
-def _colour(rng, warm: bool) -> tuple:
+def random_colour(rng, warm: bool) -> tuple:
     """A bright random colour from the warm (red-orange-yellow) or the cool (green-cyan-blue-violet) family."""
     hue = rng.uniform(-0.06, 0.14) % 1.0 if warm else rng.uniform(0.30, 0.80)
     r, g, b = colorsys.hsv_to_rgb(hue, rng.uniform(0.65, 1.0), rng.uniform(0.8, 1.0))
@@ -70,7 +70,7 @@ def scene(task: str, seed: int, index: int, split: str = "train") -> dict:
             radius = rng.uniform(0.075, 0.1)
             cx = (c + 0.5) / 3 + rng.uniform(-0.065, 0.065)
             cy = (r + 0.5) / 3 + rng.uniform(-0.065, 0.065)
-            shapes.append((rng.choice(KINDS), cx, cy, radius, _colour(rng, warm=cell == label)))
+            shapes.append((rng.choice(KINDS), cx, cy, radius, random_colour(rng, warm=cell == label)))
     elif task == "shapes-relation":
         while True:
             pts = [(rng.uniform(0.15, 0.85), rng.uniform(0.15, 0.85)) for _ in range(2)]

@@ -90,6 +90,19 @@ def _find_idx(folder: str, split: str):
     return out if len(out) == 2 else None
 
 
+def fetched(name: str, data_dir, make):
+    """``make()``: a torchvision data set built with ``download=True``; a download that fails (no network, a server
+    that refuses, a corrupt file) is a :class:`DataMissing` of one line naming the set, the folder and the reason."""
+    import urllib.error
+    try:
+        return make()
+    except (urllib.error.URLError, OSError, RuntimeError) as err:
+        reason = " ".join(str(err).split())[:240]
+        raise DataMissing(f"{name}: --download could not fetch it into {str(data_dir)!r} ({type(err).__name__}: "
+                          f"{reason}); without a network, copy its files there (torchvision's layout) and run "
+                          "without --download") from None
+
+
 def _mnist_like(name: str, split: str, data_dir, download: bool):
     import torchvision
     classes = TORCHVISION_SETS[name][1]
@@ -101,7 +114,7 @@ def _mnist_like(name: str, split: str, data_dir, download: bool):
             if files:
                 return _read_idx_pair(*files, classes)
         if download:
-            ds = cls(root=data_dir, train=train, download=True)
+            ds = fetched(name, data_dir, lambda: cls(root=data_dir, train=train, download=True))
             return ds.data.numpy(), ds.targets.numpy()
         # an explicit folder is the data's place: no silent fall back to another copy
         raise DataMissing(f"{name} not found under --data-dir {data_dir!r} (expected the idx files or "
@@ -121,8 +134,9 @@ def _cifar(name: str, split: str, data_dir, download: bool):
     cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
     if data_dir is None:
         raise DataMissing(f"{name} needs --data-dir DIR (torchvision layout); add --download to fetch it there")
+    make = lambda: cls(root=data_dir, train=split == "train", download=download)
     try:
-        ds = cls(root=data_dir, train=split == "train", download=download)
+        ds = fetched(name, data_dir, make) if download else make()
     except RuntimeError:
         raise DataMissing(f"{name} not found under {data_dir!r}: add --download to fetch it with torchvision") from None
     return np.asarray(ds.data), np.asarray(ds.targets, dtype=np.int64)

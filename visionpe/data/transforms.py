@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -49,6 +51,8 @@ INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "box", "hamming", "lanczos")
 TRAIN_CROP_MODES = ("rrc", "rkrc", "rkrr", "src")
 RE_MODES = ("pixel", "rand", "const")
 AA_EXAMPLES = "rand-m9-mstd0.5-inc1, 3a (DeiT-III's 3-Augment), original, augmix-m5-w4-d2"
+MAX_COLOR_JITTER = 1.0  # factors in [0, 2] at 1; above it the lower factor stays 0 and only the upper one grows
+MAX_RECOUNT = 100  # timm shares 2-33 % of the image among the regions: at 100 they are 0.2-3 pixels of a 32 px image
 
 
 def _posterize(img, bits_to_keep, **__):
@@ -61,17 +65,6 @@ def _posterize(img, bits_to_keep, **__):
     if bits_to_keep <= 0:
         return Image.new(img.mode, img.size)  # every bit masked off: black
     return ImageOps.posterize(img, bits_to_keep)
-
-
-def _fix_timm_posterize() -> None:
-    """Point timm's auto-augment table at :func:`_posterize` (ops look their function up when built)."""
-    from timm.data import auto_augment
-    for name, fn in auto_augment.NAME_TO_OP.items():
-        if fn is auto_augment.posterize:
-            auto_augment.NAME_TO_OP[name] = _posterize
-
-
-_fix_timm_posterize()
 
 
 def _augmix_basic(self, img, mixing_weights, m):
@@ -91,20 +84,114 @@ def _augmix_basic(self, img, mixing_weights, m):
     return Image.blend(img, Image.fromarray(mixed.astype(np.uint8)), m)
 
 
-def _fix_timm_augmix() -> None:
-    """Point timm 1.0.19's AugMix at :func:`_augmix_basic` (a newer timm's own method is left as it is)."""
+@lru_cache(maxsize=None)
+def _augmix_class():
+    """The AugMix class visionpe's pipelines use: timm's own, or at timm 1.0.19 (whose ``_apply_basic`` reads
+    ``img.size``) a subclass with :func:`_augmix_basic`; timm's class itself is never changed."""
     import inspect
 
     from timm.data.auto_augment import AugMixAugment
     try:
         old = "img.size[0], img.size[1]" in inspect.getsource(AugMixAugment._apply_basic)
-    except (OSError, TypeError):  # no source to read: leave timm's method
+    except (OSError, TypeError):  # no source to read: timm's method
         old = False
-    if old:
-        AugMixAugment._apply_basic = _augmix_basic
+    return type("AugMixAugment", (AugMixAugment,), {"_apply_basic": _augmix_basic, "__module__": __name__}) \
+        if old else AugMixAugment
 
 
-_fix_timm_augmix()
+def augment_ops(stage) -> list:
+    """The ops (timm's ``AugmentOp``) of one of timm's auto-augment stages: a RandAugment's or an AugMix's, every op
+    of an AutoAugment's sub-policies; ``[]`` for any other stage."""
+    from timm.data.auto_augment import AugMixAugment, AutoAugment, RandAugment
+    if isinstance(stage, AutoAugment):
+        return [op for sub in stage.policy for op in sub]
+    return list(stage.ops) if isinstance(stage, (RandAugment, AugMixAugment)) else []
+
+
+def fix_augmenters(transform):
+    """visionpe's fixes to timm's auto-augment stages inside ``transform`` (a pipeline of ``create_transform``, a
+    tuple of them, or a torchvision ``Compose``), made to these objects only: timm's own tables and classes are left
+    as they are. Each op of timm's ``posterize`` posterizes with :func:`_posterize`; at timm 1.0.19 an AugMix stage
+    is replaced by one of :func:`_augmix_class`. Returns ``transform``."""
+    from timm.data.auto_augment import AugMixAugment, posterize
+    if isinstance(transform, tuple):  # create_transform(separate=True)
+        for part in transform:
+            fix_augmenters(part)
+        return transform
+    stages = getattr(transform, "transforms", None)
+    for i, stage in enumerate(stages if isinstance(stages, list) else ()):
+        if isinstance(stage, AugMixAugment) and type(stage) is not _augmix_class():
+            stage = stages[i] = _augmix_class()(stage.ops, alpha=stage.alpha, width=stage.width, depth=stage.depth,
+                                                blended=stage.blended)
+        for op in augment_ops(stage):
+            if op.aug_fn is posterize:
+                op.aug_fn = _posterize
+        fix_augmenters(stage)
+    return transform
+
+
+def check_auto_augment(aa: str) -> None:
+    """A timm auto-augment policy read strictly: timm's own parser builds it (an unknown policy, key or value is an
+    error there), every ``-``-part after the policy name must be one timm reads (timm skips a part without a number
+    without a word: ``rand-zz`` is timm's default RandAugment), no key twice, and the magnitudes, probabilities and
+    layer counts of the ops timm built within what timm applies (it clamps a magnitude to ``mmax``, default 10). A
+    ValueError naming the policy and the part otherwise."""
+    from timm.data import create_transform
+    from timm.data.auto_augment import _LEVEL_DENOM, RandAugment, rand_augment_choices
+    if not isinstance(aa, str) or not aa:
+        raise ValueError(f"aa must be a timm auto-augment policy name, got {aa!r}")
+    try:
+        stages = create_transform(8, is_training=True, auto_augment=aa, separate=True)[1].transforms
+        built = next(t for t in stages if augment_ops(t))
+    except (AssertionError, ValueError, KeyError, IndexError) as err:
+        raise ValueError(f"aa {aa!r} is not a timm auto-augment policy ({err or 'bad config'}); e.g. "
+                         f"{AA_EXAMPLES}") from None
+    name, *parts = aa.split("-")
+    seen = set()
+    for part in parts:
+        if name == "rand" and part.startswith("t"):  # timm's transform set: weights, 3aw, 3a
+            key = "t"
+            if rand_augment_choices(part[1:]) is rand_augment_choices(""):
+                raise ValueError(f"aa {aa!r}: timm has no RandAugment transform set {part[1:]!r} (it would take its "
+                                 "default set); t takes weights, 3aw or 3a")
+        else:
+            key = re.split(r"(\d.*)", part)[0]
+            if key == part:
+                raise ValueError(f"aa {aa!r}: timm does not read the part {part!r} (a part is a key and a number, "
+                                 f"e.g. m9, n2, mstd0.5; timm would skip it); e.g. {AA_EXAMPLES}")
+        if key in seen:
+            raise ValueError(f"aa {aa!r}: {key} is given twice; give each part once")
+        seen.add(key)
+    ops = augment_ops(built)
+    for op in ops:
+        most = op.magnitude_max or _LEVEL_DENOM  # timm's AugmentOp clamps the magnitude to this
+        if not 0 <= op.magnitude <= most:
+            raise ValueError(f"aa {aa!r}: magnitude m{op.magnitude:g} is outside timm's range 0..{most:g} (timm "
+                             f"would clamp it to {most:g}{'; mmax raises the bound' if name == 'rand' else ''})")
+        if not 0 <= op.prob <= 1:
+            raise ValueError(f"aa {aa!r}: probability p{op.prob:g} of each op must be in [0, 1]")
+    if isinstance(built, RandAugment) and built.num_layers > len(ops):
+        raise ValueError(f"aa {aa!r}: n{built.num_layers} ops per image is more than the {len(ops)} ops of the set "
+                         "(timm draws them without repeats when the set is weighted)")
+
+
+def setting(default, help: str, stage: str = "train", metavar: str | None = None, choices: tuple = ()):
+    """A field of :class:`Transforms` that is also a training setting (``--name`` on the command line, ``name:`` in
+    YAML), its help text beside it; ``stage``: what reads it (``train``: timm's training transform, ``eval``: the
+    evaluation protocol, ``both``). :mod:`visionpe.train.settings` makes its settings from these fields
+    (:func:`setting_fields`)."""
+    return field(default=default, metadata={"help": help, "stage": stage, "metavar": metavar, "choices": choices})
+
+
+def setting_fields() -> tuple:
+    """The fields of :class:`Transforms` that are training settings (made by :func:`setting`), in their order; the
+    others (``patch_size``, ``max_patches``, ``train_size``) are given by the run's model and data settings."""
+    return tuple(f for f in fields(Transforms) if "help" in f.metadata)
+
+
+def default_protocol(max_patches: int | None) -> str:
+    """The evaluation protocol when none is given: ``native`` with a token budget (``max_patches``), else ``resize``."""
+    return "resize" if max_patches is None else "native"
 
 
 @contextmanager
@@ -146,60 +233,90 @@ def _probability(name: str, value) -> float:
 class Transforms:
     """timm's image transforms of a real image set and its evaluation protocol (fields: timm's ``train.py`` flags).
 
-    ``hflip=None`` takes the data set's own default (0.5; 0 for digits). ``max_patches``: train each image at its
+    ``hflip=None`` takes the data set's own default (0.5; 0 for digits); ``eval_protocol=None`` is
+    :func:`default_protocol`'s. ``max_patches``: train each image at its
     native aspect ratio within that many patches of ``patch_size`` (timm's NaFlex ``RandomResizedCropToSequence``);
     ``train_size`` is the run's ``img_size``, the size whose native budget is the training budget. Bad values are a
     ValueError naming the field and what it takes.
     """
 
-    scale: tuple = (0.08, 1.0)
-    ratio: tuple = (3 / 4, 4 / 3)
-    hflip: float | None = None
-    color_jitter: float = 0.4
-    aa: str | None = None
-    reprob: float = 0.0
-    remode: str = "pixel"
-    recount: int = 1
-    train_crop_mode: str = "rrc"
-    interpolation: str = "bicubic"
-    grayscale_prob: float = 0.0
-    gaussian_blur_prob: float = 0.0
-    no_aug: bool = False
-    eval_protocol: str = "resize"
-    crop_pct: float = 0.875
-    patch_size: int = 16
-    max_patches: int | None = None
-    train_size: int | None = None
+    scale: tuple = setting((0.08, 1.0), "random-resized-crop area range (timm --scale): two numbers 0 < low <= "
+                           "high", metavar="PCT")
+    ratio: tuple = setting((3 / 4, 4 / 3), "random-resized-crop aspect-ratio range (timm --ratio): two numbers 0 < "
+                           "low <= high", metavar="RATIO")
+    hflip: float | None = setting(None, "horizontal flip probability (timm --hflip), in [0, 1] (default: the data "
+                                  "set's, 0.5; 0 for MNIST digits; video-files flips every frame of a clip alike, "
+                                  "p 0.5). A set where left and right are the labels (Something-Something-style "
+                                  "'moving left' / 'moving right') needs --hflip 0, as its recipes train",
+                                  metavar="P")
+    color_jitter: float = setting(0.4, "colour jitter factor of brightness, contrast and saturation (timm "
+                                  "--color-jitter; off when --aa is set, except for 3a): each factor drawn from "
+                                  "[max(0, 1 - F), 1 + F]; in [0, 1] (above 1 the lower end stays 0 and images "
+                                  "saturate)", metavar="F")
+    aa: str | None = setting(None, "timm auto-augment policy (timm --aa), e.g. rand-m9-mstd0.5-inc1 (RandAugment), "
+                             "3a (DeiT-III's 3-Augment: one of grayscale, solarize, Gaussian blur per image, colour "
+                             "jitter kept on: DeiT-III's --ThreeAugment is --aa 3a --color-jitter 0.3), original, "
+                             "augmix-m5-w4-d2; read strictly: every part one timm reads, once, magnitudes within "
+                             "timm's 0..10 (or mmax) (default: none)", metavar="NAME")
+    reprob: float = setting(0.0, "random erasing probability (timm --reprob); in [0, 1]", metavar="P")
+    remode: str = setting("pixel", "random erasing fill (timm --remode)", choices=RE_MODES)
+    recount: int = setting(1, f"random erasing regions per image (timm --recount); an integer in [1, {MAX_RECOUNT}] "
+                           "(timm shares the erased area among them)", metavar="N")
+    train_crop_mode: str = setting("rrc", "training crop (timm --train-crop-mode): rrc random-resized crop, rkrc / "
+                                   "rkrr resize keeping the ratio then a centre / random crop, src DeiT-III's simple "
+                                   "random crop (the shorter side to img_size, a random crop from the image padded "
+                                   "by 4 px, reflect; DeiT-III's --src; --scale and --ratio do not apply)",
+                                   choices=TRAIN_CROP_MODES)
+    interpolation: str = setting("bicubic", "resampling of timm's transforms (real images), training and evaluation "
+                                 "(timm's --interpolation)", stage="both", choices=INTERPOLATIONS)
+    grayscale_prob: float = setting(0.0, "probability of a grayscale image (timm --grayscale-prob); in [0, 1]",
+                                    metavar="P")
+    gaussian_blur_prob: float = setting(0.0, "probability of a Gaussian blur (timm --gaussian-blur-prob); in [0, 1]",
+                                        metavar="P")
+    no_aug: bool = setting(False, "no training augmentation (timm --no-aug): resize and centre-crop the train split")
+    eval_protocol: str | None = setting(
+        None, "how a validation image is shown at each test size: resize (the whole image at the size; the built-in "
+        "tasks render the same scene with more pixels), crop (timm's eval transform: shorter side to size / "
+        "crop_pct, centre crop; RoPE-ViT's and FixRes's protocol), native (each image at its own aspect ratio within "
+        "the patch budget of the size: (size / patch_size)^2 patches, scaled from max_patches when given; needs a "
+        "ViT with a visionpe encoding); used for the validation of every epoch and the resolution table (default: "
+        "native with --max-patches, else resize)", stage="eval", choices=PROTOCOLS)
+    crop_pct: float = setting(0.875, "the crop protocol's crop fraction (timm --crop-pct); in (0, 1]", stage="eval",
+                              metavar="PCT")
+    patch_size: int = 16  # the run's patch_size (a model setting)
+    max_patches: int | None = None  # the run's max_patches (a data setting)
+    train_size: int | None = None  # the run's img_size
 
     def __post_init__(self):
+        if self.eval_protocol is None:
+            object.__setattr__(self, "eval_protocol", default_protocol(self.max_patches))
         object.__setattr__(self, "scale", _pair("scale", self.scale, 0.0))
         object.__setattr__(self, "ratio", _pair("ratio", self.ratio, 0.0))
         for name in ("reprob", "grayscale_prob", "gaussian_blur_prob") + (("hflip",) if self.hflip is not None else ()):
             _probability(name, getattr(self, name))
-        check_number("color_jitter", self.color_jitter, 0.0)
+        if check_number("color_jitter", self.color_jitter, 0.0) > MAX_COLOR_JITTER:
+            raise ValueError(f"color_jitter must be in [0, {MAX_COLOR_JITTER:g}], got {self.color_jitter!r}: timm "
+                             "draws brightness, contrast and saturation factors from [max(0, 1 - F), 1 + F], so "
+                             f"above {MAX_COLOR_JITTER:g} the images saturate")
         check_number("crop_pct", self.crop_pct, 0.0, inclusive=False, maximum=1.0)
-        for name, value, allowed in (("remode", self.remode, RE_MODES), ("interpolation", self.interpolation,
-                                     INTERPOLATIONS), ("train_crop_mode", self.train_crop_mode, TRAIN_CROP_MODES),
-                                     ("eval_protocol", self.eval_protocol, PROTOCOLS)):
-            if value not in allowed:
-                raise ValueError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+        for f in fields(self):
+            allowed = f.metadata.get("choices")
+            if allowed and getattr(self, f.name) not in allowed:
+                raise ValueError(f"{f.name} {getattr(self, f.name)!r} is not one of {', '.join(allowed)}")
         for name in ("recount", "patch_size") + (("max_patches",) if self.max_patches is not None else ()) + \
                 (("train_size",) if self.train_size is not None else ()):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.recount > MAX_RECOUNT:
+            raise ValueError(f"recount must be an integer in [1, {MAX_RECOUNT}], got {self.recount}: timm shares "
+                             f"2-33 % of the image among the regions, so more than {MAX_RECOUNT} are specks that "
+                             "cost time")
         if self.max_patches is not None and self.train_crop_mode != "rrc":
             raise ValueError(f"train_crop_mode {self.train_crop_mode!r} does not apply with max_patches (native "
                              "aspect ratios crop with timm's RandomResizedCropToSequence); leave it at rrc")
         if self.aa is not None:
-            if not isinstance(self.aa, str) or not self.aa:
-                raise ValueError(f"aa must be a timm auto-augment policy name, got {self.aa!r}")
-            from timm.data import create_transform
-            try:
-                create_transform(8, is_training=True, auto_augment=self.aa)
-            except (AssertionError, ValueError, KeyError, IndexError) as err:
-                raise ValueError(f"aa {self.aa!r} is not a timm auto-augment policy ({err or 'bad config'}); e.g. "
-                                 f"{AA_EXAMPLES}") from None
+            check_auto_augment(self.aa)
 
     @classmethod
     def from_settings(cls, cfg: dict) -> Transforms:
@@ -228,6 +345,7 @@ class Transforms:
             gaussian_blur_prob=self.gaussian_blur_prob, auto_augment=self.aa, interpolation=self.interpolation,
             mean=tuple(mean), std=tuple(std), re_prob=self.reprob, re_mode=self.remode, re_count=self.recount,
             naflex=native, patch_size=self.patch_size, max_seq_len=self.max_patches or 1, separate=src)
+        fix_augmenters(built)
         if not src:
             return built
         from torchvision import transforms as T

@@ -13,12 +13,17 @@ Sampling of a clip of ``n`` frames into ``T`` (``num_frames``), by :func:`clip_i
 - default: ``T`` frames spread evenly over the whole clip (``linspace(0, n - 1, T)`` rounded), in training and
   evaluation alike;
 - ``frame_stride=s``: a segment of ``T`` frames ``s`` apart; in training its start is drawn uniformly from the starts
-  that fit, in evaluation it is the centre segment; a clip shorter than the segment repeats its last frame.
+  that fit, in evaluation it is the centre segment. A clip shorter than the segment (``(T - 1) s + 1`` frames) is
+  read as without a stride, ``T`` frames spread evenly over it: clips of a real set differ in length, and clamping
+  the segment to the clip's last frame would freeze its end. When none of :data:`STRIDE_PROBES` clips spread over a
+  split holds the segment, the data set is refused (the stride cannot be what was meant).
 
 Space: in training one random-resized crop (torchvision's ``RandomResizedCrop`` draw: area ``scale`` (0.08, 1), aspect
-``ratio`` (3/4, 4/3)) and one horizontal flip (p = 0.5) for every frame of the clip; in evaluation the shorter side is
-resized to ``img_size`` and the centre ``img_size`` square kept. Resizing is bicubic with antialiasing. Every random
-draw is a function of ``(seed, epoch, index)`` only, so a clip is the same on every process and after ``--resume``.
+``ratio`` (3/4, 4/3)) and one horizontal flip with probability ``hflip`` (default 0.5; 0 for a set whose labels are
+directions, e.g. Something-Something's "moving left" / "moving right") for every frame of the clip; in evaluation the
+shorter side is resized to ``img_size`` and the centre ``img_size`` square kept. Resizing is bicubic with
+antialiasing. Every random draw is a function of ``(seed, epoch, index)`` only, so a clip is the same on every process
+and after ``--resume``.
 """
 from __future__ import annotations
 
@@ -29,12 +34,14 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from .._checks import check_number
 from .base import PositionDataset, fixed_subset
 from .folders import IMAGENET_MEAN, IMAGENET_STD
 from .registry import DataDamaged, DataMissing, register_dataset
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".webm", ".mkv")
 DECODERS = ("torchcodec", "av")
+STRIDE_PROBES = 8  # clips of a split whose lengths are read to check that a frame_stride segment fits one
 
 
 @lru_cache(maxsize=None)
@@ -58,24 +65,29 @@ def decoder() -> str:
 def clip_indices(num_available: int, num_frames: int, stride: int | None = None, start: int | None = None) -> list[int]:
     """The frames of a clip of ``num_available`` frames to read, ``num_frames`` of them.
 
-    ``stride=None``: spread evenly over the clip. ``stride=s``: ``num_frames`` frames ``s`` apart from ``start``
-    (default the centre segment; a start beyond :func:`latest_start` is a ValueError), the last frame repeated
-    where the clip is too short."""
+    ``stride=None``: spread evenly over the clip (frames repeat in a clip of fewer than ``num_frames``).
+    ``stride=s``: ``num_frames`` frames ``s`` apart from ``start`` (default the centre segment; a start beyond
+    :func:`latest_start` is a ValueError); a clip shorter than the segment is read as with ``stride=None``."""
     if num_available < 1:
         raise ValueError(f"a clip needs at least one frame, got num_available={num_available}")
-    if stride is None:
-        return [int(v) for v in np.linspace(0, num_available - 1, num_frames).round()]
-    latest = latest_start(num_available, num_frames, stride)
+    latest = 0 if stride is None else latest_start(num_available, num_frames, stride)
     start = latest // 2 if start is None else start
     if not 0 <= start <= latest:
         raise ValueError(f"start={start} must be in [0, {latest}] for {num_frames} frames {stride} apart in a clip "
                          f"of {num_available}")
-    return [min(start + k * stride, num_available - 1) for k in range(num_frames)]
+    if stride is None or segment_length(num_frames, stride) > num_available:
+        return [int(v) for v in np.linspace(0, num_available - 1, num_frames).round()]
+    return [start + k * stride for k in range(num_frames)]
+
+
+def segment_length(num_frames: int, stride: int) -> int:
+    """Frames a segment of ``num_frames`` frames ``stride`` apart spans."""
+    return (num_frames - 1) * stride + 1
 
 
 def latest_start(num_available: int, num_frames: int, stride: int) -> int:
     """The last start of a segment of ``num_frames`` frames ``stride`` apart that fits in the clip (0 if none fits)."""
-    return max(num_available - ((num_frames - 1) * stride + 1), 0)
+    return max(num_available - segment_length(num_frames, stride), 0)
 
 
 def decode_clip(path: str, choose: Callable[[int], list[int]], backend: str | None = None) -> torch.Tensor:
@@ -83,30 +95,63 @@ def decode_clip(path: str, choose: Callable[[int], list[int]], backend: str | No
 
     ``backend``: ``"torchcodec"`` or ``"av"`` (default: :func:`decoder`). A file that cannot be decoded is a
     ValueError naming it."""
-    backend = backend or decoder()  # a file that cannot be decoded: DataDamaged (a ValueError) naming it
+    read = {"torchcodec": _decode_torchcodec, "av": _decode_av}
+    return _reading(path, backend, lambda name: read[name](path, choose))
+
+
+def clip_length(path: str, backend: str | None = None) -> int:
+    """The number of frames of the video file ``path``, as :func:`decode_clip` counts them; a file that cannot be
+    read is a :class:`DataDamaged` naming it."""
+    count = {"torchcodec": lambda: _torchcodec_decoder(path).metadata.num_frames, "av": lambda: _av_length(path)}
+    return _reading(path, backend, lambda name: count[name]())
+
+
+def _reading(path: str, backend: str | None, read: Callable[[str], object]):
+    """``read(backend)`` (default backend: :func:`decoder`), a file that cannot be read a :class:`DataDamaged` (a
+    ValueError) naming it."""
+    backend = backend or decoder()
     if backend not in DECODERS:
         raise ValueError(f"backend={backend!r} is not supported; allowed values: {', '.join(DECODERS)}")
     try:
-        return _decode_torchcodec(path, choose) if backend == "torchcodec" else _decode_av(path, choose)
-    except (ValueError, RuntimeError, OSError) as err:
+        return read(backend)
+    except (ValueError, RuntimeError, OSError, EOFError) as err:  # PyAV's EOFError of a truncated file is no OSError
         message = " ".join(str(err).split())[:300]
-        raise DataDamaged(f"video-files: cannot decode {path} ({type(err).__name__}: {message})") from None
+        raise DataDamaged(f"video-files: cannot decode {path} ({type(err).__name__}: {message}): a damaged, truncated "
+                          "or not a video file (remove or replace it)") from None
+
+
+def _torchcodec_decoder(path: str):
+    from torchcodec.decoders import VideoDecoder
+    return VideoDecoder(path, seek_mode="exact", dimension_order="NCHW")
 
 
 def _decode_torchcodec(path: str, choose) -> torch.Tensor:
-    from torchcodec.decoders import VideoDecoder
-    video = VideoDecoder(path, seek_mode="exact", dimension_order="NCHW")
+    video = _torchcodec_decoder(path)
     return video.get_frames_at(choose(video.metadata.num_frames)).data
+
+
+def _av_stream(container):
+    """The first video stream of an open PyAV container and its number of frames."""
+    if not container.streams.video:
+        raise ValueError("the file holds no video stream (truncated, or not a video?)")
+    stream = container.streams.video[0]
+    count = stream.frames  # from the header; 0 where the container does not store it (webm, mkv)
+    if count == 0:
+        count = sum(1 for packet in container.demux(stream) if packet.size)
+        container.seek(0)
+    return stream, count
+
+
+def _av_length(path: str) -> int:
+    import av
+    with av.open(path) as container:
+        return _av_stream(container)[1]
 
 
 def _decode_av(path: str, choose) -> torch.Tensor:
     import av
     with av.open(path) as container:
-        stream = container.streams.video[0]
-        count = stream.frames  # from the header; 0 where the container does not store it (webm, mkv)
-        if count == 0:
-            count = sum(1 for packet in container.demux(stream) if packet.size)
-            container.seek(0)
+        stream, count = _av_stream(container)
         wanted = choose(count)
         keep, frames, last = set(wanted), {}, max(wanted)
         for i, frame in enumerate(container.decode(stream)):
@@ -124,11 +169,11 @@ def _decode_av(path: str, choose) -> torch.Tensor:
 class VideoFileDataset(PositionDataset):
     """``root/<class>/<clip>.<suffix>`` clips, decoded lazily into ``(3, T, img_size, img_size)`` (see the module
     docstring for the sampling and the crops). ``classes``: the class folder names that number the labels (default:
-    those of ``root``)."""
+    those of ``root``). ``hflip``: the probability of flipping a training clip left-right (0: never)."""
 
     def __init__(self, root: str, img_size: int, num_frames: int, frame_stride: int | None = None,
                  augment: bool = False, seed: int = 0, classes=None, num_samples=None,
-                 scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+                 scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip: float = 0.5):
         if not os.path.isdir(root):
             raise DataMissing(f"video-files: {root!r} does not exist (expected DIR/train/<class>/<clip>.mp4 and "
                               "DIR/val/<class>/<clip>.mp4)")
@@ -149,6 +194,22 @@ class VideoFileDataset(PositionDataset):
         self.classes, self.labels = classes, [label for _, label in self.samples]
         self.img_size, self.num_frames, self.frame_stride = img_size, num_frames, frame_stride
         self.augment, self.scale, self.ratio = augment, tuple(scale), tuple(ratio)
+        self.hflip = check_number("hflip", hflip, 0.0, maximum=1.0)
+        if frame_stride is not None:
+            self._check_stride(root)
+
+    def _check_stride(self, root: str) -> None:
+        """A ValueError when none of :data:`STRIDE_PROBES` clips spread over the split holds one segment of
+        ``num_frames`` frames ``frame_stride`` apart: every clip would be read without the stride."""
+        probes = sorted({int(i) for i in np.linspace(0, len(self.samples) - 1, STRIDE_PROBES).round()})
+        lengths = {self.samples[i][0]: clip_length(self.samples[i][0]) for i in probes}
+        need = segment_length(self.num_frames, self.frame_stride)
+        if max(lengths.values()) < need:
+            longest = max(lengths, key=lengths.get)
+            raise ValueError(f"frame_stride {self.frame_stride}: {self.num_frames} frames {self.frame_stride} apart "
+                             f"span {need} frames, and none of {len(lengths)} clips of {root} is that long (the "
+                             f"longest, {longest}, has {lengths[longest]}); lower --frame-stride, or leave it out to "
+                             "spread the frames over each clip")
 
     def __getitem__(self, index):
         path, label = self.samples[index]
@@ -173,7 +234,7 @@ class VideoFileDataset(PositionDataset):
             top, left, height, width = RandomResizedCrop.get_params(frames, self.scale, self.ratio)
         frames = TF.resized_crop(frames, top, left, height, width, [self.img_size, self.img_size],
                                  interpolation=InterpolationMode.BICUBIC, antialias=True)
-        return frames.flip(-1) if rng.random() < 0.5 else frames
+        return frames.flip(-1) if rng.random() < self.hflip else frames
 
     def _eval_view(self, frames: torch.Tensor) -> torch.Tensor:
         """The shorter side resized to ``img_size``, then the centre square."""
@@ -185,7 +246,7 @@ class VideoFileDataset(PositionDataset):
 
 @register_dataset("video-files", num_classes=None, mean=IMAGENET_MEAN, std=IMAGENET_STD, kind="video")
 def video_files(split: str, img_size: int, num_frames: int, data_dir=None, seed: int = 0, augment=None,
-                num_samples=None, frame_stride: int | None = None) -> VideoFileDataset:
+                num_samples=None, frame_stride: int | None = None, hflip: float | None = None) -> VideoFileDataset:
     if data_dir is None:
         raise DataMissing("video-files needs --data-dir DIR holding train/<class>/<clip>.mp4 and "
                           "val/<class>/<clip>.mp4")
@@ -194,4 +255,4 @@ def video_files(split: str, img_size: int, num_frames: int, data_dir=None, seed:
                if os.path.isdir(train_root) else None)  # the training split numbers the classes of every split
     return VideoFileDataset(os.path.join(data_dir, "train" if split == "train" else "val"), img_size, num_frames,
                             frame_stride=frame_stride, augment=(split == "train") if augment is None else augment,
-                            seed=seed, classes=classes, num_samples=num_samples)
+                            seed=seed, classes=classes, num_samples=num_samples, hflip=0.5 if hflip is None else hflip)

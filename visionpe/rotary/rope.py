@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+from numbers import Real
 
 import torch
 from einops import rearrange
@@ -24,14 +25,18 @@ from .._compat import is_compiling
 from ..cache import TableCache
 from ..coords import CoordinateSystem
 from ..grid import Grid, Layout, as_grid, as_layout
+from ..sharding import full_tensor
 from ._base import RotaryEncoding
 from .layouts import (AXIS_LETTERS, DIRECTIONS, band_frequencies, check_rotate_fraction, golden_directions,
-                      head_axes_layout, parse_head_axes, rotated_pairs)
+                      head_axes_layout, parse_head_axes, rotated_count, rotated_pairs)
 from .scaling import SCALINGS, attention_factor, axis_scales, scale_frequencies, scale_positions
 
 PAIRS = ("interleaved", "half")
 AXIS_ORDERS = ("xy", "ij")
 SPECTRA = ("axial", "mrope", "mrope_interleaved", "videorope")
+SECTION_RULES = ("rest_first", "rest_unrotated")  # sections by rule: floor(pairs / ndim) per axis, the rest ...
+PAIR_ORDERS = ("spectrum", "by_axis", "alternate")
+CHANNEL_FREQUENCIES = ("paired", "repeated")
 
 
 def band_fractions(sizes) -> torch.Tensor:
@@ -114,7 +119,7 @@ def mixed_frequencies(sections_xy, num_heads: int, theta: float, generator=None,
     """
     rot = random_rotations(num_heads, len(sections_xy), generator)  # (heads, ndim components, ndim groups)
     groups = [rot[:, :, g, None] * band_frequencies(n, theta, **bands) for g, n in enumerate(sections_xy)]
-    return rearrange(torch.cat(groups, dim=-1), "h a p -> a h p")
+    return rearrange(torch.cat(groups, dim=-1), "h a p -> a h p").contiguous()
 
 
 def apply_rotary(x: torch.Tensor, cis: torch.Tensor, pairs: str = "interleaved") -> torch.Tensor:
@@ -192,6 +197,17 @@ def rotate_real(x: torch.Tensor, rotations: torch.Tensor, pairs: str = "interlea
     return (x_pairs * cos + x_pairs.flip(partner_dim) * sin).flatten(-2).type_as(x)
 
 
+def rotate_channels(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+    """Interleaved pairs ``(x[2p], x[2p+1])`` of ``x: (..., head_dim)`` whose two channels turn by their own angles,
+    ``rotations: (..., head_dim/2, 2, 2)`` holding ``(cos, sin)`` of each channel: ``(a, b) -> (a cos_0 - b sin_0,
+    b cos_1 + a sin_1)``, in float32. V-JEPA 2's repeated frequencies (``channel_frequencies="repeated"``); a
+    rotation only where both channels' angles agree (then it is :func:`rotate_real`)."""
+    cos, sin = rotations.float().unbind(-1)  # (..., pairs, 2 channels)
+    sign = torch.tensor([-1.0, 1.0], device=x.device)
+    x_pairs = x.float().unflatten(-1, (-1, 2))  # (..., pairs, 2)
+    return (x_pairs * cos + x_pairs.flip(-1) * sin * sign).flatten(-2).type_as(x)
+
+
 class RoPE(RotaryEncoding):
     """Rotary embedding from frequency vectors; use :class:`AxialRoPE` or :class:`MixedRoPE`.
 
@@ -211,6 +227,12 @@ class RoPE(RotaryEncoding):
     ``freq_mask`` (learned frequencies only, ``(ndim, heads or 1, pairs)``): 1 where a frequency may move, 0 where
     it stays 0 whatever is learned or loaded (p-RoPE's unrotated pairs, the components a per-head axis assignment
     leaves out); its gradient there is 0.
+
+    ``grid_offset`` (index coordinates): a constant added to every patch coordinate before resolution scaling, as
+    timm's ``grid_offset`` (Perception Encoder and Llama 4 count patches from 1, leaving 0 to the class token).
+    ``channel_index`` (``(head_dim/2, 2)`` long, or None): the pair whose angle each channel of each pair takes,
+    when the two channels of a pair turn by different angles (V-JEPA 2, see :func:`rotate_channels`); the rotations
+    are then ``(..., head_dim/2, 2 channels, 2)``.
     """
 
     scalings = SCALINGS  # the adaptations to a new grid it takes (the sweep reads them)
@@ -218,7 +240,8 @@ class RoPE(RotaryEncoding):
     def __init__(self, head_dim: int, num_heads: int, ndim: int, freqs: torch.Tensor, band_fraction: torch.Tensor,
                  learnable: bool, pairs: str, scaling: str, ref_shape, yarn_alpha: float, yarn_beta: float,
                  axis_order: str = "xy", coordinates: CoordinateSystem | None = None,
-                 freq_mask: torch.Tensor | None = None):
+                 freq_mask: torch.Tensor | None = None, grid_offset: float = 0.0,
+                 channel_index: torch.Tensor | None = None):
         super().__init__()
         check_choice("pairs", pairs, PAIRS)
         check_choice("scaling", scaling, SCALINGS)
@@ -235,16 +258,39 @@ class RoPE(RotaryEncoding):
             raise ValueError(f"yarn_alpha={yarn_alpha!r} must be smaller than yarn_beta={yarn_beta!r} (YaRN keeps "
                              "bands above beta rotations and interpolates those below alpha)")
         if learnable:
-            self.freqs = nn.Parameter(freqs)
+            self.freqs = nn.Parameter(freqs.contiguous())  # FSDP shards contiguous parameters only
         else:
             self.register_buffer("freqs", freqs, persistent=False)
         self.register_buffer("band_fraction", band_fraction, persistent=False)
         self.register_buffer("freq_mask", freq_mask, persistent=False)
+        self.grid_offset = check_number("grid_offset", grid_offset)
+        if self.grid_offset and self.coordinates.normalized:
+            raise ValueError(f"grid_offset={grid_offset!r} shifts index coordinates; coords='normalized' centres every "
+                             "grid on [-1, 1]: use grid_offset=0")
+        self.register_buffer("channel_index", channel_index, persistent=False)
         self._cache = TableCache(maxsize=16)
+
+    def initial_state(self, generator=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """What the constructor computes from the settings: the initial frequencies ``(ndim, heads or 1, pairs)``
+        (learned ones drawn from ``generator``), the band fractions ``(pairs,)`` and ``freq_mask`` (or None)."""
+        raise NotImplementedError
+
+    def derived_buffers(self) -> dict:
+        """``band_fraction``, ``freq_mask`` and fixed ``freqs`` (which do not depend on the draw of learned ones)."""
+        freqs, fraction, mask = self.initial_state(torch.Generator().manual_seed(0))
+        buffers = {"band_fraction": fraction, "freq_mask": mask}
+        return buffers if "freqs" in self._parameters else {**buffers, "freqs": freqs.float().contiguous()}
+
+    def initial_parameters(self, generator=None) -> dict:
+        return {"freqs": self.initial_state(generator)[0]} if "freqs" in self._parameters else {}
 
     def cis(self, grid: Grid, device=None, augment: bool = False) -> torch.Tensor:
         """Complex rotations ``(heads or 1, P + N, head_dim / 2)``; prefix rows are the identity: a complex view of
         :meth:`rotations`."""
+        if self.channel_index is not None:
+            raise ValueError("the two channels of each pair turn by different angles (channel_frequencies="
+                             "'repeated'), so a pair has no single complex rotation: use rotations() or "
+                             "rotation_blocks()")
         return torch.view_as_complex(self.rotations(grid, device, augment))
 
     def rotations(self, grid: Grid, device=None, augment: bool = False, tokens_first: bool = False) -> torch.Tensor:
@@ -259,6 +305,7 @@ class RoPE(RotaryEncoding):
         and layout."""
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, type(self).__name__)
+        self.check_table(grid, what="rotation table")
         device = device or self.freqs.device
         transform = self.coordinates.draw(augment, self.ndim, device)
         if transform is not None:
@@ -269,38 +316,55 @@ class RoPE(RotaryEncoding):
     def _build(self, grid: Grid, device, tokens_first: bool, transform=None) -> torch.Tensor:
         wide = angle_dtype(device)  # float64 angles: exact to float32 rounding of cos/sin on any axis length
         with torch.autocast(device_type=torch.device(device).type, enabled=False):
-            coords = self.coordinates.positions(grid, device, wide)  # (N, ndim) in grid order
+            coords = self.coordinates.positions(grid, device, wide) + self.grid_offset  # (N, ndim) in grid order
             coords = coords.flip(-1) if self.axis_order == "xy" else coords  # in component order
             freqs = self.frequencies(wide).to(device)
-            scales = torch.ones(self.ndim, dtype=wide)
-            if self.ref_shape is not None:
-                ref = self.components(self.ref_shape)
-                scales = axis_scales(self.components(grid.shape), ref, wide)
-                placed = grid.offset is not None or grid.spacing is not None
-                if placed and self.scaling != "none" and bool((scales != 1).any()):
-                    check_unscaled_placement(grid, self.scaling, self.ref_shape)
-                coords = scale_positions(coords, scales, self.scaling)
-                freqs = scale_frequencies(freqs, self.band_fraction, scales, ref, self.scaling,
-                                          self.yarn_alpha, self.yarn_beta)
+            coords, freqs, scales = self.rescale(coords, freqs, grid, self.ref_shape)
             coords = self.place(coords, grid, scales)
             if transform is not None:  # after PI, as timm augments after ref_feat_shape
                 coords = transform(coords)
             angles = torch.einsum("na,ahp->nhp", coords, freqs)  # (N, heads or 1, pairs)
+            if self.channel_index is not None:
+                angles = angles[..., self.channel_index.to(angles.device)]  # (N, heads or 1, pairs, 2 channels)
             magnitude = attention_factor(scales, self.scaling)
             rotations = torch.stack([angles.cos(), angles.sin()], dim=-1)
             rotations = (rotations if magnitude == 1.0 else rotations * magnitude).float()
-        identity = torch.tensor([magnitude, 0.0], dtype=rotations.dtype, device=device)
-        prefix = identity.expand(grid.prefix, *rotations.shape[1:])
-        rotations = torch.cat([prefix, rotations])  # (P + N, heads or 1, pairs, 2)
+        prefix = self.prefix_rotations(grid.prefix, device) * magnitude  # (P, 1, pairs, 2)
+        if self.channel_index is not None:  # both channels of a prefix pair keep the pair's rotation
+            prefix = prefix.unsqueeze(-2)  # (P, 1, pairs, 1, 2)
+        rotations = torch.cat([prefix.expand(grid.prefix, *rotations.shape[1:]), rotations])  # (P + N, heads or 1, pairs, [2 channels,] 2)
         if tokens_first:
-            return rearrange(rotations.expand(-1, self.num_heads, -1, -1).contiguous(), "t h p two -> h t p two")
-        return rearrange(rotations, "t h p two -> h t p two").contiguous()
+            every_head = rotations.expand(-1, self.num_heads, *rotations.shape[2:]).contiguous()
+            return rearrange(every_head, "t h ... -> h t ...")
+        return rearrange(rotations, "t h ... -> h t ...").contiguous()
 
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
         """The frequency vectors ``(ndim, heads or 1, pairs)`` in ``dtype`` (learned ones: as stored, times
         ``freq_mask``)."""
-        freqs = self.freqs.to(dtype)
+        freqs = full_tensor(self.freqs).to(dtype)
         return freqs if self.freq_mask is None else freqs * self.freq_mask.to(dtype)
+
+    def rescale(self, coords: torch.Tensor, freqs: torch.Tensor, grid: Grid, ref_shape):
+        """Resolution scaling of ``grid`` against ``ref_shape`` (grid order; None: none): the coordinates ``(N,
+        ndim)`` (component order) and frequencies ``(ndim, heads or 1, pairs)`` as the rotation reads them, and the
+        per-component size ratios ``(ndim,)``. RIFLEx keeps time out of it and lowers its intrinsic frequency."""
+        scales = torch.ones(self.ndim, dtype=coords.dtype)
+        if ref_shape is None:
+            return coords, freqs, scales
+        ref = self.components(ref_shape)
+        scales = axis_scales(self.components(grid.shape), ref, coords.dtype)
+        placed = grid.offset is not None or grid.spacing is not None
+        if placed and self.scaling != "none" and bool((scales != 1).any()):
+            check_unscaled_placement(grid, self.scaling, self.ref_shape)
+        coords = scale_positions(coords, scales, self.scaling)
+        freqs = scale_frequencies(freqs, self.band_fraction, scales, ref, self.scaling, self.yarn_alpha,
+                                  self.yarn_beta)
+        return coords, freqs, scales
+
+    def prefix_rotations(self, prefix: int, device) -> torch.Tensor:
+        """The rotations of a grid's ``prefix`` tokens, ``(prefix, 1, pairs, 2)`` float32 ``(cos, sin)``: the identity
+        (prefix tokens have no spatial position; ViT-5's register RoPE gives its registers one)."""
+        return torch.tensor([1.0, 0.0], device=device).expand(prefix, 1, self.head_dim // 2, 2)
 
     def place(self, coords: torch.Tensor, grid: Grid, scales: torch.Tensor) -> torch.Tensor:
         """Where the patches sit for the rotation: ``coords (N, ndim)`` in component order after resolution scaling
@@ -331,38 +395,38 @@ class RoPE(RotaryEncoding):
         (default: :meth:`rotations` of the grid, never augmented: augmentation belongs to :meth:`forward`, which
         draws once for q and k)."""
         layout = as_layout(grid)
-        self._check_input(x, layout)
+        self.check_input("x", x, layout, self.freqs.shape[1], leading_axes=True)
         if cis is None:
             cis = self.rotations(layout.grid, x.device, tokens_first=heads_inside_tokens(x))
-        return apply_rotary(x, layout.rows(cis), self.pairs)
+        return self._rotate_rows(x, layout.rows(cis))
 
-    def _check_input(self, x: torch.Tensor, layout: Layout) -> None:
-        grid = layout.grid
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise ValueError(f"rotary input must be a floating-point tensor, got "
-                             f"{getattr(x, 'dtype', type(x).__name__)} (integer rotations would be truncated)")
-        if x.ndim < 3 or x.shape[-2] != layout.num_tokens or x.shape[-1] != self.head_dim:
-            raise ValueError(f"expected (..., {layout.num_tokens}, {self.head_dim}) for grid {grid.shape} with "
-                             f"prefix={grid.prefix}{'' if layout.keep is None else ' and kept patches'}, got "
-                             f"{tuple(x.shape)}")
-        if layout.keep is not None:
-            if x.ndim != 4:
-                raise ValueError(f"with kept patches the rotary input must be (batch, heads, tokens, head_dim), got "
-                                 f"{tuple(x.shape)}")
-            layout.check_batch(x.shape[0], x.device)
-        heads = self.freqs.shape[1]
-        if heads > 1 and x.shape[-3] != heads:
-            raise ValueError(f"q/k have {x.shape[-3]} heads but {type(self).__name__} was built with "
-                             f"num_heads={heads}")
+    def _rotate_rows(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``x`` rotated by its rows of :meth:`rotations` (per channel with ``channel_index``)."""
+        return apply_rotary(x, rows, self.pairs) if self.channel_index is None else rotate_channels(x, rows)
+
+    def rotation_blocks(self, grid, device=None) -> torch.Tensor:
+        """The 2x2 block of each pair, ``(heads or 1, N, pairs, 2, 2)``: ``[[cos_0, -sin_0], [sin_1, cos_1]]`` with
+        the angles of the pair's two channels (a rotation unless they differ: ``channel_frequencies="repeated"``)."""
+        if self.channel_index is None:
+            return super().rotation_blocks(grid, device)
+        cos, sin = self.rotations(as_grid(grid).without_prefix(), device).unbind(-1)  # (heads, N, pairs, 2)
+        return torch.stack([torch.stack([cos[..., 0], -sin[..., 0]], -1), torch.stack([sin[..., 1], cos[..., 1]], -1)],
+                           -2)
+
+    def frequency_vectors(self) -> torch.Tensor:
+        if self.channel_index is not None:
+            raise ValueError("the two channels of each pair turn at different frequencies (channel_frequencies="
+                             "'repeated'): a pair has no one frequency vector")
+        return super().frequency_vectors()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid | Layout) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k by one table (in training mode with augmentation set: one fresh draw for both)."""
         layout = as_layout(grid)
-        self._check_input(q, layout)
-        self._check_input(k, layout)
+        self.check_input("q", q, layout, self.freqs.shape[1], leading_axes=True)
+        self.check_input("k", k, layout, self.freqs.shape[1], leading_axes=True)
         rotations = self.rotations(layout.grid, q.device, augment=self.training, tokens_first=heads_inside_tokens(q))
         rows = layout.rows(rotations)
-        return apply_rotary(q, rows, self.pairs), apply_rotary(k, rows, self.pairs)
+        return self._rotate_rows(q, rows), self._rotate_rows(k, rows)
 
     @classmethod
     def model_defaults(cls, context) -> dict:
@@ -446,6 +510,58 @@ def resolve_sections(head_dim: int, ndim: int, sections, who: str) -> tuple[int,
     return sections
 
 
+def section_rule(rule: str, head_dim: int, ndim: int) -> tuple[tuple[int, ...], int]:
+    """``(sections, unrotated pairs)`` of a rule: every axis gets ``f = floor(P / ndim)`` of the ``P = head_dim / 2``
+    pairs and the ``r = P - ndim f`` left over go to the first grid axis (``"rest_first"``: Wan's and Cosmos'
+    ``[P - 2 (P // 3), P // 3, P // 3]`` over (t, h, w)) or stay unrotated at the end of the head
+    (``"rest_unrotated"``: V-JEPA 2's ``head_dim // 3`` channels per axis)."""
+    check_choice("sections", rule, SECTION_RULES)
+    check_positive_int("head_dim", head_dim)
+    check_divisible("head_dim", head_dim, 2, "rotation pairs")
+    pairs = head_dim // 2
+    per_axis, rest = divmod(pairs, ndim)
+    if per_axis == 0:
+        raise ValueError(f"sections={rule!r} gives each of {ndim} axes floor({pairs} / {ndim}) = 0 pairs: head_dim="
+                         f"{head_dim} is too small")
+    if rule == "rest_first":
+        return (per_axis + rest,) + (per_axis,) * (ndim - 1), 0
+    return (per_axis,) * ndim, rest
+
+
+def pair_permutation(components, pair_order: str, ndim: int) -> list[int] | None:
+    """Where each slot's pair comes from when the pairs of a spectrum layout (``components``: the coordinate
+    component of each pair, in spectrum order) are reordered: ``"by_axis"`` puts each component's pairs together
+    in component order (keeping their order: Pixtral's h block then w block), ``"alternate"`` deals them out in
+    turn, one pair of each component (MoonViT: x, y, x, y, ...). None for ``"spectrum"`` (the layout's own
+    order)."""
+    if pair_order == "spectrum":
+        return None
+    seen = [0] * ndim
+    rank = []
+    for c in components:
+        rank.append(seen[c])
+        seen[c] += 1
+    n = len(components)
+    key = [c * n + p for p, c in enumerate(components)] if pair_order == "by_axis" else \
+        [r * ndim + c for r, c in zip(rank, components)]
+    return sorted(range(n), key=key.__getitem__)
+
+
+def repeated_channel_index(band_sizes, num_pairs: int) -> torch.Tensor:
+    """``(num_pairs, 2)``: the pair whose angle each channel of each pair reads under V-JEPA 2's repeated frequencies.
+    Band ``b`` of ``n`` pairs starting at pair ``s`` lays its frequencies ``w_0 .. w_{n-1}`` out twice over its ``2n``
+    channels (``.repeat(..., 2)`` where a rotation has ``.repeat_interleave(2)``), so channel ``c`` of the band reads
+    ``w_{c mod n}``: pair ``s + j`` turns its channels at ``w_{2j mod n}`` and ``w_{(2j + 1) mod n}``. Pairs after
+    the bands map to themselves."""
+    index = torch.arange(num_pairs)[:, None].repeat(1, 2)
+    start = 0
+    for n in band_sizes:
+        j = torch.arange(n)
+        index[start:start + n] = start + torch.stack([(2 * j) % n, (2 * j + 1) % n], dim=-1)
+        start += n
+    return index
+
+
 def check_layout(ndim: int, directions: str, allowed, head_axes, spectrum: str = "axial") -> None:
     """Layout options that exclude each other: golden directions are 2D; a per-head axis assignment keeps each
     head on its own axes with a spectrum per axis."""
@@ -491,6 +607,26 @@ class AxialRoPE(RoPE):
     ``AxialRoPE(head_dim, theta=T, coords="normalized", axis_order="ij", pairs="half")`` is timm's
     ``RotaryEmbeddingDinoV3(head_dim, temperature=T)`` (its ``rotate_half`` layout, y pairs first).
     A grid's ``spacing`` (e.g. Qwen2.5-VL's absolute time) is read with the coordinates (``coords="index"``).
+
+    Conventions of foundation models (:mod:`visionpe.presets` composes them):
+
+    - ``sections="rest_first"`` / ``"rest_unrotated"``: sections by rule (:func:`section_rule`): ``floor(P / ndim)``
+      pairs per axis, the rest to the first grid axis (Wan, Cosmos) or left unrotated at the end of the head
+      (V-JEPA 2).
+    - ``grid_offset``: a constant added to every index coordinate (patches counted from 1: Perception Encoder,
+      Llama 4); see :class:`RoPE`.
+    - ``ntk_factor``: a fixed NTK-aware factor per grid axis (one number: all axes), ``s_a >= 1`` whatever the grid:
+      band ``i`` of the ``n`` pairs of an axis is scaled by ``s_a^(-i/(n-1))``, i.e. ``theta_a = theta *
+      s_a^(n/(n-1))`` (Cosmos' ``rope_scale``, ``(2, 1, 1)`` over (t, h, w)). ``scaling="ntk"`` derives the same
+      factor from the grid instead.
+    - ``pair_order``: the order of the rotation pairs in the head: ``"spectrum"`` (the spectrum's own layout),
+      ``"by_axis"`` (each axis's pairs together, axes in component order: Pixtral, whose h and w take alternate
+      frequencies of one spectrum, ``spectrum="mrope_interleaved", pair_order="by_axis"``) or ``"alternate"`` (one
+      pair of each axis in turn: MoonViT's x, y, x, y).
+    - ``channel_frequencies="repeated"`` (axial spectrum, interleaved pairs): V-JEPA 2's layout, where each axis's
+      frequencies are laid out twice over its channels instead of once per pair, so the two channels of a pair turn
+      by different angles (:func:`repeated_channel_index`, :func:`rotate_channels`): not a rotation, and scores are
+      not relative. ``"paired"`` (default) is RoPE.
     """
 
     def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, theta: float = 100.0,
@@ -499,13 +635,23 @@ class AxialRoPE(RoPE):
                  coords: str = "index", normalize_coords: str = "separate", min_period: float | None = None,
                  max_period: float | None = None, shift_coords: float | None = None,
                  jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward",
-                 directions: str = "axial", rotate_fraction: float = 1.0, head_axes=None):
+                 directions: str = "axial", rotate_fraction: float = 1.0, head_axes=None, grid_offset: float = 0.0,
+                 ntk_factor=None, pair_order: str = "spectrum", channel_frequencies: str = "paired"):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
         check_number("theta", theta, minimum=1.0, inclusive=False)
         check_choice("axis_order", axis_order, AXIS_ORDERS)
         check_choice("spectrum", spectrum, SPECTRA)
         check_layout(ndim, directions, ("axial", "golden"), head_axes, spectrum)
+        check_choice("pair_order", pair_order, PAIR_ORDERS)
+        check_choice("channel_frequencies", channel_frequencies, CHANNEL_FREQUENCIES)
+        self.unrotated_pairs = 0
+        if isinstance(sections, str):
+            sections, self.unrotated_pairs = section_rule(sections, head_dim, ndim)
+        check_model_conventions(directions, head_axes, spectrum, pairs, self.unrotated_pairs, ntk_factor, pair_order,
+                                channel_frequencies)
+        self.ntk_factor = None if ntk_factor is None else check_ntk_factor(ntk_factor, ndim)
+        self.pair_order, self.channel_frequencies = pair_order, channel_frequencies
         self.head_axes = parse_head_axes(head_axes, ndim, num_heads)
         self.directions, self.rotate_fraction = directions, check_rotate_fraction(rotate_fraction)
         if spectrum == "videorope" and ndim != 3:
@@ -522,25 +668,67 @@ class AxialRoPE(RoPE):
                                  f"{head_dim // 2}; with spectrum='mrope_interleaved' they may sum to at most "
                                  f"head_dim / 2 (pairs left over turn with axis 0)")
         else:
-            sections = resolve_sections(head_dim, ndim, sections, "rope_axial")
+            sections = resolve_sections(head_dim - 2 * self.unrotated_pairs, ndim, sections, "rope_axial")
         coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
                                        draw_coords)
         self.theta, self.sections, self.spectrum, self.num_pairs = float(theta), sections, spectrum, head_dim // 2
         self.bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
         self.num_heads, self.ndim = num_heads, ndim  # the golden and per-head layouts build a table per head
+        self.axis_order = axis_order
+        freqs, fraction, _ = self.initial_state()
+        super().__init__(head_dim, num_heads, ndim, freqs, fraction, learnable=False, pairs=pairs, scaling=scaling,
+                         ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order,
+                         coordinates=coordinates, grid_offset=grid_offset, channel_index=self._channel_index())
+
+    def initial_state(self, generator=None) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """The fixed frequencies ``(ndim, heads or 1, pairs)`` float32 and band fractions (see :meth:`RoPE.initial_state`);
+        nothing is drawn."""
         if self.head_axes is not None:
-            fraction = self._head_layout(axis_order, torch.float32)[1]
-        elif spectrum != "axial":
-            fraction = band_fractions([head_dim // 2])
+            fraction = self._head_layout(self.axis_order, torch.float32)[1]
         else:
-            fraction = band_fractions(sections[::-1] if axis_order == "xy" else sections)
-        super().__init__(head_dim, num_heads, ndim, self._frequencies(axis_order, torch.float32), fraction,
-                         learnable=False, pairs=pairs, scaling=scaling, ref_shape=ref_shape,
-                         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order, coordinates=coordinates)
+            fraction = self._arrange(self._band_fraction(self.axis_order), self.axis_order)
+        return self._frequencies(self.axis_order, torch.float32), fraction, None
+
+    def _channel_index(self) -> torch.Tensor | None:
+        """V-JEPA 2's per-channel pair index ``(head_dim/2, 2)`` (``channel_frequencies="repeated"``), else None."""
+        if self.channel_frequencies != "repeated":
+            return None
+        return repeated_channel_index(self.sections[::-1] if self.axis_order == "xy" else self.sections, self.num_pairs)
+
+    def derived_buffers(self) -> dict:
+        return {**super().derived_buffers(), "channel_index": self._channel_index()}
 
     def _head_layout(self, axis_order: str, dtype: torch.dtype):
         return head_axes_layout(self.head_axes, self.num_pairs, self.ndim, axis_order, self.theta,
                                 self.rotate_fraction, self.sections, dtype, bands=self.bands)
+
+    def _pair_components(self, axis_order: str) -> list[int]:
+        """The coordinate component each rotated pair turns along, in the spectrum's own order (before
+        ``pair_order``)."""
+        ndim = len(self.sections)
+        if self.spectrum == "axial":
+            order = self.sections[::-1] if axis_order == "xy" else self.sections
+            return [c for c, n in enumerate(order) for _ in range(n)]
+        if self.spectrum == "videorope":
+            axes = videorope_axes(self.sections, self.num_pairs)
+        else:
+            axes = mrope_axes(self.sections, self.num_pairs, interleaved=self.spectrum == "mrope_interleaved")
+        return [ndim - 1 - a if axis_order == "xy" else a for a in axes]
+
+    def _band_fraction(self, axis_order: str) -> torch.Tensor:
+        """NTK's exponent ``i / (n - 1)`` of each rotated pair, in the spectrum's own order."""
+        if self.spectrum != "axial":
+            return band_fractions([self.num_pairs])
+        return band_fractions(self.sections[::-1] if axis_order == "xy" else self.sections)
+
+    def _arrange(self, values: torch.Tensor, axis_order: str) -> torch.Tensor:
+        """Per-pair ``values (..., rotated pairs)`` put in the head's pair order (``pair_order``), the unrotated pairs
+        (``sections="rest_unrotated"``) appended as zeros: ``(..., head_dim / 2)``."""
+        perm = pair_permutation(self._pair_components(axis_order), self.pair_order, len(self.sections))
+        if perm is not None:
+            values = values[..., perm]
+        tail = values.new_zeros(*values.shape[:-1], self.unrotated_pairs)
+        return torch.cat([values, tail], dim=-1)
 
     def _frequencies(self, axis_order: str, dtype: torch.dtype) -> torch.Tensor:
         if self.head_axes is not None:
@@ -550,15 +738,15 @@ class AxialRoPE(RoPE):
             order = self.sections[::-1] if axis_order == "xy" else self.sections
             freqs, bands = axial_frequencies(order, self.theta, dtype, **self.bands), order
         else:
-            if self.spectrum == "videorope":
-                axes = videorope_axes(self.sections, self.num_pairs)
-            else:
-                axes = mrope_axes(self.sections, self.num_pairs, interleaved=self.spectrum == "mrope_interleaved")
-            components = [ndim - 1 - a if axis_order == "xy" else a for a in axes]
+            components = self._pair_components(axis_order)
             freqs, bands = spectrum_frequencies(components, ndim, self.theta, dtype, **self.bands), [self.num_pairs]
         if self.directions == "golden":
             freqs = golden_directions(freqs.abs().sum(0)[0], self.num_heads)
-        return freqs * rotated_pairs(bands, self.rotate_fraction).to(dtype)
+        freqs = freqs * rotated_pairs(bands, self.rotate_fraction).to(dtype)
+        if self.ntk_factor is not None:  # a fixed factor per axis, in component order
+            factor = torch.tensor(self.ntk_factor[::-1] if axis_order == "xy" else self.ntk_factor, dtype=dtype)
+            freqs = freqs * factor[:, None, None] ** -self._band_fraction(axis_order).to(dtype)
+        return self._arrange(freqs, axis_order)
 
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
         """Fixed frequencies recomputed in ``dtype`` (float64: exact angles on long axes; the float32 buffer is
@@ -566,7 +754,40 @@ class AxialRoPE(RoPE):
         return self._frequencies(self.axis_order, dtype).to(self.freqs.device)
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + layout_repr(self)
+        parts = [f"sections={self.sections}"] if self.unrotated_pairs else []
+        parts += [f"unrotated_pairs={self.unrotated_pairs}"] if self.unrotated_pairs else []
+        parts += [f"grid_offset={self.grid_offset}"] if self.grid_offset else []
+        parts += [f"ntk_factor={self.ntk_factor}"] if self.ntk_factor is not None else []
+        parts += [f"pair_order={self.pair_order!r}"] if self.pair_order != "spectrum" else []
+        parts += ["channel_frequencies='repeated'"] if self.channel_frequencies != "paired" else []
+        return super().extra_repr() + layout_repr(self) + "".join(", " + p for p in parts)
+
+
+def check_ntk_factor(ntk_factor, ndim: int) -> tuple[float, ...]:
+    """One NTK factor ``>= 1`` per grid axis (a single number for all)."""
+    values = (ntk_factor,) * ndim if isinstance(ntk_factor, Real) and not isinstance(ntk_factor, bool) else ntk_factor
+    if not isinstance(values, (tuple, list)) or len(values) != ndim:
+        raise ValueError(f"ntk_factor={ntk_factor!r} must be one number >= 1 or one per grid axis ({ndim})")
+    return tuple(check_number("ntk_factor", v, minimum=1.0) for v in values)
+
+
+def check_model_conventions(directions: str, head_axes, spectrum: str, pairs: str, unrotated: int, ntk_factor,
+                            pair_order: str, channel_frequencies: str) -> None:
+    """The foundation-model conventions of :class:`AxialRoPE` are defined on axis-aligned frequencies shared by the
+    heads; the repeated channel frequencies also on per-axis bands of interleaved pairs in the spectrum's order."""
+    chosen = [name for name, on in (("sections='rest_unrotated'", unrotated), ("ntk_factor", ntk_factor is not None),
+                                    (f"pair_order={pair_order!r}", pair_order != "spectrum"),
+                                    ("channel_frequencies='repeated'", channel_frequencies != "paired")) if on]
+    if chosen and (directions != "axial" or head_axes is not None):
+        raise ValueError(f"{', '.join(chosen)} need axis-aligned frequencies shared by the heads (directions='axial', "
+                         f"no head_axes); got directions={directions!r}, head_axes={head_axes!r}")
+    if unrotated and spectrum != "axial":
+        raise ValueError(f"sections='rest_unrotated' splits the pairs into per-axis bands; spectrum={spectrum!r} has "
+                         "one spectrum over all pairs: use spectrum='axial'")
+    if channel_frequencies == "repeated" and (spectrum, pairs, pair_order) != ("axial", "interleaved", "spectrum"):
+        raise ValueError(f"channel_frequencies='repeated' is V-JEPA 2's layout of per-axis bands over interleaved "
+                         f"pairs: it needs spectrum='axial', pairs='interleaved', pair_order='spectrum'; got "
+                         f"spectrum={spectrum!r}, pairs={pairs!r}, pair_order={pair_order!r}")
 
 
 class MixedRoPE(RoPE):
@@ -616,28 +837,35 @@ class MixedRoPE(RoPE):
         coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
                                        draw_coords)
         bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
-        if head_axes is not None:
-            def rotations(k):
-                return random_rotations(1, k, generator)[0] if directions == "random" else torch.eye(k)
-            freqs, band_fraction, free = head_axes_layout(head_axes, head_dim // 2, ndim, axis_order, theta, fraction,
-                                                          sections, bands=bands, rotations=rotations)
-        else:
-            order = sections[::-1] if axis_order == "xy" else sections
-            if directions == "random":
-                freqs = mixed_frequencies(order, num_heads, theta, generator, **bands)
-            else:
-                freqs = axial_frequencies(order, theta, torch.float64, **bands).expand(-1, num_heads, -1)
-                if directions == "golden":  # angles up to heads * pairs * 2.4 rad: computed in float64
-                    freqs = golden_directions(freqs.abs().sum(0)[0], num_heads)
-                freqs = freqs.float()
-            rotating = rotated_pairs(order, fraction).float()
-            freqs, band_fraction = freqs * rotating, band_fractions(order)
-            free = None if bool(rotating.all()) else rotating.expand_as(freqs).clone()
+        self.head_dim, self.num_heads, self.ndim, self.axis_order = head_dim, num_heads, ndim, axis_order
+        self.theta, self.sections, self.bands = float(theta), sections, bands
+        self.directions, self.rotate_fraction, self.head_axes = directions, fraction, head_axes
+        freqs, band_fraction, free = self.initial_state(generator)
         super().__init__(head_dim, num_heads, ndim, freqs, band_fraction, learnable=True, pairs=pairs,
                          scaling=scaling, ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta,
                          axis_order=axis_order, coordinates=coordinates, freq_mask=free)
-        self.theta, self.sections, self.bands = float(theta), sections, bands
-        self.directions, self.rotate_fraction, self.head_axes = directions, fraction, head_axes
+
+    def initial_state(self, generator=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """rope-vit's random initial frequencies drawn from ``generator`` (see :meth:`RoPE.initial_state`), the band
+        fractions and the mask of frequencies that may move (None: all)."""
+        head_axes, directions, sections, bands = self.head_axes, self.directions, self.sections, self.bands
+        if head_axes is not None:
+            def rotations(k):
+                return random_rotations(1, k, generator)[0] if directions == "random" else torch.eye(k)
+            return head_axes_layout(head_axes, self.head_dim // 2, self.ndim, self.axis_order, self.theta,
+                                    self.rotate_fraction, sections, bands=bands, rotations=rotations)
+        order = sections[::-1] if self.axis_order == "xy" else sections
+        if directions == "random":
+            freqs = mixed_frequencies(order, self.num_heads, self.theta, generator, **bands)
+        else:
+            freqs = axial_frequencies(order, self.theta, torch.float64, **bands).expand(-1, self.num_heads, -1)
+            if directions == "golden":  # angles up to heads * pairs * 2.4 rad: computed in float64
+                freqs = golden_directions(freqs.abs().sum(0)[0], self.num_heads)
+            freqs = freqs.float()
+        rotating = rotated_pairs(order, self.rotate_fraction).float()
+        every = all(rotated_count(n, self.rotate_fraction) == n for n in order)  # not read from a (meta) tensor
+        free = None if every else rotating.expand_as(freqs).clone()
+        return freqs * rotating, band_fractions(order), free
 
     def extra_repr(self) -> str:
         return super().extra_repr() + layout_repr(self)

@@ -10,10 +10,13 @@ from ..cache import TableCache
 from ..coords import CoordinateSystem, denominators
 from ..grid import Grid, Layout, as_grid, as_layout
 from ..resample import INTERPOLATIONS, SAMPLING, resample_grid, sample_grid
+from ..sharding import check_unsharded, full_tensor
 from ._base import TokenEncoding, check_tokens
 
 
 FACTORIZATIONS = (False, True, "space_time")
+FITS = ("resample", "window")
+RMS_EPS = 1e-6  # Cosmos' eps of the per-patch RMS normalisation (rms_norm=True)
 
 
 class Learned(TokenEncoding):
@@ -31,6 +34,16 @@ class Learned(TokenEncoding):
             model's 2D table is its spatial part, so image weights carry over).
         interpolation, antialias: how the table is resampled for another grid (timm defaults:
             bicubic with antialias; ``antialias=False`` matches DeiT/MAE/HF transformers).
+        align_corners: ``F.interpolate``'s flag for that resampling (bicubic, bilinear): ``False`` (default, timm
+            and PyTorch) samples at half-pixel centres, ``True`` maps the end patches onto the end patches (Qwen3-VL:
+            bilinear, ``align_corners=True``, no antialias).
+        fit: how a grid of another shape meets the table: ``"resample"`` (default) or ``"window"``: the table is
+            never resampled, a grid reads the window ``[offset, offset + shape)`` of it (offset 0 without one), the
+            first rows of each axis (Cosmos' per-axis tables cut to the clip); a grid beyond the table is a
+            ``ValueError``.
+        rms_norm: each patch's position vector (the sum of the factor tables) divided by ``1e-6 + `` its root mean
+            square over the ``dim`` channels, in float32 (Cosmos' ``CosmosLearnablePositionalEmbed``); prefix
+            vectors are left as they are.
 
         coords, normalize_coords: where a grid's patches read the table (:mod:`visionpe.coords`).
             ``"index"`` (default): a grid of another shape reads the table resampled to it (``F.interpolate``, i.e.
@@ -56,7 +69,8 @@ class Learned(TokenEncoding):
                  factorized: bool | str = False, interpolation: str = "bicubic", antialias: bool = True,
                  init_std: float = 0.02, coords: str = "index", normalize_coords: str = "separate",
                  shift_coords: float | None = None, jitter_coords: float | None = None,
-                 rescale_coords: float | None = None, draw_coords: str = "forward"):
+                 rescale_coords: float | None = None, draw_coords: str = "forward", align_corners: bool = False,
+                 fit: str = "resample", rms_norm: bool = False):
         super().__init__()
         self.ndim = check_ndim(ndim)
         self.dim = check_positive_int("dim", dim)
@@ -75,19 +89,30 @@ class Learned(TokenEncoding):
             raise ValueError(f"interpolation={interpolation!r} cannot sample a table at points (coords="
                              f"{coords!r}{', coordinate augmentation' if self.coordinates.augments else ''}); "
                              f"allowed values: {', '.join(map(repr, SAMPLING))}")
+        check_choice("fit", fit, FITS)
+        if fit == "window" and self.coordinates.normalized:
+            raise ValueError("fit='window' reads the table at index positions; coords='normalized' samples it at "
+                             "normalised coordinates instead: use fit='resample' or coords='index'")
         self.num_prefix_tokens = num_prefix_tokens
         self.factorized = factorized
-        self.interpolation, self.antialias = interpolation, antialias
-        tables = [nn.Parameter(torch.randn(*[self.grid_shape[a] for a in axes], dim) * init_std)
-                  for axes in self.factor_axes()]
+        self.interpolation, self.antialias, self.init_std = interpolation, antialias, float(init_std)
+        self.align_corners, self.fit = check_bool("align_corners", align_corners), fit
+        self.rms_norm = check_bool("rms_norm", rms_norm)
+        tables = [nn.Parameter(torch.empty(*[self.grid_shape[a] for a in axes], dim)) for axes in self.factor_axes()]
         if factorized is True:
             self.axis_tables = nn.ParameterList(tables)
         else:
             self.table = tables[0]
             if factorized == "space_time":
                 self.time_table = tables[1]
-        self.prefix = nn.Parameter(torch.randn(num_prefix_tokens, dim) * init_std) if num_prefix_tokens else None
+        self.prefix = nn.Parameter(torch.empty(num_prefix_tokens, dim)) if num_prefix_tokens else None
+        self.fill_parameters()
         self._cache = TableCache(maxsize=4)
+
+    def initial_parameters(self, generator=None) -> dict:
+        """Every table (then the prefix vectors) ``N(0, init_std^2)``, at their current shapes."""
+        return {name: torch.randn(p.shape, generator=generator) * self.init_std
+                for name, p in self.named_parameters()}
 
     # -- tables ---------------------------------------------------------------------------------------
     def factor_axes(self) -> list[tuple[int, ...]]:
@@ -97,9 +122,12 @@ class Learned(TokenEncoding):
         return [(1, 2), (0,)] if self.factorized == "space_time" else [tuple(range(self.ndim))]
 
     def factor_tables(self) -> list[torch.Tensor]:
+        """The factor tables as whole tensors (sharded ones gathered: :mod:`visionpe.sharding`)."""
         if self.factorized is True:
-            return list(self.axis_tables)
-        return [self.table, self.time_table] if self.factorized == "space_time" else [self.table]
+            tables = list(self.axis_tables)
+        else:
+            tables = [self.table, self.time_table] if self.factorized == "space_time" else [self.table]
+        return [full_tensor(t) for t in tables]
 
     def _grid_table(self, shape, interpolation: str | None = None, antialias: bool | None = None) -> torch.Tensor:
         """The sum of the factor tables, each resampled to its axes of ``shape``: ``(*shape, dim)``."""
@@ -110,7 +138,8 @@ class Learned(TokenEncoding):
             view = [1] * self.ndim + [self.dim]
             for a in axes:
                 view[a] = shape[a]
-            total = total + resample_grid(table, [shape[a] for a in axes], interpolation, antialias).reshape(view)
+            resampled = resample_grid(table, [shape[a] for a in axes], interpolation, antialias, self.align_corners)
+            total = total + resampled.reshape(view)
         return total
 
     def patch_table(self, grid: Grid, augment: bool = False) -> torch.Tensor:
@@ -118,11 +147,18 @@ class Learned(TokenEncoding):
 
         Cached when gradients are off (evaluation at a new size does not resample every batch). ``augment=True``
         (the forward in training mode) samples the table at a fresh coordinate augmentation draw, uncached, if one
-        is set.
+        is set. With ``rms_norm`` each row is divided by its RMS.
         """
-        grid = as_grid(grid)
+        rows = self._patch_rows(as_grid(grid), augment)
+        if not self.rms_norm:
+            return rows
+        rms = rows.float().pow(2).mean(-1, keepdim=True).sqrt()  # (N, 1)
+        return (rows.float() / (RMS_EPS + rms)).to(rows.dtype)
+
+    def _patch_rows(self, grid: Grid, augment: bool) -> torch.Tensor:
+        """:meth:`patch_table` before the RMS normalisation."""
         check_grid_ndim(grid, self.ndim, "learned")
-        if not self.coordinates.normalized and grid.offset is not None:
+        if self._reads_window(grid):
             self._check_window(grid)
         transform = self.coordinates.draw(augment, self.ndim, next(self.parameters()).device)
         if transform is not None:
@@ -130,11 +166,11 @@ class Learned(TokenEncoding):
         if self.coordinates.normalized and (grid.shape != self.grid_shape or grid.offset is not None):
             key = ("sampled", grid.shape, grid.offset, self.interpolation, str(next(self.parameters()).device))
             return self._cache.get(key, lambda: self._sampled_table(grid).reshape(-1, self.dim), self.parameters())
-        if grid.offset is not None:
+        if self._reads_window(grid):
             return self._window(grid)
         if grid.shape == self.grid_shape and self.factorized is False:
-            return self.table.reshape(-1, self.dim)
-        key = (grid.shape, self.interpolation, self.antialias, str(next(self.parameters()).device))
+            return self.factor_tables()[0].reshape(-1, self.dim)
+        key = (grid.shape, self.interpolation, self.antialias, self.align_corners, str(next(self.parameters()).device))
         return self._cache.get(key, lambda: self._grid_table(grid.shape).reshape(-1, self.dim), self.parameters())
 
     def table_positions(self, grid: Grid, transform=None) -> list[torch.Tensor]:
@@ -149,8 +185,12 @@ class Learned(TokenEncoding):
             # the table's own patch i sits at 2 (i + 0.5) / d - 1 on the training grid's denominators d
             dens = denominators(self.grid_shape, self.coordinates.normalize_coords)
             return [(p + 1) * (d / 2) - 0.5 for p, d in zip(axes, dens)]
-        if grid.offset is not None:  # a window of the table
-            axes = [torch.arange(n, device=device, dtype=torch.float64) + o for n, o in zip(grid.shape, grid.offset)]
+        if self._reads_window(grid):  # a window of the table
+            offset = grid.offset or (0.0,) * self.ndim
+            axes = [torch.arange(n, device=device, dtype=torch.float64) + o for n, o in zip(grid.shape, offset)]
+        elif self.align_corners:  # F.interpolate's source positions with align_corners=True
+            axes = [torch.arange(n, device=device, dtype=torch.float64) * ((m - 1) / max(n - 1, 1))
+                    for n, m in zip(grid.shape, self.grid_shape)]
         else:  # F.interpolate's source positions (align_corners=False): j itself on the training grid
             axes = [(torch.arange(n, device=device, dtype=torch.float64) + 0.5) * (m / n) - 0.5
                     for n, m in zip(grid.shape, self.grid_shape)]
@@ -167,18 +207,32 @@ class Learned(TokenEncoding):
             total = total + sample_grid(table, [positions[a] for a in axes], self.interpolation).reshape(view)
         return total
 
+    def _reads_window(self, grid: Grid) -> bool:
+        """The grid reads a window of the table (an offset, or ``fit="window"`` on another shape), not a resampled
+        table."""
+        if self.coordinates.normalized:
+            return False
+        return grid.offset is not None or (self.fit == "window" and grid.shape != self.grid_shape)
+
     def _check_window(self, grid: Grid) -> None:
-        start = [int(o) for o in grid.offset]
-        if any(o != int(o) or o < 0 for o in grid.offset) or any(
+        offset = grid.offset or (0.0,) * self.ndim
+        start = [int(o) for o in offset]
+        if any(o != int(o) or o < 0 for o in offset) or any(
                 s + n > m for s, n, m in zip(start, grid.shape, self.grid_shape)):
             raise ValueError(f"grid window offset={grid.offset} shape={grid.shape} must lie inside the learned "
                              f"grid {self.grid_shape} with non-negative integer offsets")
 
     def _window(self, grid: Grid) -> torch.Tensor:
-        start = [int(o) for o in grid.offset]
-        full = self._grid_table(self.grid_shape)
-        window = full[tuple(slice(s, s + n) for s, n in zip(start, grid.shape))]
-        return window.reshape(-1, self.dim)
+        """The window ``[offset, offset + shape)`` of each factor table, summed: ``(N, dim)``."""
+        start = [int(o) for o in grid.offset or (0.0,) * self.ndim]
+        total = 0
+        for axes, table in zip(self.factor_axes(), self.factor_tables()):
+            view = [1] * self.ndim + [self.dim]
+            for a in axes:
+                view[a] = grid.shape[a]
+            window = table[tuple(slice(start[a], start[a] + grid.shape[a]) for a in axes)]
+            total = total + window.reshape(view)
+        return total.reshape(-1, self.dim)
 
     def forward(self, x: torch.Tensor, grid: Grid | Layout) -> torch.Tensor:
         layout = as_layout(grid)
@@ -190,7 +244,7 @@ class Learned(TokenEncoding):
             if grid.prefix != self.num_prefix_tokens:
                 raise ValueError(f"grid has prefix={grid.prefix} but the table owns "
                                  f"num_prefix_tokens={self.num_prefix_tokens} vectors")
-            prefix_table = self.prefix
+            prefix_table = full_tensor(self.prefix)
         return self.add_to_patches(x, self.patch_table(grid, augment=self.training), layout, prefix_table)
 
     def position_vectors(self, grid) -> torch.Tensor:
@@ -201,18 +255,23 @@ class Learned(TokenEncoding):
     def adaptation_label(self) -> str:
         if self.coordinates.normalized:
             return f"table sampled at {self.coordinates.label()} ({self.interpolation})"
-        return f"table resampled ({self.interpolation}{', antialias' if self.antialias else ''})"
+        if self.fit == "window":
+            return "window of the table"
+        return (f"table resampled ({self.interpolation}{', antialias' if self.antialias else ''}"
+                f"{', align_corners' if self.align_corners else ''})")
 
     @torch.no_grad()
     def resize(self, new_shape, interpolation: str | None = None, antialias: bool | None = None) -> "Learned":
         """Resample the stored table to ``new_shape`` for good (fine-tuning at a new resolution)."""
         new_shape = to_shape("new_shape", new_shape, self.ndim)
+        check_unsharded(self, "resize")
         interpolation = interpolation or self.interpolation
         antialias = self.antialias if antialias is None else antialias
         check_choice("interpolation", interpolation, INTERPOLATIONS)
         names = [f"axis_tables.{a}" for a in range(self.ndim)] if self.factorized is True else ["table", "time_table"]
         for name, axes, table in zip(names, self.factor_axes(), self.factor_tables()):
-            resized = nn.Parameter(resample_grid(table, [new_shape[a] for a in axes], interpolation, antialias))
+            resized = nn.Parameter(resample_grid(table, [new_shape[a] for a in axes], interpolation, antialias,
+                                                 self.align_corners))
             if name.startswith("axis_tables."):
                 self.axis_tables[int(name.split(".")[1])] = resized
             else:
@@ -225,4 +284,6 @@ class Learned(TokenEncoding):
         extra = self.coordinates.describe()
         return (f"dim={self.dim}, grid_shape={self.grid_shape}, num_prefix_tokens={self.num_prefix_tokens}, "
                 f"factorized={self.factorized}, interpolation={self.interpolation!r}, antialias={self.antialias}"
-                f"{', ' + extra if extra else ''}")
+                f"{', align_corners=True' if self.align_corners else ''}"
+                f"{', fit=' + repr(self.fit) if self.fit != 'resample' else ''}"
+                f"{', rms_norm=True' if self.rms_norm else ''}{', ' + extra if extra else ''}")

@@ -3,7 +3,7 @@
 
 Settings resolve as ``DEFAULTS < YAML recipe (--config) < command line``; a resumed run starts from its own
 ``config.yaml`` instead of the defaults (:func:`visionpe.train.restore.resume_config`). Every value is checked by
-:func:`check`, one group at a time, whatever its source, and a bad one is a :class:`~visionpe.train.cli.UserError`
+:func:`check`, one group at a time, whatever its source, and a bad one is a :class:`~visionpe.cli.UserError`
 naming the setting and the values it takes. Each setting ``key`` is ``--key-with-dashes`` on the command line
 and ``key:`` in YAML. User code named by ``--import`` (or ``imports:`` in a recipe) is imported before anything
 is checked, so its encodings, data sets and backbones are known names.
@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import yaml
 
 from .. import data as vdata
-from .cli import Parser, UserError, add_import, import_user_code, one_line
-from .models import DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_kwargs, named_constructor, tubelet
+from ..cli import Parser, UserError, add_import, import_user_code, one_line
+from ..cli.recipes import recipe_path
+from .models import (DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_help, model_kwargs,
+                     named_constructor, tubelet)
 
 MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN = ("model", "data", "optimizer", "learning-rate schedule",
                                              "augmentation and regularization", "evaluation", "run and misc")
@@ -32,14 +34,15 @@ NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
 # settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
 SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "threads", "progress", "device",
                   "stop_after", "download", "imports", "compile", "channels_last", "checkpoint_every_steps",
-                  "checkpoint_every_minutes")
+                  "checkpoint_every_minutes", "log")
+LOGGERS = ("tensorboard", "wandb")  # --log: visionpe.train.metrics.LOGGER_CLASSES
 
 
 @dataclass(frozen=True)
 class Setting:
     default: object
     group: str
-    kind: str  # int, float, bool, str, choice, ints, floats, mapping, int?, float?, str?, choice?
+    kind: str  # int, float, bool, str, choice, ints, floats, strs, choices, mapping, int?, float?, str?, choice?
     help: str
     choices: tuple = ()
     metavar: str | None = None
@@ -58,17 +61,31 @@ def _pe_help() -> str:
 
 
 S = Setting
+TRANSFORM_GROUPS = {"train": AUG, "eval": EVAL, "both": DATA}  # a Transforms field's stage -> its settings group
+FIELD_KINDS = {"tuple": "floats", "float": "float", "float | None": "float?", "int": "int", "bool": "bool",
+               "str": "str", "str | None": "str?"}  # a Transforms field's annotation -> the kind of its setting
+
+
+def transform_settings(stage: str) -> dict[str, Setting]:
+    """The settings of :class:`visionpe.data.Transforms`'s fields of ``stage`` (``train``, ``eval``, ``both``), made
+    from the fields (:func:`visionpe.data.transforms.setting_fields`): default (a tuple as a YAML list), kind (from
+    the annotation; ``choice`` / ``choice?`` where the field has choices), help, choices, metavar. The fields are the
+    one place of these facts."""
+    out = {}
+    for f in vdata.transforms.setting_fields():
+        if f.metadata["stage"] == stage:
+            kind = FIELD_KINDS[f.type]
+            if f.metadata["choices"]:
+                kind = "choice?" if kind.endswith("?") else "choice"
+            default = list(f.default) if isinstance(f.default, tuple) else f.default
+            out[f.name] = Setting(default, TRANSFORM_GROUPS[stage], kind, f.metadata["help"], f.metadata["choices"],
+                                  f.metadata["metavar"])
+    return out
 
 
 SETTINGS: dict[str, Setting] = {
     # model
-    "model": S("vit_tiny_patch16_224", MODEL, "str", "timm model name: a ViT/DeiT (vit_*, deit_*) or Swin "
-               "(swin_*), e.g. vit_tiny_patch16_224, deit_small_patch16_224, swin_tiny_patch4_window7_224; with "
-               "--num-frames (video) a timm ViT, built as its tubelet version (visionpe.create_video_model), or "
-               "torchvision's Video Swin swin3d_t / swin3d_s / swin3d_b (torchvision's sizes; --model-kwargs "
-               "embed_dim=, depths=[..], num_heads=[..], window_size=[t,h,w] make a smaller one; its patch is "
-               "--tubelet-size); or torchvision's image ViT tv_vit_b_16 / tv_vit_b_32 / tv_vit_l_16 / tv_vit_l_32 / "
-               "tv_vit_h_14 (sized by --embed-dim, --depth, --num-heads)", metavar="NAME"),
+    "model": S("vit_tiny_patch16_224", MODEL, "str", "", metavar="NAME"),  # help from the backbones (models.py)
     "pe": S("learned", MODEL, "str", "", metavar="NAME"),  # help filled from the registry
     "pe_kwargs": S({}, MODEL, "mapping", "encoding keywords as KEY=VALUE (VALUE read as YAML), e.g. theta=100 "
                    "scaling=pi; see visionpe.build for each encoding's keywords", metavar="KEY=VALUE"),
@@ -95,6 +112,10 @@ SETTINGS: dict[str, Setting] = {
                    "to the source run's (a recipe or flags override them), so '--init-from DIR --pe rope_mixed' "
                    "converts that run. Other sizes (embed_dim, depth, patch_size, model) are an error naming the "
                    "keys; so is another classifier head unless --init-head-reset", metavar="PATH"),
+    "init_grid": S([], MODEL, "ints", "with --init-from: the patch grid H W of the source's pos_embed, which a timm "
+                   "checkpoint does not store (default: the source run's grid; for a checkpoint of no run the new "
+                   "model's grid when the patch counts agree, else square, and the report says what it assumed)",
+                   metavar="N"),
     "init_head_reset": S(False, MODEL, "bool", "with --init-from: do not take the source's classifier head "
                          "(head.*); train a new one (needed when the number of classes differs)"),
     "pretrained": S(False, MODEL, "bool", "start from timm's pretrained weights of --model (a tag picks them, e.g. "
@@ -119,7 +140,9 @@ SETTINGS: dict[str, Setting] = {
                     "(--tubelet-size); a multiple of the tubelet's frames", metavar="T"),
     "frame_stride": S(None, DATA, "int?", "video files: sample each clip as num_frames frames STRIDE apart (a random "
                       "segment when training, the centre segment when evaluating); default: num_frames frames spread "
-                      "evenly over the whole clip; an integer >= 1, for data sets that take it (video-files)",
+                      "evenly over the whole clip, as a clip shorter than the segment is read (a stride none of the "
+                      "clips probed in a split holds is refused); an integer >= 1, for data sets that take it "
+                      "(video-files)",
                       metavar="STRIDE"),
     "train_samples": S(None, DATA, "int?", "training images: synthetic scenes rendered (default 10000; held in memory, "
                        "so at most what this machine's memory holds), real sets a fixed random subset (default all); "
@@ -134,8 +157,7 @@ SETTINGS: dict[str, Setting] = {
                      "budget of img_size under the native evaluation protocol (the default protocol then). A ViT "
                      "with a visionpe encoding (global_pool token or avg); images only; not with mixup, cutmix or "
                      "train_res; an integer >= 1 (default: square images at img_size)", metavar="N"),
-    "interpolation": S("bicubic", DATA, "choice", "resampling of timm's transforms (real images), training and "
-                       "evaluation (timm's --interpolation)", choices=vdata.transforms.INTERPOLATIONS),
+    **transform_settings("both"),  # interpolation
     # optimizer
     "opt": S("adamw", OPTIM, "str", "timm optimizer name (timm.optim.list_optimizers()), e.g. adamw, sgd, lamb",
              metavar="NAME"),
@@ -193,34 +215,7 @@ SETTINGS: dict[str, Setting] = {
                 metavar="ALPHA"),
     # timm's image transforms (timm.data.create_transform), by timm train.py's names; real image sets only (the
     # built-in tasks are rendered, not augmented: a flip or a crop would change their labels)
-    "scale": S([0.08, 1.0], AUG, "floats", "random-resized-crop area range (timm --scale): two numbers 0 < low <= "
-               "high", metavar="PCT"),
-    "ratio": S([3 / 4, 4 / 3], AUG, "floats", "random-resized-crop aspect-ratio range (timm --ratio): two numbers "
-               "0 < low <= high", metavar="RATIO"),
-    "hflip": S(None, AUG, "float?", "horizontal flip probability (timm --hflip), in [0, 1] (default: the data "
-               "set's, 0.5; 0 for MNIST digits)", metavar="P"),
-    "color_jitter": S(0.4, AUG, "float", "colour jitter factor of brightness, contrast and saturation (timm "
-                      "--color-jitter; off when --aa is set, except for 3a); a number >= 0", metavar="F"),
-    "aa": S(None, AUG, "str?", "timm auto-augment policy (timm --aa), e.g. rand-m9-mstd0.5-inc1 (RandAugment), 3a "
-            "(DeiT-III's 3-Augment: one of grayscale, solarize, Gaussian blur per image, colour jitter kept on: "
-            "DeiT-III's --ThreeAugment is --aa 3a --color-jitter 0.3), original, augmix-m5-w4-d2 (default: none)",
-            metavar="NAME"),
-    "reprob": S(0.0, AUG, "float", "random erasing probability (timm --reprob); in [0, 1]", metavar="P"),
-    "remode": S("pixel", AUG, "choice", "random erasing fill (timm --remode)",
-                choices=vdata.transforms.RE_MODES),
-    "recount": S(1, AUG, "int", "random erasing regions per image (timm --recount); an integer >= 1",
-                 metavar="N"),
-    "train_crop_mode": S("rrc", AUG, "choice", "training crop (timm --train-crop-mode): rrc random-resized crop, "
-                         "rkrc / rkrr resize keeping the ratio then a centre / random crop, src DeiT-III's simple "
-                         "random crop (the shorter side to img_size, a random crop from the image padded by 4 px, "
-                         "reflect; DeiT-III's --src; --scale and --ratio do not apply)",
-                         choices=vdata.transforms.TRAIN_CROP_MODES),
-    "grayscale_prob": S(0.0, AUG, "float", "probability of a grayscale image (timm --grayscale-prob); in [0, 1]",
-                        metavar="P"),
-    "gaussian_blur_prob": S(0.0, AUG, "float", "probability of a Gaussian blur (timm --gaussian-blur-prob); in "
-                            "[0, 1]", metavar="P"),
-    "no_aug": S(False, AUG, "bool", "no training augmentation (timm --no-aug): resize and centre-crop the train "
-                "split"),
+    **transform_settings("train"),
     # evaluation
     "eval_res": S([], EVAL, "ints", "test resolutions (pixels) for the last and the best model after training, each a "
                   "positive multiple of patch_size, at most 65536 patches per image; the training resolution is always included",
@@ -232,15 +227,7 @@ SETTINGS: dict[str, Setting] = {
                      "extrapolates, scaling=pi interpolates to the training grid), learned tables are resampled",
                      metavar="T"),
     "eval_batch_size": S(256, EVAL, "int", "batch size of evaluation; an integer >= 1", metavar="N"),
-    "eval_protocol": S(None, EVAL, "choice?", "how a validation image is shown at each test size: resize (the whole "
-                       "image at the size; the built-in tasks render the same scene with more pixels), crop (timm's "
-                       "eval transform: shorter side to size / crop_pct, centre crop; RoPE-ViT's and FixRes's "
-                       "protocol), native (each image at its own aspect ratio within the patch budget of the size: "
-                       "(size / patch_size)^2 patches, scaled from max_patches when given; needs a ViT with a visionpe "
-                       "encoding); used for the validation of every epoch and the resolution table (default: native "
-                       "with --max-patches, else resize)", choices=vdata.PROTOCOLS),
-    "crop_pct": S(0.875, EVAL, "float", "the crop protocol's crop fraction (timm --crop-pct); in (0, 1]",
-                  metavar="PCT"),
+    **transform_settings("eval"),  # eval_protocol, crop_pct
     # run
     "seed": S(0, RUN, "int", "seed of the model, data order, synthetic scenes and augmentation; an integer >= 0",
               metavar="N"),
@@ -263,14 +250,17 @@ SETTINGS: dict[str, Setting] = {
     "checkpoint_every_minutes": S(0.0, RUN, "float", "also commit state.pt within an epoch when this many minutes "
                                   "have passed since the last commit (decided on rank 0, the same step on every "
                                   "process); 0 = off; a number >= 0", metavar="MIN"),
+    "log": S([], RUN, "choices", "loggers besides the console, metrics.jsonl and summary.csv, of "
+             f"{', '.join(LOGGERS)}: TensorBoard event files in RUN/tensorboard/ (pip install 'visionpe[tensorboard]'), "
+             "a Weights & Biases run (pip install 'visionpe[wandb]'; WANDB_PROJECT, WANDB_MODE=offline); every epoch "
+             "once, also across --resume", choices=LOGGERS, metavar="NAME"),
     "imports": S([], RUN, "strs", "", metavar="MODULE_OR_FILE"),  # --import: cli.add_import
 }
 
 
 DEFAULTS = {key: s.default for key, s in SETTINGS.items()}
 # settings that only timm's transforms of real images read (a built-in task is rendered, not augmented)
-TRANSFORM_KEYS = ("scale", "ratio", "hflip", "color_jitter", "aa", "reprob", "remode", "recount", "train_crop_mode",
-                  "interpolation", "grayscale_prob", "gaussian_blur_prob", "no_aug")
+TRANSFORM_KEYS = tuple(f.name for f in vdata.transforms.setting_fields() if f.metadata["stage"] != "eval")
 
 
 SIZE_HELP = {"embed_dim": "token width (sets model_kwargs.embed_dim); an integer >= 1",
@@ -299,12 +289,14 @@ def _default_text(key: str) -> str:
     return str(default)
 
 
-def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "") -> Parser:
+def build_parser(prog: str = "visionpe train", description: str = "", epilog: str = "") -> Parser:
     """The training command line, flags grouped as timm's train.py groups them."""
     p = Parser(prog=prog, description=description, epilog=epilog, argument_default=argparse.SUPPRESS)
     groups = {g: p.add_argument_group(f"{g} settings") for g in GROUPS}
-    groups[RUN].add_argument("--config", metavar="YAML", help="YAML recipe: a mapping of settings (keys as below, "
-                             "with underscores); the command line overrides it")
+    groups[RUN].add_argument("--config", metavar="YAML|NAME", help="YAML recipe: a mapping of settings (keys as "
+                             "below, with underscores), a file or the name of a recipe shipped with visionpe (e.g. "
+                             "shapes_tiny, deit3_small_rope_imagenet: visionpe/configs/); the command line overrides "
+                             "it")
     groups[RUN].add_argument("--resume", nargs="?", const=True, metavar="DIR",
                              help="continue the run in DIR (default: --output) exactly where it stopped; only "
                                   f"{', '.join(SAFE_ON_RESUME)} may change")
@@ -313,7 +305,7 @@ def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "
             add_import(p, groups[RUN])
             continue
         flag = "--" + key.replace("_", "-")
-        text = (s.help or {"pe": _pe_help, "data": _data_help}[key]()) + \
+        text = (s.help or {"pe": _pe_help, "data": _data_help, "model": model_help}[key]()) + \
             ("" if s.default is None else f" (default: {_default_text(key)})")
         g = groups[s.group]
         if s.kind == "mapping":
@@ -324,6 +316,8 @@ def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "
             g.add_argument(flag, nargs="*", type=int, metavar=s.metavar, help=text)
         elif s.kind in ("choice", "choice?"):
             g.add_argument(flag, choices=s.choices, help=text)
+        elif s.kind == "choices":
+            g.add_argument(flag, nargs="*", choices=s.choices, metavar=s.metavar, help=text)
         elif s.kind == "floats":
             g.add_argument(flag, nargs="*", type=float, metavar=s.metavar, help=text)
         else:
@@ -336,8 +330,12 @@ def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "
     return p
 
 
-def parse_args(argv, prog: str = "train_vit", description: str = "", epilog: str = "") -> dict:
-    """The settings given on the command line (only those), plus ``config``/``resume``/``debug`` if given."""
+def parse_args(argv, prog: str = "visionpe train", description: str = "", epilog: str = "") -> dict:
+    """The settings given on the command line (only those), plus ``config``/``resume``/``debug`` if given. Its
+    ``--import`` code is imported first, so ``--help`` lists the user's encodings, data sets and backbones."""
+    first = Parser(add_help=False)
+    add_import(first)
+    import_user_code(first.parse_known_args(argv)[0].imports)
     args = vars(build_parser(prog, description, epilog).parse_args(argv))
     for key in ("pe_kwargs", "model_kwargs"):
         if key in args:
@@ -366,6 +364,12 @@ def read_yaml(path, what: str = "config file") -> dict:
     return cfg
 
 
+def read_recipe(spec) -> dict:
+    """The settings of a recipe (``--config``): a YAML file, or the name of one shipped with visionpe
+    (:func:`visionpe.cli.recipes.recipe_path`)."""
+    return read_yaml(recipe_path(spec))
+
+
 def resolve(args: dict, base: dict | None = None) -> dict:
     """Defaults (or ``base``, a resumed run's config) < ``args['config']`` YAML < the other ``args``; checked.
 
@@ -374,7 +378,7 @@ def resolve(args: dict, base: dict | None = None) -> dict:
     cfg = copied(DEFAULTS if base is None else base)
     given_sizes = "model_kwargs" in args or any(key in args for key in SIZE_KEYS)
     if args.get("config"):
-        recipe = read_yaml(args["config"])
+        recipe = read_recipe(args["config"])
         misplaced = sorted(set(recipe) & set(RUN_KEYS))
         if misplaced:
             raise UserError(f"config file {args['config']!r}: {', '.join(misplaced)} are derived from the data and "
@@ -539,6 +543,9 @@ def check_kinds(cfg: dict) -> None:
         elif s.kind == "strs":
             need(isinstance(value, list) and all(isinstance(v, str) and v for v in value),
                  f"{key} must be a list of names, got {value!r}")
+        elif s.kind == "choices":
+            need(isinstance(value, list) and all(isinstance(v, str) and v in s.choices for v in value),
+                 f"{key} must be a list of {', '.join(s.choices)}, got {value!r}")
 
 
 def check_model_settings(cfg: dict) -> None:
@@ -571,6 +578,10 @@ def check_model_settings(cfg: dict) -> None:
             raise UserError(f"pe: {one_line(err)} (or 'none', or 'timm')") from None
     need(not cfg["init_head_reset"] or cfg["init_from"], "--init-head-reset needs --init-from PATH (it resets the "
          "classifier head of the weights taken from PATH)")
+    need(not cfg["init_grid"] or cfg["init_from"], "--init-grid needs --init-from PATH (it is the patch grid of the "
+         "pos_embed in PATH)")
+    need(not cfg["init_grid"] or (len(cfg["init_grid"]) == 2 and all(v >= 1 for v in cfg["init_grid"])),
+         f"init_grid must be 2 integers >= 1 (height width, in patches), got {' '.join(map(str, cfg['init_grid']))}")
     need(not cfg["pretrained_path"] or cfg["pretrained"], "--pretrained-path FILE needs --pretrained (it names where "
          "timm's pretrained weights come from)")
     need(not (cfg["pretrained"] and cfg["init_from"]), "--pretrained and --init-from both give the starting weights; "
@@ -610,10 +621,10 @@ def mixed_sizes_refused(cfg: dict) -> str | None:
 
 def eval_protocol(cfg: dict) -> str:
     """The run's evaluation protocol: ``eval_protocol``, or by default ``native`` with ``max_patches``, else
-    ``resize``."""
+    ``resize`` (:func:`visionpe.data.transforms.default_protocol`)."""
     if cfg.get("eval_protocol") is not None:
         return cfg["eval_protocol"]
-    return "native" if cfg.get("max_patches") is not None else "resize"
+    return vdata.transforms.default_protocol(cfg.get("max_patches"))
 
 
 def transforms_of(cfg: dict, protocol: str | None = None) -> vdata.Transforms:

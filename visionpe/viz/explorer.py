@@ -2,8 +2,9 @@
 
 :func:`write_explorer` takes a fresh encoding or a model (every encoding :func:`visionpe.encodings_of` finds: the
 tokens table, one rotary or bias module per block) and writes one HTML file that needs no server and no network
-(data, script and style inline; a Content-Security-Policy forbids every fetch). Pointing at a patch shows its
-row of :func:`visionpe.viz.similarity` (the module doc of :mod:`visionpe.viz` says what it is per family), with
+(data, script and style inline; a Content-Security-Policy forbids every fetch); its HTML, script and style are
+package data files (``visionpe/viz/assets/explorer.html``, ``.js``, ``.css``: :func:`asset`). Pointing at a patch
+shows its row of :func:`visionpe.viz.similarity` (the module doc of :mod:`visionpe.viz` says what it is per family), with
 controls for the layer, the head (mean over heads or one), the grid (native, or a larger one after the encoding's
 own adaptation, :meth:`Encoding.adapt`; RoPE also under each scaling ``none``/``pi``/``ntk``/``yarn``), and for
 video grids a frame slider. Clicking pins the query; the cursor then reads the value of any key.
@@ -15,7 +16,7 @@ one per head; a single map where every head shares it):
   ``value = lo + level * step``, ``step = (max - min) / 255``; the colour of a patch is its level;
 - a map that depends only on the offset between query and key (RoPE, the relative biases, ALiBi; checked, never
   assumed: every entry within ``step / 2`` of its offset's mean) is stored as its table of offsets ``c_q - c_k``,
-  ``prod(2 S_a - 1)`` levels, first axis slowest (:func:`visionpe.bias._base.grid_offset_index`), otherwise as all
+  ``prod(2 S_a - 1)`` levels, first axis slowest (:func:`visionpe.bias.grid_offset_index`), otherwise as all
   ``N * N`` levels (``form`` says which); either way a decoded value is within one ``step`` of the map;
 - the levels are zlib-compressed and base64-encoded, and inflated by the page only when a map is first shown
   (``DecompressionStream``: any current browser, e.g. Chromium 80, Firefox 113, Safari 16.4 or later).
@@ -26,11 +27,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import html
 import json
 import math
 import re
 import zlib
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +42,7 @@ from torch import nn
 
 from .. import __version__
 from .._checks import check_positive_int, to_shape
-from ..bias._base import grid_offset_index
+from ..bias import grid_offset_index
 from ..rotary.scaling import SCALINGS
 from .numbers import (adapt, family_of, larger_shape, name_of, note_of, num_heads_of, pair_maps, quantity_of,
                       select_head, similarity)
@@ -48,9 +51,20 @@ LEVELS = 255  # the highest quantisation level: 256 levels, one per colour of th
 MAX_PATCHES = 2048  # patches of the largest grid a page holds (one (N, N) map costs N^2 levels before compression)
 MAX_BYTES = 24_000_000  # encoded map data of one page
 COLORMAP = "viridis"
+ASSETS = ("explorer.html", "explorer.js", "explorer.css")  # visionpe/viz/assets/: the page's template, script, style
 
-__all__ = ["MAX_PATCHES", "MAX_BYTES", "explorer_sources", "head_maps", "encode_map", "resolution_views",
+__all__ = ["ASSETS", "MAX_PATCHES", "MAX_BYTES", "asset", "explorer_sources", "head_maps", "encode_map", "resolution_views",
            "explorer_data", "explorer_html", "write_explorer"]
+
+
+@functools.lru_cache(maxsize=None)
+def asset(name: str) -> str:
+    """A file of the page, shipped as package data in ``visionpe/viz/assets/`` (:data:`ASSETS`): its HTML template
+    (``__TITLE__``, ``__STYLE__``, ``__DATA__``, ``__SCRIPT__``, ``__VERSION__`` filled in by :func:`explorer_html`),
+    its script or its style."""
+    if name not in ASSETS:
+        raise ValueError(f"name={name!r} is not an asset of the explorer page; allowed values: {', '.join(ASSETS)}")
+    return resources.files(__package__).joinpath("assets").joinpath(name).read_text(encoding="utf-8")
 
 
 def _grid_text(shape) -> str:
@@ -291,9 +305,10 @@ def explorer_html(source: nn.Module, shape=None, **kwargs) -> str:
     """The page as one HTML string (see :func:`explorer_data` for the arguments)."""
     data = explorer_data(source, shape, **kwargs)
     payload = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")  # nothing the HTML parser reads as a tag
-    parts = {"__TITLE__": html.escape(data["title"]), "__DATA__": payload, "__SCRIPT__": _SCRIPT,
-             "__VERSION__": __version__}
-    return re.sub("|".join(parts), lambda match: parts[match.group()], _PAGE)  # one pass: nothing substituted twice
+    parts = {"__TITLE__": html.escape(data["title"]), "__DATA__": payload, "__SCRIPT__": asset("explorer.js"),
+             "__STYLE__": asset("explorer.css"), "__VERSION__": __version__}
+    page = asset("explorer.html")
+    return re.sub("|".join(parts), lambda match: parts[match.group()], page)  # one pass: nothing substituted twice
 
 
 def write_explorer(source: nn.Module, path, shape=None, **kwargs) -> Path:
@@ -303,228 +318,3 @@ def write_explorer(source: nn.Module, path, shape=None, **kwargs) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")
     return path
-
-
-_PAGE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; \
-style-src 'unsafe-inline'">
-<title>__TITLE__</title>
-<style>
-body { font: 14px/1.4 system-ui, sans-serif; margin: 16px; color: #222; }
-h1 { font-size: 17px; margin: 0 0 4px; }
-.controls { display: flex; flex-wrap: wrap; gap: 6px 18px; margin: 10px 0; }
-.controls label { display: flex; gap: 6px; align-items: center; }
-.controls select { flex: none; font: inherit; }
-[hidden] { display: none !important; }
-.panel { display: flex; gap: 8px; align-items: flex-start; }
-#map { cursor: crosshair; }
-#scale { display: flex; flex-direction: column; gap: 2px; font-size: 12px; }
-#bar { width: 14px; flex: 1; min-height: 0; }
-.note, .help, footer { color: #666; font-size: 12px; }
-#readout { font-variant-numeric: tabular-nums; min-height: 1.4em; }
-</style>
-</head>
-<body>
-<h1>__TITLE__</h1>
-<p class="note" id="note"></p>
-<div class="controls">
-<label>layer <select id="layer"></select></label>
-<label>head <select id="head"></select></label>
-<label>grid <select id="view"></select></label>
-<label id="frame-box">frame <input type="range" id="frame" min="0" max="0" step="1" value="0">
-<output id="frame-out"></output></label>
-</div>
-<div class="panel">
-<canvas id="map" width="1" height="1"></canvas>
-<div id="scale"><span id="hi"></span><canvas id="bar" width="1" height="256"></canvas><span id="lo"></span></div>
-</div>
-<p id="readout"></p>
-<p id="quantity"></p>
-<p class="help">Point at a patch to see its map (the query is ringed); click to pin it and read any key under the
-cursor, click again to release. Colours span each map's own range (the bar).</p>
-<footer>visionpe __VERSION__ explorer: maps quantised to 256 levels per map; no network is used.</footer>
-<script type="application/json" id="vpe-data">__DATA__</script>
-<script>__SCRIPT__</script>
-</body>
-</html>
-"""
-
-_SCRIPT = r"""
-"use strict";
-(function () {
-  const data = JSON.parse(document.getElementById("vpe-data").textContent);
-  const $ = (id) => document.getElementById(id);
-  const MAX_PX = 384;  // the map's longer side, in CSS pixels
-  const bytesOf = (text) => Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
-  const palette = bytesOf(data.colormap);  // (levels + 1) RGB triples
-  const inflated = new Map();
-  const state = {layer: 0, view: 0, head: 0, frame: 0, query: [0, 0, 0], cursor: null, pinned: false};
-  let shown = null;  // what the canvas shows: {row: levels of every key for the query, cell: pixels per patch}
-  let queue = Promise.resolve();
-
-  const layer = () => data.layers[state.layer];
-  const view = () => layer().views[state.view];
-  const map = () => view().maps[state.head];
-  const valueOf = (entry, level) => entry.masked && level === data.levels ? -Infinity : entry.lo + level * entry.step;
-  const MASKED = "rgb(128,128,128)";  // a key outside the query's field of view (a directional bias)
-  const place = (p) => "(" + p.slice(3 - view().grid.length).join(", ") + ")";
-
-  function levelsOf(l, v, m) {  // the map's levels, inflated once, when first shown
-    const key = l + "/" + v + "/" + m;
-    if (!inflated.has(key)) {
-      const stream = new Blob([bytesOf(data.layers[l].views[v].maps[m].data)]).stream()
-        .pipeThrough(new DecompressionStream("deflate"));
-      inflated.set(key, new Response(stream).arrayBuffer().then((buffer) => new Uint8Array(buffer)));
-    }
-    return inflated.get(key);
-  }
-
-  function rowOf(levels, entry, shape, q) {  // levels of every key (row-major) for the query q = [t, h, w]
-    const [T, H, W] = shape, n = T * H * W, row = new Uint8Array(n);
-    const qi = (q[0] * H + q[1]) * W + q[2];
-    let j = 0;
-    for (let t = 0; t < T; t++) for (let h = 0; h < H; h++) for (let w = 0; w < W; w++, j++) {
-      row[j] = entry.form === "full" ? levels[qi * n + j]
-        : levels[((q[0] - t + T - 1) * (2 * H - 1) + (q[1] - h + H - 1)) * (2 * W - 1) + (q[2] - w + W - 1)];
-    }
-    return row;
-  }
-
-  const colour = (level) => "rgb(" + palette.subarray(3 * level, 3 * level + 3).join(",") + ")";
-
-  function draw(levels) {
-    const entry = map(), shape = view().shape, [, H, W] = shape;
-    const row = rowOf(levels, entry, shape, state.query);
-    const cell = Math.max(2, Math.floor(MAX_PX / Math.max(H, W)));
-    const canvas = $("map"), ctx = canvas.getContext("2d");
-    canvas.width = W * cell;
-    canvas.height = H * cell;
-    const first = state.frame * H * W;
-    for (let h = 0; h < H; h++) for (let w = 0; w < W; w++) {
-      const level = row[first + h * W + w];
-      ctx.fillStyle = entry.masked && level === data.levels ? MASKED : colour(level);
-      ctx.fillRect(w * cell, h * cell, cell, cell);
-    }
-    const [qt, qh, qw] = state.query, ring = Math.max(1, Math.min(2, Math.floor(cell / 6)));
-    ctx.setLineDash(qt === state.frame ? [] : [3, 3]);
-    ctx.lineWidth = ring;
-    ctx.strokeStyle = "#e6194b";
-    ctx.strokeRect(qw * cell + ring / 2, qh * cell + ring / 2, cell - ring, cell - ring);
-    shown = {row: row, cell: cell};
-    $("scale").style.height = canvas.height + "px";
-    const bar = $("bar").getContext("2d");
-    for (let k = 0; k <= data.levels; k++) {
-      bar.fillStyle = colour(data.levels - k);
-      bar.fillRect(0, k, 1, 1);
-    }
-    $("hi").textContent = valueOf(entry, entry.masked ? data.levels - 1 : data.levels).toPrecision(4);
-    $("lo").textContent = valueOf(entry, 0).toPrecision(4);
-    report();
-  }
-
-  function report() {
-    const entry = map(), [, H, W] = view().shape;
-    let text = "query " + place(state.query) + (state.pinned ? " pinned (click to release)" : "");
-    if (state.cursor) {
-      const c = state.cursor, level = shown.row[(c[0] * H + c[1]) * W + c[2]];
-      const value = valueOf(entry, level);
-      text += " \u00b7 key " + place(c) + ": " + (value === -Infinity ? "masked (outside the field of view)"
-                                                                    : value.toFixed(4));
-    }
-    $("readout").textContent = text;
-    $("quantity").textContent = layer().quantities[state.head] + " \u00b7 " + view().label;
-    $("note").textContent = layer().note;
-  }
-
-  function render() {
-    const l = state.layer, v = state.view, m = state.head;
-    queue = queue.then(() => levelsOf(l, v, m)).then(draw)
-      .catch((err) => { $("readout").textContent = "cannot show this map: " + err; });
-    return queue;
-  }
-
-  function fill(select, labels, keep) {
-    select.replaceChildren(...labels.map((text, i) => new Option(text, String(i))));
-    select.value = String(keep);
-    select.disabled = labels.length < 2;
-  }
-
-  function moveTo(oldShape) {  // the query (and frame) at the same place of a grid of another shape
-    const shape = view().shape;
-    const scale = (p, a) => Math.min(shape[a] - 1, Math.floor((p + 0.5) * shape[a] / oldShape[a]));
-    state.query = state.query.map(scale);
-    state.frame = scale(state.frame, 0);
-    state.cursor = null;
-    showFrame();
-  }
-
-  function showFrame() {  // the frame slider: hidden for image grids
-    const T = view().shape[0], slider = $("frame");
-    slider.max = String(T - 1);
-    slider.value = String(state.frame);
-    $("frame-box").hidden = T < 2;
-    $("frame-out").textContent = state.frame + " / " + (T - 1);
-  }
-
-  function chooseLayer(next, keepView) {
-    const old = view().shape;
-    state.layer = next;
-    state.head = Math.min(state.head, layer().heads.length - 1);
-    state.view = keepView < layer().views.length ? keepView : layer().views.length - 1;
-    fill($("head"), layer().heads, state.head);
-    fill($("view"), layer().views.map((v) => v.label), state.view);
-    moveTo(old);
-  }
-
-  fill($("layer"), data.layers.map((l) => l.label), 0);
-  chooseLayer(0, 0);
-  state.query = view().shape.map((s) => Math.floor(s / 2));
-  state.frame = state.query[0];
-  showFrame();
-
-  $("layer").addEventListener("change", (e) => { chooseLayer(Number(e.target.value), state.view); render(); });
-  $("head").addEventListener("change", (e) => { state.head = Number(e.target.value); render(); });
-  $("view").addEventListener("change", (e) => {
-    const old = view().shape;
-    state.view = Number(e.target.value);
-    moveTo(old);
-    render();
-  });
-  $("frame").addEventListener("input", (e) => {
-    state.frame = Number(e.target.value);
-    showFrame();
-    render();
-  });
-  function cellAt(event) {
-    const box = $("map").getBoundingClientRect(), [, H, W] = view().shape;
-    const clamp = (x, n) => Math.min(n - 1, Math.max(0, Math.floor(x * n)));
-    const y = (event.clientY - box.top) / box.height, x = (event.clientX - box.left) / box.width;
-    return [state.frame, clamp(y, H), clamp(x, W)];
-  }
-  $("map").addEventListener("mousemove", (e) => {
-    state.cursor = cellAt(e);
-    if (!state.pinned) state.query = state.cursor;
-    render();
-  });
-  $("map").addEventListener("click", (e) => {
-    state.pinned = !state.pinned;
-    state.query = state.cursor = cellAt(e);
-    render();
-  });
-
-  window.vpeExplorer = {  // for scripted use and the browser tests: what is shown, once drawn
-    idle: () => queue,
-    state: () => {
-      const entry = map(), [, H, W] = view().shape, first = state.frame * H * W;
-      const levels = Array.from(shown.row.subarray(first, first + H * W));
-      return {layer: state.layer, view: state.view, head: state.head, frame: state.frame, query: state.query.slice(),
-              pinned: state.pinned, shape: view().shape.slice(), cell: shown.cell, levels: levels,
-              values: levels.map((level) => valueOf(entry, level)), lo: entry.lo, step: entry.step};
-    },
-  };
-  render();
-})();
-"""

@@ -17,7 +17,7 @@ from .._checks import check_choice, to_shape
 from ..grid import Grid, as_grid
 from ..registry import ENCODINGS, available
 from ..rotary import rope_kernel
-from ..rotary._base import block_columns
+from ..rotary import block_columns
 from ..rotary.rope import axial_frequencies
 
 KINDS = ("similarity", "heatmap", "freqs", "resolution", "video")
@@ -186,7 +186,7 @@ def encoding_channels(pe: nn.Module, grid, head: int | None = None) -> tuple[tor
     """Position x channel table ``(N, C)`` and what its channels are.
 
     Tokens: the position vectors (``C = dim``). Rotary: the first column of every rotation block of ``head``
-    (default 0), entry ``r`` of all blocks together (:func:`~visionpe.rotary._base.block_columns`), ``C = head_dim``:
+    (default 0), entry ``r`` of all blocks together (:func:`~visionpe.rotary.block_columns`), ``C = head_dim``:
     for 2x2 pairs ``[cos angle_p | sin angle_p]``, for ``b x b`` blocks (ComRoPE, LieRE) where each block sends its
     first basis vector. Bias encodings have no channels (``ValueError``).
     """

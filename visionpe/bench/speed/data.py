@@ -28,9 +28,9 @@ import torch
 from PIL import Image
 
 import visionpe as vpe
-from ..data import Transforms
-from ..data.folders import IMAGENET_MEAN, IMAGENET_STD, ImageFolderDataset
-from ..train.loop import collate_images
+from ...data import Transforms, collate_images
+from ...data.folders import IMAGENET_MEAN, IMAGENET_STD, ImageFolderDataset
+from ...data.transforms import fix_augmenters
 from .tables import Table
 from .timing import Run
 
@@ -76,9 +76,14 @@ def timms(train: Path, batch: int, workers: int, max_patches: int | None = None)
                   re_mode="pixel", interpolation=AUGMENT["interpolation"], mean=IMAGENET_MEAN, std=IMAGENET_STD,
                   num_workers=workers, persistent_workers=workers > 0, use_prefetcher=False, pin_memory=False)
     if max_patches is not None:
-        return create_naflex_loader(ImageDataset(str(train)), patch_size=PATCH, train_seq_lens=(max_patches,),
-                                    max_seq_len=max_patches, device=torch.device("cpu"), **common)
-    return create_loader(ImageDataset(str(train)), input_size=(3, SIZE, SIZE), device=torch.device("cpu"), **common)
+        loader = create_naflex_loader(ImageDataset(str(train)), patch_size=PATCH, train_seq_lens=(max_patches,),
+                                      max_seq_len=max_patches, device=torch.device("cpu"), **common)
+    else:
+        loader = create_loader(ImageDataset(str(train)), input_size=(3, SIZE, SIZE), device=torch.device("cpu"),
+                               **common)
+    for transform in [getattr(loader.dataset, "transform", None), *getattr(loader.dataset, "transforms", {}).values()]:
+        fix_augmenters(transform)  # the fixes visionpe's own pipelines have (Pillow 13's posterize), on these objects
+    return loader
 
 
 def images_per_second(make_loader) -> float:
