@@ -5,6 +5,8 @@ import math
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 
 from visionpe import data
 from visionpe.data import clutter
@@ -127,3 +129,41 @@ def test_bad_task_or_split_is_refused():
     with pytest.raises(ValueError, match="split"):
         clutter.clutter_scene("clutter-count", 0, 0, "holdout")
     assert data.info("clutter-count") == {"num_classes": 5, "in_chans": 3, "synthetic": True, "video": False}
+
+
+@pytest.mark.parametrize("task", clutter.CLUTTER)
+def test_a_larger_size_shows_more_detail_not_only_more_pixels(task):
+    """At 4x the training size a scene holds detail that its training-size render, upsampled, does not (sharper
+    outlines and marks, and item textures, which are absent at the training size and present at 4x)."""
+    missing, texture = [], {32: [], 128: []}
+    for i in range(8):
+        sc = clutter.clutter_scene(task, 0, i, "val")
+        flat = {**sc, "items": [it._replace(texture=None) for it in sc["items"]]}
+        renders = {s: clutter.render_clutter(sc, s).astype(np.float32) for s in (32, 128)}
+        for s in (32, 128):
+            texture[s].append(np.abs(renders[s] - clutter.render_clutter(flat, s)).mean())
+        up = F.interpolate(torch.from_numpy(renders[32]).permute(2, 0, 1)[None], size=(128, 128), mode="bicubic",
+                           align_corners=False)[0].permute(1, 2, 0).numpy()
+        missing.append(np.sqrt(((renders[128] - up) ** 2).mean()))
+    assert np.mean(missing) > 8  # grey levels (rms) the upsampled training-size render lacks
+    assert np.mean(texture[32]) < 0.01 < np.mean(texture[128])  # textures: none at 32 px, there at 128
+
+
+def _colour_histogram(images):
+    """``(N, 65)``: the share of each pixel colour (4 levels a channel) and a constant, whatever its place."""
+    levels = (images.long() * 4 // 256)  # (N, 3, H, W) uint8 -> 0..3
+    index = (levels[:, 0] * 16 + levels[:, 1] * 4 + levels[:, 2]).flatten(1)
+    counts = torch.zeros(len(images), 64).scatter_add_(1, index, torch.ones(index.shape))
+    return torch.cat([counts / index.shape[1], torch.ones(len(images), 1)], dim=1)
+
+
+@pytest.mark.parametrize("task", clutter.CLUTTER)
+def test_the_colours_alone_do_not_give_the_label(task):
+    """Not trivial: a least-squares classifier on where-free colour histograms (what a model without positions could
+    read) stays near chance on the validation scenes."""
+    train = data.build_dataset(task, "train", 24, num_samples=480)
+    val = data.build_dataset(task, "val", 24, num_samples=240)
+    x, y = _colour_histogram(train.images), F.one_hot(train.labels).float()
+    weights = torch.linalg.solve(x.T @ x + 1e-3 * torch.eye(x.shape[1]), x.T @ y)
+    acc = (_colour_histogram(val.images) @ weights).argmax(1).eq(val.labels).float().mean().item()
+    assert acc < 1 / train.num_classes + 0.1, acc

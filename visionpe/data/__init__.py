@@ -7,7 +7,7 @@ or for video sets (``num_frames=T``) clips ``(C, T, H, W)``. Every data set has 
 are reproducible and resumable whatever the loader does).
 
 One module a kind: :mod:`.scenes` (built-in image tasks rendered at any size), :mod:`.aspect` (a built-in task at
-random aspect ratios), :mod:`.clips` (built-in video tasks), :mod:`.torchvision_sets` (Fashion-MNIST, MNIST, CIFAR),
+random aspect ratios), :mod:`.clutter` (cluttered built-in tasks whose detail resolves only at larger sizes), :mod:`.clips` (built-in video tasks), :mod:`.torchvision_sets` (Fashion-MNIST, MNIST, CIFAR),
 :mod:`.folders` (ImageFolder, folders of frames), :mod:`.video_files` (folders of video files), :mod:`.budget`
 (native aspect ratios within a token budget), :mod:`.batching` (batches of mixed sizes); :mod:`.transforms` (timm's image transforms seeded per sample, and the
 resolution protocols ``resize``, ``crop``, ``native``); :mod:`.registry` holds the table and :mod:`.base` the shared
