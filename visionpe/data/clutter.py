@@ -295,24 +295,27 @@ def render_clutter(sc: dict, size, supersample: int = SUPERSAMPLE) -> np.ndarray
 
 
 @lru_cache(maxsize=16)
-def _render_split(task: str, split: str, num: int, seed: int, size):
-    """``(uint8 images (N, 3, H, W), int64 labels (N,))``: ``num`` scenes of ``task`` rendered at ``size``."""
+def _render_split(task: str, split: str, num: int, seed: int, size, first: int = 0):
+    """``(uint8 images (N, 3, H, W), int64 labels (N,))``: ``num`` scenes of ``task`` from scene ``first`` on,
+    rendered at ``size``."""
     height, width = image_hw(size)
     images = np.empty((num, height, width, 3), dtype=np.uint8)
     labels = np.empty(num, dtype=np.int64)
     for i in range(num):
-        sc = clutter_scene(task, seed, i, split)
+        sc = clutter_scene(task, seed, first + i, split)
         images[i], labels[i] = render_clutter(sc, size), sc["label"]
     return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels)
 
 
 def _builder(task: str):
     def build(split: str, img_size, seed: int = 0, num_samples=None,
-              transforms: Transforms | None = None) -> ImageTensorDataset:
-        """The split rendered at the geometry of its protocol (as :mod:`.scenes`' tasks); no augmentation."""
+              transforms: Transforms | None = None, first: int = 0) -> ImageTensorDataset:
+        """The split rendered at the geometry of its protocol (as :mod:`.scenes`' tasks), from scene ``first`` on;
+        no augmentation."""
         transforms = transforms or Transforms()
         render_hw, crop = transforms.render_size(SQUARE_HW, size_key(img_size), train=split == "train")
-        images, labels = _render_split(task, split, num_scenes(split, num_samples), seed, size_key(render_hw))
+        images, labels = _render_split(task, split, num_scenes(split, num_samples), seed, size_key(render_hw),
+                                       first)
         if crop is not None:
             images = center_crop(images, list(crop))
         return ImageTensorDataset(images, labels, NUM_CLASSES[task], *MEAN_STD, augment=False, seed=seed, name=task)

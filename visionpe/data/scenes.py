@@ -126,13 +126,14 @@ def render(sc: dict, size, supersample: int = SUPERSAMPLE) -> np.ndarray:
 
 
 @lru_cache(maxsize=16)
-def _render_split(task: str, split: str, num: int, seed: int, size):
-    """``(uint8 images (N, 3, H, W), int64 labels (N,))``: ``num`` scenes rendered at ``size`` (int or ``(H, W)``)."""
+def _render_split(task: str, split: str, num: int, seed: int, size, first: int = 0):
+    """``(uint8 images (N, 3, H, W), int64 labels (N,))``: ``num`` scenes from scene ``first`` on, rendered at
+    ``size`` (int or ``(H, W)``)."""
     height, width = image_hw(size)
     images = np.empty((num, height, width, 3), dtype=np.uint8)
     labels = np.empty(num, dtype=np.int64)
     for i in range(num):
-        sc = scene(task, seed, i, split)
+        sc = scene(task, seed, first + i, split)
         images[i], labels[i] = render(sc, size), sc["label"]
     return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels)
 
@@ -150,14 +151,15 @@ SQUARE_HW = (1024, 1024)  # the nominal pixel size of a square scene: only its a
 
 def _builder(task: str, num_classes: int):
     def build(split: str, img_size, seed: int = 0, num_samples=None,
-              transforms: Transforms | None = None) -> ImageTensorDataset:
+              transforms: Transforms | None = None, first: int = 0) -> ImageTensorDataset:
         """The split rendered at the geometry of its protocol (``transforms``; default: at ``img_size``): ``crop``
         renders at ``size / crop_pct`` and centre-crops, ``native`` renders a square within the patch budget; the
         training split at ``img_size``, or within ``max_patches``. timm's augmentation never applies (a flip or a
-        crop would change the label)."""
+        crop would change the label). ``first``: the scenes from that index on."""
         transforms = transforms or Transforms()
         render_hw, crop = transforms.render_size(SQUARE_HW, size_key(img_size), train=split == "train")
-        images, labels = _render_split(task, split, num_scenes(split, num_samples), seed, size_key(render_hw))
+        images, labels = _render_split(task, split, num_scenes(split, num_samples), seed, size_key(render_hw),
+                                       first)
         if crop is not None:
             images = center_crop(images, list(crop))
         return ImageTensorDataset(images, labels, num_classes, *MEAN_STD, augment=False, seed=seed, name=task)

@@ -68,12 +68,15 @@ def holdout_set(cfg: dict, size, protocol: str, holdout: int) -> Subset:
     """The held-out training images at ``size`` under ``protocol``: indices ``n .. n + holdout - 1`` of the
     training split, without augmentation (``n``: :func:`training_count`)."""
     n = training_count(cfg)
+    rendered = vdata.takes_option(vdata.get_spec(cfg["data"]), "first")  # a built-in task renders those scenes only
     try:
         ds = vdata.build_dataset(cfg["data"], "train", size, data_dir=cfg["data_dir"], download=cfg["download"],
-                                 seed=cfg["seed"], num_samples=n + holdout, augment=False,
-                                 transforms=settings.transforms_of(cfg, protocol))
+                                 seed=cfg["seed"], num_samples=holdout if rendered else n + holdout, augment=False,
+                                 transforms=settings.transforms_of(cfg, protocol), first=n if rendered else 0)
     except (vdata.DataMissing, ValueError) as err:
         raise UserError(loop.one_line(err)) from None
+    if rendered:
+        return Subset(ds, range(holdout))
     if len(ds) < n + holdout:
         raise UserError(f"--holdout {holdout}: the {cfg['data']} training split holds {len(ds)} images, the run "
                         f"trained on {n}; train with fewer --train-samples or give a smaller --holdout")
