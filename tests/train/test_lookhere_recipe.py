@@ -42,3 +42,15 @@ def test_recipe_trains_and_sweeps_tuned_on_a_tiny_folder(tmp_path):
         assert r["knob"] == "global_slope" and r["protocol"] == "crop"
         assert math.isfinite(r["loss"]) and 0 <= r["acc"] <= 100 and 0 <= r["holdout_acc"] <= 100
     assert (tmp_path / "sweep" / "sweep.csv").exists()
+
+
+def test_the_protocol_recipes_resolve_as_written():
+    """Both recipes of issue 34 pass visionpe train's checks unchanged (the Fashion-MNIST budget keeps its intent:
+    no augmentation, a fixed subset)."""
+    from visionpe.train import settings
+
+    lookhere = settings.resolve(settings.parse_args(["--config", "lookhere_vitb16_imagenet"]))
+    assert (lookhere["pe"], lookhere["model_kwargs"]["embed_dim"], lookhere["eval_res"][-1]) == ("lookhere", 768, 1024)
+    fashion = settings.resolve(settings.parse_args(["--config", "bench_fashion_mnist"]))
+    assert (fashion["data"], fashion["no_aug"], fashion["train_samples"], fashion["img_size"]) == \
+        ("fashion-mnist", True, 20000, 28)
