@@ -22,7 +22,7 @@ viz --pe rope_mixed --grid 14 14 --kind freqs --out $OUT/freqs_rope_mixed.png
 viz --pe rope_axial --grid 8 8 --new-grid 16 16 --kind resolution --scaling pi --out $OUT/resolution_rope_axial_pi.png
 viz --pe rope_mixed --grid 8 14 14 --kind video --query 4 7 7 --out $OUT/video_rope_mixed.png
 
-# the built-in clutter tasks (docs/benchmark_tasks.md): scene 0 of the val split, at the training size and at 4x
+# the built-in clutter tasks (docs/benchmarking.md): scene 0 of the val split, at the training size and at 4x
 "$PY" - <<'PY'
 from PIL import Image
 from visionpe.data import clutter
