@@ -34,14 +34,11 @@ from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
-import torch
 from PIL import Image, ImageDraw
-from torchvision.transforms.functional import center_crop
 
-from .base import ImageTensorDataset, image_hw, size_key
+from .base import image_hw
 from .registry import SPLITS, register_dataset
-from .scenes import KINDS, MEAN_STD, SQUARE_HW, SUPERSAMPLE, _draw_shape, num_scenes
-from .transforms import Transforms
+from .scenes import KINDS, MEAN_STD, SUPERSAMPLE, _draw_shape, render_scenes, scene_builder
 
 CLUTTER = ("clutter-nearest", "clutter-relation", "clutter-count")
 NUM_CLASSES = {"clutter-nearest": 4, "clutter-relation": 4, "clutter-count": 5}
@@ -296,33 +293,10 @@ def render_clutter(sc: dict, size, supersample: int = SUPERSAMPLE) -> np.ndarray
 
 @lru_cache(maxsize=16)
 def _render_split(task: str, split: str, num: int, seed: int, size, first: int = 0):
-    """``(uint8 images (N, 3, H, W), int64 labels (N,))``: ``num`` scenes of ``task`` from scene ``first`` on,
-    rendered at ``size``."""
-    height, width = image_hw(size)
-    images = np.empty((num, height, width, 3), dtype=np.uint8)
-    labels = np.empty(num, dtype=np.int64)
-    for i in range(num):
-        sc = clutter_scene(task, seed, first + i, split)
-        images[i], labels[i] = render_clutter(sc, size), sc["label"]
-    return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels)
-
-
-def _builder(task: str):
-    def build(split: str, img_size, seed: int = 0, num_samples=None,
-              transforms: Transforms | None = None, first: int = 0) -> ImageTensorDataset:
-        """The split rendered at the geometry of its protocol (as :mod:`.scenes`' tasks), from scene ``first`` on;
-        no augmentation."""
-        transforms = transforms or Transforms()
-        render_hw, crop = transforms.render_size(SQUARE_HW, size_key(img_size), train=split == "train")
-        images, labels = _render_split(task, split, num_scenes(split, num_samples), seed, size_key(render_hw),
-                                       first)
-        if crop is not None:
-            images = center_crop(images, list(crop))
-        return ImageTensorDataset(images, labels, NUM_CLASSES[task], *MEAN_STD, augment=False, seed=seed, name=task)
-    build.__name__ = task.replace("-", "_")
-    return build
+    """:func:`~visionpe.data.scenes.render_scenes` of the clutter tasks."""
+    return render_scenes(clutter_scene, render_clutter, task, split, num, seed, size, first)
 
 
 for _task in CLUTTER:
     register_dataset(_task, num_classes=NUM_CLASSES[_task], mean=MEAN_STD[0], std=MEAN_STD[1], synthetic=True)(
-        _builder(_task))
+        scene_builder(_task, NUM_CLASSES[_task], _render_split))
