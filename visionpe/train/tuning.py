@@ -13,7 +13,8 @@ that holds no weight, so each candidate is the run's model rebuilt with it and t
 The held-out images are training images the run never trained on: indices ``n .. n + holdout - 1`` of the training
 split, where the run trained on its first ``n`` (``train_samples``; a built-in task renders scenes by index, a real
 set takes a fixed random subset whose first ``n`` are the same for any larger count), shown without augmentation
-at each test size under the protocol. At every test size the candidate of the best held-out top-1 is chosen (a tie
+at each test size under the protocol (a built-in task's held-out scenes as its training scenes are drawn: the whole
+scene at the size, which is the validation view except under ``crop`` with ``crop_pct`` below 1). At every test size the candidate of the best held-out top-1 is chosen (a tie
 keeps the trained value), and only then is it evaluated on the validation set, which the choice never reads. A
 run that trained on a whole real set leaves nothing to hold out: train it with ``--train-samples`` below the set's
 size. Image runs only.
