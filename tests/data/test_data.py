@@ -9,13 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import SQUARE_TASKS
 from visionpe import data
 
 
-SYNTHETIC_IMAGES = (*data.scenes.SYNTHETIC, *data.clutter.CLUTTER)  # every built-in task rendered at any size
-
-
-@pytest.mark.parametrize("task", SYNTHETIC_IMAGES)
+@pytest.mark.parametrize("task", SQUARE_TASKS)
 def test_synthetic_is_deterministic_by_seed_and_index(task):
     a = data.build_dataset(task, "train", 24, seed=3, num_samples=12)
     data.scenes._render_split.cache_clear()
@@ -31,7 +29,7 @@ def test_synthetic_is_deterministic_by_seed_and_index(task):
     assert torch.equal(more.images[:12], a.images)
 
 
-@pytest.mark.parametrize("task", SYNTHETIC_IMAGES)
+@pytest.mark.parametrize("task", SQUARE_TASKS)
 def test_native_rendering_same_scene_more_pixels(task):
     n = 16
     sets = {s: data.build_dataset(task, "val", s, seed=0, num_samples=n) for s in (24, 32, 64)}
