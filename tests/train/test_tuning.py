@@ -44,6 +44,18 @@ def test_each_encoding_declares_a_knob_that_holds_no_weight(pe):
     assert change.nan_to_num().abs().max() > 1e-3  # (LookHere's masked pairs are -inf in both: nan, read as 0)
 
 
+def test_a_combination_tunes_its_first_member_with_a_knob_and_sincos_has_none():
+    def knob_name(pe):
+        model = visionpe.create_model("vit_tiny_patch16_224", pe=pe, img_size=16, patch_size=4, embed_dim=16,
+                                      depth=1, num_heads=2, num_classes=3)
+        found = tuning.model_knob(model)
+        return None if found is None else found[1].name
+
+    assert knob_name("sincos") is None
+    assert knob_name("rope_axial+alibi") == "theta"  # rotary before bias
+    assert knob_name("learned+rope_mixed") == "interpolation"  # tokens first
+
+
 def encoding_output(enc, grid):
     """What the encoding gives the attention on ``grid``: the token table, the rotations or the bias."""
     if enc.family == "tokens":
