@@ -5,6 +5,9 @@
 #   2. the GPU benchmark: scripts/bench_speed.py --device cuda, the flex-models section first (bf16: eval, training
 #      step, memory, compiled, flex vs SDPA at 4097 and 16385 tokens), then forward, train, memory, scale and flex
 #      (what time is left, less a margin for the report);
+#   2b. a small version of LookHere's protocol (PROTOCOL_SECONDS, default 100; 0 skips it): the recipe
+#      lookhere_vitb16_imagenet shrunk to a 192-wide ViT on the built-in clutter-relation task at 32 px (no ImageNet
+#      here), lookhere and rope_axial, then visionpe sweep --tune to 4x (protocol_sweep.csv, untuned beside tuned);
 #   3. the report: the machine, the test results and the tables, written as the "### CUDA" part of
 #      docs/PERFORMANCE.md's GPU section; with $OUT set, copies of everything under $OUT.
 # It runs under the machine's own python3 (PYTHON=... to choose another) with visionpe from this working tree
@@ -61,6 +64,21 @@ echo "gpu_check: CUDA tests (at most ${TESTS_SECONDS} s)"
 timeout -s INT -k 20 "$TESTS_SECONDS" "${tests_cmd[@]}" > "$work/cuda_tests.txt" 2>&1
 tests_status=$?
 tail -n 15 "$work/cuda_tests.txt"
+
+PROTOCOL_SECONDS=${PROTOCOL_SECONDS:-100}
+if [ "$PROTOCOL_SECONDS" -gt 0 ]; then
+    echo "gpu_check: LookHere's protocol, small (at most ${PROTOCOL_SECONDS} s)"
+    timeout -s INT -k 10 "$PROTOCOL_SECONDS" bash -c 'for pe in lookhere rope_axial; do
+        "$0" -m visionpe train --config lookhere_vitb16_imagenet --pe $pe --pe-kwargs --data clutter-relation \
+            --img-size 32 --patch-size 4 --embed-dim 192 --depth 6 --num-heads 4 --train-samples 4000 \
+            --val-samples 500 --epochs 10 --batch-size 256 --lr 2e-3 --warmup-epochs 1 --mixup 0 --cutmix 0 \
+            --drop-path 0 --eval-res 32 --device cuda --workers 0 --no-progress \
+            --output "$1/protocol/$pe" || exit; done
+        "$0" -m visionpe sweep "$1"/protocol/* --res 32 64 128 --tune --device cuda --out "$1/protocol"' \
+        "$PY" "$work" > "$work/protocol.txt" 2>&1
+    echo "gpu_check: protocol exit $?"; tail -n 6 "$work/protocol.txt"
+    [ -f "$work/protocol/sweep.csv" ] && cp "$work/protocol/sweep.csv" "$work/protocol_sweep.csv"
+fi
 
 left=$((BUDGET - (SECONDS - start) - REPORT_MARGIN))
 echo "gpu_check: benchmark (at most ${left} s)"

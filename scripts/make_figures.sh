@@ -22,6 +22,17 @@ viz --pe rope_mixed --grid 14 14 --kind freqs --out $OUT/freqs_rope_mixed.png
 viz --pe rope_axial --grid 8 8 --new-grid 16 16 --kind resolution --scaling pi --out $OUT/resolution_rope_axial_pi.png
 viz --pe rope_mixed --grid 8 14 14 --kind video --query 4 7 7 --out $OUT/video_rope_mixed.png
 
+# the built-in clutter tasks (docs/benchmarking.md): scene 0 of the val split, at the training size and at 4x
+"$PY" - <<'PY'
+from PIL import Image
+from visionpe.data import clutter
+for task in clutter.CLUTTER:
+    sc = clutter.clutter_scene(task, 0, 0, "val")
+    for size in (32, 128):  # shown at 256 px, nearest-neighbour, so each pixel stays visible
+        img = Image.fromarray(clutter.render_clutter(sc, size)).resize((256, 256), Image.NEAREST)
+        img.save(f"docs/figures/task_{task}_{size}px.png", optimize=True)
+PY
+
 # figures of trained runs: the runs of docs/BENCHMARK_8EPOCHS.md (its command makes runs/benchmark_8ep first)
 RUNS=runs/benchmark_8ep/vit/shapes-position
 if [ -d $RUNS/learned/s0 ] && [ -d $RUNS/rope_mixed/s0 ]; then

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from visionpe import ModelContext, encodings_of
+from visionpe import data as vdata
 from visionpe.registry import ENCODINGS
 
 # Small keyword sets that build every encoding at a given number of grid axes (used by several files).
@@ -23,6 +24,18 @@ def build_kwargs(name: str, ndim: int) -> dict:
     model would give the encoding (:meth:`Encoding.model_defaults`), with a small CPB MLP."""
     kw = ENCODINGS[name].model_defaults(CONTEXTS[ndim])
     return {**kw, "hidden_dim": 16} if name == "cpb" else kw
+
+
+# every built-in image task rendered at any size on a square canvas (the aspect task draws its own canvases)
+SQUARE_TASKS = tuple(n for n in vdata.names("image", synthetic=True) if n != vdata.aspect.TASK)
+
+
+def render_task_scene(task: str, index: int, size, split: str = "val"):
+    """Scene ``index`` (seed 0) of a square built-in task (:data:`SQUARE_TASKS`) drawn at ``size``, ``uint8 (H, W,
+    3)``: each task through its own module's scene and renderer."""
+    if task in vdata.clutter.CLUTTER:
+        return vdata.clutter.render_clutter(vdata.clutter.clutter_scene(task, 0, index, split), size)
+    return vdata.render(vdata.scene(task, 0, index, split), size)
 
 
 def _release(package: str) -> tuple[int, ...]:

@@ -45,3 +45,22 @@ def parser_of(command: str):
     from visionpe.cli.commands import COMMANDS
     module, _, _ = COMMANDS[command].target.partition(":")
     return importlib.import_module(module).build_parser()
+
+
+def write_jpeg_folder(root: Path) -> Path:
+    """A tiny JPEG ImageFolder under ``root``: 3 classes (a dominant colour each), 4 train and 2 val JPEGs per class,
+    each of its own size and aspect ratio (from 3:1 wide to 1:3 tall)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    sizes = [(40, 120), (96, 32), (50, 50), (37, 61), (75, 44), (28, 90)]
+    for c in range(3):
+        for split, picks in (("train", sizes[:4]), ("val", sizes[4:])):
+            (root / split / f"c{c}").mkdir(parents=True, exist_ok=True)
+            for i, (h, w) in enumerate(picks):
+                h, w = h + 3 * c, w + 5 * c  # no two images of one size
+                pixels = rng.integers(0, 90, (h, w, 3), dtype=np.uint8)
+                pixels[..., c] += 150
+                Image.fromarray(pixels).save(root / split / f"c{c}" / f"{i}.jpg", quality=90)
+    return root

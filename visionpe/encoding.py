@@ -15,6 +15,7 @@ import functools
 import inspect
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -56,6 +57,18 @@ class ModelContext:
                     num_registers=self.num_registers)
 
 
+class Knob(NamedTuple):
+    """The one constructor keyword an encoding offers for tuning at a test size (LookHere's protocol: one parameter
+    per method, chosen per test resolution on held-out training images; ``visionpe sweep --tune``).
+
+    ``name``: the keyword (read back from the built encoding as the attribute of that name); ``values``: the
+    candidates, factors on the trained value when ``relative`` (a number), else the values themselves. Changing it
+    changes no parameter or persistent buffer, so trained weights load into the tuned encoding unchanged."""
+    name: str
+    values: tuple
+    relative: bool = False
+
+
 MODEL_WORDS = ("dim", "head_dim", "num_heads", "ndim")  # what a model fixes for the encodings built into it
 
 
@@ -71,6 +84,7 @@ class Encoding(nn.Module):
     ndims: tuple[int, ...] = (1, 2, 3)  # grid axes it is defined for (LookHere is 2D, VideoRoPE 3D by definition)
     masks_pairs: bool = False  # some token pairs are masked (-inf bias: a directional encoding such as LookHere)
     initialised_by_backbone: bool = False  # its weights were taken over from the model (Swin-V2's CPB MLP)
+    knob: Knob | None = None  # the keyword tuned per test size (visionpe sweep --tune); None: nothing to tune
 
     def __init_subclass__(cls, **kwargs):
         """Every encoding's constructor checks the shared vocabulary and what it allocates

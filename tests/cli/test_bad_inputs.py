@@ -295,7 +295,9 @@ ROWS = [
                 (dict(num_heads=0), "num_heads", "positive integer"),
                 (dict(num_heads=1.5), "num_heads", "positive integer"),
                 (dict(num_heads=INF), "num_heads", "positive integer"),
-                (dict(ndim=4), "ndim=4", "1, 2, 3"), (dict(ndim="2"), "ndim='2'", "1, 2, 3")),
+                (dict(ndim=4), "ndim=4", "1, 2, 3"), (dict(ndim="2"), "ndim='2'", "1, 2, 3"),
+                (dict(slope_scale=-1.0), "slope_scale", ">= 0"), (dict(slope_scale=NAN), "slope_scale", "finite")),
+    *build_rows("fire", dict(num_heads=2), (dict(threshold_scale=0.0), "threshold_scale", "> 0")),
     # -- build: the 2026 encodings ---------------------------------------------------------------------------------
     *build_rows("spiral_rope", dict(head_dim=8),
                 (dict(num_directions=3), "num_directions=3", "even"), (dict(num_directions=0), "num_directions",
@@ -677,6 +679,10 @@ ROWS += [
      "1e+30"),
     ("transforms-recount-huge", lambda: vdata.Transforms(reprob=1.0, recount=10**6), VE,
      "recount must be an integer in [1, 100]", "1000000"),
+    ("build_dataset-first-negative", lambda: vdata.build_dataset("clutter-count", "train", 16, first=-1), VE,
+     "first=-1", "non-negative integer", "clutter-count"),
+    ("build_dataset-first-real-set", lambda: vdata.build_dataset("cifar10", "train", 16, first=5), VE, "first=5",
+     "shapes-position"),
     ("build_dataset-imagefolder-one-class", lambda: vdata.build_dataset(
         "imagefolder", "train", 16, data_dir=_folder({"train": ["cat"], "val": ["cat"]})), VE,
      "imagefolder: 1 class (cat)", "at least 2"),

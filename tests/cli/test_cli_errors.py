@@ -390,6 +390,8 @@ ROWS = [
     (S, ["{run}", "--res", "16", "--frames", "0"], ["--frames", "positive"]),
     (S, ["{run}", "--res", "16", "--eval-protocol", "squash"], ["--eval-protocol", "squash", "native"]),
     (S, ["{run}", "--res", "16", "--crop-pct", "0"], ["--crop-pct", "(0, 1]"]),
+    (S, ["{run}", "--res", "16", "--holdout", "8"], ["--holdout 8", "--tune"]),
+    (S, ["{run}", "--res", "16", "--tune", "--holdout", "0"], ["--holdout", ">= 1"]),
     (S, ["{run}", "--res", "16", "--eval-protocol", "native"], ["--eval-protocol native", "ViT", "swin"],
      "config_swin"),
     (S, ["{run}", "--res", "16"], ["last.safetensors", "damaged"], "truncate_last"),

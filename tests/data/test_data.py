@@ -9,13 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import SQUARE_TASKS
 from visionpe import data
 
 
-@pytest.mark.parametrize("task", data.scenes.SYNTHETIC)
+@pytest.mark.parametrize("task", SQUARE_TASKS)
 def test_synthetic_is_deterministic_by_seed_and_index(task):
     a = data.build_dataset(task, "train", 24, seed=3, num_samples=12)
     data.scenes._render_split.cache_clear()
+    data.clutter._render_split.cache_clear()
     b = data.build_dataset(task, "train", 24, seed=3, num_samples=12)
     assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
     c = data.build_dataset(task, "train", 24, seed=4, num_samples=12)
@@ -27,7 +29,7 @@ def test_synthetic_is_deterministic_by_seed_and_index(task):
     assert torch.equal(more.images[:12], a.images)
 
 
-@pytest.mark.parametrize("task", data.scenes.SYNTHETIC)
+@pytest.mark.parametrize("task", SQUARE_TASKS)
 def test_native_rendering_same_scene_more_pixels(task):
     n = 16
     sets = {s: data.build_dataset(task, "val", s, seed=0, num_samples=n) for s in (24, 32, 64)}
@@ -44,7 +46,8 @@ def test_native_rendering_same_scene_more_pixels(task):
 
 
 def test_labels_cover_classes_and_are_balanced():
-    for task, k in (("shapes-position", 9), ("shapes-relation", 4)):
+    for task, k in (("shapes-position", 9), ("shapes-relation", 4), ("clutter-nearest", 4), ("clutter-relation", 4),
+                    ("clutter-count", 5)):
         ds = data.build_dataset(task, "train", 8, seed=0, num_samples=900)
         counts = torch.bincount(ds.labels, minlength=k)
         assert len(counts) == k and counts.min() > 900 / k * 0.6, counts

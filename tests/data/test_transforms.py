@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 from timm.data import create_transform
-from conftest import requires_that
+from conftest import SQUARE_TASKS, render_task_scene, requires_that
 from torch.utils.data import DataLoader, DistributedSampler
 
 from visionpe import data
@@ -231,21 +231,23 @@ def test_render_geometry_is_timms(native_hw, size):
             assert crop is None and tuple(timm_eval(image).shape[1:]) == render
 
 
+@pytest.mark.parametrize("task", SQUARE_TASKS)
 @pytest.mark.parametrize("size", [24, 32])
-def test_synthetic_crop_renders_larger_and_centre_crops(size):
+def test_synthetic_crop_renders_larger_and_centre_crops(size, task):
     t = Transforms(eval_protocol="crop", crop_pct=0.75)
-    ds = data.build_dataset("shapes-position", "val", size, num_samples=4, transforms=t)
+    ds = data.build_dataset(task, "val", size, num_samples=4, transforms=t)
     big = math.floor(size / 0.75)
-    rendered = np.stack([data.render(data.scene("shapes-position", 0, i, "val"), big) for i in range(4)])
+    rendered = np.stack([render_task_scene(task, i, big) for i in range(4)])
     top = int(round((big - size) / 2.0))
     want = torch.from_numpy(rendered[:, top:top + size, top:top + size]).permute(0, 3, 1, 2)
     assert torch.equal(ds.images, want)
 
 
-def test_synthetic_native_is_the_square_budget_and_training_uses_max_patches():
+@pytest.mark.parametrize("task", SQUARE_TASKS)
+def test_synthetic_native_is_the_square_budget_and_training_uses_max_patches(task):
     t = Transforms(eval_protocol="native", patch_size=4, max_patches=36, train_size=32)
-    assert data.build_dataset("shapes-position", "val", 32, num_samples=2, transforms=t).images.shape[-2:] == (24, 24)
-    train = data.build_dataset("shapes-position", "train", 32, num_samples=2, transforms=t)
+    assert data.build_dataset(task, "val", 32, num_samples=2, transforms=t).images.shape[-2:] == (24, 24)
+    train = data.build_dataset(task, "train", 32, num_samples=2, transforms=t)
     assert train.images.shape[-2:] == (24, 24)  # 36 patches of 4 px, square scenes
 
 

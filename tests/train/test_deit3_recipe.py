@@ -5,11 +5,9 @@ layer scale, encoding and evaluation protocol."""
 import json
 import math
 
-import numpy as np
 import pytest
 import yaml
-from PIL import Image
-from trainutil import ROOT, train_main
+from trainutil import ROOT, train_main, write_jpeg_folder
 
 RECIPE = ROOT / "configs" / "deit3_small_rope_imagenet.yaml"
 # what makes the recipe DeiT-III's (and RoPE-ViT's), which the shrinking overrides below must leave alone
@@ -22,20 +20,7 @@ KEPT = {"pe": "rope_mixed", "pe_kwargs": {"theta": 10.0, "scaling": "none"}, "aa
 
 @pytest.fixture(scope="module")
 def jpegs(tmp_path_factory):
-    """3 classes (a dominant colour each), 4 train and 2 val JPEGs per class, each of its own size and aspect
-    ratio (from 3:1 wide to 1:3 tall)."""
-    root = tmp_path_factory.mktemp("deit3_jpegs")
-    rng = np.random.default_rng(0)
-    sizes = [(40, 120), (96, 32), (50, 50), (37, 61), (75, 44), (28, 90)]
-    for c in range(3):
-        for split, picks in (("train", sizes[:4]), ("val", sizes[4:])):
-            (root / split / f"c{c}").mkdir(parents=True, exist_ok=True)
-            for i, (h, w) in enumerate(picks):
-                h, w = h + 3 * c, w + 5 * c  # no two images of one size
-                pixels = rng.integers(0, 90, (h, w, 3), dtype=np.uint8)
-                pixels[..., c] += 150
-                Image.fromarray(pixels).save(root / split / f"c{c}" / f"{i}.jpg", quality=90)
-    return root
+    return write_jpeg_folder(tmp_path_factory.mktemp("deit3_jpegs"))
 
 
 def test_recipe_file_is_deit3s():

@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import SQUARE_TASKS, render_task_scene
 from trainutil import TINY, run_script, train_main
 from visionpe import data
 from visionpe.train import loop, metrics, settings, sweep
@@ -17,14 +18,13 @@ from visionpe.cli import UserError
 
 
 # -- data ------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("task", data.scenes.SYNTHETIC)
+@pytest.mark.parametrize("task", SQUARE_TASKS)
 def test_render_square_pair_is_the_integer_and_pairs_have_shape_h_w(task):
     for i in range(6):
-        sc = data.scene(task, 0, i, "val")
-        assert np.array_equal(data.render(sc, 32), data.render(sc, (32, 32)))
-        assert np.array_equal(data.render(sc, 24), data.render(sc, [24, 24]))
-        assert data.render(sc, (24, 48)).shape == (24, 48, 3)
-        assert data.render(sc, (48, 24)).shape == (48, 24, 3)
+        assert np.array_equal(render_task_scene(task, i, 32), render_task_scene(task, i, (32, 32)))
+        assert np.array_equal(render_task_scene(task, i, 24), render_task_scene(task, i, [24, 24]))
+        assert render_task_scene(task, i, (24, 48)).shape == (24, 48, 3)
+        assert render_task_scene(task, i, (48, 24)).shape == (48, 24, 3)
 
 
 def test_render_stretches_the_scene_per_axis():
@@ -38,7 +38,7 @@ def test_render_stretches_the_scene_per_axis():
         assert np.abs(wide - (square[0::2] + square[1::2]) / 2).mean() < 2.0
 
 
-@pytest.mark.parametrize("task", data.scenes.SYNTHETIC)
+@pytest.mark.parametrize("task", SQUARE_TASKS)
 def test_synthetic_dataset_at_height_by_width(task):
     ds = data.build_dataset(task, "val", (24, 48), seed=0, num_samples=4)
     x, y = ds[0]

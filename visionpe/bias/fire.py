@@ -34,6 +34,7 @@ from torch import nn
 from .._checks import check_choice, check_grid_ndim, check_ndim, check_number, check_positive_int, to_shape
 from ..cache import TableCache
 from ..coords import CoordinateSystem, axis_offsets
+from ..encoding import Knob
 from ..grid import Grid, as_grid
 from ..sharding import call_gathered, full_tensor
 from ._base import BiasEncoding, pair_bias
@@ -59,6 +60,8 @@ class FIRE(BiasEncoding):
         init_c: initial ``c`` of ``psi`` (the paper's 0.1).
         threshold: initial threshold ``L0`` (default: the extent of ``grid_shape`` in ``coords``' units, else 512).
         eps: added to the normaliser (the paper's 1e-6).
+        threshold_scale: a fixed factor on the learned threshold ``L`` (1: the paper's), the knob tuned per test size
+            (:attr:`knob`, ``visionpe sweep --tune``); not a parameter, so trained weights load at any value.
         coords, normalize_coords, shift_coords, jitter_coords, rescale_coords: the coordinates offsets are measured
             in (:mod:`visionpe.coords`); with augmentation (training mode only) the extent is that of the augmented
             coordinates, as if the grid were that large.
@@ -69,13 +72,17 @@ class FIRE(BiasEncoding):
     ``(head, query coordinates, key coordinates)`` through that per-offset table.
     """
 
+    knob = Knob("threshold_scale", (0.5, 1.0, 1.5, 2.0, 3.0, 4.0), relative=True)
+
     def __init__(self, num_heads: int, ndim: int = 2, grid_shape=None, distance: str = "axes", hidden_dim: int = 32,
                  init_c: float = 0.1, threshold: float | None = None, eps: float = 1e-6, coords: str = "index",
                  normalize_coords: str = "separate", shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward"):
+                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward",
+                 threshold_scale: float = 1.0):
         super().__init__()
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.ndim = check_ndim(ndim)
+        self.threshold_scale = check_number("threshold_scale", threshold_scale, minimum=0.0, inclusive=False)
         check_choice("distance", distance, FIRE_DISTANCES)
         check_positive_int("hidden_dim", hidden_dim)
         self.distance, self.eps = distance, check_number("eps", eps, minimum=0.0)
@@ -119,8 +126,8 @@ class FIRE(BiasEncoding):
         return max(spans) if self.distance == "axes" else math.sqrt(sum(s * s for s in spans))
 
     def threshold(self) -> torch.Tensor:
-        """The learned threshold ``L = |m L0|``."""
-        return (full_tensor(self.threshold_multiplier) * self.threshold_init).abs()
+        """The learned threshold ``L = |m L0|``, times ``threshold_scale``."""
+        return (full_tensor(self.threshold_multiplier) * self.threshold_init).abs() * self.threshold_scale
 
     def normalized_offsets(self, grid: Grid, device, transform=None) -> torch.Tensor:
         """The MLP's inputs for every offset of the grid, ``(prod(2 S_a - 1), ndim or 1)`` float32, offsets

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from .._checks import check_choice, check_grid_ndim, check_number, check_positive_int
 from ..cache import TableCache
+from ..encoding import Knob
 from ..coords import CoordinateSystem
 from ..grid import Grid, as_grid
 from ._base import BiasEncoding, PairScore
@@ -132,6 +133,7 @@ class LookHere(BiasEncoding):
     ``(head, query coordinates, key coordinates)`` and the small tables ``normals``/``slopes``.
     """
 
+    knob = Knob("global_slope", (0.5, 0.75, 1.0, 1.25, 1.6, 2.0, 2.5), relative=True)  # tuned per test size
     masks_pairs = True  # keys outside a head's field of view get -inf (pictures: NaN, drawn blank)
 
     ndims = (2,)

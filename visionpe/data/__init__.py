@@ -7,7 +7,7 @@ or for video sets (``num_frames=T``) clips ``(C, T, H, W)``. Every data set has 
 are reproducible and resumable whatever the loader does).
 
 One module a kind: :mod:`.scenes` (built-in image tasks rendered at any size), :mod:`.aspect` (a built-in task at
-random aspect ratios), :mod:`.clips` (built-in video tasks), :mod:`.torchvision_sets` (Fashion-MNIST, MNIST, CIFAR),
+random aspect ratios), :mod:`.clutter` (cluttered built-in tasks whose detail resolves only at larger sizes), :mod:`.clips` (built-in video tasks), :mod:`.torchvision_sets` (Fashion-MNIST, MNIST, CIFAR),
 :mod:`.folders` (ImageFolder, folders of frames), :mod:`.video_files` (folders of video files), :mod:`.budget`
 (native aspect ratios within a token budget), :mod:`.batching` (batches of mixed sizes); :mod:`.transforms` (timm's image transforms seeded per sample, and the
 resolution protocols ``resize``, ``crop``, ``native``); :mod:`.registry` holds the table and :mod:`.base` the shared
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 
-from . import scenes, aspect, torchvision_sets, folders, clips, video_files  # noqa: F401, I001  (each registers its data sets, in this order)
+from . import scenes, aspect, clutter, torchvision_sets, folders, clips, video_files  # noqa: F401, I001  (each registers its data sets, in this order)
 from .base import (ClipTensorDataset, ImageListDataset, ImageTensorDataset, PositionDataset, fixed_subset, image_hw,
                    resize, resize_bicubic, size_key)
 from .batching import collate_images
@@ -56,7 +56,8 @@ def takes_transforms(name: str) -> bool:
 
 def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool = False, seed: int = 0,
                   num_samples=None, augment=None, num_frames: int | None = None,
-                  frame_stride: int | None = None, transforms: Transforms | None = None) -> PositionDataset:
+                  frame_stride: int | None = None, transforms: Transforms | None = None,
+                  first: int = 0) -> PositionDataset:
     """The data set ``name`` at ``img_size`` pixels (a square integer; an image set also takes ``(height, width)``,
     a square pair being the integer).
 
@@ -67,7 +68,9 @@ def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool
     ones. ``frame_stride``: video sets that take it sample frames that far apart (given only to those).
     ``transforms``: timm's transforms and the resolution protocol (default :class:`Transforms` ``()``: timm's
     training defaults, the ``resize`` protocol), passed to builders that take them (:func:`takes_transforms`); a
-    builder that takes no transforms but an ``hflip`` (video-files) gets their ``hflip`` when it is set. A set of
+    builder that takes no transforms but an ``hflip`` (video-files) gets their ``hflip`` when it is set. ``first``:
+    a built-in task that takes it renders scenes ``first ..`` (images held out after a training set of ``first``;
+    any other set refuses a nonzero one). A set of
     fewer than 2 classes is a :class:`DataDamaged` (a classifier needs 2).
     """
     spec = get_spec(name)
@@ -85,6 +88,11 @@ def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool
     if transforms is not None and not isinstance(transforms, Transforms):
         raise TypeError(f"transforms must be a visionpe.data.Transforms, got {type(transforms).__name__}")
     options = dict(data_dir=data_dir, download=download, seed=seed, num_samples=num_samples, augment=augment)
+    if first:
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0 or not takes_option(spec, "first"):
+            raise ValueError(f"first={first!r}: a non-negative integer, for the built-in tasks that take it "
+                             f"({', '.join(n for n in names() if takes_option(get_spec(n), 'first'))})")
+        options["first"] = first
     if transforms is not None and takes_transforms(name):
         options["transforms"] = transforms
     elif transforms is not None and transforms.hflip is not None and takes_option(spec, "hflip"):

@@ -125,16 +125,23 @@ def render(sc: dict, size, supersample: int = SUPERSAMPLE) -> np.ndarray:
     return np.asarray(img.resize((width, height), Image.BOX))
 
 
-@lru_cache(maxsize=16)
-def _render_split(task: str, split: str, num: int, seed: int, size):
-    """``(uint8 images (N, 3, H, W), int64 labels (N,))``: ``num`` scenes rendered at ``size`` (int or ``(H, W)``)."""
+def render_scenes(make_scene, draw, task: str, split: str, num: int, seed: int, size, first: int = 0):
+    """``(uint8 images (N, 3, H, W), int64 labels (N,))``: scenes ``first .. first + num - 1`` of
+    ``make_scene(task, seed, index, split)`` (a dict with ``label``), each drawn by ``draw(scene, size)`` at ``size``
+    (int or ``(H, W)``)."""
     height, width = image_hw(size)
     images = np.empty((num, height, width, 3), dtype=np.uint8)
     labels = np.empty(num, dtype=np.int64)
     for i in range(num):
-        sc = scene(task, seed, i, split)
-        images[i], labels[i] = render(sc, size), sc["label"]
+        sc = make_scene(task, seed, first + i, split)
+        images[i], labels[i] = draw(sc, size), sc["label"]
     return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels)
+
+
+@lru_cache(maxsize=16)
+def _render_split(task: str, split: str, num: int, seed: int, size, first: int = 0):
+    """:func:`render_scenes` of this module's tasks."""
+    return render_scenes(scene, render, task, split, num, seed, size, first)
 
 
 def num_scenes(split: str, num_samples) -> int:
@@ -148,16 +155,19 @@ def num_scenes(split: str, num_samples) -> int:
 SQUARE_HW = (1024, 1024)  # the nominal pixel size of a square scene: only its aspect ratio matters to the protocols
 
 
-def _builder(task: str, num_classes: int):
+def scene_builder(task: str, num_classes: int, render_split):
+    """The data set builder of a built-in task whose split ``render_split(task, split, num, seed, size, first)``
+    renders (as :func:`render_scenes`)."""
     def build(split: str, img_size, seed: int = 0, num_samples=None,
-              transforms: Transforms | None = None) -> ImageTensorDataset:
+              transforms: Transforms | None = None, first: int = 0) -> ImageTensorDataset:
         """The split rendered at the geometry of its protocol (``transforms``; default: at ``img_size``): ``crop``
         renders at ``size / crop_pct`` and centre-crops, ``native`` renders a square within the patch budget; the
         training split at ``img_size``, or within ``max_patches``. timm's augmentation never applies (a flip or a
-        crop would change the label)."""
+        crop would change the label). ``first``: the scenes from that index on."""
         transforms = transforms or Transforms()
         render_hw, crop = transforms.render_size(SQUARE_HW, size_key(img_size), train=split == "train")
-        images, labels = _render_split(task, split, num_scenes(split, num_samples), seed, size_key(render_hw))
+        images, labels = render_split(task, split, num_scenes(split, num_samples), seed, size_key(render_hw),
+                                      first)
         if crop is not None:
             images = center_crop(images, list(crop))
         return ImageTensorDataset(images, labels, num_classes, *MEAN_STD, augment=False, seed=seed, name=task)
@@ -167,4 +177,4 @@ def _builder(task: str, num_classes: int):
 
 for _task, _classes in (("shapes-position", 9), ("shapes-relation", 4)):
     register_dataset(_task, num_classes=_classes, mean=MEAN_STD[0], std=MEAN_STD[1], synthetic=True)(
-        _builder(_task, _classes))
+        scene_builder(_task, _classes, _render_split))

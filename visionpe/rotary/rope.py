@@ -26,6 +26,7 @@ from ..cache import TableCache
 from ..coords import CoordinateSystem
 from ..grid import Grid, Layout, as_grid, as_layout
 from ..sharding import full_tensor
+from ..encoding import Knob
 from ._base import RotaryEncoding
 from .layouts import (AXIS_LETTERS, DIRECTIONS, band_frequencies, check_rotate_fraction, golden_directions,
                       head_axes_layout, parse_head_axes, rotated_count, rotated_pairs)
@@ -627,7 +628,12 @@ class AxialRoPE(RoPE):
       frequencies are laid out twice over its channels instead of once per pair, so the two channels of a pair turn
       by different angles (:func:`repeated_channel_index`, :func:`rotate_channels`): not a rotation, and scores are
       not relative. ``"paired"`` (default) is RoPE.
+
+    Tuned per test size (:attr:`knob`, ``visionpe sweep --tune``): ``theta``, as factors on the trained one
+    (LookHere's protocol: base 100 -> 1250 at 1024 px from 224).
     """
+
+    knob = Knob("theta", (0.5, 1.0, 2.0, 4.0, 8.0, 16.0), relative=True)
 
     def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, theta: float = 100.0,
                  pairs: str = "interleaved", sections=None, scaling: str = "none", ref_shape=None,
@@ -812,7 +818,14 @@ class MixedRoPE(RoPE):
     ``|f_i| = 2 pi / (min_period (max_period/min_period)^(i/(n-1)))``, in the units of ``coords``; the
     directions are drawn as above. ``shift_coords``, ``jitter_coords``, ``rescale_coords``: timm's train-time
     augmentation (see :class:`RoPE`).
+
+    Tuned per test size (:attr:`knob`): the resolution ``scaling`` (its learned frequencies do not read ``theta``
+    once trained); nothing on normalised coordinates, which take no scaling.
     """
+
+    @property
+    def knob(self) -> Knob | None:
+        return None if self.coordinates.normalized else Knob("scaling", tuple(self.scalings))
 
     def __init__(self, head_dim: int, num_heads: int, ndim: int = 2, theta: float = 10.0,
                  pairs: str = "interleaved", sections=None, scaling: str = "none", ref_shape=None,

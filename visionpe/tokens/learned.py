@@ -8,6 +8,7 @@ from .._checks import (check_bool, check_choice, check_grid_ndim, check_ndim, ch
                        check_positive_int, to_shape)
 from ..cache import TableCache
 from ..coords import CoordinateSystem, denominators
+from ..encoding import Knob
 from ..grid import Grid, Layout, as_grid, as_layout
 from ..resample import INTERPOLATIONS, SAMPLING, resample_grid, sample_grid
 from ..sharding import check_unsharded, full_tensor
@@ -63,7 +64,14 @@ class Learned(TokenEncoding):
     (``"index"``) or sampled at the grid's normalised positions (``"normalized"``).
 
     Call: ``pe(x, grid)`` with ``x: (B, P + N, dim)`` -> same shape.
+
+    Tuned per test size (:attr:`knob`, ``visionpe sweep --tune``): the ``interpolation`` mode of the resampling.
     """
+
+    @property
+    def knob(self) -> Knob:
+        sampled = self.coordinates.normalized or self.coordinates.augments
+        return Knob("interpolation", tuple(SAMPLING if sampled else INTERPOLATIONS))
 
     def __init__(self, dim: int, ndim: int = 2, grid_shape=(14, 14), num_prefix_tokens: int = 0,
                  factorized: bool | str = False, interpolation: str = "bicubic", antialias: bool = True,

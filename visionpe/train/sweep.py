@@ -1,6 +1,7 @@
 """Evaluate trained runs at several resolutions, with each encoding's resolution adaptation.
 
     visionpe sweep runs/A runs/B --res 24 32 48 64 --scaling none pi ntk yarn --out runs/sweep
+    visionpe sweep runs/A runs/B --res 32 64 128 --tune     # LookHere's protocol: untuned and tuned side by side
     visionpe sweep runs/A --res 32 32x48 48x32          # non-square sizes: HEIGHTxWIDTH
     visionpe sweep runs/VIDEO --frames 4 8 16 --res 24 32 48 --scaling none pi   # video runs
     visionpe sweep runs/A --res 24 32 48 --eval-protocol resize crop native   # protocols
@@ -32,6 +33,10 @@ at its own aspect ratio within the patch budget of the size, visionpe.data.trans
 (one row per run x protocol x adaptation x resolution, with top-1 and retention = acc(res) / acc(train res) under
 the same protocol) and ``OUT/sweep.png`` (accuracy vs resolution, one line per run, adaptation and protocol), and
 prints the table. Errors in the arguments exit with status 2 and one line.
+
+``--tune`` (image runs) adds LookHere's protocol (:mod:`visionpe.train.tuning`): rows ``untuned`` (the run's own
+settings) and ``tuned`` (the encoding's declared knob chosen per test size on ``--holdout`` held-out training
+images, never on the validation set), with ``knob``, ``knob_value`` and ``holdout_acc`` (its held-out top-1).
 """
 from __future__ import annotations
 
@@ -51,11 +56,11 @@ from ..registry import ENCODINGS
 from ..resample import INTERPOLATIONS
 from ..rotary.scaling import SCALINGS
 from ..weights import write_text
-from . import loop, metrics, models, restore, rundir, settings
+from . import loop, metrics, models, restore, rundir, settings, tuning
 from .metrics import key_text
 
 FIELDS = ["run", "data", "model", "pe", "seed", "train_res", "adaptation", "weights", "res", "acc", "loss",
-          "retention", "frames", "train_frames", "protocol"]
+          "retention", "frames", "train_frames", "protocol", "knob", "knob_value", "holdout_acc"]
 
 
 def coordinates_of(cls, pe_kwargs: dict) -> str | None:
@@ -136,9 +141,11 @@ def res_cell(key, video: bool) -> int | str:
 
 
 def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), weights="last", val_samples=None,
-              device="cpu", batch_size=256, log=print, frames=(), protocols=None, crop_pct=None) -> list[dict]:
+              device="cpu", batch_size=256, log=print, frames=(), protocols=None, crop_pct=None, tune=False,
+              holdout=None) -> list[dict]:
     """Rows of the sweep for one run directory (a video run: at every ``frames`` x ``resolutions`` pair), under each
-    of ``protocols`` (default: the run's own) with ``crop_pct`` (default: the run's)."""
+    of ``protocols`` (default: the run's own) with ``crop_pct`` (default: the run's); ``tune``: with the untuned and
+    tuned rows of LookHere's protocol on ``holdout`` held-out training images (:mod:`.tuning`)."""
     run = Path(run)
     cfg = restore.load_run(run, require=("data",))
     check_frames(run, cfg, frames)
@@ -150,15 +157,17 @@ def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), wei
     check_sizes(run, cfg, resolutions)
     protocols = list(protocols or [settings.eval_protocol(cfg)])
     check_protocols(run, cfg, protocols)
+    if tune:
+        tuning.check_run(run, cfg, holdout)
     rows = []
     for protocol in protocols:
         rows += _sweep_protocol(run, cfg, protocol, resolutions, scalings, interpolations, weights, device,
-                                batch_size, log, frames)
+                                batch_size, log, frames, tune, holdout)
     return rows
 
 
 def _sweep_protocol(run: Path, cfg: dict, protocol: str, resolutions, scalings, interpolations, weights, device,
-                    batch_size, log, frames) -> list[dict]:
+                    batch_size, log, frames, tune=False, holdout=None) -> list[dict]:
     """The rows of one run under one protocol: every adaptation at every size."""
     path = rundir.weights_file(run, weights)
     state = rundir.read_weights(path)
@@ -171,6 +180,13 @@ def _sweep_protocol(run: Path, cfg: dict, protocol: str, resolutions, scalings, 
             loop.dataset(cfg, "val", k, protocol=protocol) for k in keys}
     wanted = [k for k in keys if (k[1] if video else k) in resolutions]  # the training size only if asked for
     rows, known = [], {}
+
+    def base_row(k):
+        return {"run": str(run), "data": cfg["data"], "model": cfg["model"], "pe": cfg["pe"], "seed": cfg["seed"],
+                "train_res": cfg["img_size"], "weights": weights, "res": res_cell(k, video),
+                "frames": k[0] if video else "", "train_frames": cfg["num_frames"] if video else "",
+                "protocol": protocol}
+
     for label, kw in adaptations(cfg["pe"], scalings, interpolations, cfg["pe_kwargs"]):
         model = models.build_model({**cfg, "pe_kwargs": {**cfg["pe_kwargs"], **kw}})
         restore.load_state(model, state, path)
@@ -181,14 +197,14 @@ def _sweep_protocol(run: Path, cfg: dict, protocol: str, resolutions, scalings, 
         res = metrics.retention_table(measured, train_key)
         for k in wanted:
             m = res[k]
-            rows.append({"run": str(run), "data": cfg["data"], "model": cfg["model"], "pe": cfg["pe"],
-                         "seed": cfg["seed"], "train_res": cfg["img_size"], "adaptation": label, "weights": weights,
-                         "res": res_cell(k, video), "acc": round(m["acc"], 4), "loss": m["loss"],
-                         "retention": round(m["retention"], 5), "frames": k[0] if video else "",
-                         "train_frames": cfg["num_frames"] if video else "", "protocol": protocol})
+            rows.append({**base_row(k), "adaptation": label, "acc": round(m["acc"], 4), "loss": m["loss"],
+                         "retention": round(m["retention"], 5)})
         log(f"{run.name:40s} {label:16s} {protocol:7s} " + "  ".join(
             f"{f'{k[0]}f ' if video else ''}{k[1] if video else key_text(k)}px {res[k]['acc']:6.2f}"
             for k in wanted))
+    if tune:
+        rows += tuning.tune_rows(run, cfg, protocol, state, path, keys, wanted, train_key, sets, eval_kw, holdout,
+                                 base_row, log)
     return rows
 
 
@@ -204,7 +220,7 @@ def check_out(out: Path) -> None:
 
 def sweep_runs(runs, resolutions, scalings=("none",), interpolations=(), weights="last", val_samples=None,
                device="cpu", batch_size=256, frames=(), out: Path | None = None, log=print, protocols=None,
-               crop_pct=None) -> list[dict]:
+               crop_pct=None, tune=False, holdout=None) -> list[dict]:
     """Rows of the sweep for every run (all of them checked before the first is evaluated); with ``out``, written
     to ``out/sweep.csv`` and plotted to ``out/sweep.png``."""
     if out is not None:
@@ -214,10 +230,13 @@ def sweep_runs(runs, resolutions, scalings=("none",), interpolations=(), weights
         check_frames(run, cfg, frames)
         check_sizes(run, cfg, resolutions)
         check_protocols(run, cfg, protocols)
+        if tune:
+            tuning.check_run(run, cfg, holdout)
     rows = []
     for run in runs:
         rows += sweep_run(run, resolutions, scalings, interpolations, weights, val_samples, device, batch_size,
-                          log=log, frames=frames, protocols=protocols, crop_pct=crop_pct)
+                          log=log, frames=frames, protocols=protocols, crop_pct=crop_pct, tune=tune,
+                          holdout=holdout)
     if out is not None:
         write_csv(rows, Path(out) / "sweep.csv")
         plot(rows, Path(out) / "sweep.png")
@@ -283,6 +302,14 @@ def build_parser() -> cli.Parser:
     ev.add_argument("--batch-size", type=int, default=256, metavar="N",
                     help="evaluation batch size, an integer >= 1 (default: 256)")
     ev.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu or cuda (default: cpu)")
+    ev.add_argument("--tune", action="store_true",
+                    help="LookHere's protocol (image runs): also report each run untuned and with its encoding's "
+                         "declared knob (RoPE theta or scaling, ALiBi/LookHere slopes, FIRE's threshold, the learned "
+                         "table's interpolation) chosen per test size on held-out training images, never on the "
+                         "validation set (visionpe/train/tuning.py)")
+    ev.add_argument("--holdout", type=int, default=None, metavar="N",
+                    help="with --tune: held-out training images (the N after the run's train_samples), an integer "
+                         ">= 1 (default: 1%% of the training images, at least 100)")
     out = p.add_argument_group("output and misc")
     cli.add_import(p, out)
     out.add_argument("--out", type=Path, default=Path("runs/sweep"), metavar="DIR",
@@ -302,11 +329,15 @@ def main(argv) -> list[dict]:
         raise UserError("--device cuda but no CUDA device is available")
     if args.crop_pct is not None and not 0 < args.crop_pct <= 1:
         raise UserError(f"--crop-pct must be in (0, 1], got {args.crop_pct}")
+    if args.holdout is not None and not args.tune:
+        raise UserError(f"--holdout {args.holdout} sets the held-out images of --tune; give --tune too")
+    if args.holdout is not None and args.holdout < 1:
+        raise UserError(f"--holdout must be an integer >= 1, got {args.holdout}")
     if any(f < 1 for f in args.frames):
         raise UserError(f"--frames takes positive frame counts, got {' '.join(map(str, args.frames))}")
     cli.import_user_code(args.imports)
     rows = sweep_runs(args.runs, args.res, args.scaling, args.interpolation, args.weights, args.val_samples,
                       args.device, args.batch_size, frames=args.frames, out=args.out,
-                      protocols=args.eval_protocol, crop_pct=args.crop_pct)
+                      protocols=args.eval_protocol, crop_pct=args.crop_pct, tune=args.tune, holdout=args.holdout)
     print(f"wrote {args.out / 'sweep.csv'} and {args.out / 'sweep.png'}")
     return rows
