@@ -166,12 +166,14 @@ def summary(cfg: dict, history: list[dict], results: dict, *, num_params: int, b
 
 def start_line(cfg: dict, *, num_params: int, train_size: int, val_size: int, world: int, device, amp: bool,
                out: Path) -> str:
-    """The console line a run starts with: model, encoding, size, data, processes, precision, recipe, folder."""
+    """The console line a run starts with: model, encoding, size and where its sizes came from, data, processes,
+    precision, recipe, folder."""
     clips = (f" clips of {cfg['num_frames']} frames, tubelet {'x'.join(map(str, models.tubelet(cfg)))}"
              if cfg["num_frames"] else "")
     recipe = "".join([f" | {cfg['grad_accum_steps']} batches a step" if cfg["grad_accum_steps"] > 1 else "",
                       " | EMA" if cfg["model_ema"] else "", " | compiled" if cfg["compile"] else ""])
-    return (f"{cfg['model']} pe={cfg['pe']} {num_params / 1e6:.3f}M params | {cfg['data']} {train_size} train "
+    sizes = f" (sizes: {cfg['sizes_from']})" if cfg.get("sizes_from") else ""
+    return (f"{cfg['model']} pe={cfg['pe']} {num_params / 1e6:.3f}M params{sizes} | {cfg['data']} {train_size} train "
             f"{val_size} val at {cfg['img_size']}px{clips} | {world} process(es) on {device.type}"
             f"{' ' + cfg['amp'].replace('auto', 'bf16') if amp else ''}{recipe} | {out}")
 

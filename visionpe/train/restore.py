@@ -135,7 +135,7 @@ def new_config(args: dict) -> dict:
         base = settings.copied(settings.DEFAULTS)
         base.update({k: settings.copied(source[k]) for k in INHERITED})
         base["model_kwargs"] = {k: v for k, v in base["model_kwargs"].items() if k not in models.DERIVED_MODEL_KWARGS}
-    cfg = settings.resolve({**args, "init_from": str(weights)}, base=base)
+    cfg = settings.resolve({**args, "init_from": str(weights)}, base=base, origin=f"the source run {weights.parent}")
     if Path(cfg["output"]).resolve() == weights.parent.resolve():
         raise UserError(f"--init-from {init}: the weights are in the new run's own --output {cfg['output']}; give "
                         "another --output")

@@ -20,8 +20,8 @@ import yaml
 from .. import data as vdata
 from ..cli import Parser, UserError, add_import, import_user_code, one_line
 from ..cli.recipes import recipe_path
-from .models import (DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_help, model_kwargs,
-                     named_constructor, tubelet)
+from .models import (DEFAULT_MODEL, DERIVED_MODEL_KWARGS, PRESETS, TIMM_NATIVE, check_model, is_vit, model_help,
+                     model_kwargs, named_constructor, preset_text, sizes_text, tubelet)
 
 MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN = ("model", "data", "optimizer", "learning-rate schedule",
                                              "augmentation and regularization", "evaluation", "run and misc")
@@ -31,6 +31,7 @@ DEVICES = ("auto", "cpu", "cuda")
 SIZE_KEYS = ("embed_dim", "depth", "num_heads")  # command-line shortcuts into model_kwargs
 RUN_KEYS = ("num_classes", "in_chans")  # written to / read from config.yaml only
 NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
+REPORTED = ("sizes_from",)  # what resolve found out about the settings: in the run's header, not in config.yaml
 # settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
 SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "threads", "progress", "device",
                   "stop_after", "download", "imports", "compile", "channels_last", "checkpoint_every_steps",
@@ -85,7 +86,7 @@ def transform_settings(stage: str) -> dict[str, Setting]:
 
 SETTINGS: dict[str, Setting] = {
     # model
-    "model": S("vit_tiny_patch16_224", MODEL, "str", "", metavar="NAME"),  # help from the backbones (models.py)
+    "model": S(DEFAULT_MODEL, MODEL, "str", "", metavar="NAME"),  # help from the backbones (models.py)
     "pe": S("learned", MODEL, "str", "", metavar="NAME"),  # help filled from the registry
     "pe_kwargs": S({}, MODEL, "mapping", "encoding keywords as KEY=VALUE (VALUE read as YAML), e.g. theta=100 "
                    "scaling=pi; see visionpe.build for each encoding's keywords", metavar="KEY=VALUE"),
@@ -93,9 +94,9 @@ SETTINGS: dict[str, Setting] = {
                   "patches per image (a 256x256 grid; video: per clip)",
                   metavar="PX"),
     "patch_size": S(4, MODEL, "int", "patch side in pixels; an integer >= 1", metavar="PX"),
-    "model_kwargs": S({"embed_dim": 64, "depth": 4, "num_heads": 4}, MODEL, "mapping",
-                      "timm model keywords as KEY=VALUE (mlp_ratio, global_pool, ...); replaces the default "
-                      "mapping as a whole", metavar="KEY=VALUE"),
+    "model_kwargs": S({}, MODEL, "mapping", "model keywords as KEY=VALUE (embed_dim, depth, num_heads, mlp_ratio, "
+                      "global_pool, ...), added to the model's own (timm's sizes of a named model, the preset's, a "
+                      "recipe's model_kwargs)", metavar="KEY=VALUE"),
     "tubelet_size": S([], MODEL, "ints", "video: tubelet T P P (frames, height, width of one token); P must be "
                       "patch_size. Default 1 P P: one token per frame patch, so the order of frames is carried only "
                       "by the positional encoding (an encoding without a time axis cannot tell the direction of "
@@ -370,22 +371,29 @@ def read_recipe(spec) -> dict:
     return read_yaml(recipe_path(spec))
 
 
-def resolve(args: dict, base: dict | None = None) -> dict:
+def resolve(args: dict, base: dict | None = None, origin: str = "the run's config.yaml") -> dict:
     """Defaults (or ``base``, a resumed run's config) < ``args['config']`` YAML < the other ``args``; checked.
+    ``model_kwargs`` add to those below them; a model preset (``--model tiny``, the default) becomes its timm model
+    and sizes. ``cfg['sizes_from']`` (reported, not saved) says where the model's sizes came from: the preset,
+    timm's model, ``origin`` for a ``base``, then the recipe's and the command line's keywords.
 
     Adds the derived ``num_classes`` and ``in_chans`` (kept from ``base`` when the data set is unchanged; an
     ImageFolder's class count is ``None`` until its data is loaded)."""
     cfg = copied(DEFAULTS if base is None else base)
-    given_sizes = "model_kwargs" in args or any(key in args for key in SIZE_KEYS)
+    recipe = {}
     if args.get("config"):
         recipe = read_recipe(args["config"])
         misplaced = sorted(set(recipe) & set(RUN_KEYS))
         if misplaced:
             raise UserError(f"config file {args['config']!r}: {', '.join(misplaced)} are derived from the data and "
                             "the model, not settings; remove them")
-        given_sizes = given_sizes or "model_kwargs" in recipe
-        cfg.update(copied(recipe))
-    cfg.update({k: copied(v) for k, v in args.items() if k in DEFAULTS and k != "imports"})
+    given = [f"{what} {sizes_text(kw)}" for what, kw in ((f"recipe {args.get('config')}", recipe.get("model_kwargs")),
+                                                       ("--model-kwargs", args.get("model_kwargs"))) if kw]
+    given += [f"--{k.replace('_', '-')} {args[k]}" for k in SIZE_KEYS if k in args]  # what added to the sizes
+    for layer in (recipe, args):  # model_kwargs add to those below them (the rest replaces)
+        if isinstance(layer.get("model_kwargs"), dict) and isinstance(cfg.get("model_kwargs"), dict):
+            layer = {**layer, "model_kwargs": {**cfg["model_kwargs"], **layer["model_kwargs"]}}
+        cfg.update({k: copied(v) for k, v in layer.items() if k in DEFAULTS and k != "imports"})
     imports = [*(cfg.get("imports") or []), *(args.get("imports") or [])]
     if not isinstance(imports, list) or not all(isinstance(v, str) for v in imports):
         raise UserError(f"imports must be a list of module names or .py files, got {cfg.get('imports')!r}")
@@ -393,11 +401,11 @@ def resolve(args: dict, base: dict | None = None) -> dict:
     for key in ("model_kwargs", "pe_kwargs"):
         if cfg.get(key) is None:
             cfg[key] = {}
-    if base is None and not given_sizes and (not is_vit(str(cfg["model"])) or cfg.get("pretrained") is True):
-        cfg["model_kwargs"] = {}  # the default sizes are a tiny ViT's: other models (and pretrained ones) keep their own
     for key in SIZE_KEYS:
         if key in args and isinstance(cfg["model_kwargs"], dict):
             cfg["model_kwargs"][key] = args[key]
+    if base is None or cfg["model"] in PRESETS:
+        origin = expand_preset(cfg, given="model" in args or "model" in recipe)
     unknown = sorted(set(cfg) - set(DEFAULTS) - set(RUN_KEYS))
     if unknown:
         raise UserError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
@@ -408,7 +416,28 @@ def resolve(args: dict, base: dict | None = None) -> dict:
         cfg["num_classes"], cfg["in_chans"] = info["num_classes"], info["in_chans"]
     if cfg["output"] is None:
         cfg["output"] = f"runs/{cfg['data']}_{cfg['pe'].replace('+', '-')}_s{cfg['seed']}"
+    cfg["sizes_from"] = " + ".join([origin, *given])
     return cfg
+
+
+def expand_preset(cfg: dict, given: bool) -> str:
+    """A model preset (:data:`~visionpe.train.models.PRESETS`, e.g. the default ``tiny``) in ``cfg`` replaced by its
+    timm model and sizes (the sizes given add to them); returns where the model's sizes come from, in words:
+    ``"the tiny default (vit_tiny_patch16_224 at ...)"``, ``"--model tiny (...)"``, ``"timm's vit_small_patch16_224"``.
+    """
+    name = cfg["model"]
+    if name not in PRESETS:
+        return f"{name}'s own" if named_constructor(name) else f"timm's {name}"
+    model, kwargs = PRESETS[name]
+    if cfg.get("pretrained") is True:
+        if given:
+            raise UserError(f"--pretrained loads timm's weights of a timm model at timm's sizes; --model {name} is "
+                            f"visionpe's {preset_text(name)}, which has none: give --model NAME (e.g. {model})")
+        cfg["model"] = model  # the default's architecture at the sizes of timm's weights
+        return f"timm's {model} (the default {name}'s architecture, at the sizes of its pretrained weights)"
+    if isinstance(cfg["model_kwargs"], dict):
+        cfg["model"], cfg["model_kwargs"] = model, {**kwargs, **cfg["model_kwargs"]}
+    return ("--model " if given else "the default ") + preset_text(name)
 
 
 def copied(value):
@@ -767,7 +796,7 @@ def check_run(cfg: dict, training: bool) -> None:
 def saved_form(cfg: dict) -> dict:
     """What config.yaml holds: the settings that define the run, with ``model_kwargs`` complete (everything
     ``visionpe.create_model(model, pe, pe_kwargs=..., **model_kwargs)`` needs)."""
-    saved = {k: copied(v) for k, v in cfg.items() if k not in NOT_SAVED}
+    saved = {k: copied(v) for k, v in cfg.items() if k not in NOT_SAVED + REPORTED}
     saved["model_kwargs"] = model_kwargs(cfg)
     return saved
 

@@ -63,8 +63,6 @@ def main(argv: list[str]) -> dict:
 
     # -- data: the training and validation sets, one process's share of each batch ---------------------------------
     train_set, val_set = loop.datasets(cfg)
-    for note in loop.data_notes(cfg):  # transform settings the data set does not take
-        report(note)
     loader, loader_set, sampler = sampling.training_loader(train_set, cfg, world=world, rank=rank,
                                                            pin_memory=device.type == "cuda")
     steps_per_epoch = len(loader)  # loader batches; an optimizer step every grad_accum_steps of them
@@ -74,6 +72,11 @@ def main(argv: list[str]) -> dict:
     state = rundir.load_checkpoint(out) if resume else None
     torch.manual_seed(cfg["seed"])
     raw_model = models.build_model(cfg)
+    num_params = sum(p.numel() for p in raw_model.parameters())
+    report(metrics.start_line(cfg, num_params=num_params, train_size=len(train_set), val_size=len(val_set),
+                              world=world, device=device, amp=amp_dtype is not None, out=out))  # the first line
+    for note in loop.data_notes(cfg):  # transform settings the data set does not take
+        report(note)
     init = None
     if state is None and cfg["init_from"]:  # a new run from another model's weights (or one resumed before epoch 1)
         init = restore.init_weights(raw_model, cfg)
@@ -88,7 +91,6 @@ def main(argv: list[str]) -> dict:
     train_model = torch.compile(raw_model) if cfg["compile"] else raw_model
     net = loop.MixedSizes(train_model) if cfg["max_patches"] else train_model  # takes lists of images of mixed sizes
     model = DDP(net, device_ids=[procs.local_rank] if device.type == "cuda" else None) if world > 1 else net
-    num_params = sum(p.numel() for p in raw_model.parameters())
     run = recipe.resume(parts, raw_model, state, out / rundir.STATE, world, init)  # fresh, or the last commit
     start_epoch = run.epoch
 
@@ -103,8 +105,6 @@ def main(argv: list[str]) -> dict:
         within = run.within
         report(f"resuming {out} " + (f"at batch {within['step']}/{steps_per_epoch} of epoch {start_epoch + 1}"
                                      if within else f"after epoch {start_epoch}"))
-    report(metrics.start_line(cfg, num_params=num_params, train_size=len(train_set), val_size=len(val_set),
-                              world=world, device=device, amp=amp_dtype is not None, out=out))
 
     # -- training: an epoch, its validation, a commit of state.pt (and within the epoch, when the clock says so) ---
     clock = loop.CheckpointClock(cfg["checkpoint_every_steps"], cfg["checkpoint_every_minutes"], device)
