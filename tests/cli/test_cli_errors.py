@@ -369,7 +369,8 @@ ROWS = [
     (T, ["--resume", "{run}", "--pe", "rope_axial"], ["cannot change", "pe ('rope_mixed' -> 'rope_axial')"]),
     (T, ["--resume", "{run}", "--embed-dim", "32"], ["cannot change", "model_kwargs.embed_dim (16 -> 32)"]),
     (T, ["--resume", "{run}", "--pe-kwargs", "theta=10"], ["cannot change", "pe_kwargs"]),
-    (T, ["--resume", "{run}", "--lr", "0.1", "--epochs", "5"], ["cannot change", "lr", "epochs (2 -> 5)"]),
+    (T, ["--resume", "{run}", "--lr", "0.1", "--epochs", "5"], ["cannot change", "lr (0.003 -> 0.1)", "may change"]),
+    (T, ["--resume", "{run}", "--epochs", "1"], ["--epochs 1", "trained 2 epoch(s)", "--epochs >= 2"]),
     (T, ["--resume", "{run}", "--model-ema"], ["cannot change", "model_ema (False -> True)"]),
     (T, ["--resume", "{run}", "--grad-accum-steps", "2"], ["cannot change", "grad_accum_steps (1 -> 2)"]),
     # -- resolution_sweep.py ----------------------------------------------------------------------------------------

@@ -103,11 +103,11 @@ def resume_config(args: dict) -> tuple[dict, list[tuple]]:
     given["output"] = str(out)
     cfg = settings.resolve(given, base=base)
     diff = settings.changes(base, cfg)
-    refused = settings.refused_changes(base, cfg)
+    refused = [d for d in settings.refused_changes(base, cfg) if d[0] not in settings.EXTEND_ON_RESUME]
     if refused:
         raise UserError(f"--resume {out}: cannot change {'; '.join(f'{k} ({a!r} -> {b!r})' for k, a, b in refused)} "
-                        f"of the run (only {', '.join(settings.SAFE_ON_RESUME)} may change); start a new run with "
-                        "another --output, or --overwrite this one")
+                        f"of the run (only {', '.join(settings.SAFE_ON_RESUME + settings.EXTEND_ON_RESUME)} may "
+                        "change); start a new run with another --output, or --overwrite this one")
     return cfg, diff
 
 

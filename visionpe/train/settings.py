@@ -36,6 +36,7 @@ REPORTED = ("sizes_from",)  # what resolve found out about the settings: in the 
 SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "threads", "progress", "device",
                   "stop_after", "download", "imports", "compile", "channels_last", "checkpoint_every_steps",
                   "checkpoint_every_minutes", "log")
+EXTEND_ON_RESUME = ("epochs",)  # --resume DIR --epochs N: the run continues to N epochs on the schedule of that length
 LOGGERS = ("tensorboard", "wandb")  # --log: visionpe.train.metrics.LOGGER_CLASSES
 
 
@@ -300,7 +301,8 @@ def build_parser(prog: str = "visionpe train", description: str = "", epilog: st
                              "it")
     groups[RUN].add_argument("--resume", nargs="?", const=True, metavar="DIR",
                              help="continue the run in DIR (default: --output) exactly where it stopped; only "
-                                  f"{', '.join(SAFE_ON_RESUME)} may change")
+                                  f"{', '.join(SAFE_ON_RESUME)} may change; --epochs N extends a run (finished or "
+                                  "not) to N epochs, its schedule continued to the new length as timm's --resume")
     for key, s in SETTINGS.items():
         if key == "imports":
             add_import(p, groups[RUN])
@@ -390,10 +392,8 @@ def resolve(args: dict, base: dict | None = None, origin: str = "the run's confi
     given = [f"{what} {sizes_text(kw)}" for what, kw in ((f"recipe {args.get('config')}", recipe.get("model_kwargs")),
                                                        ("--model-kwargs", args.get("model_kwargs"))) if kw]
     given += [f"--{k.replace('_', '-')} {args[k]}" for k in SIZE_KEYS if k in args]  # what added to the sizes
-    for layer in (recipe, args):  # model_kwargs add to those below them (the rest replaces)
-        if isinstance(layer.get("model_kwargs"), dict) and isinstance(cfg.get("model_kwargs"), dict):
-            layer = {**layer, "model_kwargs": {**cfg["model_kwargs"], **layer["model_kwargs"]}}
-        cfg.update({k: copied(v) for k, v in layer.items() if k in DEFAULTS and k != "imports"})
+    cfg.update(copied(kwargs_added(cfg, recipe)))
+    cfg.update({k: copied(v) for k, v in kwargs_added(cfg, args).items() if k in DEFAULTS and k != "imports"})
     imports = [*(cfg.get("imports") or []), *(args.get("imports") or [])]
     if not isinstance(imports, list) or not all(isinstance(v, str) for v in imports):
         raise UserError(f"imports must be a list of module names or .py files, got {cfg.get('imports')!r}")
@@ -418,6 +418,14 @@ def resolve(args: dict, base: dict | None = None, origin: str = "the run's confi
         cfg["output"] = f"runs/{cfg['data']}_{cfg['pe'].replace('+', '-')}_s{cfg['seed']}"
     cfg["sizes_from"] = " + ".join([origin, *given])
     return cfg
+
+
+def kwargs_added(cfg: dict, layer: dict) -> dict:
+    """A layer of settings (a recipe, the command line) with its ``model_kwargs`` added to those of ``cfg``, the
+    layers below it (its other settings replace theirs)."""
+    if isinstance(layer.get("model_kwargs"), dict) and isinstance(cfg.get("model_kwargs"), dict):
+        return {**layer, "model_kwargs": {**cfg["model_kwargs"], **layer["model_kwargs"]}}
+    return layer
 
 
 def expand_preset(cfg: dict, given: bool) -> str:

@@ -105,6 +105,8 @@ def main(argv: list[str]) -> dict:
         within = run.within
         report(f"resuming {out} " + (f"at batch {within['step']}/{steps_per_epoch} of epoch {start_epoch + 1}"
                                      if within else f"after epoch {start_epoch}"))
+    if run.extended:
+        report(recipe.extension_text(run.extended, parts.scheduler))  # --resume --epochs N: what changes
 
     # -- training: an epoch, its validation, a commit of state.pt (and within the epoch, when the clock says so) ---
     clock = loop.CheckpointClock(cfg["checkpoint_every_steps"], cfg["checkpoint_every_minutes"], device)
