@@ -4,6 +4,8 @@ linear warmup, then cosine down to ``min_lr``), the float16 gradient scaler, mix
 weights; and where a run stands (:class:`Progress`), restored with them from ``state.pt``."""
 from __future__ import annotations
 
+import contextlib
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -62,15 +64,31 @@ def build(cfg: dict, model: torch.nn.Module, updates_per_epoch: int, device: tor
                                         layer_decay=cfg["layer_decay"])  # position parameters: no weight decay
     total_steps = cfg["epochs"] * updates_per_epoch  # optimizer steps
     warmup_steps = min(round(cfg["warmup_epochs"] * updates_per_epoch), total_steps - 1)
-    scheduler = CosineLRScheduler(optimizer, t_initial=total_steps - warmup_steps, lr_min=cfg["min_lr"],
-                                  warmup_t=warmup_steps, warmup_lr_init=cfg["lr"] * 1e-3, warmup_prefix=True,
-                                  t_in_epochs=False)  # per step: linear warmup, then cosine down to min_lr
+    with timm_log_quiet(COSINE_LOG):  # one step after warmup: its "will have no effect" warning is the run asked for
+        scheduler = CosineLRScheduler(optimizer, t_initial=total_steps - warmup_steps, lr_min=cfg["min_lr"],
+                                      warmup_t=warmup_steps, warmup_lr_init=cfg["lr"] * 1e-3, warmup_prefix=True,
+                                      t_in_epochs=False)  # per step: linear warmup, then cosine down to min_lr
     mixup = None
     if cfg["mixup"] > 0 or cfg["cutmix"] > 0:
         mixup = Mixup(mixup_alpha=cfg["mixup"], cutmix_alpha=cfg["cutmix"], label_smoothing=cfg["label_smoothing"],
                       num_classes=cfg["num_classes"])
     return Recipe(optimizer, scheduler, criterion_for(cfg, mixup is not None), mixup,
                   NativeScaler(device=device.type) if amp_dtype == torch.float16 else None, ema, cfg["epochs"])
+
+
+COSINE_LOG = "timm.scheduler.cosine_lr"  # the logger of timm's cosine schedule
+
+
+@contextlib.contextmanager
+def timm_log_quiet(name: str):
+    """Only errors from the logger ``name`` within the block (its warnings are about settings the run made)."""
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def criterion_for(cfg: dict, mixup: bool) -> torch.nn.Module:

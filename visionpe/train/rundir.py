@@ -303,6 +303,14 @@ def prepare(out: Path, cfg: dict, *, resume: bool, state: dict | None, changed=(
     return notes
 
 
+def files_line(out: Path, weights: tuple[str, ...]) -> str:
+    """The last line of a finished run: its directory and what each result file holds (``weights``: the names of
+    :data:`WEIGHTS` it exported)."""
+    exported = ", ".join(WEIGHTS[w] for w in weights)
+    return (f"run {out}: {RESULTS} (the table above), {METRICS} and {SUMMARY} (every epoch), {exported} (weights), "
+            f"{CONFIG} (settings), {STATE} (for --resume)")
+
+
 def finish(out: Path, history: list[dict], summary: dict) -> None:
     """The last writes of a finished run: all metrics, then results.json (whose presence means "finished")."""
     write_text(Path(out) / METRICS, metrics.metrics_text(history))

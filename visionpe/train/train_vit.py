@@ -55,7 +55,7 @@ def main(argv: list[str]) -> dict:
     # -- processes and device: one per torchrun rank; rank 0 writes and reports -----------------------------------
     procs = distributed.start(cfg)
     device, world, rank = procs.device, procs.world, procs.rank
-    report = metrics.Report(procs.master)  # the console line of rank 0, then the loggers of --log
+    report = metrics.Report(procs.master, video=bool(cfg["num_frames"]))  # rank 0's console, then --log's loggers
     amp_dtype = loop.amp_dtype(cfg["amp"], device)  # fp16 only on CUDA (settings.check_run)
     autocast = loop.autocast_for(device, amp_dtype)
     eval_kw = dict(batch_size=cfg["eval_batch_size"], workers=cfg["workers"], device=device, autocast=autocast,
@@ -157,8 +157,10 @@ def main(argv: list[str]) -> dict:
     keys, train_key = loop.eval_grid(cfg, cfg["eval_res"], cfg["eval_frames"])
     eval_sets = {k: (val_set if k == train_key else
                      loop.dataset(cfg, "val", k[1], k[0]) if video else loop.dataset(cfg, "val", k)) for k in keys}
-    results = {}
-    for which in ("last", "best") + (("ema",) if parts.ema is not None else ()):
+    results, exported = {}, ("last", "best") + (("ema",) if parts.ema is not None else ())
+    for which in exported:
+        report(f"evaluating the {which} weights at {' '.join(metrics.key_text(k) for k in keys)}"
+               f"{' (frames x px)' if video else ' px'} ...")  # the final table's progress
         if world > 1:
             dist.barrier()  # rank 0 has finished writing the weights
         path = rundir.weights_file(out, which)
@@ -171,6 +173,7 @@ def main(argv: list[str]) -> dict:
     if procs.master:
         rundir.finish(out, run.history, summary)  # metrics.jsonl, summary.csv, then results.json: finished
     report(metrics.resolution_table(cfg, results, run.best_epoch))
+    report(rundir.files_line(out, exported))
     report.close()
     del model  # DDP's reducer holds the process group: freed first, the group is destroyed in leave()
     distributed.leave()
