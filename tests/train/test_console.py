@@ -3,10 +3,12 @@ final evaluation says what it is doing, the last line names the run's directory 
 scheduler warning is not shown where the run's own settings make it meaningless."""
 import logging
 
+import pytest
 import torch
 from timm.scheduler import CosineLRScheduler
 
 from trainutil import TINY, train_main
+from visionpe.cli import UserError
 from visionpe.train import metrics, recipe, settings
 
 COSINE_WARNING = "Cosine annealing scheduler will have no effect"
@@ -47,3 +49,18 @@ def test_the_cosine_warning_of_a_one_step_schedule_is_not_shown(caplog):
         parts = recipe.build(cfg, model, updates_per_epoch=1, device=torch.device("cpu"), amp_dtype=None)
         assert parts.scheduler.t_initial == 1 and COSINE_WARNING not in caplog.text
     assert logging.getLogger(recipe.COSINE_LOG).level == logging.NOTSET  # put back as it was
+
+
+def test_help_shows_the_examples_first_and_no_double_negation(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        train_main(["--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: visionpe train [--config RECIPE]") and len(text.split("\n", 3)[1]) < 110
+    assert text.index("examples:") < text.index("model settings:") and "--resume runs/NAME --epochs" in text
+    assert "--no-no-" not in text and "--no-aug" in text
+    recipe_file = tmp_path / "plain.yaml"
+    recipe_file.write_text("no_aug: true\n")
+    assert settings.resolve(settings.parse_args(["--config", str(recipe_file)]))["no_aug"] is True
+    assert settings.resolve(settings.parse_args(["--config", str(recipe_file), "--aug"]))["no_aug"] is False
+    with pytest.raises(UserError, match="not allowed with"):
+        settings.parse_args(["--aug", "--no-aug"])

@@ -293,7 +293,10 @@ def _default_text(key: str) -> str:
 
 def build_parser(prog: str = "visionpe train", description: str = "", epilog: str = "") -> Parser:
     """The training command line, flags grouped as timm's train.py groups them."""
-    p = Parser(prog=prog, description=description, epilog=epilog, argument_default=argparse.SUPPRESS)
+    usage = f"{prog} [--config RECIPE] [--model NAME] [--pe NAME] [--data NAME] [--epochs N] [SETTING ...]"
+    if prog == "visionpe train":
+        usage += f"\n       {prog} --resume DIR [--epochs N] [SETTING ...]"
+    p = Parser(prog=prog, usage=usage, description=description, epilog=epilog, argument_default=argparse.SUPPRESS)
     groups = {g: p.add_argument_group(f"{g} settings") for g in GROUPS}
     groups[RUN].add_argument("--config", metavar="YAML|NAME", help="YAML recipe: a mapping of settings (keys as "
                              "below, with underscores), a file or the name of a recipe shipped with visionpe (e.g. "
@@ -313,6 +316,11 @@ def build_parser(prog: str = "visionpe train", description: str = "", epilog: st
         g = groups[s.group]
         if s.kind == "mapping":
             g.add_argument(flag, nargs="*", type=_kv, metavar=s.metavar, help=text)
+        elif s.kind == "bool" and key.startswith("no_"):  # --no-aug and its opposite --aug (not --no-no-aug)
+            either = g.add_mutually_exclusive_group()
+            either.add_argument(flag, dest=key, action="store_true", help=text)
+            either.add_argument("--" + key[3:].replace("_", "-"), dest=key, action="store_false",
+                                help=f"the opposite of {flag} (e.g. over a recipe's {key}: true)")
         elif s.kind == "bool":
             g.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
         elif s.kind == "ints":

@@ -6,7 +6,9 @@ test resolution changes.
     torchrun --nproc_per_node 2 -m visionpe.train --config shapes_tiny             # DDP (gloo on CPU, nccl on GPU)
     visionpe train --data moving-shapes --num-frames 8 --pe rope_axial --eval-frames 4 16 --eval-res 24 48
                                                          # video: a tubelet ViT, frames x resolution table
+    visionpe train --model vit_small_patch16_224 --data cifar10 --pe rope_mixed       # timm's ViT-S, its own sizes
     visionpe train --resume runs/NAME                                              # continue exactly
+    visionpe train --resume runs/NAME --epochs 20                # extend: the schedule continues to 20 epochs
     visionpe train --init-from runs/NAME --pe rope_mixed --epochs 2 --output runs/NAME_to_rope
                                                          # convert a trained run to another encoding, fine-tune
     visionpe train --config shapes_tiny --log tensorboard wandb                    # loggers besides the console
@@ -44,8 +46,9 @@ from . import distributed, loop, metrics, models, recipe, restore, rundir, sampl
 
 def main(argv: list[str]) -> dict:
     # -- settings: defaults < recipe < command line; --resume: the run's own config.yaml, safe changes only ------
-    head, _, tail = __doc__.partition("\n\n")
-    args = settings.parse_args(argv, prog="visionpe train", description=head, epilog=tail.split("\n\nSettings")[0])
+    head, examples, tail = __doc__.split("\n\n", 2)  # --help: what it does, the examples, then the flags
+    args = settings.parse_args(argv, prog="visionpe train", description=f"{head}\n\nexamples:\n{examples}",
+                               epilog=tail.split("\n\nSettings")[0])
     resume = bool(args.get("resume"))
     cfg, changed = restore.resume_config(args) if resume else (restore.new_config(args), [])
     out = Path(cfg["output"])
