@@ -1,13 +1,15 @@
 """What a run prints (issue 30 item 4): the first line and the final table name what tells two runs apart, the
 final evaluation says what it is doing, the last line names the run's directory and result files, and timm's
 scheduler warning is not shown where the run's own settings make it meaningless."""
+import json
 import logging
+import runpy
 
 import pytest
 import torch
 from timm.scheduler import CosineLRScheduler
 
-from trainutil import TINY, train_main
+from trainutil import ROOT, TINY, train_main
 from visionpe.cli import UserError
 from visionpe.train import metrics, recipe, settings
 
@@ -64,3 +66,43 @@ def test_help_shows_the_examples_first_and_no_double_negation(capsys, tmp_path):
     assert settings.resolve(settings.parse_args(["--config", str(recipe_file), "--aug"]))["no_aug"] is False
     with pytest.raises(UserError, match="not allowed with"):
         settings.parse_args(["--aug", "--no-aug"])
+
+
+def demo():
+    """examples/demo.py's functions (its main is not run on import)."""
+    return runpy.run_path(str(ROOT / "examples" / "demo.py"))
+
+
+def test_demo_prints_one_table_with_its_legend_and_ends_with_the_paths(tmp_path, capsys):
+    quick = ["--data", "shapes-relation", "--train-samples", "32", "--val-samples", "16", "--batch-size", "16",
+             "--epochs", "1", "--img-size", "32", "--patch-size", "8", "--embed-dim", "16", "--depth", "1",
+             "--num-heads", "2", "--eval-res", "--no-progress", "--threads", "1"]
+    demo()["main"](tmp_path, quick)
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    heads = [line.split()[0] for line in lines if line.split()[:1] in (["encoding"], ["resolution"])]
+    assert heads == ["encoding"], heads  # one table: the trainings' own single-column tables are left out
+    assert "32px (train)" in text and "rope_mixed [none]" in text and "rope_mixed [pi]" in text
+    for words in ("(retention) = top-1 / top-1 at the training size", "[none]: ", "[pi]: ", "*: "):
+        assert any(line.startswith(words) or words in line for line in lines), words
+    assert lines[-2].startswith("runs: ") and lines[-1].startswith(f"plot: {tmp_path / 'sweep.png'}")
+    assert (tmp_path / "sweep.png").stat().st_size > 1000 and (tmp_path / "sweep.csv").is_file()
+    assert any(line.startswith("[learned] run ") for line in lines)  # each training's last line, its files
+
+
+def test_demo_caveat_names_an_under_trained_row(tmp_path):
+    runs = {}
+    for pe, accs in (("learned", [40.0, 55.0, 66.0]), ("rope_mixed", [60.0, 80.0, 81.0])):
+        runs[pe] = tmp_path / pe
+        runs[pe].mkdir()
+        (runs[pe] / "metrics.jsonl").write_text("".join(json.dumps({"kind": "epoch", "epoch": i + 1, "val_acc": a})
+                                                        + "\n" for i, a in enumerate(accs)))
+    rows = [{"pe": "learned", "adaptation": "default", "res": 32, "train_res": 32, "acc": 66.0},
+            {"pe": "rope_mixed", "adaptation": "none", "res": 32, "train_res": 32, "acc": 81.0},
+            {"pe": "rope_mixed", "adaptation": "pi", "res": 32, "train_res": 32, "acc": 81.0}]
+    notes = demo()["caveats"](rows, runs)
+    assert notes == ["caveat: learned reaches 66.0% at its training size, 15.0 points below rope_mixed, after 3 "
+                     "epochs (its validation top-1 still rose in the last one): it is likely under-trained, so its "
+                     "retention compares a weaker model (more --epochs)"], notes
+    rows[0]["acc"] = 78.0
+    assert demo()["caveats"](rows, runs) == []

@@ -307,7 +307,7 @@ def files_line(out: Path, weights: tuple[str, ...]) -> str:
     """The last line of a finished run: its directory and what each result file holds (``weights``: the names of
     :data:`WEIGHTS` it exported)."""
     exported = ", ".join(WEIGHTS[w] for w in weights)
-    return (f"run {out}: {RESULTS} (the table above), {METRICS} and {SUMMARY} (every epoch), {exported} (weights), "
+    return (f"run {out}: {RESULTS} (the resolution table), {METRICS} and {SUMMARY} (every epoch), {exported} (weights), "
             f"{CONFIG} (settings), {STATE} (for --resume)")
 
 
