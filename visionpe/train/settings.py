@@ -721,6 +721,8 @@ def check_optimizer(cfg: dict) -> None:
     need(cfg["batch_size"] >= 1, f"batch_size must be an integer >= 1, got {cfg['batch_size']}")
     for key in ("weight_decay", "clip_grad"):
         need(cfg[key] >= 0, f"{key} must be a number >= 0, got {cfg[key]}")
+    need(cfg["weight_decay"] * cfg["lr"] < 1, f"weight_decay {cfg['weight_decay']} with lr {cfg['lr']}: each step "
+         "shrinks the weights by lr x weight_decay, which must be < 1 (at 1 or more it zeroes or flips them)")
     need(cfg["grad_accum_steps"] >= 1, f"grad_accum_steps must be an integer >= 1, got {cfg['grad_accum_steps']}")
     decay = cfg["layer_decay"]
     need(decay is None or 0 < decay <= 1, f"layer_decay must be in (0, 1], got {decay}")
@@ -750,7 +752,8 @@ def check_augmentation(cfg: dict) -> None:
     need(0 <= cfg["label_smoothing"] < 1, f"label_smoothing must be in [0, 1), got {cfg['label_smoothing']}")
     need(0 <= cfg["drop_path"] < 1, f"drop_path must be in [0, 1), got {cfg['drop_path']}")
     for key in ("mixup", "cutmix"):
-        need(cfg[key] >= 0, f"{key} must be a number >= 0, got {cfg[key]}")
+        need(0 <= cfg[key] < math.inf, f"{key} must be a finite number >= 0 (the alpha of timm's Beta(alpha, alpha) "
+             f"mixing ratio), got {cfg[key]}")
     if cfg["mixup"] > 0 or cfg["cutmix"] > 0:
         need(cfg["batch_size"] % 2 == 0, f"mixup/cutmix need an even batch_size, got {cfg['batch_size']}")
     for res in cfg["train_res"]:
