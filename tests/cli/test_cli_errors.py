@@ -464,7 +464,8 @@ ROWS = [
     (T, ["--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "mlp_ratio=inf"], ["mlp_ratio", "> 0"]),
     (T, ["--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "reg_tokens=-1"],
      ["cannot build vit_tiny_patch16_224", "--model-kwargs", "reg_tokens=-1", "negative dimension"]),  # torch's error
-    (T, ["--lr", "1e10", "--epochs", "2", "--warmup-epochs", "0", "--train-samples", "16"],  # 1 step an epoch
+    (T, ["--lr", "1e10", "--weight-decay", "0", "--epochs", "2", "--warmup-epochs", "0", "--train-samples", "16"],
+     # 1 step an epoch; no weight decay (lr x weight_decay >= 1 is refused before training)
      ["non-finite validation loss", "after epoch 1", "no epoch was saved", "lower --lr"]),
     (T, ["--train-samples", "1e12"], ["--train-samples", "invalid int value", "'1e12'"]),
     (T, ["--train-samples", "1000000000000"], ["train_samples 1000000000000", "rendered train scenes", "at most"]),

@@ -721,7 +721,7 @@ def check_optimizer(cfg: dict) -> None:
     need(cfg["batch_size"] >= 1, f"batch_size must be an integer >= 1, got {cfg['batch_size']}")
     for key in ("weight_decay", "clip_grad"):
         need(cfg[key] >= 0, f"{key} must be a number >= 0, got {cfg[key]}")
-    need(cfg["weight_decay"] * cfg["lr"] < 1, f"weight_decay {cfg['weight_decay']} with lr {cfg['lr']}: each step "
+    need(cfg["weight_decay"] == 0 or cfg["weight_decay"] * cfg["lr"] < 1, f"weight_decay {cfg['weight_decay']} with lr {cfg['lr']}: each step "
          "shrinks the weights by lr x weight_decay, which must be < 1 (at 1 or more it zeroes or flips them)")
     need(cfg["grad_accum_steps"] >= 1, f"grad_accum_steps must be an integer >= 1, got {cfg['grad_accum_steps']}")
     decay = cfg["layer_decay"]
