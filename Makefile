@@ -5,12 +5,19 @@ PY := $(VENV)/bin/python
 
 .PHONY: demo test clean
 
+PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar on
+
 $(VENV)/.installed: pyproject.toml
-	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $@
+	@echo "== install 1/4: a virtual environment in $(VENV)"
+	@test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	@echo "== install 2/4: pip"
+	@$(PIP) -q --upgrade pip
+	@echo "== install 3/4: torch and torchvision (the largest download: a few minutes the first time)"
+	@$(PIP) torch==2.14.1 torchvision==0.29.1
+	@echo "== install 4/4: visionpe and its test tools (editable)"
+	@$(PIP) -q -e '.[dev]'
+	@touch $@
+	@echo "== installed: $(PY)"
 
 demo: $(VENV)/.installed
 	$(PY) examples/demo.py

@@ -369,7 +369,8 @@ ROWS = [
     (T, ["--resume", "{run}", "--pe", "rope_axial"], ["cannot change", "pe ('rope_mixed' -> 'rope_axial')"]),
     (T, ["--resume", "{run}", "--embed-dim", "32"], ["cannot change", "model_kwargs.embed_dim (16 -> 32)"]),
     (T, ["--resume", "{run}", "--pe-kwargs", "theta=10"], ["cannot change", "pe_kwargs"]),
-    (T, ["--resume", "{run}", "--lr", "0.1", "--epochs", "5"], ["cannot change", "lr", "epochs (2 -> 5)"]),
+    (T, ["--resume", "{run}", "--lr", "0.1", "--epochs", "5"], ["cannot change", "lr (0.003 -> 0.1)", "may change"]),
+    (T, ["--resume", "{run}", "--epochs", "1"], ["--epochs 1", "trained 2 epoch(s)", "--epochs >= 2"]),
     (T, ["--resume", "{run}", "--model-ema"], ["cannot change", "model_ema (False -> True)"]),
     (T, ["--resume", "{run}", "--grad-accum-steps", "2"], ["cannot change", "grad_accum_steps (1 -> 2)"]),
     # -- resolution_sweep.py ----------------------------------------------------------------------------------------
@@ -465,7 +466,8 @@ ROWS = [
     (T, ["--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "mlp_ratio=inf"], ["mlp_ratio", "> 0"]),
     (T, ["--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "reg_tokens=-1"],
      ["cannot build vit_tiny_patch16_224", "--model-kwargs", "reg_tokens=-1", "negative dimension"]),  # torch's error
-    (T, ["--lr", "1e10", "--epochs", "2", "--warmup-epochs", "0", "--train-samples", "16"],  # 1 step an epoch
+    (T, ["--lr", "1e10", "--weight-decay", "0", "--epochs", "2", "--warmup-epochs", "0", "--train-samples", "16"],
+     # 1 step an epoch; no weight decay (lr x weight_decay >= 1 is refused before training)
      ["non-finite validation loss", "after epoch 1", "no epoch was saved", "lower --lr"]),
     (T, ["--train-samples", "1e12"], ["--train-samples", "invalid int value", "'1e12'"]),
     (T, ["--train-samples", "1000000000000"], ["train_samples 1000000000000", "rendered train scenes", "at most"]),
@@ -566,6 +568,10 @@ ROWS += [
     (T, ["--aa", "rand-n100"], ["aa 'rand-n100'", "n100", "15 ops"]),
     (T, ["--color-jitter", "1e30"], ["color_jitter must be in [0, 1]", "1e+30", "saturate"]),
     (T, ["--color-jitter", "inf"], ["color_jitter", "finite", "inf"]),
+    (T, ["--cutmix", "inf"], ["cutmix must be a finite number >= 0", "got inf"]),
+    (T, ["--mixup", "inf"], ["mixup must be a finite number >= 0", "got inf"]),
+    (T, ["--weight-decay", "inf"], ["weight_decay inf with lr", "must be < 1"]),
+    (T, ["--weight-decay", "1e30"], ["weight_decay 1e+30 with lr", "lr x weight_decay"]),
     (T, ["--reprob", "1", "--recount", "1000000"], ["recount must be an integer in [1, 100]", "1000000"]),
     (T, [*VIDEO_RUN, "--frame-stride", "100"], ["frame_stride 100", "span 301 frames", "none of 2 clips",
                                                  "{tmp}/folder/train", "lower --frame-stride"], "video_short_clips"),

@@ -54,6 +54,9 @@ def test_video_table_is_printed(tmp_path, capsys):
     for row in ("last 4 frames top-1 %", "last 8 frames top-1 %", "best 8 frames retention"):
         assert row in text
     assert "8px" in text and "16px" in text
+    epochs = [line for line in text.splitlines() if line.startswith("epoch ")]
+    assert epochs and all(line.endswith(" clips/s") for line in epochs), epochs  # the throughput counts clips
+    assert "evaluating the last weights at 4x8 4x16 8x8 8x16 (frames x px) ..." in text
 
 
 def test_video_resume_is_exact(tmp_path):

@@ -111,8 +111,8 @@ LINES = {"none": ("-", "o"), "pi": ("--", "s"), "ntk": ("-.", "^"), "yarn": (":"
 def accuracy_plot(curves: list[Curve], path: Path, *, train_sizes, title: str) -> bool:
     """Accuracy vs test resolution, the one figure of the sweep and the accuracy benchmarks: top-1 (and, when the
     curves carry it, retention beside it), mean ± std over the values of each size, a dotted line at each training
-    size. Non-square sizes (anything but an ``int``) have no place on the axis and are left out. Returns False (and
-    writes nothing) when there is no curve."""
+    size (labelled in the legend). Non-square sizes (anything but an ``int``) have no place on the axis and are left
+    out. Returns False (and writes nothing) when there is no curve."""
     if not curves:
         return False
     import matplotlib
@@ -136,8 +136,8 @@ def accuracy_plot(curves: list[Curve], path: Path, *, train_sizes, title: str) -
             if any(s > 0 for _, s in stats):
                 ax.errorbar(xs, [m for m, _ in stats], yerr=[s for _, s in stats], fmt="none", capsize=3,
                             color=colour[c.group])
-        for size in sorted(set(train_sizes)):
-            ax.axvline(size, color="grey", linestyle=":", linewidth=1)
+        for i, size in enumerate(sorted(set(train_sizes))):
+            ax.axvline(size, color="grey", linestyle=":", linewidth=1, label=None if i else "training size")
         ax.set_xlabel("test resolution (px)")
         ax.set_ylabel(ylabel)
         ax.set_xticks(sizes)

@@ -70,11 +70,12 @@ class EpochRecord:
                 "val_acc": self.val.acc, **ema, "lr": self.lr, "img_per_s": self.img_per_s,
                 "epoch_time_s": self.epoch_time_s}
 
-    def line(self, epochs: int, improved: bool) -> str:
-        """The console line (``*``: the best validation top-1 so far)."""
+    def line(self, epochs: int, improved: bool, unit: str = "img/s") -> str:
+        """The console line (``*``: the best validation top-1 so far; ``unit`` of the throughput, ``clips/s`` for a
+        video run, whose ``img_per_s`` counts clips)."""
         ema = f"  EMA top-1 {self.ema.acc:6.2f}%" if self.ema is not None else ""
         return (f"epoch {self.epoch:3d}/{epochs}  train loss {self.train_loss:.4f}  val loss {self.val.loss:.4f}  "
-                f"val top-1 {self.val.acc:6.2f}%{' *' if improved else ''}{ema}  {self.img_per_s:.0f} img/s")
+                f"val top-1 {self.val.acc:6.2f}%{' *' if improved else ''}{ema}  {self.img_per_s:.0f} {unit}")
 
 
 def key_text(key) -> str:
@@ -164,15 +165,30 @@ def summary(cfg: dict, history: list[dict], results: dict, *, num_params: int, b
             "results": {w: {key_text(k): m for k, m in rs.items()} for w, rs in results.items()}}
 
 
+def setup_text(cfg: dict) -> str:
+    """What tells a run apart from another of the same model, encoding and data, for the first line and the final
+    table: the encoding's keywords, the training resolutions, the augmentation and regularization settings that are
+    not the defaults (:data:`visionpe.train.settings.AUG`)."""
+    changed = [f"{key}={cfg[key]}" for key, s in settings.SETTINGS.items()
+               if s.group == settings.AUG and key != "train_res" and cfg.get(key, s.default) != s.default]
+    words = [f"pe_kwargs {models.sizes_text(cfg['pe_kwargs'])}"] if cfg.get("pe_kwargs") else []
+    if cfg.get("train_res"):
+        words.append(f"train_res {' '.join(map(str, cfg['train_res']))} px")
+    return ", ".join(words + [f"augmentation {' '.join(changed) if changed else 'as the defaults'}"])
+
+
 def start_line(cfg: dict, *, num_params: int, train_size: int, val_size: int, world: int, device, amp: bool,
                out: Path) -> str:
-    """The console line a run starts with: model, encoding, size, data, processes, precision, recipe, folder."""
+    """The console line a run starts with: model, encoding, size and where its sizes came from, what tells the run
+    apart (:func:`setup_text`), data and evaluation protocol, processes, precision, recipe, folder."""
     clips = (f" clips of {cfg['num_frames']} frames, tubelet {'x'.join(map(str, models.tubelet(cfg)))}"
              if cfg["num_frames"] else "")
     recipe = "".join([f" | {cfg['grad_accum_steps']} batches a step" if cfg["grad_accum_steps"] > 1 else "",
                       " | EMA" if cfg["model_ema"] else "", " | compiled" if cfg["compile"] else ""])
-    return (f"{cfg['model']} pe={cfg['pe']} {num_params / 1e6:.3f}M params | {cfg['data']} {train_size} train "
-            f"{val_size} val at {cfg['img_size']}px{clips} | {world} process(es) on {device.type}"
+    sizes = f" (sizes: {cfg['sizes_from']})" if cfg.get("sizes_from") else ""
+    return (f"{cfg['model']} pe={cfg['pe']} {num_params / 1e6:.3f}M params{sizes} | {setup_text(cfg)} | "
+            f"{cfg['data']} {train_size} train {val_size} val at {cfg['img_size']}px{clips}, evaluated under protocol "
+            f"{settings.transforms_of(cfg).eval_protocol} | {world} process(es) on {device.type}"
             f"{' ' + cfg['amp'].replace('auto', 'bf16') if amp else ''}{recipe} | {out}")
 
 
@@ -190,8 +206,8 @@ def resolution_table(cfg: dict, results: dict, best_epoch: int) -> str:
     trained = f"{cfg['num_frames']} frames at {cfg['img_size']}px" if video else f"{cfg['img_size']}px"
     if cfg["max_patches"]:
         trained += f" (native aspect ratios within {cfg['max_patches']} patches)"
-    return (f"\n{cfg['data']}  {cfg['model']}  pe={cfg['pe']}  trained at {trained}, best epoch {best_epoch}, "
-            f"evaluated under protocol {settings.transforms_of(cfg).describe()}\n"
+    return (f"\n{cfg['data']}  {cfg['model']}  pe={cfg['pe']}  trained at {trained}, {setup_text(cfg)}, "
+            f"best epoch {best_epoch}, evaluated under protocol {settings.transforms_of(cfg).describe()}\n"
             + text_table(rows, ["frames x resolution" if video else "resolution"] + [f"{r}px" for r in resolutions]))
 
 
@@ -267,8 +283,9 @@ class Report:
     """What a run reports as it goes: lines on the console and epoch records to the loggers, from rank 0 only (the
     other processes are silent)."""
 
-    def __init__(self, master: bool):
+    def __init__(self, master: bool, video: bool = False):
         self.master, self.loggers = master, []
+        self.unit = "clips/s" if video else "img/s"  # what the throughput counts
 
     def __call__(self, text: str) -> None:
         if self.master:
@@ -281,7 +298,7 @@ class Report:
 
     def epoch(self, record: EpochRecord, epochs: int, improved: bool) -> None:
         """An epoch committed to ``state.pt``: its console line and its entry in every logger."""
-        self(record.line(epochs, improved))
+        self(record.line(epochs, improved, self.unit))
         for logger in self.loggers:
             logger.write([record.row()])
 

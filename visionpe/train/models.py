@@ -19,6 +19,9 @@ from ..backbones.api import any_size_kwargs, native_timm_modules, unsupported_re
 from ..cli import UserError, user_errors
 
 TIMM_NATIVE = "timm"  # pe: the timm model with its own position encoding, untouched (benchmark reference rows)
+# the workbench's own model names: a timm architecture at the sizes given here (a named model keeps timm's sizes)
+PRESETS = {"tiny": ("vit_tiny_patch16_224", {"embed_dim": 64, "depth": 4, "num_heads": 4})}
+DEFAULT_MODEL = "tiny"  # the model when --model is not given: small enough to train in minutes on a CPU
 DERIVED_MODEL_KWARGS = ("img_size", "patch_size", "num_classes", "in_chans", "drop_path_rate")  # set from settings
 
 
@@ -49,6 +52,17 @@ def model_kwargs(cfg: dict) -> dict:
     return kw
 
 
+def sizes_text(kwargs) -> str:
+    """Model keywords as ``k=v`` words: ``"embed_dim=64 depth=4 num_heads=4"`` (anything else as it is)."""
+    return " ".join(f"{k}={v}" for k, v in kwargs.items()) if isinstance(kwargs, dict) else repr(kwargs)
+
+
+def preset_text(name: str) -> str:
+    """A preset in words: ``"tiny (vit_tiny_patch16_224 at embed_dim=64 depth=4 num_heads=4)"``."""
+    model, kwargs = PRESETS[name]
+    return f"{name} ({model} at {sizes_text(kwargs)})"
+
+
 def supported_text(video: bool | None = None) -> str:
     """The registered backbones with example names, for help texts and messages: ``"timm VisionTransformer
     (vit_tiny_patch16_224, ...), ..."``; ``video`` True/False: only the video/image ones."""
@@ -62,8 +76,10 @@ def supported_text(video: bool | None = None) -> str:
 
 def model_help() -> str:
     """The ``--model`` help, from the registered adapters."""
-    return (f"model name: a timm model of a backbone visionpe adapts, or a name an adapter builds itself: "
-            f"{supported_text(video=False)}; or a backbone registered by --import. With --num-frames (video) a timm "
+    presets = ", ".join(preset_text(name) for name in PRESETS)
+    return (f"model name: {presets}, the default: a model small enough for a CPU; or a timm model of a backbone "
+            f"visionpe adapts, built at timm's own sizes (--model-kwargs adds to them), or a name an adapter builds "
+            f"itself: {supported_text(video=False)}; or a backbone registered by --import. With --num-frames (video) a timm "
             f"ViT, built as its tubelet version (visionpe.create_video_model), or a video backbone: "
             f"{supported_text(video=True)} (its sizes; --model-kwargs embed_dim=, depths=[..], num_heads=[..], "
             f"window_size=[t,h,w] make a smaller one; its patch is --tubelet-size)")

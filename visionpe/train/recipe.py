@@ -4,6 +4,8 @@ linear warmup, then cosine down to ``min_lr``), the float16 gradient scaler, mix
 weights; and where a run stands (:class:`Progress`), restored with them from ``state.pt``."""
 from __future__ import annotations
 
+import contextlib
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +27,7 @@ class Recipe:
     mixup: Mixup | None = None
     scaler: NativeScaler | None = None  # float16 only: loss scaling
     ema: ModelEmaV3 | None = None
+    epochs: int = 0  # the length the schedule is built for
 
     @property
     def ema_module(self) -> torch.nn.Module | None:
@@ -47,6 +50,7 @@ class Progress:
     best_epoch: int = -1
     history: list = field(default_factory=list)
     within: dict | None = None
+    extended: dict | None = None  # --resume --epochs N: the history's record of the new length (extension_record)
 
 
 def build(cfg: dict, model: torch.nn.Module, updates_per_epoch: int, device: torch.device,
@@ -60,15 +64,31 @@ def build(cfg: dict, model: torch.nn.Module, updates_per_epoch: int, device: tor
                                         layer_decay=cfg["layer_decay"])  # position parameters: no weight decay
     total_steps = cfg["epochs"] * updates_per_epoch  # optimizer steps
     warmup_steps = min(round(cfg["warmup_epochs"] * updates_per_epoch), total_steps - 1)
-    scheduler = CosineLRScheduler(optimizer, t_initial=total_steps - warmup_steps, lr_min=cfg["min_lr"],
-                                  warmup_t=warmup_steps, warmup_lr_init=cfg["lr"] * 1e-3, warmup_prefix=True,
-                                  t_in_epochs=False)  # per step: linear warmup, then cosine down to min_lr
+    with timm_log_quiet(COSINE_LOG):  # one step after warmup: its "will have no effect" warning is the run asked for
+        scheduler = CosineLRScheduler(optimizer, t_initial=total_steps - warmup_steps, lr_min=cfg["min_lr"],
+                                      warmup_t=warmup_steps, warmup_lr_init=cfg["lr"] * 1e-3, warmup_prefix=True,
+                                      t_in_epochs=False)  # per step: linear warmup, then cosine down to min_lr
     mixup = None
     if cfg["mixup"] > 0 or cfg["cutmix"] > 0:
         mixup = Mixup(mixup_alpha=cfg["mixup"], cutmix_alpha=cfg["cutmix"], label_smoothing=cfg["label_smoothing"],
                       num_classes=cfg["num_classes"])
     return Recipe(optimizer, scheduler, criterion_for(cfg, mixup is not None), mixup,
-                  NativeScaler(device=device.type) if amp_dtype == torch.float16 else None, ema)
+                  NativeScaler(device=device.type) if amp_dtype == torch.float16 else None, ema, cfg["epochs"])
+
+
+COSINE_LOG = "timm.scheduler.cosine_lr"  # the logger of timm's cosine schedule
+
+
+@contextlib.contextmanager
+def timm_log_quiet(name: str):
+    """Only errors from the logger ``name`` within the block (its warnings are about settings the run made)."""
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def criterion_for(cfg: dict, mixup: bool) -> torch.nn.Module:
@@ -94,17 +114,54 @@ def resume(recipe: Recipe, model: torch.nn.Module, state: dict | None, path, wor
     if state is None:
         return Progress(history=[init] if init else [])
     restore.load_state(model, state["model"], path)
+    done = state["epoch"] + (state.get("progress") is not None)  # epochs begun
+    if recipe.epochs < done:
+        raise UserError(f"--resume {path.parent} --epochs {recipe.epochs}: the run has trained "
+                        f"{state['epoch']} epoch(s){' and part of the next' if done > state['epoch'] else ''}; give "
+                        f"--epochs >= {done} (the schedule continues to the new length)")
+    extended = extension_record(recipe, state)
     with user_errors(f"{path} does not fit the optimizer, schedule, EMA or gradient scaler",
                      (ValueError, TypeError, RuntimeError, KeyError)):
         recipe.optimizer.load_state_dict(state["optimizer"])
-        recipe.scheduler.load_state_dict(state["scheduler"])
+        if extended is None:
+            recipe.scheduler.load_state_dict(state["scheduler"])
         if recipe.ema is not None:
             recipe.ema_module.load_state_dict(state["ema"])
         if recipe.scaler is not None:
             recipe.scaler.load_state_dict(state["scaler"])
     progress = Progress(state["epoch"], state["best_acc"], state["best_epoch"], state["history"],
-                        state.get("progress"))
+                        state.get("progress"), extended)
+    if extended is not None:
+        progress.history.append(extended)
     if progress.within is not None and len(progress.within["sums"]) != world:
         raise UserError(f"{path} was saved within epoch {progress.epoch + 1} by {len(progress.within['sums'])} "
                         f"process(es); resume it with as many (this is {world})")
     return progress
+
+
+def schedule_steps(schedule: dict) -> int:
+    """The optimizer steps a schedule (a :class:`CosineLRScheduler`'s ``state_dict``) is built for."""
+    return int(schedule["t_initial"]) + int(schedule["warmup_t"])
+
+
+def extension_record(recipe: Recipe, state: dict) -> dict | None:
+    """``--resume DIR --epochs N`` with a new N: the history's record of it (``{'kind': 'extend', 'after_epoch',
+    'from_epochs', 'epochs'}``), else None. As timm's train.py does on ``--resume`` with a new ``--epochs``, the
+    schedule is the one built for the new length (warmup, then cosine down to ``min_lr`` over all N epochs), read at
+    the run's step: the saved schedule (of the old length) is not loaded. The record is made while ``state.pt`` holds
+    the old schedule, so a run killed before its next commit records its extension when it resumes again."""
+    old, new = schedule_steps(state["scheduler"]), schedule_steps(recipe.scheduler.state_dict())
+    if old == new:
+        return None
+    return {"kind": "extend", "after_epoch": state["epoch"], "from_epochs": old * recipe.epochs // new,
+            "epochs": recipe.epochs}
+
+
+def extension_text(record: dict, scheduler: CosineLRScheduler) -> str:
+    """The console line of an extension: what changes, in one line."""
+    epochs, after = record["epochs"], record["after_epoch"]
+    step = schedule_steps(scheduler.state_dict()) * after // epochs  # the first optimizer step of epoch after + 1
+    lr = max(scheduler._get_lr(step))  # timm's value of the schedule at that step
+    return (f"resume: {record['from_epochs']} -> {epochs} epochs: training continues from epoch {after + 1} on the "
+            f"warmup + cosine schedule of {epochs} epochs (as timm's --resume with a new --epochs; learning rate "
+            f"{lr:.3g} as epoch {after + 1} starts); the final evaluation and results.json are redone")

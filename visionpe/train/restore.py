@@ -103,11 +103,11 @@ def resume_config(args: dict) -> tuple[dict, list[tuple]]:
     given["output"] = str(out)
     cfg = settings.resolve(given, base=base)
     diff = settings.changes(base, cfg)
-    refused = settings.refused_changes(base, cfg)
+    refused = [d for d in settings.refused_changes(base, cfg) if d[0] not in settings.EXTEND_ON_RESUME]
     if refused:
         raise UserError(f"--resume {out}: cannot change {'; '.join(f'{k} ({a!r} -> {b!r})' for k, a, b in refused)} "
-                        f"of the run (only {', '.join(settings.SAFE_ON_RESUME)} may change); start a new run with "
-                        "another --output, or --overwrite this one")
+                        f"of the run (only {', '.join(settings.SAFE_ON_RESUME + settings.EXTEND_ON_RESUME)} may "
+                        "change); start a new run with another --output, or --overwrite this one")
     return cfg, diff
 
 
@@ -135,7 +135,7 @@ def new_config(args: dict) -> dict:
         base = settings.copied(settings.DEFAULTS)
         base.update({k: settings.copied(source[k]) for k in INHERITED})
         base["model_kwargs"] = {k: v for k, v in base["model_kwargs"].items() if k not in models.DERIVED_MODEL_KWARGS}
-    cfg = settings.resolve({**args, "init_from": str(weights)}, base=base)
+    cfg = settings.resolve({**args, "init_from": str(weights)}, base=base, origin=f"the source run {weights.parent}")
     if Path(cfg["output"]).resolve() == weights.parent.resolve():
         raise UserError(f"--init-from {init}: the weights are in the new run's own --output {cfg['output']}; give "
                         "another --output")

@@ -10,6 +10,7 @@
     best.safetensors    exported weights of the epoch with the best validation top-1 (metadata: epoch)
     ema.safetensors     exported EMA weights of the latest epoch (--model-ema; metadata: epoch)
     metrics.jsonl       one JSON object per line: {"kind": "epoch", ...}, then {"kind": "eval_res", ...}
+                        ({"kind": "extend", ...}: where --resume --epochs N gave the run a new length)
     summary.csv         one row per epoch (the epoch lines of metrics.jsonl, as timm's train.py writes it)
     results.json        the final resolution table; written last, so it exists only for a finished run
 
@@ -286,18 +287,28 @@ def prepare(out: Path, cfg: dict, *, resume: bool, state: dict | None, changed=(
     """Ready the run directory for training (rank 0 only). A new run: delete the previous run's files (only with
     ``--overwrite`` can there be any), then write config.yaml. A resumed run: :func:`repair`, and record the
     settings changed on the command line (``changed``, from :func:`~visionpe.train.restore.resume_config`) in
-    config.yaml. Returns what was
-    done, for the log."""
+    config.yaml; a new ``epochs`` (``--resume --epochs N``) first removes ``results.json``, so a kill part-way leaves
+    an unfinished run. Returns what was done, for the log."""
     if not resume:
         clear(out)
         write_config(out, cfg)
         return []
+    if any(key in settings.EXTEND_ON_RESUME for key, _, _ in changed):  # a new length: not finished any more
+        _unlink(out / RESULTS)
     notes = [f"resume: {note}" for note in repair(out, state)]
     notes += [f"resume: {key} changed from {old!r} to {new!r} (applied)" for key, old, new in changed]
     if any(key in settings.saved_form(cfg) for key, _, _ in changed):
         write_config(out, cfg)
         notes.append(f"resume: {CONFIG} updated with the changed settings")
     return notes
+
+
+def files_line(out: Path, weights: tuple[str, ...]) -> str:
+    """The last line of a finished run: its directory and what each result file holds (``weights``: the names of
+    :data:`WEIGHTS` it exported)."""
+    exported = ", ".join(WEIGHTS[w] for w in weights)
+    return (f"run {out}: {RESULTS} (the resolution table), {METRICS} and {SUMMARY} (every epoch), {exported} (weights), "
+            f"{CONFIG} (settings), {STATE} (for --resume)")
 
 
 def finish(out: Path, history: list[dict], summary: dict) -> None:

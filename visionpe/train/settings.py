@@ -20,8 +20,8 @@ import yaml
 from .. import data as vdata
 from ..cli import Parser, UserError, add_import, import_user_code, one_line
 from ..cli.recipes import recipe_path
-from .models import (DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_help, model_kwargs,
-                     named_constructor, tubelet)
+from .models import (DEFAULT_MODEL, DERIVED_MODEL_KWARGS, PRESETS, TIMM_NATIVE, check_model, is_vit, model_help,
+                     model_kwargs, named_constructor, preset_text, sizes_text, tubelet)
 
 MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN = ("model", "data", "optimizer", "learning-rate schedule",
                                              "augmentation and regularization", "evaluation", "run and misc")
@@ -31,10 +31,12 @@ DEVICES = ("auto", "cpu", "cuda")
 SIZE_KEYS = ("embed_dim", "depth", "num_heads")  # command-line shortcuts into model_kwargs
 RUN_KEYS = ("num_classes", "in_chans")  # written to / read from config.yaml only
 NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
+REPORTED = ("sizes_from",)  # what resolve found out about the settings: in the run's header, not in config.yaml
 # settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
 SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "threads", "progress", "device",
                   "stop_after", "download", "imports", "compile", "channels_last", "checkpoint_every_steps",
                   "checkpoint_every_minutes", "log")
+EXTEND_ON_RESUME = ("epochs",)  # --resume DIR --epochs N: the run continues to N epochs on the schedule of that length
 LOGGERS = ("tensorboard", "wandb")  # --log: visionpe.train.metrics.LOGGER_CLASSES
 
 
@@ -85,7 +87,7 @@ def transform_settings(stage: str) -> dict[str, Setting]:
 
 SETTINGS: dict[str, Setting] = {
     # model
-    "model": S("vit_tiny_patch16_224", MODEL, "str", "", metavar="NAME"),  # help from the backbones (models.py)
+    "model": S(DEFAULT_MODEL, MODEL, "str", "", metavar="NAME"),  # help from the backbones (models.py)
     "pe": S("learned", MODEL, "str", "", metavar="NAME"),  # help filled from the registry
     "pe_kwargs": S({}, MODEL, "mapping", "encoding keywords as KEY=VALUE (VALUE read as YAML), e.g. theta=100 "
                    "scaling=pi; see visionpe.build for each encoding's keywords", metavar="KEY=VALUE"),
@@ -93,9 +95,9 @@ SETTINGS: dict[str, Setting] = {
                   "patches per image (a 256x256 grid; video: per clip)",
                   metavar="PX"),
     "patch_size": S(4, MODEL, "int", "patch side in pixels; an integer >= 1", metavar="PX"),
-    "model_kwargs": S({"embed_dim": 64, "depth": 4, "num_heads": 4}, MODEL, "mapping",
-                      "timm model keywords as KEY=VALUE (mlp_ratio, global_pool, ...); replaces the default "
-                      "mapping as a whole", metavar="KEY=VALUE"),
+    "model_kwargs": S({}, MODEL, "mapping", "model keywords as KEY=VALUE (embed_dim, depth, num_heads, mlp_ratio, "
+                      "global_pool, ...), added to the model's own (timm's sizes of a named model, the preset's, a "
+                      "recipe's model_kwargs)", metavar="KEY=VALUE"),
     "tubelet_size": S([], MODEL, "ints", "video: tubelet T P P (frames, height, width of one token); P must be "
                       "patch_size. Default 1 P P: one token per frame patch, so the order of frames is carried only "
                       "by the positional encoding (an encoding without a time axis cannot tell the direction of "
@@ -291,7 +293,10 @@ def _default_text(key: str) -> str:
 
 def build_parser(prog: str = "visionpe train", description: str = "", epilog: str = "") -> Parser:
     """The training command line, flags grouped as timm's train.py groups them."""
-    p = Parser(prog=prog, description=description, epilog=epilog, argument_default=argparse.SUPPRESS)
+    usage = f"{prog} [--config RECIPE] [--model NAME] [--pe NAME] [--data NAME] [--epochs N] [SETTING ...]"
+    if prog == "visionpe train":
+        usage += f"\n       {prog} --resume DIR [--epochs N] [SETTING ...]"
+    p = Parser(prog=prog, usage=usage, description=description, epilog=epilog, argument_default=argparse.SUPPRESS)
     groups = {g: p.add_argument_group(f"{g} settings") for g in GROUPS}
     groups[RUN].add_argument("--config", metavar="YAML|NAME", help="YAML recipe: a mapping of settings (keys as "
                              "below, with underscores), a file or the name of a recipe shipped with visionpe (e.g. "
@@ -299,7 +304,8 @@ def build_parser(prog: str = "visionpe train", description: str = "", epilog: st
                              "it")
     groups[RUN].add_argument("--resume", nargs="?", const=True, metavar="DIR",
                              help="continue the run in DIR (default: --output) exactly where it stopped; only "
-                                  f"{', '.join(SAFE_ON_RESUME)} may change")
+                                  f"{', '.join(SAFE_ON_RESUME)} may change; --epochs N extends a run (finished or "
+                                  "not) to N epochs, its schedule continued to the new length as timm's --resume")
     for key, s in SETTINGS.items():
         if key == "imports":
             add_import(p, groups[RUN])
@@ -310,6 +316,11 @@ def build_parser(prog: str = "visionpe train", description: str = "", epilog: st
         g = groups[s.group]
         if s.kind == "mapping":
             g.add_argument(flag, nargs="*", type=_kv, metavar=s.metavar, help=text)
+        elif s.kind == "bool" and key.startswith("no_"):  # --no-aug and its opposite --aug (not --no-no-aug)
+            either = g.add_mutually_exclusive_group()
+            either.add_argument(flag, dest=key, action="store_true", help=text)
+            either.add_argument("--" + key[3:].replace("_", "-"), dest=key, action="store_false",
+                                help=f"the opposite of {flag} (e.g. over a recipe's {key}: true)")
         elif s.kind == "bool":
             g.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
         elif s.kind == "ints":
@@ -370,22 +381,27 @@ def read_recipe(spec) -> dict:
     return read_yaml(recipe_path(spec))
 
 
-def resolve(args: dict, base: dict | None = None) -> dict:
+def resolve(args: dict, base: dict | None = None, origin: str = "the run's config.yaml") -> dict:
     """Defaults (or ``base``, a resumed run's config) < ``args['config']`` YAML < the other ``args``; checked.
+    ``model_kwargs`` add to those below them; a model preset (``--model tiny``, the default) becomes its timm model
+    and sizes. ``cfg['sizes_from']`` (reported, not saved) says where the model's sizes came from: the preset,
+    timm's model, ``origin`` for a ``base``, then the recipe's and the command line's keywords.
 
     Adds the derived ``num_classes`` and ``in_chans`` (kept from ``base`` when the data set is unchanged; an
     ImageFolder's class count is ``None`` until its data is loaded)."""
     cfg = copied(DEFAULTS if base is None else base)
-    given_sizes = "model_kwargs" in args or any(key in args for key in SIZE_KEYS)
+    recipe = {}
     if args.get("config"):
         recipe = read_recipe(args["config"])
         misplaced = sorted(set(recipe) & set(RUN_KEYS))
         if misplaced:
             raise UserError(f"config file {args['config']!r}: {', '.join(misplaced)} are derived from the data and "
                             "the model, not settings; remove them")
-        given_sizes = given_sizes or "model_kwargs" in recipe
-        cfg.update(copied(recipe))
-    cfg.update({k: copied(v) for k, v in args.items() if k in DEFAULTS and k != "imports"})
+    given = [f"{what} {sizes_text(kw)}" for what, kw in ((f"recipe {args.get('config')}", recipe.get("model_kwargs")),
+                                                       ("--model-kwargs", args.get("model_kwargs"))) if kw]
+    given += [f"--{k.replace('_', '-')} {args[k]}" for k in SIZE_KEYS if k in args]  # what added to the sizes
+    cfg.update(copied(kwargs_added(cfg, recipe)))
+    cfg.update({k: copied(v) for k, v in kwargs_added(cfg, args).items() if k in DEFAULTS and k != "imports"})
     imports = [*(cfg.get("imports") or []), *(args.get("imports") or [])]
     if not isinstance(imports, list) or not all(isinstance(v, str) for v in imports):
         raise UserError(f"imports must be a list of module names or .py files, got {cfg.get('imports')!r}")
@@ -393,11 +409,11 @@ def resolve(args: dict, base: dict | None = None) -> dict:
     for key in ("model_kwargs", "pe_kwargs"):
         if cfg.get(key) is None:
             cfg[key] = {}
-    if base is None and not given_sizes and (not is_vit(str(cfg["model"])) or cfg.get("pretrained") is True):
-        cfg["model_kwargs"] = {}  # the default sizes are a tiny ViT's: other models (and pretrained ones) keep their own
     for key in SIZE_KEYS:
         if key in args and isinstance(cfg["model_kwargs"], dict):
             cfg["model_kwargs"][key] = args[key]
+    if base is None or cfg["model"] in PRESETS:
+        origin = expand_preset(cfg, given="model" in args or "model" in recipe)
     unknown = sorted(set(cfg) - set(DEFAULTS) - set(RUN_KEYS))
     if unknown:
         raise UserError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
@@ -408,7 +424,36 @@ def resolve(args: dict, base: dict | None = None) -> dict:
         cfg["num_classes"], cfg["in_chans"] = info["num_classes"], info["in_chans"]
     if cfg["output"] is None:
         cfg["output"] = f"runs/{cfg['data']}_{cfg['pe'].replace('+', '-')}_s{cfg['seed']}"
+    cfg["sizes_from"] = " + ".join([origin, *given])
     return cfg
+
+
+def kwargs_added(cfg: dict, layer: dict) -> dict:
+    """A layer of settings (a recipe, the command line) with its ``model_kwargs`` added to those of ``cfg``, the
+    layers below it (its other settings replace theirs)."""
+    if isinstance(layer.get("model_kwargs"), dict) and isinstance(cfg.get("model_kwargs"), dict):
+        return {**layer, "model_kwargs": {**cfg["model_kwargs"], **layer["model_kwargs"]}}
+    return layer
+
+
+def expand_preset(cfg: dict, given: bool) -> str:
+    """A model preset (:data:`~visionpe.train.models.PRESETS`, e.g. the default ``tiny``) in ``cfg`` replaced by its
+    timm model and sizes (the sizes given add to them); returns where the model's sizes come from, in words:
+    ``"the tiny default (vit_tiny_patch16_224 at ...)"``, ``"--model tiny (...)"``, ``"timm's vit_small_patch16_224"``.
+    """
+    name = cfg["model"]
+    if name not in PRESETS:
+        return f"{name}'s own" if named_constructor(name) else f"timm's {name}"
+    model, kwargs = PRESETS[name]
+    if cfg.get("pretrained") is True:
+        if given:
+            raise UserError(f"--pretrained loads timm's weights of a timm model at timm's sizes; --model {name} is "
+                            f"visionpe's {preset_text(name)}, which has none: give --model NAME (e.g. {model})")
+        cfg["model"] = model  # the default's architecture at the sizes of timm's weights
+        return f"timm's {model} (the default {name}'s architecture, at the sizes of its pretrained weights)"
+    if isinstance(cfg["model_kwargs"], dict):
+        cfg["model"], cfg["model_kwargs"] = model, {**kwargs, **cfg["model_kwargs"]}
+    return ("--model " if given else "the default ") + preset_text(name)
 
 
 def copied(value):
@@ -676,6 +721,8 @@ def check_optimizer(cfg: dict) -> None:
     need(cfg["batch_size"] >= 1, f"batch_size must be an integer >= 1, got {cfg['batch_size']}")
     for key in ("weight_decay", "clip_grad"):
         need(cfg[key] >= 0, f"{key} must be a number >= 0, got {cfg[key]}")
+    need(cfg["weight_decay"] == 0 or cfg["weight_decay"] * cfg["lr"] < 1, f"weight_decay {cfg['weight_decay']} with lr {cfg['lr']}: each step "
+         "shrinks the weights by lr x weight_decay, which must be < 1 (at 1 or more it zeroes or flips them)")
     need(cfg["grad_accum_steps"] >= 1, f"grad_accum_steps must be an integer >= 1, got {cfg['grad_accum_steps']}")
     decay = cfg["layer_decay"]
     need(decay is None or 0 < decay <= 1, f"layer_decay must be in (0, 1], got {decay}")
@@ -705,7 +752,8 @@ def check_augmentation(cfg: dict) -> None:
     need(0 <= cfg["label_smoothing"] < 1, f"label_smoothing must be in [0, 1), got {cfg['label_smoothing']}")
     need(0 <= cfg["drop_path"] < 1, f"drop_path must be in [0, 1), got {cfg['drop_path']}")
     for key in ("mixup", "cutmix"):
-        need(cfg[key] >= 0, f"{key} must be a number >= 0, got {cfg[key]}")
+        need(0 <= cfg[key] < math.inf, f"{key} must be a finite number >= 0 (the alpha of timm's Beta(alpha, alpha) "
+             f"mixing ratio), got {cfg[key]}")
     if cfg["mixup"] > 0 or cfg["cutmix"] > 0:
         need(cfg["batch_size"] % 2 == 0, f"mixup/cutmix need an even batch_size, got {cfg['batch_size']}")
     for res in cfg["train_res"]:
@@ -767,7 +815,7 @@ def check_run(cfg: dict, training: bool) -> None:
 def saved_form(cfg: dict) -> dict:
     """What config.yaml holds: the settings that define the run, with ``model_kwargs`` complete (everything
     ``visionpe.create_model(model, pe, pe_kwargs=..., **model_kwargs)`` needs)."""
-    saved = {k: copied(v) for k, v in cfg.items() if k not in NOT_SAVED}
+    saved = {k: copied(v) for k, v in cfg.items() if k not in NOT_SAVED + REPORTED}
     saved["model_kwargs"] = model_kwargs(cfg)
     return saved
 

@@ -6,7 +6,9 @@ test resolution changes.
     torchrun --nproc_per_node 2 -m visionpe.train --config shapes_tiny             # DDP (gloo on CPU, nccl on GPU)
     visionpe train --data moving-shapes --num-frames 8 --pe rope_axial --eval-frames 4 16 --eval-res 24 48
                                                          # video: a tubelet ViT, frames x resolution table
+    visionpe train --model vit_small_patch16_224 --data cifar10 --pe rope_mixed       # timm's ViT-S, its own sizes
     visionpe train --resume runs/NAME                                              # continue exactly
+    visionpe train --resume runs/NAME --epochs 20                # extend: the schedule continues to 20 epochs
     visionpe train --init-from runs/NAME --pe rope_mixed --epochs 2 --output runs/NAME_to_rope
                                                          # convert a trained run to another encoding, fine-tune
     visionpe train --config shapes_tiny --log tensorboard wandb                    # loggers besides the console
@@ -44,8 +46,9 @@ from . import distributed, loop, metrics, models, recipe, restore, rundir, sampl
 
 def main(argv: list[str]) -> dict:
     # -- settings: defaults < recipe < command line; --resume: the run's own config.yaml, safe changes only ------
-    head, _, tail = __doc__.partition("\n\n")
-    args = settings.parse_args(argv, prog="visionpe train", description=head, epilog=tail.split("\n\nSettings")[0])
+    head, examples, tail = __doc__.split("\n\n", 2)  # --help: what it does, the examples, then the flags
+    args = settings.parse_args(argv, prog="visionpe train", description=f"{head}\n\nexamples:\n{examples}",
+                               epilog=tail.split("\n\nSettings")[0])
     resume = bool(args.get("resume"))
     cfg, changed = restore.resume_config(args) if resume else (restore.new_config(args), [])
     out = Path(cfg["output"])
@@ -55,7 +58,7 @@ def main(argv: list[str]) -> dict:
     # -- processes and device: one per torchrun rank; rank 0 writes and reports -----------------------------------
     procs = distributed.start(cfg)
     device, world, rank = procs.device, procs.world, procs.rank
-    report = metrics.Report(procs.master)  # the console line of rank 0, then the loggers of --log
+    report = metrics.Report(procs.master, video=bool(cfg["num_frames"]))  # rank 0's console, then --log's loggers
     amp_dtype = loop.amp_dtype(cfg["amp"], device)  # fp16 only on CUDA (settings.check_run)
     autocast = loop.autocast_for(device, amp_dtype)
     eval_kw = dict(batch_size=cfg["eval_batch_size"], workers=cfg["workers"], device=device, autocast=autocast,
@@ -63,8 +66,6 @@ def main(argv: list[str]) -> dict:
 
     # -- data: the training and validation sets, one process's share of each batch ---------------------------------
     train_set, val_set = loop.datasets(cfg)
-    for note in loop.data_notes(cfg):  # transform settings the data set does not take
-        report(note)
     loader, loader_set, sampler = sampling.training_loader(train_set, cfg, world=world, rank=rank,
                                                            pin_memory=device.type == "cuda")
     steps_per_epoch = len(loader)  # loader batches; an optimizer step every grad_accum_steps of them
@@ -74,6 +75,11 @@ def main(argv: list[str]) -> dict:
     state = rundir.load_checkpoint(out) if resume else None
     torch.manual_seed(cfg["seed"])
     raw_model = models.build_model(cfg)
+    num_params = sum(p.numel() for p in raw_model.parameters())
+    report(metrics.start_line(cfg, num_params=num_params, train_size=len(train_set), val_size=len(val_set),
+                              world=world, device=device, amp=amp_dtype is not None, out=out))  # the first line
+    for note in loop.data_notes(cfg):  # transform settings the data set does not take
+        report(note)
     init = None
     if state is None and cfg["init_from"]:  # a new run from another model's weights (or one resumed before epoch 1)
         init = restore.init_weights(raw_model, cfg)
@@ -88,7 +94,6 @@ def main(argv: list[str]) -> dict:
     train_model = torch.compile(raw_model) if cfg["compile"] else raw_model
     net = loop.MixedSizes(train_model) if cfg["max_patches"] else train_model  # takes lists of images of mixed sizes
     model = DDP(net, device_ids=[procs.local_rank] if device.type == "cuda" else None) if world > 1 else net
-    num_params = sum(p.numel() for p in raw_model.parameters())
     run = recipe.resume(parts, raw_model, state, out / rundir.STATE, world, init)  # fresh, or the last commit
     start_epoch = run.epoch
 
@@ -103,8 +108,8 @@ def main(argv: list[str]) -> dict:
         within = run.within
         report(f"resuming {out} " + (f"at batch {within['step']}/{steps_per_epoch} of epoch {start_epoch + 1}"
                                      if within else f"after epoch {start_epoch}"))
-    report(metrics.start_line(cfg, num_params=num_params, train_size=len(train_set), val_size=len(val_set),
-                              world=world, device=device, amp=amp_dtype is not None, out=out))
+    if run.extended:
+        report(recipe.extension_text(run.extended, parts.scheduler))  # --resume --epochs N: what changes
 
     # -- training: an epoch, its validation, a commit of state.pt (and within the epoch, when the clock says so) ---
     clock = loop.CheckpointClock(cfg["checkpoint_every_steps"], cfg["checkpoint_every_minutes"], device)
@@ -155,8 +160,10 @@ def main(argv: list[str]) -> dict:
     keys, train_key = loop.eval_grid(cfg, cfg["eval_res"], cfg["eval_frames"])
     eval_sets = {k: (val_set if k == train_key else
                      loop.dataset(cfg, "val", k[1], k[0]) if video else loop.dataset(cfg, "val", k)) for k in keys}
-    results = {}
-    for which in ("last", "best") + (("ema",) if parts.ema is not None else ()):
+    results, exported = {}, ("last", "best") + (("ema",) if parts.ema is not None else ())
+    for which in exported:
+        report(f"evaluating the {which} weights at {' '.join(metrics.key_text(k) for k in keys)}"
+               f"{' (frames x px)' if video else ' px'} ...")  # the final table's progress
         if world > 1:
             dist.barrier()  # rank 0 has finished writing the weights
         path = rundir.weights_file(out, which)
@@ -169,6 +176,7 @@ def main(argv: list[str]) -> dict:
     if procs.master:
         rundir.finish(out, run.history, summary)  # metrics.jsonl, summary.csv, then results.json: finished
     report(metrics.resolution_table(cfg, results, run.best_epoch))
+    report(rundir.files_line(out, exported))
     report.close()
     del model  # DDP's reducer holds the process group: freed first, the group is destroyed in leave()
     distributed.leave()
