@@ -70,6 +70,7 @@ class Encoding(nn.Module):
     family: str = ""
     ndims: tuple[int, ...] = (1, 2, 3)  # grid axes it is defined for (LookHere is 2D, VideoRoPE 3D by definition)
     masks_pairs: bool = False  # some token pairs are masked (-inf bias: a directional encoding such as LookHere)
+    reads_spacing: bool = True  # reads a grid's spacing (absolute time); False: indexes tables by integer positions
     initialised_by_backbone: bool = False  # its weights were taken over from the model (Swin-V2's CPB MLP)
 
     def __init_subclass__(cls, **kwargs):
@@ -168,6 +169,29 @@ class Encoding(nn.Module):
         grid = as_grid(grid)
         check_fits(f"grid={grid.shape} with prefix={grid.prefix} ({grid.num_tokens} tokens): the {what} of "
                    f"{type(self).__name__}", self.table_bytes(grid) if num_bytes is None else num_bytes, advice)
+
+    def check_spacing(self, grid) -> None:
+        """A ``ValueError`` for a grid with a spacing (:attr:`Grid.spacing`: absolute time) when this encoding cannot
+        read one (``reads_spacing = False``: a table indexed by integer positions or offsets would silently drop it)."""
+        spacing = getattr(grid, "spacing", None)
+        refusal = None if spacing is None else self.spacing_refusal()
+        if refusal is not None:
+            raise ValueError(f"{type(self).__name__} {refusal}, so it cannot place tokens at the grid's spacing "
+                             f"{spacing} (absolute time: time_spacing=)")
+
+    def spacing_refusal(self) -> str | None:
+        """Why this encoding cannot read a grid's spacing (absolute time), or None when it reads it: a table indexed
+        by integer positions or offsets (``reads_spacing = False``), or normalised coordinates (every axis mapped
+        onto ``[-1, 1]`` whatever its step)."""
+        if not self.reads_spacing:
+            from .registry import ENCODINGS  # the registry imports the encodings
+            readers = ", ".join(name for name, cls in ENCODINGS.items() if cls.reads_spacing)
+            return (f"indexes a table by integer positions or offsets (encodings that read coordinates: {readers}; or "
+                    "index time, without time_spacing)")
+        if getattr(getattr(self, "coordinates", None), "normalized", False):
+            return ("reads normalised coordinates, which map every axis onto [-1, 1] whatever its step (build it with "
+                    "coords='index')")
+        return None
 
     # -- describing itself --------------------------------------------------------------------------
     def no_weight_decay(self) -> set[str]:

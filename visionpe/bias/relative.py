@@ -36,6 +36,8 @@ class RelativePositionBias(BiasEncoding):
     Call: ``pe(grid) -> (num_heads, P + N, P + N)``.
     """
 
+    reads_spacing = False  # integer offsets index the table: a grid's spacing is refused (check_spacing)
+
     def __init__(self, num_heads: int, window_size=(7, 7), prefix_entries: bool = False, grow: str = "error",
                  interpolation: str = "bicubic", antialias: bool = False, init_std: float = 0.02):
         super().__init__()
@@ -78,6 +80,7 @@ class RelativePositionBias(BiasEncoding):
     def _window_for(self, grid: Grid) -> tuple[int, ...]:
         """The window whose offsets ``grid`` reads: ``window_size``, grown to the grid with ``grow="resample"``."""
         check_grid_ndim(grid, self.ndim, type(self).__name__)
+        self.check_spacing(grid)
         window = self.window_size
         if any(g > w for g, w in zip(grid.shape, window)):
             if self.grow == "error":

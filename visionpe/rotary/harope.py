@@ -72,16 +72,10 @@ class HARoPE(AxialRoPE):
 
         return self._maps.get(str(device), build, (self.A_u, self.A_v, self.sigma))
 
-    def _check_heads(self, x: torch.Tensor) -> None:
-        if self.num_heads > 1 and x.shape[-3] != self.num_heads:
-            raise ValueError(f"q/k have {x.shape[-3]} heads but HARoPE was built with num_heads={self.num_heads} "
-                             "(one learned map per head)")
-
     def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid | Layout) -> tuple[torch.Tensor, torch.Tensor]:
         layout = as_layout(grid)
-        for x in (q, k):
-            self._check_input(x, layout)
-            self._check_heads(x)
+        for name, x in (("q", q), ("k", k)):
+            self.check_input(name, x, layout, self.num_heads)  # one learned map per head
         query, key = self.maps(q.device)
         return super().forward(change_basis(q, query), change_basis(k, key), layout)
 
@@ -90,6 +84,5 @@ class HARoPE(AxialRoPE):
         """One tensor mapped (``side="query"``: by ``M``; ``"key"``: by ``M^-T``) and rotated, as :meth:`forward` does
         to q or k (never augmented)."""
         check_choice("side", side, SIDES)
-        self._check_input(x, as_layout(grid))
-        self._check_heads(x)
+        self.check_input("x", x, as_layout(grid), self.num_heads)
         return super().rotate(change_basis(x, self.maps(x.device)[SIDES.index(side)]), grid, cis)

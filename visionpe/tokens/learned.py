@@ -65,6 +65,8 @@ class Learned(TokenEncoding):
     Call: ``pe(x, grid)`` with ``x: (B, P + N, dim)`` -> same shape.
     """
 
+    reads_spacing = False  # integer grid positions index the table: a grid's spacing is refused (check_spacing)
+
     def __init__(self, dim: int, ndim: int = 2, grid_shape=(14, 14), num_prefix_tokens: int = 0,
                  factorized: bool | str = False, interpolation: str = "bicubic", antialias: bool = True,
                  init_std: float = 0.02, coords: str = "index", normalize_coords: str = "separate",
@@ -238,6 +240,7 @@ class Learned(TokenEncoding):
         layout = as_layout(grid)
         grid = layout.grid
         check_grid_ndim(grid, self.ndim, "learned")
+        self.check_spacing(grid)
         check_tokens(x, layout, self.dim)
         prefix_table = None
         if self.prefix is not None:
