@@ -134,14 +134,15 @@ class VideoWindowAttention(WindowAttention):
                                     for r, e, w in zip(ref, window, self.window_size))
         return effective
 
-    def _table_bias(self, window, grid: Grid) -> torch.Tensor | None:
+    def _table_bias(self, window, grid: Grid | None = None) -> torch.Tensor | None:
         """torchvision's slice of the full-window table bias for a shrunk window, ``(heads, n, n)``; None when the
-        bias goes through :func:`visionpe.attend` on the effective grid ``grid`` (which a table refuses when it has a
-        spacing)."""
+        bias goes through :func:`visionpe.attend` on the effective grid. ``grid``: the window's grid in the forward,
+        which a table refuses when it has a spacing (absolute time)."""
         if self.table_slicing != "torchvision" or not isinstance(self.bias, RelativePositionBias) \
                 or window == self.window_size:
             return None
-        self.bias.check_spacing(grid)
+        if grid is not None:
+            self.bias.check_spacing(grid)
         n = math.prod(window)
         return self.bias(Grid(leading_box(self.window_size, n)))[:, :n, :n]
 
