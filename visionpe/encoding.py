@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 
 from ._checks import FITS_ANYWHERE, check_fits, check_vocabulary
 from ._compat import is_compiling
-from .grid import Grid, as_grid
+from .grid import Grid, Layout, as_grid
 from .sharding import assign_, reset_module
 
 
@@ -166,7 +166,7 @@ class Encoding(nn.Module):
         where the sizes are the graph's)."""
         if is_compiling():
             return
-        grid = as_grid(grid)
+        grid = grid.grid if isinstance(grid, Layout) else as_grid(grid)  # a Layout's tables are its grid's at most
         check_fits(f"grid={grid.shape} with prefix={grid.prefix} ({grid.num_tokens} tokens): the {what} of "
                    f"{type(self).__name__}", self.table_bytes(grid) if num_bytes is None else num_bytes, advice)
 
