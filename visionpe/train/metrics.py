@@ -154,6 +154,8 @@ def summary(cfg: dict, history: list[dict], results: dict, *, num_params: int, b
     trained = epochs(history)
     protocol = settings.transforms_of(cfg)
     video = {"num_frames": cfg["num_frames"], "tubelet_size": list(models.tubelet(cfg))} if cfg["num_frames"] else {}
+    if cfg.get("tokens_per_second") is not None:
+        video["tokens_per_second"] = cfg["tokens_per_second"]  # absolute time: positions per second of each clip
     return {"model": cfg["model"], "pe": cfg["pe"], "data": cfg["data"], "seed": cfg["seed"],
             "img_size": cfg["img_size"], "eval_protocol": protocol.eval_protocol,
             **({"crop_pct": protocol.crop_pct} if protocol.eval_protocol == "crop" else {}),
@@ -169,6 +171,8 @@ def start_line(cfg: dict, *, num_params: int, train_size: int, val_size: int, wo
     """The console line a run starts with: model, encoding, size, data, processes, precision, recipe, folder."""
     clips = (f" clips of {cfg['num_frames']} frames, tubelet {'x'.join(map(str, models.tubelet(cfg)))}"
              if cfg["num_frames"] else "")
+    if cfg.get("tokens_per_second") is not None:
+        clips += f", time {cfg['tokens_per_second']:g} positions/s at each clip's frame rate"
     recipe = "".join([f" | {cfg['grad_accum_steps']} batches a step" if cfg["grad_accum_steps"] > 1 else "",
                       " | EMA" if cfg["model_ema"] else "", " | compiled" if cfg["compile"] else ""])
     return (f"{cfg['model']} pe={cfg['pe']} {num_params / 1e6:.3f}M params | {cfg['data']} {train_size} train "
