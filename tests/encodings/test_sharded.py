@@ -183,7 +183,7 @@ def gradients(pe, grid: Grid) -> dict:
         value = pe.rotations(grid)
     else:
         score = pe.score_mod(grid)
-        value = pe(grid) if score is None else score.tables[0]  # FIRE has no pair form: its forward under FSDP
+        value = pe(grid) if score is None else score.tables[0]  # a bias without a pair form: its forward
     (value * torch.linspace(-1, 1, value.numel()).reshape(value.shape)).sum().backward()
     return {n: (p.grad.full_tensor() if is_sharded(p.grad) else p.grad) for n, p in pe.named_parameters()}
 
