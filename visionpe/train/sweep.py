@@ -184,7 +184,8 @@ def _sweep_protocol(run: Path, cfg: dict, protocol: str, resolutions, scalings, 
             rows.append({"run": str(run), "data": cfg["data"], "model": cfg["model"], "pe": cfg["pe"],
                          "seed": cfg["seed"], "train_res": cfg["img_size"], "adaptation": label, "weights": weights,
                          "res": res_cell(k, video), "acc": round(m["acc"], 4), "loss": m["loss"],
-                         "retention": round(m["retention"], 5), "frames": k[0] if video else "",
+                         "retention": None if m["retention"] is None else round(m["retention"], 5),
+                         "frames": k[0] if video else "",
                          "train_frames": cfg["num_frames"] if video else "", "protocol": protocol})
         log(f"{run.name:40s} {label:16s} {protocol:7s} " + "  ".join(
             f"{f'{k[0]}f ' if video else ''}{k[1] if video else key_text(k)}px {res[k]['acc']:6.2f}"
