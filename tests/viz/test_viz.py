@@ -209,6 +209,31 @@ def test_similarity_png_for_every_encoding(tmp_path, name, ndim):
     assert out.stat().st_size > 1000
 
 
+@pytest.mark.parametrize("name", [n for n, family in visionpe.available().items() if family == "rotary"])
+def test_freqs_applies_to_every_rotary_encoding_with_frequency_vectors(tmp_path, name):
+    """``--kind freqs`` is offered (and drawn) exactly where the encoding's rotations have frequency vectors: ComRoPE's
+    eigenfrequencies included, LieRE's non-commuting rotations not."""
+    shape = SHAPES[2] if 2 in ENCODINGS[name].ndims else SHAPES[3]
+    pe = make(name, shape)
+    try:
+        pe.frequency_vectors()
+        has = True
+    except ValueError:
+        has = False
+    assert ("freqs" in viz.kinds_for(pe)) == has
+    assert has == (name != "liere")
+    if has:
+        out = viz.save(viz.render(pe, "freqs", shape), tmp_path / f"{name}.png", dpi=40)
+        assert out.stat().st_size > 1000
+
+
+def test_cli_draws_comrope_frequencies(tmp_path, capsys):
+    out = tmp_path / "comrope_freqs.png"
+    assert run_script("visualize", ["--pe", "comrope", "--kind", "freqs", "--grid", "4", "4", "--head-dim", "16",
+                                    "--num-heads", "2", "--out", str(out), "--dpi", "40"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # -- command line -------------------------------------------------------------------------------------
 def test_cli_bad_pe_exits_2_with_one_line():
     result = subprocess.run([sys.executable, "scripts/visualize.py", "--pe", "nope", "--grid", "4", "4"],

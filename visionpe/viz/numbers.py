@@ -217,18 +217,29 @@ def native_grid(pe: nn.Module, model_grid) -> tuple[int, ...]:
 
 def kinds_for(pe: nn.Module) -> tuple[str, ...]:
     """The kinds of figure (:data:`KINDS`) that apply to ``pe``: ``similarity`` and ``resolution`` for every encoding,
-    ``heatmap`` where it has channels (tokens: position vectors; rotary: rotation pairs), ``freqs`` where it has
-    frequency vectors (``pe.freqs``: rope_axial, rope_mixed), ``video`` where it takes a 3D grid (``pe.ndims``)."""
+    ``heatmap`` where it has channels (tokens: position vectors; rotary: rotation pairs), ``freqs`` where its
+    rotations turn planes at fixed frequencies (:meth:`~visionpe.rotary.RotaryEncoding.frequency_vectors` exists:
+    RoPE's ``freqs``, STRING's, ComRoPE's eigenfrequencies; not LieRE), ``video`` where it takes a 3D grid
+    (``pe.ndims``)."""
     family = family_of(pe)
     kinds = ["similarity"]
     if family in ("tokens", "rotary"):
         kinds.append("heatmap")
-    if family == "rotary" and isinstance(getattr(pe, "freqs", None), torch.Tensor):
+    if family == "rotary" and has_frequency_vectors(pe):
         kinds.append("freqs")
     kinds.append("resolution")
     if 3 in getattr(pe, "ndims", (1, 2, 3)):
         kinds.append("video")
     return tuple(kinds)
+
+
+def has_frequency_vectors(pe: nn.Module) -> bool:
+    """Whether the rotary ``pe`` has frequency vectors (its ``frequency_vectors()`` raises no ``ValueError``)."""
+    try:
+        pe.frequency_vectors()
+    except ValueError:
+        return False
+    return True
 
 
 def _check_rotary(pe: nn.Module) -> None:
