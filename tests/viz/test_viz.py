@@ -227,6 +227,24 @@ def test_freqs_applies_to_every_rotary_encoding_with_frequency_vectors(tmp_path,
         assert out.stat().st_size > 1000
 
 
+def test_lookhere_mean_over_heads_is_over_the_heads_that_see_each_key(tmp_path):
+    """LookHere's heads look in different directions, so nearly every key is outside some head's view: a plain mean
+    over heads is NaN (blank) there. The map is the mean over the heads that see the pair (written here from the
+    per-head maps), NaN only where none does; one head is that head's map."""
+    pe = make("lookhere", (4, 4), num_heads=8)
+    maps = pe.pair_map(Grid((4, 4)))  # (heads, N, N), NaN outside a head's field of view
+    seen = maps.isfinite()
+    assert maps.isnan().any(0).float().mean() > 0.5  # a plain mean would blank most of the map
+    expected = torch.where(seen, maps, 0.0).sum(0) / seen.sum(0)  # NaN (0/0) where no head sees the key
+    got = viz.similarity(pe, (4, 4))
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    assert got.isfinite().float().mean() > 0.9
+    torch.testing.assert_close(viz.similarity(pe, (4, 4), head=3), maps[3], equal_nan=True)
+    assert "heads that see the key" in viz.quantity_of(pe)
+    out = viz.save(viz.render(pe, "similarity", (4, 4)), tmp_path / "lookhere.png", dpi=40)
+    assert out.stat().st_size > 1000
+
+
 def test_cli_draws_comrope_frequencies(tmp_path, capsys):
     out = tmp_path / "comrope_freqs.png"
     assert run_script("visualize", ["--pe", "comrope", "--kind", "freqs", "--grid", "4", "4", "--head-dim", "16",

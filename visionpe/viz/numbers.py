@@ -81,13 +81,15 @@ def pair_maps(pe: nn.Module, grid) -> torch.Tensor:
     return pe.pair_map(patch_grid(grid))
 
 
-def select_head(maps: torch.Tensor, head: int | None, num_heads: int) -> torch.Tensor:
+def select_head(maps: torch.Tensor, head: int | None, num_heads: int, masked: bool = False) -> torch.Tensor:
     """``(heads or 1, ...) -> (...)``: the mean over heads (``head=None``) or one head.
 
-    A map shared by all heads (leading size 1, as axial RoPE) serves every ``head < num_heads``.
+    A map shared by all heads (leading size 1, as axial RoPE) serves every ``head < num_heads``. ``masked``: the
+    maps are NaN where a head masks the pair (a directional bias such as LookHere, whose heads look different ways),
+    so the mean is over the heads that see it (NaN only where none does), not NaN wherever one head masks it.
     """
     if head is None:
-        return maps.mean(0)
+        return maps.nanmean(0) if masked else maps.mean(0)
     if not 0 <= head < num_heads:
         raise ValueError(f"head={head} is out of range: the encoding has {num_heads} head(s), 0..{num_heads - 1}")
     return maps[head if maps.shape[0] > 1 else 0]
@@ -102,7 +104,7 @@ def similarity(pe: nn.Module, grid, head: int | None = None) -> torch.Tensor:
     """
     if family_of(pe) == "tokens":
         return cosine_similarity(position_vectors(pe, grid))
-    return select_head(pair_maps(pe, grid), head, num_heads_of(pe))
+    return select_head(pair_maps(pe, grid), head, num_heads_of(pe), getattr(pe, "masks_pairs", False))
 
 
 def quantity_of(pe: nn.Module, head: int | None = None) -> str:
