@@ -184,10 +184,8 @@ class Encoding(nn.Module):
         by integer positions or offsets (``reads_spacing = False``), or normalised coordinates (every axis mapped
         onto ``[-1, 1]`` whatever its step)."""
         if not self.reads_spacing:
-            from .registry import ENCODINGS  # the registry imports the encodings
-            readers = ", ".join(name for name, cls in ENCODINGS.items() if cls.reads_spacing)
-            return (f"indexes a table by integer positions or offsets (encodings that read coordinates: {readers}; or "
-                    "index time, without time_spacing)")
+            return ("indexes a table by integer positions or offsets (an encoding that reads coordinates takes any "
+                    "spacing; or keep index time, without time_spacing)")
         if getattr(getattr(self, "coordinates", None), "normalized", False):
             return ("reads normalised coordinates, which map every axis onto [-1, 1] whatever its step (build it with "
                     "coords='index')")

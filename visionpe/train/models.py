@@ -18,6 +18,7 @@ from ..backbones.adapter import ADAPTERS, named_constructor, timm_adapter
 from ..backbones.api import any_size_kwargs, native_timm_modules, unsupported_reason
 from ..cli import UserError, user_errors
 from ..encoding import Encoding
+from ..registry import ENCODINGS
 
 TIMM_NATIVE = "timm"  # pe: the timm model with its own position encoding, untouched (benchmark reference rows)
 DERIVED_MODEL_KWARGS = ("img_size", "patch_size", "num_classes", "in_chans", "drop_path_rate")  # set from settings
@@ -134,8 +135,9 @@ def check_time_axis(model: torch.nn.Module, pe: str) -> None:
     for encoding in encodings:
         refusal = encoding.spacing_refusal()
         if refusal is not None:
+            readers = ", ".join(name for name, cls in ENCODINGS.items() if cls.reads_spacing)
             raise UserError(f"--tokens-per-second puts clips on an absolute time axis, but in --pe {pe} "
-                            f"{type(encoding).__name__} {refusal}")
+                            f"{type(encoding).__name__} {refusal}; encodings that read it: {readers}")
 
 
 def timm_native(name: str, kwargs: dict) -> torch.nn.Module:
