@@ -244,6 +244,7 @@ class VideoFileDataset(PositionDataset):
         self.tokens_per_second = (None if tokens_per_second is None else
                                   check_number("tokens_per_second", tokens_per_second, 0.0, inclusive=False))
         self.tubelet_frames = check_positive_int("tubelet_frames", tubelet_frames)
+        self._rates: dict[str, float] = {}  # path -> frames per second, read once per file
         if frame_stride is not None:
             self._check_stride(root)
 
@@ -278,7 +279,9 @@ class VideoFileDataset(PositionDataset):
         clip = self.normalize(frames.permute(1, 0, 2, 3))
         if self.tokens_per_second is None:
             return clip, label
-        return clip, label, time_step(chosen, frame_rate(path), self.tokens_per_second, self.tubelet_frames)
+        if path not in self._rates:
+            self._rates[path] = frame_rate(path)
+        return clip, label, time_step(chosen, self._rates[path], self.tokens_per_second, self.tubelet_frames)
 
     def _train_view(self, frames: torch.Tensor, rng) -> torch.Tensor:
         """One random-resized crop and one flip, the same for every frame of ``frames (T, 3, H, W)``."""
