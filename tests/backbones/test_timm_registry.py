@@ -251,7 +251,7 @@ def test_timm_train_script_arguments(tmp_path):
 def test_timm_train_script_reads_pretrained_path_only_with_pretrained(tmp_path):
     """timm's train.py turns ``--pretrained-path FILE`` into ``pretrained_cfg_overlay=dict(file=FILE,
     num_classes=-1)`` and passes ``pretrained=args.pretrained``: without ``--pretrained`` the file is never read (random
-    weights, no message), so the README gives ``--pretrained --pretrained-path`` together."""
+    weights, no message), so docs/backbones.md gives ``--pretrained --pretrained-path`` together."""
     timm_model, path = _tiny_timm_checkpoint(VIT, tmp_path)
     overlay = {"pretrained_cfg_overlay": dict(file=str(path), num_classes=-1)}  # train.py's factory_kwargs
     loaded = {}
@@ -261,7 +261,7 @@ def test_timm_train_script_reads_pretrained_path_only_with_pretrained(tmp_path):
         loaded[pretrained] = torch.equal(model.state_dict()["blocks.0.attn.qkv.weight"],
                                          timm_model.state_dict()["blocks.0.attn.qkv.weight"])
     assert loaded == {False: False, True: True}
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "docs" / "backbones.md").read_text()
     blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
     commands = [c for b in blocks for c in b.replace("\\\n", " ").splitlines() if c.startswith("python train.py")]
     with_file = [c for c in commands if "--pretrained-path" in c]

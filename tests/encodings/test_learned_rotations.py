@@ -144,7 +144,7 @@ def test_circulant_string_starts_at_rope_mixed_frequencies():
 
 
 def comrope_generators(pe) -> torch.Tensor:
-    """ComRoPE's angle matrices (grid order) from the README's definitions: A_i = diag(B_i1, ..., B_im); AP: B_ij =
+    """ComRoPE's angle matrices (grid order) from docs/encodings.md's definitions: A_i = diag(B_i1, ..., B_im); AP: B_ij =
     P_j - P_j^T if j = i (mod N), else 0; LD: B_ij = theta_ij (P_j - P_j^T)."""
     bases = pe.bases.detach().double()
     skews = bases - bases.transpose(-1, -2)  # (heads, m, b, b)

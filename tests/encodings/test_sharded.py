@@ -39,6 +39,8 @@ def output(pe, grid: Grid) -> torch.Tensor:
     if pe.family == "rotary":
         q = torch.randn(2, pe.num_heads, grid.num_tokens, pe.head_dim, generator=g)
         return torch.cat(pe(q, q.flip(-1), grid), dim=-1)
+    if pe.reads_tokens:  # PaPE: the bias of the attention's input tokens too
+        return pe(grid, torch.randn(2, grid.num_tokens, pe.dim, generator=g))
     return pe(grid)
 
 
@@ -84,7 +86,7 @@ def test_reset_parameters_redraws_the_parameters_and_keeps_the_buffers(name, ndi
     torch.manual_seed(1)
     pe.reset_parameters()
     random = [n for n, p in pe.named_parameters() if p.numel() > 1 and not torch.equal(p, before[n])]
-    fixed = ["skew", "c", "threshold_multiplier"]  # drawn from nothing (zeros, constants)
+    fixed = ["skew", "c", "threshold_multiplier", "A_u", "A_v", "sigma"]  # drawn from nothing (zeros, constants)
     assert {n for n, p in pe.named_parameters() if p.numel() > 1} - set(random) <= set(fixed)
 
 
@@ -140,7 +142,8 @@ def outside_forward(pe, grid: Grid) -> dict:
             pass
     else:
         reads["pair_map"] = pe.pair_map(grid)
-        score = pe.score_mod(grid)
+        tokens = torch.randn(2, grid.num_tokens, pe.dim, generator=torch.Generator().manual_seed(2))
+        score = pe.score_mod(grid, tokens) if pe.reads_tokens else pe.score_mod(grid)
         if score is not None:
             reads.update({f"score_mod table {i}": t for i, t in enumerate(score.tables)})
     return reads

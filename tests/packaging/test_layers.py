@@ -1,4 +1,4 @@
-"""The house rules of README's "Architecture", read from the code's own module-level imports: the library never
+"""The house rules of CONTRIBUTING.md's "Architecture", read from the code's own module-level imports: the library never
 imports the workbench (``visionpe.train``, ``visionpe.bench``, ``visionpe.cli``, ``python -m visionpe``), and no two modules import each other in a circle."""
 from __future__ import annotations
 

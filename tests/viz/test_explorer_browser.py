@@ -4,7 +4,7 @@ where Playwright or Chromium is missing (.ci/run installs Chromium; ``pip instal
 
 Pointing the mouse at patches, choosing layers, heads and grids, and moving the frame slider must change what the
 canvas shows to the numbers of :func:`visionpe.viz.similarity` (within one quantisation step), peaked at the query
-for RoPE. ``VISIONPE_EXPLORER_SCREENSHOT=docs/figures/explorer.png`` refreshes the README's screenshot."""
+for RoPE. ``VISIONPE_EXPLORER_SCREENSHOT=docs/figures/explorer.png`` refreshes docs/visualize.md's screenshot."""
 from __future__ import annotations
 
 import os

@@ -89,7 +89,8 @@ class EvaAttentionPE(nn.Module):
             groups = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         dropout_p = self.attn_drop.p if self.training else 0.0
-        out = attend(q, k, v, rope, self.rotary, self.bias, attn_mask, dropout_p=dropout_p, attention=self.attention)
+        out = attend(q, k, v, rope, self.rotary, self.bias, attn_mask, dropout_p=dropout_p, attention=self.attention,
+                     tokens=x)
         out = self.norm(rearrange(out, "b h t d -> b t (h d)"))
         if gate is not None:
             out = out * gate

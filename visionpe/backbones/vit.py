@@ -117,12 +117,13 @@ class GridTransformer(PositionalModel):
         """Images of different sizes and aspect ratios -> one padded batch ``(B, T, C)`` (``T`` the longest
         sample's ``P + N_b``) and its :class:`~visionpe.grid.MixedLayout`: each image has its own grid and gets
         exactly the positions it would get alone."""
+        sample = "(C, T, H, W)" if len(self.patch_embed.patch_size) == 3 else "(C, H, W)"  # a clip or an image
         if not isinstance(images, (list, tuple)) or not images:
-            raise ValueError(f"images must be a non-empty list of (C, H, W) tensors, got {type(images).__name__}")
+            raise ValueError(f"images must be a non-empty list of {sample} tensors, got {type(images).__name__}")
         tokens, grids = [], []
         for i, image in enumerate(images):
-            if not isinstance(image, torch.Tensor) or image.ndim != 3:
-                raise ValueError(f"images[{i}] must be a (C, H, W) tensor, got {type(image).__name__} of shape "
+            if not isinstance(image, torch.Tensor) or image.ndim != 1 + len(self.patch_embed.patch_size):
+                raise ValueError(f"images[{i}] must be a {sample} tensor, got {type(image).__name__} of shape "
                                  f"{tuple(getattr(image, 'shape', ()))}")
             x, layout = self.embed(image[None], with_position=False)
             tokens.append(x[0])
@@ -284,6 +285,15 @@ class VisionTransformerPE(GridTransformer, VisionTransformer):
     (:class:`GridTransformer`)."""
 
 
+def register_count(model: nn.Module) -> int:
+    """Register tokens of a timm token transformer: ``num_reg_tokens`` (VisionTransformer) or the rows of
+    ``reg_token`` (Eva keeps no count)."""
+    if hasattr(model, "num_reg_tokens"):
+        return model.num_reg_tokens
+    reg_token = getattr(model, "reg_token", None)  # (1, R, D) or None
+    return 0 if reg_token is None else reg_token.shape[1]
+
+
 def put_block_encodings(model: nn.Module, names: dict, kwargs: dict, patch_block) -> None:
     """What every timm token transformer (ViT, distilled DeiT, Eva) does with the encodings ``names`` (family ->
     name): its patch embedding emits ``(B, *grid, D)`` at any size, a ``learned`` table takes over ``pos_embed``
@@ -299,7 +309,7 @@ def put_block_encodings(model: nn.Module, names: dict, kwargs: dict, patch_block
     first = model.blocks[0].attn
     context = ModelContext(grid_shape, model.embed_dim, first.num_heads, first.head_dim,
                            num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens,
-                           depth=len(model.blocks), num_registers=model.num_reg_tokens)
+                           depth=len(model.blocks), num_registers=register_count(model))
     old_table = model.pos_embed if isinstance(getattr(model, "pos_embed", None), nn.Parameter) else None
     tokens = build_tokens(names, kwargs, context, old_table, getattr(model, "pe_tokens", None))
     model.pos_embed = None

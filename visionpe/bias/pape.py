@@ -44,6 +44,7 @@ from torch import nn
 from .._checks import check_choice, check_generator, check_grid_ndim, check_ndim, check_positive_int
 from ..coords import CoordinateSystem, denominators
 from ..grid import Grid, Layout, as_grid, as_layout
+from ..sharding import assign_
 from ._base import BiasEncoding, PairScore
 
 PREFIX_POSITIONS = ("corner", "none")
@@ -232,9 +233,19 @@ class PaPERI(ParabolicBias):
                                        draw_coords)
         super().__init__(dim, num_heads, head_dim, ndim, prefix_position, axis_order, coordinates)
         check_generator(generator)
-        bound = 1 / math.sqrt(ndim)
-        self.register_buffer("position_scales", (2 * torch.rand(num_heads, generator=generator) - 1) * bound)
         self.a = nn.Linear(dim, num_heads, bias=False)
+        self.register_buffer("position_scales", self.draw_scales(generator))
+
+    def draw_scales(self, generator=None) -> torch.Tensor:
+        """The fixed per-head scales, uniform in ``(-1/sqrt(ndim), 1/sqrt(ndim))``: ``(heads,)``."""
+        bound = 1 / math.sqrt(self.ndim)
+        return (2 * torch.rand(self.num_heads, generator=generator) - 1) * bound
+
+    def reset_parameters(self) -> None:
+        """As :meth:`Encoding.reset_parameters` (``a`` redrawn), then the scales redrawn as the constructor draws
+        them (a persistent buffer, so a meta-device build holds none until this call)."""
+        super().reset_parameters()
+        assign_(self.position_scales, self.draw_scales())
 
     def _project(self, positions):
         return positions * self.position_scales.float()[:, None, None]  # (heads, P + N, ndim)

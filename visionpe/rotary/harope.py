@@ -51,10 +51,20 @@ class HARoPE(AxialRoPE):
         super().__init__(head_dim, num_heads, ndim, theta, pairs, sections, scaling, ref_shape, yarn_alpha, yarn_beta,
                          axis_order, "axial", coords, normalize_coords, None, None, shift_coords, jitter_coords,
                          rescale_coords, draw_coords)
-        self.A_u = nn.Parameter(torch.zeros(num_heads, head_dim, head_dim))
-        self.A_v = nn.Parameter(torch.zeros(num_heads, head_dim, head_dim))
-        self.sigma = nn.Parameter(torch.full((num_heads, head_dim), math.log(math.e - 1.0)))  # softplus = 1
+        identity = self.identity_map()
+        self.A_u, self.A_v, self.sigma = (nn.Parameter(identity[name]) for name in ("A_u", "A_v", "sigma"))
         self._maps = TableCache(maxsize=4)
+
+    def identity_map(self) -> dict:
+        """The map's initial parameters, ``M = I``: ``A_u = A_v = 0`` ``(heads, head_dim, head_dim)``, ``sigma``
+        with ``softplus(sigma) = 1`` ``(heads, head_dim)``."""
+        skew = torch.zeros(self.num_heads, self.head_dim, self.head_dim)
+        return {"A_u": skew, "A_v": skew.clone(), "sigma": torch.full((self.num_heads, self.head_dim),
+                                                                      math.log(math.e - 1.0))}
+
+    def initial_parameters(self, generator=None) -> dict:
+        """The base rotation's initial parameters and the identity map (:meth:`identity_map`)."""
+        return {**super().initial_parameters(generator), **self.identity_map()}
 
     def maps(self, device=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(M, M^-T)``, each ``(num_heads, head_dim, head_dim)`` float32: the query's and the key's map."""
