@@ -142,8 +142,11 @@ def outside_forward(pe, grid: Grid) -> dict:
             pass
     else:
         reads["pair_map"] = pe.pair_map(grid)
-        tokens = torch.randn(2, grid.num_tokens, pe.dim, generator=torch.Generator().manual_seed(2))
-        score = pe.score_mod(grid, tokens) if pe.reads_tokens else pe.score_mod(grid)
+        if pe.reads_tokens:  # PaPE: the pair form of the attention's input tokens
+            tokens = torch.randn(2, grid.num_tokens, pe.dim, generator=torch.Generator().manual_seed(2))
+            score = pe.score_mod(grid, tokens)
+        else:
+            score = pe.score_mod(grid)
         if score is not None:
             reads.update({f"score_mod table {i}": t for i, t in enumerate(score.tables)})
     return reads
