@@ -146,7 +146,8 @@ def axis_positions(shape, offset=None, coords: str = "index", normalize_coords: 
     """Per-axis coordinates ``[(size_a,)]`` of a grid's patches, in grid axis order (see the module docstring).
 
     ``ref_shape`` (``coords="index"`` only) interpolates onto a reference grid's index range (PI). ``spacing``
-    (:attr:`Grid.spacing`, ``coords="index"`` only) is the step per axis: ``offset + i * spacing``.
+    (:attr:`Grid.spacing`, ``coords="index"`` only) is the step per axis: ``offset + i * spacing``; an axis with a
+    spacing is absolute, and ``ref_shape`` leaves it alone (its step says where its patches are).
     """
     check_exact_positions(shape, offset, spacing, dtype)
     offset = offset or (0.0,) * len(shape)
@@ -156,10 +157,11 @@ def axis_positions(shape, offset=None, coords: str = "index", normalize_coords: 
                              "coordinates map every axis onto [-1, 1] whatever its step")
         return [(torch.arange(s, device=device, dtype=dtype) + 0.5 + o) / d * 2.0 - 1.0
                 for s, o, d in zip(shape, offset, denominators(shape, normalize_coords))]
-    spacing = spacing or (1.0,) * len(shape)
-    axes = [torch.arange(s, device=device, dtype=dtype) * step + o for s, o, step in zip(shape, offset, spacing)]
+    spacing = spacing or (None,) * len(shape)
+    axes = [torch.arange(s, device=device, dtype=dtype) * (1.0 if step is None else step) + o
+            for s, o, step in zip(shape, offset, spacing)]
     if ref_shape is not None:
-        axes = [a * (r / s) for a, r, s in zip(axes, ref_shape, shape)]
+        axes = [a if step is not None else a * (r / s) for a, r, s, step in zip(axes, ref_shape, shape, spacing)]
     return axes
 
 

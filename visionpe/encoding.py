@@ -83,6 +83,7 @@ class Encoding(nn.Module):
     family: str = ""
     ndims: tuple[int, ...] = (1, 2, 3)  # grid axes it is defined for (LookHere is 2D, VideoRoPE 3D by definition)
     masks_pairs: bool = False  # some token pairs are masked (-inf bias: a directional encoding such as LookHere)
+    reads_spacing: bool = True  # reads a grid's spacing (absolute time); False: indexes tables by integer positions
     initialised_by_backbone: bool = False  # its weights were taken over from the model (Swin-V2's CPB MLP)
     knob: Knob | None = None  # the keyword tuned per test size (visionpe sweep --tune); None: nothing to tune
 
@@ -182,6 +183,27 @@ class Encoding(nn.Module):
         grid = grid.grid if isinstance(grid, Layout) else as_grid(grid)  # a Layout's tables are its grid's at most
         check_fits(f"grid={grid.shape} with prefix={grid.prefix} ({grid.num_tokens} tokens): the {what} of "
                    f"{type(self).__name__}", self.table_bytes(grid) if num_bytes is None else num_bytes, advice)
+
+    def check_spacing(self, grid) -> None:
+        """A ``ValueError`` for a grid with a spacing (:attr:`Grid.spacing`: absolute time) when this encoding cannot
+        read one (``reads_spacing = False``: a table indexed by integer positions or offsets would silently drop it)."""
+        spacing = getattr(grid, "spacing", None)
+        refusal = None if spacing is None else self.spacing_refusal()
+        if refusal is not None:
+            raise ValueError(f"{type(self).__name__} {refusal}, so it cannot place tokens at the grid's spacing "
+                             f"{spacing} (absolute time: time_spacing=)")
+
+    def spacing_refusal(self) -> str | None:
+        """Why this encoding cannot read a grid's spacing (absolute time), or None when it reads it: a table indexed
+        by integer positions or offsets (``reads_spacing = False``), or normalised coordinates (every axis mapped
+        onto ``[-1, 1]`` whatever its step)."""
+        if not self.reads_spacing:
+            return ("indexes a table by integer positions or offsets (an encoding that reads coordinates takes any "
+                    "spacing; or keep index time, without time_spacing)")
+        if getattr(getattr(self, "coordinates", None), "normalized", False):
+            return ("reads normalised coordinates, which map every axis onto [-1, 1] whatever its step (build it with "
+                    "coords='index')")
+        return None
 
     # -- describing itself --------------------------------------------------------------------------
     def no_weight_decay(self) -> set[str]:

@@ -22,11 +22,17 @@ class Grid:
         prefix: number of prefix tokens before the patches; they never get a spatial position.
         offset: coordinate of the first patch per axis (a crop or a later clip starts elsewhere);
             defaults to zeros.
-        spacing: coordinate step between neighbouring patches per axis (positive), default 1. The frame rate of a
-            clip travels here: Qwen2.5-VL's absolute time gives temporal patch ``t`` the position
-            ``t * seconds_per_temporal_patch * tokens_per_second``, i.e. ``spacing=(s * tps, 1, 1)``, so clips at
-            different frame rates share one time axis. Read by the encodings that read coordinates (RoPE, ALiBi,
-            LookHere's distances, FIRE, sincos); tables indexed by integer offsets ignore it.
+        spacing: coordinate step between neighbouring patches per axis: a positive number, or None for the index
+            step 1 (default: None on every axis). An axis with a number is *absolute*: its coordinates are
+            ``offset + index * step`` whatever the grid's size, so resolution scaling against a reference grid (RoPE's
+            ``pi``/``ntk``/``yarn``, sincos's ``ref_shape``) leaves it alone; an axis with None holds index positions
+            that scaling may rescale. The frame rate of a clip travels here: Qwen2.5-VL's absolute time gives temporal
+            patch ``t`` the position ``t * seconds_per_temporal_patch * tokens_per_second``, i.e.
+            ``spacing=(s * tps, None, None)``, so clips at different frame rates share one time axis (the video
+            models' ``time_spacing=``). Read by the encodings that read coordinates (RoPE and the learned rotations,
+            ALiBi, LookHere's distances, FIRE, CPB, PaPE, sincos); encodings that index a table by integer positions or
+            offsets (``learned``, ``peg``, ``swin_bias``, ``rel_bias``, ``bucket_bias``) refuse a grid with a spacing
+            (:meth:`~visionpe.encoding.Encoding.check_spacing`).
 
     A grid is immutable and hashable, so encodings cache their tables per ``(grid, device)``.
     """
@@ -48,14 +54,25 @@ class Grid:
         if self.spacing is not None:
             if not isinstance(self.spacing, Sequence) or isinstance(self.spacing, str) \
                     or len(self.spacing) != len(self.shape):
-                raise ValueError(f"spacing={self.spacing!r} must have one positive number per axis of "
+                raise ValueError(f"spacing={self.spacing!r} must have one positive number (or None) per axis of "
                                  f"shape={self.shape}")
-            spacing = tuple(check_number("spacing", s, minimum=0.0, inclusive=False) for s in self.spacing)
-            object.__setattr__(self, "spacing", None if all(s == 1.0 for s in spacing) else spacing)
+            spacing = tuple(None if s is None else check_number("spacing", s, minimum=0.0, inclusive=False)
+                            for s in self.spacing)
+            object.__setattr__(self, "spacing", None if all(s is None for s in spacing) else spacing)
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    @property
+    def steps(self) -> tuple[float, ...]:
+        """The coordinate step per axis: the spacing, 1 where it is None."""
+        return tuple(1.0 if s is None else s for s in (self.spacing or (None,) * self.ndim))
+
+    @property
+    def absolute_axes(self) -> tuple[bool, ...]:
+        """Per axis, whether it has a spacing (absolute coordinates, never rescaled to a reference grid)."""
+        return tuple(s is not None for s in (self.spacing or (None,) * self.ndim))
 
     @property
     def num_patches(self) -> int:
@@ -86,7 +103,7 @@ class Grid:
         axes = [torch.arange(s, device=device, dtype=work) for s in self.shape]
         coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, self.ndim)
         if self.spacing is not None:
-            coords = coords * torch.tensor(self.spacing, device=device, dtype=work)
+            coords = coords * torch.tensor(self.steps, device=device, dtype=work)
         if self.offset is not None:
             coords = coords + torch.tensor(self.offset, device=device, dtype=work)
         return coords.to(dtype)
@@ -98,7 +115,7 @@ def check_exact_positions(shape, offset, spacing, dtype: torch.dtype) -> None:
     same position without an error, so it is a ``ValueError``."""
     if offset is None:
         return
-    spacing = spacing or (1.0,) * len(shape)
+    spacing = [1.0 if s is None else s for s in (spacing or (None,) * len(shape))]
     farthest = max(abs(o) + (n - 1) * abs(s) for o, n, s in zip(offset, shape, spacing))
     bits = round(-math.log2(torch.finfo(dtype).eps)) + 1  # mantissa bits + 1: 24 in float32, 53 in float64
     if farthest > 2 ** bits:
@@ -258,3 +275,36 @@ class MixedLayout:
         for index, grid in self.groups(x.device):
             out[index, :grid.num_tokens] = fn(x[index, :grid.num_tokens], grid)
         return out
+
+
+def time_layout(grid: Grid, time_spacing, batch: int) -> Grid | MixedLayout:
+    """The grid of a batch of clips on an absolute time axis (the video models' ``time_spacing=``).
+
+    ``time_spacing``: the coordinate step between neighbouring temporal tokens (axis 0 of a ``(T, H, W)`` grid), e.g.
+    ``seconds per temporal token / seconds per time position``: None (index time: ``grid`` itself), a positive number
+    for every sample, or a ``(batch,)`` tensor or sequence, one step per sample (a clip at half the frame rate has
+    twice the step). The time axis becomes absolute (:attr:`Grid.spacing` ``(step, None, None)``), so clips at
+    different frame rates share one time axis. Per-sample steps that differ give a :class:`MixedLayout` of grids of
+    one size (every encoding runs once per distinct step on its samples, as for a mixed-size batch); equal ones, one
+    grid. The values are read on the host (one sync for a tensor on a device).
+    """
+    if time_spacing is None:
+        return grid
+    if grid.ndim != 3:
+        raise ValueError(f"time_spacing is the step of a clip's time axis, the first of a (T, H, W) grid; this model's "
+                         f"grid {grid.shape} has {grid.ndim} axes (time_spacing is for video models)")
+    if isinstance(time_spacing, torch.Tensor):
+        if time_spacing.ndim > 1 or time_spacing.is_complex() or time_spacing.dtype == torch.bool:
+            raise ValueError(f"time_spacing must be a number or a (batch,) real tensor of positive steps, got "
+                             f"{time_spacing.dtype} of shape {tuple(time_spacing.shape)}")
+        time_spacing = time_spacing.tolist()
+    steps = time_spacing if isinstance(time_spacing, Sequence) and not isinstance(time_spacing, str) \
+        else [time_spacing]
+    if len(steps) not in (1, batch):
+        raise ValueError(f"time_spacing has {len(steps)} values but the batch has {batch} clips; give one step, or "
+                         "one per clip")
+    steps = [check_number("time_spacing", s, minimum=0.0, inclusive=False) for s in steps]
+    grids = [Grid(grid.shape, grid.prefix, grid.offset, (s, None, None)) for s in steps]
+    if len(set(grids)) == 1:
+        return grids[0]
+    return MixedLayout(tuple(grids))

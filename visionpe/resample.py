@@ -21,6 +21,7 @@ from einops import rearrange
 from ._checks import check_choice
 
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "area")  # resample_grid
+TABLE_RESIZES = INTERPOLATIONS + ("geometric",)  # a relative table's: torch's, or BEiT's geometric offsets
 SAMPLING = ("bicubic", "bilinear", "nearest")  # sample_grid
 
 

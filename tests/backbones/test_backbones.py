@@ -293,20 +293,31 @@ def test_timm_checkpoint_of_a_non_square_grid(tmp_path):
         vpe.load_timm_checkpoint(other, path, source_grid=(16, 4.0))
 
 
-def test_beit_checkpoint_resizes_its_tables_as_timms_beit(tmp_path):
-    """A timm BEiT checkpoint (4x4 grid) into a ViT with rel_bias on a 6x6 grid: its tables resized with BEiT's
-    geometric method by default, as timm's own BEiT loads the file at 48 px (its checkpoint filter calls
-    resize_rel_pos_bias_table): the same tables and logits; ``table_resize="bicubic"`` resizes them otherwise."""
+BEIT_KW = dict(patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3)
+
+
+def beit_checkpoint(tmp_path):
+    """A tiny timm BEiT on a 4x4 grid with perturbed weights (its relative tables strongly), saved to a file, and
+    timm's own BEiT built at 48 px (6x6) from that file (its checkpoint filter resizes the tables):
+    ``(beit, path, theirs)``."""
     torch.manual_seed(0)
-    kw = dict(patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3)
-    beit = timm.create_model("beit_base_patch16_224", img_size=32, **kw)
+    beit = timm.create_model("beit_base_patch16_224", img_size=32, **BEIT_KW)
     with torch.no_grad():
         for name, p in beit.named_parameters():
             p.add_(torch.randn_like(p) * (1.0 if "relative_position" in name else 0.05))
     path = tmp_path / "beit.pth"
     torch.save(beit.state_dict(), path)
-    theirs = timm.create_model("beit_base_patch16_224", img_size=48, pretrained=True, **kw,
+    theirs = timm.create_model("beit_base_patch16_224", img_size=48, pretrained=True, **BEIT_KW,
                                pretrained_cfg_overlay=dict(file=str(path), custom_load=False, num_classes=3)).eval()
+    return beit, path, theirs
+
+
+def test_beit_checkpoint_resizes_its_tables_as_timms_beit(tmp_path):
+    """A timm BEiT checkpoint (4x4 grid) into a ViT with rel_bias on a 6x6 grid: its tables resized with BEiT's
+    geometric method by default, as timm's own BEiT loads the file at 48 px (its checkpoint filter calls
+    resize_rel_pos_bias_table): the same tables and logits; ``table_resize="bicubic"`` resizes them otherwise."""
+    _, path, theirs = beit_checkpoint(tmp_path)
+    kw = BEIT_KW
     tables = {}
     for resize in (None, "bicubic"):
         ours = vpe.create_model("vit_base_patch16_224", pe="rel_bias", img_size=48, init_values=0.1,
@@ -324,6 +335,41 @@ def test_beit_checkpoint_resizes_its_tables_as_timms_beit(tmp_path):
     assert (tables["bicubic"] - tables[None]).abs().max() > 0.1
     with pytest.raises(ValueError, match="table_resize"):
         vpe.load_timm_checkpoint(ours, path, table_resize="cubic")
+
+
+def test_beit_checkpoint_at_its_grid_grows_its_table_on_a_larger_grid_as_timms_beit(tmp_path):
+    """A timm BEiT checkpoint loaded at its own 4x4 grid, then run at 48 px (6x6): rel_bias grows its table on the
+    fly with BEiT's geometric method (set by the load), giving timm's BEiT built at 48 px from the same file; a fresh
+    rel_bias grows bicubically unless built with interpolation="geometric", which is timm's resize_rel_pos_bias_table."""
+    beit, path, theirs = beit_checkpoint(tmp_path)
+    kw = BEIT_KW
+    ours = vpe.create_model("vit_base_patch16_224", pe="rel_bias", img_size=32, init_values=0.1, global_pool="avg",
+                            **kw).eval()
+    assert ours.blocks[0].attn.bias.interpolation == "bicubic"
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        vpe.load_timm_checkpoint(ours, path, strict=True)
+        assert ours.blocks[0].attn.bias.interpolation == "geometric"
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
+        bias, grid = ours.blocks[0].attn.bias, Grid((6, 6), prefix=1)
+        geometric = bias(grid)
+        bias.interpolation = "bicubic"  # its cached geometric bias must not be read again
+        assert (bias(grid) - geometric).abs().max() > 0.1
+    table = beit.blocks[0].attn.relative_position_bias_table.detach()  # (7 * 7 + 3, heads)
+    expected = timm.layers.resize_rel_pos_bias_table(table, new_window_size=(6, 6), new_bias_shape=(11 * 11 + 3, 2))
+    grown = {}
+    for interpolation in ("geometric", "bicubic"):
+        pe = vpe.build("rel_bias", num_heads=2, grid_shape=(4, 4), interpolation=interpolation)
+        with torch.no_grad():
+            pe.relative_position_bias_table.copy_(table)
+            grown[interpolation] = pe(Grid((6, 6), prefix=1))
+            if interpolation == "geometric":
+                pe.resize((6, 6))  # the table for good, by the module's own method
+                torch.testing.assert_close(pe.relative_position_bias_table, expected, atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(pe(Grid((6, 6), prefix=1)), grown["geometric"], atol=1e-5, rtol=1e-5)
+    assert (grown["geometric"] - grown["bicubic"]).abs().max() > 0.1  # the two methods differ (the test can fail)
+    with pytest.raises(ValueError, match="interpolation='cubic' is not supported.*'geometric'"):
+        vpe.build("rel_bias", num_heads=2, grid_shape=(4, 4), interpolation="cubic")
 
 
 TINY = dict(patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3)

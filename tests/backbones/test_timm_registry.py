@@ -5,6 +5,7 @@ import logging
 import re
 import socket
 import warnings
+from pathlib import Path
 
 import pytest
 import timm
@@ -245,6 +246,27 @@ def test_timm_train_script_arguments(tmp_path):
     again = timm.create_model(PREFIX + VIT, checkpoint_path=str(tmp_path / "model.safetensors"), **train_py,
                               **args.model_kwargs)
     assert torch.equal(_logits(again), _logits(model))
+
+
+def test_timm_train_script_reads_pretrained_path_only_with_pretrained(tmp_path):
+    """timm's train.py turns ``--pretrained-path FILE`` into ``pretrained_cfg_overlay=dict(file=FILE,
+    num_classes=-1)`` and passes ``pretrained=args.pretrained``: without ``--pretrained`` the file is never read (random
+    weights, no message), so docs/backbones.md gives ``--pretrained --pretrained-path`` together."""
+    timm_model, path = _tiny_timm_checkpoint(VIT, tmp_path)
+    overlay = {"pretrained_cfg_overlay": dict(file=str(path), num_classes=-1)}  # train.py's factory_kwargs
+    loaded = {}
+    for pretrained in (False, True):
+        torch.manual_seed(0)
+        model = timm.create_model(PREFIX + VIT, pretrained=pretrained, **overlay, **TINY[VIT])
+        loaded[pretrained] = torch.equal(model.state_dict()["blocks.0.attn.qkv.weight"],
+                                         timm_model.state_dict()["blocks.0.attn.qkv.weight"])
+    assert loaded == {False: False, True: True}
+    readme = (Path(__file__).parents[2] / "docs" / "backbones.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    commands = [c for b in blocks for c in b.replace("\\\n", " ").splitlines() if c.startswith("python train.py")]
+    with_file = [c for c in commands if "--pretrained-path" in c]
+    assert with_file and all(re.search(r"--pretrained\s", c) for c in with_file), with_file
+    assert "`--pretrained --pretrained-path FILE` your own timm checkpoint" in readme
 
 
 def test_every_registered_name_builds_and_every_excluded_one_is_unsupported():

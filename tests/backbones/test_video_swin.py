@@ -9,6 +9,7 @@ from torchvision.models.video.swin_transformer import (ShiftedWindowAttention3d,
 
 import visionpe as vpe
 from visionpe.backbones import SwinTransformer3dPE, VideoWindowAttention
+from visionpe.attention import attend
 from visionpe.backbones.video_swin import effective_window
 from visionpe.backbones.windows import shift_mask
 from visionpe.bias import SwinBias
@@ -247,3 +248,34 @@ def test_rope_on_a_shrunk_window_keeps_integer_positions(monkeypatch, reference,
     stretched = used.with_scaling("pi", ref_shape=(2, 4, 4)).rotations(grid)  # the configured window as reference
     assert not torch.allclose(stretched, integer, atol=1e-3)
     assert used.freqs is rotary.freqs and rotary.ref_shape == (2, 4, 4)  # shared, not copied; the module unchanged
+
+
+def test_clips_take_their_own_time_step_in_every_window(monkeypatch, reference):
+    """time_spacing through torchvision's stages to every window attention: each window of a clip gets the clip's
+    step (windows ordered sample by sample), a batch of per-clip steps gives each clip its logits alone, a step of 1
+    on the configured window is the index-time model, and the steps are read (the logits move)."""
+    from visionpe.backbones import video_swin
+    seen = []
+    monkeypatch.setattr(video_swin, "attend", lambda q, k, v, grid, *a, **kw: seen.append(grid) or attend(
+        q, k, v, grid, *a, **kw))
+    x = torch.randn(3, 3, 8, 32, 32)  # tokens (4, 8, 8): 2 x 2 x 2 windows of (2, 4, 4) per clip at stage 1
+    steps = torch.tensor([2.0, 1.0, 0.5])
+    for pe in ("rope_axial", "cpb", "alibi", "rope_mixed+alibi"):
+        model = _patched(reference, pe)
+        seen.clear()
+        with torch.no_grad():
+            batch = model(x, time_spacing=steps)
+            alone = torch.cat([model(x[i:i + 1], time_spacing=float(s)) for i, s in enumerate(steps)])
+            torch.testing.assert_close(batch, alone, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(model(x, time_spacing=1.0), model(x), rtol=1e-5, atol=1e-5)
+            assert (batch - model(x)).abs().max() > 1e-5
+        first = seen[0]  # stage 1, first block: 8 windows of each clip
+        assert [g.spacing[0] for g in first.grids] == [2.0] * 8 + [1.0] * 8 + [0.5] * 8
+        assert {g.shape for g in first.grids} == {(2, 4, 4)}
+
+
+@pytest.mark.parametrize("clip", [(4, 32, 32), (2, 32, 32)], ids=["configured-window", "shrunk-window-slice"])
+def test_a_window_table_refuses_a_time_step(reference, clip):
+    model = _patched(reference, "swin_bias")
+    with pytest.raises(ValueError, match="SwinBias indexes a table by integer positions"):
+        model(torch.randn(1, 3, *clip), time_spacing=2.0)

@@ -25,11 +25,12 @@ BACKENDS = [pytest.param("av"), pytest.param("torchcodec", marks=pytest.mark.ski
     video_files.decoder() != "torchcodec", reason="torchcodec finds no FFmpeg 4-9 libraries on this machine"))]
 
 
-def write_clip(path, frames: np.ndarray) -> None:
-    """``frames`` uint8 ``(T, H, W, 3)`` into ``path``, with the codec its suffix takes."""
+def write_clip(path, frames: np.ndarray, rate: int = 8) -> None:
+    """``frames`` uint8 ``(T, H, W, 3)`` into ``path`` at ``rate`` frames per second, with the codec its suffix
+    takes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with av.open(str(path), "w") as container:
-        stream = container.add_stream(CODECS[path.suffix], rate=8)
+        stream = container.add_stream(CODECS[path.suffix], rate=rate)
         stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
         stream.bit_rate = 4_000_000
         for frame in frames:
@@ -304,3 +305,73 @@ def test_a_tiny_video_vit_trains_on_video_files_from_image_weights(tmp_path):
     assert any("inflated over 2 frames" in c for c in init["converted"])
     assert set(summary["results"]["last"]) == {"2x16", "2x24", "4x16", "4x24"}
     assert summary["final_train_loss"] > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("suffix", list(CODECS))
+def test_frame_rate_is_the_containers(tmp_path, suffix, backend):
+    for rate in (12, 24):
+        write_clip(tmp_path / f"{rate}{suffix}", numbered(6), rate=rate)
+        assert video_files.frame_rate(str(tmp_path / f"{rate}{suffix}"), backend) == pytest.approx(rate)
+    (tmp_path / "junk.mp4").write_bytes(b"not a video")
+    with pytest.raises(vdata.DataDamaged, match="cannot decode .*junk.mp4"):
+        video_files.frame_rate(str(tmp_path / "junk.mp4"), backend)
+
+
+def test_time_step_is_qwen25_vl_second_per_grid_t_times_tokens_per_second():
+    """Qwen2.5-VL: ``second_per_grid_t = temporal_patch_size / fps`` of the sampled frames, and a temporal token's
+    position is ``t * second_per_grid_t * tokens_per_second``; frames sampled ``s`` apart are at ``fps / s``."""
+    fps, tps = 24.0, 2.0
+    for stride, patch in ((1, 2), (3, 2), (2, 1)):
+        indices = list(range(5, 5 + 8 * stride, stride))
+        assert video_files.time_step(indices, fps, tps, patch) == pytest.approx(patch / (fps / stride) * tps)
+    assert video_files.time_step([0, 8, 15, 23], fps, tps) == pytest.approx(23 / 3 / fps * tps)  # the mean distance
+    assert video_files.time_step([4], fps, tps) == pytest.approx(1 / fps * tps)
+
+
+def test_the_same_motion_at_12_and_24_fps_gets_the_same_time_steps(tmp_path):
+    """One second of a square moving 24 px: 24 frames at 24 fps read 2 apart, and 12 frames at 12 fps read 1 apart,
+    are the same frames in time, so each clip's time step (and thus its tokens' time positions) is the same."""
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            write_clip(tmp_path / "24" / split / c / "m.mp4", moving_square(24, step=1), rate=24)
+            write_clip(tmp_path / "12" / split / c / "m.mp4", moving_square(12, step=2), rate=12)
+    steps = {}
+    for rate, stride in ((24, 2), (12, 1)):
+        ds = vdata.build_dataset("video-files", "val", 16, data_dir=str(tmp_path / str(rate)), num_frames=4,
+                                 frame_stride=stride, tokens_per_second=2.0, tubelet_frames=2)
+        clip, label, steps[rate] = ds[0]
+        assert clip.shape == (3, 4, 16, 16) and label == 0
+    assert steps[24] == pytest.approx(steps[12]) == pytest.approx(2 * (2 / 24) * 2.0)  # 2 frames of 1/12 s, 2/s
+    index_time = vdata.build_dataset("video-files", "val", 16, data_dir=str(tmp_path / "24"), num_frames=4)
+    assert len(index_time[0]) == 2  # without tokens_per_second: (clip, label)
+    with pytest.raises(ValueError, match="moving-shapes does not take tokens_per_second"):
+        vdata.build_dataset("moving-shapes", "train", 8, num_samples=2, num_frames=2, tokens_per_second=2.0)
+    with pytest.raises(ValueError, match="tokens_per_second must be > 0"):
+        vdata.build_dataset("video-files", "val", 16, data_dir=str(tmp_path / "24"), num_frames=4,
+                            tokens_per_second=0.0)
+
+
+def test_a_tiny_video_vit_trains_with_each_clips_frame_rate(tmp_path, monkeypatch, capsys):
+    """``--tokens-per-second``: clips at 8 and 16 fps in one run; every batch reaches the model's time axis with
+    each clip's own step from its container (Qwen2.5-VL's formula: 2-frame tubelets of frames 2 apart at 2/s)."""
+    from visionpe.backbones import vit
+    seen = set()
+
+    def spy(grid, time_spacing, batch):
+        seen.update([None] if time_spacing is None else time_spacing.tolist())  # (B,) steps from the loader
+        return time_layout(grid, time_spacing, batch)
+    time_layout = vit.time_layout
+    monkeypatch.setattr(vit, "time_layout", spy)
+    for split, count in (("train", 4), ("val", 2)):
+        for c, direction in (("right", 1), ("left", -1)):
+            for i in range(count):
+                rate = 8 if i % 2 else 16
+                write_clip(tmp_path / "clips" / split / c / f"{i}.mp4", moving_square(12, direction=direction), rate)
+    summary = train_main([*TINY, "--data", "video-files", "--data-dir", str(tmp_path / "clips"), "--num-frames", "4",
+                          "--frame-stride", "2", "--batch-size", "4", "--epochs", "1", "--pe", "rope_mixed",
+                          "--tubelet-size", "2", "4", "4", "--tokens-per-second", "2", "--eval-frames", "2",
+                          "--output", str(tmp_path / "run")])
+    assert summary["tokens_per_second"] == 2.0 and summary["final_train_loss"] > 0
+    assert "time 2 positions/s at each clip's frame rate" in capsys.readouterr().out
+    assert sorted(seen) == pytest.approx([2 * 2 / 16 * 2.0, 2 * 2 / 8 * 2.0])  # 0.5 at 16 fps, 1.0 at 8 fps

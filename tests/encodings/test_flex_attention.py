@@ -24,12 +24,13 @@ pytestmark = requires("torch", "2.5", "torch.nn.attention.flex_attention")
 flex_attention = pytest.importorskip("torch.nn.attention.flex_attention", reason="FlexAttention needs torch >= 2.5")
 
 BIAS_NAMES = [name for name, family in vpe.available().items() if family == "bias"]
-PAIR_FORMS = {"alibi", "rel_bias", "swin_bias", "cpb", "bucket_bias", "lookhere", "pape", "pape_ri"}  # must have one
+PAIR_FORMS = {"alibi", "rel_bias", "swin_bias", "cpb", "bucket_bias", "lookhere", "pape", "pape_ri", "fire"}  # must have one
 # (name, extra keywords): every coordinate system and table kind the bias encodings have
 VARIANTS = [("alibi", {}), ("alibi", {"coords": "normalized", "normalize_coords": "min"}), ("rel_bias", {}),
             ("swin_bias", {}), ("cpb", {}), ("cpb", {"coords": "normalized"}), ("bucket_bias", {}),
             ("bucket_bias", {"bucket": "piecewise", "method": "cross"}), ("pape", {"num_parabolas": 4}),
-            ("pape", {"num_parabolas": 2, "prefix_position": "none", "coords": "normalized"}), ("pape_ri", {})]
+            ("pape", {"num_parabolas": 2, "prefix_position": "none", "coords": "normalized"}), ("pape_ri", {}),
+            ("fire", {}), ("fire", {"distance": "euclidean", "coords": "normalized"})]
 VARIANTS += [(name, {}) for name in BIAS_NAMES if name not in PAIR_FORMS]  # a newly registered bias encoding
 VARIANT_IDS = [name + "".join(f"-{v}" for v in kw.values()) for name, kw in VARIANTS]
 
@@ -98,7 +99,8 @@ def test_every_pair_form_equals_the_materialised_bias(name, ndim):
 
 
 @pytest.mark.parametrize("name,kwargs", [("alibi", {"jitter_coords": 1.5, "rescale_coords": 2.0}),
-                                         ("cpb", {"jitter_coords": 1.5, "shift_coords": 1.0})])
+                                         ("cpb", {"jitter_coords": 1.5, "shift_coords": 1.0}),
+                                         ("fire", {"jitter_coords": 1.5, "rescale_coords": 2.0})])
 def test_pair_form_draws_the_augmentation_as_forward(name, kwargs):
     pe = build(name, 2, **kwargs).train()
     grid = Grid(SHAPES[2], prefix=1)

@@ -142,8 +142,11 @@ def outside_forward(pe, grid: Grid) -> dict:
             pass
     else:
         reads["pair_map"] = pe.pair_map(grid)
-        tokens = torch.randn(2, grid.num_tokens, pe.dim, generator=torch.Generator().manual_seed(2))
-        score = pe.score_mod(grid, tokens) if pe.reads_tokens else pe.score_mod(grid)
+        if pe.reads_tokens:  # PaPE: the pair form of the attention's input tokens
+            tokens = torch.randn(2, grid.num_tokens, pe.dim, generator=torch.Generator().manual_seed(2))
+            score = pe.score_mod(grid, tokens)
+        else:
+            score = pe.score_mod(grid)
         if score is not None:
             reads.update({f"score_mod table {i}": t for i, t in enumerate(score.tables)})
     return reads
@@ -186,7 +189,7 @@ def gradients(pe, grid: Grid) -> dict:
         value = pe.rotations(grid)
     else:
         score = pe.score_mod(grid)
-        value = pe(grid) if score is None else score.tables[0]  # FIRE has no pair form: its forward under FSDP
+        value = pe(grid) if score is None else score.tables[0]  # a bias without a pair form: its forward
     (value * torch.linspace(-1, 1, value.numel()).reshape(value.shape)).sum().backward()
     return {n: (p.grad.full_tensor() if is_sharded(p.grad) else p.grad) for n, p in pe.named_parameters()}
 

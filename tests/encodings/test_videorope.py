@@ -154,19 +154,27 @@ def test_clips_at_different_frame_rates_share_one_time_axis():
         assert not torch.allclose(pe.cis(Grid((4, 2, 2)))[:, 8:12], pe.cis(Grid((2, 2, 2)))[:, 4:8])
 
 
-def test_spacing_refuses_what_it_cannot_mean():
+def test_an_axis_with_a_spacing_is_absolute_under_resolution_scaling():
+    """PI against ref_shape (2, 2, 2) on a (4, 4, 2) grid with a time step 3: time keeps its steps (0, 3, 6, 9), height
+    is interpolated (a step of 2/4), width is at its reference; i.e. the unscaled RoPE on spacing (3, 0.5, 1). With
+    integer time (no spacing) time is interpolated too, so the two differ."""
     pe = vpe.build("rope_axial", head_dim=12, ndim=3, scaling="pi", ref_shape=(2, 2, 2))
-    pe.cis(Grid((2, 2, 2), spacing=(3.0, 1, 1)))  # at the reference grid PI is the identity
-    with pytest.raises(ValueError, match="spacing.*scaling='none'"):
-        pe.cis(Grid((4, 2, 2), spacing=(3.0, 1, 1)))
+    plain = vpe.build("rope_axial", head_dim=12, ndim=3)
+    timed = pe.cis(Grid((4, 4, 2), spacing=(3.0, None, None)))
+    torch.testing.assert_close(timed, plain.cis(Grid((4, 4, 2), spacing=(3.0, 0.5, 1.0))))
+    torch.testing.assert_close(pe.cis(Grid((4, 4, 2))), plain.cis(Grid((4, 4, 2), spacing=(0.5, 0.5, 1.0))))
+    assert not torch.allclose(timed, pe.cis(Grid((4, 4, 2))))
+    string = vpe.build("string", head_dim=12, ndim=3, scaling="pi", ref_shape=(2, 2, 2))  # the learned rotations
+    torch.testing.assert_close(string.rotations(Grid((4, 4, 2), spacing=(3.0, None, None))),
+                               string.with_scaling("none").rotations(Grid((4, 4, 2), spacing=(3.0, 0.5, 1.0))))
     normalized = vpe.build("rope_axial", head_dim=12, ndim=3, coords="normalized")
     with pytest.raises(ValueError, match="spacing.*coords='index'"):
         normalized.cis(Grid((2, 2, 2), spacing=(3.0, 1, 1)))
 
 
 @pytest.mark.parametrize("spacing,message", [
-    ((1.0,), "one positive number per axis"), ((0.0, 1.0), "spacing must be > 0"), ((-1.0, 1.0), "spacing"),
-    ("ab", "one positive number per axis"), ((math.inf, 1.0), "finite"),
+    ((1.0,), "one positive number"), ((0.0, 1.0), "spacing must be > 0"), ((-1.0, 1.0), "spacing"),
+    ("ab", "one positive number"), ((math.inf, 1.0), "finite"), (("1", None), "finite number"),
 ])
 def test_grid_spacing_checks(spacing, message):
     with pytest.raises(ValueError, match=message):
@@ -175,7 +183,10 @@ def test_grid_spacing_checks(spacing, message):
 
 def test_grid_spacing_is_part_of_the_grid():
     grid = Grid((2, 3), prefix=1, spacing=(2.5, 1))
-    assert grid == Grid((2, 3), prefix=1, spacing=(2.5, 1.0)) and Grid((2, 3), spacing=(1, 1)).spacing is None
+    assert grid == Grid((2, 3), prefix=1, spacing=(2.5, 1.0)) and Grid((2, 3), spacing=(None, None)).spacing is None
+    unit = Grid((2, 3), spacing=(1, None))  # an absolute axis of step 1: the index coordinates, never rescaled
+    assert unit != Grid((2, 3)) and unit.absolute_axes == (True, False) and unit.steps == (1.0, 1.0)
+    torch.testing.assert_close(unit.coords(), Grid((2, 3)).coords())
     assert grid.without_prefix().spacing == (2.5, 1.0) and grid.with_shape((4, 4)).spacing == (2.5, 1.0)
     torch.testing.assert_close(grid.coords()[:, 0], torch.tensor([0.0, 0, 0, 2.5, 2.5, 2.5]))
     alibi = vpe.build("alibi", num_heads=1)  # distances read the spaced coordinates too

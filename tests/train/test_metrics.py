@@ -79,6 +79,32 @@ def test_evaluate_returns_a_named_record():
     assert math.isclose(got.loss, torch.nn.functional.cross_entropy(logits, y).item(), rel_tol=1e-5)
 
 
+def test_retention_is_undefined_when_the_training_size_accuracy_is_0(tmp_path):
+    """acc(res) / acc(train res) with acc(train res) = 0 is 0/0: None in results.json, an empty sweep.csv cell, n/a
+    in the console's table and the benchmark's cells, and left out of a cell's mean over seeds (not averaged as 0)."""
+    from visionpe.bench.accuracy.sections import accuracy_cells
+    from visionpe.train import settings
+    measured = {16: metrics.Evaluation(acc=0.0, loss=1.1, count=8), 24: metrics.Evaluation(acc=25.0, loss=1.0, count=8)}
+    table = metrics.retention_table(measured, 16)
+    assert table[16]["retention"] is None and table[24]["retention"] is None
+    table = metrics.retention_table({**measured, 16: metrics.Evaluation(acc=50.0, loss=1.0, count=8)}, 16)
+    assert table[24]["retention"] == 0.5 and table[16]["retention"] == 1.0
+    cfg = {**settings.DEFAULTS, "img_size": 16, "eval_res": [24]}
+    text = metrics.resolution_table(cfg, {"last": metrics.retention_table(measured, 16)}, best_epoch=1)
+    assert [line.split()[-2:] for line in text.splitlines() if "retention" in line] == [["n/a", "n/a"]]
+    path = tmp_path / "sweep.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, ["res", "retention"])
+        writer.writeheader()
+        writer.writerows([{"res": 24, "retention": None}, {"res": 24, "retention": 0.75}])
+    with open(path) as f:
+        cells = [metrics.read_retention(row["retention"]) for row in csv.DictReader(f)]
+    assert cells == [None, 0.75]
+    seeds = {"acc": {16: [0.0, 80.0], 24: [10.0, 60.0]}, "ret": {24: cells}}
+    assert accuracy_cells(seeds, [16, 24], 16)[-1] == "0.750 ± 0.000"  # the defined seed only, not (0 + 0.75) / 2
+    assert accuracy_cells({**seeds, "ret": {24: [None, None]}}, [16, 24], 16)[-1] == "n/a"
+
+
 def test_log_tensorboard_and_summary_csv_equal_metrics_jsonl(tmp_path, capsys):
     out = tmp_path / "run"
     train_main(TINY + ["--model-ema", "--log", "tensorboard", "--output", str(out)])

@@ -209,6 +209,49 @@ def test_similarity_png_for_every_encoding(tmp_path, name, ndim):
     assert out.stat().st_size > 1000
 
 
+@pytest.mark.parametrize("name", [n for n, family in visionpe.available().items() if family == "rotary"])
+def test_freqs_applies_to_every_rotary_encoding_with_frequency_vectors(tmp_path, name):
+    """``--kind freqs`` is offered (and drawn) exactly where the encoding's rotations have frequency vectors: ComRoPE's
+    eigenfrequencies included, LieRE's non-commuting rotations not."""
+    shape = SHAPES[2] if 2 in ENCODINGS[name].ndims else SHAPES[3]
+    pe = make(name, shape)
+    try:
+        pe.frequency_vectors()
+        has = True
+    except ValueError:
+        has = False
+    assert ("freqs" in viz.kinds_for(pe)) == has
+    assert has == (name != "liere")
+    if has:
+        out = viz.save(viz.render(pe, "freqs", shape), tmp_path / f"{name}.png", dpi=40)
+        assert out.stat().st_size > 1000
+
+
+def test_lookhere_mean_over_heads_is_over_the_heads_that_see_each_key(tmp_path):
+    """LookHere's heads look in different directions, so nearly every key is outside some head's view: a plain mean
+    over heads is NaN (blank) there. The map is the mean over the heads that see the pair (written here from the
+    per-head maps), NaN only where none does; one head is that head's map."""
+    pe = make("lookhere", (4, 4), num_heads=8)
+    maps = pe.pair_map(Grid((4, 4)))  # (heads, N, N), NaN outside a head's field of view
+    seen = maps.isfinite()
+    assert maps.isnan().any(0).float().mean() > 0.5  # a plain mean would blank most of the map
+    expected = torch.where(seen, maps, 0.0).sum(0) / seen.sum(0)  # NaN (0/0) where no head sees the key
+    got = viz.similarity(pe, (4, 4))
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    assert got.isfinite().float().mean() > 0.9
+    torch.testing.assert_close(viz.similarity(pe, (4, 4), head=3), maps[3], equal_nan=True)
+    assert "heads that see the key" in viz.quantity_of(pe)
+    out = viz.save(viz.render(pe, "similarity", (4, 4)), tmp_path / "lookhere.png", dpi=40)
+    assert out.stat().st_size > 1000
+
+
+def test_cli_draws_comrope_frequencies(tmp_path, capsys):
+    out = tmp_path / "comrope_freqs.png"
+    assert run_script("visualize", ["--pe", "comrope", "--kind", "freqs", "--grid", "4", "4", "--head-dim", "16",
+                                    "--num-heads", "2", "--out", str(out), "--dpi", "40"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # -- command line -------------------------------------------------------------------------------------
 def test_cli_bad_pe_exits_2_with_one_line():
     result = subprocess.run([sys.executable, "scripts/visualize.py", "--pe", "nope", "--grid", "4", "4"],

@@ -22,6 +22,12 @@ encoding has. Set it per attention module (``for m in model.modules(): if isinst
 Inputs: ``(B, C, T, H, W)`` floating, any ``T, H, W >= 1``. As in torchvision, sides that are not multiples of
 the patch size are zero-padded at the end by the patch embedding, and feature maps that are not multiples of the
 window are zero-padded inside each attention.
+
+Absolute time: ``model(x, time_spacing=...)`` (a number, or a ``(B,)`` tensor of one per clip; see
+:func:`visionpe.grid.time_layout`) puts every window's grid on the clips' time axis, ``Grid(window, spacing=(step,
+None, None))``; the patch merging layers halve height and width only, so the step holds in every stage. It travels
+with the call, through each block (:class:`VideoSwinBlock`) to its attention; a table bias (``swin_bias``) cannot
+read it and refuses it.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
+from torchvision.models.swin_transformer import SwinTransformerBlock
 from torchvision.models.video.swin_transformer import ShiftedWindowAttention3d, SwinTransformer3d
 
 from .._checks import check_choice
@@ -39,7 +46,7 @@ from ..attention import attend
 from ..bias import RelativePositionBias, SwinBias
 from ..coords import shares_draws
 from ..encoding import ModelContext
-from ..grid import Grid
+from ..grid import Grid, MixedLayout, time_layout
 from .adapter import (WINDOW_FAMILIES, WINDOW_REFUSES, Adapter, EncodingSet, PositionalModel, check_input,
                       default_sections, register_adapter)
 from .swin import WindowAttention
@@ -127,16 +134,19 @@ class VideoWindowAttention(WindowAttention):
                                     for r, e, w in zip(ref, window, self.window_size))
         return effective
 
-    def _table_bias(self, window) -> torch.Tensor | None:
+    def _table_bias(self, window, grid: Grid | None = None) -> torch.Tensor | None:
         """torchvision's slice of the full-window table bias for a shrunk window, ``(heads, n, n)``; None when the
-        bias goes through :func:`visionpe.attend` on the effective grid."""
+        bias goes through :func:`visionpe.attend` on the effective grid. ``grid``: the window's grid in the forward,
+        which a table refuses when it has a spacing (absolute time)."""
         if self.table_slicing != "torchvision" or not isinstance(self.bias, RelativePositionBias) \
                 or window == self.window_size:
             return None
+        if grid is not None:
+            self.bias.check_spacing(grid)
         n = math.prod(window)
         return self.bias(Grid(leading_box(self.window_size, n)))[:, :n, :n]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, time_spacing=None) -> torch.Tensor:
         b, t, h, w, c = x.shape
         window, shift = effective_window((t, h, w), self.window_size, self.shift_size)
         pad = [-s % k for s, k in zip((t, h, w), window)]
@@ -148,7 +158,9 @@ class VideoWindowAttention(WindowAttention):
         windows = rearrange(x, "b (nt wt) (nh wh) (nw ww) c -> (b nt nh nw) (wt wh ww) c", wt=wt, wh=wh, ww=ww)
         q, k, v = rearrange(self.qkv(windows), "n t (three h d) -> three n h t d", three=3, h=self.num_heads)
 
-        mask = self._table_bias(window)
+        nt, nh, nw = (p // k for p, k in zip(padded, window))
+        grid = window_grid(window, time_spacing, b, nt * nh * nw)
+        mask = self._table_bias(window, grid.grids[0] if isinstance(grid, MixedLayout) else grid)
         bias = self.bias if mask is None else None
         if mask is not None:
             mask = mask[None]
@@ -156,12 +168,10 @@ class VideoWindowAttention(WindowAttention):
             shifted = shift_mask(padded, window, shift, x.device, q.dtype)
             shifted = rearrange(shifted[None].expand(b, -1, -1, -1), "b nw n m -> (b nw) 1 n m")
             mask = shifted if mask is None else mask + shifted
-        out = attend(q, k, v, Grid(window), self._window_rotary(window), bias, mask,
+        out = attend(q, k, v, grid, self._window_rotary(window), bias, mask,
                      dropout_p=self.attention_dropout if self.training else 0.0, attention=self.attention,
                      tokens=windows)
         out = F.dropout(self.proj(rearrange(out, "n h t d -> n t (h d)")), p=self.dropout, training=self.training)
-
-        nt, nh, nw = (p // k for p, k in zip(padded, window))
         x = rearrange(out, "(b nt nh nw) (wt wh ww) c -> b (nt wt) (nh wh) (nw ww) c",
                       b=b, nt=nt, nh=nh, nw=nw, wt=wt, wh=wh, ww=ww)
         if any(shift):
@@ -173,6 +183,24 @@ class VideoWindowAttention(WindowAttention):
                 f"table_slicing={self.table_slicing!r}")
 
 
+def window_grid(window, time_spacing, batch: int, num_windows: int) -> Grid | MixedLayout:
+    """The grid of every window of a batch, ``(batch num_windows)`` windows sample by sample: ``Grid(window)`` on the
+    clips' time axis (:func:`~visionpe.grid.time_layout`), one grid per window where the clips' steps differ."""
+    grid = time_layout(Grid(window), time_spacing, batch)
+    if isinstance(grid, MixedLayout):
+        return MixedLayout(tuple(g for g in grid.grids for _ in range(num_windows)))
+    return grid
+
+
+class VideoSwinBlock(SwinTransformerBlock):
+    """torchvision's Swin block (``norm -> attention``, ``norm -> MLP``, stochastic depth) whose forward passes the
+    clips' ``time_spacing`` to its :class:`VideoWindowAttention`: ``block(x, time_spacing=None)``."""
+
+    def forward(self, x: torch.Tensor, time_spacing=None) -> torch.Tensor:
+        x = x + self.stochastic_depth(self.attn(self.norm1(x), time_spacing))
+        return x + self.stochastic_depth(self.mlp(self.norm2(x)))
+
+
 class _NoWeightDecayBase:
     """torchvision models have no ``no_weight_decay``: the encodings' names are the whole set."""
 
@@ -182,15 +210,24 @@ class _NoWeightDecayBase:
 
 class SwinTransformer3dPE(PositionalModel, _NoWeightDecayBase, SwinTransformer3d):
     """torchvision ``SwinTransformer3d`` with visionpe encodings inside its 3D windows; takes what torchvision
-    takes: ``(B, C, T, H, W)``, any sizes (zero-padded to whole patches and windows)."""
+    takes: ``(B, C, T, H, W)``, any sizes (zero-padded to whole patches and windows). ``forward(x,
+    time_spacing=None)``: torchvision's forward, with the clips' time step passed to every block (module doc)."""
 
     def check_input(self, x: torch.Tensor) -> None:
         check_input(x, (1, 1, 1), self.patch_embed.proj.in_channels, type(self).__name__)
 
     @shares_draws
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, time_spacing=None) -> torch.Tensor:
         self.check_input(x)
-        return super().forward(x)
+        x = self.pos_drop(self.patch_embed(x))  # (B, T, H, W, C)
+        for stage in self.features:  # stages of blocks, and patch merging between them
+            if isinstance(stage, nn.Sequential):
+                for block in stage:
+                    x = block(x, time_spacing)
+            else:
+                x = stage(x)
+        x = self.avgpool(self.norm(x).permute(0, 4, 1, 2, 3))  # (B, C, 1, 1, 1)
+        return self.head(torch.flatten(x, 1))
 
 
 def _attention_blocks(model: nn.Module) -> list[nn.Module]:
@@ -201,7 +238,12 @@ def _attention_blocks(model: nn.Module) -> list[nn.Module]:
 def apply_video_swin(model: nn.Module, names: dict, kwargs: dict) -> None:
     """Put the encodings ``names`` (family -> name) into every 3D window attention of a torchvision Video Swin."""
     encodings = EncodingSet(names, kwargs)
-    for block in _attention_blocks(model):
+    blocks = _attention_blocks(model)
+    other = next((b for b in blocks if type(b) not in (SwinTransformerBlock, VideoSwinBlock)), None)
+    if other is not None:
+        raise ValueError(f"block type {type(other).__name__} is not supported; supported: torchvision's "
+                         "SwinTransformerBlock (the Video Swin default)")
+    for block in blocks:
         source = block.attn
         dim = source.qkv.in_features
         head_dim = dim // source.num_heads
@@ -211,6 +253,7 @@ def apply_video_swin(model: nn.Module, names: dict, kwargs: dict) -> None:
         bias = encodings.block("bias", context, getattr(source, "bias", None))
         take_over_table(bias, source)
         block.attn = VideoWindowAttention(source, rotary, bias, getattr(source, "table_slicing", "torchvision"))
+        block.__class__ = VideoSwinBlock
 
 
 @torch.no_grad()

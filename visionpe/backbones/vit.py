@@ -4,8 +4,9 @@ DeiT's distilled models (``deit.py``) and timm's Eva (``eva.py``).
 
 The grid travels with the call: :meth:`GridTransformer.forward_features` builds the token
 :class:`~visionpe.grid.Layout` (the :class:`~visionpe.Grid` from the patch embedding's output and the caller's
-``grid_offset``, plus the kept patches under patch dropout or masking) and passes it to every block, as timm's Eva
-passes ``rope=``; no state is shared between calls, so one model serves concurrent forwards at different sizes.
+``grid_offset`` and, for clips, ``time_spacing``, plus the kept patches under patch dropout or masking) and passes it
+to every block, as timm's Eva passes ``rope=``; no state is shared between calls, so one model serves concurrent
+forwards at different sizes and time steps.
 Blocks become :class:`GridBlock` (timm ``Block``) or :class:`GridResPostBlock`, their attention
 :class:`visionpe.Attention` with timm's weights and names.
 """
@@ -29,7 +30,7 @@ from ..attention import Attention
 from ..coords import shares_draws, with_draws
 from ..encoding import ModelContext
 from .._checks import check_number
-from ..grid import Grid, Layout, MixedLayout
+from ..grid import Grid, Layout, MixedLayout, time_layout
 from ..weights.convert import LoadReport
 from .adapter import (GLOBAL_REFUSES, Adapter, EncodingSet, PositionalModel, build_tokens, check_img_size,
                       check_model_sizes, register_adapter)
@@ -58,8 +59,12 @@ class GridTransformer(PositionalModel):
     """Mixin of the patched timm token transformers (ViT, distilled DeiT, Eva): a forward that builds the token
     layout and passes it to every block, at any input size.
 
-    ``forward(x, grid_offset=None)``: ``grid_offset`` is the coordinate of the first patch per grid axis (a crop
-    of a larger image, a later clip of a video); encodings that read coordinates see the shifted grid.
+    ``forward(x, grid_offset=None, time_spacing=None)``: ``grid_offset`` is the coordinate of the first patch per
+    grid axis (a crop of a larger image, a later clip of a video); encodings that read coordinates see the shifted
+    grid. ``time_spacing`` (clips): the time coordinate step between neighbouring temporal tokens, one number or a
+    ``(B,)`` tensor of one per clip (:func:`~visionpe.grid.time_layout`): clips at different frame rates on one time
+    axis, e.g. ``tubelet frames / fps / seconds per position``; clips of a batch whose steps differ run as a
+    :class:`~visionpe.grid.MixedLayout` (each clip gets the positions it would get alone).
     Token subsets keep their positions: timm's ``patch_drop_rate`` (training) and :meth:`forward_masked` (MAE's
     encoder on the visible patches) pass a :class:`~visionpe.grid.Layout` with the kept patches to every block.
     A tokens encoding with ``block_index = i > 0`` (PEG after the first block, as CPVT) is added before block ``i``.
@@ -80,20 +85,27 @@ class GridTransformer(PositionalModel):
         return [t for t in (self.cls_token, self.reg_token) if t is not None]
 
     def embed(self, x: torch.Tensor, grid_offset=None, keep: torch.Tensor | None = None,
-              with_position: bool = True) -> tuple[torch.Tensor, Layout]:
+              with_position: bool = True, time_spacing=None) -> tuple[torch.Tensor, Layout | MixedLayout]:
         """Image (or clip) -> tokens ``(B, P + N, C)`` (``P + K`` with kept patches) with prefix tokens and position,
-        and their layout. ``keep: (B, K)`` patch indices to keep; in training, timm's patch dropout draws them.
-        ``with_position=False`` stops after the prefix tokens (:meth:`embed_batch` adds position per grid)."""
+        and their layout (a :class:`~visionpe.grid.MixedLayout` for per-clip ``time_spacing`` that differ). ``keep:
+        (B, K)`` patch indices to keep; in training, timm's patch dropout draws them. ``with_position=False`` stops
+        after the prefix tokens (:meth:`embed_batch` adds position per grid)."""
         self.check_input(x)
         x = self.patch_embed(x)  # (B, *grid, C)
         grid = Grid(tuple(x.shape[1:-1]), prefix=self.num_prefix_tokens, offset=grid_offset)
+        grid = time_layout(grid, time_spacing, x.shape[0])  # a Grid, or a MixedLayout of per-clip time steps
         x = rearrange(x, "b ... c -> b (...) c")
         x = torch.cat([t.expand(x.shape[0], -1, -1) for t in self.prefix_tokens()] + [x], dim=1)
         if not with_position:
             return x, Layout(grid)
         if self.pe_tokens is not None and self.pe_tokens.block_index == 0:
-            x = self.pe_tokens(x, grid)
+            x = grid.per_grid(x, self.pe_tokens) if isinstance(grid, MixedLayout) else self.pe_tokens(x, grid)
         x = self.pos_drop(x)
+        if isinstance(grid, MixedLayout):
+            if keep is not None or (self.training and getattr(self.patch_drop, "prob", 0.0) > 0):
+                raise ValueError("clips with different time_spacing in one batch keep every patch: patch dropout and "
+                                 "masking take one time step for the batch (a number, or equal steps)")
+            return self.norm_pre(x), grid
         if keep is None and isinstance(self.patch_drop, (PatchDropout, PatchDropoutWithIndices)):
             x, keep = patch_dropout_forward(x, self.patch_drop.prob, grid.prefix, self.patch_drop.ordered,
                                             self.training)
@@ -156,20 +168,20 @@ class GridTransformer(PositionalModel):
 
     @shares_draws
     def forward_features(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                         grid_offset=None) -> torch.Tensor:
+                         grid_offset=None, time_spacing=None) -> torch.Tensor:
         check_not_causal(is_causal)
-        x, layout = self.embed(x, grid_offset)
+        x, layout = self.embed(x, grid_offset, time_spacing=time_spacing)
         for x in self.run_blocks(x, layout, attn_mask):
             pass
         return self.norm(x)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                grid_offset=None) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x, attn_mask, is_causal, grid_offset))
+                grid_offset=None, time_spacing=None) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x, attn_mask, is_causal, grid_offset, time_spacing))
 
     @shares_draws
     def forward_masked(self, x: torch.Tensor, mask_ratio: float = 0.75, keep: torch.Tensor | None = None,
-                       grid_offset=None) -> tuple[torch.Tensor, torch.Tensor]:
+                       grid_offset=None, time_spacing=None) -> tuple[torch.Tensor, torch.Tensor]:
         """MAE's encoder: the blocks run on the visible patches only, each with its own position.
 
         Args:
@@ -191,7 +203,7 @@ class GridTransformer(PositionalModel):
         if self.pe_tokens is not None and self.pe_tokens.block_index > 0:
             raise ValueError(f"{type(self.pe_tokens).__name__} is added after block 0 and needs every patch; a "
                              "masked forward needs it at block_index=0")
-        x, layout = self.embed(x, grid_offset, keep)
+        x, layout = self.embed(x, grid_offset, keep, time_spacing=time_spacing)
         for x in self.run_blocks(x, layout):
             pass
         return self.norm(x), layout.keep.expand(x.shape[0], -1)
@@ -200,14 +212,15 @@ class GridTransformer(PositionalModel):
     def forward_intermediates(self, x: torch.Tensor, indices=None, return_prefix_tokens: bool = False,
                               norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
                               intermediates_only: bool = False, output_dict: bool = False,
-                              attn_mask: torch.Tensor | None = None, is_causal: bool = False, grid_offset=None):
+                              attn_mask: torch.Tensor | None = None, is_causal: bool = False, grid_offset=None,
+                              time_spacing=None):
         """timm's ``forward_intermediates`` (same arguments and outputs), with the layout passed to each block."""
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt={output_fmt!r} is not supported; allowed values: 'NCHW', 'NLC'")
         check_not_causal(is_causal)
         check_block_indices(indices, len(self.blocks))
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        x, layout = self.embed(x, grid_offset)
+        x, layout = self.embed(x, grid_offset, time_spacing=time_spacing)
         intermediates = []
         blocks = self.blocks[:max_index + 1] if stop_early else self.blocks
         for i, x in enumerate(self.run_blocks(x, layout, attn_mask, blocks)):
@@ -216,9 +229,9 @@ class GridTransformer(PositionalModel):
         p = self.num_prefix_tokens
         prefix_tokens = [y[:, :p] for y in intermediates] if p else None
         intermediates = [y[:, p:] for y in intermediates]
-        if output_fmt == "NCHW" and layout.keep is None:
-            intermediates = [y.reshape(y.shape[0], *layout.grid.shape, -1).movedim(-1, 1).contiguous()
-                             for y in intermediates]
+        if output_fmt == "NCHW" and getattr(layout, "keep", None) is None:
+            shape = layout.grids[0].shape if isinstance(layout, MixedLayout) else layout.grid.shape  # one size
+            intermediates = [y.reshape(y.shape[0], *shape, -1).movedim(-1, 1).contiguous() for y in intermediates]
         if output_dict:
             out = {"image_intermediates": intermediates}
             if prefix_tokens is not None and return_prefix_tokens:

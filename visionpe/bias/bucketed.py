@@ -66,6 +66,8 @@ class BucketedBias(BiasEncoding):
     Call: ``pe(grid) -> (num_heads, P + N, P + N)``.
     """
 
+    reads_spacing = False  # integer offsets index the buckets: a grid's spacing is refused (check_spacing)
+
     def __init__(self, num_heads: int, ndim: int = 2, bucket: str = "t5", method: str = "product",
                  num_buckets: int = 32, max_distance: int = 128, alpha: float = 1.9, beta: float = 3.8,
                  gamma: float = 15.2, init_std: float = 0.02):
@@ -119,6 +121,7 @@ class BucketedBias(BiasEncoding):
     def forward(self, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, "bucket_bias")
+        self.check_spacing(grid)
         table = full_tensor(self.relative_position_bias_table)
         bias = table[self.index(grid.shape, table.device)].sum(-2)  # (N, N, heads)
         return self.pad_prefix(rearrange(bias, "n m h -> h n m").float(), grid)
@@ -127,6 +130,7 @@ class BucketedBias(BiasEncoding):
         """The bias of every offset of the grid (``(prod(2 s - 1), heads)``, Swin's order), read per token pair."""
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, "bucket_bias")
+        self.check_spacing(grid)
         table = full_tensor(self.relative_position_bias_table)
         axes = [torch.arange(-(s - 1), s, device=table.device) for s in grid.shape]
         offsets = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, grid.ndim)  # query - key

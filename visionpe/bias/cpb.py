@@ -42,7 +42,7 @@ class ContinuousPositionBias(BiasEncoding):
     and feeds ``8 d / 2`` (the grid spans 2 normalised units; with ``"separate"`` this is ``8 d_patches / size``
     on every grid, Swin-V2's ``8 d / (W - 1)`` measured on the grid itself). ``shift_coords``, ``jitter_coords``,
     ``rescale_coords``: timm's train-time augmentation (training mode only, uncached); a shift cancels in offsets,
-    jitter and rescale scale them.
+    jitter and rescale scale them. A grid's ``spacing`` (absolute time) is read: offsets are measured in its steps.
 
     Resolution change: the MLP is evaluated on the offsets of whatever grid it is called on.
 
@@ -73,8 +73,8 @@ class ContinuousPositionBias(BiasEncoding):
         """``16 * sigmoid(MLP)`` at every offset of ``grid``, ``(prod(2 s - 1), heads)`` float32 (Swin's order)."""
         window = self.pretrained_window_size or self.window_size
         offsets = units = None
-        if self.coordinates.normalized or transform is not None:
-            axes = self.coordinates.axis_positions(grid.shape, device=device)
+        if self.coordinates.normalized or transform is not None or grid.spacing is not None:
+            axes = self.coordinates.axis_positions(grid.shape, device=device, spacing=grid.spacing)
             if transform is not None:
                 axes = [transform.on_axis(a, p) for a, p in enumerate(axes)]
             offsets = [axis_offsets(p) for p in axes]
@@ -98,7 +98,7 @@ class ContinuousPositionBias(BiasEncoding):
         transform = self.coordinates.draw(self.training, self.ndim, device)
         if transform is not None:
             return self._build(grid, device, transform)
-        key = (grid.shape, grid.prefix, str(device), self.window_size)
+        key = (grid.shape, grid.prefix, grid.spacing, str(device), self.window_size)
         return self._cache.get(key, lambda: self._build(grid, device), self.parameters())
 
     def score_mod(self, grid: Grid) -> PairScore:

@@ -37,7 +37,7 @@ from ..coords import CoordinateSystem, axis_offsets
 from ..encoding import Knob
 from ..grid import Grid, as_grid
 from ..sharding import call_gathered, full_tensor
-from ._base import BiasEncoding, pair_bias
+from ._base import BiasEncoding, PairScore, offset_table_score, pair_bias
 
 FIRE_DISTANCES = ("axes", "euclidean")
 PAPER_THRESHOLD = 512.0
@@ -69,7 +69,8 @@ class FIRE(BiasEncoding):
     Parameters ``mlp``, ``c``, ``threshold_multiplier`` (all excluded from weight decay); the buffer
     ``threshold_init`` is ``L0``. The MLP runs once per distinct offset (``prod(2 S_a - 1)`` rows), gathered into
     the ``(T, T)`` bias; cached per grid in evaluation, rebuilt every call in training. The bias is a function of
-    ``(head, query coordinates, key coordinates)`` through that per-offset table.
+    ``(head, query coordinates, key coordinates)`` through that per-offset table, which is also its FlexAttention
+    pair form (:meth:`score_mod`: the table is read per token pair, no ``(heads, T, T)`` tensor).
     """
 
     knob = Knob("threshold_scale", (0.5, 1.0, 1.5, 2.0, 3.0, 4.0), relative=True)
@@ -145,10 +146,10 @@ class FIRE(BiasEncoding):
         scale = fire_log(torch.maximum(spans.norm(), threshold), c) + self.eps
         return (fire_log(d.norm(dim=-1, keepdim=True), c) / scale)
 
-    def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
+    def offset_table(self, grid: Grid, device, transform=None) -> torch.Tensor:
+        """The MLP on every offset of the grid, ``(prod(2 S_a - 1), heads)`` float32 (Swin's offset order)."""
         with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
-            table = call_gathered(self.mlp, self.normalized_offsets(grid, device, transform)).float()  # (offsets, heads)
-        return pair_bias(table, grid, grid.shape)
+            return call_gathered(self.mlp, self.normalized_offsets(grid, device, transform)).float()
 
     def forward(self, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)
@@ -156,8 +157,18 @@ class FIRE(BiasEncoding):
         device = self.c.device
         transform = self.coordinates.draw(self.training, self.ndim, device)
         if transform is not None:
-            return self._build(grid, device, transform)
-        return self._cache.get((grid, str(device)), lambda: self._build(grid, device), self.parameters())
+            return pair_bias(self.offset_table(grid, device, transform), grid, grid.shape)
+        return self._cache.get((grid, str(device)), lambda: pair_bias(self.offset_table(grid, device), grid, grid.shape),
+                               self.parameters())
+
+    def score_mod(self, grid: Grid) -> PairScore:
+        """The MLP's per-offset table read per token pair (FlexAttention; one augmentation draw per call, as
+        ``forward``): equal to ``self(grid)`` entry for entry, without its ``(heads, T, T)`` tensor."""
+        grid = as_grid(grid)
+        check_grid_ndim(grid, self.ndim, "fire")
+        device = self.c.device
+        transform = self.coordinates.draw(self.training, self.ndim, device)
+        return offset_table_score(self.offset_table(grid, device, transform), grid, grid.shape)
 
     def adaptation_label(self) -> str:
         return "MLP on offsets normalised by the new grid's extent (beyond the threshold)"

@@ -251,6 +251,9 @@ class LookHere(BiasEncoding):
         bias = super().pair_map(grid)
         return bias.masked_fill(torch.isneginf(bias), float("nan"))
 
+    def similarity_label(self, head: int | None = None) -> str:
+        return f"attention bias, {'mean over the heads that see the key' if head is None else f'head {head}'}"
+
     def similarity_note(self) -> str:
         return "bias row of each query; blank: outside the field of view"
 

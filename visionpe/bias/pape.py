@@ -80,7 +80,7 @@ class ParabolicBias(BiasEncoding):
         if self.coordinates.normalized:
             steps = [2.0 / d for d in denominators(grid.shape, self.coordinates.normalize_coords)]
         else:
-            steps = grid.spacing or (1.0,) * grid.ndim
+            steps = grid.steps
         corner = torch.stack([a[0] - step for a, step in zip(axes, steps)])
         coords = torch.cat([corner.expand(grid.prefix, -1), patches])
         if transform is not None:

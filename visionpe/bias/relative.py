@@ -10,7 +10,7 @@ from .._checks import check_axes, check_bool, check_choice, check_grid_ndim, che
 from ..cache import TableCache
 from ..encoding import constructor_keywords
 from ..grid import Grid, as_grid
-from ..resample import INTERPOLATIONS, resample_grid, resample_offsets_geometric
+from ..resample import TABLE_RESIZES, resample_grid, resample_offsets_geometric
 from ..sharding import check_unsharded, full_tensor
 from ._base import BiasEncoding, PairScore, offset_table_score, pair_bias
 
@@ -33,8 +33,17 @@ class RelativePositionBias(BiasEncoding):
     ``prefix_entries=True`` adds BEiT's three learned entries (prefix->patch, patch->prefix,
     prefix->prefix); otherwise prefix rows and columns are zero.
 
+    ``interpolation``: how the table is resampled to a larger window (on the fly and by :meth:`resize`): one of
+    torch's (``"bicubic"``, default, timm ``resize_rel_pos_bias_table_simple``; ``antialias`` for downsampling) or
+    ``"geometric"``, BEiT's geometric spacing of the source offsets with linear interpolation (timm
+    ``resize_rel_pos_bias_table``, what timm's BEiT checkpoint filter uses). Loading a timm BEiT or Swin checkpoint
+    (:func:`~visionpe.weights.load_timm_checkpoint`) sets it to ``"geometric"``, so the loaded model grows its table
+    as timm's own model would be built at the larger size.
+
     Call: ``pe(grid) -> (num_heads, P + N, P + N)``.
     """
+
+    reads_spacing = False  # integer offsets index the table: a grid's spacing is refused (check_spacing)
 
     def __init__(self, num_heads: int, window_size=(7, 7), prefix_entries: bool = False, grow: str = "error",
                  interpolation: str = "bicubic", antialias: bool = False, init_std: float = 0.02):
@@ -48,7 +57,7 @@ class RelativePositionBias(BiasEncoding):
         check_bool("prefix_entries", prefix_entries)
         check_bool("antialias", antialias)
         check_number("init_std", init_std, minimum=0.0)
-        check_choice("interpolation", interpolation, INTERPOLATIONS)
+        check_choice("interpolation", interpolation, TABLE_RESIZES)
         self.prefix_entries, self.grow = prefix_entries, grow
         self.interpolation, self.antialias = interpolation, antialias
         rows = num_offsets(self.window_size) + (3 if prefix_entries else 0)
@@ -72,12 +81,15 @@ class RelativePositionBias(BiasEncoding):
         if tuple(window) == self.window_size:
             return table
         spatial = table.reshape(*[2 * w - 1 for w in self.window_size], self.num_heads)
-        spatial = resample_grid(spatial, [2 * w - 1 for w in window], self.interpolation, self.antialias)
-        return spatial.reshape(-1, self.num_heads)
+        offsets = [2 * w - 1 for w in window]
+        if self.interpolation == "geometric":  # BEiT's, timm resize_rel_pos_bias_table
+            return resample_offsets_geometric(spatial, offsets).reshape(-1, self.num_heads)
+        return resample_grid(spatial, offsets, self.interpolation, self.antialias).reshape(-1, self.num_heads)
 
     def _window_for(self, grid: Grid) -> tuple[int, ...]:
         """The window whose offsets ``grid`` reads: ``window_size``, grown to the grid with ``grow="resample"``."""
         check_grid_ndim(grid, self.ndim, type(self).__name__)
+        self.check_spacing(grid)
         window = self.window_size
         if any(g > w for g, w in zip(grid.shape, window)):
             if self.grow == "error":
@@ -92,7 +104,8 @@ class RelativePositionBias(BiasEncoding):
     def forward(self, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)
         window = self._window_for(grid)
-        key = (grid.shape, grid.prefix, window, str(self.relative_position_bias_table.device))
+        key = (grid.shape, grid.prefix, window, self.interpolation, self.antialias,
+               str(self.relative_position_bias_table.device))
         return self._bias_cache.get(key, lambda: self._build(grid, window), self.parameters())
 
     def _build(self, grid: Grid, window) -> torch.Tensor:
@@ -113,15 +126,7 @@ class RelativePositionBias(BiasEncoding):
         new_window = to_shape("new_window", new_window, self.ndim)
         check_unsharded(self, "resize")
         if interpolation is not None:
-            check_choice("interpolation", interpolation, INTERPOLATIONS + ("geometric",))
-        if interpolation == "geometric":
-            offsets = [2 * w - 1 for w in new_window]
-            spatial = self._offset_table().reshape(*[2 * w - 1 for w in self.window_size], self.num_heads)
-            table = resample_offsets_geometric(spatial, offsets).reshape(-1, self.num_heads)
-            extra = self.relative_position_bias_table[num_offsets(self.window_size):]
-            self.relative_position_bias_table = nn.Parameter(torch.cat([table, extra], 0))
-            self.window_size = new_window
-            return self
+            check_choice("interpolation", interpolation, TABLE_RESIZES)
         old = (self.interpolation, self.antialias)
         self.interpolation = interpolation or self.interpolation
         self.antialias = self.antialias if antialias is None else antialias

@@ -57,7 +57,8 @@ def takes_transforms(name: str) -> bool:
 def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool = False, seed: int = 0,
                   num_samples=None, augment=None, num_frames: int | None = None,
                   frame_stride: int | None = None, transforms: Transforms | None = None,
-                  first: int = 0) -> PositionDataset:
+                  first: int = 0, tokens_per_second: float | None = None,
+                  tubelet_frames: int = 1) -> PositionDataset:
     """The data set ``name`` at ``img_size`` pixels (a square integer; an image set also takes ``(height, width)``,
     a square pair being the integer).
 
@@ -66,6 +67,9 @@ def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool
     tasks (a flip or shift would change their labels). ``seed``: synthetic scenes and the augmentation stream; real
     subsets do not depend on it. ``num_frames``: clips of that many frames; required by video sets, refused by image
     ones. ``frame_stride``: video sets that take it sample frames that far apart (given only to those).
+    ``tokens_per_second``: video sets that take it (video-files: the container's frame rate) yield ``(clip, label,
+    time_step)``, the step between temporal tokens of ``tubelet_frames`` frames on an axis of that many positions per
+    second (Qwen2.5-VL's absolute time; a model's ``time_spacing=``).
     ``transforms``: timm's transforms and the resolution protocol (default :class:`Transforms` ``()``: timm's
     training defaults, the ``resize`` protocol), passed to builders that take them (:func:`takes_transforms`); a
     builder that takes no transforms but an ``hflip`` (video-files) gets their ``hflip`` when it is set. ``first``:
@@ -103,6 +107,10 @@ def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool
         if not takes_option(spec, "frame_stride"):
             raise ValueError(f"{name} does not take frame_stride (frames are sampled by the data set itself)")
         options["frame_stride"] = frame_stride
+    if tokens_per_second is not None:
+        if not takes_option(spec, "tokens_per_second"):
+            raise ValueError(f"{name} does not take tokens_per_second (its clips state no frame rate)")
+        options.update(tokens_per_second=tokens_per_second, tubelet_frames=tubelet_frames)
     dataset = call_builder(spec, split, size_key(img_size) if not spec.video else img_size, options)
     if not isinstance(dataset, PositionDataset):
         raise TypeError(f"the builder of data set {name!r} returned {type(dataset).__name__}, not a "

@@ -34,7 +34,8 @@ class DatasetSpec:
             pixels); real sets are resized.
         build: ``build(split, img_size, **options)`` -> a :class:`visionpe.data.base.PositionDataset`; it is called
             with the options its signature names (or all of them with ``**kwargs``), of ``data_dir``, ``download``,
-            ``seed``, ``num_samples``, ``augment``, ``num_frames`` and (video, when given) ``frame_stride``.
+            ``seed``, ``num_samples``, ``augment``, ``num_frames`` and (video, when given) ``frame_stride``,
+            ``tokens_per_second`` and ``tubelet_frames``.
     """
 
     name: str

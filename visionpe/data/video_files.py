@@ -24,6 +24,13 @@ directions, e.g. Something-Something's "moving left" / "moving right") for every
 shorter side is resized to ``img_size`` and the centre ``img_size`` square kept. Resizing is bicubic with
 antialiasing. Every random draw is a function of ``(seed, epoch, index)`` only, so a clip is the same on every process
 and after ``--resume``.
+
+Time: with ``tokens_per_second=R`` a sample is ``(clip, label, time_step)``: ``time_step`` is the distance between
+neighbouring temporal tokens on an absolute time axis of ``R`` positions per second, Qwen2.5-VL's
+``second_per_grid_t * tokens_per_second`` with ``second_per_grid_t = tubelet_frames * (mean distance of the sampled
+frames) / fps`` and ``fps`` the container's (:func:`frame_rate`). A model takes it as ``model(clip,
+time_spacing=time_step)``, so clips of different frame rates (or strides) put the same motion at the same time
+positions.
 """
 from __future__ import annotations
 
@@ -34,7 +41,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .._checks import check_number
+from .._checks import check_number, check_positive_int
 from .base import PositionDataset, fixed_subset
 from .folders import IMAGENET_MEAN, IMAGENET_STD
 from .registry import DataDamaged, DataMissing, register_dataset
@@ -106,6 +113,28 @@ def clip_length(path: str, backend: str | None = None) -> int:
     return _reading(path, backend, lambda name: count[name]())
 
 
+def frame_rate(path: str, backend: str | None = None) -> float:
+    """Frames per second of the video file ``path``, from its container (the stream's average rate, FFmpeg's
+    ``avg_frame_rate``: the same from either decoder); a file that cannot be read or that states no rate is a
+    :class:`DataDamaged` naming it."""
+    rate = {"torchcodec": lambda: _torchcodec_rate(path), "av": lambda: _av_rate(path)}
+
+    def read(name: str) -> float:
+        fps = rate[name]()
+        if fps is None or not float(fps) > 0:
+            raise ValueError(f"the container states no frame rate (got {fps})")
+        return float(fps)
+    return _reading(path, backend, read)
+
+
+def time_step(indices: list[int], fps: float, tokens_per_second: float, tubelet_frames: int = 1) -> float:
+    """The step between neighbouring temporal tokens of a clip of the frames ``indices`` (of a video at ``fps``) on an
+    axis of ``tokens_per_second`` positions per second, each token ``tubelet_frames`` frames: Qwen2.5-VL's
+    ``second_per_grid_t * tokens_per_second``, with the frames' mean distance (1 for a single frame)."""
+    spread = (indices[-1] - indices[0]) / (len(indices) - 1) if len(indices) > 1 else 1.0  # frames between samples
+    return tubelet_frames * spread / fps * tokens_per_second
+
+
 def _reading(path: str, backend: str | None, read: Callable[[str], object]):
     """``read(backend)`` (default backend: :func:`decoder`), a file that cannot be read a :class:`DataDamaged` (a
     ValueError) naming it."""
@@ -142,6 +171,20 @@ def _av_stream(container):
     return stream, count
 
 
+def _torchcodec_rate(path: str):
+    """The header's average rate (FFmpeg's, as PyAV reads it), else torchcodec's count over the duration."""
+    metadata = _torchcodec_decoder(path).metadata
+    return getattr(metadata, "average_fps_from_header", None) or metadata.average_fps
+
+
+def _av_rate(path: str):
+    import av
+    with av.open(path) as container:
+        if not container.streams.video:
+            raise ValueError("the file holds no video stream (truncated, or not a video?)")
+        return container.streams.video[0].average_rate
+
+
 def _av_length(path: str) -> int:
     import av
     with av.open(path) as container:
@@ -169,11 +212,14 @@ def _decode_av(path: str, choose) -> torch.Tensor:
 class VideoFileDataset(PositionDataset):
     """``root/<class>/<clip>.<suffix>`` clips, decoded lazily into ``(3, T, img_size, img_size)`` (see the module
     docstring for the sampling and the crops). ``classes``: the class folder names that number the labels (default:
-    those of ``root``). ``hflip``: the probability of flipping a training clip left-right (0: never)."""
+    those of ``root``). ``hflip``: the probability of flipping a training clip left-right (0: never).
+    ``tokens_per_second``: samples are ``(clip, label, time_step)`` on that absolute time axis, tokens of
+    ``tubelet_frames`` frames (module docstring); None: ``(clip, label)``."""
 
     def __init__(self, root: str, img_size: int, num_frames: int, frame_stride: int | None = None,
                  augment: bool = False, seed: int = 0, classes=None, num_samples=None,
-                 scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip: float = 0.5):
+                 scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip: float = 0.5,
+                 tokens_per_second: float | None = None, tubelet_frames: int = 1):
         if not os.path.isdir(root):
             raise DataMissing(f"video-files: {root!r} does not exist (expected DIR/train/<class>/<clip>.mp4 and "
                               "DIR/val/<class>/<clip>.mp4)")
@@ -195,6 +241,10 @@ class VideoFileDataset(PositionDataset):
         self.img_size, self.num_frames, self.frame_stride = img_size, num_frames, frame_stride
         self.augment, self.scale, self.ratio = augment, tuple(scale), tuple(ratio)
         self.hflip = check_number("hflip", hflip, 0.0, maximum=1.0)
+        self.tokens_per_second = (None if tokens_per_second is None else
+                                  check_number("tokens_per_second", tokens_per_second, 0.0, inclusive=False))
+        self.tubelet_frames = check_positive_int("tubelet_frames", tubelet_frames)
+        self._rates: dict[str, float] = {}  # path -> frames per second, read once per file
         if frame_stride is not None:
             self._check_stride(root)
 
@@ -215,15 +265,23 @@ class VideoFileDataset(PositionDataset):
         path, label = self.samples[index]
         rng = np.random.default_rng([self.seed, self.epoch, index, 17]) if self.augment else None
 
+        chosen = []
+
         def choose(count: int) -> list[int]:
             start = None
             if rng is not None and self.frame_stride is not None:
                 start = int(rng.integers(latest_start(count, self.num_frames, self.frame_stride) + 1))
-            return clip_indices(count, self.num_frames, self.frame_stride, start)
+            chosen[:] = clip_indices(count, self.num_frames, self.frame_stride, start)
+            return chosen
 
         frames = decode_clip(path, choose)
         frames = self._train_view(frames, rng) if rng is not None else self._eval_view(frames)
-        return self.normalize(frames.permute(1, 0, 2, 3)), label
+        clip = self.normalize(frames.permute(1, 0, 2, 3))
+        if self.tokens_per_second is None:
+            return clip, label
+        if path not in self._rates:
+            self._rates[path] = frame_rate(path)
+        return clip, label, time_step(chosen, self._rates[path], self.tokens_per_second, self.tubelet_frames)
 
     def _train_view(self, frames: torch.Tensor, rng) -> torch.Tensor:
         """One random-resized crop and one flip, the same for every frame of ``frames (T, 3, H, W)``."""
@@ -246,7 +304,8 @@ class VideoFileDataset(PositionDataset):
 
 @register_dataset("video-files", num_classes=None, mean=IMAGENET_MEAN, std=IMAGENET_STD, kind="video")
 def video_files(split: str, img_size: int, num_frames: int, data_dir=None, seed: int = 0, augment=None,
-                num_samples=None, frame_stride: int | None = None, hflip: float | None = None) -> VideoFileDataset:
+                num_samples=None, frame_stride: int | None = None, hflip: float | None = None,
+                tokens_per_second: float | None = None, tubelet_frames: int = 1) -> VideoFileDataset:
     if data_dir is None:
         raise DataMissing("video-files needs --data-dir DIR holding train/<class>/<clip>.mp4 and "
                           "val/<class>/<clip>.mp4")
@@ -255,4 +314,5 @@ def video_files(split: str, img_size: int, num_frames: int, data_dir=None, seed:
                if os.path.isdir(train_root) else None)  # the training split numbers the classes of every split
     return VideoFileDataset(os.path.join(data_dir, "train" if split == "train" else "val"), img_size, num_frames,
                             frame_stride=frame_stride, augment=(split == "train") if augment is None else augment,
-                            seed=seed, classes=classes, num_samples=num_samples, hflip=0.5 if hflip is None else hflip)
+                            seed=seed, classes=classes, num_samples=num_samples, hflip=0.5 if hflip is None else hflip,
+                            tokens_per_second=tokens_per_second, tubelet_frames=tubelet_frames)

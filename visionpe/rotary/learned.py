@@ -83,7 +83,7 @@ class LearnedRotation(RotaryEncoding):
                              f"scaling={self.scaling!r} would rescale it as a whole input against ref_shape="
                              f"{self.ref_shape}; for streaming clips build {type(self).__name__} with scaling='none'")
         axes = self.coordinates.axis_positions(grid.shape, grid.offset, self.ref_shape if interpolate else None,
-                                               device, dtype)
+                                               device, dtype, grid.spacing)
         if transform is not None:
             axes = [transform.on_axis(a, positions) for a, positions in enumerate(axes)]
         return axes

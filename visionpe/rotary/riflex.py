@@ -116,7 +116,7 @@ class RIFLEx(AxialRoPE):
         coords, freqs, scales = super().rescale(coords, freqs, grid, ref)
         k, period = self.intrinsic()
         offset = grid.offset[0] if grid.offset is not None else 0.0
-        frames = offset + grid.shape[0] * (grid.spacing[0] if grid.spacing is not None else 1.0)
+        frames = offset + grid.shape[0] * grid.steps[0]
         if frames <= period:
             return coords, freqs, scales
         time = self.components(range(self.ndim)).index(0)

@@ -354,8 +354,9 @@ class RoPE(RotaryEncoding):
             return coords, freqs, scales
         ref = self.components(ref_shape)
         scales = axis_scales(self.components(grid.shape), ref, coords.dtype)
-        placed = grid.offset is not None or grid.spacing is not None
-        if placed and self.scaling != "none" and bool((scales != 1).any()):
+        absolute = torch.tensor(self.components(grid.absolute_axes))
+        scales = torch.where(absolute, torch.ones_like(scales), scales)  # an absolute axis keeps its own steps
+        if grid.offset is not None and self.scaling != "none" and bool((scales != 1).any()):
             check_unscaled_placement(grid, self.scaling, self.ref_shape)
         coords = scale_positions(coords, scales, self.scaling)
         freqs = scale_frequencies(freqs, self.band_fraction, scales, ref, self.scaling, self.yarn_alpha,
@@ -465,16 +466,11 @@ class RoPE(RotaryEncoding):
 
 
 def check_unscaled_placement(grid: Grid, scaling: str, ref_shape) -> None:
-    """A grid placed in a longer one (``offset``) or on its own time axis (``spacing``) must not be rescaled as a
-    whole input (PI, NTK, YaRN against ``ref_shape``): that would silently move or stretch it."""
-    if grid.offset is not None:
-        raise ValueError(f"grid offset {grid.offset} places a {grid.shape} grid in a longer one, but "
-                         f"scaling={scaling!r} would rescale it as a whole input against ref_shape={ref_shape}; for "
-                         "streaming clips build RoPE with scaling='none'")
-    if grid.spacing is not None:
-        raise ValueError(f"grid spacing {grid.spacing} gives the patches their own steps (e.g. absolute time), but "
-                         f"scaling={scaling!r} would rescale a {grid.shape} grid against ref_shape={ref_shape}; for "
-                         "absolute positions build RoPE with scaling='none'")
+    """A grid placed in a longer one (``offset``) must not be rescaled as a whole input (PI, NTK, YaRN against
+    ``ref_shape``): that would silently move it. (An axis with a spacing is absolute and is never rescaled.)"""
+    raise ValueError(f"grid offset {grid.offset} places a {grid.shape} grid in a longer one, but "
+                     f"scaling={scaling!r} would rescale it as a whole input against ref_shape={ref_shape}; for "
+                     "streaming clips build RoPE with scaling='none'")
 
 
 def check_scaling(scaling: str, coordinates: CoordinateSystem) -> None:
@@ -607,7 +603,8 @@ class AxialRoPE(RoPE):
     ``shift_coords``, ``jitter_coords``, ``rescale_coords``: timm's train-time augmentation (see :class:`RoPE`).
     ``AxialRoPE(head_dim, theta=T, coords="normalized", axis_order="ij", pairs="half")`` is timm's
     ``RotaryEmbeddingDinoV3(head_dim, temperature=T)`` (its ``rotate_half`` layout, y pairs first).
-    A grid's ``spacing`` (e.g. Qwen2.5-VL's absolute time) is read with the coordinates (``coords="index"``).
+    A grid's ``spacing`` (e.g. Qwen2.5-VL's absolute time) is read with the coordinates (``coords="index"``); an
+    axis with a spacing is absolute, so resolution scaling leaves it alone (the others are scaled as usual).
 
     Conventions of foundation models (:mod:`visionpe.presets` composes them):
 

@@ -61,7 +61,7 @@ class VideoRoPE(AxialRoPE):
     def place(self, coords: torch.Tensor, grid: Grid, scales: torch.Tensor) -> torch.Tensor:
         """The diagonal layout with temporal spacing on ``coords (N, 3)`` in component order (after PI)."""
         time = self.components(range(3)).index(0)
-        steps = grid.spacing or (1.0,) * 3
+        steps = grid.steps
         centre = [0.0 if self.coordinates.normalized or a == 0 else (s - 1) // 2 * step
                   for a, (s, step) in enumerate(zip(grid.shape, steps))]
         centre = scale_positions(torch.tensor([self.components(centre)], dtype=coords.dtype, device=coords.device),

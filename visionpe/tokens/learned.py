@@ -68,6 +68,8 @@ class Learned(TokenEncoding):
     Tuned per test size (:attr:`knob`, ``visionpe sweep --tune``): the ``interpolation`` mode of the resampling.
     """
 
+    reads_spacing = False  # integer grid positions index the table: a grid's spacing is refused (check_spacing)
+
     @property
     def knob(self) -> Knob:
         sampled = self.coordinates.normalized or self.coordinates.augments
@@ -246,6 +248,7 @@ class Learned(TokenEncoding):
         layout = as_layout(grid)
         grid = layout.grid
         check_grid_ndim(grid, self.ndim, "learned")
+        self.check_spacing(grid)
         check_tokens(x, layout, self.dim)
         prefix_table = None
         if self.prefix is not None:

@@ -24,6 +24,8 @@ class PEG(TokenEncoding):
     Call: ``pe(x, grid)`` with ``x: (B, P + N, dim)`` -> same shape.
     """
 
+    reads_spacing = False  # position comes from the convolution's zero padding, in grid steps: a grid's spacing is refused (check_spacing)
+
     def __init__(self, dim: int, ndim: int = 2, kernel_size: int = 3, block_index: int = 1):
         super().__init__()
         self.ndim = check_ndim(ndim)
@@ -41,6 +43,7 @@ class PEG(TokenEncoding):
             raise ValueError("peg convolves the full patch grid: apply it before dropping or masking tokens")
         grid = layout.grid
         check_grid_ndim(grid, self.ndim, "peg")
+        self.check_spacing(grid)
         check_tokens(x, grid, self.dim)
         prefix, patches = x[:, :grid.prefix], x[:, grid.prefix:]
         feature_map = patches.transpose(1, 2).reshape(x.shape[0], x.shape[2], *grid.shape)

@@ -89,7 +89,7 @@ class SinCos(TokenEncoding):
         transform = self.coordinates.draw(augment, self.ndim, device)
         if transform is not None:
             return self._build(grid, device, transform)
-        return self._cache.get((grid.shape, grid.offset, str(device)), lambda: self._build(grid, device))
+        return self._cache.get((grid.without_prefix(), str(device)), lambda: self._build(grid, device))
 
     def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
         coords = self.coordinates.positions(grid, device, angle_dtype(device), ref_shape=self.ref_shape)

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from .. import data as vdata
 from . import distributed, rundir, settings
+from .models import tubelet
 from .metrics import Evaluation
 from ..cli import UserError, one_line
 
@@ -61,12 +62,21 @@ def dataset(cfg: dict, split: str, img_size, num_frames: int | None = None, prot
     try:
         ds = vdata.build_dataset(cfg["data"], split, img_size, data_dir=cfg["data_dir"], download=cfg["download"],
                                  seed=cfg["seed"], num_samples=num, num_frames=frames,
-                                 frame_stride=cfg.get("frame_stride"), transforms=settings.transforms_of(cfg, protocol))
+                                 frame_stride=cfg.get("frame_stride"), transforms=settings.transforms_of(cfg, protocol),
+                                 **time_options(cfg))
     except (vdata.DataMissing, ValueError) as err:
         raise UserError(one_line(err)) from None
     if len(ds) == 0:
         raise UserError(f"{cfg['data']}: the {split} split under {cfg['data_dir']!r} holds no images")
     return ds
+
+
+def time_options(cfg: dict) -> dict:
+    """The data set options of a run on an absolute time axis (``tokens_per_second``: every sample carries its
+    clip's time step between tokens of the tubelet's frames); none for index time."""
+    if cfg.get("tokens_per_second") is None:
+        return {}
+    return {"tokens_per_second": cfg["tokens_per_second"], "tubelet_frames": tubelet(cfg)[0]}
 
 
 def datasets(cfg: dict) -> tuple:
@@ -136,6 +146,18 @@ class MixedSizes(torch.nn.Module):
         return self.model(x) if isinstance(x, torch.Tensor) else self.model.forward_batch(x)
 
 
+def unpack(batch) -> tuple:
+    """A loader batch -> ``(x, y, time_spacing)``: ``time_spacing`` the clips' ``(B,)`` time steps of a batch on an
+    absolute time axis (samples ``(clip, label, time_step)``: ``--tokens-per-second``), else None."""
+    x, y, *steps = batch
+    return x, y, (steps[0] if steps else None)
+
+
+def forward(model, x, time_spacing=None):
+    """``model(x)``, with the clips' ``time_spacing`` when the batch has one."""
+    return model(x) if time_spacing is None else model(x, time_spacing=time_spacing)
+
+
 def to_device(x, device):
     """A batch of images (a tensor, or a list of tensors of different sizes) on ``device``."""
     if isinstance(x, torch.Tensor):
@@ -143,11 +165,11 @@ def to_device(x, device):
     return [t.to(device, non_blocking=True) for t in x]
 
 
-def logits_of(model, x):
-    """Logits of a batch: ``model(x)`` for a stacked batch, the underlying model's ``forward_batch`` for a list
-    (evaluation only: no gradient goes through a DDP wrapper here)."""
+def logits_of(model, x, time_spacing=None):
+    """Logits of a batch: ``model(x)`` (with the clips' ``time_spacing``, when given) for a stacked batch, the
+    underlying model's ``forward_batch`` for a list (evaluation only: no gradient goes through a DDP wrapper here)."""
     if isinstance(x, torch.Tensor):
-        return model(x)
+        return forward(model, x, time_spacing)
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     inner = inner.model if isinstance(inner, MixedSizes) else inner
     return inner.forward_batch(x)
@@ -339,8 +361,9 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
                total=steps, disable=None if progress else True)  # None: off when not a terminal
     t0 = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    for step, (x, y) in enumerate(read_samples(bar), start=first):
+    for step, batch in enumerate(read_samples(bar), start=first):
         seed_everything(seed, epoch, rank, step)
+        x, y, time_spacing = unpack(batch)  # time_spacing: (B,) with --tokens-per-second
         x, y = to_device(x, device), y.to(device, non_blocking=True)  # x: a list of images with --max-patches
         if mixup is not None:
             x, y = mixup(x, y)
@@ -356,7 +379,7 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
         sync = contextlib.nullcontext() if world == 1 or is_update else model.no_sync()
         with sync:
             with autocast():
-                loss = criterion(model(x), y)
+                loss = criterion(forward(model, x, time_spacing), y)
             total = distributed.sum_over_processes(loss.detach().float().reshape(1))
             if not bool(torch.isfinite(total).all()):
                 where = f"step {step + 1}/{steps} of epoch {epoch + 1} (global step {epoch * steps + step + 1})"
@@ -395,10 +418,11 @@ def evaluate(model, dataset, *, batch_size: int, device, autocast, workers: int 
     loader = DataLoader(Subset(dataset, range(rank, len(dataset), world)), batch_size=batch_size,
                         num_workers=workers, collate_fn=vdata.collate_images)
     correct = loss = count = 0.0
-    for x, y in read_samples(loader):
+    for batch in read_samples(loader):
+        x, y, time_spacing = unpack(batch)
         x, y = to_device(x, device), y.to(device)
         with autocast():
-            logits = logits_of(model, x)
+            logits = logits_of(model, x, time_spacing)
         loss += F.cross_entropy(logits.float(), y, reduction="sum").item()
         correct += (logits.argmax(-1) == y).sum().item()
         count += len(y)

@@ -86,10 +86,21 @@ def key_text(key) -> str:
 
 def retention_table(measured: dict, train_key) -> dict:
     """``{key: {'acc', 'loss', 'retention'}}`` of ``{key: Evaluation}`` (the form of results.json, the history's
-    ``eval_res`` lines and the sweep's rows): retention = acc(key) / acc(train_key)."""
+    ``eval_res`` lines and the sweep's rows): retention = acc(key) / acc(train_key), undefined (None) when the
+    training-size accuracy is 0 (nothing to retain: 0/0 is no retention of 0)."""
     base = measured[train_key].acc
-    return {k: {"acc": m.acc, "loss": m.loss, "retention": m.acc / base if base > 0 else 0.0}
+    return {k: {"acc": m.acc, "loss": m.loss, "retention": m.acc / base if base > 0 else None}
             for k, m in measured.items()}
+
+
+def read_retention(cell: str) -> float | None:
+    """A retention cell of a CSV row (sweep.csv): a number, or None where it is undefined (an empty cell)."""
+    return float(cell) if cell not in ("", None) else None
+
+
+def retention_text(value: float | None) -> str:
+    """A retention for a table: ``0.987``, or ``n/a`` where it is undefined (the training-size accuracy is 0)."""
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def epochs(history: list[dict]) -> list[dict]:
@@ -155,6 +166,8 @@ def summary(cfg: dict, history: list[dict], results: dict, *, num_params: int, b
     trained = epochs(history)
     protocol = settings.transforms_of(cfg)
     video = {"num_frames": cfg["num_frames"], "tubelet_size": list(models.tubelet(cfg))} if cfg["num_frames"] else {}
+    if cfg.get("tokens_per_second") is not None:
+        video["tokens_per_second"] = cfg["tokens_per_second"]  # absolute time: positions per second of each clip
     return {"model": cfg["model"], "pe": cfg["pe"], "data": cfg["data"], "seed": cfg["seed"],
             "img_size": cfg["img_size"], "eval_protocol": protocol.eval_protocol,
             **({"crop_pct": protocol.crop_pct} if protocol.eval_protocol == "crop" else {}),
@@ -183,6 +196,8 @@ def start_line(cfg: dict, *, num_params: int, train_size: int, val_size: int, wo
     apart (:func:`setup_text`), data and evaluation protocol, processes, precision, recipe, folder."""
     clips = (f" clips of {cfg['num_frames']} frames, tubelet {'x'.join(map(str, models.tubelet(cfg)))}"
              if cfg["num_frames"] else "")
+    if cfg.get("tokens_per_second") is not None:
+        clips += f", time {cfg['tokens_per_second']:g} positions/s at each clip's frame rate"
     recipe = "".join([f" | {cfg['grad_accum_steps']} batches a step" if cfg["grad_accum_steps"] > 1 else "",
                       " | EMA" if cfg["model_ema"] else "", " | compiled" if cfg["compile"] else ""])
     sizes = f" (sizes: {cfg['sizes_from']})" if cfg.get("sizes_from") else ""
@@ -202,7 +217,7 @@ def resolution_table(cfg: dict, results: dict, best_epoch: int) -> str:
             at = (lambda r: measured[(frames, r)]) if video else (lambda r: measured[r])
             name = f"{which} {frames} frames" if video else which
             rows.append([f"{name} top-1 %"] + [f"{at(r)['acc']:.2f}" for r in resolutions])
-            rows.append([f"{name} retention"] + [f"{at(r)['retention']:.3f}" for r in resolutions])
+            rows.append([f"{name} retention"] + [retention_text(at(r)["retention"]) for r in resolutions])
     trained = f"{cfg['num_frames']} frames at {cfg['img_size']}px" if video else f"{cfg['img_size']}px"
     if cfg["max_patches"]:
         trained += f" (native aspect ratios within {cfg['max_patches']} patches)"

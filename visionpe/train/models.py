@@ -17,6 +17,8 @@ import torch
 from ..backbones.adapter import ADAPTERS, named_constructor, timm_adapter
 from ..backbones.api import any_size_kwargs, native_timm_modules, unsupported_reason
 from ..cli import UserError, user_errors
+from ..encoding import Encoding
+from ..registry import ENCODINGS
 
 TIMM_NATIVE = "timm"  # pe: the timm model with its own position encoding, untouched (benchmark reference rows)
 # the workbench's own model names: a timm architecture at the sizes given here (a named model keeps timm's sizes)
@@ -124,14 +126,34 @@ def build_model(cfg: dict) -> torch.nn.Module:
     # a constructor refuses bad keywords in many ways (a negative width: torch's RuntimeError, a failed assert)
     with user_errors(what, (ValueError, TypeError, AssertionError, RuntimeError, ZeroDivisionError)):
         if named is not None:
-            return visionpe.apply(named[1](**kwargs), cfg["pe"], **cfg["pe_kwargs"])
-        if cfg.get("num_frames"):
+            model = visionpe.apply(named[1](**kwargs), cfg["pe"], **cfg["pe_kwargs"])
+        elif cfg.get("num_frames"):
             kwargs.pop("patch_size", None)
-            return visionpe.create_video_model(cfg["model"], pe=cfg["pe"], num_frames=cfg["num_frames"],
-                                               tubelet_size=tubelet(cfg), pe_kwargs=cfg["pe_kwargs"], **kwargs)
-        if cfg["pe"] == TIMM_NATIVE:
+            model = visionpe.create_video_model(cfg["model"], pe=cfg["pe"], num_frames=cfg["num_frames"],
+                                                tubelet_size=tubelet(cfg), pe_kwargs=cfg["pe_kwargs"], **kwargs)
+        elif cfg["pe"] == TIMM_NATIVE:
             return timm_native(cfg["model"], kwargs)
-        return visionpe.create_model(cfg["model"], pe=cfg["pe"], pe_kwargs=cfg["pe_kwargs"], **kwargs)
+        else:
+            return visionpe.create_model(cfg["model"], pe=cfg["pe"], pe_kwargs=cfg["pe_kwargs"], **kwargs)
+    if cfg.get("tokens_per_second") is not None:
+        check_time_axis(model, cfg["pe"])
+    return model
+
+
+def check_time_axis(model: torch.nn.Module, pe: str) -> None:
+    """``--tokens-per-second``: every encoding of ``model`` reads the clips' time steps, and one at least is there
+    (a table indexed by integer positions would refuse them mid-run; no encoding, ignore them); else a
+    :class:`UserError`."""
+    encodings = [m for m in model.modules() if isinstance(m, Encoding)]
+    if not encodings:
+        raise UserError(f"--tokens-per-second puts clips on an absolute time axis, but --pe {pe} has no encoding to "
+                        "read it; give one that reads coordinates (e.g. rope_mixed, alibi, sincos)")
+    for encoding in encodings:
+        refusal = encoding.spacing_refusal()
+        if refusal is not None:
+            readers = ", ".join(name for name, cls in ENCODINGS.items() if cls.reads_spacing)
+            raise UserError(f"--tokens-per-second puts clips on an absolute time axis, but in --pe {pe} "
+                            f"{type(encoding).__name__} {refusal}; encodings that read it: {readers}")
 
 
 def timm_native(name: str, kwargs: dict) -> torch.nn.Module:

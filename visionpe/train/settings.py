@@ -146,6 +146,13 @@ SETTINGS: dict[str, Setting] = {
                       "clips probed in a split holds is refused); an integer >= 1, for data sets that take it "
                       "(video-files)",
                       metavar="STRIDE"),
+    "tokens_per_second": S(None, DATA, "float?", "video files: put clips on an absolute time axis of R positions per "
+                           "second, each clip's frame rate read from its container (Qwen2.5-VL's tokens_per_second: a "
+                           "temporal token's position is its time in seconds times R), so clips at different frame "
+                           "rates or strides share one time axis (the models' time_spacing=); default: index time, one "
+                           "position per temporal token; a number > 0, for data sets that take it (video-files), with "
+                           "an encoding that reads coordinates (rope, alibi, sincos, ...; not a table), not with "
+                           "mixup/cutmix", metavar="R"),
     "train_samples": S(None, DATA, "int?", "training images: synthetic scenes rendered (default 10000; held in memory, "
                        "so at most what this machine's memory holds), real sets a fixed random subset (default all); "
                        "an integer >= 1", metavar="N"),
@@ -690,7 +697,15 @@ def check_video(cfg: dict) -> None:
         need(not cfg["tubelet_size"], "--tubelet-size is for video runs (video data and --num-frames)")
         need(not cfg["eval_frames"], "--eval-frames is for video runs (video data and --num-frames)")
         need(cfg["frame_stride"] is None, "--frame-stride is for video runs (video files and --num-frames)")
+        need(cfg["tokens_per_second"] is None, "--tokens-per-second is for video runs (video files and --num-frames)")
         return
+    if cfg["tokens_per_second"] is not None:
+        need(vdata.takes_option(spec, "tokens_per_second"), f"--data {cfg['data']} does not take --tokens-per-second "
+             "(its clips state no frame rate; video-files reads it from each container)")
+        need(cfg["tokens_per_second"] > 0, f"tokens_per_second must be a number > 0, got {cfg['tokens_per_second']}")
+        for key in ("mixup", "cutmix"):
+            need(not cfg[key], f"--{key} blends two clips, whose frame rates may differ, so the blend has no one time "
+                 "step: it does not apply with --tokens-per-second")
     if cfg["frame_stride"] is not None:
         need(vdata.takes_option(spec, "frame_stride"), f"--data {cfg['data']} does not take --frame-stride (video-files "
              "does)")

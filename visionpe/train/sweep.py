@@ -198,7 +198,7 @@ def _sweep_protocol(run: Path, cfg: dict, protocol: str, resolutions, scalings, 
         for k in wanted:
             m = res[k]
             rows.append({**base_row(k), "adaptation": label, "acc": round(m["acc"], 4), "loss": m["loss"],
-                         "retention": round(m["retention"], 5)})
+                         "retention": None if m["retention"] is None else round(m["retention"], 5)})
         log(f"{run.name:40s} {label:16s} {protocol:7s} " + "  ".join(
             f"{f'{k[0]}f ' if video else ''}{k[1] if video else key_text(k)}px {res[k]['acc']:6.2f}"
             for k in wanted))

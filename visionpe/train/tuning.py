@@ -134,7 +134,7 @@ def tune_rows(run, cfg: dict, protocol: str, state, path, keys, wanted, train_ke
         for k in wanted:
             m = table[k]
             rows.append({**base_row(k), "adaptation": label, "acc": round(m["acc"], 4), "loss": m["loss"],
-                         "retention": round(m["retention"], 5), "knob": "" if knob is None else knob.name,
+                         "retention": None if m["retention"] is None else round(m["retention"], 5), "knob": "" if knob is None else knob.name,
                          "knob_value": value_cell(picked[k]), "holdout_acc": round(scores[picked[k]][k].acc, 4)})
         log(f"{run.name:40s} {label:8s} {'' if knob is None else knob.name:15s} " + "  ".join(
             f"{metrics.key_text(k)}px {table[k]['acc']:6.2f} ({value_cell(picked[k])})" for k in wanted))

@@ -137,7 +137,8 @@ def head_maps(pe: nn.Module, grid) -> torch.Tensor:
     if family_of(pe) == "tokens":
         return similarity(pe, grid)[None]
     maps = pair_maps(pe, grid)
-    return maps if maps.shape[0] == 1 else torch.cat([select_head(maps, None, num_heads_of(pe))[None], maps])
+    mean = select_head(maps, None, num_heads_of(pe), getattr(pe, "masks_pairs", False))
+    return maps if maps.shape[0] == 1 else torch.cat([mean[None], maps])
 
 
 def _pack(levels: np.ndarray) -> str:

@@ -81,13 +81,15 @@ def pair_maps(pe: nn.Module, grid) -> torch.Tensor:
     return pe.pair_map(patch_grid(grid))
 
 
-def select_head(maps: torch.Tensor, head: int | None, num_heads: int) -> torch.Tensor:
+def select_head(maps: torch.Tensor, head: int | None, num_heads: int, masked: bool = False) -> torch.Tensor:
     """``(heads or 1, ...) -> (...)``: the mean over heads (``head=None``) or one head.
 
-    A map shared by all heads (leading size 1, as axial RoPE) serves every ``head < num_heads``.
+    A map shared by all heads (leading size 1, as axial RoPE) serves every ``head < num_heads``. ``masked``: the
+    maps are NaN where a head masks the pair (a directional bias such as LookHere, whose heads look different ways),
+    so the mean is over the heads that see it (NaN only where none does), not NaN wherever one head masks it.
     """
     if head is None:
-        return maps.mean(0)
+        return maps.nanmean(0) if masked else maps.mean(0)
     if not 0 <= head < num_heads:
         raise ValueError(f"head={head} is out of range: the encoding has {num_heads} head(s), 0..{num_heads - 1}")
     return maps[head if maps.shape[0] > 1 else 0]
@@ -102,7 +104,7 @@ def similarity(pe: nn.Module, grid, head: int | None = None) -> torch.Tensor:
     """
     if family_of(pe) == "tokens":
         return cosine_similarity(position_vectors(pe, grid))
-    return select_head(pair_maps(pe, grid), head, num_heads_of(pe))
+    return select_head(pair_maps(pe, grid), head, num_heads_of(pe), getattr(pe, "masks_pairs", False))
 
 
 def quantity_of(pe: nn.Module, head: int | None = None) -> str:
@@ -217,18 +219,29 @@ def native_grid(pe: nn.Module, model_grid) -> tuple[int, ...]:
 
 def kinds_for(pe: nn.Module) -> tuple[str, ...]:
     """The kinds of figure (:data:`KINDS`) that apply to ``pe``: ``similarity`` and ``resolution`` for every encoding,
-    ``heatmap`` where it has channels (tokens: position vectors; rotary: rotation pairs), ``freqs`` where it has
-    frequency vectors (``pe.freqs``: rope_axial, rope_mixed), ``video`` where it takes a 3D grid (``pe.ndims``)."""
+    ``heatmap`` where it has channels (tokens: position vectors; rotary: rotation pairs), ``freqs`` where its
+    rotations turn planes at fixed frequencies (:meth:`~visionpe.rotary.RotaryEncoding.frequency_vectors` exists:
+    RoPE's ``freqs``, STRING's, ComRoPE's eigenfrequencies; not LieRE), ``video`` where it takes a 3D grid
+    (``pe.ndims``)."""
     family = family_of(pe)
     kinds = ["similarity"]
     if family in ("tokens", "rotary"):
         kinds.append("heatmap")
-    if family == "rotary" and isinstance(getattr(pe, "freqs", None), torch.Tensor):
+    if family == "rotary" and has_frequency_vectors(pe):
         kinds.append("freqs")
     kinds.append("resolution")
     if 3 in getattr(pe, "ndims", (1, 2, 3)):
         kinds.append("video")
     return tuple(kinds)
+
+
+def has_frequency_vectors(pe: nn.Module) -> bool:
+    """Whether the rotary ``pe`` has frequency vectors (its ``frequency_vectors()`` raises no ``ValueError``)."""
+    try:
+        pe.frequency_vectors()
+    except ValueError:
+        return False
+    return True
 
 
 def _check_rotary(pe: nn.Module) -> None:

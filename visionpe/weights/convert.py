@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .._checks import check_bool, check_choice, check_module
-from ..resample import INTERPOLATIONS, resample_axis, resample_grid, resample_offsets_geometric
+from ..resample import TABLE_RESIZES, resample_axis, resample_grid, resample_offsets_geometric
 from .io import check_finite, check_shapes, check_strict, read_state_dict, source_name
 
 logger = logging.getLogger("visionpe.weights")  # one name for every weights module
@@ -174,7 +174,9 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     the count fits (:func:`pos_embed_grid`); from a timm model (``source`` an ``nn.Module``) it is that model's.
     ``table_resize``: how a relative position table of another window is resized: None (default) as its source
     does it, timm's geometric ``resize_rel_pos_bias_table`` for a timm (BEiT, Swin) checkpoint and the table's own
-    interpolation for a visionpe one; ``"geometric"``, or an interpolation (``"bicubic"``, ...) for every table.
+    interpolation for a visionpe one; ``"geometric"``, or an interpolation (``"bicubic"``, ...) for every table. A
+    bias that takes a timm table keeps that method as its ``interpolation`` (how ``rel_bias`` grows its table on a
+    larger grid), so the model at another size matches timm's model built there from the same checkpoint.
 
     A NaN or infinite value in any tensor of the checkpoint is a ``ValueError`` naming it, as in
     :func:`~visionpe.weights.load_weights`, unless ``allow_nonfinite=True``; so is a converted tensor of another
@@ -184,7 +186,7 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     check_strict(strict)
     check_bool("allow_nonfinite", allow_nonfinite)
     if table_resize is not None:
-        check_choice("table_resize", table_resize, INTERPOLATIONS + ("geometric",))
+        check_choice("table_resize", table_resize, TABLE_RESIZES)
     if isinstance(source, nn.Module):
         grid = getattr(getattr(source, "patch_embed", None), "grid_size", None)
         source_grid = tuple(grid) if source_grid is None and grid is not None else source_grid
@@ -201,6 +203,7 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     mismatched: dict[str, str] = {}
     tokens = getattr(model, "pe_tokens", None)
     learned = tokens if hasattr(tokens, "factor_tables") else None
+    timm_tables = []  # the bias modules that take a timm relative position table
     for key, value in state.items():
         tables = None
         if key == "pos_embed" and learned is not None:
@@ -218,6 +221,8 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
             continue
         match = _ATTENTION_TABLES.match(key)
         new_key = f"{match.group(1)}.bias.{match.group(2)}" if match else key
+        if match and new_key.endswith(".relative_position_bias_table") and new_key in target:
+            timm_tables.append(new_key.rsplit(".", 1)[0])
         if new_key in target and target[new_key].shape == value.shape:
             load[new_key] = value
             if match:
@@ -243,6 +248,8 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
                          f"(nothing was loaded):\n" + _summary(report, mismatched, limit=None))
     check_shapes(load, target, f"{where} does not fit {type(model).__name__}", report.converted)
     model.load_state_dict(load, strict=False)
+    for name in timm_tables:  # a larger grid later grows the table as timm would build its model there
+        model.get_submodule(name).interpolation = table_resize or "geometric"
     _log_report(report, mismatched, f"{where} into {type(model).__name__}")
     return report
 

@@ -35,7 +35,7 @@ def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
                 entry = table.setdefault(key, {"acc": {}, "ret": {}, "params": results["params"], "img_s": [],
                                                "train_res": train, "seeds": set()})
                 entry["acc"].setdefault(col, []).append(float(row["acc"]))
-                entry["ret"].setdefault(col, []).append(float(row["retention"]))
+                entry["ret"].setdefault(col, []).append(metrics.read_retention(row["retention"]))
                 if seed not in entry["seeds"]:
                     entry["seeds"].add(seed)
                     entry["img_s"].append(results["train_img_per_s"])

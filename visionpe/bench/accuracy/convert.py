@@ -107,7 +107,7 @@ def collect(runs: list[dict]) -> dict:
                 entry = table.setdefault(key, {"acc": {}, "ret": {}, "train_res": int(row["train_res"]),
                                                "seeds": set(), "train_s": [], "params": results["params"]})
                 entry["acc"].setdefault(int(row["res"]), []).append(float(row["acc"]))
-                entry["ret"].setdefault(int(row["res"]), []).append(float(row["retention"]))
+                entry["ret"].setdefault(int(row["res"]), []).append(metrics.read_retention(row["retention"]))
                 if spec["seed"] not in entry["seeds"]:
                     entry["seeds"].add(spec["seed"])
                     entry["train_s"].append(train_s)

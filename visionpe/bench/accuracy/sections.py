@@ -30,9 +30,14 @@ def unfinished_note(args) -> str:
 
 
 def accuracy_cells(entry: dict, res, train_res: int) -> list[str]:
-    """``mean ± std`` of top-1 at every resolution, then of the retention at every other resolution."""
+    """``mean ± std`` of top-1 at every resolution, then of the retention at every other resolution over the seeds
+    where it is defined (``n/a`` where it is for none: every seed's training-size accuracy was 0)."""
     cells = ["{:.1f} ± {:.1f}".format(*mean_std(entry["acc"].get(r, []))) for r in res]
-    return cells + ["{:.3f} ± {:.3f}".format(*mean_std(entry["ret"].get(r, []))) for r in res if r != train_res]
+    for r in (r for r in res if r != train_res):
+        values = entry["ret"].get(r, [])  # None: undefined for that seed, left out of the mean (mean_std)
+        undefined = bool(values) and all(v is None for v in values)
+        cells.append("n/a" if undefined else "{:.3f} ± {:.3f}".format(*mean_std(values)))
+    return cells
 
 
 def markdown_table(table: dict, family: str, data: str, res: list[int]) -> str:
