@@ -32,12 +32,12 @@ with --grad-accum-steps K an optimizer step sums K of them (batch_size x K image
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import distributed, loop, metrics, models, recipe, restore, rundir, sampling, settings
 
@@ -57,7 +57,8 @@ def main(argv: list[str]) -> dict:
     device, world, rank = procs.device, procs.world, procs.rank
     report = metrics.Report(procs.master)  # the console line of rank 0, then the loggers of --log
     amp_dtype = loop.amp_dtype(cfg["amp"], device)  # fp16 only on CUDA (settings.check_run)
-    autocast = loop.autocast_for(device, amp_dtype)
+    policy = loop.fsdp_precision(cfg, amp_dtype, device)  # FSDP2 on CUDA: bf16 parameters in place of autocast
+    autocast = loop.autocast_for(device, None if policy else amp_dtype)
     eval_kw = dict(batch_size=cfg["eval_batch_size"], workers=cfg["workers"], device=device, autocast=autocast,
                    rank=rank, world=world)
 
@@ -71,9 +72,10 @@ def main(argv: list[str]) -> dict:
     updates_per_epoch = math.ceil(steps_per_epoch / cfg["grad_accum_steps"])
 
     # -- model (its weights: fresh, converted, pretrained or resumed), optimizer, schedule, loss -------------------
-    state = rundir.load_checkpoint(out) if resume else None
+    state = rundir.resume_point(out) if resume else None  # state.pt's contents, or a sharded run's DCP folder
     torch.manual_seed(cfg["seed"])
-    raw_model = models.build_model(cfg)
+    with torch.device("meta") if cfg["meta_init"] else contextlib.nullcontext():  # --meta-init: FSDP materialises
+        raw_model = models.build_model(cfg)
     init = None
     if state is None and cfg["init_from"]:  # a new run from another model's weights (or one resumed before epoch 1)
         init = restore.init_weights(raw_model, cfg)
@@ -81,22 +83,17 @@ def main(argv: list[str]) -> dict:
         init = restore.pretrained_weights(raw_model, cfg)
     if init:
         report(restore.init_text(init))  # kept / converted / new / dropped
-    raw_model = raw_model.to(device)
-    if cfg["channels_last"]:
-        loop.channels_last_(raw_model)
-    parts = recipe.build(cfg, raw_model, updates_per_epoch, device, amp_dtype)  # EMA before compile and DDP (timm)
-    train_model = torch.compile(raw_model) if cfg["compile"] else raw_model
-    net = loop.MixedSizes(train_model) if cfg["max_patches"] else train_model  # takes lists of images of mixed sizes
-    model = DDP(net, device_ids=[procs.local_rank] if device.type == "cuda" else None) if world > 1 else net
+    # on the device; EMA; then compile and DDP, or FSDP2 (sharded in place); then the optimizer (timm's order)
+    parts, model = recipe.build(cfg, raw_model, updates_per_epoch, procs, amp_dtype, policy)
     num_params = sum(p.numel() for p in raw_model.parameters())
-    run = recipe.resume(parts, raw_model, state, out / rundir.STATE, world, init)  # fresh, or the last commit
+    run = recipe.resume(parts, raw_model, state, out, world, init)  # fresh, or the last commit (any sharding)
     start_epoch = run.epoch
 
     # -- run directory: fresh (config.yaml), or its exports repaired; then the loggers, in line with the history ---
     if world > 1:
         dist.barrier()  # every process has checked the run directory before rank 0 writes to it
     if procs.master:
-        for note in rundir.prepare(out, cfg, resume=resume, state=state, changed=changed):
+        for note in rundir.prepare(out, cfg, resume=resume, state=run.saved, changed=changed):
             report(note)
     report.open_loggers(out, cfg, run.history, resume)
     if resume:
@@ -137,10 +134,7 @@ def main(argv: list[str]) -> dict:
             run.best_acc, run.best_epoch = val.acc, epoch + 1
         run.history.append(record.row())
         run.epoch, run.within = epoch + 1, None
-        if procs.master:
-            rundir.save_checkpoint(out, raw_model, parts.optimizer, parts.scheduler, epoch=run.epoch,
-                                   best_acc=run.best_acc, best_epoch=run.best_epoch, history=run.history,
-                                   ema=parts.ema_module, scaler=parts.scaler)
+        loop.commit(out, raw_model, parts, run, procs)  # state.pt by rank 0, or every process's shards (FSDP)
         clock.reset()
         report.epoch(record, cfg["epochs"], improved)  # committed first: a logger never holds an unsaved epoch
         if cfg["stop_after"] and epoch + 1 - start_epoch >= cfg["stop_after"] and epoch + 1 < cfg["epochs"]:
