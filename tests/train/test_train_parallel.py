@@ -1,0 +1,153 @@
+"""`visionpe train --parallel fsdp` end to end on tiny runs under torchrun (2 processes, gloo on the CPU): the same
+training as one process to float rounding, distributed checkpoints in RUN/checkpoint/ that a SIGKILLed run resumes
+from bit for bit on 2 processes and resharded on 1, results written once (rank 0), and the settings it refuses."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import requires
+from safetensors.torch import load_file
+
+from trainutil import ROOT, TINY, train_main
+from visionpe.train import parallel
+
+TIMEOUT = 420  # seconds for one torchrun launch on a loaded 2-core machine (about 35 s when idle)
+ARGS = TINY + ["--pe", "rope_mixed", "--model-ema", "--grad-accum-steps", "2"]  # learned frequencies, EMA, no_sync
+pytestmark = requires("torch", "2.6", "torch.distributed.fsdp.fully_shard and DCP's state_dict API")
+
+
+def torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            str(ROOT / "train_vit.py"), *args]
+
+
+def env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+
+
+def run2(*args: str) -> str:
+    """A 2-process run to its end; its stdout."""
+    proc = subprocess.Popen(torchrun(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+                            cwd=ROOT, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)  # faulthandler prints each worker's stacks
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"torchrun {' '.join(args)} did not finish within {TIMEOUT} s:\n{stderr[-6000:]}")
+    assert proc.returncode == 0, stderr[-4000:]
+    return stdout
+
+
+def run2_until_killed(after: str, *args: str) -> None:
+    """A 2-process run whose whole process group (launcher and workers) is SIGKILLed once a line starts with
+    ``after``."""
+    proc = subprocess.Popen(torchrun(*args), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env(),
+                            cwd=ROOT, start_new_session=True)
+    seen, start = [], time.monotonic()
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith(after):
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            if time.monotonic() - start > TIMEOUT:
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert any(line.startswith(after) for line in seen), "".join(seen)[-2000:]
+    assert proc.returncode == -signal.SIGKILL
+
+
+def records(out: Path, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+def untimed(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in ("img_per_s", "epoch_time_s")} for r in rows]
+
+
+def max_diff(a: Path, b: Path) -> float:
+    wa, wb = load_file(a), load_file(b)
+    assert wa.keys() == wb.keys()
+    return max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """One process without FSDP; the same run on 2 FSDP processes; that run SIGKILLed after its first epoch's commit,
+    then resumed on 2 processes and (a copy of the commit) on 1."""
+    base = tmp_path_factory.mktemp("fsdp-runs")
+    dirs = {name: base / name for name in ("one", "fsdp", "killed", "resharded")}
+    train_main(ARGS + ["--output", dirs["one"]])
+    dirs["stdout"] = run2(*ARGS, "--parallel", "fsdp", "--output", str(dirs["fsdp"]))
+    run2_until_killed("epoch   1/2", *ARGS, "--parallel", "fsdp", "--output", str(dirs["killed"]))
+    dirs["committed"] = parallel.latest_checkpoint(dirs["killed"] / "checkpoint").name
+    shutil.copytree(dirs["killed"], dirs["resharded"])
+    run2("--resume", str(dirs["killed"]), "--no-progress")
+    train_main(["--resume", dirs["resharded"], "--no-progress"])  # 1 process: a group of one, FSDP as saved
+    return dirs
+
+
+def test_fsdp_on_two_processes_trains_as_one_process(runs):
+    """Same global batches, gradients reduce-scattered instead of summed in one process: losses and weights agree
+    to float rounding (measured about 1e-7 on the weights), far below how far training moved them."""
+    assert "2 process(es)" in runs["stdout"]
+    one, fsdp = records(runs["one"], "epoch"), records(runs["fsdp"], "epoch")
+    assert len(one) == len(fsdp) == 2  # rank 0 alone writes the records
+    for a, b in zip(one, fsdp):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
+        assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-5)
+        assert b["ema_val_loss"] == pytest.approx(a["ema_val_loss"], rel=1e-5)
+    assert one[0]["train_loss"] != one[1]["train_loss"]
+    for name in ("last.safetensors", "ema.safetensors"):
+        assert max_diff(runs["one"] / name, runs["fsdp"] / name) < 1e-5, name
+
+
+def test_the_run_directory_of_a_sharded_run(runs):
+    out = runs["fsdp"]
+    assert (out / "results.json").is_file() and not (out / "state.pt").exists()
+    assert (out / "checkpoint" / "latest").read_text().strip() == "epoch-2"
+    assert sorted(p.name for p in (out / "checkpoint").iterdir()) == ["epoch-2", "latest"]  # older commits removed
+    assert len(records(out, "eval_res")) == len(records(runs["one"], "eval_res"))  # evaluated once, reported once
+
+
+def test_a_killed_run_resumes_bit_for_bit_and_on_one_process(runs):
+    assert runs["committed"] == "epoch-1"  # killed after the first epoch's commit, before the second's
+    fsdp, killed, resharded = runs["fsdp"], runs["killed"], runs["resharded"]
+    for kind in ("epoch", "eval_res"):
+        assert untimed(records(killed, kind)) == untimed(records(fsdp, kind))
+    for name in ("last.safetensors", "ema.safetensors"):
+        assert max_diff(killed / name, fsdp / name) == 0.0, name
+    # resharded 2 -> 1: the first epoch carried over exactly, the next one to float rounding
+    first, second = records(resharded, "epoch")
+    assert untimed([first]) == untimed(records(fsdp, "epoch")[:1])
+    assert second["train_loss"] == pytest.approx(records(fsdp, "epoch")[1]["train_loss"], rel=1e-5)
+    assert max_diff(resharded / "last.safetensors", fsdp / "last.safetensors") < 1e-5
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--parallel", "zero3"], "--parallel"),
+    (["--parallel", "fsdp", "--pe", "timm"], "--pe timm"),
+    (["--meta-init"], "--meta-init"),
+    (["--no-fsdp-reshard-after-forward"], "--parallel fsdp"),
+    (["--parallel", "fsdp", "--meta-init", "--init-from", "{tmp}/x"], "--init-from"),
+])
+def test_bad_parallel_settings_exit_2_with_one_line(args, says, tmp_path, capsys):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    with pytest.raises(SystemExit) as exc:
+        train_main(TINY + ["--output", str(tmp_path / "run")] + args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("visionpe train: error: ") and says in err, err
