@@ -4,6 +4,7 @@ from bit for bit on 2 processes and resharded on 1, results written once (rank 0
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -87,10 +88,13 @@ def max_diff(a: Path, b: Path) -> float:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """One process without FSDP; the same run on 2 FSDP processes; that run SIGKILLed after its first epoch's commit,
-    then resumed on 2 processes and (a copy of the commit) on 1."""
+    then resumed on 2 processes and (a copy of the commit) on 1; a one-process run's first epoch (state.pt) resumed
+    under FSDP."""
     base = tmp_path_factory.mktemp("fsdp-runs")
-    dirs = {name: base / name for name in ("one", "fsdp", "killed", "resharded")}
+    dirs = {name: base / name for name in ("one", "fsdp", "killed", "resharded", "ddp_to_fsdp")}
     train_main(ARGS + ["--output", dirs["one"]])
+    train_main(ARGS + ["--stop-after", "1", "--output", dirs["ddp_to_fsdp"]])
+    train_main(["--resume", dirs["ddp_to_fsdp"], "--no-progress", "--parallel", "fsdp"])
     dirs["stdout"] = run2(*ARGS, "--parallel", "fsdp", "--output", str(dirs["fsdp"]))
     run2_until_killed("epoch   1/2", *ARGS, "--parallel", "fsdp", "--output", str(dirs["killed"]))
     dirs["committed"] = parallel.latest_checkpoint(dirs["killed"] / "checkpoint").name
@@ -135,6 +139,36 @@ def test_a_killed_run_resumes_bit_for_bit_and_on_one_process(runs):
     assert untimed([first]) == untimed(records(fsdp, "epoch")[:1])
     assert second["train_loss"] == pytest.approx(records(fsdp, "epoch")[1]["train_loss"], rel=1e-5)
     assert max_diff(resharded / "last.safetensors", fsdp / "last.safetensors") < 1e-5
+
+
+def test_a_state_pt_commit_resumes_under_fsdp(runs):
+    """The whole weights and optimizer moments of state.pt loaded into the shards; the run then commits distributed
+    checkpoints only (one commit point)."""
+    out = runs["ddp_to_fsdp"]
+    assert not (out / "state.pt").exists() and (out / "checkpoint" / "latest").is_file()
+    assert untimed(records(out, "epoch")[:1]) == untimed(records(runs["one"], "epoch")[:1])
+    assert max_diff(out / "last.safetensors", runs["one"] / "last.safetensors") < 1e-6
+
+
+def test_checkpointed_blocks_and_channels_last_batches_train_as_without(runs, tmp_path):
+    """One FSDP process (a group of one): activation checkpointing per block recomputes the same gradients;
+    channels-last applies to the batches (FSDP2 shards contiguous parameters only)."""
+    out = tmp_path / "checkpointed"
+    train_main(ARGS + ["--parallel", "fsdp", "--grad-checkpointing", "--channels-last", "--output", out])
+    assert max_diff(out / "last.safetensors", runs["one"] / "last.safetensors") < 1e-6
+    assert max_diff(out / "ema.safetensors", runs["one"] / "ema.safetensors") < 1e-6
+
+
+def test_a_meta_device_build_trains_with_its_ema(runs, tmp_path):
+    """--meta-init: built on the meta device, sharded, then materialised and initialised (fresh draws, not the
+    device build's numbers); the EMA copy starts from the same weights."""
+    out = tmp_path / "meta"
+    train_main(ARGS + ["--parallel", "fsdp", "--meta-init", "--epochs", "1", "--output", out])
+    last, ema = load_file(out / "last.safetensors"), load_file(out / "ema.safetensors")
+    assert last.keys() == ema.keys() == load_file(runs["one"] / "last.safetensors").keys()
+    assert all(bool(torch.isfinite(t).all()) for t in last.values())
+    assert max_diff(out / "last.safetensors", runs["one"] / "last.safetensors") > 1e-3
+    assert all(math.isfinite(r["val_loss"]) and math.isfinite(r["ema_val_loss"]) for r in records(out, "epoch"))
 
 
 @pytest.mark.parametrize("args, says", [

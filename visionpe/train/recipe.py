@@ -5,6 +5,7 @@ weights; the module that trains (the model itself, DDP, or FSDP2: :func:`paralle
 (:class:`Progress`), restored with them from ``state.pt`` or a sharded run's distributed checkpoint."""
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,12 +62,11 @@ def build(cfg: dict, model: torch.nn.Module, updates_per_epoch: int, procs, amp_
     order: the model on this process's device (``procs``: :class:`~visionpe.train.distributed.Processes`), its EMA
     copy, then the data-parallel model (under FSDP the EMA sharded alike), then the optimizer over its parameters
     (FSDP's shards). ``mixed_precision``: FSDP's parameter dtype in the blocks (None: float32)."""
-    if not cfg["meta_init"]:
+    if not cfg["meta_init"]:  # a meta-device build is materialised on the device by parallelize
         model.to(procs.device)
-        if cfg["channels_last"]:
-            loop.channels_last_(model)
-    ema = ModelEmaV3(model, decay=cfg["model_ema_decay"], use_warmup=cfg["model_ema_warmup"]) \
-        if cfg["model_ema"] else None
+    if cfg["channels_last"] and cfg["parallel"] != "fsdp":  # FSDP2 shards contiguous parameters: the batches only
+        loop.channels_last_(model)
+    ema = ema_of(cfg, model, procs.device) if cfg["model_ema"] else None
     trained = parallel_model(cfg, model, procs, mixed_precision)
     if ema is not None and cfg["parallel"] == "fsdp":
         ema.module = parallel.parallelize_ema(ema.module, model, "fsdp", procs.device, mixed_precision=mixed_precision)
@@ -84,6 +84,19 @@ def build(cfg: dict, model: torch.nn.Module, updates_per_epoch: int, procs, amp_
                       num_classes=cfg["num_classes"])
     return Recipe(optimizer, scheduler, criterion_for(cfg, mixup is not None), mixup,
                   NativeScaler(device=procs.device.type) if amp_dtype == torch.float16 else None, ema), trained
+
+
+def ema_of(cfg: dict, model: torch.nn.Module, device: torch.device) -> ModelEmaV3:
+    """timm's ``ModelEmaV3`` of ``model``: a copy made before the model is sharded or wrapped (FSDP modules cannot be
+    copied). Of a meta-device build (``meta_init``) it holds a meta copy, which
+    :func:`visionpe.train.parallel.parallelize_ema` materialises; the EMA itself is then made of a stand-in on
+    ``device``, as timm makes its rounding generator on the device of the module's parameters."""
+    kwargs = dict(decay=cfg["model_ema_decay"], use_warmup=cfg["model_ema_warmup"])
+    if not cfg["meta_init"]:
+        return ModelEmaV3(model, **kwargs)
+    ema = ModelEmaV3(torch.nn.Linear(1, 1, device=device), **kwargs)
+    ema.module = copy.deepcopy(model).eval()
+    return ema
 
 
 def parallel_model(cfg: dict, model: torch.nn.Module, procs, mixed_precision: torch.dtype | None) -> torch.nn.Module:

@@ -243,7 +243,8 @@ SETTINGS: dict[str, Setting] = {
                  "resolution table runs it eagerly: one pass per size would not repay compiling); weights are saved "
                  "from the eager module, so they load anywhere"),
     "channels_last": S(False, RUN, "bool", "channels-last memory layout for the model and its input batches "
-                       "(channels_last_3d for clips)"),
+                       "(channels_last_3d for clips; under --parallel fsdp the batches only: FSDP2 shards contiguous "
+                       "parameters)"),
     "parallel": S("ddp", RUN, "choice", "data parallelism under torchrun: ddp = every process holds the whole model "
                   "(DistributedDataParallel; state.pt commits); fsdp = FSDP2 (torch >= 2.6): every process holds a "
                   "shard of each parameter, gradient and optimizer state, sharded per transformer block and at the "

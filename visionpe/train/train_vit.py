@@ -4,6 +4,7 @@ test resolution changes.
     visionpe train --data shapes-position --pe rope_mixed --epochs 2 --eval-res 32 48 64
     visionpe train --config shapes_tiny --pe rope_mixed+learned --pe-kwargs theta=10     # a shipped recipe, by name
     torchrun --nproc_per_node 2 -m visionpe.train --config shapes_tiny             # DDP (gloo on CPU, nccl on GPU)
+    torchrun --nproc_per_node 2 -m visionpe.train --config shapes_tiny --parallel fsdp  # FSDP2 (docs/scaling.md)
     visionpe train --data moving-shapes --num-frames 8 --pe rope_axial --eval-frames 4 16 --eval-res 24 48
                                                          # video: a tubelet ViT, frames x resolution table
     visionpe train --resume runs/NAME                                              # continue exactly
@@ -21,10 +22,11 @@ local file instead of the Hugging Face hub).
 
 Settings: defaults < YAML recipe (--config: a file, or a recipe shipped with visionpe by name) < command line
 (visionpe/train/settings.py lists every one). The run directory (--output, default runs/<data>_<pe>_s<seed>) holds
-config.yaml, state.pt (the checkpoint), last.safetensors, best.safetensors, ema.safetensors (--model-ema),
-metrics.jsonl, summary.csv and results.json (visionpe/train/rundir.py: what each holds, and why a kill at any
-instant, within an epoch too with --checkpoint-every-steps, leaves a run that --resume continues exactly; what a run
-reports, and the loggers of --log: visionpe/train/metrics.py).
+config.yaml, state.pt (the checkpoint; under --parallel fsdp checkpoint/, each process's shards), last.safetensors,
+best.safetensors, ema.safetensors (--model-ema), metrics.jsonl, summary.csv and results.json
+(visionpe/train/rundir.py: what each holds, and why a kill at any instant, within an epoch too with
+--checkpoint-every-steps, leaves a run that --resume continues exactly; what a run reports, and the loggers of
+--log: visionpe/train/metrics.py).
 
 `batch_size` is the global batch of one loader step: under torchrun each of N processes takes batch_size / N, and
 with --grad-accum-steps K an optimizer step sums K of them (batch_size x K images, timm's convention). User mistakes
