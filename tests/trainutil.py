@@ -45,3 +45,16 @@ def parser_of(command: str):
     from visionpe.cli.commands import COMMANDS
     module, _, _ = COMMANDS[command].target.partition(":")
     return importlib.import_module(module).build_parser()
+
+
+def children_of(pid: int) -> list[int]:
+    """The process ids whose parent is ``pid`` (read from Linux's /proc; none elsewhere)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found

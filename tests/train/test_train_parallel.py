@@ -1,8 +1,9 @@
 """`visionpe train --parallel fsdp` end to end on tiny runs under torchrun (2 processes, gloo on the CPU): the same
 training as one process to float rounding, distributed checkpoints in RUN/checkpoint/ that a SIGKILLed run resumes
-from bit for bit on 2 processes and resharded on 1, results written once (rank 0), and the settings it refuses."""
+from bit for bit on 2 processes (within an epoch too) and resharded on 1, results written once (rank 0), and the settings it refuses."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -18,8 +19,7 @@ import torch
 from conftest import requires
 from safetensors.torch import load_file
 
-from trainutil import ROOT, TINY, train_main
-from visionpe.train import parallel
+from trainutil import ROOT, TINY, children_of, train_main
 
 TIMEOUT = 420  # seconds for one torchrun launch on a loaded 2-core machine (about 35 s when idle)
 ARGS = TINY + ["--pe", "rope_mixed", "--model-ema", "--grad-accum-steps", "2"]  # learned frequencies, EMA, no_sync
@@ -49,26 +49,45 @@ def run2(*args: str) -> str:
     return stdout
 
 
-def run2_until_killed(after: str, *args: str) -> None:
-    """A 2-process run whose whole process group (launcher and workers) is SIGKILLed once a line starts with
-    ``after``."""
-    proc = subprocess.Popen(torchrun(*args), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env(),
-                            cwd=ROOT, start_new_session=True)
-    seen, start = [], time.monotonic()
+def kill(proc: subprocess.Popen) -> None:
+    """SIGKILL torchrun and its workers (each in a session of its own: not in the launcher's group), and wait until
+    no worker runs."""
+    workers = children_of(proc.pid)
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    while any(alive(pid) for pid in workers):
+        time.sleep(0.01)
+
+
+def alive(pid: int) -> bool:
     try:
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith(after):
-                os.killpg(proc.pid, signal.SIGKILL)
-                break
-            if time.monotonic() - start > TIMEOUT:
-                break
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def run2_killed(args: list[str], *, line: str | None = None, commit: str | None = None) -> str:
+    """A 2-process run SIGKILLed (launcher and workers) once a line of its output starts with ``line``, or once its
+    ``--output``'s checkpoint/latest names a commit starting with ``commit``; returns the commit left."""
+    out = Path(args[args.index("--output") + 1] if "--output" in args else args[args.index("--resume") + 1])
+    latest = out / "checkpoint" / "latest"
+    proc = subprocess.Popen(torchrun(*args), stdout=subprocess.PIPE if line else subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, text=True, env=env(), cwd=ROOT, start_new_session=True)
+    start, hit = time.monotonic(), False
+    try:
+        while not hit and proc.poll() is None and time.monotonic() - start < TIMEOUT:
+            if line:
+                hit = proc.stdout.readline().startswith(line)
+            else:
+                hit = latest.is_file() and latest.read_text().startswith(commit)
+                time.sleep(0.005)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert any(line.startswith(after) for line in seen), "".join(seen)[-2000:]
-    assert proc.returncode == -signal.SIGKILL
+        kill(proc)
+    assert hit, f"{out}: killed at {latest.read_text().strip() if latest.is_file() else 'no commit'}"
+    return latest.read_text().strip()
 
 
 def records(out: Path, kind: str) -> list[dict]:
@@ -88,18 +107,22 @@ def max_diff(a: Path, b: Path) -> float:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """One process without FSDP; the same run on 2 FSDP processes; that run SIGKILLed after its first epoch's commit,
-    then resumed on 2 processes and (a copy of the commit) on 1; a one-process run's first epoch (state.pt) resumed
-    under FSDP."""
+    then resumed on 1 process (a copy) and on 2, which are killed again after a commit within the second epoch and
+    resumed; a one-process run's first epoch (state.pt) resumed under FSDP."""
     base = tmp_path_factory.mktemp("fsdp-runs")
     dirs = {name: base / name for name in ("one", "fsdp", "killed", "resharded", "ddp_to_fsdp")}
     train_main(ARGS + ["--output", dirs["one"]])
     train_main(ARGS + ["--stop-after", "1", "--output", dirs["ddp_to_fsdp"]])
     train_main(["--resume", dirs["ddp_to_fsdp"], "--no-progress", "--parallel", "fsdp"])
     dirs["stdout"] = run2(*ARGS, "--parallel", "fsdp", "--output", str(dirs["fsdp"]))
-    run2_until_killed("epoch   1/2", *ARGS, "--parallel", "fsdp", "--output", str(dirs["killed"]))
-    dirs["committed"] = parallel.latest_checkpoint(dirs["killed"] / "checkpoint").name
+    killed = str(dirs["killed"])
+    dirs["committed"] = run2_killed([*ARGS, "--parallel", "fsdp", "--output", killed], line="epoch   1/2")
+    dirs["finished when killed"] = (dirs["killed"] / "results.json").exists()  # none of its workers outlived the kill
     shutil.copytree(dirs["killed"], dirs["resharded"])
-    run2("--resume", str(dirs["killed"]), "--no-progress")
+    # resumed with commits after every optimizer step, killed again after one of them, resumed again
+    dirs["within"] = run2_killed(["--resume", killed, "--no-progress", "--checkpoint-every-steps", "1"],
+                                 commit="epoch-1-step-")
+    run2("--resume", killed, "--no-progress")
     train_main(["--resume", dirs["resharded"], "--no-progress"])  # 1 process: a group of one, FSDP as saved
     return dirs
 
@@ -129,6 +152,8 @@ def test_the_run_directory_of_a_sharded_run(runs):
 
 def test_a_killed_run_resumes_bit_for_bit_and_on_one_process(runs):
     assert runs["committed"] == "epoch-1"  # killed after the first epoch's commit, before the second's
+    assert runs["within"].startswith("epoch-1-step-")  # and after a commit within the second
+    assert not runs["finished when killed"]
     fsdp, killed, resharded = runs["fsdp"], runs["killed"], runs["resharded"]
     for kind in ("epoch", "eval_res"):
         assert untimed(records(killed, kind)) == untimed(records(fsdp, kind))
