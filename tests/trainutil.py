@@ -4,9 +4,13 @@ file as __main__: the checkout's thin wrapper over the `visionpe` command, so th
 or build a command's parser without running it."""
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import runpy
+import signal
 import sys
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -58,3 +62,24 @@ def children_of(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(stat.parent.name))
     return found
+
+
+def kill_torchrun(proc) -> None:
+    """SIGKILL a torchrun launcher started with ``start_new_session=True`` (``proc``: its ``subprocess.Popen``) and
+    its workers (each in a session of its own: not in the launcher's group), and wait until no worker runs."""
+    workers = children_of(proc.pid)
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # ended and reaped already
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    while any(alive(pid) for pid in workers):
+        time.sleep(0.01)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False

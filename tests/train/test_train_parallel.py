@@ -3,7 +3,6 @@ training as one process to float rounding, distributed checkpoints in RUN/checkp
 from bit for bit on 2 processes (within an epoch too) and resharded on 1, results written once (rank 0), and the settings it refuses."""
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -19,7 +18,7 @@ import torch
 from conftest import requires
 from safetensors.torch import load_file
 
-from trainutil import ROOT, TINY, children_of, train_main
+from trainutil import ROOT, TINY, kill_torchrun, train_main
 
 TIMEOUT = 420  # seconds for one torchrun launch on a loaded 2-core machine (about 35 s when idle)
 ARGS = TINY + ["--pe", "rope_mixed", "--model-ema", "--grad-accum-steps", "2"]  # learned frequencies, EMA, no_sync
@@ -49,26 +48,6 @@ def run2(*args: str) -> str:
     return stdout
 
 
-def kill(proc: subprocess.Popen) -> None:
-    """SIGKILL torchrun and its workers (each in a session of its own: not in the launcher's group), and wait until
-    no worker runs."""
-    workers = children_of(proc.pid)
-    for pid in workers:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    while any(alive(pid) for pid in workers):
-        time.sleep(0.01)
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def run2_killed(args: list[str], *, line: str | None = None, commit: str | None = None) -> str:
     """A 2-process run SIGKILLed (launcher and workers) once a line of its output starts with ``line``, or once its
     ``--output``'s checkpoint/latest names a commit starting with ``commit``; returns the commit left."""
@@ -85,7 +64,7 @@ def run2_killed(args: list[str], *, line: str | None = None, commit: str | None 
                 hit = latest.is_file() and latest.read_text().startswith(commit)
                 time.sleep(0.005)
     finally:
-        kill(proc)
+        kill_torchrun(proc)
     assert hit, f"{out}: killed at {latest.read_text().strip() if latest.is_file() else 'no commit'}"
     return latest.read_text().strip()
 
