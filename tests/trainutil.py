@@ -9,10 +9,13 @@ import importlib
 import os
 import runpy
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 from unittest import mock
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "train_vit.py"
@@ -83,3 +86,23 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
+
+
+def run_torchrun(command: list[str], *, env: dict, timeout: float) -> str:
+    """Run a torchrun ``command`` to its end; its stdout. A non-zero exit fails the test with the end of its stderr;
+    past ``timeout`` seconds its workers get SIGABRT (faulthandler prints their stacks, with PYTHONFAULTHANDLER=1 in
+    ``env``), then it is killed and the test fails with them."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in children_of(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+        time.sleep(2)  # the stacks written
+        kill_torchrun(proc)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(command[3:])} did not finish within {timeout} s:\n{stderr[-6000:]}")
+    assert proc.returncode == 0, stderr[-4000:]
+    return stdout

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from conftest import requires
 from safetensors.torch import load_file
 from tinymodels import BUILDS, example_input, logits
-from trainutil import kill_torchrun
+from trainutil import kill_torchrun, run_torchrun
 
 import visionpe as vpe
 from visionpe.train import parallel
@@ -46,16 +46,7 @@ def torchrun(processes: int, *args: str) -> list[str]:
 
 
 def run(processes: int, *args: str) -> str:
-    proc = subprocess.Popen(torchrun(processes, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env(), cwd=ROOT, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGABRT)  # faulthandler prints each worker's stacks
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"torchrun {' '.join(args)} did not finish within {TIMEOUT} s:\n{stderr[-6000:]}")
-    assert proc.returncode == 0, stderr[-4000:]
-    return stdout
+    return run_torchrun(torchrun(processes, *args), env=env(), timeout=TIMEOUT)
 
 
 def run_until_killed(after: str, *args: str) -> str:

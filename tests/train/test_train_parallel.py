@@ -1,13 +1,13 @@
 """`visionpe train --parallel fsdp` end to end on tiny runs under torchrun (2 processes, gloo on the CPU): the same
 training as one process to float rounding, distributed checkpoints in RUN/checkpoint/ that a SIGKILLed run resumes
-from bit for bit on 2 processes (within an epoch too) and resharded on 1, results written once (rank 0), and the settings it refuses."""
+from bit for bit on 2 processes (within an epoch too) and resharded on 1, results written once (rank 0), and the
+settings it refuses."""
 from __future__ import annotations
 
 import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +18,7 @@ import torch
 from conftest import requires
 from safetensors.torch import load_file
 
-from trainutil import ROOT, TINY, kill_torchrun, train_main
+from trainutil import ROOT, TINY, kill_torchrun, run_torchrun, train_main
 
 TIMEOUT = 420  # seconds for one torchrun launch on a loaded 2-core machine (about 35 s when idle)
 ARGS = TINY + ["--pe", "rope_mixed", "--model-ema", "--grad-accum-steps", "2"]  # learned frequencies, EMA, no_sync
@@ -36,16 +36,7 @@ def env() -> dict:
 
 def run2(*args: str) -> str:
     """A 2-process run to its end; its stdout."""
-    proc = subprocess.Popen(torchrun(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
-                            cwd=ROOT, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGABRT)  # faulthandler prints each worker's stacks
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"torchrun {' '.join(args)} did not finish within {TIMEOUT} s:\n{stderr[-6000:]}")
-    assert proc.returncode == 0, stderr[-4000:]
-    return stdout
+    return run_torchrun(torchrun(*args), env=env(), timeout=TIMEOUT)
 
 
 def run2_killed(args: list[str], *, line: str | None = None, commit: str | None = None) -> str:
