@@ -182,7 +182,7 @@ def no_gradient_sync(model: nn.Module) -> Iterator[None]:
     locally, without communication (DDP's ``no_sync``; FSDP neither reduce-scatters nor reshards until the last
     micro-step, also when ``model`` holds the FSDP root inside a wrapper). The last micro-step runs outside it and
     synchronises the sum; a model of neither kind is left as it is."""
-    if isinstance(model, nn.parallel.DistributedDataParallel):
+    if callable(getattr(model, "no_sync", None)):  # DistributedDataParallel, or a stand-in with its no_sync
         with model.no_sync():
             yield
         return
