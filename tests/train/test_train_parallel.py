@@ -1,7 +1,7 @@
 """`visionpe train --parallel fsdp` end to end on tiny runs under torchrun (2 processes, gloo on the CPU): the same
 training as one process to float rounding, distributed checkpoints in RUN/checkpoint/ that a SIGKILLed run resumes
-from bit for bit on 2 processes (within an epoch too) and resharded on 1, results written once (rank 0), and the
-settings it refuses."""
+from bit for bit on 2 processes (within an epoch too) and resharded on 1, results written once (rank 0). The
+settings it refuses: tests/cli/test_cli_errors.py."""
 from __future__ import annotations
 
 import json
@@ -164,19 +164,3 @@ def test_a_meta_device_build_trains_with_its_ema(runs, tmp_path):
     assert all(bool(torch.isfinite(t).all()) for t in last.values())
     assert max_diff(out / "last.safetensors", runs["one"] / "last.safetensors") > 1e-3
     assert all(math.isfinite(r["val_loss"]) and math.isfinite(r["ema_val_loss"]) for r in records(out, "epoch"))
-
-
-@pytest.mark.parametrize("args, says", [
-    (["--parallel", "zero3"], "--parallel"),
-    (["--parallel", "fsdp", "--pe", "timm"], "--pe timm"),
-    (["--meta-init"], "--meta-init"),
-    (["--no-fsdp-reshard-after-forward"], "--parallel fsdp"),
-    (["--parallel", "fsdp", "--meta-init", "--init-from", "{tmp}/x"], "--init-from"),
-])
-def test_bad_parallel_settings_exit_2_with_one_line(args, says, tmp_path, capsys):
-    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    with pytest.raises(SystemExit) as exc:
-        train_main(TINY + ["--output", str(tmp_path / "run")] + args)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("visionpe train: error: ") and says in err, err
