@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared check for a GPU machine that reaches no package registry, in about 8 minutes:
 #   1. the CUDA tests: pytest --device cuda tests/cuda (at most TESTS_SECONDS, default 270), FSDP2 with nccl and the
-#      bf16 policy included (test_cuda_parallel.py: torchrun on up to 2 GPUs);
+#      bf16 policy included (test_cuda_parallel.py: torchrun on up to 2 GPUs, `visionpe train --parallel fsdp` too);
 #   2. the GPU benchmark: scripts/bench_speed.py --device cuda, the flex-models section first (bf16: eval, training
 #      step, memory, compiled, flex vs SDPA at 4097 and 16385 tokens), then forward, train, memory, scale and flex
 #      (what time is left, less a margin for the report);

@@ -4,11 +4,18 @@ file as __main__: the checkout's thin wrapper over the `visionpe` command, so th
 or build a command's parser without running it."""
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import runpy
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from unittest import mock
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "train_vit.py"
@@ -64,3 +71,57 @@ def write_jpeg_folder(root: Path) -> Path:
                 pixels[..., c] += 150
                 Image.fromarray(pixels).save(root / split / f"c{c}" / f"{i}.jpg", quality=90)
     return root
+
+
+def children_of(pid: int) -> list[int]:
+    """The process ids whose parent is ``pid`` (read from Linux's /proc; none elsewhere)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def kill_torchrun(proc) -> None:
+    """SIGKILL a torchrun launcher started with ``start_new_session=True`` (``proc``: its ``subprocess.Popen``) and
+    its workers (each in a session of its own: not in the launcher's group), and wait until no worker runs."""
+    workers = children_of(proc.pid)
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # ended and reaped already
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    while any(alive(pid) for pid in workers):
+        time.sleep(0.01)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def run_torchrun(command: list[str], *, env: dict, timeout: float) -> str:
+    """Run a torchrun ``command`` to its end; its stdout. A non-zero exit fails the test with the end of its stderr;
+    past ``timeout`` seconds its workers get SIGABRT (faulthandler prints their stacks, with PYTHONFAULTHANDLER=1 in
+    ``env``), then it is killed and the test fails with them."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in children_of(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+        time.sleep(2)  # the stacks written
+        kill_torchrun(proc)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(command[3:])} did not finish within {timeout} s:\n{stderr[-6000:]}")
+    assert proc.returncode == 0, stderr[-4000:]
+    return stdout

@@ -56,6 +56,8 @@ SETUPS = {
     "imagefolder_without_images": lambda tmp, run: [(tmp / "folder" / s / "cat").mkdir(parents=True)
                                                     for s in ("train", "val")],
     "output_is_a_file": lambda tmp, run: (tmp / "afile").write_text("not a folder"),
+    "dangling_latest": lambda tmp, run: ((run / "checkpoint").mkdir(), (run / "checkpoint" / "latest").write_text(
+        "epoch-9\n")),
     "truncate_state": lambda tmp, run: (run / "state.pt").write_bytes((run / "state.pt").read_bytes()[:1000]),
     "random_state": lambda tmp, run: (run / "state.pt").write_bytes(torch.randint(0, 256, (5000,),
                                                                       dtype=torch.uint8).numpy().tobytes()),
@@ -339,6 +341,13 @@ ROWS = [
     (T, ["--checkpoint-every-steps", "-1"], ["checkpoint_every_steps", ">= 0"]),
     (T, ["--checkpoint-every-minutes", "-5"], ["checkpoint_every_minutes", ">= 0"]),
     (T, ["--checkpoint-every-minutes", "soon"], ["--checkpoint-every-minutes", "soon"]),
+    (T, ["--parallel", "zero3"], ["--parallel", "zero3", "ddp", "fsdp"]),
+    (T, ["--parallel", "fsdp", "--pe", "timm"], ["--parallel fsdp", "--pe timm", "--parallel ddp"]),
+    (T, ["--meta-init"], ["--meta-init", "--parallel fsdp"]),
+    (T, ["--no-fsdp-reshard-after-forward"], ["--no-fsdp-reshard-after-forward", "--parallel fsdp"]),
+    (T, ["--parallel", "fsdp", "--meta-init", "--pretrained"], ["--meta-init", "--pretrained", "fresh"]),
+    (T, ["--fsdp-reshard-after-forward=no"], ["--fsdp-reshard-after-forward", "ignored explicit argument"]),
+    (T, ["--grad-checkpointing=yes"], ["--grad-checkpointing", "ignored explicit argument"]),
     (T, ["--output", "{tmp}/afile"], ["{tmp}/afile", "not a directory"], "output_is_a_file"),
     (T, ["--unknown-flag"], ["unrecognized", "--unknown-flag"]),
     # -- YAML recipes -----------------------------------------------------------------------------------------------
@@ -363,6 +372,7 @@ ROWS = [
                                         "rerun the same command with --overwrite"], "remains_without_config"),
     (T, ["--resume", "{run}", "--overwrite"], ["--overwrite"]),
     (T, ["--resume", "{run}"], ["state.pt", "damaged"], "truncate_state"),
+    (T, ["--resume", "{run}"], ["latest", "epoch-9", "no complete DCP checkpoint", "--overwrite"], "dangling_latest"),
     (T, ["--resume", "{run}"], ["state.pt", "damaged"], "random_state"),
     (T, ["--resume", "{run}"], ["not plain YAML"], "python_tag_config"),
     (T, ["--resume", "{run}"], ["bogus_setting"], "config_unknown_key"),

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from conftest import requires
 from safetensors.torch import load_file
 from tinymodels import BUILDS, example_input, logits
+from trainutil import kill_torchrun, run_torchrun
 
 import visionpe as vpe
 from visionpe.train import parallel
@@ -45,35 +46,21 @@ def torchrun(processes: int, *args: str) -> list[str]:
 
 
 def run(processes: int, *args: str) -> str:
-    proc = subprocess.Popen(torchrun(processes, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env(), cwd=ROOT, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGABRT)  # faulthandler prints each worker's stacks
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"torchrun {' '.join(args)} did not finish within {TIMEOUT} s:\n{stderr[-6000:]}")
-    assert proc.returncode == 0, stderr[-4000:]
-    return stdout
+    return run_torchrun(torchrun(processes, *args), env=env(), timeout=TIMEOUT)
 
 
 def run_until_killed(after: str, *args: str) -> str:
-    """Start a 2-process run and SIGKILL the whole process group (launcher and workers) once ``after`` is printed."""
+    """Start a 2-process run and SIGKILL it (launcher and workers) once ``after`` is printed."""
     proc = subprocess.Popen(torchrun(2, *args), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env=env(), cwd=ROOT, start_new_session=True)
     seen, start = [], time.monotonic()
     try:
         for line in proc.stdout:
             seen.append(line)
-            if line.strip() == after:
-                os.killpg(proc.pid, signal.SIGKILL)
-                break
-            if time.monotonic() - start > TIMEOUT:
+            if line.strip() == after or time.monotonic() - start > TIMEOUT:
                 break
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_torchrun(proc)  # the workers too: they would go on without the launcher
     assert any(line.strip() == after for line in seen), "".join(seen)[-2000:]
     assert proc.returncode == -signal.SIGKILL
     return "".join(seen)

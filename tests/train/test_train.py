@@ -14,7 +14,7 @@ import yaml
 from safetensors.torch import load_file
 
 import visionpe
-from trainutil import ROOT, run_script, train_main
+from trainutil import ROOT, children_of, run_script, train_main
 from visionpe.train import models, restore, sweep
 
 
@@ -101,19 +101,6 @@ def test_resume_is_exact(tmp_path):
     # the epochs differ, so the comparison is not vacuous
     first, second = records(tmp_path / "a" / "metrics.jsonl", "epoch")
     assert first["train_loss"] != second["train_loss"] and first["lr"] != second["lr"]
-
-
-def children_of(pid: int) -> list[int]:
-    """The process ids whose parent is ``pid`` (read from Linux's /proc; none elsewhere)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:  # the process ended meanwhile
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def test_torchrun_two_processes_match_one(tmp_path):

@@ -48,13 +48,16 @@ class Processes:
 def start(cfg: dict) -> Processes:
     """Join the torchrun group of a run (gloo on the CPU, nccl on CUDA; none for one process), pick this process's
     device (``device``: auto = CUDA when there is one) and set its threads (``threads``, 0 = torch's choice). The
-    global ``batch_size`` must split evenly over the processes."""
+    global ``batch_size`` must split evenly over the processes. ``parallel: fsdp`` on one process is a group of one
+    (an in-memory store, or the group already there): the same sharded model and checkpoints as on several."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if cfg["batch_size"] % world:
         raise UserError(f"batch_size {cfg['batch_size']} must be divisible by the {world} processes")
     use_cuda = cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())
     if world > 1:
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    elif cfg.get("parallel") == "fsdp" and not active():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     if use_cuda:

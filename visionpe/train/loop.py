@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from .. import data as vdata
-from . import distributed, rundir, settings
+from . import distributed, parallel, rundir, settings
 from .models import tubelet
 from .metrics import Evaluation
 from ..cli import UserError, one_line
@@ -28,9 +28,15 @@ class NonFiniteLoss(UserError):
 
 
 def nonfinite_tensors(module) -> list[str]:
-    """The names of ``module``'s floating-point parameters and buffers that hold a NaN or an infinity."""
-    return [name for name, t in module.state_dict().items()
-            if torch.is_floating_point(t) and not bool(torch.isfinite(t).all())]
+    """The names of ``module``'s floating-point parameters and buffers that hold a NaN or an infinity. Of a sharded
+    module (FSDP) each process checks its own shards and the flags are summed over the processes, so every process
+    names the same tensors (a collective: every process calls it)."""
+    state = {name: t for name, t in module.state_dict().items() if torch.is_floating_point(t)}
+    local = [t.to_local() if parallel.is_sharded(t) else t for t in state.values()]
+    flags = [float(not bool(torch.isfinite(t).all())) for t in local]
+    if local and any(parallel.is_sharded(t) for t in state.values()):
+        flags = distributed.all_sum(flags, local[0].device)
+    return [name for name, flag in zip(state, flags) if flag]
 
 
 def check_finite(model, *, epoch: int, kept_epoch: int, val_loss: float | None = None, ema=None,
@@ -38,7 +44,8 @@ def check_finite(model, *, epoch: int, kept_epoch: int, val_loss: float | None =
     """Before a commit of ``epoch`` (1-based; ``within``: where in it, for a commit within the epoch): the model's
     (and the EMA's) weights and validation losses are finite, else :class:`NonFiniteLoss` with one line saying what
     diverged and what is kept (``kept_epoch``: the last committed epoch, 0 for none). Every process calls it with the
-    same weights and losses (DDP keeps them equal), so every process stops at the same point."""
+    same weights and losses (DDP keeps them equal; FSDP's shards are checked together), so every process stops at the
+    same point."""
     problems = []
     for what, loss in (("validation loss", val_loss), ("EMA validation loss", ema_loss)):
         if loss is not None and not math.isfinite(loss):
@@ -229,6 +236,14 @@ def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
 
 
+def fsdp_precision(cfg: dict, amp_dtype: torch.dtype | None, device: torch.device) -> torch.dtype | None:
+    """FSDP2's parameter dtype in the blocks (its mixed-precision policy; gradients reduced in float32, encodings'
+    parameters float32): bfloat16 under ``parallel: fsdp`` with bf16 amp on CUDA, which then replaces autocast; None
+    otherwise (autocast as ``amp`` says)."""
+    use = cfg["parallel"] == "fsdp" and amp_dtype == torch.bfloat16 and device.type == "cuda"
+    return torch.bfloat16 if use else None
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module itself inside DistributedDataParallel and ``torch.compile`` wrappers."""
     while True:
@@ -291,14 +306,24 @@ def commit_within(out, model, parts, run, epoch: int, clock: CheckpointClock, st
         check_finite(model, epoch=epoch + 1, kept_epoch=epoch, ema=parts.ema_module,
                           within=f"at step {progress['step']}/{steps} of")  # never commit NaN weights
         sums = distributed.all_gather([progress["loss_sum"], progress["seen"]], procs.device)  # by rank
-        if procs.master:
-            rundir.save_checkpoint(out, model, parts.optimizer, parts.scheduler, epoch=epoch, best_acc=run.best_acc,
-                                   best_epoch=run.best_epoch, history=run.history, ema=parts.ema_module,
-                                   scaler=parts.scaler,
-                                   progress={"step": progress["step"], "sums": sums,
-                                             "last_finite": progress["last_finite"], "elapsed": progress["elapsed"]})
+        commit(out, model, parts, run, procs, progress={"step": progress["step"], "sums": sums,
+                                                        "last_finite": progress["last_finite"],
+                                                        "elapsed": progress["elapsed"]})
         clock.reset()
     return on_update
+
+
+def commit(out, model, parts, run, procs, progress: dict | None = None) -> None:
+    """Commit the run in ``out`` after ``run.epoch`` epochs (with ``progress``: within the next one, see
+    :func:`commit_within`): a sharded model (FSDP) as a distributed checkpoint that every process writes
+    (:func:`visionpe.train.rundir.save_sharded`), any other as state.pt, written by rank 0
+    (:func:`visionpe.train.rundir.save_checkpoint`). ``parts``: the :class:`~visionpe.train.recipe.Recipe`."""
+    fields = dict(epoch=run.epoch, best_acc=run.best_acc, best_epoch=run.best_epoch, history=run.history,
+                  ema=parts.ema_module, progress=progress)
+    if parallel.is_sharded_model(model):
+        rundir.save_sharded(out, model, parts.optimizer, parts.scheduler, **fields)
+    elif procs.master:
+        rundir.save_checkpoint(out, model, parts.optimizer, parts.scheduler, scaler=parts.scaler, **fields)
 
 
 def step_resolution(train_res, seed: int, epoch: int, step: int) -> int | None:
@@ -331,8 +356,8 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
     """One pass over ``loader``: an optimizer step every ``accum_steps`` loader batches (the last step of the epoch
     takes what is left), the learning rate set per optimizer step (``scheduler.step_update``; ``ceil(batches /
     accum_steps)`` steps an epoch), the loss of each batch divided by the number of batches of its step, and under
-    DDP the gradients synchronised on a step's last batch only (``no_sync`` on the others). After each optimizer step
-    the EMA (timm ``ModelEmaV3``) is updated with the global step count and ``on_update(progress)`` is called (a
+    DDP and FSDP the gradients synchronised on a step's last batch only (``no_sync`` on the others). After each
+    optimizer step the EMA (timm ``ModelEmaV3``) is updated with the global step count and ``on_update(progress)`` is called (a
     checkpoint may be committed there: the gradients are zero, so a resumed epoch needs only ``progress``).
 
     The RNG streams are reseeded from ``(seed, epoch, rank, batch)`` before each batch (:func:`seed_everything`).
@@ -376,7 +401,7 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
         is_update = step + 1 == steps or (step + 1) % accum_steps == 0
         if step % accum_steps == 0:
             scheduler.step_update(epoch * updates + update)
-        sync = contextlib.nullcontext() if world == 1 or is_update else model.no_sync()
+        sync = contextlib.nullcontext() if world == 1 or is_update else parallel.no_gradient_sync(model)
         with sync:
             with autocast():
                 loss = criterion(forward(model, x, time_spacing), y)
@@ -413,11 +438,14 @@ def evaluate(model, dataset, *, batch_size: int, device, autocast, workers: int 
              world: int = 1) -> Evaluation:
     """Top-1 (%), mean cross-entropy and the image count over the whole set; each process takes every world-th image.
     Images of different sizes (the native protocol) go through the model's ``forward_batch`` as batches of mixed
-    grids."""
+    grids. A sharded model (FSDP) gathers its parameters in every forward, on every process together: a process with
+    fewer batches than rank 0 runs as many forwards again on one of its images, uncounted."""
     model.eval()
-    loader = DataLoader(Subset(dataset, range(rank, len(dataset), world)), batch_size=batch_size,
-                        num_workers=workers, collate_fn=vdata.collate_images)
+    mine = range(rank, len(dataset), world)
+    loader = DataLoader(Subset(dataset, mine), batch_size=batch_size, num_workers=workers,
+                        collate_fn=vdata.collate_images)
     correct = loss = count = 0.0
+    spare = None  # a batch for the uncounted forwards, with its clips' time steps
     for batch in read_samples(loader):
         x, y, time_spacing = unpack(batch)
         x, y = to_device(x, device), y.to(device)
@@ -426,6 +454,15 @@ def evaluate(model, dataset, *, batch_size: int, device, autocast, workers: int 
         loss += F.cross_entropy(logits.float(), y, reduction="sum").item()
         correct += (logits.argmax(-1) == y).sum().item()
         count += len(y)
+        spare = (x, time_spacing)
+    if parallel.is_sharded_model(model):
+        missing = math.ceil(len(range(0, len(dataset), world)) / batch_size) - math.ceil(len(mine) / batch_size)
+        for _ in range(missing):
+            if spare is None:
+                x, _, time_spacing = unpack(vdata.collate_images([dataset[0]]))
+                spare = (to_device(x, device), time_spacing)
+            with autocast():
+                logits_of(model, *spare)
     correct, loss, count = distributed.all_sum([correct, loss, count], device)
     return Evaluation(acc=100.0 * correct / count, loss=loss / count if count else math.nan, count=int(count))
 
@@ -434,7 +471,9 @@ def evaluate_resolutions(model, sets: dict, known: dict | None = None, **eval_kw
     """``{key: Evaluation}`` of ``model`` on every set of ``sets`` (``{key: dataset}``; an image run's keys are
     integers or ``(height, width)`` tuples, a video run's ``(frames, res)``), in :func:`size_order`. ``known``:
     ``{key: Evaluation}`` already measured (not evaluated again); :func:`visionpe.train.metrics.retention_table`
-    reports them against the training size."""
+    reports them against the training size. Compiled blocks (``--compile`` under FSDP) run eagerly here: one pass per
+    size would not repay compiling."""
     known = known or {}
-    return {k: known[k] if k in known else evaluate(model, sets[k], **eval_kwargs)
-            for k in sorted(sets, key=size_order)}
+    with parallel.eager():
+        return {k: known[k] if k in known else evaluate(model, sets[k], **eval_kwargs)
+                for k in sorted(sets, key=size_order)}

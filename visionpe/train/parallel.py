@@ -31,7 +31,7 @@ import resource
 import shutil
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -138,6 +138,8 @@ def parallelize(model: nn.Module, mode: str, device, *, mixed_precision: torch.d
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(device.type, (world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32 if mixed_precision else None)
+    root = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=policy.reduce_dtype,
+                                output_dtype=torch.float32 if mixed_precision else None)  # float32 logits for the loss
     position = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
     for encoding in {id(m): m for m in model.modules() if isinstance(m, Encoding)}.values():
         if any(True for _ in encoding.parameters()):  # shared parameter-free encodings hold buffers only
@@ -147,7 +149,7 @@ def parallelize(model: nn.Module, mode: str, device, *, mixed_precision: torch.d
                     register_forward(encoding, method)
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=root, reshard_after_forward=reshard_after_forward)
     for method in FORWARD_METHODS:
         if callable(getattr(model, method, None)):
             register_forward(model, method)
@@ -178,12 +180,14 @@ def parallelize_ema(ema_module: nn.Module, model: nn.Module, mode: str, device, 
 def no_gradient_sync(model: nn.Module) -> Iterator[None]:
     """Around the forward and backward of each micro-step of gradient accumulation but the last: gradients add up
     locally, without communication (DDP's ``no_sync``; FSDP neither reduce-scatters nor reshards until the last
-    micro-step). The last micro-step runs outside it and synchronises the sum."""
-    if isinstance(model, nn.parallel.DistributedDataParallel):
+    micro-step, also when ``model`` holds the FSDP root inside a wrapper). The last micro-step runs outside it and
+    synchronises the sum; a model of neither kind is left as it is."""
+    if callable(getattr(model, "no_sync", None)):  # DistributedDataParallel, or a stand-in with its no_sync
         with model.no_sync():
             yield
         return
-    if not is_fsdp(model):
+    model = next((m for m in model.modules() if is_fsdp(m)), None)  # the outermost FSDP module (the root)
+    if model is None:
         yield
         return
     model.set_requires_gradient_sync(False)
@@ -211,6 +215,61 @@ def gathered_state(model: nn.Module) -> dict[str, torch.Tensor]:
     options = api.StateDictOptions(full_state_dict=True, cpu_offload=True)
     state = api.get_model_state_dict(model, options=options)
     return state if rank() == 0 else {}
+
+
+def is_sharded_model(model: nn.Module) -> bool:
+    """Whether any parameter of ``model`` is a DTensor shard (FSDP2; also inside a wrapper)."""
+    return any(is_sharded(p) for p in model.parameters())
+
+
+def load_full_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a whole state dict (as the unsharded model's ``state_dict()`` gives it, e.g. :func:`gathered_state` or an
+    export) into ``model`` strictly: a sharded model (FSDP) takes its shards of each whole tensor (every rank calls
+    it with the same ``state``), any other one ``load_state_dict``. ``state`` itself is not changed."""
+    model = unwrap(model)
+    if not is_sharded_model(model):
+        model.load_state_dict(state)
+        return
+    api = _state_dict_api()
+    # a copy: set_model_state_dict replaces the entries of the dict it is given with the DTensors it made of them
+    api.set_model_state_dict(model, dict(state), options=api.StateDictOptions(full_state_dict=True))
+
+
+def load_full_optimizer_state(model: nn.Module, optimizer, state: dict) -> None:
+    """``optimizer.load_state_dict(state)`` for a ``state`` that an optimizer over the unsharded ``model`` saved
+    (``optimizer.state_dict()``: parameters numbered in the order of its groups), also when ``model`` is sharded
+    (FSDP: ``optimizer`` has the same groups over the sharded parameters, as one factory builds both; each rank keeps
+    its shards of every moment). A group or parameter count that does not fit is a ``ValueError``."""
+    if not is_sharded_model(unwrap(model)):
+        optimizer.load_state_dict(state)
+        return
+    names = {id(p): n for n, p in unwrap(model).named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]  # number -> parameter name
+    saved = [i for group in state["param_groups"] for i in group["params"]]
+    if len(state["param_groups"]) != len(optimizer.param_groups) or sorted(saved) != list(range(len(order))):
+        raise ValueError(f"the optimizer state has {len(state['param_groups'])} groups of {len(saved)} parameters, "
+                         f"the optimizer {len(optimizer.param_groups)} groups of {len(order)}")
+    by_name = {"state": {order[i]: dict(values) for i, values in state["state"].items()},
+               "param_groups": [{**group, "params": [order[i] for i in group["params"]]}
+                                for group in state["param_groups"]]}
+    api = _state_dict_api()
+    api.set_optimizer_state_dict(unwrap(model), optimizer, by_name, options=api.StateDictOptions(full_state_dict=True))
+
+
+def eager():
+    """A context in which compiled modules run eagerly (``torch.compiler.set_stance("force_eager")``, torch >= 2.6;
+    nothing before): an evaluation at many sizes that would recompile at each."""
+    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+    return set_stance("force_eager") if set_stance is not None else nullcontext()
+
+
+def unsupported() -> str | None:
+    """Why ``mode="fsdp"`` cannot run with this torch (the release it needs), or None."""
+    release = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if release < (2, 6):
+        return (f"FSDP2 (torch.distributed.fsdp.fully_shard) and DCP's state-dict API need torch >= 2.6; this is "
+                f"{torch.__version__}")
+    return None
 
 
 def export_weights(model: nn.Module, path, metadata: dict[str, str] | None = None) -> None:
@@ -242,8 +301,9 @@ def _blob(value) -> io.BytesIO:
 
 def save_checkpoint(directory, model: nn.Module, optimizer, *, tag: str, ema: nn.Module | None = None,
                     extra: dict | None = None) -> Path:
-    """Commit a DCP checkpoint ``directory/<tag>`` of the model, optimizer, EMA model and ``extra`` (the scheduler's
-    state dict, the step, the history: anything ``torch.load(weights_only=True)`` reads back); every rank calls it.
+    """Commit a DCP checkpoint ``directory/<tag>`` of the model, optimizer, EMA model and rank 0's ``extra`` (the
+    scheduler's state dict, the step, the history: anything ``torch.load(weights_only=True)`` reads back); every rank
+    calls it.
 
     Each rank writes its shards into ``directory/.<tag>.tmp``; then rank 0 renames the folder to ``<tag>``, replaces
     ``directory/latest`` (the commit point, :func:`visionpe.weights.io.write_text`) and removes older checkpoints. A
@@ -255,7 +315,9 @@ def save_checkpoint(directory, model: nn.Module, optimizer, *, tag: str, ema: nn
         directory.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
     barrier()
-    state = {**_state(model, optimizer, ema), "extra": _blob(extra or {})}
+    state = _state(model, optimizer, ema)
+    if rank() == 0:  # rank 0's alone (the others may differ, e.g. in their own timings)
+        state["extra"] = _blob(extra or {})
     dcp.save(state, checkpoint_id=str(tmp))
     barrier()
     if rank() == 0:

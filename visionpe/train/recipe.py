@@ -1,14 +1,19 @@
 """What trains a model besides its data, built from the settings as timm's train.py builds it: the optimizer
 (``create_optimizer_v2``: position parameters without weight decay, layer decay), the schedule (per optimizer step:
 linear warmup, then cosine down to ``min_lr``), the float16 gradient scaler, mixup/cutmix, the loss and the EMA
-weights; and where a run stands (:class:`Progress`), restored with them from ``state.pt``."""
+weights; the module that trains (the model itself, DDP, or FSDP2: :func:`parallel_model`); and where a run stands
+(:class:`Progress`), restored with them from ``state.pt`` or a sharded run's distributed checkpoint."""
 from __future__ import annotations
 
 import contextlib
+import copy
+import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 from timm.data import Mixup
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
@@ -16,7 +21,7 @@ from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3, NativeScaler
 
 from ..cli import UserError, user_errors
-from . import restore
+from . import loop, parallel, restore, rundir
 
 
 @dataclass
@@ -50,15 +55,25 @@ class Progress:
     best_epoch: int = -1
     history: list = field(default_factory=list)
     within: dict | None = None
+    saved: dict | None = None  # the commit resumed, as rundir.repair reads it (a sharded one's weights on rank 0)
     extended: dict | None = None  # --resume --epochs N: the history's record of the new length (extension_record)
 
 
-def build(cfg: dict, model: torch.nn.Module, updates_per_epoch: int, device: torch.device,
-          amp_dtype: torch.dtype | None) -> Recipe:
-    """The recipe of ``model`` (its weights and device final, before compile and DDP, as timm builds its EMA) for
-    ``cfg['epochs']`` epochs of ``updates_per_epoch`` optimizer steps."""
-    ema = ModelEmaV3(model, decay=cfg["model_ema_decay"], use_warmup=cfg["model_ema_warmup"]) \
-        if cfg["model_ema"] else None
+def build(cfg: dict, model: torch.nn.Module, updates_per_epoch: int, procs, amp_dtype: torch.dtype | None,
+          mixed_precision: torch.dtype | None = None) -> tuple[Recipe, torch.nn.Module]:
+    """The recipe of ``model`` (its weights final; built on the meta device with ``meta_init``) for ``cfg['epochs']``
+    epochs of ``updates_per_epoch`` optimizer steps, and the module that trains (:func:`parallel_model`), in timm's
+    order: the model on this process's device (``procs``: :class:`~visionpe.train.distributed.Processes`), its EMA
+    copy, then the data-parallel model (under FSDP the EMA sharded alike), then the optimizer over its parameters
+    (FSDP's shards). ``mixed_precision``: FSDP's parameter dtype in the blocks (None: float32)."""
+    if not cfg["meta_init"]:  # a meta-device build is materialised on the device by parallelize
+        model.to(procs.device)
+    if cfg["channels_last"] and cfg["parallel"] != "fsdp":  # FSDP2 shards contiguous parameters: the batches only
+        loop.channels_last_(model)
+    ema = ema_of(cfg, model, procs.device) if cfg["model_ema"] else None
+    trained = parallel_model(cfg, model, procs, mixed_precision)
+    if ema is not None and cfg["parallel"] == "fsdp":
+        ema.module = parallel.parallelize_ema(ema.module, model, "fsdp", procs.device, mixed_precision=mixed_precision)
     with user_errors(f"opt={cfg['opt']}", (ValueError, TypeError, ImportError)):
         optimizer = create_optimizer_v2(model, opt=cfg["opt"], lr=cfg["lr"], weight_decay=cfg["weight_decay"],
                                         layer_decay=cfg["layer_decay"])  # position parameters: no weight decay
@@ -73,7 +88,8 @@ def build(cfg: dict, model: torch.nn.Module, updates_per_epoch: int, device: tor
         mixup = Mixup(mixup_alpha=cfg["mixup"], cutmix_alpha=cfg["cutmix"], label_smoothing=cfg["label_smoothing"],
                       num_classes=cfg["num_classes"])
     return Recipe(optimizer, scheduler, criterion_for(cfg, mixup is not None), mixup,
-                  NativeScaler(device=device.type) if amp_dtype == torch.float16 else None, ema, cfg["epochs"])
+                  NativeScaler(device=procs.device.type) if amp_dtype == torch.float16 else None, ema,
+                  cfg["epochs"]), trained
 
 
 COSINE_LOG = "timm.scheduler.cosine_lr"  # the logger of timm's cosine schedule
@@ -89,6 +105,43 @@ def timm_log_quiet(name: str):
         yield
     finally:
         log.setLevel(level)
+
+
+def ema_of(cfg: dict, model: torch.nn.Module, device: torch.device) -> ModelEmaV3:
+    """timm's ``ModelEmaV3`` of ``model``: a copy made before the model is sharded or wrapped (FSDP modules cannot be
+    copied). Of a meta-device build (``meta_init``) it holds a meta copy, which
+    :func:`visionpe.train.parallel.parallelize_ema` materialises; the EMA itself is then made of a stand-in on
+    ``device``, as timm makes its rounding generator on the device of the module's parameters."""
+    kwargs = dict(decay=cfg["model_ema_decay"], use_warmup=cfg["model_ema_warmup"])
+    if not cfg["meta_init"]:
+        return ModelEmaV3(model, **kwargs)
+    ema = ModelEmaV3(torch.nn.Linear(1, 1, device=device), **kwargs)
+    ema.module = copy.deepcopy(model).eval()
+    return ema
+
+
+def parallel_model(cfg: dict, model: torch.nn.Module, procs, mixed_precision: torch.dtype | None) -> torch.nn.Module:
+    """The module that trains ``model``: under ``parallel: fsdp`` the model itself, sharded in place per block and at
+    the root (:func:`visionpe.train.parallel.parallelize`: activation checkpointing, compile per block, a meta-device
+    build materialised), on any number of processes; else (DDP) the model, compiled with ``compile``, in a
+    ``DistributedDataParallel`` wrapper under torchrun. With ``max_patches`` it takes lists of images of mixed sizes
+    (:class:`~visionpe.train.loop.MixedSizes`)."""
+    if cfg["parallel"] == "fsdp":
+        with user_errors(f"--parallel fsdp of {cfg['model']} pe={cfg['pe']}", (ValueError,)):
+            model = parallel.parallelize(model, "fsdp", procs.device, mixed_precision=mixed_precision,
+                                         grad_checkpointing=cfg["grad_checkpointing"], compile=cfg["compile"],
+                                         reshard_after_forward=cfg["fsdp_reshard_after_forward"])
+        return loop.MixedSizes(model) if cfg["max_patches"] else model
+    if cfg["grad_checkpointing"]:
+        if not hasattr(model, "set_grad_checkpointing"):
+            raise UserError(f"--grad-checkpointing: {type(model).__name__} (--model {cfg['model']}) has no "
+                            "set_grad_checkpointing; run without it")
+        model.set_grad_checkpointing(True)
+    train_model = torch.compile(model) if cfg["compile"] else model
+    net = loop.MixedSizes(train_model) if cfg["max_patches"] else train_model  # takes lists of images of mixed sizes
+    if procs.world == 1:
+        return net
+    return DDP(net, device_ids=[procs.local_rank] if procs.device.type == "cuda" else None)
 
 
 def criterion_for(cfg: dict, mixup: bool) -> torch.nn.Module:
@@ -107,32 +160,62 @@ def criterion_for(cfg: dict, mixup: bool) -> torch.nn.Module:
     return torch.nn.CrossEntropyLoss()
 
 
-def resume(recipe: Recipe, model: torch.nn.Module, state: dict | None, path, world: int, init=None) -> Progress:
-    """Where the run stands: fresh (the ``--init-from`` / ``--pretrained`` record first in its history), or continued
-    from ``state`` (``path``'s state.pt): the model's weights, the optimizer, schedule, EMA and scaler loaded, and a
-    commit within an epoch checked to have been made by as many processes as ``world``."""
+def resume(recipe: Recipe, model: torch.nn.Module, state: dict | Path | None, out, world: int,
+           init=None) -> Progress:
+    """Where the run in ``out`` stands: fresh (the ``--init-from`` / ``--pretrained`` record first in its history),
+    or continued from ``state`` (:func:`visionpe.train.rundir.resume_point`: state.pt's contents, or the folder of a
+    distributed checkpoint): the model's weights, the optimizer, schedule, EMA and scaler loaded, sharded or not
+    whatever the commit's sharding and process count, and a commit within an epoch checked to have been made by as
+    many processes as ``world``."""
     if state is None:
         return Progress(history=[init] if init else [])
+    if isinstance(state, Path):
+        return _resume_sharded(recipe, model, state, world)
+    path = Path(out) / rundir.STATE
     restore.load_state(model, state["model"], path)
-    done = state["epoch"] + (state.get("progress") is not None)  # epochs begun
-    if recipe.epochs < done:
-        raise UserError(f"--resume {path.parent} --epochs {recipe.epochs}: the run has trained "
-                        f"{state['epoch']} epoch(s){' and part of the next' if done > state['epoch'] else ''}; give "
-                        f"--epochs >= {done} (the schedule continues to the new length)")
+    check_length(recipe, state, path.parent)
     extended = extension_record(recipe, state)
     with user_errors(f"{path} does not fit the optimizer, schedule, EMA or gradient scaler",
-                     (ValueError, TypeError, RuntimeError, KeyError)):
-        recipe.optimizer.load_state_dict(state["optimizer"])
+                     (ValueError, TypeError, RuntimeError, KeyError, IndexError)):
+        parallel.load_full_optimizer_state(model, recipe.optimizer, state["optimizer"])
         if extended is None:
             recipe.scheduler.load_state_dict(state["scheduler"])
         if recipe.ema is not None:
-            recipe.ema_module.load_state_dict(state["ema"])
+            parallel.load_full_state(recipe.ema_module, state["ema"])
         if recipe.scaler is not None:
             recipe.scaler.load_state_dict(state["scaler"])
     progress = Progress(state["epoch"], state["best_acc"], state["best_epoch"], state["history"],
-                        state.get("progress"), extended)
-    if extended is not None:
-        progress.history.append(extended)
+                        state.get("progress"), saved=state, extended=extended)
+    return _same_world(progress, path, world)
+
+
+def _resume_sharded(recipe: Recipe, model: torch.nn.Module, folder: Path, world: int) -> Progress:
+    """:func:`resume` from a distributed checkpoint (every process calls it): DCP reshards it into the model, FSDP
+    or not, on any process count; its extra holds the rest."""
+    with user_errors(f"{folder} does not fit the model, optimizer, schedule or EMA",
+                     (ValueError, TypeError, RuntimeError, KeyError)):
+        extra = parallel.load_checkpoint(folder, model, recipe.optimizer, ema=recipe.ema_module)
+        check_length(recipe, extra, folder.parent.parent)
+        extended = extension_record(recipe, extra)
+        if extended is None:
+            recipe.scheduler.load_state_dict(extra["scheduler"])
+        history = json.loads(extra["history"])
+    saved = {**rundir.exported_state(model, recipe.ema_module, extra), "history": history}
+    progress = Progress(extra["epoch"], extra["best_acc"], extra["best_epoch"], history, extra.get("progress"), saved,
+                        extended)
+    return _same_world(progress, folder, world)
+
+
+def check_length(recipe: Recipe, state: dict, run) -> None:
+    """``--epochs`` of a resumed run (``state``: its commit's ``epoch`` and ``progress``) covers the epochs begun."""
+    done = state["epoch"] + (state.get("progress") is not None)  # epochs begun
+    if recipe.epochs < done:
+        raise UserError(f"--resume {run} --epochs {recipe.epochs}: the run has trained "
+                        f"{state['epoch']} epoch(s){' and part of the next' if done > state['epoch'] else ''}; give "
+                        f"--epochs >= {done} (the schedule continues to the new length)")
+
+
+def _same_world(progress: Progress, path, world: int) -> Progress:
     if progress.within is not None and len(progress.within["sums"]) != world:
         raise UserError(f"{path} was saved within epoch {progress.epoch + 1} by {len(progress.within['sums'])} "
                         f"process(es); resume it with as many (this is {world})")

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..weights import convert, io
-from . import models, rundir, settings
+from . import models, parallel, rundir, settings
 from ..cli import UserError, import_user_code, one_line, user_errors
 from .rundir import CONFIG, LAST
 
@@ -60,8 +60,10 @@ def load_run(path, require: tuple[str, ...] = ()) -> dict:
 
 
 def load_state(model: torch.nn.Module, state: dict, source) -> None:
+    """The whole weights ``state`` (read from ``source``) into ``model``, strictly; a sharded model (FSDP) takes its
+    shards of them (:func:`visionpe.train.parallel.load_full_state`: every process calls it)."""
     try:
-        model.load_state_dict(state)
+        parallel.load_full_state(model, state)
     except RuntimeError as err:
         raise UserError(f"{source} does not fit the model rebuilt from {CONFIG}: {one_line(err)[:300]}") from None
 

@@ -6,6 +6,10 @@
     state.pt            THE CHECKPOINT: model weights, optimizer, scheduler, epoch, best_acc, best_epoch, history;
                         the EMA weights (ema) and the float16 gradient scaler (scaler) of runs that have them; and
                         in a commit within an epoch, where in it (progress) (torch.load(..., weights_only=True))
+    checkpoint/         THE CHECKPOINT of a sharded run (--parallel fsdp) instead of state.pt: a distributed
+                        checkpoint (torch.distributed.checkpoint) checkpoint/<tag> of the model's, optimizer's and
+                        EMA's shards, each process writing its own, with what else state.pt holds as its extra;
+                        checkpoint/latest names the committed tag (visionpe.train.parallel.save_checkpoint)
     last.safetensors    exported weights of the latest epoch   (metadata: epoch)
     best.safetensors    exported weights of the epoch with the best validation top-1 (metadata: epoch)
     ema.safetensors     exported EMA weights of the latest epoch (--model-ema; metadata: epoch)
@@ -46,7 +50,14 @@ Checkpoint protocol (a kill at any instant leaves a run that ``--resume`` contin
    rebuild them (its weights are later ones), and a kill never asks it to. Resume continues with the next batch:
    the sampler skips the batches done (:class:`visionpe.train.sampling.EpochOrder`), the RNG streams are reseeded
    per batch from ``(seed, epoch, rank, batch)``, and the optimizer, schedule, EMA and scaler come from ``state.pt``.
-6. ``--overwrite`` deletes the previous run's files (only the names above and their temporaries) before writing
+6. A sharded run (``--parallel fsdp``) commits ``checkpoint/`` instead of ``state.pt`` (:func:`save_sharded`): every
+   process writes its shards into a temporary folder, then rank 0 renames it and replaces ``checkpoint/latest``, the
+   commit point; the exports follow from the gathered weights. A run has one commit point: the first commit in one
+   format removes the other (``state.pt`` after a sharded commit; ``checkpoint/latest``, then its folder, after a
+   ``state.pt`` commit), and after a kill between the two :func:`resume_point` takes the later one (epoch, then
+   step). A commit at an epoch's end resumes on any process count (DCP reshards, and a DDP run's ``state.pt`` loads
+   into a sharded model); one within an epoch only on as many processes as wrote it.
+7. ``--overwrite`` deletes the previous run's files (only the names above and their temporaries) before writing
    anything: ``results.json`` first, then ``config.yaml`` (the rest can then no longer be loaded, resumed or
    swept), ``state.pt`` and the exports. A kill part-way leaves some of the old files or only new ones, never
    both, and never the old results.
@@ -54,6 +65,8 @@ Checkpoint protocol (a kill at any instant leaves a run that ``--resume`` contin
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -61,11 +74,12 @@ import yaml
 
 from ..cli import UserError, one_line
 from ..weights import io
-from . import metrics, settings
+from . import metrics, parallel, settings
 from .metrics import METRICS, RESULTS, SUMMARY
 
 CONFIG, STATE, LAST, BEST, EMA = ("config.yaml", "state.pt", "last.safetensors", "best.safetensors", "ema.safetensors")
-ARTIFACTS = (RESULTS, CONFIG, STATE, METRICS, SUMMARY, BEST, LAST, EMA)
+CHECKPOINT = "checkpoint"  # a sharded run's commits: a folder of distributed checkpoints
+ARTIFACTS = (RESULTS, CONFIG, STATE, CHECKPOINT, METRICS, SUMMARY, BEST, LAST, EMA)
 WEIGHTS = {"last": LAST, "best": BEST, "ema": EMA}  # the exported weights, by the name the scripts give them
 STATE_KEYS = ("epoch", "best_acc", "best_epoch", "history", "optimizer", "scheduler")
 
@@ -77,6 +91,10 @@ def write_text(path: Path, text: str) -> None:
 
 
 def _unlink(path: Path) -> None:
+    if path.is_dir():  # checkpoint/: its commit point first, so no half-removed folder is ever the commit
+        _unlink(path / parallel.LATEST)
+        shutil.rmtree(path, ignore_errors=True)
+        return
     path.unlink(missing_ok=True)
 
 
@@ -213,8 +231,41 @@ def save_checkpoint(out: Path, model, optimizer, scheduler, *, epoch: int, best_
     if progress is not None:
         state["progress"] = progress
     io.atomic_write(Path(out) / STATE, lambda tmp: torch.save(state, tmp))
+    _unlink(Path(out) / CHECKPOINT)  # one commit point: a sharded run's commits, resumed without sharding
     if progress is None:
         export(out, state, history)
+
+
+def save_sharded(out: Path, model, optimizer, scheduler, *, epoch: int, best_acc: float, best_epoch: int,
+                 history: list[dict], ema=None, progress: dict | None = None) -> None:
+    """:func:`save_checkpoint` of a sharded model (FSDP), called by every process: commit the distributed checkpoint
+    ``checkpoint/epoch-E`` (``epoch-E-step-S`` within epoch E + 1) of the model's, optimizer's and EMA's shards with
+    the rest of what state.pt holds as its extra; then rank 0 removes state.pt (a run resumed from it under FSDP)
+    and, at the end of an epoch, writes the exports from the gathered weights (every process gathers)."""
+    out = Path(out)
+    extra = {"format": 3, "epoch": epoch, "best_acc": best_acc, "best_epoch": best_epoch,
+             "history": json.dumps(history), "scheduler": scheduler.state_dict()}
+    if progress is not None:
+        extra["progress"] = progress
+    tag = f"epoch-{epoch}" + (f"-step-{progress['step']}" if progress is not None else "")
+    parallel.save_checkpoint(out / CHECKPOINT, model, optimizer, tag=tag, ema=ema, extra=extra)
+    if parallel.rank() == 0:
+        _unlink(out / STATE)
+    if progress is None:
+        state = exported_state(model, ema, extra)
+        if parallel.rank() == 0:
+            export(out, state, history)
+
+
+def exported_state(model, ema, extra: dict) -> dict:
+    """What :func:`export` and :func:`repair` read of a sharded commit (its ``extra``): the epoch, the best epoch,
+    the progress within an epoch, and the model's (and EMA's) gathered weights on rank 0 (``{}`` elsewhere: a
+    collective, every process calls it)."""
+    state = {k: extra[k] for k in ("epoch", "best_epoch", "progress") if k in extra}
+    state["model"] = parallel.gathered_state(model)
+    if ema is not None:
+        state["ema"] = parallel.gathered_state(ema)
+    return state
 
 
 def export(out: Path, state: dict, history: list[dict], force: bool = True) -> list[str]:
@@ -268,6 +319,36 @@ def load_checkpoint(out: Path) -> dict | None:
             raise UserError(f"{out / LAST} and {STATE} are from different epochs; cannot resume exactly")
         state["model"] = read_weights(out / LAST)
     return state
+
+
+def sharded_checkpoint(out: Path) -> Path | None:
+    """The committed distributed checkpoint of the run in ``out`` (``checkpoint/<latest>``), or None; a ``latest``
+    that names no complete checkpoint is a :class:`UserError`."""
+    try:
+        return parallel.latest_checkpoint(Path(out) / CHECKPOINT)
+    except ValueError as err:
+        raise UserError(f"{one_line(err)}: restart the run with --overwrite") from None
+
+
+def commit_order(state: dict | Path) -> tuple[int, int]:
+    """``(epoch, step within the next epoch)`` of a commit: state.pt's contents, or a distributed checkpoint's
+    folder (its tag)."""
+    if isinstance(state, Path):
+        found = re.fullmatch(r"epoch-(\d+)(?:-step-(\d+))?", state.name)
+        if found is None:
+            raise UserError(f"{state} is not a checkpoint of this workbench (its name is no epoch-E or epoch-E-step-S)")
+        return int(found[1]), int(found[2] or 0)
+    return state["epoch"], (state.get("progress") or {}).get("step", 0)
+
+
+def resume_point(out: Path) -> dict | Path | None:
+    """What ``--resume`` continues: state.pt's contents (:func:`load_checkpoint`), or the folder of a sharded run's
+    distributed checkpoint (:func:`sharded_checkpoint`); the later of the two when both are there (a kill between a
+    commit and the removal of the other format); None when no epoch was saved yet."""
+    state, folder = load_checkpoint(out), sharded_checkpoint(out)
+    if folder is None or (state is not None and commit_order(state) > commit_order(folder)):
+        return state
+    return folder
 
 
 def repair(out: Path, state: dict | None) -> list[str]:

@@ -28,6 +28,7 @@ MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN = ("model", "data", "optimizer", "lear
 GROUPS = (MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN)
 AMP = ("auto", "bf16", "fp16", "none")
 DEVICES = ("auto", "cpu", "cuda")
+PARALLEL = ("ddp", "fsdp")  # visionpe.train.parallel.MODES
 SIZE_KEYS = ("embed_dim", "depth", "num_heads")  # command-line shortcuts into model_kwargs
 RUN_KEYS = ("num_classes", "in_chans")  # written to / read from config.yaml only
 NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
@@ -35,7 +36,7 @@ REPORTED = ("sizes_from",)  # what resolve found out about the settings: in the 
 # settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
 SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "threads", "progress", "device",
                   "stop_after", "download", "imports", "compile", "channels_last", "checkpoint_every_steps",
-                  "checkpoint_every_minutes", "log")
+                  "checkpoint_every_minutes", "log", "parallel", "fsdp_reshard_after_forward", "grad_checkpointing")
 EXTEND_ON_RESUME = ("epochs",)  # --resume DIR --epochs N: the run continues to N epochs on the schedule of that length
 LOGGERS = ("tensorboard", "wandb")  # --log: visionpe.train.metrics.LOGGER_CLASSES
 
@@ -251,7 +252,26 @@ SETTINGS: dict[str, Setting] = {
                  "resolution table runs it eagerly: one pass per size would not repay compiling); weights are saved "
                  "from the eager module, so they load anywhere"),
     "channels_last": S(False, RUN, "bool", "channels-last memory layout for the model and its input batches "
-                       "(channels_last_3d for clips)"),
+                       "(channels_last_3d for clips; under --parallel fsdp the batches only: FSDP2 shards contiguous "
+                       "parameters)"),
+    "parallel": S("ddp", RUN, "choice", "data parallelism under torchrun: ddp = every process holds the whole model "
+                  "(DistributedDataParallel; state.pt commits); fsdp = FSDP2 (torch >= 2.6): every process holds a "
+                  "shard of each parameter, gradient and optimizer state, sharded per transformer block and at the "
+                  "root, encodings' parameters float32 (on CUDA with amp bf16/auto: bf16 parameters in the blocks "
+                  "instead of autocast, gradients reduced in float32); commits are distributed checkpoints "
+                  "(RUN/checkpoint/, each process writing its shards) that resume on another process count at an "
+                  "epoch's end; one process is a group of one. Not with amp fp16 or pe timm", choices=PARALLEL),
+    "fsdp_reshard_after_forward": S(True, RUN, "bool", "with --parallel fsdp: free each block's gathered parameters "
+                                    "after its forward and gather them again for the backward (ZeRO-3); off keeps "
+                                    "them until the backward (more memory, fewer all-gathers)"),
+    "meta_init": S(False, RUN, "bool", "with --parallel fsdp: build the model on the meta device, shard it, then "
+                   "materialise and initialise each process's shards (visionpe.reset_parameters), so no process "
+                   "holds the whole model; the initial weights are drawn as timm draws them but not the same numbers "
+                   "as a build on a device (off: the model of a DDP or one-process run); not with --init-from or "
+                   "--pretrained"),
+    "grad_checkpointing": S(False, RUN, "bool", "activation checkpointing per transformer block (the model's "
+                            "set_grad_checkpointing): each block's activations are recomputed in the backward, "
+                            "less memory for a second forward; the same gradients"),
     "checkpoint_every_steps": S(0, RUN, "int", "also commit state.pt every N optimizer steps within an epoch, so a "
                                 "long epoch can be resumed from where it was killed (exactly: the sampler position, "
                                 "RNG streams, schedule, EMA; the exports stay those of the last finished epoch); 0 = "
@@ -825,6 +845,27 @@ def check_run(cfg: dict, training: bool) -> None:
         need(cfg["amp"] != "fp16" or (cfg["device"] != "cpu" and torch.cuda.is_available()),
              "amp=fp16 needs a CUDA device (float16 autocast with a gradient scaler); on the CPU use --amp bf16 or "
              "none")
+    check_parallel(cfg, training)
+
+
+def check_parallel(cfg: dict, training: bool) -> None:
+    """FSDP2's settings: what it does not take, and on this machine the torch release it needs."""
+    fsdp = cfg["parallel"] == "fsdp"
+    need(not fsdp or cfg["amp"] != "fp16", "--parallel fsdp with --amp fp16 would need a sharded gradient scaler, "
+         "which the workbench does not have: use --amp bf16 (on CUDA bf16 parameters in the blocks, gradients "
+         "reduced in float32) or --parallel ddp")
+    need(not fsdp or cfg["pe"] != TIMM_NATIVE, "--parallel fsdp shards a visionpe model per transformer block (its "
+         "adapter names the blocks); --pe timm is timm's model as is: give a visionpe encoding or --parallel ddp")
+    need(fsdp or cfg["fsdp_reshard_after_forward"], f"--no-fsdp-reshard-after-forward is for --parallel fsdp (this "
+         f"run is {cfg['parallel']})")
+    need(fsdp or not cfg["meta_init"], f"--meta-init builds the model on the meta device for --parallel fsdp to shard "
+         f"(this run is {cfg['parallel']}): give --parallel fsdp")
+    need(not cfg["meta_init"] or not (cfg["init_from"] or cfg["pretrained"]), "--meta-init starts from a fresh "
+         "initialisation and --init-from / --pretrained load weights into the whole model: give one of them")
+    if fsdp and training:
+        from .parallel import unsupported
+        reason = unsupported()
+        need(reason is None, f"--parallel fsdp: {reason}; use --parallel ddp")
 
 
 def saved_form(cfg: dict) -> dict:

@@ -4,6 +4,7 @@ test resolution changes.
     visionpe train --data shapes-position --pe rope_mixed --epochs 2 --eval-res 32 48 64
     visionpe train --config shapes_tiny --pe rope_mixed+learned --pe-kwargs theta=10     # a shipped recipe, by name
     torchrun --nproc_per_node 2 -m visionpe.train --config shapes_tiny             # DDP (gloo on CPU, nccl on GPU)
+    torchrun --nproc_per_node 2 -m visionpe.train --config shapes_tiny --parallel fsdp  # FSDP2 (docs/scaling.md)
     visionpe train --data moving-shapes --num-frames 8 --pe rope_axial --eval-frames 4 16 --eval-res 24 48
                                                          # video: a tubelet ViT, frames x resolution table
     visionpe train --model vit_small_patch16_224 --data cifar10 --pe rope_mixed       # timm's ViT-S, its own sizes
@@ -23,10 +24,11 @@ local file instead of the Hugging Face hub).
 
 Settings: defaults < YAML recipe (--config: a file, or a recipe shipped with visionpe by name) < command line
 (visionpe/train/settings.py lists every one). The run directory (--output, default runs/<data>_<pe>_s<seed>) holds
-config.yaml, state.pt (the checkpoint), last.safetensors, best.safetensors, ema.safetensors (--model-ema),
-metrics.jsonl, summary.csv and results.json (visionpe/train/rundir.py: what each holds, and why a kill at any
-instant, within an epoch too with --checkpoint-every-steps, leaves a run that --resume continues exactly; what a run
-reports, and the loggers of --log: visionpe/train/metrics.py).
+config.yaml, state.pt (the checkpoint; under --parallel fsdp checkpoint/, each process's shards), last.safetensors,
+best.safetensors, ema.safetensors (--model-ema), metrics.jsonl, summary.csv and results.json
+(visionpe/train/rundir.py: what each holds, and why a kill at any instant, within an epoch too with
+--checkpoint-every-steps, leaves a run that --resume continues exactly; what a run reports, and the loggers of
+--log: visionpe/train/metrics.py).
 
 `batch_size` is the global batch of one loader step: under torchrun each of N processes takes batch_size / N, and
 with --grad-accum-steps K an optimizer step sums K of them (batch_size x K images, timm's convention). User mistakes
@@ -34,12 +36,12 @@ with --grad-accum-steps K an optimizer step sums K of them (batch_size x K image
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import distributed, loop, metrics, models, recipe, restore, rundir, sampling, settings
 
@@ -60,7 +62,8 @@ def main(argv: list[str]) -> dict:
     device, world, rank = procs.device, procs.world, procs.rank
     report = metrics.Report(procs.master, video=bool(cfg["num_frames"]))  # rank 0's console, then --log's loggers
     amp_dtype = loop.amp_dtype(cfg["amp"], device)  # fp16 only on CUDA (settings.check_run)
-    autocast = loop.autocast_for(device, amp_dtype)
+    policy = loop.fsdp_precision(cfg, amp_dtype, device)  # FSDP2 on CUDA: bf16 parameters in place of autocast
+    autocast = loop.autocast_for(device, None if policy else amp_dtype)
     eval_kw = dict(batch_size=cfg["eval_batch_size"], workers=cfg["workers"], device=device, autocast=autocast,
                    rank=rank, world=world)
 
@@ -72,9 +75,10 @@ def main(argv: list[str]) -> dict:
     updates_per_epoch = math.ceil(steps_per_epoch / cfg["grad_accum_steps"])
 
     # -- model (its weights: fresh, converted, pretrained or resumed), optimizer, schedule, loss -------------------
-    state = rundir.load_checkpoint(out) if resume else None
+    state = rundir.resume_point(out) if resume else None  # state.pt's contents, or a sharded run's DCP folder
     torch.manual_seed(cfg["seed"])
-    raw_model = models.build_model(cfg)
+    with torch.device("meta") if cfg["meta_init"] else contextlib.nullcontext():  # --meta-init: FSDP materialises
+        raw_model = models.build_model(cfg)
     num_params = sum(p.numel() for p in raw_model.parameters())
     report(metrics.start_line(cfg, num_params=num_params, train_size=len(train_set), val_size=len(val_set),
                               world=world, device=device, amp=amp_dtype is not None, out=out))  # the first line
@@ -87,21 +91,16 @@ def main(argv: list[str]) -> dict:
         init = restore.pretrained_weights(raw_model, cfg)
     if init:
         report(restore.init_text(init))  # kept / converted / new / dropped
-    raw_model = raw_model.to(device)
-    if cfg["channels_last"]:
-        loop.channels_last_(raw_model)
-    parts = recipe.build(cfg, raw_model, updates_per_epoch, device, amp_dtype)  # EMA before compile and DDP (timm)
-    train_model = torch.compile(raw_model) if cfg["compile"] else raw_model
-    net = loop.MixedSizes(train_model) if cfg["max_patches"] else train_model  # takes lists of images of mixed sizes
-    model = DDP(net, device_ids=[procs.local_rank] if device.type == "cuda" else None) if world > 1 else net
-    run = recipe.resume(parts, raw_model, state, out / rundir.STATE, world, init)  # fresh, or the last commit
+    # on the device; EMA; then compile and DDP, or FSDP2 (sharded in place); then the optimizer (timm's order)
+    parts, model = recipe.build(cfg, raw_model, updates_per_epoch, procs, amp_dtype, policy)
+    run = recipe.resume(parts, raw_model, state, out, world, init)  # fresh, or the last commit (any sharding)
     start_epoch = run.epoch
 
     # -- run directory: fresh (config.yaml), or its exports repaired; then the loggers, in line with the history ---
     if world > 1:
         dist.barrier()  # every process has checked the run directory before rank 0 writes to it
     if procs.master:
-        for note in rundir.prepare(out, cfg, resume=resume, state=state, changed=changed):
+        for note in rundir.prepare(out, cfg, resume=resume, state=run.saved, changed=changed):
             report(note)
     report.open_loggers(out, cfg, run.history, resume)
     if resume:
@@ -142,10 +141,7 @@ def main(argv: list[str]) -> dict:
             run.best_acc, run.best_epoch = val.acc, epoch + 1
         run.history.append(record.row())
         run.epoch, run.within = epoch + 1, None
-        if procs.master:
-            rundir.save_checkpoint(out, raw_model, parts.optimizer, parts.scheduler, epoch=run.epoch,
-                                   best_acc=run.best_acc, best_epoch=run.best_epoch, history=run.history,
-                                   ema=parts.ema_module, scaler=parts.scaler)
+        loop.commit(out, raw_model, parts, run, procs)  # state.pt by rank 0, or every process's shards (FSDP)
         clock.reset()
         report.epoch(record, cfg["epochs"], improved)  # committed first: a logger never holds an unsaved epoch
         if cfg["stop_after"] and epoch + 1 - start_epoch >= cfg["stop_after"] and epoch + 1 < cfg["epochs"]:
