@@ -410,6 +410,11 @@ class PositionalModel:
 
     pe: str = "none"
 
+    def applied(self, pe: str, pe_kwargs: dict) -> None:
+        """What :func:`~visionpe.apply` calls once the encodings are in place: records ``pe`` (an adapter whose models
+        save themselves records the keywords too: the Hugging Face adapters' ``config.json`` entry)."""
+        self.pe = pe
+
     @property
     def pe_adapter(self) -> Adapter:
         """The registered :class:`Adapter` of this model's class (what :func:`~visionpe.load_timm_checkpoint` reads
