@@ -10,8 +10,9 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported here: the tests never reach the hub
 transformers = pytest.importorskip("transformers")
 from transformers import (AutoModelForImageClassification, DeiTConfig,  # noqa: E402
-                          DeiTForImageClassificationWithTeacher, Dinov2Config, Dinov2ForImageClassification, ResNetModel, SwinConfig,
-                          SwinForImageClassification, ViTConfig, ViTForImageClassification, ViTModel)
+                          DeiTForImageClassificationWithTeacher, Dinov2Config, Dinov2ForImageClassification,
+                          ResNetModel, SwinConfig, SwinForImageClassification, ViTConfig, ViTForImageClassification,
+                          ViTModel)
 
 import visionpe as vpe  # noqa: E402
 
