@@ -88,7 +88,9 @@ def test_the_recorded_encoding_is_applied_to_a_fresh_model_from_its_config(tmp_p
         assert type(loaded) is type(model)
         assert all(torch.equal(a, b) for a, b in zip(_outputs(loaded), expected))
     loaded.save_pretrained(tmp_path / "b")
-    assert (tmp_path / "a" / "config.json").read_text() == (tmp_path / "b" / "config.json").read_text()
+    first, second = ({k: v for k, v in json.loads((tmp_path / f / "config.json").read_text()).items()
+                      if k != "_name_or_path"} for f in "ab")  # transformers 4 writes where the model came from
+    assert first == second
 
 
 def test_plain_transformers_still_reads_the_folder(tmp_path):

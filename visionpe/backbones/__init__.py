@@ -9,7 +9,7 @@ import importlib
 
 from .._import_hook import when_imported
 from . import vit, swin, deit, eva, video_swin, torchvision_vit  # noqa: F401, I001  (each registers its adapter)
-from .adapter import (ADAPTERS, Adapter, PositionalModel, adapter_for, named_constructor, parse_pe,
+from .adapter import (ADAPTERS, UNAVAILABLE, Adapter, PositionalModel, adapter_for, named_constructor, parse_pe,
                       register_adapter, repeated_blocks)
 from .api import apply, create_model, encodings_of
 from .deit import VisionTransformerDistilledPE
@@ -21,7 +21,15 @@ from .vit import GridBlock, VisionTransformerPE
 
 # the optional extra visionpe[hf]: the Hugging Face adapters register once transformers is imported (a model of it
 # exists only then), before or after visionpe; visionpe itself never imports transformers
-when_imported("transformers", lambda _: importlib.import_module(f"{__name__}.hf"))
+def _register_hf(_transformers) -> None:
+    try:
+        importlib.import_module(f"{__name__}.hf")
+    except ImportError as err:  # an older transformers: its models are refused with this reason (and a warning)
+        UNAVAILABLE["transformers"] = str(err)
+        raise
+
+
+when_imported("transformers", _register_hf)
 
 __all__ = ["ADAPTERS", "Adapter", "GridBlock", "GridMultiheadAttention", "PositionalModel", "SwinTransformer3dPE",
            "SwinTransformerPE", "SwinTransformerV2PE", "TorchvisionViTPE", "TubeletEmbed", "VideoWindowAttention",

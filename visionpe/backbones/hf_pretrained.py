@@ -28,10 +28,11 @@ import os
 import re
 from collections.abc import Mapping
 
+import torch
 from torch import nn
 
 from ..encoding import Encoding
-from .adapter import ADAPTERS, Adapter, PositionalModel
+from .adapter import ADAPTERS, UNAVAILABLE, Adapter, PositionalModel
 
 ENTRY = "visionpe"  # the key of the encoding's record in config.json
 HUB_KEYWORDS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token",
@@ -88,6 +89,18 @@ class PretrainedPositionalModel(PositionalModel):
         except ValueError as err:
             setattr(self.config, ENTRY, None)
             self.__dict__["unsaved_encoding"] = str(err)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """transformers' initialisation of one module; an embeddings' position table the encoding replaced (None)
+        stands in empty for the call, as transformers 4 initialises it without looking (e.g. when loading a
+        checkpoint into a ``ViTModel``, whose embeddings it always initialises first)."""
+        if getattr(module, "_parameters", {}).get("position_embeddings", False) is not None:
+            return super()._init_weights(module)
+        module.position_embeddings = nn.Parameter(torch.empty(1, 0, self.config.hidden_size))
+        try:
+            super()._init_weights(module)
+        finally:
+            module.position_embeddings = None
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -164,8 +177,8 @@ def from_pretrained(cls: type, pretrained_model_name_or_path, *model_args, **kwa
     >>> model = vpe.from_pretrained(ViTForImageClassification, "my-vit-rope-mixed")  # a folder or a Hub id
 
     Args:
-        cls: the transformers class to build (``ViTForImageClassification``, ``SwinModel``, ``Siglip2VisionModel``,
-            ...), its visionpe subclass, or an ``AutoModel*`` class.
+        cls: the transformers class to build (``ViTForImageClassification``, ``SwinModel``, ...), its visionpe
+            subclass, or an ``AutoModel*`` class.
         pretrained_model_name_or_path: a folder written by the patched model's ``save_pretrained`` (or a Hub id of
             one).
         model_args, kwargs: transformers' ``from_pretrained`` arguments (``dtype``, ``device_map``, ``revision``,
@@ -176,6 +189,8 @@ def from_pretrained(cls: type, pretrained_model_name_or_path, *model_args, **kwa
         ``ValueError``: load it with ``cls.from_pretrained`` and :func:`~visionpe.apply` an encoding.
     """
     from transformers import AutoConfig  # noqa: PLC0415  (importing it registers the adapters: backbones/__init__.py)
+    if "transformers" in UNAVAILABLE:
+        raise ImportError(UNAVAILABLE["transformers"])
     if not isinstance(cls, type):
         raise TypeError(f"cls must be a transformers model class (e.g. ViTForImageClassification), got "
                         f"{type(cls).__name__}")
