@@ -3,6 +3,8 @@
 local folders, nothing downloaded)."""
 import json
 import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,7 +127,26 @@ def test_bad_input_is_named(tmp_path):
     with pytest.raises(TypeError, match="cls must be a transformers model class"):
         vpe.from_pretrained("ViTForImageClassification", tmp_path / "pe")
     unsaveable = vpe.apply(ViTForImageClassification(ViTConfig(**VIT)), "rope_mixed",
-                             generator=torch.Generator().manual_seed(0))
+                           generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="pe keyword generator=.*cannot be written to config.json"):
         unsaveable.save_pretrained(tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
+
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "backbones.md"
+SECTION = GUIDE.read_text().split("## Hugging Face transformers")[1].split("\n## ")[0]
+BLOCKS = re.findall(r"```python\n(.*?)```", SECTION, re.S)
+
+
+def _said(block: str) -> list[str]:
+    """What each ``print`` of a block says it prints: its own comment, or the comment line under it."""
+    lines = [line.strip() for line in block.splitlines()]
+    return [line.split("  # ", 1)[1] if "  # " in line else lines[i + 1].removeprefix("# ")
+            for i, line in enumerate(lines) if line.startswith("print(")]
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+def test_the_guides_blocks_run_and_print_what_they_say(block, capsys):
+    """docs/backbones.md's Hugging Face blocks run as they are and print what their comments say."""
+    exec(compile(block, str(GUIDE), "exec"), {})
+    assert capsys.readouterr().out.splitlines() == _said(block)
