@@ -17,12 +17,8 @@ from transformers import (AutoModelForImageClassification, DeiTConfig,  # noqa: 
                           ViTModel)
 
 import visionpe as vpe  # noqa: E402
+from test_hf import DINO, SWIN, VIT  # noqa: E402  (the tiny configs of the adapter's tests)
 
-VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
-           patch_size=8, num_labels=5)
-DINO = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2, image_size=32, patch_size=8,
-            num_labels=5)
-SWIN = dict(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 2], window_size=4, num_labels=5)
 # (class, its config, pe, pe keywords): every family's trained weights (frequencies, a table taken over from the
 # model, a bias MLP, a Swin table) and keywords JSON holds as lists
 CASES = [(ViTForImageClassification, ViTConfig(**VIT), "rope_mixed", {"theta": 10.0}),
