@@ -6,6 +6,7 @@ mask); the tubelet video ViT (``video.py``) builds on the ViT adapter. :func:`ap
 :func:`encodings_of`, :func:`~visionpe.load_timm_checkpoint`, timm's ``vpe_*`` registry (``timm_registry.py``) and
 the training CLI ask the registry."""
 import importlib
+import importlib.util
 
 from .._import_hook import when_imported
 from . import vit, swin, deit, eva, video_swin, torchvision_vit  # noqa: F401, I001  (each registers its adapter)
@@ -27,6 +28,8 @@ def _register_hf(_transformers) -> None:
     except ImportError as err:  # an older transformers: its models are refused with this reason (and a warning)
         UNAVAILABLE["transformers"] = str(err)
         raise
+    if importlib.util.find_spec("transformers.models.dinov3_vit") is not None:  # transformers >= 4.56
+        importlib.import_module(f"{__name__}.hf_dinov3")
 
 
 when_imported("transformers", _register_hf)
