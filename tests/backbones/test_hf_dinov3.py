@@ -14,7 +14,7 @@ import visionpe as vpe  # noqa: E402
 from visionpe.backbones.hf_dinov3 import DINOv3ViTModelPE  # noqa: E402
 
 DINOV3 = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
-              patch_size=8, num_register_tokens=2, layerscale_value=0.5)
+              patch_size=8, num_register_tokens=4, layerscale_value=0.5)  # 4 as DINOv3
 
 
 def _build(**config):
@@ -59,15 +59,25 @@ def test_native_training_draws_as_transformers_draws():
     assert (model(x).last_hidden_state - outputs["theirs"]).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("pe", ["rope_mixed", "learned+alibi", "lookhere", "cpb+rope_axial"])
+IMAGE_ENCODINGS = [pe for pe in vpe.available() if 2 in vpe.registry.ENCODINGS[pe].ndims and pe != "swin_bias"]
+
+
+@pytest.mark.parametrize("pe", [*IMAGE_ENCODINGS, "learned+alibi", "cpb+rope_axial"])
 def test_any_encoding_swaps_in_and_every_other_weight_is_kept(pe):
+    """Every registered image encoding (and combinations) runs at other sizes with all of DINOv3's weights."""
     ref = _build()
     model = vpe.apply(copy.deepcopy(ref), pe)
     state = model.state_dict()
     assert all(torch.equal(state[k], v) for k, v in ref.state_dict().items())  # DINOv3's RoPE has no weights
-    with torch.no_grad():
-        out = model(torch.randn(2, 3, 40, 24))
-    assert out.last_hidden_state.shape == (2, 1 + 2 + 15, 32) and torch.isfinite(out.last_hidden_state).all()
+    for size, patches in (((40, 24), 15), ((16, 32), 8)):
+        with torch.no_grad():
+            out = model(torch.randn(2, 3, *size)).last_hidden_state
+        assert out.shape == (2, 1 + 4 + patches, 32) and torch.isfinite(out).all(), size
+
+
+def test_swin_bias_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="swin_bias needs window attention"):
+        vpe.apply(_build(), "swin_bias")
 
 
 def test_save_pretrained_round_trip(tmp_path):

@@ -144,5 +144,7 @@ def _said(block: str) -> list[str]:
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
 def test_the_guides_blocks_run_and_print_what_they_say(block, capsys):
     """docs/backbones.md's Hugging Face blocks run as they are and print what their comments say."""
+    if "DINOv3ViTModel" in block:
+        pytest.importorskip("transformers.models.dinov3_vit", reason="transformers >= 4.56 has DINOv3")
     exec(compile(block, str(GUIDE), "exec"), {})
     assert capsys.readouterr().out.splitlines() == _said(block)
