@@ -1,7 +1,8 @@
 """Backbone adapters, one module a model family, each registered once (:func:`register_adapter`): timm ViT/DeiT
 (``vit.py``), timm Swin v1/v2 (``swin.py``), timm's distilled DeiT (``deit.py``), timm Eva (``eva.py``),
 torchvision Video Swin (``video_swin.py``) and image ViT (``torchvision_vit.py``), and, once transformers is
-imported, Hugging Face ViT/DeiT/DINOv2/Swin (``hf.py``), sharing ``adapter.py`` (and ``windows.py``: the shifted-window
+imported, Hugging Face ViT/DeiT/DINOv2/Swin (``hf.py``; DINOv3: ``hf_dinov3.py``; ``save_pretrained`` /
+``from_pretrained``: ``hf_pretrained.py``), sharing ``adapter.py`` (and ``windows.py``: the shifted-window
 mask); the tubelet video ViT (``video.py``) builds on the ViT adapter. :func:`apply`, :func:`create_model`,
 :func:`encodings_of`, :func:`~visionpe.load_timm_checkpoint`, timm's ``vpe_*`` registry (``timm_registry.py``) and
 the training CLI ask the registry."""
