@@ -39,11 +39,12 @@ VIT_LIKE = {ViTForImageClassification: (ViTConfig, VIT, {"interpolate_pos_encodi
             Dinov2Model: (Dinov2Config, DINO, {})}
 
 
-# transformers 5's models take what 4's do not: the oracles of the tests that use it
+# what newer transformers' models take and older ones do not: the oracles of the tests that use it
 MASKS = requires_that("attention_mask" in inspect.signature(ViTModel.forward).parameters,
                       "transformers >= 5: ViTModel(..., attention_mask=) as the oracle")
 KWARGS = requires_that("kwargs" in inspect.signature(ViTForImageClassification.forward).parameters,
-                       "transformers >= 5: the classification heads pass keywords on to the base model")
+                       "a transformers whose classification heads pass keywords on to the base model (4.57 does, "
+                       "4.46 does not)")
 
 
 def _attention(layer):
