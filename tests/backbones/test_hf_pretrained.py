@@ -102,6 +102,18 @@ def test_plain_transformers_still_reads_the_folder(tmp_path):
     assert any("position_embeddings" in k for k in info["missing_keys"])
 
 
+def test_save_pretrained_with_push_to_hub_uploads_after_the_config_is_written(tmp_path, monkeypatch):
+    """``save_pretrained(..., push_to_hub=True)`` writes the folder (original class, encoding entry) and only then
+    calls ``push_to_hub`` with the hub keywords (recorded here: nothing leaves the machine)."""
+    model = _trained(ViTForImageClassification, ViTConfig(**VIT), "rope_mixed", {})
+    pushed = []
+    monkeypatch.setattr(type(model), "push_to_hub", lambda self, repo_id, **kw: pushed.append(
+        (repo_id, kw, json.loads((tmp_path / "config.json").read_text())["architectures"])))
+    model.save_pretrained(tmp_path, push_to_hub=True, repo_id="me/vit-rope", commit_message="rope", private=True)
+    assert pushed == [("me/vit-rope", {"token": None, "commit_message": "rope", "private": True},
+                       ["ViTForImageClassification"])]
+
+
 def test_apply_then_load_weights_is_the_other_route(tmp_path):
     """``vpe.save_weights`` / ``vpe.load_weights`` into a model given the same encoding: the same logits."""
     model = _trained(ViTForImageClassification, ViTConfig(**VIT), "rope_mixed", {})
