@@ -303,9 +303,6 @@ class GridDinov2Layer(CheckpointsCarryDraws, Dinov2Layer):
     forward = layer_scale_forward
 
 
-GRID_LAYERS = {ViTLayer: GridViTLayer, DeiTLayer: GridDeiTLayer, Dinov2Layer: GridDinov2Layer}
-
-
 def selected_indices(flag, count: int) -> set[int] | None:
     """transformers' ``output_hidden_states``: True (every state, None here) or indices (negatives from the end)."""
     if flag is None or isinstance(flag, bool):
