@@ -15,4 +15,9 @@ python3 -m venv "$work/floor"
 floor=$(grep -E '^(torch|torchvision|timm)==' .ci/floor-requirements.txt | paste -sd' ')
 echo "check_floor: $floor installed in $((SECONDS - start)) s"
 PYTHONPATH=$PWD MPLBACKEND=Agg "$work/floor/bin/python" -m pytest -q -n 2 -p no:cacheprovider tests  # -rs: why skipped
+# the hf extra's floor (pyproject.toml: transformers>=4.46), a step of its own: it needs safetensors >= 0.4.1, above the
+# core floor's; the Hugging Face tests again, at transformers 4.46 (make test runs them at the newest)
+"$work/floor/bin/pip" install -q "transformers==4.46.3"
+PYTHONPATH=$PWD MPLBACKEND=Agg "$work/floor/bin/python" -m pytest -q -n 2 -p no:cacheprovider tests/backbones/test_hf.py \
+    tests/backbones/test_hf_pretrained.py tests/backbones/test_hf_versions.py
 echo "check_floor: done in $((SECONDS - start)) s"

@@ -34,7 +34,7 @@ from .tokens import PEG, Learned, SinCos, TokenEncoding
 __version__ = "0.1.0"  # the one place of the version: pyproject.toml reads it (semantic versioning: CHANGELOG.md)
 
 _LAZY = {"apply": "backbones", "create_model": "backbones", "create_video_model": "backbones",
-         "encodings_of": "backbones"}
+         "encodings_of": "backbones", "from_pretrained": "backbones.hf_pretrained"}
 
 __all__ = ["ALiBi", "Attention", "AxialRoPE", "BiasEncoding", "ComRoPE", "ContinuousPositionBias", "CoordinateSystem",
            "Encoding", "FIRE", "Grid", "Layout", "Learned", "LieRE", "LookHere", "MixedLayout", "MixedRoPE",

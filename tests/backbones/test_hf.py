@@ -1,6 +1,7 @@
 """Hugging Face transformers' ViT, DeiT, DINOv2 and Swin with visionpe encodings: transformers itself is the oracle
 (tiny configs built here; nothing is downloaded)."""
 import copy
+import inspect
 import os
 import subprocess
 import sys
@@ -16,10 +17,11 @@ from transformers import (DeiTConfig, DeiTForImageClassification, DeiTForImageCl
                           ViTForImageClassification, ViTModel)
 
 import visionpe as vpe  # noqa: E402
-from visionpe.backbones.hf import CheckpointsCarryDraws, GridAttention, GridSwinLayer, swin_window  # noqa: E402
+from visionpe.backbones.hf import (CheckpointsCarryDraws, GridAttention, GridSwinLayer, attention_slot,  # noqa: E402
+                                   swin_window)
 from visionpe.grid import Grid  # noqa: E402
 from visionpe.tokens import Learned  # noqa: E402
-from conftest import compiled_matches_eager_and_trains, run_concurrently  # noqa: E402
+from conftest import compiled_matches_eager_and_trains, requires_that, run_concurrently  # noqa: E402
 from trainutil import ROOT  # noqa: E402
 
 VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
@@ -35,6 +37,19 @@ VIT_LIKE = {ViTForImageClassification: (ViTConfig, VIT, {"interpolate_pos_encodi
             DeiTModel: (DeiTConfig, VIT, {"interpolate_pos_encoding": True}),
             Dinov2ForImageClassification: (Dinov2Config, DINO, {}),
             Dinov2Model: (Dinov2Config, DINO, {})}
+
+
+# what newer transformers' models take and older ones do not: the oracles of the tests that use it
+MASKS = requires_that("attention_mask" in inspect.signature(ViTModel.forward).parameters,
+                      "transformers >= 5: ViTModel(..., attention_mask=) as the oracle")
+KWARGS = requires_that("kwargs" in inspect.signature(ViTForImageClassification.forward).parameters,
+                       "a transformers whose classification heads pass keywords on to the base model (4.57 does, "
+                       "4.46 does not)")
+
+
+def _attention(layer):
+    """A patched layer's GridAttention (transformers 5: the layer's ``attention``; 4: the self-attention in it)."""
+    return getattr(*attention_slot(layer))
 
 
 def _perturb(model):
@@ -97,9 +112,10 @@ def test_swin_bias_reproduces_transformers_swin():
     ref = _build(SwinForImageClassification)
     model = vpe.apply(copy.deepcopy(ref), "swin_bias")
     layers = [layer for stage in model.swin.encoder.layers for layer in stage.blocks]
-    assert all(type(layer) is GridSwinLayer and isinstance(layer.attention, GridAttention) for layer in layers)
-    source = ref.swin.encoder.layers[0].blocks[1].attention.relative_position_bias.relative_position_bias_table
-    assert torch.equal(layers[1].attention.bias.relative_position_bias_table, source)
+    assert all(type(layer) is GridSwinLayer and isinstance(_attention(layer), GridAttention) for layer in layers)
+    source = ref.swin.encoder.layers[0].blocks[1].attention
+    source = getattr(source, "relative_position_bias", getattr(source, "self", None))  # 5's module, 4's attention
+    assert torch.equal(_attention(layers[1]).bias.relative_position_bias_table, source.relative_position_bias_table)
     for size in ((32, 32), (64, 48), (36, 52), (30, 34), (33, 31)):
         x = torch.randn(2, 3, *size)
         with torch.no_grad():
@@ -131,6 +147,7 @@ def test_swin_window_rule_is_per_call():
     assert swin_window((5, 9), 4, 2) == (4, 2)
 
 
+@MASKS
 @pytest.mark.parametrize("cls", [ViTModel, Dinov2Model], ids=lambda c: c.__name__)
 def test_outputs_keep_their_meaning(cls):
     """hidden_states (selected or all), attentions (against transformers' eager attention), pooler, tuples; with a
@@ -196,6 +213,12 @@ def test_fullgraph_compile_matches_eager_and_trains(cls, pe, config):
     assert not compiled_matches_eager_and_trains(model, torch.randn(2, 3, 32, 40), output=lambda out: out.logits)
 
 
+def _checkpointing(model, on: bool):
+    """transformers' activation checkpointing on or off (5's name, or 4's ``gradient_checkpointing_*``)."""
+    name = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
+    getattr(model, f"{name}_checkpointing_{'enable' if on else 'disable'}")()
+
+
 AUGMENTED = dict(coords="normalized", jitter_coords=1.5)  # coordinates drawn once per training forward
 
 
@@ -212,7 +235,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(cls, pe, kw, enabled):
     (gradients then differed by about 5e-3 without an error)."""
     model = _build(cls)
     if enabled == "before":
-        model.activation_checkpointing_enable()
+        _checkpointing(model, True)
     model = vpe.apply(model, pe, **kw).train()
     x = torch.randn(2, 3, 32, 40)
 
@@ -222,15 +245,13 @@ def test_gradient_checkpointing_gives_the_same_gradients(cls, pe, kw, enabled):
         model(x).logits.sum().backward()
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-    if enabled == "after":
-        plain = gradients(1)
-        model.activation_checkpointing_enable()
-    else:
-        model.activation_checkpointing_disable()
-        plain = gradients(1)
-        model.activation_checkpointing_enable()
-    patched = [m for m in model.modules() if isinstance(m, CheckpointsCarryDraws)]  # every layer (and Swin stage)
-    assert patched and all(m.gradient_checkpointing for m in patched), "checkpointing is not on"
+    if enabled == "before":
+        _checkpointing(model, False)
+    plain = gradients(1)
+    _checkpointing(model, True)
+    assert any(isinstance(m, CheckpointsCarryDraws) for m in model.modules())  # every layer (and Swin stage)
+    switches = [m.gradient_checkpointing for m in model.modules() if hasattr(m, "gradient_checkpointing")]
+    assert switches and all(switches), "checkpointing is not on"  # 5: each layer and stage; 4: each encoder
     checkpointed = gradients(1)
     assert checkpointed.keys() == plain.keys()
     assert all(torch.allclose(checkpointed[n], plain[n], atol=1e-6) for n in plain), \
@@ -298,6 +319,7 @@ def test_transformers_stays_optional():
     assert done.returncode == 0 and done.stdout.strip() == "(1, 3)", done.stderr
 
 
+@KWARGS
 def test_grid_offset_reaches_the_encodings_through_the_task_model():
     """``grid_offset`` (a crop of a larger image) travels with the call: a 2x2 crop at offset (1, 2) reads that window
     of the learned 4x4 table, through the classification head's forward too."""

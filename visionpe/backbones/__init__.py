@@ -1,15 +1,17 @@
 """Backbone adapters, one module a model family, each registered once (:func:`register_adapter`): timm ViT/DeiT
 (``vit.py``), timm Swin v1/v2 (``swin.py``), timm's distilled DeiT (``deit.py``), timm Eva (``eva.py``),
 torchvision Video Swin (``video_swin.py``) and image ViT (``torchvision_vit.py``), and, once transformers is
-imported, Hugging Face ViT/DeiT/DINOv2/Swin (``hf.py``), sharing ``adapter.py`` (and ``windows.py``: the shifted-window
+imported, Hugging Face ViT/DeiT/DINOv2/Swin (``hf.py``; DINOv3: ``hf_dinov3.py``; ``save_pretrained`` /
+``from_pretrained``: ``hf_pretrained.py``), sharing ``adapter.py`` (and ``windows.py``: the shifted-window
 mask); the tubelet video ViT (``video.py``) builds on the ViT adapter. :func:`apply`, :func:`create_model`,
 :func:`encodings_of`, :func:`~visionpe.load_timm_checkpoint`, timm's ``vpe_*`` registry (``timm_registry.py``) and
 the training CLI ask the registry."""
 import importlib
+import importlib.util
 
 from .._import_hook import when_imported
 from . import vit, swin, deit, eva, video_swin, torchvision_vit  # noqa: F401, I001  (each registers its adapter)
-from .adapter import (ADAPTERS, Adapter, PositionalModel, adapter_for, named_constructor, parse_pe,
+from .adapter import (ADAPTERS, UNAVAILABLE, Adapter, PositionalModel, adapter_for, named_constructor, parse_pe,
                       register_adapter, repeated_blocks)
 from .api import apply, create_model, encodings_of
 from .deit import VisionTransformerDistilledPE
@@ -21,7 +23,17 @@ from .vit import GridBlock, VisionTransformerPE
 
 # the optional extra visionpe[hf]: the Hugging Face adapters register once transformers is imported (a model of it
 # exists only then), before or after visionpe; visionpe itself never imports transformers
-when_imported("transformers", lambda _: importlib.import_module(f"{__name__}.hf"))
+def _register_hf(_transformers) -> None:
+    try:
+        importlib.import_module(f"{__name__}.hf")
+    except ImportError as err:  # an older transformers: its models are refused with this reason (and a warning)
+        UNAVAILABLE["transformers"] = str(err)
+        raise
+    if importlib.util.find_spec("transformers.models.dinov3_vit") is not None:  # transformers >= 4.56
+        importlib.import_module(f"{__name__}.hf_dinov3")
+
+
+when_imported("transformers", _register_hf)
 
 __all__ = ["ADAPTERS", "Adapter", "GridBlock", "GridMultiheadAttention", "PositionalModel", "SwinTransformer3dPE",
            "SwinTransformerPE", "SwinTransformerV2PE", "TorchvisionViTPE", "TubeletEmbed", "VideoWindowAttention",

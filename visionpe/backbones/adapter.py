@@ -118,6 +118,7 @@ class Adapter:
 
 
 ADAPTERS: dict[type, Adapter] = {}
+UNAVAILABLE: dict[str, str] = {}  # library -> why its adapters are not registered (an installed release too old)
 NATIVE = "native"  # pe: the architecture's own encoding (its adapter's ``native``)
 
 # what global and window attention refuse (records of the adapters with each kind of attention)
@@ -159,6 +160,9 @@ def adapter_for(model: nn.Module) -> Adapter:
     for adapter in ADAPTERS.values():
         if cls in (adapter.base, adapter.patched):
             return adapter
+    if cls.__module__.split(".")[0] in UNAVAILABLE:
+        raise ValueError(f"model class {cls.__module__}.{cls.__qualname__} is not supported here: "
+                         f"{UNAVAILABLE[cls.__module__.split('.')[0]]}")
     supported = ", ".join(a.name for a in ADAPTERS.values())
     near = next((a for a in ADAPTERS.values() if isinstance(model, a.base)), None)
     why = (f" (it subclasses {near.name}, whose adapter does not know what the subclass adds)" if near else "")
@@ -409,6 +413,11 @@ class PositionalModel:
     """Mixin of the patched model classes: encoding bookkeeping shared by every backbone."""
 
     pe: str = "none"
+
+    def applied(self, pe: str, pe_kwargs: dict) -> None:
+        """What :func:`~visionpe.apply` calls once the encodings are in place: records ``pe`` (an adapter whose models
+        save themselves records the keywords too: the Hugging Face adapters' ``config.json`` entry)."""
+        self.pe = pe
 
     @property
     def pe_adapter(self) -> Adapter:

@@ -54,7 +54,7 @@ def apply(model: nn.Module, pe: str = "learned", attention: str = "auto", **pe_k
         elif isinstance(module, adapter.attention):
             module.training = model.training
     model.__class__ = adapter.patched
-    model.pe = pe
+    model.applied(pe, pe_kwargs)
     return set_attention(model, attention)
 
 

@@ -1,0 +1,207 @@
+"""Hugging Face round trips of a patched transformers model: ``save_pretrained`` records the encoding in
+``config.json``, :func:`from_pretrained` rebuilds the model with it, weights and all.
+
+What a folder holds: what transformers writes (``config.json`` and ``model.safetensors``, ready for ``push_to_hub``),
+with ``"architectures"`` naming the original class (``ViTForImageClassification``, not visionpe's patched subclass)
+and one more entry, ``"visionpe": {"pe", "pe_kwargs", "version", "note"}``: the encoding and its keywords as
+:func:`~visionpe.apply` was given them (``pe="native"`` resolved to what it stands for), the visionpe release that
+wrote it, and a sentence saying how to load it.
+
+How a folder is loaded, in one call: :func:`from_pretrained` (``vpe.from_pretrained(ViTForImageClassification,
+path)``) reads the entry and hands the folder to the patched class's own ``from_pretrained``; its ``__init__``
+applies the recorded encoding to the freshly built model (:class:`PretrainedPositionalModel`), so transformers
+loads the checkpoint into a model whose keys are the checkpoint's: no key is reported missing or unexpected, and the
+trained encoding parameters (frequencies, tables, bias MLPs) are loaded, not initialised. Why so, and not a config
+class or ``trust_remote_code``: the folder stays loadable by plain transformers (``ViTForImageClassification
+.from_pretrained(path)`` or ``AutoModel``), which builds the original architecture and reports what it drops (the
+encoding's weights as unexpected, a position table the encoding replaced as newly initialised); no code of
+visionpe's travels with the folder or runs from the Hub.
+
+Keys are transformers' own: with transformers 5, whose ``save_pretrained`` writes checkpoints in transformers 4's
+key layout, the patched classes get the same conversions as the classes they patch (and the renames of the
+encodings' own keys between the two layouts), so a folder written under either release loads under the other.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from ..encoding import Encoding
+from .adapter import ADAPTERS, UNAVAILABLE, Adapter, PositionalModel
+
+ENTRY = "visionpe"  # the key of the encoding's record in config.json
+HUB_KEYWORDS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token",
+                "trust_remote_code")  # what from_pretrained's config read takes from the caller's keywords
+
+
+def encoding_entry(pe: str, pe_kwargs: Mapping, architecture: str) -> dict:
+    """The ``config.json`` record of an encoding: ``pe``, its keywords as JSON (tuples become lists), the visionpe
+    version and a note; a ``ValueError`` naming a keyword JSON cannot hold (a tensor, a dtype, a function)."""
+    from .. import __version__  # noqa: PLC0415  (visionpe imports its backbones lazily, never the other way)
+    for key, value in pe_kwargs.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"pe keyword {key}={value!r} cannot be written to config.json (JSON holds numbers, "
+                             f"strings, booleans, None, lists and dicts); apply the encoding with a JSON value to save "
+                             f"the model with save_pretrained, or save its weights with vpe.save_weights") from None
+    note = (f"written by visionpe {__version__}: visionpe.from_pretrained({architecture}, path) rebuilds the model "
+            f"with its encoding pe={pe!r}; transformers alone loads {architecture} without it (it reports the "
+            f"encoding's weights as unexpected and initialises anew the position weights the encoding replaced)")
+    return {"pe": pe, "pe_kwargs": json.loads(json.dumps(dict(pe_kwargs))), "version": __version__, "note": note}
+
+
+def as_keywords(value):
+    """JSON's lists back to the tuples visionpe's keywords take (shapes, per-axis values), recursively."""
+    if isinstance(value, list):
+        return tuple(as_keywords(v) for v in value)
+    if isinstance(value, dict):
+        return {k: as_keywords(v) for k, v in value.items()}
+    return value
+
+
+class PretrainedPositionalModel(PositionalModel):
+    """Mixin of the patched transformers models: their ``save_pretrained`` and ``from_pretrained`` keep the encoding.
+
+    Built from a config that carries a ``visionpe`` entry (``from_pretrained`` of a saved folder, or ``cls(config)``),
+    the model applies that encoding at once, before any weight is loaded into it.
+    """
+
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        entry = getattr(config, ENTRY, None)
+        if entry is not None:
+            from .api import apply  # noqa: PLC0415  (api imports the adapters' registry, which imports this module)
+            apply(self, entry["pe"], **as_keywords(entry.get("pe_kwargs") or {}))
+
+    def applied(self, pe: str, pe_kwargs: dict) -> None:
+        """Record the encoding in the config (what ``save_pretrained`` writes); a keyword JSON cannot hold is kept
+        as the reason the model cannot be saved that way (raised by ``save_pretrained``, not by ``apply``)."""
+        super().applied(pe, pe_kwargs)
+        try:
+            setattr(self.config, ENTRY, encoding_entry(pe, pe_kwargs, self.pe_adapter.base.__name__))
+            self.__dict__.pop("unsaved_encoding", None)
+        except ValueError as err:
+            setattr(self.config, ENTRY, None)
+            self.__dict__["unsaved_encoding"] = str(err)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """transformers' initialisation of one module; an embeddings' position table the encoding replaced (None)
+        stands in empty for the call, as transformers 4 initialises it without looking (e.g. when loading a
+        checkpoint into a ``ViTModel``, whose embeddings it always initialises first)."""
+        if getattr(module, "_parameters", {}).get("position_embeddings", False) is not None:
+            return super()._init_weights(module)
+        module.position_embeddings = nn.Parameter(torch.empty(1, 0, self.config.hidden_size))
+        try:
+            super()._init_weights(module)
+        finally:
+            module.position_embeddings = None
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' ``from_pretrained`` of the patched class (the folder's encoding applied by ``__init__``),
+        with the encodings' derived buffers recomputed: transformers builds the model on the meta device and
+        materialises the buffers no checkpoint holds empty."""
+        out = super().from_pretrained(*args, **kwargs)
+        model = out[0] if isinstance(out, tuple) else out  # (model, loading info) with output_loading_info=True
+        for module in model.modules():
+            if isinstance(module, Encoding):
+                module.reset_buffers()
+        return out
+
+    def save_pretrained(self, save_directory, *args, push_to_hub: bool = False, **kwargs):
+        """transformers' ``save_pretrained`` with the encoding in ``config.json`` and the original class in its
+        ``"architectures"``; ``push_to_hub=True`` uploads the folder so written (``push_to_hub``'s keywords:
+        ``repo_id``, default the folder's name, ``commit_message``, ``private``, ``token``, ``create_pr``)."""
+        if "unsaved_encoding" in self.__dict__:
+            raise ValueError(self.__dict__["unsaved_encoding"])
+        hub = {k: kwargs.pop(k) for k in ("commit_message", "private", "create_pr") if k in kwargs}
+        repo_id = kwargs.pop("repo_id", os.path.basename(os.path.normpath(os.fspath(save_directory))))
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        self.config.architectures = [self.pe_adapter.base.__name__]  # transformers wrote the patched class's name
+        if kwargs.get("is_main_process", True):
+            self.config.save_pretrained(save_directory)
+        if push_to_hub:
+            self.push_to_hub(repo_id, token=kwargs.get("token"), **hub)
+        return out
+
+
+def register_conversions(patched: type, base: type, encodings_4: str | None = None) -> None:
+    """Give ``patched`` the checkpoint conversions transformers 5 has for ``base`` (by class name, else by model
+    type): they turn transformers 4's keys into 5's on loading and back on saving, and transformers applies them to a
+    class of another module only when registered under its name. ``encodings_4``: where transformers 4's layout puts
+    the encodings of a block (``"attention.attention"``: inside the self-attention), renamed to 5's ``attention.``
+    both ways. Nothing to do with transformers 4 (it has no conversions; its keys are the saved ones)."""
+    try:
+        from transformers.conversion_mapping import (get_checkpoint_conversion_mapping,  # noqa: PLC0415
+                                                     register_checkpoint_conversion_mapping)
+        from transformers.core_model_loading import WeightRenaming  # noqa: PLC0415
+    except ImportError:
+        return
+    conversions = get_checkpoint_conversion_mapping(base.__name__) or \
+        get_checkpoint_conversion_mapping(base.config_class.model_type)
+    if conversions is None:
+        return
+    if encodings_4 is not None:
+        conversions += [WeightRenaming(re.escape(f"{encodings_4}.{slot}."), f"attention.{slot}.")
+                        for slot in ("rotary", "bias")]
+    register_checkpoint_conversion_mapping(patched.__name__, conversions, overwrite=True)
+
+
+def patched_class(cls: type, config) -> tuple[type, Adapter]:
+    """The patched class (and adapter) of a transformers model class: the class itself when patched, the adapter's
+    ``patched`` for the class it takes, the model an ``AutoModel*`` class maps ``config`` to."""
+    mapping = getattr(cls, "_model_mapping", None)
+    if mapping is not None:  # transformers' AutoModel, AutoModelForImageClassification, ...
+        try:
+            cls = mapping[type(config)]
+        except KeyError:
+            raise ValueError(f"{cls.__name__} has no model for {type(config).__name__} (model_type="
+                             f"{config.model_type!r})") from None
+    for adapter in ADAPTERS.values():
+        if cls in (adapter.base, adapter.patched) and adapter.library == "transformers":
+            return adapter.patched, adapter
+    supported = ", ".join(a.base.__name__ for a in ADAPTERS.values() if a.library == "transformers")
+    raise ValueError(f"cls={getattr(cls, '__name__', cls)!r} is not a transformers model class visionpe patches; "
+                     f"supported: {supported} (or an AutoModel class mapping the folder's config to one)")
+
+
+def from_pretrained(cls: type, pretrained_model_name_or_path, *model_args, **kwargs) -> nn.Module:
+    """A transformers model saved by ``save_pretrained`` after :func:`~visionpe.apply`, rebuilt with its encoding.
+
+    >>> model = vpe.from_pretrained(ViTForImageClassification, "my-vit-rope-mixed")  # a folder or a Hub id
+
+    Args:
+        cls: the transformers class to build (``ViTForImageClassification``, ``SwinModel``, ...), its visionpe
+            subclass, or an ``AutoModel*`` class.
+        pretrained_model_name_or_path: a folder written by the patched model's ``save_pretrained`` (or a Hub id of
+            one).
+        model_args, kwargs: transformers' ``from_pretrained`` arguments (``dtype``, ``device_map``, ``revision``,
+            ...).
+    Returns:
+        The patched model (evaluation mode, as transformers returns it) with the saved encoding and every saved
+        weight, the encoding's trained parameters included. A folder without a ``visionpe`` entry is a
+        ``ValueError``: load it with ``cls.from_pretrained`` and :func:`~visionpe.apply` an encoding.
+    """
+    from transformers import AutoConfig  # noqa: PLC0415  (importing it registers the adapters: backbones/__init__.py)
+    if "transformers" in UNAVAILABLE:
+        raise ImportError(UNAVAILABLE["transformers"])
+    if not isinstance(cls, type):
+        raise TypeError(f"cls must be a transformers model class (e.g. ViTForImageClassification), got "
+                        f"{type(cls).__name__}")
+    config = kwargs.pop("config", None)
+    if config is None:
+        config = AutoConfig.from_pretrained(pretrained_model_name_or_path,
+                                            **{k: kwargs[k] for k in HUB_KEYWORDS if k in kwargs})
+    if not isinstance(getattr(config, ENTRY, None), Mapping) or "pe" not in getattr(config, ENTRY):
+        raise ValueError(f"{pretrained_model_name_or_path} has no {ENTRY!r} entry in its config.json: it was not "
+                         f"saved from a model with visionpe encodings; load it with {cls.__name__}.from_pretrained "
+                         f"and give it an encoding with visionpe.apply(model, pe)")
+    patched, _ = patched_class(cls, config)
+    return patched.from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
+
