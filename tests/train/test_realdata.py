@@ -110,6 +110,17 @@ def test_transform_settings_on_a_built_in_task_are_ignored_with_a_note():
     assert loop.data_notes(settings.resolve({})) == []
 
 
+@pytest.mark.parametrize("protocol", [None, "resize", "native"])
+def test_a_crop_fraction_without_the_crop_protocol_is_told(protocol):
+    """``--crop-pct`` is the crop protocol's: under another (the default resize) it would be silently unused."""
+    args = {"data": "fashion-mnist", "crop_pct": 0.9, **({"eval_protocol": protocol} if protocol else {})}
+    if protocol == "native":
+        args["max_patches"] = 16
+    notes = loop.data_notes(settings.resolve(args))
+    assert len(notes) == 1 and "--crop-pct ignored" in notes[0] and (protocol or "resize") in notes[0]
+    assert loop.data_notes(settings.resolve({**args, "eval_protocol": "crop"})) == []
+
+
 def test_a_registered_set_without_transforms_is_told(monkeypatch):
     from visionpe import data
     data.register_dataset("plain-user-set", num_classes=2)(lambda split, img_size: None)

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from .. import data as vdata
+from ..data.transforms import default_protocol
 from . import distributed, parallel, rundir, settings
 from .models import tubelet
 from .metrics import Evaluation
@@ -124,20 +125,24 @@ def worker_message(err: BaseException) -> str:
 
 def data_notes(cfg: dict) -> list[str]:
     """Lines that say which transform settings the run's data set does not take (a built-in task is rendered at each
-    size, not augmented: a flip or a crop would change its labels; a set whose builder takes no ``transforms``):
-    they are ignored, not refused, so one recipe serves every data set of a benchmark."""
+    size, not augmented: a flip or a crop would change its labels; a set whose builder takes no ``transforms``), and
+    a crop fraction that the evaluation protocol does not use: they are ignored, not refused, so one recipe serves
+    every data set of a benchmark."""
     spec = vdata.get_spec(cfg["data"])
+    notes = []
+    protocol = cfg.get("eval_protocol") or default_protocol(cfg.get("max_patches"))
+    if cfg.get("crop_pct") != settings.DEFAULTS["crop_pct"] and protocol != "crop":
+        notes.append(f"note: --crop-pct ignored: it is the crop protocol's fraction and the evaluation protocol is "
+                     f"{protocol} (--eval-protocol crop to use it)")
     changed = [key for key in settings.TRANSFORM_KEYS if cfg.get(key) != settings.DEFAULTS[key]
                and not (key == "hflip" and spec.video and vdata.takes_option(spec, "hflip"))]  # video-files flips
-    if not changed:
-        return []
     flags = " ".join("--" + key.replace("_", "-") for key in changed)
-    if spec.synthetic or spec.video:
+    if changed and (spec.synthetic or spec.video):
         what = "a built-in task rendered at each size" if spec.synthetic else "a video data set"
-        return [f"note: {flags} ignored: {cfg['data']} is {what}, not images through timm's transforms"]
-    if not vdata.takes_transforms(cfg["data"]):
-        return [f"note: {flags} ignored: the builder of {cfg['data']} takes no transforms"]
-    return []
+        notes.append(f"note: {flags} ignored: {cfg['data']} is {what}, not images through timm's transforms")
+    elif changed and not vdata.takes_transforms(cfg["data"]):
+        notes.append(f"note: {flags} ignored: the builder of {cfg['data']} takes no transforms")
+    return notes
 
 
 class MixedSizes(torch.nn.Module):
