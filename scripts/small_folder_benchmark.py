@@ -13,8 +13,9 @@ sizes, schedule and loss; only the image augmentation differs (the recipe's tran
   timm          the recipe without its augmentation settings: timm's training transform at timm's defaults
                 (random-resized crop of scale 0.08-1 and aspect ratio 3/4-4/3, flip, colour jitter 0.4), today's
                 train_vit.py default
-  resize+flip   the whole image resized to the training size (squashed), flipped with probability 0.5: scale 1 1,
-                ratio 0.25 4 (wider than any image, so timm's crop falls back to the whole image), colour jitter 0
+  resize+flip   the whole image resized to the training size (squashed), flipped with probability 0.5 (an image
+                folder's default): scale 1 1, ratio 0.25 4 (wider than any image, so timm's crop falls back to the
+                whole image), colour jitter 0
   small_folder  the recipe as it is
 
 Each (folder, row, seed) is one `train_vit.py` process (--jobs at a time, one thread each) in OUT/FOLDER/ROW_sSEED;
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from visionpe.train import benchmark, cli, report, settings
+from visionpe.train import cli, report, restore, settings
 from visionpe.train.cli import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,11 +44,19 @@ RECIPE = ROOT / "configs" / "small_folder.yaml"
 FOLDERS = ("objects", "photos")
 PHOTOS_SRC = Path("/usr/share/backgrounds/mate/nature")
 AUGMENTATION = (*settings.TRANSFORM_KEYS, "mixup", "cutmix")  # what the rows change; every other setting is shared
-RESIZE_FLIP = {"scale": [1.0, 1.0], "ratio": [0.25, 4.0], "color_jitter": 0.0, "hflip": 0.5}
+RESIZE_FLIP = {"scale": [1.0, 1.0], "ratio": [0.25, 4.0], "color_jitter": 0.0}  # the flip: imagefolder's default
 ROWS = ("timm", "resize+flip", "small_folder")
-# what else was tried on the way to the recipe, each as changes to it (--candidates trains them too)
+# what else was tried on the way to the recipe: changes to it, and the seeds they were trained with (--candidates)
 CANDIDATES = {
-    "scale0.5_cj0.2": {"scale": [0.5, 1.0], "color_jitter": 0.2},
+    "scale0.6": ({"scale": [0.6, 1.0]}, [0, 1, 2]),
+    "scale0.35": ({"scale": [0.35, 1.0]}, [0, 1]),
+    "scale0.5_jitter0.2": ({"scale": [0.5, 1.0], "color_jitter": 0.2}, [0]),
+    "ratio_timm": ({"ratio": [0.75, 4 / 3]}, [0]),
+    "randaugment_m5": ({"aa": "rand-m5-mstd0.5-inc1"}, [0]),
+    "erasing0.25": ({"reprob": 0.25}, [0]),
+    "lr4e-3": ({"lr": 4.0e-3}, [0]),
+    "epochs20": ({"epochs": 20}, [0]),
+    "img48": ({"img_size": 48}, [0]),
 }
 SECTION = "small_folder_benchmark"
 
@@ -58,7 +67,7 @@ def row_settings(recipe: dict, row: str) -> dict:
     if row == "small_folder":
         return dict(recipe)
     if row in CANDIDATES:
-        return {**recipe, **CANDIDATES[row]}
+        return {**recipe, **CANDIDATES[row][0]}
     shared = {k: v for k, v in recipe.items() if k not in AUGMENTATION}
     return shared if row == "timm" else {**shared, **RESIZE_FLIP}
 
@@ -76,13 +85,23 @@ def make_folders(folders: Path, photos_src: Path, seed: int) -> None:
             raise UserError(f"making the {kind} folder failed (its command is printed above)")
 
 
+def stale_settings(run: Path, args: list[str]) -> list[tuple]:
+    """What of the finished run in ``run`` differs from what ``train_vit.py ARGS`` would train now, as
+    ``(setting, old, new)``; an image folder's class count is read from the data when a run starts (``None`` before),
+    so it differs only when both are known."""
+    asked = {**settings.parse_args(args, prog="small_folder_benchmark (a run's train_vit.py arguments)"),
+             "output": str(run)}
+    new = restore.new_config(asked)
+    return [c for c in settings.refused_changes(restore.load_run(run), new) if not (c[0] == "num_classes" and c[2] is None)]
+
+
 def train(run: Path, config: Path, folder: Path, seed: int) -> bool:
     """One training run in its own process, its output in ``run.log`` beside it and its wall time in
     ``run.wall``; True when it finished (results.json written). A finished run with the settings asked for is kept
     as it is; one trained with other settings (an edited recipe) is trained again."""
     args = ["--config", str(config), "--data-dir", str(folder), "--seed", str(seed), "--output", str(run),
             "--threads", "1", "--no-progress"]
-    if (run / "results.json").is_file() and not benchmark.stale_settings(run, args):
+    if (run / "results.json").is_file() and not stale_settings(run, args):
         return True
     command = [sys.executable, str(ROOT / "train_vit.py"), *args, "--overwrite"]
     start, log_path = time.perf_counter(), run.with_suffix(".log")
@@ -107,8 +126,9 @@ def collect(out: Path, plan: dict, sizes) -> dict:
                 if not (run / "results.json").is_file():
                     continue
                 results = json.loads((run / "results.json").read_text())
-                for s in sizes:
-                    entry["acc"][s].append(results["results"]["last"][str(s)]["acc"])
+                for s in sizes:  # a run trained at another size (a candidate) may lack one
+                    if str(s) in results["results"]["last"]:
+                        entry["acc"][s].append(results["results"]["last"][str(s)]["acc"])
                 wall = run.with_suffix(".wall")
                 entry["wall"].append(float(wall.read_text()) if wall.is_file() else None)
                 entry["epochs"] = results["epochs"]
@@ -138,7 +158,8 @@ def verdict(table: dict, folder: str, size: int) -> str:
 
 
 def changes_text(changes: dict) -> str:
-    return ", ".join(f"{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in changes.items())
+    word = lambda v: f"{v:g}" if isinstance(v, float) else str(v)  # noqa: E731
+    return ", ".join(f"{k} {' '.join(map(word, v)) if isinstance(v, list) else word(v)}" for k, v in changes.items())
 
 
 def section(table: dict, sizes, recipe: dict, command: str) -> str:
@@ -150,7 +171,7 @@ def section(table: dict, sizes, recipe: dict, command: str) -> str:
         rows.append([folder, row, *(cell(entry["acc"][s]) for s in sizes), " ".join(map(str, entry["seeds"])) or "-",
                      entry["epochs"] or "-", f"{sum(walls) / len(walls) / 60:.1f}" if walls else "-"])
     lines = [verdict(table, folder, s) for folder in FOLDERS for s in sizes]
-    tried = [f"- `{row}`: the recipe with {changes_text(CANDIDATES[row])}" for row in dict.fromkeys(r for _, r in table)
+    tried = [f"- `{row}`: the recipe with {changes_text(CANDIDATES[row][0])}" for row in dict.fromkeys(r for _, r in table)
              if row in CANDIDATES]
     begin, end = report.markers(SECTION)
     return "\n".join([
@@ -178,9 +199,8 @@ def build_parser() -> cli.Parser:
     p.add_argument("--data-seed", type=int, default=0, metavar="N", help="seed of the folders (default 0)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], metavar="N", help="training seeds")
     p.add_argument("--candidates", action="store_true",
-                   help="also train the candidates the recipe was chosen from (CANDIDATES: changes to the recipe)")
-    p.add_argument("--candidate-seeds", type=int, nargs="+", metavar="N",
-                   help="training seeds of the candidates (default: --seeds)")
+                   help="also train the candidates the recipe was chosen from (CANDIDATES: changes to the recipe, "
+                        "each with its own seeds)")
     p.add_argument("--other-size", type=int, default=48, metavar="PX",
                    help="a second test size beside the training size (default 48)")
     p.add_argument("--jobs", type=int, default=2, metavar="N", help="runs at a time (default 2)")
@@ -196,16 +216,14 @@ def run(argv) -> dict:
     args = build_parser().parse_args(argv)
     if args.jobs < 1:
         raise UserError(f"--jobs must be an integer >= 1, got {args.jobs}")
-    for name in ("seeds", "candidate_seeds"):
-        if any(s < 0 for s in getattr(args, name) or ()):
-            raise UserError(f"--{name.replace('_', '-')} must be integers >= 0, got "
-                            f"{' '.join(map(str, getattr(args, name)))}")
+    if any(s < 0 for s in args.seeds):
+        raise UserError(f"--seeds must be integers >= 0, got {' '.join(map(str, args.seeds))}")
     recipe = settings.read_yaml(args.recipe, "recipe")
     size = recipe.get("img_size", settings.DEFAULTS["img_size"])
     sizes = [size] + ([args.other_size] if args.other_size != size else [])
     make_folders(args.folders, args.photos_src, args.data_seed)
     plan = {row: args.seeds for row in ROWS}
-    plan.update({row: args.candidate_seeds or args.seeds for row in CANDIDATES} if args.candidates else {})
+    plan.update({row: seeds for row, (_, seeds) in CANDIDATES.items()} if args.candidates else {})
     (args.out / "configs").mkdir(parents=True, exist_ok=True)
     configs = {}
     for row in plan:  # each row's settings as a recipe file of its own, kept beside the runs

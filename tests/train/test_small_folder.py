@@ -168,7 +168,9 @@ def test_benchmark_rows_are_timm_defaults_resize_flip_and_the_recipe(objects):
     assert (timm_row.hflip, timm_row.aa, rows["timm"]["mixup"], rows["timm"]["cutmix"]) == (None, None, 0, 0)
     # resize + flip: without the flip, the training transform is the squashing eval transform, pixel for pixel
     plain = Transforms.from_settings(rows["resize+flip"])
-    assert plain.hflip == 0.5
+    flips = [t for t in plain.train(size, IMAGENET_MEAN, IMAGENET_STD).transforms
+             if type(t).__name__ == "RandomHorizontalFlip"]
+    assert [t.p for t in flips] == [0.5]  # an image folder's default flip
     train = plain.replace(hflip=0.0).train(size, IMAGENET_MEAN, IMAGENET_STD)
     squash = create_transform(size, is_training=False, crop_pct=1.0, crop_mode="squash", interpolation="bicubic",
                               mean=IMAGENET_MEAN, std=IMAGENET_STD)
