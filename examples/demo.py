@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from visionpe.cli.report import text_table
 from visionpe.train import sweep
-from visionpe.train.report import text_table
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "demo"

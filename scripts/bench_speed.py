@@ -1,7 +1,9 @@
 #!/usr/bin/env python
-"""Speed and memory of visionpe encodings as ratios measured side by side (``python scripts/bench_speed.py --help``;
-the sections and how to read them: :mod:`visionpe.bench` and docs/PERFORMANCE.md)."""
-from visionpe.bench.cli import main
+"""``python scripts/bench_speed.py ARGS`` from a checkout is ``visionpe bench-speed ARGS`` (``--help``: its arguments;
+``visionpe --help``: every command)."""
+import sys
+
+from visionpe.cli.commands import main
 
 if __name__ == "__main__":
-    result = main()  # what main returned, for callers that use runpy
+    result = main(["bench-speed", *sys.argv[1:]])  # what the command returned, for callers that use runpy

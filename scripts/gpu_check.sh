@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One prepared check for a GPU machine that reaches no package registry, in about 8 minutes:
-#   1. the CUDA tests: pytest --device cuda tests/cuda (at most TESTS_SECONDS, default 270);
+#   1. the CUDA tests: pytest --device cuda tests/cuda (at most TESTS_SECONDS, default 270), FSDP2 with nccl and the
+#      bf16 policy included (test_cuda_parallel.py: torchrun on up to 2 GPUs);
 #   2. the GPU benchmark: scripts/bench_speed.py --device cuda, the flex-models section first (bf16: eval, training
 #      step, memory, compiled, flex vs SDPA at 4097 and 16385 tokens), then forward, train, memory, scale and flex
 #      (what time is left, less a margin for the report);
@@ -29,8 +30,8 @@ start=$SECONDS
 work=$(mktemp -d)
 # the broad, quick files first; the ones that compile kernels (flex, inductor) last, where the time limit may cut them
 tests=(tests/cuda/test_device_parity.py tests/cuda/test_device_training.py tests/cuda/test_device_properties.py
-       tests/cuda/test_device_subsets.py tests/cuda/test_device_concurrency.py tests/cuda/test_cuda_kernels.py
-       tests/cuda/test_device_compile_ddp.py tests/cuda/test_cuda_recipe.py)
+       tests/cuda/test_device_subsets.py tests/cuda/test_device_concurrency.py tests/cuda/test_cuda_parallel.py
+       tests/cuda/test_cuda_kernels.py tests/cuda/test_device_compile_ddp.py tests/cuda/test_cuda_recipe.py)
 tests_cmd=("$PY" -m pytest --device cuda "${tests[@]}" -q -rfE -p no:cacheprovider --junitxml="$work/cuda_tests.xml")
 bench_cmd=("$PY" scripts/bench_speed.py --device cuda --sections flex-models forward train memory scale flex
            --repeats 3 --slow-repeats 3 --min-run-time 0.1)
@@ -71,7 +72,7 @@ else
     bench_status=124
 fi
 
-"$PY" -m visionpe.bench.gpu --doc docs/PERFORMANCE.md --env "$work/env.txt" --junit "$work/cuda_tests.xml" \
+"$PY" -m visionpe.bench.speed.gpu --doc docs/PERFORMANCE.md --env "$work/env.txt" --junit "$work/cuda_tests.xml" \
     --bench "$work/bench.md" --tests-status "$tests_status" --bench-status "$bench_status" \
     --seconds "$((SECONDS - start))"
 report_status=$?

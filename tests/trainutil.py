@@ -1,8 +1,10 @@
 """Helpers for the tests of the command lines: run train_vit.py or a script in this process, exactly as
 `python train_vit.py ARGV` or `python scripts/NAME.py ARGV` would run it (nothing imports them; runpy executes the
-file as __main__), or read a script's own definitions (its parser) without running it."""
+file as __main__: the checkout's thin wrapper over the `visionpe` command, so the package's command runs through it),
+or build a command's parser without running it."""
 from __future__ import annotations
 
+import importlib
 import runpy
 import sys
 from pathlib import Path
@@ -35,7 +37,11 @@ def run_script(name: str, argv):
         return runpy.run_path(str(path), run_name="__main__")["result"]
 
 
-def script_namespace(name: str) -> dict:
-    """The definitions of ``scripts/NAME.py`` (e.g. its ``build_parser``) without running it and without making it
-    an importable module."""
-    return runpy.run_path(str(script_path(name)), run_name=f"scripts.{name}")
+def parser_of(command: str):
+    """The argument parser of ``visionpe COMMAND`` (its module's ``build_parser``; training's lives in settings)."""
+    if command == "train":
+        from visionpe.train import settings
+        return settings.build_parser()
+    from visionpe.cli.commands import COMMANDS
+    module, _, _ = COMMANDS[command].target.partition(":")
+    return importlib.import_module(module).build_parser()

@@ -25,6 +25,7 @@ from .weights import load_timm_checkpoint, load_weights, save_weights
 from .coords import CoordinateSystem
 from .encoding import Encoding, ModelContext
 from .grid import Grid, Layout, MixedLayout
+from .materialize import reset_parameters
 from .presets import preset, presets
 from .registry import available, build, register, unregister
 from .rotary import AxialRoPE, ComRoPE, LieRE, MixedRoPE, RoPE, RotaryEncoding, StringRoPE, VideoRoPE
@@ -39,7 +40,8 @@ __all__ = ["ALiBi", "Attention", "AxialRoPE", "BiasEncoding", "ComRoPE", "Contin
            "Encoding", "FIRE", "Grid", "Layout", "Learned", "LieRE", "LookHere", "MixedLayout", "MixedRoPE",
            "ModelContext", "PEG", "RelBias", "RelativePositionBias", "RoPE", "RotaryEncoding", "SinCos", "StringRoPE",
            "SwinBias", "TokenEncoding", "VideoRoPE", "attend", "available", "build", "load_timm_checkpoint",
-           "load_weights", "preset", "presets", "register", "save_weights", "set_attention", "unregister", *_LAZY]
+           "load_weights", "preset", "presets", "register", "reset_parameters", "save_weights", "set_attention",
+           "unregister", *_LAZY]
 
 
 def __getattr__(name: str):

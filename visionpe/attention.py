@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from ._checks import check_choice, check_number, check_positive_int
+from ._checks import check_choice, check_module, check_number, check_positive_int
 from ._compat import autocast_dtype, is_autocast_enabled, is_compiling
 from .flex import flex_attend, flex_available, pair_scores
 from .grid import Grid, Layout, MixedLayout, as_layout
@@ -22,7 +22,7 @@ AUTO_ATTENTION = {"cpu": "sdpa", "cuda": "sdpa"}
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layout | MixedLayout,
            rotary: nn.Module | None = None,
            bias: nn.Module | None = None, attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-           scale: float | None = None, attention: str = "auto") -> torch.Tensor:
+           scale: float | None = None, attention: str = "auto", tokens: torch.Tensor | None = None) -> torch.Tensor:
     """Attention over a grid's tokens with optional rotary and bias encodings.
 
     Args:
@@ -37,9 +37,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
             or a boolean mask (True = attend).
         attention: ``"sdpa"``: ``scaled_dot_product_attention`` with the bias materialised; ``"flex"``:
             ``flex_attention`` reading the bias per token pair (:meth:`~visionpe.BiasEncoding.score_mod`; torch >=
-            2.5; no backward on CPU, so a CPU call that needs gradients is an error); ``"auto"``: the measured
+            2.5; no backward on CPU: a backward through a CPU call is an error); ``"auto"``: the measured
             choice for the device (:data:`AUTO_ATTENTION`). Calls without a bias, with a bias that has no pair form
             or with attention dropout take SDPA whatever the choice.
+        tokens: the attention's input ``(B, T, dim)`` (the tokens q, k, v were projected from, in their order), for a
+            bias that reads it (``bias.reads_tokens``: PaPE's per-query parabolas); required then, unused otherwise.
     Returns:
         ``(B, heads, P + N, v_head_dim)``.
     """
@@ -52,17 +54,26 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
         check_number("scale", scale)
     layout = grid if isinstance(grid, MixedLayout) else as_layout(grid)
     attn_mask = _extra_mask(attn_mask, q, k)
+    tokens = _bias_tokens(bias, tokens, q)
     if bias is not None and dropout_p == 0.0 and _wants_flex(attention, q):
         _check_tokens(q, layout)
-        scores = pair_scores(layout, bias)
-        if scores is not None and _flex_runs_here(attention, [q, k, v, *(rotary.parameters() if rotary else ())],
-                                                  scores):
-            q, k = _rotate(q, k, layout, rotary)
-            return flex_attend(q, k, v, layout, scores, attn_mask, scale)
+        scores = pair_scores(layout, bias, tokens)
+        inputs = [q, k, v, *(rotary.parameters() if rotary else ()), *(t for s in scores or () for t in s.tables)]
+        if scores is not None and _flex_runs_here(attention, inputs):
+            if q.device.type != "cpu":
+                q, k = _rotate(q, k, layout, rotary)
+                return flex_attend(q, k, v, layout, scores, attn_mask, scale)
+            # CPU FlexAttention has no backward and refuses inputs that require grad (also under no_grad): it runs on
+            # detached ones, and where a gradient is needed a backward through its output raises
+            with torch.no_grad():
+                q, k = _rotate(q, k, layout, rotary)
+                out = flex_attend(q.detach(), k.detach(), v.detach(), layout, scores, attn_mask, scale)
+            needing = [t for t in inputs if t.requires_grad]
+            return _NoCpuFlexBackward.apply(out, *needing) if torch.is_grad_enabled() and needing else out
     if isinstance(layout, MixedLayout):
-        q, k, mask = _mixed_positions(q, k, layout, rotary, bias)
+        q, k, mask = _mixed_positions(q, k, layout, rotary, bias, tokens=tokens)
     else:
-        q, k, mask = _positions(q, k, layout, rotary, bias)
+        q, k, mask = _positions(q, k, layout, rotary, bias, tokens)
     if (rotary is not None and v.requires_grad and torch.is_grad_enabled() and not is_compiling()
             and _views_larger_buffer(v)):
         # SDPA saves q, k, v for its backward; q and k are now rotated copies, so a v that views the fused qkv would
@@ -72,6 +83,22 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
     if attn_mask is not None:
         mask = attn_mask if mask is None else mask + attn_mask
     return _sdpa(q, k, v, mask, dropout_p, scale)
+
+
+def _bias_tokens(bias, tokens, q: torch.Tensor) -> torch.Tensor | None:
+    """The tokens a bias that reads them gets (checked: ``(B, T, dim)`` floating, q's batch and tokens); None for any
+    other bias."""
+    if not getattr(bias, "reads_tokens", False):
+        return None
+    if tokens is None:
+        raise ValueError(f"bias {type(bias).__name__} reads the attention's input tokens: pass tokens=x, the (batch, "
+                         "tokens, dim) input q, k and v were projected from")
+    if not isinstance(tokens, torch.Tensor) or tokens.ndim != 3 or not tokens.is_floating_point() \
+            or tokens.shape[:2] != (q.shape[0], q.shape[2]):
+        got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise ValueError(f"tokens must be a floating (batch={q.shape[0]}, tokens={q.shape[2]}, dim) tensor, the "
+                         f"attention's input, got {got}")
+    return tokens
 
 
 def _extra_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
@@ -96,18 +123,33 @@ def _wants_flex(attention: str, q: torch.Tensor) -> bool:
                                    and flex_available())
 
 
-def _flex_runs_here(attention: str, inputs: list[torch.Tensor], scores) -> bool:
-    """FlexAttention has no CPU backward: a CPU call that needs gradients (of q, k, v, a rotary encoding's parameters
-    or the bias tables) takes SDPA under "auto" and is an error under an explicit "flex" (never a silent missing
-    gradient)."""
-    if inputs[0].device.type != "cpu" or not torch.is_grad_enabled():
-        return True
-    if not any(t.requires_grad for t in inputs + [t for score in scores for t in score.tables]):
-        return True
-    if attention == "flex":
-        raise ValueError("attention='flex' cannot train on CPU: PyTorch's CPU FlexAttention has no backward; use "
-                         "attention='auto' or 'sdpa' for CPU training (or run under torch.no_grad())")
-    return False
+def _needs_cpu_backward(inputs: list[torch.Tensor]) -> bool:
+    """A CPU call whose output needs a gradient (of q, k, v, a rotary encoding's parameters or the bias tables)."""
+    return inputs[0].device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+
+
+def _flex_runs_here(attention: str, inputs: list[torch.Tensor]) -> bool:
+    """FlexAttention has no CPU backward: a CPU call that needs gradients takes SDPA under "auto"; under an explicit
+    "flex" FlexAttention runs the forward and a backward through it is an error (:class:`_NoCpuFlexBackward`), so an
+    eval-mode model needs no ``torch.no_grad()`` and training is never a silently missing gradient."""
+    return attention == "flex" or not _needs_cpu_backward(inputs)
+
+
+CPU_FLEX_BACKWARD = ("attention='flex' cannot train on CPU: PyTorch's CPU FlexAttention has no backward; use "
+                     "attention='auto' or 'sdpa' for CPU training (a forward runs, also without torch.no_grad())")
+
+
+class _NoCpuFlexBackward(torch.autograd.Function):
+    """The output of a CPU FlexAttention forward run without autograd, tied to the inputs that need a gradient: its
+    backward is the error :data:`CPU_FLEX_BACKWARD`, never a gradient silently missing."""
+
+    @staticmethod
+    def forward(ctx, out, *inputs):
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise ValueError(CPU_FLEX_BACKWARD)
 
 
 def _rotate(q: torch.Tensor, k: torch.Tensor, layout: Layout | MixedLayout, rotary):
@@ -226,15 +268,17 @@ def _check_tokens(q: torch.Tensor, layout: Layout | MixedLayout) -> None:
                      f"{layout.num_tokens}{'' if layout.keep is None else ' kept'}")
 
 
-def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias):
-    """q and k rotated, and the bias of the layout (``None`` without a bias encoding)."""
+def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias, tokens=None):
+    """q and k rotated, and the bias of the layout (``None`` without a bias encoding; ``tokens`` for a bias that
+    reads them)."""
     grid = layout.grid
-    if rotary is not None or bias is not None:
-        _check_tokens(q, layout)
+    _check_tokens(q, layout)  # also without encodings: the grid states the tokens
     if rotary is not None:
         q, k = rotated(rotary, q, k, layout.unwrap())
     if bias is None:
         return q, k, None
+    if tokens is not None:
+        return q, k, _token_bias(bias, layout, tokens, q)
     mask = bias(grid)
     expected = (q.shape[1], grid.num_tokens, grid.num_tokens)
     if not isinstance(mask, torch.Tensor) or mask.ndim != 3 or mask.shape[0] not in (1, q.shape[1]) \
@@ -248,7 +292,19 @@ def _positions(q: torch.Tensor, k: torch.Tensor, layout: Layout, rotary, bias):
     return q, k, (mask if mask.ndim == 4 else mask[None]).to(q.dtype)
 
 
-def _mixed_positions(q: torch.Tensor, k: torch.Tensor, layout: MixedLayout, rotary, bias, with_mask: bool = True):
+def _token_bias(bias, layout: Layout, tokens: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """A token-reading bias of the layout's tokens, checked: ``(B or 1, heads or 1, T, T)`` in q's dtype."""
+    mask = bias(layout.unwrap(), tokens)
+    t = layout.num_tokens
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or mask.shape[0] not in (1, q.shape[0]) \
+            or mask.shape[1] not in (1, q.shape[1]) or tuple(mask.shape[2:]) != (t, t):
+        raise ValueError(f"bias {type(bias).__name__} gives shape {tuple(getattr(mask, 'shape', ()))} but q, k have "
+                         f"batch {q.shape[0]} and {q.shape[1]} heads: expected (batch, num_heads, {t}, {t})")
+    return mask.to(q.dtype)
+
+
+def _mixed_positions(q: torch.Tensor, k: torch.Tensor, layout: MixedLayout, rotary, bias, with_mask: bool = True,
+                     tokens: torch.Tensor | None = None):
     """Per-sample grids: every encoding runs once per distinct grid on its samples' real tokens; padded keys are
     masked. Returns q, k and the ``(B, heads or 1, T, T)`` additive mask (None with ``with_mask=False``)."""
     _check_tokens(q, layout)
@@ -258,7 +314,9 @@ def _mixed_positions(q: torch.Tensor, k: torch.Tensor, layout: MixedLayout, rota
     rotated_q, rotated_k = (q.clone(), k.clone()) if rotary is not None else (q, k)
     for index, grid in layout.groups(q.device):
         n = grid.num_tokens
-        group_q, group_k, group_bias = _positions(q[index, :, :n], k[index, :, :n], Layout(grid), rotary, bias)
+        group_tokens = None if tokens is None else tokens[index, :n]
+        group_q, group_k, group_bias = _positions(q[index, :, :n], k[index, :, :n], Layout(grid), rotary, bias,
+                                                  group_tokens)
         if rotary is not None:
             rotated_q[index, :, :n], rotated_k[index, :, :n] = group_q, group_k
         if group_bias is not None:
@@ -383,7 +441,8 @@ class Attention(nn.Module):
         q, k, v = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
         q, k = self.q_norm(q), self.k_norm(k)
         dropout_p = self.attn_drop.p if self.training and isinstance(self.attn_drop, nn.Dropout) else 0.0
-        out = attend(q, k, v, grid, self.rotary, self.bias, attn_mask, dropout_p=dropout_p, attention=self.attention)
+        out = attend(q, k, v, grid, self.rotary, self.bias, attn_mask, dropout_p=dropout_p, attention=self.attention,
+                     tokens=x)
         out = self.norm(rearrange(out, "b h t d -> b t (h d)"))
         if gate is not None:
             out = out * gate
@@ -394,6 +453,7 @@ def set_attention(model: nn.Module, attention: str) -> nn.Module:
     """Set :func:`attend`'s ``attention`` choice (``"auto"``, ``"sdpa"``, ``"flex"``) in every attention module of
     ``model`` (each class that declares an ``attention`` attribute: :class:`Attention`, the Swin and Video Swin window
     attentions); returns ``model``."""
+    check_module("model", model)
     check_choice("attention", attention, ATTENTIONS)
     found = [m for m in model.modules() if isinstance(getattr(type(m), "attention", None), str)]
     if not found:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Hashable, Iterable
 import torch
 
 from ._compat import is_compiling
+from .sharding import any_sharded
 
 
 MAX_TABLE_BYTES = 64 * 2**20  # larger tables are rebuilt per call: a 4096-token (heads, T, T) bias is 400 MB
@@ -28,6 +29,9 @@ class TableCache:
     otherwise the tables are kept while ``params`` stay what they were when the tables were built
     (:class:`ParameterWatch`): an optimizer step, ``load_state_dict``, ``p.data.mul_()`` or ``p.data = ...`` empties
     the cache. Under ``torch.compile`` the table is built inside the graph (no Python dictionary lookups to guard on).
+    A table built while any of ``params`` is a sharded DTensor (FSDP2, outside the forward that gathers them:
+    :mod:`visionpe.sharding`) is returned but not kept, and the watch never sees a shard: what is kept was computed
+    from whole parameters, which the watch compares at the next lookup.
     A table of more than ``max_bytes`` is returned but not kept, so at large grids (4096 tokens and more) each
     block's ``(heads, T, T)`` bias lives only while its attention runs instead of one per block for the model's
     lifetime; ``max_bytes=None`` keeps every table (a module or cache shared by all blocks: one table in all).
@@ -42,8 +46,8 @@ class TableCache:
 
     def get(self, key: Hashable, build: Callable[[], torch.Tensor], params: Iterable[torch.Tensor] = ()):
         params = tuple(params)
-        if is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)):
-            return build()  # traced into the compiled graph (a function of shapes only), or gradients must flow
+        if is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or any_sharded(params):
+            return build()  # traced into the compiled graph (a function of shapes only), gradients must flow, or shards
         with self._lock:
             if params and self._watch.changed(params):
                 self._tables.clear()  # every table was built from the old values

@@ -5,16 +5,25 @@ The three family bases (:class:`~visionpe.tokens.TokenEncoding`, :class:`~vision
 :func:`visionpe.register` then makes available to ``build``, ``create_model``, the CLI and visualization.
 
 One constructor vocabulary: a model offers a :class:`ModelContext` (``grid_shape``, its training patch grid;
-``ndim``; ``dim``, the token width; ``num_heads``; ``head_dim``; ``num_prefix_tokens``), and
+``ndim``; ``dim``, the token width; ``num_heads``; ``head_dim``; ``num_prefix_tokens``; ``num_registers``), and
 :meth:`Encoding.for_model` passes each encoding the words its constructor names. Classes whose native grid has a more specific name map it in
 :meth:`Encoding.model_defaults` (``window_size`` of a window bias, ``ref_shape`` of RoPE scaling).
 """
 from __future__ import annotations
 
+import functools
 import inspect
+import math
 from dataclasses import dataclass
 
+import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ._checks import FITS_ANYWHERE, check_fits, check_vocabulary
+from ._compat import is_compiling
+from .grid import Grid, Layout, as_grid
+from .sharding import assign_, reset_module
 
 
 @dataclass(frozen=True)
@@ -23,7 +32,9 @@ class ModelContext:
 
     ``grid_shape``: the training patch grid (a Swin block's window); ``dim``: token width; ``num_heads`` and
     ``head_dim`` of the attention; ``num_prefix_tokens``: prefix tokens that own a position vector (timm's
-    ``pos_embed`` rows for class/register tokens; 0 with ``no_embed_class``); ``depth``: number of blocks.
+    ``pos_embed`` rows for class/register tokens; 0 with ``no_embed_class``); ``depth``: number of blocks;
+    ``num_registers``: how many of a grid's prefix tokens are register tokens, the last ones (timm's ``reg_tokens``,
+    after the class token), which an encoding may place on a grid of their own (ViT-5's ``vit5_rope``).
     """
 
     grid_shape: tuple[int, ...]
@@ -32,6 +43,7 @@ class ModelContext:
     head_dim: int
     num_prefix_tokens: int = 0
     depth: int = 1
+    num_registers: int = 0
 
     @property
     def ndim(self) -> int:
@@ -40,7 +52,11 @@ class ModelContext:
     def words(self) -> dict:
         """The shared constructor vocabulary with this model's values."""
         return dict(grid_shape=tuple(self.grid_shape), ndim=self.ndim, dim=self.dim, num_heads=self.num_heads,
-                    head_dim=self.head_dim, num_prefix_tokens=self.num_prefix_tokens, depth=self.depth)
+                    head_dim=self.head_dim, num_prefix_tokens=self.num_prefix_tokens, depth=self.depth,
+                    num_registers=self.num_registers)
+
+
+MODEL_WORDS = ("dim", "head_dim", "num_heads", "ndim")  # what a model fixes for the encodings built into it
 
 
 class Encoding(nn.Module):
@@ -54,6 +70,14 @@ class Encoding(nn.Module):
     family: str = ""
     ndims: tuple[int, ...] = (1, 2, 3)  # grid axes it is defined for (LookHere is 2D, VideoRoPE 3D by definition)
     masks_pairs: bool = False  # some token pairs are masked (-inf bias: a directional encoding such as LookHere)
+    initialised_by_backbone: bool = False  # its weights were taken over from the model (Swin-V2's CPB MLP)
+
+    def __init_subclass__(cls, **kwargs):
+        """Every encoding's constructor checks the shared vocabulary and what it allocates
+        (:func:`checked_constructor`): a new encoding gets the checks by subclassing."""
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = checked_constructor(cls.__init__)
 
     # -- building for a model -----------------------------------------------------------------------
     @classmethod
@@ -64,8 +88,86 @@ class Encoding(nn.Module):
 
     @classmethod
     def for_model(cls, context: ModelContext, **kwargs) -> "Encoding":
-        """Build for a model; ``kwargs`` (the user's) override the model's defaults."""
+        """Build for a model; ``kwargs`` (the user's) override the model's defaults, except the words the model
+        fixes (:data:`MODEL_WORDS`), which must agree with it (``num_heads=1``: one set shared by the heads)."""
+        words = context.words()
+        for key in MODEL_WORDS:
+            if key in kwargs and kwargs[key] != words[key] and not (key == "num_heads" and kwargs[key] == 1):
+                axes = (f" (ndim={kwargs[key]!r} is for {kwargs[key]}-axis grids, but the model's grid "
+                        f"{tuple(context.grid_shape)} has {context.ndim} axes)" if key == "ndim" else "")
+                raise ValueError(f"pe keyword {key}={kwargs[key]!r} contradicts the model, whose {key} is "
+                                 f"{words[key]}{axes}: leave it out (the model gives it)"
+                                 f"{', or pass 1 for one set shared by the heads' if key == 'num_heads' else ''}")
         return cls(**{**cls.model_defaults(context), **kwargs})
+
+    # -- initialising itself (meta-device builds, sharded models) ------------------------------------
+    def derived_buffers(self) -> dict:
+        """The buffers this encoding computes from its settings (frequency bands, slopes, masks, bases): ``{name:
+        float32 CPU tensor or None}``, registered non-persistent (never in a state dict). Default: none."""
+        return {}
+
+    def register_derived_buffers(self) -> None:
+        """Register :meth:`derived_buffers` (the constructor's call)."""
+        for name, value in self.derived_buffers().items():
+            self.register_buffer(name, value, persistent=False)
+
+    def reset_buffers(self) -> None:
+        """Recompute the derived buffers on the module's device, float32 (after ``to_empty`` they hold garbage).
+        Runs after every ``to()``/``to_empty()``/``half()`` of the module, so a cast or a meta-device build never leaves
+        them stale or in a low precision."""
+        if type(self).derived_buffers is Encoding.derived_buffers:
+            return
+        with torch.device("cpu"):  # even inside a `with torch.device("meta")` block
+            values = self.derived_buffers()
+        for name, value in values.items():
+            old = self._buffers.get(name)
+            device = old.device if old is not None else next(self.parameters(), torch.empty(0)).device
+            self._buffers[name] = None if value is None else value.to(device)
+
+    def initial_parameters(self, generator=None) -> dict:
+        """The values the constructor gives this encoding's own parameters (not its submodules'), ``{name: tensor}``,
+        drawn from ``generator`` (default torch's global RNG) in the constructor's order. Default: none."""
+        return {}
+
+    def reset_parameters(self) -> None:
+        """Re-initialise the parameters as the constructor does, drawing from torch's global RNG (submodules such as
+        an MLP's ``Linear`` layers by their own ``reset_parameters``, in order, then the encoding's own), and
+        recompute the derived buffers: after ``with torch.device("meta")`` and ``to_empty``, the module equals one built
+        eagerly from the same RNG state. Sharded (FSDP) parameters get their shard of the values
+        (:func:`visionpe.sharding.assign_`, a collective)."""
+        self.reset_buffers()
+        for module in self.modules():
+            if module is not self and not isinstance(module, Encoding) and hasattr(module, "reset_parameters"):
+                reset_module(module)
+        self.fill_parameters()
+
+    def fill_parameters(self, generator=None) -> None:
+        """Write :meth:`initial_parameters` into the encoding's own parameters (the constructor's and
+        :meth:`reset_parameters`' step)."""
+        for name, value in self.initial_parameters(generator).items():
+            assign_(self.get_parameter(name), value)
+
+    def _apply(self, fn, *args, **kwargs):
+        super()._apply(fn, *args, **kwargs)
+        self.reset_buffers()  # a move, a cast or to_empty: the derived buffers recomputed, float32
+        return self
+
+    # -- memory -------------------------------------------------------------------------------------
+    def table_bytes(self, grid: Grid) -> int:
+        """Bytes of the tables this encoding builds for ``grid`` (what :meth:`check_table` compares with memory);
+        0 where none grows faster than the tokens themselves."""
+        return 0
+
+    def check_table(self, grid, num_bytes: int | None = None, what: str = "tables",
+                    advice: str = "use a smaller grid") -> None:
+        """The tables of ``grid`` (``num_bytes``, default :meth:`table_bytes`) fit in memory: a ``ValueError`` naming
+        the grid and the size otherwise, raised before they are built (not checked while ``torch.compile`` traces,
+        where the sizes are the graph's)."""
+        if is_compiling():
+            return
+        grid = grid.grid if isinstance(grid, Layout) else as_grid(grid)  # a Layout's tables are its grid's at most
+        check_fits(f"grid={grid.shape} with prefix={grid.prefix} ({grid.num_tokens} tokens): the {what} of "
+                   f"{type(self).__name__}", self.table_bytes(grid) if num_bytes is None else num_bytes, advice)
 
     # -- describing itself --------------------------------------------------------------------------
     def no_weight_decay(self) -> set[str]:
@@ -96,3 +198,98 @@ class Encoding(nn.Module):
 def constructor_keywords(cls: type) -> tuple[str, ...]:
     """Keyword names of ``cls.__init__`` (without ``self``)."""
     return tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")
+
+
+def checked_constructor(init):
+    """An encoding's ``__init__`` that, called for the class being built (not through ``super()``), checks the shared
+    vocabulary among its arguments first (:func:`~visionpe._checks.check_vocabulary`), runs under
+    :class:`AllocationGuard` (a parameter or buffer too large for memory is refused before it is allocated), and
+    then checks that ``ndim`` is one of the class's ``ndims``."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        if getattr(type(self).__init__, "__wrapped__", None) is not init:
+            return init(self, *args, **kwargs)  # a base class's constructor, called through super()
+        try:
+            bound = signature.bind_partial(self, *args, **kwargs)  # a missing argument: Python's message, after these
+        except TypeError:
+            return init(self, *args, **kwargs)  # Python's own message (an unknown argument)
+        bound.apply_defaults()
+        words = dict(list(bound.arguments.items())[1:])  # every argument by name, without self
+        for name, parameter in signature.parameters.items():
+            if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+                words.update(words.pop(name, {}))
+        owner, ndims = type(self).__name__, type(self).ndims
+        check_vocabulary(owner, words, ndims)
+        with AllocationGuard(owner, words):
+            init(self, *args, **kwargs)
+        if "ndim" in words and words["ndim"] not in ndims:
+            raise ValueError(f"ndim={words['ndim']!r} is not supported by {owner}; allowed values: "
+                             f"{', '.join(map(str, ndims))}")
+
+    return __init__
+
+
+# the tensor factories a constructor makes parameters and buffers with (nn.Linear's and nn.Conv's torch.empty too),
+# each with the number of elements its arguments ask for
+_SHAPED = {f: None for f in (torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn)}
+FACTORIES = {
+    **_SHAPED,
+    torch.full: lambda size, *rest, **kw: math.prod(size),
+    torch.empty_strided: lambda size, *rest, **kw: math.prod(size),
+    torch.randint: lambda *args, size=None, **kw: math.prod(size if size is not None else args[-1]),
+    torch.arange: lambda *args, **kw: _arange_numel(*args, **kw),
+    torch.linspace: lambda start, end, steps, *rest, **kw: steps,
+    torch.logspace: lambda start, end, steps, *rest, **kw: steps,
+    torch.eye: lambda n, m=None, *rest, **kw: n * (n if m is None else m),
+    torch.randperm: lambda n, *rest, **kw: n,
+    torch.tril_indices: lambda row, col, *rest, **kw: 2 * row * col,
+    torch.triu_indices: lambda row, col, *rest, **kw: 2 * row * col,
+}
+
+
+def _arange_numel(start, end=None, step=1, **kwargs) -> int:
+    start, end = (0, start) if end is None else (start, end)
+    return max(0, math.ceil((end - start) / step))
+
+
+def factory_numel(func, args, kwargs) -> int:
+    """The number of elements the factory call ``func(*args, **kwargs)`` creates (0 where its arguments are not plain
+    numbers, e.g. tensors, or are ones torch refuses: its own call says why)."""
+    try:
+        count = FACTORIES[func]
+        if count is None:  # torch.zeros(2, 3), torch.zeros((2, 3)), torch.zeros(size=(2, 3))
+            size = kwargs.get("size", args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args)
+            return math.prod(size)
+        return int(count(*args, **kwargs))
+    except (TypeError, ValueError, IndexError, ZeroDivisionError, OverflowError):
+        return 0
+
+
+class AllocationGuard(TorchFunctionMode):
+    """Within it, a tensor factory (:data:`FACTORIES`) whose tensor would not fit in memory is a ``ValueError`` naming
+    ``owner`` and its size arguments (``words``), raised before anything is allocated (elements times 8 bytes, the
+    widest dtype a factory makes by default, checked from :data:`~visionpe._checks.FITS_ANYWHERE` on)."""
+
+    def __init__(self, owner: str, words: dict):
+        super().__init__()
+        self.owner, self.words = owner, words
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in FACTORIES:
+            numel = factory_numel(func, args, kwargs)
+            if numel * 8 > FITS_ANYWHERE:
+                dtype = kwargs.get("dtype") or (torch.int64 if func in (torch.arange, torch.randint, torch.randperm)
+                                                else torch.get_default_dtype())
+                sizes = ", ".join(f"{k}={v!r}" for k, v in self.words.items() if _is_size(v))
+                check_fits(f"{self.owner}({sizes}): a tensor of {numel} {dtype} values it creates",
+                           numel * torch.empty((), dtype=dtype).element_size(), "give smaller sizes")
+        return func(*args, **kwargs)
+
+
+def _is_size(value) -> bool:
+    """An int or a tuple of ints (a size or a shape), not a bool."""
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    return bool(values) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)

@@ -59,14 +59,20 @@ def _flex_attention(device_type: str):
         return _COMPILED[device_type]
 
 
-def pair_scores(layout: Grid | Layout | MixedLayout, bias) -> list[PairScore] | None:
+def pair_scores(layout: Grid | Layout | MixedLayout, bias,
+                tokens: torch.Tensor | None = None) -> list[PairScore] | None:
     """One :class:`PairScore` per distinct grid of the layout (one for a :class:`Layout`), or None when the bias
-    encoding has no pair form."""
+    encoding has no pair form. ``tokens`` ``(B, T, dim)``: the attention's input, for a bias that reads it (each
+    group's samples and real tokens go to its grid's score)."""
     layout = _as_layout(layout)
-    grids = [grid for _, grid in layout.groups()] if isinstance(layout, MixedLayout) else [layout.grid]
+    if isinstance(layout, MixedLayout):
+        groups = [(grid, None if tokens is None else tokens[index, :grid.num_tokens])
+                  for index, grid in layout.groups(None if tokens is None else tokens.device)]
+    else:
+        groups = [(layout.unwrap() if tokens is not None else layout.grid, tokens)]
     scores = []
-    for grid in grids:
-        score = bias.score_mod(grid)
+    for grid, group_tokens in groups:
+        score = bias.score_mod(grid) if group_tokens is None else bias.score_mod(grid, group_tokens)
         if score is None:
             return None
         scores.append(score)
@@ -80,7 +86,7 @@ def check_scores(scores: list[PairScore], heads: int) -> None:
         raise ValueError(f"bias gives {first.num_heads} heads but q, k have {heads}: build the bias with "
                          f"num_heads={heads}")
     if any(s.fn is not first.fn or s.options != first.options or len(s.tables) != len(first.tables)
-           for s in scores[1:]):
+           or s.per_sample != first.per_sample for s in scores[1:]):
         raise ValueError("the bias gives a different score function per grid of the mixed layout; score_mod must "
                          "return the same fn and options for every grid")
 
@@ -103,7 +109,12 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Grid 
     check_scores(scores, q.shape[1])
     layout = _as_layout(layout)
     block_mask = None
-    if isinstance(layout, MixedLayout):
+    if scores[0].per_sample:  # tables in the call's token order, one sample per row
+        token = group = None
+        tables = _sample_tables(layout, scores, q.device) if isinstance(layout, MixedLayout) else scores[0].tables
+        if isinstance(layout, MixedLayout):
+            block_mask = padding_block_mask(layout, q.device)
+    elif isinstance(layout, MixedLayout):
         token, group, tables = _mixed_indices(layout, scores, q.device)
         block_mask = padding_block_mask(layout, q.device)
     else:
@@ -117,16 +128,20 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Grid 
 
 def _score_mod(score: PairScore, tables, token, group, attn_mask):
     """FlexAttention's ``score_mod(score, b, h, q, k)`` for one forward."""
-    fn, options, broadcast_heads = score.fn, score.options, score.num_heads == 1
+    fn, options, broadcast_heads, per_sample = score.fn, score.options, score.num_heads == 1, score.per_sample
     if attn_mask is not None:
         attn_mask = attn_mask[(None,) * (4 - attn_mask.ndim)]
     mask_sizes = None if attn_mask is None else tuple(attn_mask.shape)
 
     def score_mod(logit, b, h, q_idx, k_idx):
-        i, j = (q_idx, k_idx) if token is None else (token[b, q_idx], token[b, k_idx])
-        read = tables if group is None else tuple(_GroupView(t, group[b]) for t in tables)
         head = torch.zeros_like(h) if broadcast_heads else h
-        logit = logit + fn(read, head, i, j, **options).to(logit.dtype)
+        if per_sample:
+            value = fn(tables, b, head, q_idx, k_idx, **options)
+        else:
+            i, j = (q_idx, k_idx) if token is None else (token[b, q_idx], token[b, k_idx])
+            read = tables if group is None else tuple(_GroupView(t, group[b]) for t in tables)
+            value = fn(read, head, i, j, **options)
+        logit = logit + value.to(logit.dtype)
         if attn_mask is not None:
             index = [x if size > 1 else 0 for x, size in zip((b, h, q_idx, k_idx), mask_sizes)]
             logit = logit + attn_mask[index[0], index[1], index[2], index[3]].to(logit.dtype)
@@ -161,6 +176,20 @@ def _mixed_indices(layout: MixedLayout, scores: list[PairScore], device):
         tables.append(torch.stack([F.pad(p, [x for size, have in zip(reversed(shape), reversed(p.shape))
                                              for x in (0, size - have)]) for p in parts]))
     return token, group, tuple(tables)
+
+
+def _sample_tables(layout: MixedLayout, scores: list[PairScore], device) -> tuple[torch.Tensor, ...]:
+    """The per-sample tables of each group (``(samples or 1, ..., n_g, ...)``, the group's tokens on axis 2) placed at
+    its samples' rows of zero tables ``(B, ..., T, ...)`` padded to the longest sample."""
+    groups = layout.groups(device)
+    stacked = []
+    for parts in zip(*(s.tables for s in scores)):
+        shape = [max(sizes) for sizes in zip(*(p.shape[1:] for p in parts))]
+        out = parts[0].new_zeros(len(layout.grids), *shape)
+        for (index, _), part in zip(groups, parts):
+            out[(index, *(slice(0, n) for n in part.shape[1:]))] = part
+        stacked.append(out)
+    return tuple(stacked)
 
 
 def padding_block_mask(layout: MixedLayout, device):

@@ -185,14 +185,20 @@ class Layout:
 
 
 def check_patch_indices(keep: torch.Tensor, grid: Grid) -> None:
-    """Every index of ``keep`` is a patch of ``grid``, ``0 .. N - 1`` (skipped while ``torch.compile`` traces, where
-    reading values would break the graph, and for a meta tensor, which has none)."""
+    """Every index of ``keep`` is a patch of ``grid``, ``0 .. N - 1``, at most once per row (skipped while
+    ``torch.compile`` traces, where reading values would break the graph, and for a meta tensor, which has none)."""
     if keep.numel() == 0 or keep.device.type == "meta" or is_compiling():
         return
     low, high = (int(v) for v in torch.aminmax(keep))
     if low < 0 or high >= grid.num_patches:
         raise ValueError(f"keep holds patch indices {low} .. {high} but grid {grid.shape} has {grid.num_patches} "
                          f"patches: allowed 0 .. {grid.num_patches - 1} (a negative index is not counted from the end)")
+    ordered = keep.sort(dim=1).values
+    repeated = (ordered[:, 1:] == ordered[:, :-1]).nonzero()
+    if len(repeated):
+        row, column = (int(v) for v in repeated[0])
+        raise ValueError(f"keep row {row} holds patch {int(ordered[row, column])} more than once; each sample keeps a "
+                         "patch at most once (distinct indices per row)")
 
 
 def as_layout(layout) -> Layout:

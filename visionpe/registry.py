@@ -1,9 +1,10 @@
 """Encodings by name: ``build(name, **kwargs)``, ``available() -> {name: family}``, ``register(name, cls)``."""
 from __future__ import annotations
 
-from .bias import FIRE, ALiBi, BucketedBias, ContinuousPositionBias, LookHere, RelBias, SwinBias
+from .bias import FIRE, ALiBi, BucketedBias, ContinuousPositionBias, LookHere, PaPE, PaPERI, RelBias, SwinBias
 from .encoding import Encoding, constructor_keywords
-from .rotary import AxialRoPE, ComRoPE, LieRE, MixedRoPE, StringRoPE, VideoRoPE
+from .rotary import (AxialRoPE, ComRoPE, HARoPE, LieRE, MixedRoPE, RegisterRoPE, RIFLEx, SpiralRoPE, StringRoPE,
+                     VideoRoPE)
 from .tokens import PEG, Learned, SinCos
 
 FAMILIES = ("tokens", "rotary", "bias")
@@ -18,6 +19,10 @@ ENCODINGS: dict[str, type[Encoding]] = {
     "string": StringRoPE,
     "comrope": ComRoPE,
     "liere": LieRE,
+    "spiral_rope": SpiralRoPE,
+    "harope": HARoPE,
+    "vit5_rope": RegisterRoPE,
+    "riflex": RIFLEx,
     "swin_bias": SwinBias,
     "rel_bias": RelBias,
     "cpb": ContinuousPositionBias,
@@ -25,6 +30,8 @@ ENCODINGS: dict[str, type[Encoding]] = {
     "bucket_bias": BucketedBias,
     "lookhere": LookHere,
     "fire": FIRE,
+    "pape": PaPE,
+    "pape_ri": PaPERI,
 }
 
 BUILTIN: dict[str, type[Encoding]] = dict(ENCODINGS)

@@ -239,13 +239,19 @@ def test_timm_checkpoint_resizes_pos_embed_and_swin_tables():
     swin = _perturb(timm.create_model(name, **SWIN[name]))
     ours = vpe.create_model(name, pe="swin_bias", **{**SWIN[name], "window_size": 2})
     report = vpe.load_timm_checkpoint(ours, swin.state_dict())
-    assert all("(resized)" in line for line in report.converted) and len(report.converted) == 2
+    assert all(line.endswith("(resized 4x4 -> 2x2 (geometric))") for line in report.converted)  # timm's method
+    assert len(report.converted) == 2
+    source = swin.layers[0].blocks[0].attn.relative_position_bias_table.detach()
+    expected = timm.layers.resize_rel_pos_bias_table(source, new_window_size=(2, 2), new_bias_shape=(9, 2))
+    torch.testing.assert_close(ours.layers[0].blocks[0].attn.bias.relative_position_bias_table, expected, atol=1e-4,
+                               rtol=1e-4)
 
 
 def test_timm_checkpoint_of_a_non_square_grid(tmp_path):
     """A timm checkpoint at a 16x4 grid (64 patches, also a square count): into a 16x4 model it loads as is, as timm
-    loads it; into another grid source_grid=(16, 4) gives timm's resample_abs_pos_embed from (16, 4), while the
-    square default would read it as 8x8; 14x7 (not square) asks for source_grid."""
+    loads it; into another grid source_grid=(16, 4) gives timm's resample_abs_pos_embed from (16, 4), and so does the
+    timm model itself as the source, while the square default reads it as 8x8 and says so (with the other grids 64
+    fits and how to give one); 14x7 (not square) asks for source_grid."""
     kw = {**VIT_KW, "img_size": (128, 32)}
     plain = _perturb(timm.create_model(VIT, **kw))
     path = tmp_path / "vit_16x4.pth"
@@ -267,6 +273,17 @@ def test_timm_checkpoint_of_a_non_square_grid(tmp_path):
         timm_resampled = timm.layers.resample_abs_pos_embed(plain.pos_embed, (8, 8), (16, 4), num_prefix_tokens=1)
         torch.testing.assert_close(other.pe_tokens.table.reshape(1, 64, -1), timm_resampled[:, 1:], atol=1e-5,
                                    rtol=1e-5)
+    # the square default says what it assumed, and the timm model itself gives its grid
+    square = vpe.create_model(VIT, pe="learned", **{**VIT_KW, "img_size": (64, 64)})
+    report = vpe.load_timm_checkpoint(square, path)
+    assert report.assumed == ["pos_embed: 64 patch positions read as the grid 8x8 (the model's grid; a checkpoint "
+                              "stores no grid, and 64 also fits 16x4, 4x16, 32x2, 2x32): give "
+                              "source_grid=(height, width) if it was another"]
+    assert "\n  assumed   pos_embed: 64 patch positions read as the grid 8x8" in str(report)
+    from_model = vpe.create_model(VIT, pe="learned", **{**VIT_KW, "img_size": (64, 64)})
+    report = vpe.load_timm_checkpoint(from_model, plain)
+    assert report.assumed == [] and not report.new and not report.dropped
+    torch.testing.assert_close(from_model.pe_tokens.table, other.pe_tokens.table)
     tall = _perturb(timm.create_model(VIT, **{**VIT_KW, "img_size": (112, 56)}))
     with pytest.raises(ValueError, match=r"98 patch positions.*source_grid=\(height, width\)"):
         vpe.load_timm_checkpoint(vpe.create_model(VIT, pe="learned", **VIT_KW), tall.state_dict())
@@ -274,6 +291,39 @@ def test_timm_checkpoint_of_a_non_square_grid(tmp_path):
         vpe.load_timm_checkpoint(other, tall.state_dict(), source_grid=(16, 4))
     with pytest.raises(ValueError, match="source_grid must be"):
         vpe.load_timm_checkpoint(other, path, source_grid=(16, 4.0))
+
+
+def test_beit_checkpoint_resizes_its_tables_as_timms_beit(tmp_path):
+    """A timm BEiT checkpoint (4x4 grid) into a ViT with rel_bias on a 6x6 grid: its tables resized with BEiT's
+    geometric method by default, as timm's own BEiT loads the file at 48 px (its checkpoint filter calls
+    resize_rel_pos_bias_table): the same tables and logits; ``table_resize="bicubic"`` resizes them otherwise."""
+    torch.manual_seed(0)
+    kw = dict(patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3)
+    beit = timm.create_model("beit_base_patch16_224", img_size=32, **kw)
+    with torch.no_grad():
+        for name, p in beit.named_parameters():
+            p.add_(torch.randn_like(p) * (1.0 if "relative_position" in name else 0.05))
+    path = tmp_path / "beit.pth"
+    torch.save(beit.state_dict(), path)
+    theirs = timm.create_model("beit_base_patch16_224", img_size=48, pretrained=True, **kw,
+                               pretrained_cfg_overlay=dict(file=str(path), custom_load=False, num_classes=3)).eval()
+    tables = {}
+    for resize in (None, "bicubic"):
+        ours = vpe.create_model("vit_base_patch16_224", pe="rel_bias", img_size=48, init_values=0.1,
+                                global_pool="avg", **kw).eval()
+        report = vpe.load_timm_checkpoint(ours, path, strict=True, table_resize=resize)
+        assert "blocks.0.attn.relative_position_bias_table -> blocks.0.attn.bias.relative_position_bias_table " \
+               f"(resized 4x4 -> 6x6 ({resize or 'geometric'}))" in report.converted
+        tables[resize] = ours.blocks[0].attn.bias.relative_position_bias_table.detach()
+        if resize is None:
+            torch.testing.assert_close(tables[None], theirs.blocks[0].attn.relative_position_bias_table, atol=1e-4,
+                                       rtol=1e-4)
+            x = torch.randn(2, 3, 48, 48)
+            with torch.no_grad():
+                torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
+    assert (tables["bicubic"] - tables[None]).abs().max() > 0.1
+    with pytest.raises(ValueError, match="table_resize"):
+        vpe.load_timm_checkpoint(ours, path, table_resize="cubic")
 
 
 TINY = dict(patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3)
@@ -301,14 +351,17 @@ def test_timm_checkpoint_resamples_visionpe_learned_table(factorized, tmp_path, 
 
 
 def test_timm_checkpoint_warns_when_more_than_the_head_is_dropped_or_new(caplog):
+    """One report per load, each key once (a key of every block once): a warning when a non-positional weight
+    beyond the head did not load, information when only another encoding's position weights and the head differ."""
     torch.manual_seed(0)
     model = vpe.create_model(VIT, pe="learned", img_size=16, **TINY)
     with caplog.at_level("INFO", logger="visionpe.weights"):
         report = vpe.load_timm_checkpoint(model, {})
     assert report.new and not report.kept
-    [record] = [r for r in caplog.records if r.levelname == "WARNING"]
-    assert record.name == "visionpe.weights"
-    assert "pe_tokens.table" in record.getMessage() and "blocks.0.attn.qkv.weight" in record.getMessage()
+    [record] = caplog.records
+    assert record.name == "visionpe.weights" and record.levelname == "WARNING"
+    message = record.getMessage()
+    assert "pe_tokens.table" in message and message.count("blocks.0.attn.qkv.weight") == 1
     caplog.clear()
     deeper = vpe.create_model(VIT, pe="learned", img_size=16, **{**TINY, "depth": 2})
     with caplog.at_level("WARNING", logger="visionpe.weights"):
@@ -316,12 +369,15 @@ def test_timm_checkpoint_warns_when_more_than_the_head_is_dropped_or_new(caplog)
     assert "blocks.1.attn.qkv.weight" in report.dropped
     assert len(caplog.records) == 1 and "dropped blocks.1." in caplog.records[0].getMessage()
     caplog.clear()
-    plain = timm.create_model(VIT, img_size=16, **TINY)
-    rope = vpe.create_model(VIT, pe="rope_axial", img_size=16, **TINY)
-    with caplog.at_level("WARNING", logger="visionpe.weights"):
+    plain = timm.create_model(VIT, img_size=16, **{**TINY, "depth": 2})
+    rope = vpe.create_model(VIT, pe="rope_mixed", img_size=16, **{**TINY, "depth": 2})
+    with caplog.at_level("INFO", logger="visionpe.weights"):
         report = vpe.load_timm_checkpoint(rope, plain.state_dict())
     assert report.dropped == ["pos_embed"]
-    assert len(caplog.records) == 1 and "positional: pos_embed" in caplog.records[0].getMessage()
+    [record] = caplog.records
+    assert record.levelname == "INFO" and record.getMessage() == (
+        "load_timm_checkpoint: state dict into VisionTransformerPE: 31 kept, 0 converted, 2 new, 1 dropped\n"
+        "  positional, not loaded: pos_embed (dropped); blocks.*.attn.rotary.freqs (2) (new)")
     caplog.clear()
     other_head = vpe.create_model(VIT, pe="learned", img_size=16, **{**TINY, "num_classes": 5})
     with caplog.at_level("WARNING", logger="visionpe.weights"):

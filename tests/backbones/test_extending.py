@@ -1,7 +1,13 @@
-"""A user's own encoding, registered once, works everywhere a built-in one does; and the grid offset a model's
-forward takes reaches every encoding."""
+"""A user's own encoding, registered once, works everywhere a built-in one does; a user's own backbone, one Adapter
+record in one file, reaches every place that lists backbones; and the grid offset a model's forward takes reaches
+every encoding."""
+import subprocess
+import sys
+
 import pytest
 import torch
+from trainutil import ROOT
+from usercode import BACKBONE, write
 
 import visionpe as vpe
 from visionpe import Grid, viz
@@ -95,3 +101,102 @@ def test_grid_offset_reaches_the_encodings(pe):
         patches = model.patch_embed(x).reshape(1, 9, 16)
         window = model.pe_tokens.table[1:4, 2:5].reshape(1, 9, 16)
         torch.testing.assert_close(tokens, patches + window)
+
+
+# A user's backbone in one file: its model (tests/usercode.py's ToyViT, registered in timm by its own entrypoints
+# here) and ONE Adapter record, from which visionpe's timm registry, the training CLI's help and messages, the error
+# messages and load_timm_checkpoint learn everything they say about it.
+USER_BACKBONE = BACKBONE[:BACKBONE.index("register_adapter(")] + '''
+from timm.models import build_model_with_cfg, register_model
+
+
+def renamed_blocks(state, report):
+    """An older ToyViT named its blocks ``layers.N``."""
+    out = {}
+    for key, value in state.items():
+        new = "blocks." + key[len("layers."):] if key.startswith("layers.") else key
+        if new != key:
+            report.converted.append(f"{key} -> {new}")
+        out[new] = value
+    return out
+
+
+@register_model
+def toy_vit_tiny(pretrained=False, **kwargs):
+    return build_model_with_cfg(ToyViT, "toy_vit_tiny", pretrained, **kwargs)
+
+
+@register_model
+def toy_vit_huge(pretrained=False, **kwargs):
+    return build_model_with_cfg(ToyViT, "toy_vit_huge", pretrained, **dict(dict(embed_dim=64, depth=2), **kwargs))
+
+
+register_adapter(Adapter(ToyViT, ToyViTPE, put_encodings, (vpe.Attention,), library="user",
+                         timm_modules=(__name__,), native="rope_axial", families=("rotary", "bias"),
+                         refuses={"lookhere": "looks in fixed directions, which a toy does not have; use alibi"},
+                         unsupported={"toy_vit_huge": "too big for a toy"}, examples=("toy_vit_tiny",),
+                         checkpoint_hooks=(renamed_blocks,)))
+'''
+
+# run in a fresh process: timm's registry has no way to forget a name, and the user's names must not leak into the
+# other tests' timm registry
+USER_CHECKS = '''
+import sys
+
+import pytest
+import timm
+import torch
+
+import visionpe as vpe
+from visionpe import cli
+from visionpe.cli import UserError
+from visionpe.train import models
+
+cli.import_user_code([sys.argv[1]])
+# timm's registry: the supported name, with the native encoding by default; the unsupported one left out
+assert timm.list_models("vpe_toy*") == ["vpe_toy_vit_tiny"], timm.list_models("vpe_toy*")
+model = timm.create_model("vpe_toy_vit_tiny", num_classes=3)
+assert type(model).__name__ == "ToyViTPE" and model.pe == "rope_axial"
+assert model(torch.randn(2, 3, 16, 24)).shape == (2, 3)
+assert timm.create_model("vpe_toy_vit_tiny", pe="alibi").pe == "alibi"
+assert model.pretrained_cfg["fixed_input_size"] is False
+# messages, generated from the record
+with pytest.raises(ValueError, match=r"ToyViT takes rotary and bias encodings \\(rope_axial, .*alibi.*\\); tokens "
+                                     r"encodings \\(learned\\)") as info:
+    vpe.apply(timm.create_model("toy_vit_tiny"), "learned")
+assert "lookhere" not in str(info.value)
+with pytest.raises(ValueError, match="lookhere looks in fixed directions, which a toy does not have; use alibi"):
+    vpe.apply(timm.create_model("toy_vit_tiny"), "lookhere")
+with pytest.raises(ValueError, match=r"supported: .*user ToyViT"):
+    vpe.apply(torch.nn.Linear(2, 2), "learned")
+with pytest.raises(ValueError, match="user ToyViT does not take it: too big for a toy"):
+    vpe.create_model("toy_vit_huge", pe="alibi")
+# the training CLI: --model's help and its messages
+assert "user ToyViT (toy_vit_tiny)" in models.model_help()
+cfg = {"model": "toy_vit_huge", "pe": "rope_axial"}
+with pytest.raises(UserError, match="--model toy_vit_huge: user ToyViT does not take it: too big for a toy"):
+    models.check_model(cfg)
+with pytest.raises(UserError, match=r"unknown model 'toy_vit_small'; try e.g. .*user ToyViT \\(toy_vit_tiny\\)"):
+    models.check_model({**cfg, "model": "toy_vit_small"})
+# load_timm_checkpoint runs the record's checkpoint hook: an older checkpoint's names are converted
+old = {k.replace("blocks.", "layers.", 1): v + 1 for k, v in model.state_dict().items()}
+report = vpe.load_timm_checkpoint(model, old, strict=True)
+assert "layers.0.qkv.weight -> blocks.0.qkv.weight" in report.converted and not report.new and not report.dropped
+assert torch.equal(model.blocks[0].qkv.weight, old["layers.0.qkv.weight"])
+print("user backbone: ok")
+'''
+
+
+def test_a_user_adapter_reaches_the_registry_the_cli_the_messages_and_the_loader(tmp_path):
+    """One user file with one Adapter record: timm's vpe_* registry (with its native encoding, without its
+    unsupported name), the --model help of train_vit.py (imported by --import before the help is written), the
+    'supported' and 'takes' messages, and load_timm_checkpoint's conversion hook."""
+    user = write(tmp_path, "toy_backbone", USER_BACKBONE)
+    checks = tmp_path / "checks.py"
+    checks.write_text(USER_CHECKS)
+    done = subprocess.run([sys.executable, str(checks), str(user)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "user backbone: ok" in done.stdout, done.stderr[-3000:]
+    helped = subprocess.run([sys.executable, str(ROOT / "train_vit.py"), "--import", str(user), "--help"],
+                            capture_output=True, text=True, timeout=600)
+    assert helped.returncode == 0, helped.stderr[-3000:]
+    assert "user ToyViT (toy_vit_tiny)" in " ".join(helped.stdout.split())

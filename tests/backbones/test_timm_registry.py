@@ -1,8 +1,8 @@
 """visionpe models in timm's registry (``vpe_<timm name>``): timm's own create_model, tags, loaders and CLI parsing
 are the oracles; pretrained weights come from files the tests write (never a download)."""
 import argparse
-import fnmatch
 import logging
+import re
 import socket
 import warnings
 
@@ -16,7 +16,7 @@ from timm.utils import ParseKwargs
 
 import visionpe as vpe
 from visionpe.backbones import PositionalModel, timm_registry
-from visionpe.backbones.timm_registry import NATIVE_PE, PREFIX, UNSUPPORTED, supported_timm_names
+from visionpe.backbones.timm_registry import PREFIX, supported_timm_names, unsupported_timm_names
 
 VIT = "vit_small_patch16_224"
 TINY = {VIT: dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10),
@@ -48,7 +48,8 @@ def test_list_models_has_every_supported_architecture_and_timms_tags():
     assert set(listed) == {PREFIX + name for name in supported_timm_names()}
     for name in (VIT, "deit_small_patch16_224", "deit3_small_patch16_224", SWIN, SWINV2):
         assert PREFIX + name in listed
-    assert not any(fnmatch.fnmatchcase(name, f"{PREFIX}*_distilled_*") for name in listed)
+    assert PREFIX + "deit_tiny_distilled_patch16_224" in listed  # both heads, as transformers' DeiT
+    assert not set(listed) & {PREFIX + name for name in unsupported_timm_names()}
     assert set(timm.list_models(module="timm_registry")) == set(listed)
     # the pretrained tags are timm's, and so is each tag's weight source
     tags = timm.list_pretrained(f"{VIT}.*")
@@ -154,7 +155,7 @@ def test_pretrained_file_keeps_the_weights(name, suffix, tmp_path):
 
 def test_pretrained_into_another_encoding_keeps_every_other_weight(tmp_path, caplog):
     timm_model, path = _tiny_timm_checkpoint(VIT, tmp_path)
-    with caplog.at_level(logging.WARNING, logger="visionpe.weights"):
+    with caplog.at_level(logging.INFO, logger="visionpe.weights"):
         model = timm.create_model(PREFIX + VIT, pretrained=True, pe="rope_mixed", **TINY[VIT],
                                   pretrained_cfg_overlay=_file(path, num_classes=10))
     source = timm_model.state_dict()
@@ -162,7 +163,9 @@ def test_pretrained_into_another_encoding_keeps_every_other_weight(tmp_path, cap
     kept = [k for k in state if k in source]
     assert len(kept) == len(source) - 1  # all but timm's pos_embed
     assert all(torch.equal(state[k], source[k]) for k in kept)
-    assert "pos_embed" in caplog.text and "rotary.freqs" in caplog.text  # load_timm_checkpoint's report
+    [record] = caplog.records  # load_timm_checkpoint's one report: the grid came from timm's model, nothing assumed
+    assert record.levelname == "INFO" and record.getMessage().endswith(
+        "positional, not loaded: pos_embed (dropped); blocks.*.attn.rotary.freqs (2) (new)")
 
 
 def test_pretrained_with_other_classes_gets_a_fresh_head(tmp_path, caplog):
@@ -173,7 +176,7 @@ def test_pretrained_with_other_classes_gets_a_fresh_head(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="visionpe.weights"):
         model = timm.create_model(PREFIX + VIT, pretrained=True, pretrained_cfg_overlay=_file(path, num_classes=-1),
                                   **kwargs)
-    assert "classifier head not loaded (head.weight, head.bias)" in caplog.text
+    assert "classifier head, not loaded: head.weight, head.bias (new)" in caplog.text
     source, state = timm_model.state_dict(), model.state_dict()
     assert all(torch.equal(state[k], v) for k, v in source.items() if k in state and not k.startswith("head."))
     assert torch.equal(state["pe_tokens.table"], source["pos_embed"][0, 1:].reshape(4, 4, 32))
@@ -196,6 +199,19 @@ def test_pretrained_from_a_file_never_touches_the_network(tmp_path, monkeypatch)
     attempts.clear()
     timm.create_model(PREFIX + VIT, pretrained=True, pretrained_cfg_overlay=_file(path), **TINY[VIT])
     assert attempts == []
+
+
+def test_a_fixed_size_cfg_builds_the_model_at_its_size_and_says_it_runs_at_any():
+    """timm builds a model whose cfg says ``fixed_input_size`` at the cfg's input size (a 384 px ViT has a 24x24
+    pos_embed); the vpe_* model has that grid too, and its cfg says the truth: it runs at any size."""
+    name, kw = "vit_base_patch16_384", dict(depth=1, embed_dim=24, num_heads=2)
+    assert timm.get_pretrained_cfg(name).fixed_input_size
+    ours = timm.create_model(PREFIX + name, **kw)
+    assert ours.patch_embed.grid_size == timm.create_model(name, **kw).patch_embed.grid_size == (24, 24)
+    assert ours.pretrained_cfg["fixed_input_size"] is False
+    assert timm.get_pretrained_cfg(PREFIX + name).fixed_input_size is False
+    assert ours(torch.randn(1, 3, 64, 48)).shape == (1, 1000)
+    assert timm.create_model(PREFIX + name, img_size=64, **kw).patch_embed.grid_size == (4, 4)  # the caller's wins
 
 
 def test_tags_choose_timms_pretrained_cfg():
@@ -233,19 +249,22 @@ def test_timm_train_script_arguments(tmp_path):
 
 def test_every_registered_name_builds_and_every_excluded_one_is_unsupported():
     """The scheme is checked against the installed timm: each registered name builds through the registry (one block
-    a stage, narrow), each name left out by UNSUPPORTED fails in visionpe (so none is left out for nothing)."""
+    a stage, narrow) with its architecture's own encoding, each name an adapter leaves out fails in visionpe saying
+    why (so none is left out for nothing)."""
     def small(name):
         if "swin" in name:
             return dict(depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1), embed_dim=8)
-        return dict(depth=1, embed_dim=24, num_heads=2)  # 24: every GLU MLP ratio gives an even hidden width
+        kv = dict(num_kv_heads=1) if "sapiens2" in name else {}  # its per-block tuple is for its own depth
+        return dict(depth=1, embed_dim=24, num_heads=2, **kv)  # 24: every GLU MLP ratio gives an even hidden width
 
-    for name in supported_timm_names():
+    for name, adapter in supported_timm_names().items():
         model = timm.create_model(PREFIX + name, **small(name))
-        assert isinstance(model, PositionalModel), name
-    excluded = [n for m in NATIVE_PE for n in timm.list_models(module=m)
-                if any(fnmatch.fnmatchcase(n, p) for p in UNSUPPORTED)]
+        assert isinstance(model, PositionalModel) and model.pe == adapter.native_pe(model)[0], name
+    excluded = unsupported_timm_names()
     assert excluded and not any(hasattr(timm_registry, PREFIX + n) for n in excluded)
-    for name in excluded:
+    for name, why in excluded.items():
+        with pytest.raises(ValueError, match=re.escape(why)):
+            vpe.create_model(name, **small(name))
         plain = timm.create_model(name, **small(name))
-        with pytest.raises((ValueError, AttributeError)):
-            vpe.apply(plain, "learned")
+        with pytest.raises((ValueError, AttributeError)):  # not even as timm built it
+            vpe.apply(plain, pe="native")

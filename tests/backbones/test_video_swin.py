@@ -9,7 +9,8 @@ from torchvision.models.video.swin_transformer import (ShiftedWindowAttention3d,
 
 import visionpe as vpe
 from visionpe.backbones import SwinTransformer3dPE, VideoWindowAttention
-from visionpe.backbones.video_swin import effective_window, shift_mask
+from visionpe.backbones.video_swin import effective_window
+from visionpe.backbones.windows import shift_mask
 from visionpe.bias import SwinBias
 from visionpe.grid import Grid
 

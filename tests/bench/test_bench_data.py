@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from visionpe.bench import cli, data
+from visionpe.bench.speed import cli, data
 
 
 def test_both_loaders_read_the_folder_the_benchmark_writes(tmp_path):
@@ -25,7 +25,7 @@ def test_both_loaders_read_the_folder_the_benchmark_writes(tmp_path):
 
 def test_quick_data_section_writes_its_tables(tmp_path):
     out = tmp_path / "perf.md"
-    report = cli.run_sections(["--quick", "--sections", "data", "--out", str(out)])
+    report = cli.main(["--quick", "--sections", "data", "--out", str(out)])
     assert "**Training loader: images/s" in report and "**Training step on visionpe's loader" in report
     rows = [line for line in report.splitlines() if line.startswith("| square") or line.startswith("| native")]
     assert len(rows) == 2

@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import requires
 
-from visionpe.bench import cli, flex, memory, plan, profile, timing
-from visionpe.train.report import keep_hand_written
+from visionpe.bench.speed import cli, flex, memory, plan, profile, timing
+from visionpe.cli.report import keep_hand_written
 
 # section -> (tables it writes under --quick, start of their titles)
 TITLES = {"rope": (2, "RoPE apply"), "forward": (2, "Eval forward"), "train": (2, "Training step (forward"),
@@ -79,7 +79,7 @@ def test_quick_run_writes_every_section(tmp_path, one_thread):
     out = tmp_path / "PERFORMANCE.md"
     report = cli.main(["--quick", "--threads", "1", "--sections", *sections, "--out", str(out)])
     assert out.read_text() == report
-    assert report.startswith("# Performance\n\nMade by `python scripts/bench_speed.py --quick")
+    assert report.startswith("# Performance\n\nMade by `visionpe bench-speed --quick")
     tables = parse_tables(report)
     for section in sections:
         check_section(tables, section)
@@ -247,7 +247,7 @@ def test_video_setups_are_the_video_benchmark_recipe_and_cover_every_3d_encoding
     assert small.batch == recipe["batch_size"] and small.kwargs["embed_dim"] == recipe["model_kwargs"]["embed_dim"]
     assert small.video["tubelet_size"] == (1, recipe["patch_size"], recipe["patch_size"]) and not small.slow
     assert large.slow and large.size == (8, 224, 224)
-    from visionpe.bench.video import video_encodings
+    from visionpe.bench.speed.video import video_encodings
     every = video_encodings(cli.PES + cli.FRONTIER)
     assert "lookhere" not in every and every[-1] == "videorope"
     assert set(every) == {pe for pe in cli.PES + cli.FRONTIER if pe != "lookhere"} | {"videorope"}

@@ -11,8 +11,9 @@ import pytest
 import yaml
 from trainutil import run_script
 
-from visionpe.train import benchmark
-from visionpe.train.cli import UserError
+from visionpe.bench.accuracy import jobs, staleness
+from visionpe.bench.accuracy.rows import read_rows
+from visionpe.cli import UserError
 
 RECIPE = {"data": "shapes-position", "img_size": 16, "patch_size": 4, "epochs": 1, "batch_size": 16,
           "train_samples": 32, "val_samples": 16, "warmup_epochs": 0,
@@ -84,20 +85,20 @@ def test_an_edited_recipe_retrains_the_run(finished, tmp_path):
 def test_a_sweep_is_redone_when_its_results_or_arguments_changed(finished, tmp_path):
     folder = copy(finished, tmp_path)
     run = the_run(folder)
-    sweep = benchmark.sweep_command(run, [16], ["none", "pi", "ntk", "yarn"])
-    assert benchmark.sweep_is_current(run, sweep)
-    assert not benchmark.sweep_is_current(run, benchmark.sweep_command(run, [16, 24], ["none"]))
+    sweep = jobs.sweep_command(run, [16], ["none", "pi", "ntk", "yarn"])
+    assert staleness.sweep_is_current(run, sweep)
+    assert not staleness.sweep_is_current(run, jobs.sweep_command(run, [16, 24], ["none"]))
     results = json.loads((run / "results.json").read_text())
     (run / "results.json").write_text(json.dumps({**results, "final_train_loss": 0.0}))  # as a retrained run would
-    assert not benchmark.sweep_is_current(run, sweep)
-    assert benchmark.plan_run(run, ["--pe", "learned"], sweep, tmp_path / "log")[-1] == sweep
+    assert not staleness.sweep_is_current(run, sweep)
+    assert jobs.plan_run(run, ["--pe", "learned"], sweep, tmp_path / "log")[-1] == sweep
 
 
 @pytest.mark.parametrize("label, slug", [("../up", "up"), ("a b+c", "a-b-c"), (".hidden", "hidden")])
 def test_row_labels_stay_inside_their_folder(tmp_path, label, slug):
     rows = tmp_path / "rows.yaml"
     rows.write_text(yaml.safe_dump({"section": "s", "title": "t", "rows": [{"label": label, "args": "--pe learned"}]}))
-    assert benchmark.read_rows(rows)["rows"][0]["slug"] == slug
+    assert read_rows(rows)["rows"][0]["slug"] == slug
 
 
 @pytest.mark.parametrize("label", ["..", ".", "/"])
@@ -105,7 +106,7 @@ def test_a_row_label_without_a_name_is_refused(tmp_path, label):
     rows = tmp_path / "rows.yaml"
     rows.write_text(yaml.safe_dump({"section": "s", "title": "t", "rows": [{"label": label, "args": "--pe learned"}]}))
     with pytest.raises(UserError, match="no letters or digits"):
-        benchmark.read_rows(rows)
+        read_rows(rows)
 
 
 def test_convert_benchmark_report_only_without_runs_leaves_the_doc(tmp_path, capsys):

@@ -6,7 +6,7 @@ import torch
 from conftest import requires
 from test_bench_speed import parse_tables
 
-from visionpe.bench import cli, flex_models
+from visionpe.bench.speed import cli, flex_models
 
 pytestmark = requires("torch", "2.5", "torch.nn.attention.flex_attention")
 

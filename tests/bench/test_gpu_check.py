@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh: on a machine without CUDA one line and exit 0; its report writer (visionpe.bench.gpu) reads
+"""scripts/gpu_check.sh: on a machine without CUDA one line and exit 0; its report writer (visionpe.bench.speed.gpu) reads
 pytest's JUnit XML and puts the CUDA part into docs/PERFORMANCE.md's GPU section, leaving the rest of the file."""
 import os
 import re
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from visionpe.bench import gpu
+from visionpe.bench.speed import gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"

@@ -1,4 +1,4 @@
-"""timm's own models as reference rows (``--pe timm``) and ``scripts/benchmark.py --rows``: the rows file, the
+"""timm's own models as reference rows (``--pe timm``) and ``visionpe benchmark --rows``: the rows file, the
 models it builds, the verdict against timm, and a tiny benchmark end to end."""
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import torch
 from conftest import requires_that
 from trainutil import ROOT, TINY, run_script, train_main
 
-from visionpe.train import benchmark, models, restore, settings
+from visionpe.bench.accuracy.rows import read_rows
+from visionpe.bench.accuracy.verdicts import rows_verdict
+from visionpe.train import models, restore, settings
 
 ROWS_FILE = ROOT / "configs" / "bench_rows_resolution.yaml"
 RECIPE = ROOT / "configs" / "bench_vit_tiny.yaml"
@@ -33,7 +35,7 @@ ROWS_FILES = [pytest.param(path, id=path.stem, marks=[EVA_ROPE_TYPE] if "rope_ty
 def test_committed_rows_files_build_every_model_at_every_test_size(rows_file):
     """Every row of every committed rows file resolves with the benchmark recipe, and its model runs at the test
     sizes (below, at, above training and non-square); timm rows are timm's classes, without layer scale."""
-    spec = benchmark.read_rows(rows_file)
+    spec = read_rows(rows_file)
     assert len({r["slug"] for r in spec["rows"]}) == len(spec["rows"])
     assert {r["label"] for r in spec["rows"] if r["timm"]} == {r["label"] for r in spec["rows"]
                                                                if "--pe timm" in " ".join(r["train"])}
@@ -55,7 +57,7 @@ def test_timm_rows_use_the_body_of_the_visionpe_rows():
     """Same sizes on both sides: timm's learned ViT has exactly the parameters of visionpe's learned ViT, and timm's
     Eva RoPE row has those of visionpe's rope_axial ViT (RoPE adds no parameter) plus Eva's layer scale (2 x dim per
     block), the one difference the rows file states."""
-    rows = {r["label"]: r for r in benchmark.read_rows(ROWS_FILE)["rows"]}
+    rows = {r["label"]: r for r in read_rows(ROWS_FILE)["rows"]}
     count = lambda label: sum(p.numel() for p in models.build_model(row_config(rows[label])).parameters())
     assert count("timm ViT learned APE") == count("learned")
     assert count("timm Eva RoPE-axial ref_feat_shape") == count("rope_axial index") + 2 * 64 * 4
@@ -110,7 +112,7 @@ def test_rows_verdict_compares_best_against_timm_best_with_the_spread(ours, word
     table = {("rows", "d", "ours", "default"): entry(ours),
              ("rows", "d", "weak", "default"): entry({24: [10, 10, 10], 32: [90, 90, 90], 48: [10, 10, 10]}),
              ("rows", "d", "timm ref", "default"): entry({24: [84, 85, 86], 32: [95, 95, 95], 48: [72, 73, 74]})}
-    text = benchmark.rows_verdict(table, "d", rows, [24, 32, 48])
+    text = rows_verdict(table, "d", rows, [24, 32, 48])
     assert "best visionpe row" in text.lower() and "`ours`" in text and "`timm ref`" in text
     assert word in text, text
     assert "`weak`" not in text  # the best row of each side speaks for it

@@ -47,7 +47,9 @@ def pe(name, **kw):
                 "rope_mixed": dict(head_dim=8, num_heads=2), "swin_bias": dict(num_heads=2, window_size=(2, 3)),
                 "rel_bias": dict(num_heads=2, grid_shape=(2, 3)), "cpb": dict(num_heads=2, window_size=(2, 3),
                                                                                hidden_dim=8),
-                "alibi": dict(num_heads=2)}[name]
+                "alibi": dict(num_heads=2), "harope": dict(head_dim=8, num_heads=2),
+                "vit5_rope": dict(head_dim=8, num_registers=4),
+                "pape": dict(dim=8, num_heads=2, head_dim=8, num_parabolas=3)}[name]
     return vpe.build(name, **{**defaults, **kw})
 
 
@@ -294,6 +296,40 @@ ROWS = [
                 (dict(num_heads=1.5), "num_heads", "positive integer"),
                 (dict(num_heads=INF), "num_heads", "positive integer"),
                 (dict(ndim=4), "ndim=4", "1, 2, 3"), (dict(ndim="2"), "ndim='2'", "1, 2, 3")),
+    # -- build: the 2026 encodings ---------------------------------------------------------------------------------
+    *build_rows("spiral_rope", dict(head_dim=8),
+                (dict(num_directions=3), "num_directions=3", "even"), (dict(num_directions=0), "num_directions",
+                                                                        "positive integer"),
+                (dict(max_freq=0), "max_freq", "> 0"), (dict(max_freq=NAN), "max_freq", "finite number"),
+                (dict(ndim=3), "ndim must be 2", "ndim=3"), (dict(head_dim=6), "head_dim=6", "divisible by 4"),
+                (dict(axis_order="yx"), "axis_order='yx'", "'xy'", "'ij'")),
+    *build_rows("harope", dict(head_dim=8, num_heads=2),
+                (dict(head_dim=6), "head_dim=6", "divisible by 4"), (dict(num_heads=0), "num_heads",
+                                                                      "positive integer"),
+                (dict(theta=1.0), "theta", "> 1.0"), (dict(pairs="pairs"), "pairs='pairs'", "'interleaved'")),
+    *build_rows("vit5_rope", dict(head_dim=8),
+                (dict(num_registers=3), "num_registers=3", "square"),
+                (dict(num_registers=-1), "num_registers", "0 or a positive integer"),
+                (dict(register_theta=1.0), "register_theta", "> 1.0"),
+                (dict(register_theta=INF), "register_theta", "finite number")),
+    *build_rows("riflex", dict(head_dim=12, ref_shape=(2, 3, 4)),
+                (dict(ndim=2, ref_shape=(3, 4)), "riflex is defined on (T, H, W) grids", "ndim=2"),
+                (dict(ref_shape=None), "ref_shape=(T, H, W)", "intrinsic_index", "repetition_frame"),
+                (dict(intrinsic_index=3), "intrinsic_index=3", "allowed 1 .. 2"),
+                (dict(intrinsic_index=0), "intrinsic_index", "positive integer"),
+                (dict(repetition_frame=-2), "repetition_frame", "> 0"),
+                (dict(period_margin=1.5), "period_margin", "<= 1"), (dict(period_margin=0), "period_margin", "> 0"),
+                (dict(theta=1.5, ref_shape=(40, 3, 4)), "no time band has a period longer than", "40")),
+    *build_rows("pape", dict(dim=8, num_heads=2, head_dim=8),
+                (dict(num_parabolas=0), "num_parabolas", "positive integer"),
+                (dict(dim=0), "dim", "positive integer"), (dict(head_dim=2.5), "head_dim", "positive integer"),
+                (dict(prefix_position="first"), "prefix_position='first'", "'corner'", "'none'"),
+                (dict(axis_order="yx"), "axis_order='yx'", "'xy'", "'ij'"), (dict(ndim=4), "ndim=4", "1, 2, 3"),
+                (dict(coords="pixels"), "coords='pixels'", "'index'", "'normalized'")),
+    *build_rows("pape_ri", dict(dim=8, num_heads=2, head_dim=8),
+                (dict(num_heads=-1), "num_heads", "positive integer"), (dict(generator=3), "generator",
+                                                                         "torch.Generator"),
+                (dict(prefix_position=None), "prefix_position=None", "'corner'")),
 
     # -- calls of built encodings ----------------------------------------------------------------------------------
     ("call-sincos-wrong-width", lambda: pe("sincos")(x(dim=12), G), VE, "width 12", "dim=8"),
@@ -324,9 +360,11 @@ ROWS = [
     ("call-rope_axial-integer-k", lambda: pe("rope_axial")(qk(), qk(dtype=torch.int32), G), VE, "floating-point",
      "torch.int32"),
     ("call-rope_axial-wrong-head-dim", lambda: pe("rope_axial")(qk(head_dim=6), qk(head_dim=6), G), VE,
-     "(..., 7, 8)", "(1, 2, 7, 6)"),
-    ("call-rope_axial-wrong-tokens", lambda: pe("rope_axial")(qk(tokens=6), qk(tokens=6), G), VE, "(..., 7, 8)"),
-    ("call-rope_axial-2d-q", lambda: pe("rope_axial")(torch.randn(7, 8), torch.randn(7, 8), G), VE, "(..., 7, 8)"),
+     "(batch, heads, 7, 8)", "(1, 2, 7, 6)"),
+    ("call-rope_axial-wrong-tokens", lambda: pe("rope_axial")(qk(tokens=6), qk(tokens=6), G), VE,
+     "(batch, heads, 7, 8)"),
+    ("call-rope_axial-2d-q", lambda: pe("rope_axial")(torch.randn(7, 8), torch.randn(7, 8), G), VE,
+     "(batch, heads, 7, 8)"),
     ("call-rope_axial-grid-3-axes", lambda: pe("rope_axial")(qk(tokens=13), qk(tokens=13), Grid((2, 2, 3), prefix=1)),
      VE, "3 axes", "ndim=2"),
     ("call-rope_mixed-wrong-heads", lambda: pe("rope_mixed")(qk(heads=3), qk(heads=3), G), VE, "3 heads",
@@ -341,6 +379,16 @@ ROWS = [
     ("call-cpb-grid-3-axes", lambda: pe("cpb")(Grid((2, 2, 2))), VE, "3 axes", "ndim=2"),
     ("call-alibi-grid-3-axes", lambda: pe("alibi")(Grid((2, 2, 2))), VE, "3 axes", "ndim=2"),
     ("call-alibi-grid-none", lambda: pe("alibi")(None), VE, "grid must be", "Grid"),
+    ("call-harope-wrong-heads", lambda: pe("harope")(qk(heads=3), qk(heads=3), G), VE, "3 heads", "num_heads=2"),
+    ("call-harope-rotate-side", lambda: pe("harope").rotate(qk(), G, side="value"), VE, "side='value'", "'query'",
+     "'key'"),
+    ("call-vit5_rope-too-few-prefix-tokens", lambda: pe("vit5_rope")(qk(heads=1), qk(heads=1), G), VE,
+     "num_registers=4", "prefix=1", "reg_tokens=4"),
+    ("call-pape-without-tokens", lambda: pe("pape")(G), VE, "reads the attention's input tokens", "pe(grid, tokens)"),
+    ("call-pape-tokens-width", lambda: pe("pape")(G, x(dim=6)), VE, "tokens", "dim=8", "(1, 7, 6)"),
+    ("call-pape-tokens-count", lambda: pe("pape")(G, x(tokens=6)), VE, "tokens", "(batch, 7, dim=8)"),
+    ("call-pape-tokens-integer", lambda: pe("pape")(G, x(dtype=torch.int64)), VE, "tokens", "floating"),
+    ("call-pape-grid-3-axes", lambda: pe("pape")(Grid((2, 2, 3), prefix=1), x(tokens=13)), VE, "3 axes", "ndim=2"),
     ("call-learned-resize-bad", lambda: pe("learned", dim=8).resize((4, 4, 4)), VE, "new_shape", "ndim=2"),
     ("call-swin_bias-resize-bad", lambda: pe("swin_bias").resize((0, 3)), VE, "new_window", "positive integer"),
 
@@ -354,6 +402,12 @@ ROWS = [
     ("attend-grid-tokens", lambda: vpe.attend(qk(tokens=5), qk(tokens=5), qk(tokens=5), G, bias=pe("alibi")), VE,
      "5 tokens",
      "grid (2, 3) with prefix=1", "7"),
+    ("attend-token-bias-without-tokens", lambda: vpe.attend(qk(), qk(), qk(), G, bias=pe("pape")), VE,
+     "reads the attention's input tokens", "tokens=x"),
+    ("attend-token-bias-tokens-count", lambda: vpe.attend(qk(), qk(), qk(), G, bias=pe("pape"), tokens=x(tokens=5)),
+     VE, "tokens must be", "tokens=7", "(1, 5, 8)"),
+    ("attend-token-bias-tokens-2d", lambda: vpe.attend(qk(), qk(), qk(), G, bias=pe("pape"), tokens=torch.zeros(7, 8)),
+     VE, "tokens must be", "(7, 8)"),
     ("attend-bias-heads", lambda: vpe.attend(qk(heads=4), qk(heads=4), qk(heads=4), G, bias=pe("alibi")), VE,
      "bias", "2 heads", "4"),
     ("attend-mask-shape", lambda: vpe.attend(qk(), qk(), qk(), G, attn_mask=torch.zeros(5, 5)), VE, "attn_mask",
@@ -633,6 +687,169 @@ ROWS += [
 ]
 
 
+# -- issue 32: the library's cases (sizes past memory, the shared vocabulary, rotary inputs, weights files) -----------
+# (kept apart from the rows above so that other blocks can be appended beside it)
+HUGE = 10**15  # more memory than any machine has, for one float32 value per unit
+ROTARY = {"rope_axial": dict(head_dim=8, num_heads=2), "rope_mixed": dict(head_dim=8, num_heads=2),
+          "videorope": dict(head_dim=12, num_heads=2, ndim=3), "string": dict(head_dim=8, num_heads=2),
+          "comrope": dict(head_dim=8, num_heads=2), "liere": dict(head_dim=8, num_heads=2, block_size=4)}
+BIASES = ("swin_bias", "rel_bias", "cpb", "alibi", "bucket_bias", "lookhere", "fire")
+
+
+@functools.lru_cache(maxsize=None)
+def rotary(name):
+    return vpe.build(name, **ROTARY[name])
+
+
+def rotary_grid(name):
+    return Grid((2, 2, 3), prefix=1) if name == "videorope" else G  # 13 or 7 tokens
+
+
+def rotary_qk(name, **kw):
+    tokens = rotary_grid(name).num_tokens
+    return qk(tokens=tokens, head_dim=ROTARY[name]["head_dim"], **kw)
+
+
+class SharedWeights(torch.nn.Module):
+    """Two names of one tensor (tied weights), as a tied classifier head has."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+        self.b.weight = self.a.weight
+
+
+class FlatOnly(vpe.BiasEncoding):
+    """A user's bias defined on 2D grids only that does not check ndim itself."""
+
+    ndims = (2,)
+
+    def __init__(self, num_heads: int, ndim: int = 2):
+        super().__init__()
+
+    def forward(self, grid):
+        return torch.zeros(1, grid.num_tokens, grid.num_tokens)
+
+
+def _poisoned_timm(key, value, path=None):
+    """``vit()``'s state dict with ``value`` in the first entry of ``key``; written to ``path`` if given."""
+    state = {k: v.clone() for k, v in vit().state_dict().items()}
+    if key == "pos_embed":  # a timm ViT's table, converted into the learned encoding on load
+        state = {k: v for k, v in state.items() if not k.startswith("pe_tokens.")}
+        state["pos_embed"] = torch.randn(1, 17, 16)
+    state[key].view(-1)[0] = value
+    if path is None:
+        return state
+    vpe.save_weights(state, _tmp() / path)
+    return _tmp() / path
+
+
+ROWS += [
+    # sizes past memory: refused by the shared vocabulary check before any allocation
+    *[(f"huge-{name}-{word}", (lambda name=name, word=word: vpe.build(name, **{word: HUGE})), VE, f"{word}={HUGE}",
+       "float32", "more than the", "of memory", f"give a smaller {word}")
+      for name, family in vpe.registry.available().items() if name in vpe.registry.BUILTIN
+      for word in {"tokens": ("dim",), "rotary": ("head_dim", "num_heads"), "bias": ("num_heads",)}[family]],
+    ("huge-lookhere-num-heads-fast", lambda: vpe.build("lookhere", num_heads=HUGE, head_directions="halves"), VE,
+     "num_heads=1000000000000000", "TiB"),
+    ("huge-learned-grid-shape", lambda: vpe.build("learned", dim=8, grid_shape=(HUGE, HUGE)), VE,
+     f"grid_shape=({HUGE}, {HUGE})", "patch", "give a smaller grid_shape"),
+    ("huge-rel_bias-grid-shape", lambda: vpe.build("rel_bias", num_heads=2, grid_shape=(HUGE, 2)), VE,
+     "grid_shape", "give a smaller grid_shape"),
+    ("huge-swin_bias-window", lambda: vpe.build("swin_bias", num_heads=2, window_size=(HUGE, 7)), VE,
+     "window_size", "give a smaller window_size"),
+    ("huge-cpb-hidden-dim", lambda: vpe.build("cpb", num_heads=2, hidden_dim=HUGE), VE, f"hidden_dim={HUGE}",
+     "a tensor of", "it creates", "give smaller sizes"),
+    *[(f"huge-grid-{name}", (lambda name=name: vpe.build(name, num_heads=2, **(
+        {"window_size": (2000, 2000)} if name == "swin_bias" else {}))(Grid((2000, 2000)))), VE,
+       "grid=(2000, 2000)", "4000000 tokens", "bias table", "TiB", "use a smaller grid") for name in BIASES],
+    ("huge-grid-alibi-names-flex", lambda: pe("alibi")(Grid((2000, 2000))), VE, "attention='flex'"),
+    *[(f"huge-grid-{name}-rotations", (lambda name=name: rotary(name).rotations(
+        Grid((10**5, 10**5, 2) if name == "videorope" else (10**5, 10**5)))), VE, "grid=(100000, 100000",
+       "rotation table", "use a smaller grid") for name in ROTARY],
+    ("huge-grid-rope-pair-map", lambda: rotary("rope_axial").pair_map(Grid((1000, 1000))), VE, "grid=(1000, 1000)",
+     "kernel"),
+    # the shared vocabulary, for every encoding (also a user's)
+    *[(f"vocabulary-string-ndim={v!r}", (lambda v=v: vpe.build("string", head_dim=8, num_heads=2, ndim=v)), VE,
+       f"ndim={v!r}", "StringRoPE", "1, 2, 3") for v in (0, 2.0, "2")],
+    ("vocabulary-lookhere-ndim-float", lambda: vpe.build("lookhere", num_heads=2, ndim=2.0), VE, "ndim=2.0",
+     "LookHere", "allowed values: 2"),
+    ("vocabulary-liere-head-dim-1", lambda: vpe.build("liere", head_dim=1), VE, "head_dim must be >= 2", "got 1"),
+    ("vocabulary-user-class-dim", lambda: Mine(0), VE, "dim must be a positive integer", "got 0"),
+    ("vocabulary-user-class-ndims", lambda: FlatOnly(2, ndim=3), VE, "ndim=3", "FlatOnly", "allowed values: 2"),
+    ("vocabulary-num-prefix-tokens", lambda: vpe.build("learned", dim=8, num_prefix_tokens="1"), VE,
+     "num_prefix_tokens", "'1'"),
+    ("vocabulary-ref-shape-axes", lambda: vpe.build("string", head_dim=8, ref_shape=(4, 4, 4)), VE, "ref_shape",
+     "ndim=2"),
+    # rotary inputs: q or k named, 3-D input with a rotation per head refused
+    *[row for name in ROTARY for row in [
+        (f"rotary-{name}-k-none", (lambda name=name: rotary(name)(rotary_qk(name), None, rotary_grid(name))), VE,
+         "k must be a floating-point tensor", "NoneType"),
+        (f"rotary-{name}-q-list", (lambda name=name: rotary(name)([1.0], rotary_qk(name), rotary_grid(name))), VE,
+         "q must be a floating-point tensor", "list"),
+        (f"rotary-{name}-k-integer", (lambda name=name: rotary(name)(
+            rotary_qk(name), rotary_qk(name, dtype=torch.int64), rotary_grid(name))), VE,
+         "k must be a floating-point tensor", "torch.int64"),
+        (f"rotary-{name}-q-tokens", (lambda name=name: rotary(name)(
+            qk(tokens=5, head_dim=ROTARY[name]["head_dim"]), rotary_qk(name), rotary_grid(name))), VE,
+         "q has shape (1, 2, 5,", "expected (batch, heads,"),
+        (f"rotary-{name}-k-head-dim", (lambda name=name: rotary(name)(
+            rotary_qk(name), qk(tokens=rotary_grid(name).num_tokens, head_dim=4), rotary_grid(name))), VE,
+         "k has shape", ", 4)", "expected (batch, heads,"),
+    ]],
+    # a 3-D input (2 samples or 2 heads?) is refused where each head has its own rotation
+    *[(f"rotary-{name}-q-3d-heads-first", (lambda name=name: rotary(name)(
+        rotary_qk(name)[0], rotary_qk(name)[0], rotary_grid(name))), VE, "q has shape (2, 7, 8)",
+       "batch or the heads" if name == "rope_mixed" else "expected (batch, heads, 7, 8)")
+      for name in ("rope_mixed", "string", "comrope", "liere")],
+    ("rotary-rope_mixed-k-heads", lambda: rotary("rope_mixed")(qk(), qk(heads=3), G), VE, "k has 3 heads",
+     "num_heads=2"),
+    # models and files of the wrong type, weights files
+    *[(f"{fn.__name__}-model={bad!r}", (lambda fn=fn, bad=bad: fn(bad, *rest)), TypeError,
+       "model must be a torch.nn.Module", type(bad).__name__)
+      for fn, rest in ((vpe.set_attention, ("sdpa",)), (vpe.load_weights, ({},)), (vpe.load_timm_checkpoint, ({},)))
+      for bad in (None, "vit", 3)],
+    *[(f"save_weights-path={bad!r}", (lambda bad=bad: vpe.save_weights(vit(), bad)), TypeError, "path must be a file "
+       "path", type(bad).__name__) for bad in (None, 3, b"w.safetensors")],
+    ("save_weights-unknown-suffix", lambda: vpe.save_weights(vit(), _tmp() / "w.bin"), VE, "w.bin",
+     "must end in .safetensors", ".pth"),
+    ("save_weights-no-suffix", lambda: vpe.save_weights(vit(), _tmp() / "weights"), VE, "must end in .safetensors"),
+    ("save_weights-metadata-pth", lambda: vpe.save_weights(vit(), _tmp() / "w.pth", metadata={"a": "1"}), VE,
+     "metadata", ".safetensors files only"),
+    ("load_timm-pos-embed-width", lambda: vpe.load_timm_checkpoint(vit(), {"pos_embed": torch.randn(1, 17, 8)}), VE,
+     "pe_tokens.table is (4, 4, 8) in the checkpoint", "pos_embed -> pe_tokens.table", "(4, 4, 16) in the model"),
+    ("forward_batch-4d-item", lambda: vit().forward_batch([image(3, 16, 16), image(1, 3, 16, 16)]), VE,
+     "images[1] must be a (C, H, W) tensor", "(1, 3, 16, 16)"),
+    ("forward_batch-list-item", lambda: vit().forward_batch([[1.0]]), VE, "images[0]", "list"),
+    *[(f"load_timm-nonfinite-{key}", (lambda key=key, value=value: vpe.load_timm_checkpoint(
+        vit(), _poisoned_timm(key, value))), VE, f"{key!r}", "NaN or infinite", "allow_nonfinite=True")
+      for key, value in (("blocks.0.attn.qkv.weight", NAN), ("head.bias", INF), ("pos_embed", NAN))],
+    ("load_timm-nonfinite-file", lambda: vpe.load_timm_checkpoint(vit(), _poisoned_timm("head.bias", -INF,
+                                                                                          "bad.safetensors")), VE,
+     "bad.safetensors", "'head.bias'", "allow_nonfinite=True"),
+    ("load_timm-allow-nonfinite-not-bool", lambda: vpe.load_timm_checkpoint(vit(), {}, allow_nonfinite="yes"), VE,
+     "allow_nonfinite", "True or False"),
+    # pe keywords that contradict the model, refused at build
+    ("create-pe-kwargs-head-dim", lambda: vpe.create_model(VIT, pe="rope_axial", pe_kwargs={"head_dim": 4}, **VIT_KW),
+     VE, "pe keyword head_dim=4", "head_dim is 8", "leave it out"),
+    ("create-pe-kwargs-dim", lambda: vpe.create_model(VIT, pe="learned", pe_kwargs={"dim": 8}, **VIT_KW), VE,
+     "pe keyword dim=8", "dim is 16"),
+    ("create-pe-kwargs-num-heads", lambda: vpe.create_model(VIT, pe="alibi", pe_kwargs={"num_heads": 3}, **VIT_KW),
+     VE, "pe keyword num_heads=3", "num_heads is 2", "pass 1"),
+    ("create-pe-kwargs-ndim", lambda: vpe.create_model(VIT, pe="rope_mixed", pe_kwargs={"ndim": 3}, **VIT_KW), VE,
+     "pe keyword ndim=3", "ndim is 2"),
+    ("apply-pe-kwargs-head-dim", lambda: vpe.apply(timm.create_model(VIT, **VIT_KW), "string", head_dim=16), VE,
+     "pe keyword head_dim=16", "head_dim is 8"),
+    # layouts and attention without encodings
+    ("layout-keep-duplicate", lambda: Layout(G, keep([[0, 1], [2, 2]])), VE, "keep row 1", "patch 2",
+     "more than once"),
+    ("attend-no-encoding-tokens", lambda: vpe.attend(qk(tokens=6), qk(tokens=6), qk(tokens=6), G), VE,
+     "6 tokens", "grid (2, 3) with prefix=1 has 7"),
+    ("attend-no-encoding-layout-batch", lambda: vpe.attend(qk(tokens=3), qk(tokens=3), qk(tokens=3),
+                                                           Layout(G, keep([[0, 1]] * 2))), VE, "keep has 2 rows"),
+]
+
+
 @pytest.mark.parametrize("call,exc,words", [pytest.param(c, e, w, id=i) for i, c, e, *w in ROWS])
 def test_bad_input_is_named(call, exc, words, tmp_path):
     _TMP[:] = [tmp_path]
@@ -644,7 +861,7 @@ def test_bad_input_is_named(call, exc, words, tmp_path):
 
 
 def test_matrix_size_and_unique_ids():
-    assert len(ROWS) >= 336
+    assert len(ROWS) >= 453
     assert len({r[0] for r in ROWS}) == len(ROWS), "ids must be unique"
 
 
@@ -679,3 +896,137 @@ def test_unregister_gives_an_overwritten_builtin_back():
     finally:
         vpe.unregister("peg")
     assert vpe.registry.ENCODINGS["peg"] is vpe.PEG
+
+
+# -- issue 32: what the library's rows above do not show (correct behaviour, and checks before allocation) -----------
+
+def test_every_registered_encoding_refuses_sizes_past_memory():
+    """Every encoding (a new one too: the check is the shared vocabulary's) refuses each size word of its constructor
+    at a size no memory holds, fast and before allocating."""
+    from visionpe.encoding import constructor_keywords
+    for name, cls in vpe.registry.ENCODINGS.items():
+        for word in set(constructor_keywords(cls)) & {"dim", "head_dim", "num_heads"}:
+            with pytest.raises(ValueError, match=f"{word}={HUGE}.*more than the .* of memory"):
+                vpe.build(name, **{word: HUGE})
+
+
+SIZES_UNDER_A_LIMIT = """
+import resource, time
+import visionpe as vpe
+from visionpe import Grid, _checks
+pages = int(open("/proc/self/statm").read().split()[0])
+limit = pages * resource.getpagesize() + 2 * 2**30  # what the process maps now, and 2 GiB more
+resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+assert _checks.machine_memory() <= limit
+calls = {"learned table 16 GiB": lambda: vpe.build("learned", dim=4096, grid_shape=(1024, 1024)),
+         "cpb MLP 32 GiB": lambda: vpe.build("cpb", num_heads=2, hidden_dim=2**32),
+         "alibi bias 64 GiB": lambda: vpe.build("alibi", num_heads=2)(Grid((256, 256))),
+         "rope table 16 GiB": lambda: vpe.build("rope_mixed", head_dim=64, num_heads=64).rotations(Grid((1024, 1024)))}
+for what, call in calls.items():
+    start = time.perf_counter()
+    try:
+        call()
+    except ValueError as err:
+        print(what, "|", round(time.perf_counter() - start, 3), "|", err)
+    except Exception as err:
+        print(what, "| allocator |", type(err).__name__, err)
+"""
+
+
+def test_sizes_are_checked_before_allocation_under_an_address_space_limit(tmp_path):
+    """Under ``RLIMIT_AS`` (2 GiB above what the process maps; far less than the sizes asked for, whatever the
+    machine has) each call is one ValueError raised at once, not an allocator error: the check reads the limit and
+    runs before anything is allocated."""
+    import subprocess
+    import sys
+    script = tmp_path / "limit.py"
+    script.write_text(SIZES_UNDER_A_LIMIT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [line for line in out.stdout.splitlines() if "|" in line]
+    assert len(lines) == 3 + 1, out.stdout
+    for line in lines:
+        what, seconds, message = line.split(" | ", 2)
+        assert seconds != "allocator" and float(seconds) < 2.0, line
+        assert "more than the" in message and "of memory this process may use" in message, line
+    by_call = dict(line.split(" | ")[::2] for line in lines)
+    assert "hidden_dim=4294967296" in by_call["cpb MLP 32 GiB"] and "grid=(256, 256)" in by_call["alibi bias 64 GiB"]
+    assert "rotation table" in by_call["rope table 16 GiB"]
+
+
+def test_the_checks_compare_with_the_memory_the_process_may_use(monkeypatch):
+    """The same sizes pass or fail with the memory :func:`visionpe._checks.machine_memory` reports (here pretended
+    to be 100 MiB): a 128 MiB MLP weight and a 256 MiB bias table are refused, nothing is allocated for them."""
+    from visionpe import _checks
+    monkeypatch.setattr(_checks, "machine_memory", lambda: 100 * 2**20)
+    with pytest.raises(ValueError, match=r"ContinuousPositionBias\(.*hidden_dim=16777216.*more than the 0.0977 GiB"):
+        vpe.build("cpb", num_heads=2, hidden_dim=2**24)  # Linear(2, 2**24): 128 MiB of float32
+    assert vpe.build("cpb", num_heads=2, hidden_dim=2**20).cpb_mlp[0].weight.shape == (2**20, 2)  # 8 MiB fits
+    alibi = vpe.build("alibi", num_heads=2)
+    with pytest.raises(ValueError, match=r"grid=\(64, 64\).*bias table of ALiBi needs 0.25 GiB"):
+        alibi(Grid((64, 64)))  # 4096 tokens: (2, T, T) float32 and a (T, T) distance
+    assert alibi(Grid((8, 8))).shape == (2, 64, 64)
+
+
+@pytest.mark.parametrize("name", ["rope_axial", "videorope"])
+def test_a_3d_rotary_input_with_rotations_shared_by_the_heads_is_each_sample_alike(name):
+    """With one rotation for every head a 3-D input is unambiguous: each leading index is rotated as the 4-D input's
+    heads are."""
+    pe, grid = rotary(name), rotary_grid(name)
+    q, k = rotary_qk(name)[0], rotary_qk(name)[0]  # (2, T, head_dim)
+    got = pe(q, k, grid)
+    expected = pe(q[None], k[None], grid)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth", ".pt"])
+def test_save_weights_round_trips_in_the_format_its_suffix_names(tmp_path, suffix):
+    """``.safetensors`` is written as safetensors, ``.pth``/``.pt`` as a torch file (``torch.load(weights_only=True)``
+    reads it), and load_weights reads each back into a model that then gives the same outputs."""
+    source = vpe.create_model(VIT, pe="rope_mixed", **VIT_KW).eval()
+    path = tmp_path / f"w{suffix}"
+    vpe.save_weights(source, path)
+    if suffix == ".safetensors":
+        assert vpe.weights.weights_metadata(path) == {}
+    else:
+        assert set(torch.load(path, weights_only=True)) == set(source.state_dict())
+    target = vpe.create_model(VIT, pe="rope_mixed", **VIT_KW).eval()
+    vpe.load_weights(target, path)
+    x = image(1, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(target(x), source(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_tied_weights_are_written_once_and_loaded_into_both_names(tmp_path, suffix):
+    """Two names of one tensor (safetensors refuses shared memory) are written once, under the first name, as
+    safetensors' ``save_model`` does; load_weights (strict) fills the second from it, and the tie holds."""
+    source = SharedWeights()
+    path = tmp_path / f"tied{suffix}"
+    vpe.save_weights(source, path)
+    assert set(vpe.weights.read_state_dict(path)) == {"a.weight", "a.bias", "b.bias"}
+    target = SharedWeights()
+    vpe.load_weights(target, path)
+    assert target.b.weight is target.a.weight
+    torch.testing.assert_close(target.a.weight, source.a.weight, rtol=0, atol=0)
+    torch.testing.assert_close(target.b.bias, source.b.bias, rtol=0, atol=0)
+    untied = {k: v.clone() for k, v in source.state_dict().items()}  # one tensor in two places of a dict: copied
+    view = {"w": untied["a.weight"], "w_row": untied["a.weight"][0]}
+    vpe.save_weights(view, tmp_path / f"view{suffix}")
+    torch.testing.assert_close(vpe.weights.read_state_dict(tmp_path / f"view{suffix}")["w_row"], view["w_row"])
+
+
+def test_load_timm_checkpoint_takes_nonfinite_weights_only_when_asked():
+    state = _poisoned_timm("head.bias", INF)
+    model = vpe.create_model(VIT, pe="learned", **VIT_KW)
+    vpe.load_timm_checkpoint(model, state, allow_nonfinite=True)
+    assert torch.isinf(model.head.bias).any()
+
+
+def test_pe_keywords_that_agree_with_the_model_or_share_one_set_by_the_heads_build():
+    """The model's own value, or ``num_heads=1`` (one set of rotations or biases for every head), is accepted."""
+    model = vpe.create_model(VIT, pe="rope_mixed", pe_kwargs={"head_dim": 8, "num_heads": 1}, **VIT_KW).eval()
+    assert model.blocks[0].attn.rotary.freqs.shape[1] == 1
+    with torch.no_grad():
+        assert torch.isfinite(model(image(1, 3, 16, 16))).all()

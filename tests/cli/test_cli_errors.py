@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from trainutil import ROOT, TINY, run_script, script_namespace, train_main
+from trainutil import ROOT, TINY, parser_of, run_script, train_main
 
+from visionpe.cli import UserError
 from visionpe.train import settings
-from visionpe.train.cli import UserError
 
 
 SCRIPTS = {"sweep": "resolution_sweep", "visualize": "visualize", "benchmark": "benchmark", "speed": "bench_speed"}
-PROG = {"train": "train_vit", "sweep": "resolution_sweep", "visualize": "visualize.py", "benchmark": "benchmark",
-        "speed": "bench_speed"}
+PROG = {"train": "visionpe train", "sweep": "visionpe sweep", "visualize": "visionpe visualize",
+        "benchmark": "visionpe benchmark", "speed": "visionpe bench-speed"}
 PYTHON_TAG = '!!python/object/apply:os.system ["touch {tmp}/pwned"]'
 
 
@@ -48,6 +48,7 @@ SETUPS = {
     "unknown_key_recipe": lambda tmp, run: recipe(tmp, run, "bogus_setting: 1\n"),
     "string_size_recipe": lambda tmp, run: recipe(tmp, run, "eval_batch_size: ten\n"),
     "string_decay_recipe": lambda tmp, run: recipe(tmp, run, "weight_decay: fast\n"),
+    "string_log_recipe": lambda tmp, run: recipe(tmp, run, "log: tensorboard\n"),
     "derived_key_recipe": lambda tmp, run: recipe(tmp, run, "num_classes: 3\n"),
     "binary_recipe": lambda tmp, run: (tmp / "recipe.yaml").write_bytes(b"\xff\xfe\x00garbage") and tmp / "recipe.yaml",
     "empty_dir": lambda tmp, run: (tmp / "empty").mkdir(),
@@ -330,6 +331,9 @@ ROWS = [
     (T, ["--crop-pct", "1.5"], ["crop_pct", "<= 1.0"]),
     (T, ["--seed", "-1"], ["seed", ">= 0"]),
     (T, ["--device", "tpu"], ["--device", "tpu", "cpu"]),
+    (T, ["--log", "mlflow"], ["--log", "mlflow", "tensorboard", "wandb"]),
+    (T, ["--config", "{yaml}"], ["log must be a list of tensorboard, wandb", "'tensorboard'"], "string_log_recipe"),
+    (T, ["--config", "no_such_recipe"], ["no_such_recipe", "does not exist", "shipped", "shapes_tiny"]),
     (T, ["--threads", "-2"], ["threads", ">= 0"]),
     (T, ["--stop-after", "-1"], ["stop_after", ">= 0"]),
     (T, ["--checkpoint-every-steps", "-1"], ["checkpoint_every_steps", ">= 0"]),
@@ -450,8 +454,9 @@ ROWS = [
     # -- values that were accepted before and gave wrong or surprising results (issue 22) -------------------------
     (T, ["--lr", "1e-4", "--min-lr", "1.0"], ["min_lr 1.0 must not exceed lr 0.0001"]),
     (T, ["--model", "resnet18"], ["--model resnet18", "no adapter"]),
-    (T, ["--model", "deit_tiny_distilled_patch16_224"], ["--model deit_tiny_distilled_patch16_224", "distillation",
-                                                        "deit_tiny_patch16_224", "--pe timm"]),
+    (T, ["--model", "vit_base_patch16_18x2_224"], ["--model vit_base_patch16_18x2_224", "parallel blocks",
+                                                  "--pe timm"]),
+    (T, ["--init-grid", "16", "4"], ["--init-grid needs --init-from"]),
     (S, ["{run}", "--res", "16", "--out", "{tmp}/afile"], ["--out", "is a file"], "output_is_a_file"),
     (T, ["--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "mlp_ratio=-2"],
      ["mlp_ratio", "--model-kwargs", "> 0", "-2"]),
@@ -634,8 +639,8 @@ def test_debug_shows_the_traceback(tmp_path):
 @pytest.mark.parametrize("script", ["train_vit.py", "scripts/resolution_sweep.py", "scripts/visualize.py",
                                     "scripts/benchmark.py"])
 def test_help_groups_flags_and_explains_each(script, capsys):
-    parser = settings.build_parser() if script == "train_vit.py" else \
-        script_namespace(Path(script).stem)["build_parser"]()
+    parser = parser_of({"train_vit.py": "train", "scripts/resolution_sweep.py": "sweep",
+                        "scripts/visualize.py": "visualize", "scripts/benchmark.py": "benchmark"}[script])
     undocumented = [a.dest for a in parser._actions if not a.help]
     assert not undocumented
     assert len([g for g in parser._action_groups if g._group_actions]) >= 3

@@ -37,7 +37,7 @@ def grid_of(name) -> list[str]:
 def kinds(name, user_code) -> tuple[str, ...]:
     """The kinds that apply to ``name``, as the library states them."""
     if name == USER:
-        from visionpe.train import cli
+        from visionpe import cli
         cli.import_user_code([user_code])
     return viz.kinds_for(viz.fresh_encoding(name, tuple(map(int, grid_of(name)))))
 

@@ -13,7 +13,7 @@ from trainutil import ROOT, run_script, train_main
 from usercode import BACKBONE, DATASET, ENCODING, write
 
 import visionpe as vpe
-from visionpe.train import cli
+from visionpe import cli
 
 SMALL = ["--train-samples", "32", "--val-samples", "16", "--batch-size", "16", "--epochs", "2", "--img-size", "16",
          "--patch-size", "4", "--warmup-epochs", "0", "--no-progress", "--threads", "1"]

@@ -112,7 +112,7 @@ def epoch_batches(ds, workers, sampler=None):
 
 
 def data_collate():
-    from visionpe.train.loop import collate_images
+    from visionpe.data import collate_images
     return collate_images
 
 

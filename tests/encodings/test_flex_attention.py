@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import HEAD_DIM, NUM_HEADS, SHAPES, build_kwargs, requires
+from conftest import DIM, HEAD_DIM, NUM_HEADS, SHAPES, build_kwargs, requires
 
 import visionpe as vpe
 from visionpe import Grid, flex
@@ -24,11 +24,12 @@ pytestmark = requires("torch", "2.5", "torch.nn.attention.flex_attention")
 flex_attention = pytest.importorskip("torch.nn.attention.flex_attention", reason="FlexAttention needs torch >= 2.5")
 
 BIAS_NAMES = [name for name, family in vpe.available().items() if family == "bias"]
-PAIR_FORMS = {"alibi", "rel_bias", "swin_bias", "cpb", "bucket_bias", "lookhere"}  # the built-ins that must have one
+PAIR_FORMS = {"alibi", "rel_bias", "swin_bias", "cpb", "bucket_bias", "lookhere", "pape", "pape_ri"}  # must have one
 # (name, extra keywords): every coordinate system and table kind the bias encodings have
 VARIANTS = [("alibi", {}), ("alibi", {"coords": "normalized", "normalize_coords": "min"}), ("rel_bias", {}),
             ("swin_bias", {}), ("cpb", {}), ("cpb", {"coords": "normalized"}), ("bucket_bias", {}),
-            ("bucket_bias", {"bucket": "piecewise", "method": "cross"})]
+            ("bucket_bias", {"bucket": "piecewise", "method": "cross"}), ("pape", {"num_parabolas": 4}),
+            ("pape", {"num_parabolas": 2, "prefix_position": "none", "coords": "normalized"}), ("pape_ri", {})]
 VARIANTS += [(name, {}) for name in BIAS_NAMES if name not in PAIR_FORMS]  # a newly registered bias encoding
 VARIANT_IDS = [name + "".join(f"-{v}" for v in kw.values()) for name, kw in VARIANTS]
 
@@ -44,11 +45,27 @@ def build(name: str, ndim: int, **kwargs):
     return pe
 
 
-def pair_matrix(score, num_tokens: int) -> torch.Tensor:
+def pair_matrix(score, num_tokens: int, batch: int = 1) -> torch.Tensor:
     """A :class:`PairScore` evaluated on every (head, query, key) at once: its ``fn`` reads tables by indexing, so
-    broadcast index tensors give the whole ``(heads, T, T)`` map."""
+    broadcast index tensors give the whole ``(heads, T, T)`` map (``(batch, heads, T, T)`` for a per-sample one)."""
     tokens = torch.arange(num_tokens)
+    if score.per_sample:
+        return score(torch.arange(batch)[:, None, None, None], torch.arange(score.num_heads)[None, :, None, None],
+                     tokens[None, None, :, None], tokens[None, None, None, :])
     return score(torch.arange(score.num_heads)[:, None, None], tokens[None, :, None], tokens[None, None, :])
+
+
+def input_tokens(pe, layout, batch: int = 2):
+    """The attention's input tokens ``(batch, T, DIM)`` for a bias that reads them (PaPE), else None."""
+    return torch.randn(batch, layout.num_tokens, DIM) if getattr(pe, "reads_tokens", False) else None
+
+
+def scores_and_bias(pe, grid):
+    """``(pe.score_mod(...), pe(...))`` on a grid, with random input tokens for a bias that reads them."""
+    tokens = input_tokens(pe, grid)
+    if tokens is None:
+        return pe.score_mod(grid), pe(grid)
+    return pe.score_mod(grid, tokens), pe(grid, tokens)
 
 
 def grids_for(name: str, ndim: int) -> list[Grid]:
@@ -67,14 +84,17 @@ def test_every_pair_form_equals_the_materialised_bias(name, ndim):
     """Every registered bias encoding with a pair form, in eval and in training (one augmentation draw per call,
     the same draw for the same seed)."""
     pe = build(name, ndim)
-    if name not in PAIR_FORMS and pe.score_mod(Grid(SHAPES[ndim])) is None:
+    if name not in PAIR_FORMS and scores_and_bias(pe, Grid(SHAPES[ndim]))[0] is None:
         pytest.skip(f"{name} has no pair form (attention materialises its bias)")
     for grid in grids_for(name, ndim):
         with torch.no_grad():
-            score = pe.score_mod(grid)
+            torch.manual_seed(1)
+            score, bias = scores_and_bias(pe, grid)
             assert score.num_heads == NUM_HEADS
-            torch.testing.assert_close(pair_matrix(score, grid.num_tokens).expand(NUM_HEADS, -1, -1), pe(grid),
-                                       atol=1e-6, rtol=1e-6)
+            pairs = pair_matrix(score, grid.num_tokens, batch=2)
+            # a per-sample bias sums C products in another order than its matmul: float32 rounding of its size
+            scale = float(bias.abs().max()) if score.per_sample else 1.0
+            torch.testing.assert_close(pairs.expand_as(bias), bias, atol=1e-6 * max(scale, 1.0), rtol=1e-6)
 
 
 @pytest.mark.parametrize("name,kwargs", [("alibi", {"jitter_coords": 1.5, "rescale_coords": 2.0}),
@@ -158,28 +178,31 @@ def compiled_flex():
 def test_flex_equals_sdpa_with_the_materialised_bias(eager_flex, name, kwargs, ndim, kind):
     torch.manual_seed(0)
     pe = build(name, ndim, **kwargs).eval()
-    if pe.score_mod(Grid(SHAPES[ndim])) is None:
+    if scores_and_bias(pe, Grid(SHAPES[ndim]))[0] is None:
         pytest.skip(f"{name} has no pair form (attention materialises its bias)")
     layout = layouts(ndim, name)[kind]
     q, k, v = qkv(layout)
+    tokens = input_tokens(pe, layout, q.shape[0])
     with torch.no_grad():
-        out = vpe.attend(q, k, v, layout, bias=pe, attention="flex")
-        assert_same_outputs(out, vpe.attend(q, k, v, layout, bias=pe, attention="sdpa"), layout)
+        out = vpe.attend(q, k, v, layout, bias=pe, attention="flex", tokens=tokens)
+        assert_same_outputs(out, vpe.attend(q, k, v, layout, bias=pe, attention="sdpa", tokens=tokens), layout)
 
 
 @pytest.mark.parametrize("name,kind", [("alibi", "grid"), ("alibi", "layout"), ("swin_bias", "layout"),
-                                       ("cpb", "layout"), ("bucket_bias", "layout"), ("rel_bias", "mixed")])
+                                       ("cpb", "layout"), ("bucket_bias", "layout"), ("rel_bias", "mixed"),
+                                       ("pape_ri", "mixed"), ("pape", "layout")])
 def test_compiled_flex_kernel_equals_sdpa(compiled_flex, name, kind):
     """The compiled CPU kernel: every encoding through a token subset (grid indices per sample), a plain grid, and a
-    padded mixed batch (stacked tables, BEiT's prefix entries, block mask)."""
+    padded mixed batch (stacked tables, BEiT's prefix entries, block mask; PaPE's per-sample features)."""
     torch.manual_seed(0)
-    pe = build(name, 2).eval()
+    pe = build(name, 2, **({"num_parabolas": 3} if name == "pape" else {})).eval()
     layout = layouts(2, name)[kind]
     q, k, v = qkv(layout)
+    tokens = input_tokens(pe, layout, q.shape[0])
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     with torch.no_grad():
-        out = vpe.attend(q, k, v, layout, bias=pe, attention="flex")
-        assert_same_outputs(out, vpe.attend(q, k, v, layout, bias=pe, attention="sdpa"), layout)
+        out = vpe.attend(q, k, v, layout, bias=pe, attention="flex", tokens=tokens)
+        assert_same_outputs(out, vpe.attend(q, k, v, layout, bias=pe, attention="sdpa", tokens=tokens), layout)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 1  # compiled here, not skipped
 
 
@@ -312,7 +335,7 @@ def reference_with_backward(q, k, v, score_mod=None, block_mask=None, scale=None
 
 
 @pytest.mark.parametrize("kind", ["grid", "layout", "mixed"])
-@pytest.mark.parametrize("name", ["rel_bias", "swin_bias", "cpb", "bucket_bias", "alibi"])
+@pytest.mark.parametrize("name", ["rel_bias", "swin_bias", "cpb", "bucket_bias", "alibi", "pape_ri"])
 def test_gradients_equal_sdpa(monkeypatch, name, kind):
     """Gradients of q, k, v and of every bias parameter (through stacked mixed-batch tables too) equal SDPA's."""
     monkeypatch.setattr(flex, "_flex_attention", lambda device_type: reference_with_backward)
@@ -320,13 +343,15 @@ def test_gradients_equal_sdpa(monkeypatch, name, kind):
     pe = build(name, 2).train()
     layout = layouts(2, name)[kind]
     q, k, v = qkv(layout, requires_grad=True)
+    tokens = input_tokens(pe, layout, q.shape[0])
     leaves = [q, k, v, *pe.parameters()]
-    out = flex.flex_attend(q, k, v, layout, flex.pair_scores(layout, pe), None, None)
+    out = flex.flex_attend(q, k, v, layout, flex.pair_scores(layout, pe, tokens), None, None)
     weights = torch.randn_like(out)
     if isinstance(layout, MixedLayout):  # the loss reads real tokens only
         weights = weights * layout.key_mask()[:, None, :, None]
     grads = torch.autograd.grad((out * weights).sum(), leaves)
-    reference = torch.autograd.grad((vpe.attend(q, k, v, layout, bias=pe, attention="sdpa") * weights).sum(), leaves)
+    reference = torch.autograd.grad((vpe.attend(q, k, v, layout, bias=pe, attention="sdpa", tokens=tokens)
+                                     * weights).sum(), leaves)
     assert len(grads) == 3 + len(list(pe.parameters()))
     for got, expected in zip(grads, reference):
         assert expected.abs().sum() > 0
@@ -334,22 +359,44 @@ def test_gradients_equal_sdpa(monkeypatch, name, kind):
 
 
 def test_cpu_training_takes_sdpa_under_auto_and_refuses_flex():
-    """CPU FlexAttention has no backward: "auto" gives the SDPA gradients, an explicit "flex" is an error, also when
-    only the bias table or a rotary encoding's frequencies need a gradient (never a silently missing one)."""
+    """CPU FlexAttention has no backward: "auto" gives the SDPA gradients; under an explicit "flex" the forward runs
+    (the flex values) and its backward is an error, also when only the bias table or a rotary encoding's frequencies
+    need a gradient (never a silently missing one)."""
     torch.manual_seed(0)
     pe = build("rel_bias", 2)
     grid = Grid(SHAPES[2], prefix=1)
     q, k, v = qkv(grid, requires_grad=True)
     vpe.attend(q, k, v, grid, bias=pe, attention="auto").sum().backward()
     assert pe.relative_position_bias_table.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="attention='flex' cannot train on CPU"):
-        vpe.attend(q, k, v, grid, bias=pe, attention="flex")
-    with pytest.raises(ValueError, match="attention='flex' cannot train on CPU"):
-        vpe.attend(q.detach(), k.detach(), v.detach(), grid, bias=pe, attention="flex")
-    pe.requires_grad_(False)
     rotary = vpe.build("rope_mixed", **build_kwargs("rope_mixed", 2))  # learned frequencies: rotated q, k need grad
+    for args, needs in (((q, k, v), "q, k, v"), ((q.detach(), k.detach(), v.detach()), "the bias table")):
+        out = vpe.attend(*args, grid, bias=pe, attention="flex")
+        with torch.no_grad():
+            expected = vpe.attend(*args, grid, bias=pe, attention="flex")
+        assert out.requires_grad, needs
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        with pytest.raises(ValueError, match="attention='flex' cannot train on CPU"):
+            out.sum().backward()
+    pe.requires_grad_(False)
+    out = vpe.attend(q.detach(), k.detach(), v.detach(), grid, rotary, pe, attention="flex")
     with pytest.raises(ValueError, match="attention='flex' cannot train on CPU"):
-        vpe.attend(q.detach(), k.detach(), v.detach(), grid, rotary, pe, attention="flex")
+        out.sum().backward()
+
+
+def test_an_eval_model_with_flex_runs_on_cpu_without_no_grad():
+    """Issue 31: an eval-mode model built with attention="flex" is called without torch.no_grad(): FlexAttention's
+    forward runs (the values under no_grad, close to SDPA's); only a backward is refused."""
+    torch.manual_seed(0)
+    model = vpe.create_model("vit_tiny_patch16_224", pe="alibi", attention="flex", img_size=16, patch_size=4,
+                             embed_dim=16, depth=1, num_heads=2, num_classes=3).eval()
+    x = torch.randn(2, 3, 16, 16)
+    out = model(x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+        sdpa = vpe.set_attention(model, "sdpa")(x)
+    torch.testing.assert_close(out.detach(), sdpa, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="attention='flex' cannot train on CPU"):
+        out.sum().backward()
 
 
 # -- choosing it -------------------------------------------------------------------------------------------------------
@@ -416,7 +463,8 @@ def randomise_positions(model):
     return model
 
 
-@pytest.mark.parametrize("pe", ["rel_bias", "cpb", "alibi", "bucket_bias", "rope_axial+alibi", "rope_mixed+rel_bias"])
+@pytest.mark.parametrize("pe", ["rel_bias", "cpb", "alibi", "bucket_bias", "rope_axial+alibi", "rope_mixed+rel_bias",
+                                "pape_ri", "harope+pape_ri"])
 def test_vit_forward_masked_and_mixed_batches(eager_flex, pe):
     torch.manual_seed(0)
     model = randomise_positions(vpe.create_model("vit_tiny_patch16_224", pe=pe, **VIT).eval())
@@ -431,7 +479,7 @@ def test_vit_forward_masked_and_mixed_batches(eager_flex, pe):
 
 @pytest.mark.parametrize("name,pe", [("swin_tiny_patch4_window7_224", "swin_bias"),
                                      ("swin_tiny_patch4_window7_224", "bucket_bias"),
-                                     ("swinv2_tiny_window8_256", "cpb")])
+                                     ("swinv2_tiny_window8_256", "cpb"), ("swin_tiny_patch4_window7_224", "pape_ri")])
 def test_swin_shifted_windows(eager_flex, name, pe):
     """Shifted windows add Swin's shift mask through the pair function; Swin-V2 passes its cosine scale."""
     torch.manual_seed(0)

@@ -21,10 +21,14 @@ IMAGE = [("rope_axial", {"directions": "golden"}), ("rope_mixed", {"directions":
          ("rope_axial", {"rotate_fraction": 0.5}), ("rope_mixed", {"rotate_fraction": 0.5}),
          ("rope_axial", {"head_axes": ("x", "")}), ("rope_mixed", {"head_axes": ("yx", "y")}),
          ("lookhere", {}), ("fire", {}), ("fire", {"distance": "euclidean"}),
-         ("rope_mixed+lookhere", {"directions": "golden"}), ("rope_axial+fire", {"rotate_fraction": 0.75})]
+         ("rope_mixed+lookhere", {"directions": "golden"}), ("rope_axial+fire", {"rotate_fraction": 0.75}),
+         ("spiral_rope", {}), ("spiral_rope", {"num_directions": 8}), ("harope", {}), ("vit5_rope", {}),
+         ("pape", {"num_parabolas": 4}), ("pape_ri", {}), ("harope+pape_ri", {}),
+         ("learned+vit5_rope+pape", {"num_parabolas": 2})]
 # in 3D models
 CLIPS = [("videorope", {}), ("rope_axial", {"rotate_fraction": 0.5}), ("rope_mixed", {"head_axes": ("t", "tyx")}),
-         ("fire", {}), ("videorope+fire", {"temporal_spacing": 1.0})]
+         ("fire", {}), ("videorope+fire", {"temporal_spacing": 1.0}), ("riflex", {}), ("harope", {}),
+         ("pape_ri", {}), ("riflex+pape", {"num_parabolas": 2})]
 IDS = [f"{pe}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for pe, kw in IMAGE]
 CLIP_IDS = [f"{pe}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for pe, kw in CLIPS]
 
@@ -94,19 +98,22 @@ def test_layout_subsets_attend_as_the_full_grid_restricted(pe, kw, shape):
     keep = torch.stack([torch.randperm(grid.num_patches, generator=g)[:5] for _ in range(3)])
     layout = Layout(grid, keep)
     q, k, v = torch.randn(3, 3, 2, grid.num_tokens, 12).unbind(0)
+    x = torch.randn(3, grid.num_tokens, 24)  # the attention's input, read by a token-reading bias (PaPE)
     index = layout.token_index()
     gather = lambda t: t.gather(2, index[:, None, :, None].expand(-1, 2, -1, 12))  # noqa: E731
-    out = vpe.attend(gather(q), gather(k), gather(v), layout, rotary, bias)
+    out = vpe.attend(gather(q), gather(k), gather(v), layout, rotary, bias,
+                     tokens=x.gather(1, index[..., None].expand(-1, -1, 24)))
     for b in range(3):
         allowed = torch.zeros(grid.num_tokens, dtype=torch.bool)
         allowed[index[b]] = True
         full = vpe.attend(q[b:b + 1], k[b:b + 1], v[b:b + 1], grid, rotary, bias,
-                          attn_mask=allowed[None].expand(grid.num_tokens, -1))
+                          attn_mask=allowed[None].expand(grid.num_tokens, -1), tokens=x[b:b + 1])
         torch.testing.assert_close(out[b], full[0][:, index[b]], atol=1e-5, rtol=1e-5)
 
 
 SWIN_CASES = [("rope_axial", {"directions": "golden"}), ("rope_mixed", {"rotate_fraction": 0.5}),
-              ("rope_axial", {"head_axes": ("x", "y")}), ("lookhere", {}), ("fire", {})]
+              ("rope_axial", {"head_axes": ("x", "y")}), ("lookhere", {}), ("fire", {}), ("spiral_rope", {}),
+              ("harope", {}), ("pape", {"num_parabolas": 4}), ("pape_ri", {})]
 
 
 @pytest.mark.parametrize("pe,kw", SWIN_CASES, ids=[f"{p}-{list(k)}" for p, k in SWIN_CASES])
@@ -134,7 +141,7 @@ def test_video_models(pe, kw):
 def test_video_rotation_tables_are_built_once_then_served_from_the_cache(pe):
     """In evaluation a video model's rotary tables are built in the first forward at a clip size and only read in
     the next one (docs/PERFORMANCE.md's video section)."""
-    from visionpe.bench.scale import TableCensus
+    from visionpe.bench.speed.scale import TableCensus
     model = vpe.create_video_model("vit_tiny_patch16_224", pe=pe, **VIDEO).eval()
     census, clip = TableCensus(), torch.randn(1, 3, 4, 16, 16)
     with census.installed({pe: model}), torch.no_grad():
@@ -149,10 +156,17 @@ def test_video_needs_and_image_refuses_what_is_not_defined_there():
         vpe.create_video_model("vit_tiny_patch16_224", pe="lookhere", **VIDEO)
     with pytest.raises(ValueError, match="videorope is defined on .T, H, W. grids"):
         vpe.create_model("vit_tiny_patch16_224", pe="videorope", **VIT)
+    with pytest.raises(ValueError, match="spiral_rope turns frequency directions in the image plane"):
+        vpe.create_video_model("vit_tiny_patch16_224", pe="spiral_rope", **VIDEO)
+    with pytest.raises(ValueError, match="riflex is defined on .T, H, W. grids"):
+        vpe.create_model("vit_tiny_patch16_224", pe="riflex", **VIT)
 
 
 COMPILED = [("vit_tiny_patch16_224", pe, kw, VIT, (16, 20)) for pe, kw in IMAGE[:6:2] + IMAGE[6:8]]
 COMPILED += [("swin_tiny_patch4_window7_224", "lookhere", {}, SWIN, (32, 48))]
+COMPILED += [("vit_tiny_patch16_224", pe, kw, VIT, (16, 20)) for pe, kw in [("harope", {}),
+                                                                            ("pape", {"num_parabolas": 4})]]
+COMPILED += [("swin_tiny_patch4_window7_224", "pape_ri", {}, SWIN, (32, 48))]
 
 
 @requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
@@ -169,7 +183,8 @@ def test_fullgraph_compile_matches_eager(name, pe, kw, cfg, size):
 
 @requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
 @pytest.mark.parametrize("pe,kw", [("fire", {}), ("rope_mixed", {"rotate_fraction": 0.5, "directions": "golden"}),
-                                   ("rope_mixed", {"head_axes": ("x", "yx")})])
+                                   ("rope_mixed", {"head_axes": ("x", "yx")}), ("harope", {}),
+                                   ("pape", {"num_parabolas": 4})])
 def test_fullgraph_compile_trains(pe, kw):
     torch.manual_seed(0)
     torch._dynamo.reset()
@@ -181,7 +196,7 @@ def test_fullgraph_compile_trains(pe, kw):
 @requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
 def test_compiled_video_models():
     torch._dynamo.reset()
-    for pe in ("videorope", "fire"):
+    for pe in ("videorope", "fire", "riflex"):
         model = randomise(vpe.create_video_model("vit_tiny_patch16_224", pe=pe, **VIDEO)).eval()
         x = torch.randn(1, 3, 4, 16, 16)
         with torch.no_grad():
@@ -190,7 +205,7 @@ def test_compiled_video_models():
 
 
 @pytest.mark.parametrize("pe,kw", [("lookhere", {}), ("fire", {}), ("rope_axial", {"directions": "golden"}),
-                                   ("rope_mixed", {"head_axes": ("x", "")})])
+                                   ("rope_mixed", {"head_axes": ("x", "")}), ("harope", {}), ("pape_ri", {})])
 def test_concurrent_forwards_equal_single_threaded(one_thread_kernels, pe, kw):
     torch.manual_seed(0)
     model = randomise(vpe.create_model("vit_tiny_patch16_224", pe=pe, pe_kwargs=kw, **VIT)).eval()
@@ -200,7 +215,9 @@ def test_concurrent_forwards_equal_single_threaded(one_thread_kernels, pe, kw):
 
 
 @pytest.mark.parametrize("pe,kw", [("rope_axial", {"directions": "golden"}), ("rope_mixed", {"rotate_fraction": 0.5}),
-                                   ("rope_axial", {"head_axes": ("x", "y")}), ("lookhere", {}), ("fire", {})])
+                                   ("rope_axial", {"head_axes": ("x", "y")}), ("lookhere", {}), ("fire", {}),
+                                   ("spiral_rope", {}), ("harope", {}), ("vit5_rope", {}),
+                                   ("pape", {"num_parabolas": 4}), ("pape_ri", {})])
 def test_coordinate_systems_and_augmentation(pe, kw):
     """coords='normalized' and train-time augmentation run through a model; augmentation draws differ per call in
     training and are off in evaluation."""
@@ -217,7 +234,9 @@ def test_coordinate_systems_and_augmentation(pe, kw):
 
 VIZ = [("rope_axial", {"directions": "golden"}, (4, 4)), ("rope_mixed", {"rotate_fraction": 0.5}, (4, 4)),
        ("rope_axial", {"head_axes": ("x", "")}, (4, 4)), ("videorope", {}, (2, 3, 3)), ("lookhere", {}, (4, 4)),
-       ("fire", {}, (4, 4)), ("fire", {}, (2, 3, 3))]
+       ("fire", {}, (4, 4)), ("fire", {}, (2, 3, 3)), ("spiral_rope", {}, (4, 4)), ("harope", {}, (2, 3, 3)),
+       ("vit5_rope", {}, (4, 4)), ("riflex", {}, (2, 3, 3)), ("pape", {"num_parabolas": 4}, (4, 4)),
+       ("pape_ri", {}, (2, 3, 3))]
 
 
 @pytest.mark.parametrize("pe,kw,shape", VIZ, ids=[f"{p}-{list(k)}-{len(s)}d" for p, k, s in VIZ])

@@ -38,15 +38,16 @@ def test_kept_tokens_attend_as_the_full_grid_restricted_to_them(name, ndim):
     grid = Grid(shape, prefix=1)
     layout = Layout(grid, random_keep(3, grid.num_patches, 5))
     q, k, v = torch.randn(3, 3, HEADS, grid.num_tokens, HEAD_DIM).unbind(0)
+    x = torch.randn(3, 1, grid.num_tokens, HEADS * HEAD_DIM)  # the tokens a token-reading bias (PaPE) reads
     rotary, bias = (pe, None) if pe.family == "rotary" else (None, pe)
     out = vpe.attend(gather_tokens(q, layout), gather_tokens(k, layout), gather_tokens(v, layout), layout,
-                     rotary, bias)
+                     rotary, bias, tokens=gather_tokens(x, layout)[:, 0])
     for b in range(3):  # full grid, keys limited to sample b's kept set, queries restricted afterwards
         index = layout.token_index()[b]
         allowed = torch.zeros(grid.num_tokens, dtype=torch.bool)
         allowed[index] = True
         full = vpe.attend(q[b:b + 1], k[b:b + 1], v[b:b + 1], grid, rotary, bias,
-                          attn_mask=allowed[None, :].expand(grid.num_tokens, -1))
+                          attn_mask=allowed[None, :].expand(grid.num_tokens, -1), tokens=x[b, :1])
         torch.testing.assert_close(out[b], full[0][:, index], atol=1e-5, rtol=1e-5)
 
 
@@ -185,8 +186,10 @@ def test_one_keep_row_is_the_same_patches_for_every_sample(name, ndim):
         torch.testing.assert_close(pe(x, shared), pe(x, repeated), rtol=0, atol=0)
         return
     q, k, v = torch.randn(3, 3, HEADS, shared.num_tokens, HEAD_DIM).unbind(0)
+    x = torch.randn(3, shared.num_tokens, HEADS * HEAD_DIM)  # read by a token-reading bias (PaPE)
     rotary, bias = (pe, None) if pe.family == "rotary" else (None, pe)
-    torch.testing.assert_close(vpe.attend(q, k, v, shared, rotary, bias), vpe.attend(q, k, v, repeated, rotary, bias),
+    torch.testing.assert_close(vpe.attend(q, k, v, shared, rotary, bias, tokens=x),
+                               vpe.attend(q, k, v, repeated, rotary, bias, tokens=x),
                                rtol=1e-6, atol=1e-6)  # broadcast and batched products round differently
 
 

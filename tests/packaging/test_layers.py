@@ -1,12 +1,12 @@
 """The house rules of README's "Architecture", read from the code's own module-level imports: the library never
-imports the workbench (``visionpe.train``, ``visionpe.bench``), and no two modules import each other in a circle."""
+imports the workbench (``visionpe.train``, ``visionpe.bench``, ``visionpe.cli``, ``python -m visionpe``), and no two modules import each other in a circle."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "visionpe"
-WORKBENCH = ("visionpe.train", "visionpe.bench")
+WORKBENCH = ("visionpe.train", "visionpe.bench", "visionpe.cli", "visionpe.__main__")
 
 
 def module_name(path: Path) -> str:

@@ -1,5 +1,5 @@
-"""What the built wheel and sdist hold: every module, py.typed, the explorer page's files, the license, the version
-and the dependencies.
+"""What the built wheel and sdist hold: every module, py.typed, the shipped recipes, the explorer page's files, the
+``visionpe`` console script, the license, the version and the dependencies.
 
 CI (.ci/check_dist.sh) passes the files ``python -m build`` made in ``VISIONPE_WHEEL`` / ``VISIONPE_SDIST``;
 elsewhere the test builds them from a copy of the tree with the installed setuptools (skipped where it is older
@@ -66,13 +66,17 @@ def test_wheel_holds_every_module_py_typed_and_the_license(dists):
         info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
         metadata = _metadata(wheel.read(f"{info}/METADATA").decode())
         assets = {n: wheel.read(n) for n in names if n.startswith("visionpe/viz/assets/")}
+        entry_points = wheel.read(f"{info}/entry_points.txt").decode()
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "visionpe").rglob("*.py")}
     assert modules <= names, sorted(modules - names)
     assert "visionpe/py.typed" in names
     assert assets == {f"visionpe/viz/assets/{name}": (ROOT / "visionpe" / "viz" / "assets" / name).read_bytes()
                       for name in explorer.ASSETS}, sorted(assets)  # the explorer page's files, as in the tree
+    recipes = {p.relative_to(ROOT).as_posix() for p in (ROOT / "visionpe" / "configs").glob("*.yaml")}
+    assert len(recipes) >= 10 and recipes == {n for n in names if n.startswith("visionpe/configs/")}
     assert not [n for n in names if n.startswith(("tests/", "scripts/", "configs/", "docs/"))]
     assert f"{info}/licenses/LICENSE" in names
+    assert "[console_scripts]\nvisionpe = visionpe.cli.commands:console" in entry_points
     assert metadata["Name"] == "visionpe" and metadata["Version"] == visionpe.__version__
     assert metadata["License-Expression"] == "Apache-2.0" and metadata.get_all("License-File") == ["LICENSE"]
     requires = [Requirement(r) for r in metadata.get_all("Requires-Dist")]
@@ -88,4 +92,5 @@ def test_sdist_builds_the_same_package(dists):
         metadata = _metadata(sdist.extractfile(f"{top}/PKG-INFO").read().decode())
     assert {"pyproject.toml", "README.md", "LICENSE", "visionpe/__init__.py", "visionpe/py.typed"} <= names
     assert {f"visionpe/viz/assets/{name}" for name in explorer.ASSETS} <= names
+    assert {f"visionpe/configs/{p.name}" for p in (ROOT / "visionpe" / "configs").glob("*.yaml")} <= names
     assert metadata["Version"] == visionpe.__version__ and metadata["License-Expression"] == "Apache-2.0"

@@ -126,6 +126,54 @@ def test_timm_pos_embed_into_learned(tmp_path):
     assert init["dropped"] == ["pos_embed"] and init["new"] == ["blocks.0.attn.rotary.freqs"]
 
 
+def test_an_ambiguous_grid_is_said_and_init_grid_gives_it(tmp_path, capsys):
+    """A timm checkpoint of a 16x4 grid holds 64 positions, which also fit 8x8: into a 32x32 px model (8x8 patches)
+    --init-from reads it as the model's grid and prints that assumption and --init-grid; ``--init-grid 16 4`` reads
+    it as timm's own grid: the table is timm's resample_abs_pos_embed from (16, 4) (its closed form: bicubic with
+    antialias), and nothing is assumed."""
+    torch.manual_seed(1)
+    vit = timm.create_model("vit_tiny_patch16_224", img_size=(64, 16), patch_size=4, embed_dim=16, depth=1, num_heads=2,
+                            num_classes=9)
+    torch.nn.init.normal_(vit.pos_embed, std=0.5)
+    torch.save(vit.state_dict(), tmp_path / "tall.pth")
+    argv = ["--init-from", tmp_path / "tall.pth", "--pe", "learned", "--img-size", "32", "--patch-size", "4",
+            "--embed-dim", "16", "--depth", "1", "--num-heads", "2", *RECIPE]
+    train_main([*argv, "--output", tmp_path / "guess"])
+    printed = capsys.readouterr().out
+    assert ("  assumed   pos_embed: 64 patch positions read as the grid 8x8 (the model's grid; a checkpoint stores no "
+            "grid, and 64 also fits 16x4, 4x16, 32x2, 2x32): give --init-grid H W if it was another") in printed
+    (init,) = records(tmp_path / "guess", "init")
+    assert len(init["assumed"]) == 1 and "--init-grid H W" in init["assumed"][0]
+    train_main([*argv, "--init-grid", "16", "4", "--output", tmp_path / "given"])
+    assert "assumed" not in capsys.readouterr().out and records(tmp_path / "given", "init")[0]["assumed"] == []
+    cfg = restore.load_run(tmp_path / "given")
+    assert cfg["init_grid"] == [16, 4]
+    model = models.build_model(cfg)
+    restore.init_weights(model, cfg)
+    grid = vit.pos_embed[:, 1:].detach().reshape(1, 16, 4, -1).permute(0, 3, 1, 2)
+    expected = torch.nn.functional.interpolate(grid, size=(8, 8), mode="bicubic", antialias=True, align_corners=False)
+    torch.testing.assert_close(model.pe_tokens.table, expected[0].permute(1, 2, 0), atol=1e-5, rtol=1e-5)
+    err = error_line(capsys, [*argv, "--init-grid", "8", "4", "--output", tmp_path / "wrong"])
+    assert "source_grid=(8, 4) has 32 patches but pos_embed of shape (1, 65, 16) holds 64" in err
+    err = error_line(capsys, [*argv[2:], "--init-grid", "8", "8", "--output", tmp_path / "alone"])
+    assert "--init-grid needs --init-from PATH" in err
+    err = error_line(capsys, [*argv, "--init-grid", "8", "--output", tmp_path / "one"])
+    assert "init_grid must be 2 integers >= 1 (height width, in patches), got 8" in err
+
+
+def test_a_source_runs_grid_is_known(tmp_path, capsys):
+    """From a run of timm's own model (``--pe timm``: its flat ``pos_embed``), the grid is the run's (config.yaml):
+    nothing is assumed, into a model of another size too."""
+    source = tmp_path / "timm"
+    train_main(["--data", "shapes-position", "--pe", "timm", *SIZES, *RECIPE, "--output", source])
+    capsys.readouterr()
+    train_main(["--init-from", source, "--pe", "learned", "--img-size", "24", *RECIPE,
+                "--output", tmp_path / "bigger"])
+    (init,) = records(tmp_path / "bigger", "init")
+    assert init["assumed"] == [] and "pos_embed -> pe_tokens.table" in init["converted"]
+    assert "assumed" not in capsys.readouterr().out
+
+
 def test_head_reset(source, tmp_path, capsys):
     out = tmp_path / "relation"
     convert(source, out, "--pe", "rope_mixed", "--data", "shapes-relation", "--init-head-reset")
@@ -153,7 +201,7 @@ def error_line(capsys, argv):
         train_main(argv)
     err = capsys.readouterr().err
     assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert err.startswith("train_vit: error: ")
+    assert err.startswith("visionpe train: error: ")
     return err
 
 
@@ -210,7 +258,7 @@ def test_errors(source, tmp_path, capsys, case, words):
 def test_benchmark_section_replaced_in_place(tmp_path):
     """The conversion benchmark writes its section between markers: appended once, then replaced; the rest of
     the report is left as it is."""
-    from visionpe.train import convert_benchmark as bench
+    from visionpe.bench.accuracy import convert as bench
     doc = tmp_path / "BENCHMARK.md"
     doc.write_text("# Benchmark\n\ntable\n")
     section = lambda text: f"{bench.BEGIN}\n{bench.TITLE}\n\n{text}\n{bench.END}\n"

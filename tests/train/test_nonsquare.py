@@ -11,8 +11,8 @@ from PIL import Image
 
 from trainutil import TINY, run_script, train_main
 from visionpe import data
-from visionpe.train import loop, settings, sweep
-from visionpe.train.cli import UserError
+from visionpe.train import loop, metrics, settings, sweep
+from visionpe.cli import UserError
 
 
 
@@ -100,8 +100,8 @@ def test_eval_grid_orders_mixed_sizes_by_height_then_width():
 
 
 def test_size_and_key_text():
-    assert loop.key_text(32) == "32" and loop.key_text((32, 48)) == "32x48"
-    assert loop.key_text(32) == "32" and loop.key_text((8, 32)) == "8x32"
+    assert metrics.key_text(32) == "32" and metrics.key_text((32, 48)) == "32x48"
+    assert metrics.key_text(32) == "32" and metrics.key_text((8, 32)) == "8x32"
 
 
 # -- resolution_sweep: parse_size ------------------------------------------------------------------------------------
@@ -193,6 +193,6 @@ def test_sweep_cli_bad_size_exits_2_with_one_line(tiny_run, tmp_path, capsys, re
     with pytest.raises(SystemExit) as exit_info:
         run_script("resolution_sweep", [str(tiny_run), "--res", "8", res, "--out", str(tmp_path)])
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("resolution_sweep: error: "), err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("visionpe sweep: error: "), err
     assert all(w in err for w in words), err
     assert not (tmp_path / "sweep.csv").exists()

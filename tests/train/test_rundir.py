@@ -118,27 +118,36 @@ def test_a_kill_at_any_write_within_epochs_resumes_exactly(tmp_path, monkeypatch
         train_main(WITHIN + ["--output", str(reference)])
     assert [c is not None for c in commits] == [True, False, True, False]  # within epoch 1, its end, within 2, end
     assert commits[0]["step"] == 2 and commits[2]["step"] == 2
-    with monkeypatch.context() as m:
-        counter = KillAt(m)
-        train_main(WITHIN + ["--output", str(tmp_path / "count")])
     resumed_within = 0
-    for k in range(counter.count):
-        out = tmp_path / f"k{k}"
-        with monkeypatch.context() as m:
-            KillAt(m, k)
-            with pytest.raises(Killed):
-                train_main(WITHIN + ["--output", str(out)])
-        assert not rundir.temp_files(out)
-        if not (out / "config.yaml").exists():
-            train_main(WITHIN + ["--output", str(out)])
-        elif not (out / "results.json").exists():
-            state = rundir.load_checkpoint(out)
-            resumed_within += state is not None and "progress" in state
-            train_main(["--resume", str(out)])
+    for k, out, within in killed_and_finished(WITHIN, tmp_path, monkeypatch):
+        resumed_within += within
         for name in ("last.safetensors", "best.safetensors", "ema.safetensors"):
             assert same_weights(out / name, reference / name), (k, name)
         assert epochs_of(out) == epochs_of(reference), k
     assert resumed_within >= 4  # several kills fell after a commit within an epoch
+
+
+def killed_and_finished(argv, tmp_path, monkeypatch):
+    """For every instant ``k`` of the run ``argv``: the run killed there (no temporary left behind), then finished
+    as its user would (started again when killed before it existed, else ``--resume``); yields ``(k, run folder,
+    whether the resume continued a commit within an epoch)``."""
+    with monkeypatch.context() as m:
+        counter = KillAt(m)
+        train_main(argv + ["--output", str(tmp_path / "count")])
+    for k in range(counter.count):
+        out, within = tmp_path / f"k{k}", False
+        with monkeypatch.context() as m:
+            KillAt(m, k)
+            with pytest.raises(Killed):
+                train_main(argv + ["--output", str(out)])
+        assert not rundir.temp_files(out)
+        if not (out / "config.yaml").exists():
+            train_main(argv + ["--output", str(out)])
+        elif not (out / "results.json").exists():
+            state = rundir.load_checkpoint(out)
+            within = state is not None and "progress" in state
+            train_main(["--resume", str(out)])
+        yield k, out, within
 
 
 def test_a_kill_during_resume_repairs_leaves_it_resumable(reference, tmp_path, monkeypatch):
@@ -347,7 +356,7 @@ def test_non_finite_loss_under_torchrun_stops_every_rank(tmp_path):
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
                           timeout=150)  # a hang would time out
     assert proc.returncode != 0
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("train_vit: error:")]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("visionpe train: error:")]
     assert len(lines) == 1 and "non-finite training loss" in lines[0], proc.stderr[-3000:]
     assert "exitcode  : 2" in proc.stderr  # rank 0 stopped on the error, not killed
     assert not (out / "results.json").exists() and not (out / "state.pt").exists()

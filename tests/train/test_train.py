@@ -164,7 +164,7 @@ def test_user_errors_exit_2_with_one_line(args, tmp_path, capsys):
         train_main(TINY + ["--output", str(tmp_path / "run")] + args)
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("train_vit: error: "), err
+    assert err.count("\n") == 1 and err.startswith("visionpe train: error: "), err
 
 
 def test_user_error_in_a_real_process(tmp_path):

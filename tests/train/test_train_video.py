@@ -98,7 +98,7 @@ def test_bad_video_combinations_exit_2_with_one_line(args, words, tmp_path, caps
     with pytest.raises(SystemExit) as exit_info:
         train_main(args + ["--output", str(tmp_path / "r")])
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("train_vit: error: "), err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("visionpe train: error: "), err
     assert all(w in err for w in words), err
 
 
@@ -130,7 +130,7 @@ def test_sweep_frames_refused_for_an_image_run(tmp_path, capsys):
 
 def test_benchmark_writes_its_video_section_and_keeps_the_rest(tmp_path):
     import argparse
-    from visionpe.train import benchmark as bench
+    from visionpe.bench.accuracy import sections as bench
     cols = [(f, r) for f in (4, 8) for r in (16, 24)]
     entry = lambda accs: {"acc": {c: list(a) for c, a in zip(cols, accs)}, "ret": {}, "params": 1000, "img_s": [5.0],
                           "train_res": (8, 16), "seeds": {0, 1}}
@@ -143,7 +143,7 @@ def test_benchmark_writes_its_video_section_and_keeps_the_rest(tmp_path):
     args = argparse.Namespace(jobs=2, report_only=False, extra=[], note="", data=["moving-shapes"])
     cfg = ROOT / "configs" / "bench_video_tiny.yaml"
     for _ in range(2):  # the second write replaces the section
-        bench.write_video_section(doc, args, table, [1, 2], "python scripts/benchmark.py ...", 60.0, {"vit": cfg},
+        bench.write_video_section(doc, args, table, [1, 2], "visionpe benchmark ...", 60.0, {"vit": cfg},
                                   cols)
     text = doc.read_text()
     assert text.startswith("# Image benchmark\n\nkept text\n") and "converted" in text

@@ -1,15 +1,18 @@
 """Backbone adapters, one module a model family, each registered once (:func:`register_adapter`): timm ViT/DeiT
-(``vit.py``), timm Swin v1/v2 (``swin.py``), torchvision Video Swin (``video_swin.py``) and image ViT
-(``torchvision_vit.py``), and, once transformers is imported, Hugging Face ViT/DeiT/DINOv2/Swin (``hf.py``), sharing
-``adapter.py``; the tubelet video ViT (``video.py``) builds on the ViT adapter. :func:`apply`, :func:`create_model`
-and :func:`encodings_of` ask the registry."""
+(``vit.py``), timm Swin v1/v2 (``swin.py``), timm's distilled DeiT (``deit.py``), timm Eva (``eva.py``),
+torchvision Video Swin (``video_swin.py``) and image ViT (``torchvision_vit.py``), and, once transformers is
+imported, Hugging Face ViT/DeiT/DINOv2/Swin (``hf.py``), sharing ``adapter.py`` (and ``windows.py``: the shifted-window
+mask); the tubelet video ViT (``video.py``) builds on the ViT adapter. :func:`apply`, :func:`create_model`,
+:func:`encodings_of`, :func:`~visionpe.load_timm_checkpoint`, timm's ``vpe_*`` registry (``timm_registry.py``) and
+the training CLI ask the registry."""
 import importlib
 
 from .._import_hook import when_imported
-from . import vit, swin, video_swin, torchvision_vit  # noqa: F401, I001  (each registers its adapter, in this order)
+from . import vit, swin, deit, eva, video_swin, torchvision_vit  # noqa: F401, I001  (each registers its adapter)
 from .adapter import (ADAPTERS, Adapter, PositionalModel, adapter_for, named_constructor, parse_pe,
-                      register_adapter)
+                      register_adapter, repeated_blocks)
 from .api import apply, create_model, encodings_of
+from .deit import VisionTransformerDistilledPE
 from .swin import SwinTransformerPE, SwinTransformerV2PE, WindowAttention
 from .torchvision_vit import GridMultiheadAttention, TorchvisionViTPE
 from .video import TubeletEmbed, create_video_model, inflate_patch_embed
@@ -22,5 +25,6 @@ when_imported("transformers", lambda _: importlib.import_module(f"{__name__}.hf"
 
 __all__ = ["ADAPTERS", "Adapter", "GridBlock", "GridMultiheadAttention", "PositionalModel", "SwinTransformer3dPE",
            "SwinTransformerPE", "SwinTransformerV2PE", "TorchvisionViTPE", "TubeletEmbed", "VideoWindowAttention",
-           "VisionTransformerPE", "WindowAttention", "adapter_for", "apply", "create_model", "create_video_model",
-           "encodings_of", "inflate_patch_embed", "named_constructor", "parse_pe", "register_adapter"]
+           "VisionTransformerDistilledPE", "VisionTransformerPE", "WindowAttention", "adapter_for", "apply",
+           "create_model", "create_video_model", "encodings_of", "inflate_patch_embed", "named_constructor", "parse_pe",
+           "register_adapter", "repeated_blocks"]

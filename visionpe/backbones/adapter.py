@@ -3,14 +3,18 @@ encodings for a model, the input check, and the :class:`PositionalModel` mixin o
 
 An adapter (``vit.py``, ``swin.py``, ...) is one :class:`Adapter` record, registered once with
 :func:`register_adapter`: the model class it takes, its patched subclass, where the encodings go, which attention
-modules hold them, and how its models are made to run at any input size. :func:`~visionpe.apply`,
-:func:`~visionpe.create_model`, :func:`~visionpe.encodings_of` and ``train_vit.py --model`` ask the registry, so a
-new backbone is one module and one registration (a user's own too). Everything about *which* encodings and *how
-they are built* is here, once.
+modules hold them, how its models are made to run at any input size, its own (native) encoding, the encodings it
+takes, the timm names it does not take and why, example names, checkpoint-key conversions and timm's feature
+extraction config. :func:`~visionpe.apply`, :func:`~visionpe.create_model`, :func:`~visionpe.encodings_of`,
+:func:`~visionpe.load_timm_checkpoint`, timm's ``vpe_*`` registry and ``train_vit.py --model`` (its help and
+messages) ask the registry, so a new backbone is one module and one registration (a user's own too). Everything
+about *which* encodings and *how they are built* is here, once.
 """
 from __future__ import annotations
 
+import fnmatch
 import math
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -21,10 +25,11 @@ from .._checks import check_divisible, check_positive_int, to_shape
 from .._compat import is_autocast_enabled
 from ..encoding import Encoding, ModelContext, constructor_keywords
 from ..presets import PRESET_PREFIX, conventions_of, preset_names
-from ..registry import ENCODINGS, check_keywords, check_name
+from ..registry import ENCODINGS, FAMILIES, check_keywords, check_name
 from ..rotary.sections import video_sections
+from ..sharding import built_class
 from ..tokens import Learned
-from ..weights.convert import pos_embed_tensors
+from ..weights.convert import LoadReport, pos_embed_tensors
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,26 @@ class Adapter:
             build(**kwargs)``, called with timm's keyword names (``num_classes``, ``patch_size``, ``in_chans``,
             ``img_size``, ``drop_path_rate``) plus the user's model keywords.
         video: the models take clips ``(B, C, T, H, W)``.
+        native: the encoding the architecture has itself, what ``pe="native"`` gives (:func:`~visionpe.apply`) and the
+            default of its ``vpe_*`` names in timm's registry: a ``pe`` string (``"learned"``), or
+            ``native(model) -> (pe, pe_kwargs)`` for a family whose models differ (timm's Eva: its RoPE variant);
+            None: the family has no native encoding visionpe reproduces.
+        families: the encoding families its attention takes (:data:`visionpe.registry.FAMILIES`; Swin windows:
+            ``("rotary", "bias")``).
+        refuses: encodings of those families it does not take, ``name -> why`` (a sentence that follows the name and
+            says what to use instead, e.g. ``"needs window attention (Swin); ..."``).
+        unsupported: timm names (``fnmatch`` patterns) in ``timm_modules`` whose architecture the adapter does not
+            patch, ``pattern -> why``; they are left out of timm's ``vpe_*`` registry and refused by ``--model``.
+        examples: model names for help texts and messages (``train_vit.py --model``).
+        checkpoint_hooks: ``hook(state, report) -> state`` functions :func:`~visionpe.load_timm_checkpoint` runs on
+            a checkpoint before loading it into a model of this family: they rename other layouts' keys (e.g. timm's
+            Eva rope-vit ports into a ViT) and record each in ``report.converted``.
+        feature_cfg: ``feature_cfg(model) -> dict``: timm's ``feature_cfg`` for ``features_only=True`` of such a
+            model (as timm's own constructor of the family gives it: ``feature_cls``, default ``out_indices``, ...);
+            None: no feature extraction.
+        init_weights: ``init_weights(model)``, the backbone's own initialisation scheme applied to a model built on
+            the meta device and materialised (:func:`visionpe.reset_parameters`; e.g. timm's ``init_weights()``);
+            None where the backbone initialises inside its constructors only (such models are built on a device).
     """
 
     base: type
@@ -59,13 +84,47 @@ class Adapter:
     any_size: Callable[[dict], dict] | None = None
     constructors: Mapping[str, Callable[..., nn.Module]] = field(default_factory=dict)
     video: bool = False
+    native: str | Callable[[nn.Module], tuple[str, dict]] | None = None
+    families: tuple[str, ...] = FAMILIES
+    refuses: Mapping[str, str] = field(default_factory=dict)
+    unsupported: Mapping[str, str] = field(default_factory=dict)
+    examples: tuple[str, ...] = ()
+    checkpoint_hooks: tuple[Callable[[dict, LoadReport], dict], ...] = ()
+    feature_cfg: Callable[[nn.Module], dict] | None = None
+    init_weights: Callable[[nn.Module], None] | None = None
 
     @property
     def name(self) -> str:
         return f"{self.library} {self.base.__name__}"
 
+    def encodings(self) -> list[str]:
+        """The registered encodings it takes: those of its families on its grids (2D, video 3D), less
+        :attr:`refuses`."""
+        ndim = 3 if self.video else 2
+        return [name for name, cls in ENCODINGS.items()
+                if cls.family in self.families and ndim in cls.ndims and name not in self.refuses]
+
+    def native_pe(self, model: nn.Module) -> tuple[str, dict]:
+        """``(pe, pe_kwargs)`` of ``model``'s own encoding (:attr:`native`); a ``ValueError`` when there is none."""
+        if self.native is None:
+            raise ValueError(f"{self.name} has no native encoding in visionpe; give pe= (one of "
+                             f"{', '.join(self.encodings())})")
+        return (self.native, {}) if isinstance(self.native, str) else self.native(model)
+
+    def unsupported_reason(self, timm_name: str) -> str | None:
+        """Why the adapter does not take timm's ``timm_name`` (an :attr:`unsupported` pattern matches), else None."""
+        return next((why for pattern, why in self.unsupported.items()
+                     if fnmatch.fnmatchcase(split_tag(timm_name), pattern)), None)
+
 
 ADAPTERS: dict[type, Adapter] = {}
+NATIVE = "native"  # pe: the architecture's own encoding (its adapter's ``native``)
+
+# what global and window attention refuse (records of the adapters with each kind of attention)
+GLOBAL_REFUSES = {"swin_bias": "needs window attention (Swin); for a ViT use rel_bias (BEiT's global table), cpb or "
+                               "alibi"}
+WINDOW_FAMILIES = ("rotary", "bias")  # a window is a fixed grid inside the feature map: no tokens encoding
+WINDOW_REFUSES = {"rel_bias": "is a global (whole-grid) table for ViTs; in Swin windows use swin_bias"}
 
 
 def register_adapter(adapter: Adapter, overwrite: bool = False) -> Adapter:
@@ -82,13 +141,21 @@ def register_adapter(adapter: Adapter, overwrite: bool = False) -> Adapter:
     clash = sorted(taken & set(adapter.constructors))
     if clash:
         raise ValueError(f"model name(s) {', '.join(clash)} are already registered by another adapter")
+    unknown = sorted(set(adapter.families) - set(FAMILIES))
+    if unknown or not adapter.families:
+        raise ValueError(f"adapter.families must name encoding families of {', '.join(FAMILIES)}, got "
+                         f"{adapter.families!r}")
     ADAPTERS[adapter.base] = adapter
+    registry = sys.modules.get(f"{__package__}.timm_registry")
+    if registry is not None and adapter.timm_modules:  # timm's registry is live: the new names join it now
+        registry.register_models()
     return adapter
 
 
 def adapter_for(model: nn.Module) -> Adapter:
-    """The adapter of ``model``'s class: the class an adapter takes, or its patched subclass."""
-    cls = type(model)
+    """The adapter of ``model``'s class: the class an adapter takes, or its patched subclass (also after FSDP2's
+    ``fully_shard`` has swapped it for its own subclass)."""
+    cls = built_class(model)
     for adapter in ADAPTERS.values():
         if cls in (adapter.base, adapter.patched):
             return adapter
@@ -97,6 +164,27 @@ def adapter_for(model: nn.Module) -> Adapter:
     why = (f" (it subclasses {near.name}, whose adapter does not know what the subclass adds)" if near else "")
     raise ValueError(f"model class {cls.__module__}.{cls.__qualname__} is not supported{why}; supported: {supported} "
                      "(a new backbone: visionpe.backbones.register_adapter)")
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a patched model, in order: the outermost items of its ``ModuleList``/``Sequential``
+    containers that hold exactly one attention module of its adapter (timm ViT ``blocks``, each Swin stage's
+    ``blocks``, torchvision's ``encoder.layers``, transformers' ``encoder.layer``), each one unit of sharding,
+    activation checkpointing or compilation. A ``ValueError`` when the model has none (not a patched model)."""
+    attention = adapter_for(model).attention
+    blocks, inside = [], set()
+    for name, module in model.named_modules():
+        if any(name.startswith(f"{outer}.") for outer in inside):
+            continue
+        if isinstance(module, (nn.ModuleList, nn.Sequential)):
+            for index, item in enumerate(module):
+                if sum(isinstance(m, attention) for m in item.modules()) == 1:
+                    blocks.append(item)
+                    inside.add(f"{name}.{index}" if name else str(index))
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} has no transformer blocks holding "
+                         f"{', '.join(a.__name__ for a in attention)} in a ModuleList or Sequential")
+    return blocks
 
 
 def named_constructor(name: str) -> tuple[Adapter, Callable[..., nn.Module]] | None:
@@ -108,12 +196,18 @@ def named_constructor(name: str) -> tuple[Adapter, Callable[..., nn.Module]] | N
 
 
 def timm_adapter(name: str) -> Adapter | None:
-    """The adapter whose ``timm_modules`` hold timm's model ``name``, else None."""
+    """The adapter whose ``timm_modules`` hold timm's model ``name``, else None (its :attr:`Adapter.unsupported`
+    patterns may still refuse the name)."""
     import timm
     if not timm.is_model(name):
         return None
     return next((a for a in ADAPTERS.values() if a.timm_modules
                  and timm.models.is_model_in_modules(name, list(a.timm_modules))), None)
+
+
+def split_tag(name: str) -> str:
+    """A timm name without its pretrained tag: ``vit_small_patch16_224.augreg_in1k`` -> ``vit_small_patch16_224``."""
+    return name.partition(".")[0]
 
 
 def parse_pe(pe: str) -> dict[str, str]:
@@ -155,12 +249,9 @@ def route_kwargs(names: dict[str, str], pe_kwargs: dict) -> dict[str, dict]:
 
 
 def build_for(name: str, context: ModelContext, kwargs: dict) -> Encoding:
-    """The encoding ``name`` built for a model (:meth:`Encoding.for_model`), the user's ``kwargs`` winning; an
-    ``ndim`` other than the model grid's (a video preset in an image model) is a ``ValueError``."""
+    """The encoding ``name`` built for a model (:meth:`Encoding.for_model`: words that contradict the model, e.g. a
+    video preset's ``ndim`` in an image model, are a ``ValueError``), the user's ``kwargs`` winning."""
     check_keywords(name, kwargs)
-    if kwargs.get("ndim", context.ndim) != context.ndim:
-        raise ValueError(f"{name} with ndim={kwargs['ndim']} is for {kwargs['ndim']}-axis grids, but the model's grid "
-                         f"{tuple(context.grid_shape)} has {context.ndim} axes")
     return ENCODINGS[name].for_model(context, **kwargs)
 
 
@@ -188,20 +279,18 @@ class EncodingSet:
         return self._shared.setdefault(key, module)
 
 
-def check_global_families(names: dict[str, str]) -> None:
-    """A ViT's attention spans the whole grid: a window table (``swin_bias``) has no place in it."""
-    if names.get("bias") == "swin_bias":
-        raise ValueError("swin_bias needs window attention (Swin); for a ViT use rel_bias (BEiT's global table), "
-                         "cpb or alibi")
-
-
-def check_window_families(names: dict[str, str], model_name: str) -> None:
-    """Swin windows take rotary and bias encodings; tokens encodings and the global ``rel_bias`` need a ViT."""
-    if "tokens" in names:
-        raise ValueError(f"{model_name} takes bias and rotary encodings (swin_bias, cpb, alibi, bucket_bias, "
-                         f"rope_axial, rope_mixed); tokens encodings ({names['tokens']}) need a ViT")
-    if names.get("bias") == "rel_bias":
-        raise ValueError("rel_bias is a global (whole-image) table for ViTs; in Swin windows use swin_bias")
+def check_encodings(adapter: Adapter, names: dict[str, str], model_name: str) -> None:
+    """The encodings ``names`` (family -> name) fit ``adapter``'s attention: a ``ValueError`` naming what it takes
+    otherwise (messages generated from the registered encodings and adapters)."""
+    for family, name in names.items():
+        if family not in adapter.families:
+            takers = [a.name for a in ADAPTERS.values() if family in a.families and not a.video]
+            shown = ", ".join(takers[:3]) + (", ..." if len(takers) > 3 else "")
+            raise ValueError(f"{model_name} takes {' and '.join(adapter.families)} encodings "
+                             f"({', '.join(adapter.encodings())}); {family} encodings ({name}) need another "
+                             f"backbone, e.g. a ViT ({shown})")
+        if name in adapter.refuses:
+            raise ValueError(f"{name} {adapter.refuses[name]}")
 
 
 def build_tokens(names: dict[str, str], kwargs: dict[str, dict], context: ModelContext,
@@ -320,6 +409,12 @@ class PositionalModel:
     """Mixin of the patched model classes: encoding bookkeeping shared by every backbone."""
 
     pe: str = "none"
+
+    @property
+    def pe_adapter(self) -> Adapter:
+        """The registered :class:`Adapter` of this model's class (what :func:`~visionpe.load_timm_checkpoint` reads
+        its checkpoint hooks from)."""
+        return adapter_for(self)
 
     def check_input(self, x: torch.Tensor) -> None:
         proj = self.patch_embed.proj

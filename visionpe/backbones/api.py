@@ -1,8 +1,10 @@
 """Put any visionpe encoding into a backbone: :func:`create_model`, :func:`apply`, :func:`encodings_of`.
 
 Supported: every registered adapter (:data:`~visionpe.backbones.adapter.ADAPTERS`): timm ``VisionTransformer``
-(``vit_*``, ``deit_*``), ``SwinTransformer`` and ``SwinTransformerV2``, torchvision's ``SwinTransformer3d``, and a
-video ViT on tubelets (:func:`visionpe.create_video_model`). ``apply`` keeps every weight that is not positional,
+(``vit_*``, ``deit_*``), ``VisionTransformerDistilled`` (``deit_*_distilled_*``), ``SwinTransformer`` and
+``SwinTransformerV2``, ``Eva`` (EVA-02, the rope-vit ports, DINOv3), torchvision's ``SwinTransformer3d`` and
+``VisionTransformer``, transformers' ViT/DeiT/DINOv2/Swin, and a video ViT on tubelets
+(:func:`visionpe.create_video_model`). ``apply`` keeps every weight that is not positional,
 converts positional weights where that has a meaning (a learned ``pos_embed`` becomes the ``learned`` table, a Swin
 table or a Swin-V2 CPB MLP stays) and lets the model run at any input size.
 
@@ -17,7 +19,7 @@ from torch import nn
 from .._checks import check_bool, check_choice
 from ..attention import ATTENTIONS, set_attention
 from ..encoding import Encoding
-from .adapter import ADAPTERS, adapter_for, parse_pe, route_kwargs, timm_adapter
+from .adapter import ADAPTERS, NATIVE, adapter_for, check_encodings, parse_pe, route_kwargs, timm_adapter
 
 
 def apply(model: nn.Module, pe: str = "learned", attention: str = "auto", **pe_kwargs) -> nn.Module:
@@ -25,19 +27,32 @@ def apply(model: nn.Module, pe: str = "learned", attention: str = "auto", **pe_k
 
     Args:
         model: a model of a registered adapter's class (patched or not): timm ``VisionTransformer``,
-            ``SwinTransformer``, ``SwinTransformerV2``, torchvision ``SwinTransformer3d``, ...
+            ``VisionTransformerDistilled``, ``SwinTransformer``, ``SwinTransformerV2``, ``Eva``, torchvision
+            ``SwinTransformer3d``, ...
         pe: an encoding name from :func:`visionpe.available`, a ``+`` combination of one encoding per family
-            (``"rope_mixed+learned"``), or ``"none"``.
+            (``"rope_mixed+learned"``), ``"none"``, or ``"native"``: the architecture's own encoding with its
+            keywords (its adapter's ``native``: ``learned`` for a ViT, ``swin_bias`` for Swin, an Eva's RoPE as timm
+            builds it), so the model computes what the original does, at any input size.
         attention: every attention's :func:`visionpe.attend` choice, ``"auto"``, ``"sdpa"`` or ``"flex"``
             (:func:`visionpe.set_attention`).
         pe_kwargs: constructor keywords, each given to the encodings of the combination that take it
-            (e.g. ``scaling="pi"``, ``interpolation="bilinear"``, ``theta=10``).
+            (e.g. ``scaling="pi"``, ``interpolation="bilinear"``, ``theta=10``); with ``pe="native"`` they override
+            the native ones.
     """
     check_choice("attention", attention, ATTENTIONS)
+    if pe == NATIVE:
+        pe, native_kwargs = adapter_for(model).native_pe(model)
+        pe_kwargs = {**native_kwargs, **pe_kwargs}
     names = parse_pe(pe)
     kwargs = route_kwargs(names, pe_kwargs)
     adapter = adapter_for(model)
+    check_encodings(adapter, names, type(model).__name__)
     adapter.put_encodings(model, names, kwargs)
+    for module in model.modules():  # what apply built takes the model's mode (in evaluation: no augmentation draw,
+        if isinstance(module, Encoding):  # no attention dropout)
+            module.train(model.training)
+        elif isinstance(module, adapter.attention):
+            module.training = model.training
     model.__class__ = adapter.patched
     model.pe = pe
     return set_attention(model, attention)
@@ -51,14 +66,19 @@ def create_model(model_name: str, pe: str = "learned", pretrained: bool = False,
     >>> model(torch.randn(2, 3, 96, 96)).shape
     torch.Size([2, 10])
 
-    ``pe_kwargs`` go to the encodings and ``attention`` to every attention (see :func:`apply`); every other keyword
-    goes to timm.
+    ``pe_kwargs`` go to the encodings and ``attention`` to every attention (see :func:`apply`; ``pe="native"``: the
+    architecture's own encoding); every other keyword goes to timm.
     """
     check_choice("attention", attention, ATTENTIONS)
-    route_kwargs(parse_pe(pe), {} if pe_kwargs is None else pe_kwargs)  # bad pe / pe_kwargs fail before timm builds
+    if pe != NATIVE:  # bad pe / pe_kwargs fail before timm builds
+        route_kwargs(parse_pe(pe), {} if pe_kwargs is None else pe_kwargs)
     if not isinstance(model_name, str) or not timm.is_model(model_name):
-        raise ValueError(f"model_name={model_name!r} is not a timm model; use a vit_*, deit_* or swin* name "
-                         f"(timm.list_models('vit_*'))")
+        examples = [name for adapter in ADAPTERS.values() if adapter.timm_modules for name in adapter.examples]
+        raise ValueError(f"model_name={model_name!r} is not a timm model; use a name of a timm module visionpe "
+                         f"adapts, e.g. {', '.join(examples[:6])} (timm.list_models('vit_*'))")
+    reason = unsupported_reason(model_name)
+    if reason is not None:
+        raise ValueError(f"model_name={model_name!r}: {reason}")
     check_bool("pretrained", pretrained)
     model = timm.create_model(model_name, pretrained=pretrained, **any_size_kwargs(model_name, timm_kwargs))
     return apply(model, pe, attention, **(pe_kwargs or {}))
@@ -71,6 +91,14 @@ def any_size_kwargs(model_name: str, timm_kwargs: dict) -> dict:
     adapter = timm_adapter(model_name)
     kwargs = dict(timm_kwargs)
     return adapter.any_size(kwargs) if adapter is not None and adapter.any_size is not None else kwargs
+
+
+def unsupported_reason(model_name: str) -> str | None:
+    """Why visionpe does not take timm's ``model_name`` (its adapter's ``unsupported`` patterns: ``"<adapter> does
+    not take <pattern> models: <why>"``), else None."""
+    adapter = timm_adapter(model_name)
+    why = None if adapter is None else adapter.unsupported_reason(model_name)
+    return None if why is None else f"{adapter.name} does not take it: {why}"
 
 
 def native_timm_modules() -> tuple[str, ...]:

@@ -56,10 +56,10 @@ from ..coords import shares_draws, with_draws
 from ..encoding import ModelContext, constructor_keywords
 from ..grid import Grid, Layout
 from ..registry import ENCODINGS
-from .adapter import (Adapter, EncodingSet, PositionalModel, adapter_for, build_tokens, check_global_families,
-                      check_input, check_window_families, register_adapter)
+from .adapter import (GLOBAL_REFUSES, WINDOW_FAMILIES, WINDOW_REFUSES, Adapter, EncodingSet, PositionalModel,
+                      adapter_for, build_tokens, check_input, register_adapter)
 from .swin import take_over_bias
-from .video_swin import shift_mask
+from .windows import shift_mask
 
 
 class GridAttention(nn.Module):
@@ -90,12 +90,12 @@ class GridAttention(nn.Module):
         weights = None
         if output_attentions:  # the probabilities are attention applied to the identity: the same path, exactly
             eye = torch.eye(q.shape[2], dtype=q.dtype, device=q.device).expand(*q.shape[:2], -1, -1)
-            weights = F.dropout(attend(q, k, eye, layout, self.rotary, self.bias, attention_mask), dropout_p,
-                                self.training)
+            weights = F.dropout(attend(q, k, eye, layout, self.rotary, self.bias, attention_mask, tokens=x),
+                                dropout_p, self.training)
             out = weights @ v
         else:
             out = attend(q, k, v, layout, self.rotary, self.bias, attention_mask, dropout_p=dropout_p,
-                         attention=self.attention)
+                         attention=self.attention, tokens=x)
         return self.o_proj(rearrange(out, "b h t d -> b t (h d)")), weights
 
 
@@ -291,7 +291,6 @@ class Dinov2ModelPE(GridViTModel, Dinov2Model):
 
 def apply_vit_like(model: nn.Module, names: dict, kwargs: dict) -> None:
     """Put the encodings ``names`` (family -> name) into a transformers ViT/DeiT/DINOv2 base model in place."""
-    check_global_families(names)
     patched = type(model) if isinstance(model, GridViTModel) else BASE_MODELS[type(model)]
     layers = patched.grid_layers(model)
     for layer in layers:
@@ -387,7 +386,6 @@ class SwinModelPE(PositionalModel, SwinModel):
 
 def apply_swin(model: SwinModel, names: dict, kwargs: dict) -> None:
     """Put the encodings ``names`` (family -> name) into every window attention of a transformers Swin, in place."""
-    check_window_families(names, type(model).__name__)
     if model.embeddings.position_embeddings is not None:
         raise ValueError("a Swin with use_absolute_embeddings=True is not supported: its absolute table is a tokens "
                          "encoding, and Swin windows take rotary and bias encodings (build it with the default "
@@ -449,11 +447,16 @@ def task_model(cls: type) -> type:
 
 
 BASE_MODELS = {ViTModel: ViTModelPE, DeiTModel: DeiTModelPE, Dinov2Model: Dinov2ModelPE}
+GLOBAL_RECORD = dict(library="transformers", native="learned", refuses=GLOBAL_REFUSES,
+                     init_weights=lambda model: model.init_weights())
+WINDOW_RECORD = dict(library="transformers", native="swin_bias", families=WINDOW_FAMILIES, refuses=WINDOW_REFUSES,
+                     init_weights=lambda model: model.init_weights())
 for _base, _patched in BASE_MODELS.items():
-    register_adapter(Adapter(_base, _patched, apply_vit_like, (GridAttention,), library="transformers"))
-register_adapter(Adapter(SwinModel, SwinModelPE, apply_swin, (GridAttention,), library="transformers"))
+    register_adapter(Adapter(_base, _patched, apply_vit_like, (GridAttention,), **GLOBAL_RECORD))
+register_adapter(Adapter(SwinModel, SwinModelPE, apply_swin, (GridAttention,), **WINDOW_RECORD))
 TASK_MODELS = {cls: task_model(cls) for cls in (ViTForImageClassification, DeiTForImageClassification,
                                                 DeiTForImageClassificationWithTeacher, Dinov2ForImageClassification,
                                                 SwinForImageClassification)}
 for _base, _patched in TASK_MODELS.items():
-    register_adapter(Adapter(_base, _patched, apply_task_model, (GridAttention,), library="transformers"))
+    _record = WINDOW_RECORD if _base is SwinForImageClassification else GLOBAL_RECORD
+    register_adapter(Adapter(_base, _patched, apply_task_model, (GridAttention,), **_record))

@@ -22,8 +22,8 @@ from ..coords import shares_draws, with_draws
 from ..encoding import ModelContext
 from ..grid import Grid
 from .._checks import to_shape
-from .adapter import (Adapter, EncodingSet, PositionalModel, check_img_size, check_model_sizes,
-                      check_window_families, register_adapter)
+from .adapter import (WINDOW_FAMILIES, WINDOW_REFUSES, Adapter, EncodingSet, PositionalModel, check_img_size,
+                      check_model_sizes, register_adapter)
 
 
 class WindowAttention(nn.Module):
@@ -77,7 +77,8 @@ class WindowAttention(nn.Module):
             num_windows = mask.shape[0]
             mask = rearrange(mask.expand(x.shape[0] // num_windows, -1, -1, -1), "b w n m -> (b w) 1 n m")
         out = attend(q, k, v, Grid(self.window_size), self.rotary, self.bias, mask,
-                     dropout_p=self.attn_drop.p if self.training else 0.0, scale=scale, attention=self.attention)
+                     dropout_p=self.attn_drop.p if self.training else 0.0, scale=scale, attention=self.attention,
+                     tokens=x)
         return self.proj_drop(self.proj(rearrange(out, "b h t d -> b t (h d)")))
 
 
@@ -132,7 +133,6 @@ class SwinTransformerV2PE(PositionalModel, SwinTransformerV2):
 
 def apply_swin(model: nn.Module, names: dict, kwargs: dict) -> None:
     """Put the encodings ``names`` (family -> name) into every window attention of a timm Swin, in place."""
-    check_window_families(names, type(model).__name__)
     model.patch_embed.strict_img_size = False
     model.dynamic_img_size = True
     encodings = EncodingSet(names, kwargs)
@@ -162,6 +162,7 @@ def take_over_bias(bias: nn.Module | None, source: nn.Module) -> None:
     elif isinstance(bias, ContinuousPositionBias) and hasattr(source, "cpb_mlp") \
             and source.cpb_mlp[0].in_features == 2 and source.cpb_mlp[0].out_features == bias.cpb_mlp[0].out_features:
         bias.cpb_mlp.load_state_dict(source.cpb_mlp.state_dict())
+        bias.initialised_by_backbone = True  # its init is Swin-V2's (visionpe.reset_parameters keeps that)
 
 
 def any_size_swin(timm_kwargs: dict) -> dict:
@@ -176,7 +177,18 @@ def any_size_swin(timm_kwargs: dict) -> dict:
     return timm_kwargs
 
 
+def swin_features(model: nn.Module) -> dict:
+    """timm's ``feature_cfg`` of a Swin: its stages as a feature list, every stage by default."""
+    return {"flatten_sequential": True, "out_indices": tuple(range(len(model.layers)))}
+
+
+WINDOW_RECORD = dict(families=WINDOW_FAMILIES, refuses=WINDOW_REFUSES, any_size=any_size_swin,
+                     feature_cfg=swin_features)
+
 register_adapter(Adapter(SwinTransformer, SwinTransformerPE, apply_swin, (WindowAttention,),
-                         timm_modules=("swin_transformer",), any_size=any_size_swin))
+                         timm_modules=("swin_transformer",), native="swin_bias",
+                         examples=("swin_tiny_patch4_window7_224",), init_weights=lambda model: model.init_weights(),
+                         **WINDOW_RECORD))
 register_adapter(Adapter(SwinTransformerV2, SwinTransformerV2PE, apply_swin, (WindowAttention,),
-                         timm_modules=("swin_transformer_v2",), any_size=any_size_swin))
+                         timm_modules=("swin_transformer_v2",), native="cpb", examples=("swinv2_tiny_window8_256",),
+                         **WINDOW_RECORD))

@@ -33,7 +33,7 @@ from ..attention import attend
 from ..coords import shares_draws
 from ..encoding import ModelContext
 from ..grid import Grid, Layout
-from .adapter import (Adapter, EncodingSet, PositionalModel, build_tokens, check_global_families, check_input,
+from .adapter import (GLOBAL_REFUSES, Adapter, EncodingSet, PositionalModel, build_tokens, check_input,
                       register_adapter)
 
 
@@ -50,7 +50,7 @@ class GridMultiheadAttention(nn.MultiheadAttention):
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
         q, k, v = rearrange(qkv, "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
         out = attend(q, k, v, layout, self.rotary, self.bias, dropout_p=self.dropout if self.training else 0.0,
-                     attention=self.attention)
+                     attention=self.attention, tokens=x)
         return self.out_proj(rearrange(out, "b h t d -> b t (h d)"))
 
 
@@ -117,7 +117,6 @@ class TorchvisionViTPE(PositionalModel, VisionTransformer):
 
 def apply_torchvision_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
     """Put the encodings ``names`` (family -> name) into a torchvision ViT in place; weights kept."""
-    check_global_families(names)
     blocks = list(model.encoder.layers)
     if not blocks or not all(isinstance(b, EncoderBlock) for b in blocks):
         raise ValueError(f"a torchvision VisionTransformer needs at least one EncoderBlock and no other blocks, got "
@@ -195,4 +194,5 @@ def torchvision_vit_constructor(name: str):
 
 register_adapter(Adapter(VisionTransformer, TorchvisionViTPE, apply_torchvision_vit, (GridMultiheadAttention,),
                          library="torchvision",
-                         constructors={name: torchvision_vit_constructor(name) for name in TV_VIT_SIZES}))
+                         constructors={name: torchvision_vit_constructor(name) for name in TV_VIT_SIZES},
+                         native="learned", refuses=GLOBAL_REFUSES, examples=tuple(TV_VIT_SIZES)))

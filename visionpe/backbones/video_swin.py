@@ -40,11 +40,12 @@ from ..bias import RelativePositionBias, SwinBias
 from ..coords import shares_draws
 from ..encoding import ModelContext
 from ..grid import Grid
-from .adapter import Adapter, EncodingSet, PositionalModel, check_input, default_sections, register_adapter
+from .adapter import (WINDOW_FAMILIES, WINDOW_REFUSES, Adapter, EncodingSet, PositionalModel, check_input,
+                      default_sections, register_adapter)
 from .swin import WindowAttention
+from .windows import shift_mask
 
 TABLE_SLICINGS = ("torchvision", "offsets")
-MASK_VALUE = -100.0  # torchvision's (and Swin's) shift-mask logit
 
 
 def effective_window(size, window, shift) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -63,21 +64,6 @@ def leading_box(window, n: int) -> tuple[int, ...]:
             return (1,) * axis + (-(-n // trailing),) + tuple(window[axis + 1:])
         trailing *= window[axis]
     raise ValueError(f"{n} tokens do not fit window {tuple(window)}")
-
-
-def shift_mask(padded, window, shift, device=None, dtype=torch.float32) -> torch.Tensor:
-    """Additive mask ``(num_windows, N, N)`` of a cyclically shifted, padded map: ``0`` inside a region, ``-100``
-    across regions. Along a shifted axis of length ``P`` the regions are ``[0, P - w)``, ``[P - w, P - s)`` and
-    ``[P - s, P)``; an unshifted axis is one region."""
-    labels = torch.zeros((), dtype=torch.long, device=device)
-    for size, w, s in zip(padded, window, shift):
-        pos = torch.arange(size, device=device)
-        axis = (pos >= size - w).long() + (pos >= size - s).long() if s else torch.zeros_like(pos)
-        labels = labels[..., None] * 3 + axis
-    wt, wh, ww = window
-    labels = rearrange(labels, "(nt wt) (nh wh) (nw ww) -> (nt nh nw) (wt wh ww)", wt=wt, wh=wh, ww=ww)
-    different = labels[:, :, None] != labels[:, None, :]
-    return torch.zeros(different.shape, dtype=dtype, device=device).masked_fill(different, MASK_VALUE)
 
 
 class VideoWindowAttention(WindowAttention):
@@ -171,7 +157,8 @@ class VideoWindowAttention(WindowAttention):
             shifted = rearrange(shifted[None].expand(b, -1, -1, -1), "b nw n m -> (b nw) 1 n m")
             mask = shifted if mask is None else mask + shifted
         out = attend(q, k, v, Grid(window), self._window_rotary(window), bias, mask,
-                     dropout_p=self.attention_dropout if self.training else 0.0, attention=self.attention)
+                     dropout_p=self.attention_dropout if self.training else 0.0, attention=self.attention,
+                     tokens=windows)
         out = F.dropout(self.proj(rearrange(out, "n h t d -> n t (h d)")), p=self.dropout, training=self.training)
 
         nt, nh, nw = (p // k for p, k in zip(padded, window))
@@ -213,12 +200,6 @@ def _attention_blocks(model: nn.Module) -> list[nn.Module]:
 
 def apply_video_swin(model: nn.Module, names: dict, kwargs: dict) -> None:
     """Put the encodings ``names`` (family -> name) into every 3D window attention of a torchvision Video Swin."""
-    if "tokens" in names:
-        raise ValueError(f"{type(model).__name__} takes bias and rotary encodings (swin_bias, cpb, alibi, bucket_bias, "
-                         f"rope_axial, rope_mixed); tokens encodings ({names['tokens']}) need a ViT "
-                         f"(visionpe.create_video_model)")
-    if names.get("bias") == "rel_bias":
-        raise ValueError("rel_bias is a global (whole-grid) table for ViTs; in Video Swin windows use swin_bias")
     encodings = EncodingSet(names, kwargs)
     for block in _attention_blocks(model):
         source = block.attn
@@ -275,4 +256,6 @@ def video_swin_constructor(name: str):
 
 register_adapter(Adapter(SwinTransformer3d, SwinTransformer3dPE, apply_video_swin,
                          (VideoWindowAttention,), library="torchvision",
-                         constructors={name: video_swin_constructor(name) for name in SWIN3D_SIZES}, video=True))
+                         constructors={name: video_swin_constructor(name) for name in SWIN3D_SIZES}, video=True,
+                         native="swin_bias", families=WINDOW_FAMILIES, refuses=WINDOW_REFUSES,
+                         examples=tuple(SWIN3D_SIZES)))

@@ -1,21 +1,24 @@
 """timm ``VisionTransformer`` (``vit_*``, ``deit_*``: class and register tokens, ``no_embed_class``, every
-``global_pool``) with visionpe encodings, at any input size.
+``global_pool``) with visionpe encodings, at any input size. :class:`GridTransformer` is the forward it shares with
+DeiT's distilled models (``deit.py``) and timm's Eva (``eva.py``).
 
-The grid travels with the call: :meth:`VisionTransformerPE.forward_features` builds the token
+The grid travels with the call: :meth:`GridTransformer.forward_features` builds the token
 :class:`~visionpe.grid.Layout` (the :class:`~visionpe.Grid` from the patch embedding's output and the caller's
 ``grid_offset``, plus the kept patches under patch dropout or masking) and passes it to every block, as timm's Eva
-passes ``rope=``; no state is shared between calls, so one model serves concurrent forwards at different sizes. Blocks become :class:`GridBlock` (timm ``Block``) or :class:`GridResPostBlock`,
-their attention :class:`visionpe.Attention` with timm's weights and names.
+passes ``rope=``; no state is shared between calls, so one model serves concurrent forwards at different sizes.
+Blocks become :class:`GridBlock` (timm ``Block``) or :class:`GridResPostBlock`, their attention
+:class:`visionpe.Attention` with timm's weights and names.
 """
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import torch
 from einops import rearrange
 from timm.layers import Format, PatchDropout
-from timm.layers.patch_dropout import patch_dropout_forward
+from timm.layers.patch_dropout import PatchDropoutWithIndices, patch_dropout_forward
 from timm.models._features import feature_take_indices
 from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
 from torch import nn
@@ -27,7 +30,8 @@ from ..coords import shares_draws, with_draws
 from ..encoding import ModelContext
 from .._checks import check_number
 from ..grid import Grid, Layout, MixedLayout
-from .adapter import (Adapter, EncodingSet, PositionalModel, build_tokens, check_global_families, check_img_size,
+from ..weights.convert import LoadReport
+from .adapter import (GLOBAL_REFUSES, Adapter, EncodingSet, PositionalModel, build_tokens, check_img_size,
                       check_model_sizes, register_adapter)
 
 
@@ -50,8 +54,9 @@ class GridResPostBlock(ResPostBlock):
 GRID_BLOCKS = {Block: GridBlock, ResPostBlock: GridResPostBlock}
 
 
-class VisionTransformerPE(PositionalModel, VisionTransformer):
-    """timm ``VisionTransformer`` whose position comes from visionpe encodings, at any input size.
+class GridTransformer(PositionalModel):
+    """Mixin of the patched timm token transformers (ViT, distilled DeiT, Eva): a forward that builds the token
+    layout and passes it to every block, at any input size.
 
     ``forward(x, grid_offset=None)``: ``grid_offset`` is the coordinate of the first patch per grid axis (a crop
     of a larger image, a later clip of a video); encodings that read coordinates see the shifted grid.
@@ -70,6 +75,10 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
         groups = super().group_matcher(coarse)
         return {**groups, "stem": groups["stem"] + "|^pe_tokens"}
 
+    def prefix_tokens(self) -> list[torch.Tensor]:
+        """The prefix token parameters ``(1, n, D)`` in sequence order: the class token, then the register tokens."""
+        return [t for t in (self.cls_token, self.reg_token) if t is not None]
+
     def embed(self, x: torch.Tensor, grid_offset=None, keep: torch.Tensor | None = None,
               with_position: bool = True) -> tuple[torch.Tensor, Layout]:
         """Image (or clip) -> tokens ``(B, P + N, C)`` (``P + K`` with kept patches) with prefix tokens and position,
@@ -79,14 +88,13 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
         x = self.patch_embed(x)  # (B, *grid, C)
         grid = Grid(tuple(x.shape[1:-1]), prefix=self.num_prefix_tokens, offset=grid_offset)
         x = rearrange(x, "b ... c -> b (...) c")
-        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
-        x = torch.cat(prefix + [x], dim=1)
+        x = torch.cat([t.expand(x.shape[0], -1, -1) for t in self.prefix_tokens()] + [x], dim=1)
         if not with_position:
             return x, Layout(grid)
         if self.pe_tokens is not None and self.pe_tokens.block_index == 0:
             x = self.pe_tokens(x, grid)
         x = self.pos_drop(x)
-        if keep is None and isinstance(self.patch_drop, PatchDropout):
+        if keep is None and isinstance(self.patch_drop, (PatchDropout, PatchDropoutWithIndices)):
             x, keep = patch_dropout_forward(x, self.patch_drop.prob, grid.prefix, self.patch_drop.ordered,
                                             self.training)
         elif keep is not None:
@@ -100,8 +108,11 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
         if not isinstance(images, (list, tuple)) or not images:
             raise ValueError(f"images must be a non-empty list of (C, H, W) tensors, got {type(images).__name__}")
         tokens, grids = [], []
-        for image in images:
-            x, layout = self.embed(image[None] if isinstance(image, torch.Tensor) else image, with_position=False)
+        for i, image in enumerate(images):
+            if not isinstance(image, torch.Tensor) or image.ndim != 3:
+                raise ValueError(f"images[{i}] must be a (C, H, W) tensor, got {type(image).__name__} of shape "
+                                 f"{tuple(getattr(image, 'shape', ()))}")
+            x, layout = self.embed(image[None], with_position=False)
             tokens.append(x[0])
             grids.append(layout.grid)
         layout = MixedLayout(tuple(grids))
@@ -122,12 +133,11 @@ class VisionTransformerPE(PositionalModel, VisionTransformer):
         for x in self.run_blocks(x, layout):
             pass
         x = self.norm(x)
-        if self.global_pool == "token":
-            pooled = x[:, 0]
-        else:
-            real = layout.key_mask(x.device)
-            real[:, :self.num_prefix_tokens] = self.pool_include_prefix
-            pooled = (x * real[..., None]).sum(1) / real.sum(1, keepdim=True)
+        if self.global_pool == "token":  # the prefix tokens are every sample's own: the model's head reads them
+            return self.forward_head(x)
+        real = layout.key_mask(x.device)
+        real[:, :self.num_prefix_tokens] = getattr(self, "pool_include_prefix", False)
+        pooled = (x * real[..., None]).sum(1) / real.sum(1, keepdim=True)
         return self.head(self.head_drop(self.fc_norm(pooled)))
 
     def run_blocks(self, x: torch.Tensor, layout: Layout | MixedLayout, attn_mask=None, blocks=None):
@@ -256,9 +266,16 @@ def check_not_causal(is_causal: bool) -> None:
         raise ValueError("is_causal=True is not supported with positional encodings over a grid")
 
 
-def apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
-    """Put the encodings ``names`` (family -> name) into a timm ViT in place; weights kept."""
-    check_global_families(names)
+class VisionTransformerPE(GridTransformer, VisionTransformer):
+    """timm ``VisionTransformer`` whose position comes from visionpe encodings, at any input size
+    (:class:`GridTransformer`)."""
+
+
+def put_block_encodings(model: nn.Module, names: dict, kwargs: dict, patch_block) -> None:
+    """What every timm token transformer (ViT, distilled DeiT, Eva) does with the encodings ``names`` (family ->
+    name): its patch embedding emits ``(B, *grid, D)`` at any size, a ``learned`` table takes over ``pos_embed``
+    (:func:`~visionpe.backbones.adapter.build_tokens`), and ``patch_block(block, rotary, bias)`` puts each block's
+    encodings into it; weights kept."""
     if not len(model.blocks):
         raise ValueError(f"{type(model).__name__} has no blocks (depth=0): positions enter attention in the blocks; "
                          "depth must be a positive integer")
@@ -269,24 +286,35 @@ def apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
     first = model.blocks[0].attn
     context = ModelContext(grid_shape, model.embed_dim, first.num_heads, first.head_dim,
                            num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens,
-                           depth=len(model.blocks))
+                           depth=len(model.blocks), num_registers=model.num_reg_tokens)
     old_table = model.pos_embed if isinstance(getattr(model, "pos_embed", None), nn.Parameter) else None
     tokens = build_tokens(names, kwargs, context, old_table, getattr(model, "pe_tokens", None))
     model.pos_embed = None
     model.pe_tokens = tokens
     encodings = EncodingSet(names, kwargs)
     for block in model.blocks:
-        base = next((b for b in GRID_BLOCKS if isinstance(block, b)), None)
-        if base is None:
-            raise ValueError(f"block type {type(block).__name__} is not supported; supported timm blocks: "
-                             f"{', '.join(b.__name__ for b in GRID_BLOCKS)}")
-        block.__class__ = GRID_BLOCKS[base]
         source = block.attn
         block_context = ModelContext(grid_shape, model.embed_dim, source.num_heads, source.head_dim,
-                                     context.num_prefix_tokens, context.depth)
+                                     context.num_prefix_tokens, context.depth, context.num_registers)
         rotary = encodings.block("rotary", block_context, getattr(source, "rotary", None))
         bias = encodings.block("bias", block_context, getattr(source, "bias", None))
-        block.attn = Attention.from_timm(source, rotary, bias)
+        patch_block(block, rotary, bias)
+
+
+def grid_block(block: nn.Module, rotary, bias) -> None:
+    """A timm ViT block becomes its :data:`GRID_BLOCKS` class, its attention a :class:`visionpe.Attention`."""
+    base = next((b for b in GRID_BLOCKS if isinstance(block, b)), None)
+    if base is None:
+        raise ValueError(f"block type {type(block).__name__} is not supported; supported timm blocks: "
+                         f"{', '.join(b.__name__ for b in GRID_BLOCKS)}")
+    block.__class__ = GRID_BLOCKS[base]
+    block.attn = Attention.from_timm(block.attn, rotary, bias)
+
+
+def apply_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:
+    """Put the encodings ``names`` (family -> name) into a timm ViT (or a subclass whose blocks are ViT blocks: the
+    distilled DeiT) in place; weights kept."""
+    put_block_encodings(model, names, kwargs, grid_block)
 
 
 def any_size_vit(timm_kwargs: dict) -> dict:
@@ -298,5 +326,63 @@ def any_size_vit(timm_kwargs: dict) -> dict:
     return timm_kwargs
 
 
-register_adapter(Adapter(VisionTransformer, VisionTransformerPE, apply_vit, (Attention,),
-                         timm_modules=("vision_transformer", "eva", "deit"), any_size=any_size_vit))
+def native_vit(model: VisionTransformer) -> tuple[str, dict]:
+    """A timm ViT's own encoding: its learned ``pos_embed`` (as timm resamples it: bicubic, antialiased), or none."""
+    has_table = getattr(model, "pos_embed", None) is not None or getattr(model, "pe_tokens", None) is not None
+    return ("learned" if has_table else "none"), {}
+
+
+def vit_features(model: nn.Module) -> dict:
+    """timm's ``feature_cfg`` of a ViT, DeiT or Eva: the intermediate-layer getter, the last block by default."""
+    return {"feature_cls": "getter", "out_indices": 3}
+
+
+EVA_LAYER_SCALE = re.compile(r"^blocks\.(\d+)\.gamma_([12])$")
+EVA_QV_BIAS = re.compile(r"^(blocks\.\d+\.attn)\.([qv])_bias$")
+
+
+def eva_keys_to_vit(state: dict, report: LoadReport) -> dict:
+    """timm ``Eva`` checkpoints (rope-vit ports ``vit_*_rope_*``, timm's SBB ``vit_*_rope_reg*_gap_256``) ->
+    ``VisionTransformer`` names: ``gamma_1`` -> ``ls1.gamma``, mixed ``rope.freqs (2, depth, heads, d/2)`` -> each
+    block's ``attn.rotary.freqs``, separate ``q_bias``/``v_bias`` -> one ``qkv.bias`` (the key bias is zero)."""
+    out = {}
+    for key, value in state.items():
+        match = EVA_QV_BIAS.match(key)
+        if match and match.group(2) == "q" and f"{match.group(1)}.v_bias" in state:
+            new_key = f"{match.group(1)}.qkv.bias"
+            report.converted.append(f"{key} + {match.group(1)}.v_bias -> {new_key}")
+            out[new_key] = torch.cat([value, torch.zeros_like(value), state[f"{match.group(1)}.v_bias"]])
+            continue
+        if match and match.group(2) == "v" and f"{match.group(1)}.q_bias" in state:
+            continue
+        match = EVA_LAYER_SCALE.match(key)
+        if match:
+            new_key = f"blocks.{match.group(1)}.ls{match.group(2)}.gamma"
+            report.converted.append(f"{key} -> {new_key}")
+            out[new_key] = value
+        elif key == "rope.freqs" and value.ndim == 4:
+            out.update(split_layer_freqs(value, report))
+        else:
+            out[key] = value
+    return out
+
+
+def split_layer_freqs(freqs: torch.Tensor, report: LoadReport) -> dict:
+    """timm's mixed RoPE ``rope.freqs (2, depth, heads, d/2)`` -> each block's ``blocks.i.attn.rotary.freqs``."""
+    out = {}
+    for layer in range(freqs.shape[1]):
+        new_key = f"blocks.{layer}.attn.rotary.freqs"
+        report.converted.append(f"rope.freqs[:, {layer}] -> {new_key}")
+        out[new_key] = freqs[:, layer]
+    return out
+
+
+VIT_RECORD = dict(any_size=any_size_vit, native=native_vit, refuses=GLOBAL_REFUSES, feature_cfg=vit_features)
+
+register_adapter(Adapter(
+    VisionTransformer, VisionTransformerPE, apply_vit, (Attention,), timm_modules=("vision_transformer", "deit"),
+    unsupported={"vit_*_18x2_*": "parallel blocks (ParallelThingsBlock)",
+                 "vit_*_xp_*": "parallel blocks (ParallelScalingBlock)",
+                 "vit_*pwee_*": "parallel blocks (ParallelScalingBlock, DiffParallelScalingBlock)"},
+    examples=("vit_tiny_patch16_224", "deit_small_patch16_224", "deit3_small_patch16_224"),
+    checkpoint_hooks=(eva_keys_to_vit,), init_weights=lambda model: model.init_weights(), **VIT_RECORD))

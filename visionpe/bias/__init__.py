@@ -5,8 +5,10 @@ from .bucketed import BucketedBias, piecewise_index, t5_bucket
 from .cpb import ContinuousPositionBias
 from .fire import FIRE
 from .lookhere import LookHere
+from .pape import PaPE, PaPERI
 from .relative import RelBias, RelativePositionBias, SwinBias
 
-__all__ = ["ALiBi", "BiasEncoding", "BucketedBias", "ContinuousPositionBias", "FIRE", "LookHere", "PairScore", "RelBias",
-           "RelativePositionBias", "SwinBias", "alibi_slopes", "grid_offset_index", "offset_table_score",
+__all__ = ["ALiBi", "BiasEncoding", "BucketedBias", "ContinuousPositionBias", "FIRE", "LookHere", "PaPE", "PaPERI",
+           "PairScore", "RelBias", "RelativePositionBias", "SwinBias", "alibi_slopes", "grid_offset_index",
+           "offset_table_score",
            "piecewise_index", "t5_bucket"]

@@ -2,12 +2,14 @@
 (:class:`PairScore`) that FlexAttention reads instead of a materialised ``(heads, T, T)`` tensor."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from .._compat import is_compiling
 from ..cache import TableCache
 from ..encoding import Encoding
 from ..grid import Grid, as_grid
@@ -28,16 +30,23 @@ class PairScore:
     (:class:`~visionpe.grid.Layout`) or stack the tables of several grids (a
     :class:`~visionpe.grid.MixedLayout`); tables may carry gradients to the encoding's parameters. ``options`` are
     Python constants of ``fn`` (equal for every grid of one encoding). ``num_heads``: the bias's heads.
+
+    ``per_sample=True``: a bias that reads the tokens (:attr:`BiasEncoding.reads_tokens`, PaPE) differs per sample;
+    its ``fn(tables, batch, head, q, k, **options)`` reads tables that hold one sample per row in the call's token
+    order (``q``, ``k``: positions in the sequence attention sees, a :class:`~visionpe.grid.Layout`'s kept tokens
+    included), so attention indexes them by sample and position and stacks a mixed batch's groups sample by sample.
     """
 
     fn: Callable
     tables: tuple[torch.Tensor, ...]
     num_heads: int
     options: dict = field(default_factory=dict)
+    per_sample: bool = False
 
-    def __call__(self, head, q, k):
-        """The bias of one pair, read from this grid's tables."""
-        return self.fn(self.tables, head, q, k, **self.options)
+    def __call__(self, *index):
+        """The bias of one pair, read from this grid's tables: ``score(head, q, k)``, or ``score(batch, head, q, k)``
+        with ``per_sample``."""
+        return self.fn(self.tables, *index, **self.options)
 
 
 class BiasEncoding(Encoding):
@@ -45,9 +54,27 @@ class BiasEncoding(Encoding):
 
     An encoding whose bias is a function of coordinates or of a small table also implements :meth:`score_mod`, and
     ``attention="flex"`` (:func:`visionpe.attend`) then reads it inside the attention kernel.
+
+    ``reads_tokens = True``: the bias depends on the attention's input tokens too (PaPE's per-query parabolas), and is
+    called ``pe(grid, tokens) -> (B, heads, T, T)`` with ``tokens: (B, T, dim)`` in the layout's token order (grid or
+    :class:`~visionpe.grid.Layout`); :func:`visionpe.attend` passes them (``tokens=``) and ``score_mod(grid, tokens)``
+    gives a ``per_sample`` :class:`PairScore`.
     """
 
     family = "bias"
+    reads_tokens: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        """Every bias's ``forward(grid)`` checks first that the table fits in memory (:meth:`check_table`)."""
+        super().__init_subclass__(**kwargs)
+        if "forward" in cls.__dict__:
+            cls.forward = checked_forward(cls.forward)
+
+    def table_bytes(self, grid: Grid) -> int:
+        """The ``(heads, T, T)`` float32 bias of ``grid`` and a ``(T, T)`` index or distance (8 bytes a pair) it is
+        built from."""
+        tokens = as_grid(grid).num_tokens
+        return tokens * tokens * (4 * getattr(self, "num_heads", 1) + 8)
 
     def score_mod(self, grid) -> PairScore | None:
         """The bias of ``grid`` as a :class:`PairScore` (equal to ``self(grid)`` entry for entry), or None when this
@@ -71,6 +98,21 @@ class BiasEncoding(Encoding):
     def pad_prefix(bias: torch.Tensor, grid: Grid) -> torch.Tensor:
         """Zero rows and columns for the prefix tokens: ``(H, N, N) -> (H, P + N, P + N)``."""
         return F.pad(bias, (grid.prefix, 0, grid.prefix, 0)) if grid.prefix else bias
+
+
+def checked_forward(forward):
+    """A bias's ``forward(grid, ...)`` that checks the table fits in memory before building it (not while
+    ``torch.compile`` traces)."""
+    @functools.wraps(forward)
+    def checked(self, grid, *args, **kwargs):
+        if not is_compiling():
+            flex = type(self).score_mod is not BiasEncoding.score_mod
+            self.check_table(grid, what="bias table", advice="use a smaller grid" + (
+                ", or attention='flex' (FlexAttention reads the bias per token pair without building the table)"
+                if flex else ""))
+        return forward(self, grid, *args, **kwargs)
+
+    return checked
 
 
 def relative_offsets(shape, device=None) -> torch.Tensor:

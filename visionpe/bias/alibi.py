@@ -41,9 +41,12 @@ class ALiBi(BiasEncoding):
         self.ndim = check_ndim(ndim)
         self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
                                             draw_coords)
-        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+        self.register_derived_buffers()
         # one module serves every block (parameter-free), so its table is kept whatever its size: built once per grid
         self._cache = TableCache(max_bytes=None)
+
+    def derived_buffers(self) -> dict:
+        return {"slopes": alibi_slopes(self.num_heads)}
 
     def forward(self, grid: Grid) -> torch.Tensor:
         grid = unshifted(grid, self.ndim)

@@ -16,6 +16,7 @@ from torch import nn
 from .._checks import check_choice, check_grid_ndim, check_ndim, check_number, check_positive_int
 from ..cache import TableCache
 from ..grid import Grid, as_grid
+from ..sharding import full_tensor
 from ._base import BiasEncoding, PairScore, offset_table_score, relative_offsets
 
 BUCKETS = ("t5", "piecewise")
@@ -84,9 +85,15 @@ class BucketedBias(BiasEncoding):
         self.gamma = check_number("gamma", gamma, minimum=self.alpha, inclusive=False)
         self.per_axis = num_buckets if bucket == "t5" else 2 * int(beta) + 1
         entries = self.per_axis ** ndim if method == "product" else self.per_axis * ndim
-        self.relative_position_bias_table = nn.Parameter(
-            torch.randn(entries, num_heads) * check_number("init_std", init_std, minimum=0.0))
+        self.init_std = check_number("init_std", init_std, minimum=0.0)
+        self.relative_position_bias_table = nn.Parameter(torch.empty(entries, num_heads))
+        self.fill_parameters()
         self._index_cache = TableCache(maxsize=16)
+
+    def initial_parameters(self, generator=None) -> dict:
+        """The table ``N(0, init_std^2)``."""
+        table = self.relative_position_bias_table
+        return {"relative_position_bias_table": torch.randn(table.shape, generator=generator) * self.init_std}
 
     def axis_buckets(self, offsets: torch.Tensor) -> torch.Tensor:
         """Bucket ``[0, per_axis)`` of each offset, any shape of integer offsets."""
@@ -112,7 +119,7 @@ class BucketedBias(BiasEncoding):
     def forward(self, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, "bucket_bias")
-        table = self.relative_position_bias_table
+        table = full_tensor(self.relative_position_bias_table)
         bias = table[self.index(grid.shape, table.device)].sum(-2)  # (N, N, heads)
         return self.pad_prefix(rearrange(bias, "n m h -> h n m").float(), grid)
 
@@ -120,7 +127,7 @@ class BucketedBias(BiasEncoding):
         """The bias of every offset of the grid (``(prod(2 s - 1), heads)``, Swin's order), read per token pair."""
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, "bucket_bias")
-        table = self.relative_position_bias_table
+        table = full_tensor(self.relative_position_bias_table)
         axes = [torch.arange(-(s - 1), s, device=table.device) for s in grid.shape]
         offsets = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, grid.ndim)  # query - key
         return offset_table_score(table[self.rows(offsets)].sum(-2).float(), grid, grid.shape)

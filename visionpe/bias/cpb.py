@@ -10,6 +10,7 @@ from .._checks import check_grid_ndim, check_positive_int, to_shape
 from ..cache import TableCache
 from ..coords import CoordinateSystem, axis_offsets
 from ..grid import Grid, as_grid
+from ..sharding import call_gathered
 from ._base import BiasEncoding, PairScore, offset_table_score, pair_bias
 
 
@@ -80,7 +81,7 @@ class ContinuousPositionBias(BiasEncoding):
             units = [2.0] * grid.ndim if self.coordinates.normalized else None
         coords = log_relative_coords(grid.shape, window, device, offsets, units)
         with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
-            return 16 * torch.sigmoid(self.cpb_mlp(coords.to(self.cpb_mlp[0].weight.dtype)).float())
+            return 16 * torch.sigmoid(call_gathered(self.cpb_mlp, coords.to(self.cpb_mlp[0].weight.dtype)).float())
 
     def set_window_size(self, window_size) -> None:
         """A new window (timm's ``set_window_size``): without a pretrained window, offsets are normalised by the new

@@ -35,6 +35,7 @@ from .._checks import check_choice, check_grid_ndim, check_ndim, check_number, c
 from ..cache import TableCache
 from ..coords import CoordinateSystem, axis_offsets
 from ..grid import Grid, as_grid
+from ..sharding import call_gathered, full_tensor
 from ._base import BiasEncoding, pair_bias
 
 FIRE_DISTANCES = ("axes", "euclidean")
@@ -86,20 +87,40 @@ class FIRE(BiasEncoding):
         threshold = check_number("threshold", threshold, minimum=0.0, inclusive=False)
         inputs = ndim if distance == "axes" else 1
         self.mlp = nn.Sequential(nn.Linear(inputs, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, num_heads))
-        self.c = nn.Parameter(torch.tensor(check_number("init_c", init_c)))
-        self.threshold_multiplier = nn.Parameter(torch.tensor(1.0))
-        self.register_buffer("threshold_init", torch.tensor(threshold))
+        self.init_c, self.initial_threshold = check_number("init_c", init_c), float(threshold)
+        self.c = nn.Parameter(torch.tensor([self.init_c]))  # (1,): FSDP shards no 0-d parameter
+        self.threshold_multiplier = nn.Parameter(torch.tensor([1.0]))
+        self.register_buffer("threshold_init", torch.tensor(self.initial_threshold))
         self._cache = TableCache()
+
+    def initial_parameters(self, generator=None) -> dict:
+        """``c = init_c`` and the threshold multiplier 1 (the MLP initialises itself)."""
+        return {"c": torch.tensor([self.init_c]), "threshold_multiplier": torch.tensor([1.0])}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for name in ("c", "threshold_multiplier"):  # saved 0-d before they became (1,)
+            value = state_dict.get(prefix + name)
+            if isinstance(value, torch.Tensor) and value.ndim == 0:
+                state_dict[prefix + name] = value.reshape(1)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def reset_parameters(self) -> None:
+        """As :meth:`Encoding.reset_parameters`, and the threshold ``L0`` (a persistent buffer, loaded with the
+        weights) back to its initial value."""
+        super().reset_parameters()
+        with torch.no_grad():
+            self.threshold_init.copy_(torch.tensor(self.initial_threshold))
 
     def extent(self, shape) -> float:
         """The longest offset of a grid of ``shape`` in this module's coordinates: per axis for ``"axes"`` (the
         largest of them), the diagonal for ``"euclidean"``."""
-        spans = [float(p[-1] - p[0]) for p in self.coordinates.axis_positions(tuple(shape), dtype=torch.float64)]
+        axes = self.coordinates.axis_positions(tuple(shape), device="cpu", dtype=torch.float64)
+        spans = [float(p[-1] - p[0]) for p in axes]
         return max(spans) if self.distance == "axes" else math.sqrt(sum(s * s for s in spans))
 
     def threshold(self) -> torch.Tensor:
         """The learned threshold ``L = |m L0|``."""
-        return (self.threshold_multiplier * self.threshold_init).abs()
+        return (full_tensor(self.threshold_multiplier) * self.threshold_init).abs()
 
     def normalized_offsets(self, grid: Grid, device, transform=None) -> torch.Tensor:
         """The MLP's inputs for every offset of the grid, ``(prod(2 S_a - 1), ndim or 1)`` float32, offsets
@@ -110,7 +131,7 @@ class FIRE(BiasEncoding):
         offsets = [axis_offsets(p) for p in axes]  # per axis (2 S_a - 1,)
         spans = torch.stack([o.abs().max() for o in offsets])  # (ndim,) the extent per axis
         d = torch.stack(torch.meshgrid(*offsets, indexing="ij"), dim=-1).reshape(-1, grid.ndim)
-        c, threshold = self.c, self.threshold()
+        c, threshold = full_tensor(self.c), self.threshold()
         if self.distance == "axes":
             scale = fire_log(torch.maximum(spans, threshold), c) + self.eps  # (ndim,)
             return torch.sign(d) * fire_log(d.abs(), c) / scale
@@ -119,7 +140,7 @@ class FIRE(BiasEncoding):
 
     def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
         with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
-            table = self.mlp(self.normalized_offsets(grid, device, transform)).float()  # (offsets, heads)
+            table = call_gathered(self.mlp, self.normalized_offsets(grid, device, transform)).float()  # (offsets, heads)
         return pair_bias(table, grid, grid.shape)
 
     def forward(self, grid: Grid) -> torch.Tensor:

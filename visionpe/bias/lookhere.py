@@ -149,13 +149,18 @@ class LookHere(BiasEncoding):
         check_choice("distance", distance, DISTANCES)
         self.head_directions, self.distance = head_directions, distance
         self.global_slope = check_number("global_slope", global_slope, minimum=0.0)
-        set_names, entries = assign_directions(head_directions, num_heads)
+        entries = assign_directions(head_directions, num_heads)[1]
         self.head_entries = tuple(entries)
         self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
                                             draw_coords)
-        self.register_buffer("slopes", torch.tensor(head_slopes(set_names)), persistent=False)
+        self.register_derived_buffers()
         self._masks = TableCache(max_bytes=None)  # shared by every block: one table per grid shape in all
         self._cache = TableCache(max_bytes=None)
+
+    def derived_buffers(self) -> dict:
+        """The official slope of every head."""
+        set_names = assign_directions(self.head_directions, self.num_heads)[0]
+        return {"slopes": torch.tensor(head_slopes(set_names), dtype=torch.float32)}
 
     def normals(self, head: int) -> list[tuple[int, int]]:
         """The normals ``(nx, ny)`` of a head's field of view (empty: it sees everything)."""

@@ -11,6 +11,7 @@ from ..cache import TableCache
 from ..encoding import constructor_keywords
 from ..grid import Grid, as_grid
 from ..resample import INTERPOLATIONS, resample_grid, resample_offsets_geometric
+from ..sharding import check_unsharded, full_tensor
 from ._base import BiasEncoding, PairScore, offset_table_score, pair_bias
 
 
@@ -51,12 +52,19 @@ class RelativePositionBias(BiasEncoding):
         self.prefix_entries, self.grow = prefix_entries, grow
         self.interpolation, self.antialias = interpolation, antialias
         rows = num_offsets(self.window_size) + (3 if prefix_entries else 0)
-        self.relative_position_bias_table = nn.Parameter(torch.randn(rows, num_heads) * init_std)
+        self.init_std = float(init_std)
+        self.relative_position_bias_table = nn.Parameter(torch.empty(rows, num_heads))
+        self.fill_parameters()
         self._bias_cache = TableCache()  # eval / no-grad: the gathered bias per grid, rebuilt after a weight change
+
+    def initial_parameters(self, generator=None) -> dict:
+        """The table ``N(0, init_std^2)`` at its current shape."""
+        table = self.relative_position_bias_table
+        return {"relative_position_bias_table": torch.randn(table.shape, generator=generator) * self.init_std}
 
     def _offset_table(self) -> torch.Tensor:
         rows = num_offsets(self.window_size)
-        return self.relative_position_bias_table[:rows]
+        return full_tensor(self.relative_position_bias_table)[:rows]
 
     def _grid_table(self, window) -> torch.Tensor:
         """Offset table resampled to the window ``window``: ``(prod(2 w - 1), heads)``."""
@@ -79,7 +87,7 @@ class RelativePositionBias(BiasEncoding):
         return window
 
     def _prefix_table(self) -> torch.Tensor | None:
-        return self.relative_position_bias_table[-3:] if self.prefix_entries else None
+        return full_tensor(self.relative_position_bias_table)[-3:] if self.prefix_entries else None
 
     def forward(self, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)
@@ -103,6 +111,7 @@ class RelativePositionBias(BiasEncoding):
         ``resize_rel_pos_bias_table_simple``), or ``interpolation="geometric"``: BEiT's geometric spacing with
         linear interpolation, timm ``resize_rel_pos_bias_table`` (what timm's Swin ``set_window_size`` calls)."""
         new_window = to_shape("new_window", new_window, self.ndim)
+        check_unsharded(self, "resize")
         if interpolation is not None:
             check_choice("interpolation", interpolation, INTERPOLATIONS + ("geometric",))
         if interpolation == "geometric":

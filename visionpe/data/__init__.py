@@ -9,7 +9,7 @@ are reproducible and resumable whatever the loader does).
 One module a kind: :mod:`.scenes` (built-in image tasks rendered at any size), :mod:`.aspect` (a built-in task at
 random aspect ratios), :mod:`.clips` (built-in video tasks), :mod:`.torchvision_sets` (Fashion-MNIST, MNIST, CIFAR),
 :mod:`.folders` (ImageFolder, folders of frames), :mod:`.video_files` (folders of video files), :mod:`.budget`
-(native aspect ratios within a token budget); :mod:`.transforms` (timm's image transforms seeded per sample, and the
+(native aspect ratios within a token budget), :mod:`.batching` (batches of mixed sizes); :mod:`.transforms` (timm's image transforms seeded per sample, and the
 resolution protocols ``resize``, ``crop``, ``native``); :mod:`.registry` holds the table and :mod:`.base` the shared
 base class. A new data set is one function decorated with :func:`register_dataset` (from a user's module too:
 ``train_vit.py --import my_data.py --data my-set``); a builder that names a ``transforms`` parameter takes timm's
@@ -22,6 +22,7 @@ import inspect
 from . import scenes, aspect, torchvision_sets, folders, clips, video_files  # noqa: F401, I001  (each registers its data sets, in this order)
 from .base import (ClipTensorDataset, ImageListDataset, ImageTensorDataset, PositionDataset, fixed_subset, image_hw,
                    resize, resize_bicubic, size_key)
+from .batching import collate_images
 from .budget import native_aspect_size, resize_to_budget
 from .clips import clip_scene, render_clip
 from .folders import ClipFolderDataset, ImageFolderDataset
@@ -33,7 +34,7 @@ from .transforms import PROTOCOLS, TransformedDataset, Transforms, seeded
 
 __all__ = ["DATASETS", "DEBIAN_FASHION_MNIST", "PROTOCOLS", "SPLITS", "ClipFolderDataset", "ClipTensorDataset",
            "DataDamaged", "DataMissing", "DatasetSpec", "ImageFolderDataset", "ImageListDataset", "ImageTensorDataset",
-           "PositionDataset", "TransformedDataset", "Transforms", "build_dataset", "clip_scene", "fixed_subset",
+           "PositionDataset", "TransformedDataset", "Transforms", "build_dataset", "clip_scene", "collate_images", "fixed_subset",
            "get_spec", "image_hw", "info", "names", "native_aspect_size", "register_dataset", "render", "render_clip",
            "resize", "resize_bicubic", "resize_to_budget", "scene", "seeded", "size_key", "takes_option",
            "takes_transforms", "unregister_dataset"]

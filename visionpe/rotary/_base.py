@@ -10,7 +10,8 @@ import torch
 from einops import rearrange
 
 from ..encoding import Encoding
-from ..grid import Grid, as_grid
+from ..grid import Grid, Layout, as_grid
+from ..sharding import full_tensor
 
 
 def rope_kernel(cis: torch.Tensor) -> torch.Tensor:
@@ -69,7 +70,43 @@ class RotaryEncoding(Encoding):
     @torch.no_grad()
     def pair_map(self, grid) -> torch.Tensor:
         """The positional kernel :func:`rotation_kernel` on the grid's patches, ``(heads or 1, N, N)`` float32."""
-        return rotation_kernel(self.rotation_blocks(as_grid(grid).without_prefix())).cpu()
+        patches = as_grid(grid).without_prefix()
+        self.check_table(patches, getattr(self, "num_heads", 1) * patches.num_tokens ** 2 * 8, "kernel (float64)")
+        return rotation_kernel(self.rotation_blocks(patches)).cpu()
+
+    def table_bytes(self, grid: Grid) -> int:
+        """The float32 rotations of ``grid``'s tokens, one value per channel of every head (2x2 pairs: a ``(cos,
+        sin)`` pair per two channels); rotations of larger blocks take more."""
+        return 4 * getattr(self, "num_heads", 1) * as_grid(grid).num_tokens * self.head_dim
+
+    def check_input(self, name: str, x, layout: Layout, heads: int, leading_axes: bool = False) -> None:
+        """``x``, the input ``name`` (``"q"``, ``"k"``), fits ``layout``: a floating-point ``(batch, heads, tokens,
+        head_dim)`` tensor with ``heads`` heads (any number where ``heads`` is 1: rotations shared by the heads).
+
+        ``leading_axes=True`` also takes ``(..., heads, tokens, head_dim)`` (without kept patches) and, where the
+        rotations are shared, ``(batch, tokens, head_dim)``; with a rotation per head a 3-D input is refused, since
+        its first axis could be the batch or the heads (reading it as heads would give each sample another head's
+        rotations).
+        """
+        grid = layout.grid
+        expected = f"(batch, heads, {layout.num_tokens}, {self.head_dim})"
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            got = f"{x.dtype} (integer rotations would be truncated)" if isinstance(x, torch.Tensor) else \
+                type(x).__name__
+            raise ValueError(f"{name} must be a floating-point tensor {expected}, got {got}")
+        axes_taken = x.ndim == 4 or (leading_axes and (x.ndim == 3 or (x.ndim > 4 and layout.keep is None)))
+        if not axes_taken or tuple(x.shape[-2:]) != (layout.num_tokens, self.head_dim):
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {expected} for grid {grid.shape} with "
+                             f"prefix={grid.prefix}{'' if layout.keep is None else ' and kept patches'}")
+        if x.ndim == 3 and heads > 1:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}: 3 axes, but {type(self).__name__} rotates each of "
+                             f"its {heads} heads differently, so the first axis could be the batch or the heads; pass "
+                             f"{expected} ({name}[None] for one sample)")
+        if x.ndim == 4:
+            layout.check_batch(x.shape[0], x.device)
+        if heads > 1 and x.shape[-3] != heads:
+            raise ValueError(f"{name} has {x.shape[-3]} heads but {type(self).__name__} was built with "
+                             f"num_heads={heads}")
 
     def frequency_vectors(self) -> torch.Tensor:
         """Frequency vectors ``(ndim, heads or 1, head_dim / 2)`` in coordinate-component order: the plane of pair
@@ -79,7 +116,7 @@ class RotaryEncoding(Encoding):
         if not isinstance(freqs, torch.Tensor):
             raise ValueError(f"{type(self).__name__} has no frequency vectors: its rotations are not a set of planes "
                              "turning at fixed frequencies")
-        return freqs.detach()
+        return full_tensor(freqs).detach()
 
     def similarity_label(self, head: int | None = None) -> str:
         return f"RoPE kernel, {'mean over heads' if head is None else f'head {head}'}"

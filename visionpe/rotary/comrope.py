@@ -7,6 +7,7 @@ from torch import nn
 
 from .._checks import check_choice, check_generator, check_number, check_positive_int
 from ..coords import CoordinateSystem
+from ..sharding import full_tensor
 from .blocks import commuting_rotations, skew
 from .learned import LearnedRotation, check_block_size
 
@@ -61,17 +62,27 @@ class ComRoPE(LearnedRotation):
                                        draw_coords)
         super().__init__(head_dim, num_heads, ndim, scaling, ref_shape, coordinates)
         self.variant, self.block_size, self.num_blocks = variant, block_size, head_dim // block_size
-        shape = (num_heads, self.num_blocks, block_size, block_size)
-        self.bases = nn.Parameter(torch.randn(shape, generator=generator) * init_std)
-        if variant == "ld":
-            self.scales = nn.Parameter(torch.randn(ndim, self.num_blocks, generator=generator))
-        else:
-            self.register_buffer("partition", axis_partition(ndim, self.num_blocks), persistent=False)
+        self.init_std = init_std
+        for name, value in self.initial_parameters(generator).items():
+            setattr(self, name, nn.Parameter(value))
+        self.register_derived_buffers()
+
+    def initial_parameters(self, generator=None) -> dict:
+        """``bases ~ N(0, init_std^2)``, then (LD) ``scales ~ N(0, 1)``."""
+        shape = (self.num_heads, self.num_blocks, self.block_size, self.block_size)
+        values = {"bases": torch.randn(shape, generator=generator) * self.init_std}
+        if self.variant == "ld":
+            values["scales"] = torch.randn(self.ndim, self.num_blocks, generator=generator)
+        return values
+
+    def derived_buffers(self) -> dict:
+        """AP's assignment of blocks to axes."""
+        return {"partition": axis_partition(self.ndim, self.num_blocks)} if self.variant == "ap" else {}
 
     def angle_matrices(self, dtype=torch.float32) -> torch.Tensor:
         """The blocks ``B_aj`` of every axis ``(ndim, heads, m, b, b)``, grid axis order."""
-        weights = self.scales if self.variant == "ld" else self.partition
-        return weights.to(dtype)[:, None, :, None, None] * skew(self.bases.to(dtype))[None]
+        weights = full_tensor(self.scales) if self.variant == "ld" else self.partition
+        return weights.to(dtype)[:, None, :, None, None] * skew(full_tensor(self.bases).to(dtype))[None]
 
     def _patch_rotations(self, axis_positions, dtype) -> torch.Tensor:
         return commuting_rotations(axis_positions, self.angle_matrices(dtype))
@@ -81,9 +92,9 @@ class ComRoPE(LearnedRotation):
         """``(ndim, heads, m * (b // 2))`` in xy order: each block turns ``b // 2`` planes (its eigenvectors) at
         ``omega * (theta_0j, ..., theta_(n-1)j)`` (LD) or ``omega * e_(j mod ndim)`` (AP), ``+-i omega`` the eigenvalues
         of ``P_j - P_j^T``."""
-        skews = skew(self.bases.detach().double())
+        skews = skew(full_tensor(self.bases).detach().double())
         omegas = torch.linalg.eigvalsh(1j * skews)[..., -(self.block_size // 2):].flip(-1)  # (heads, m, b // 2) >= 0
-        weights = (self.scales.detach() if self.variant == "ld" else self.partition).double()  # (ndim, m)
+        weights = (full_tensor(self.scales).detach() if self.variant == "ld" else self.partition).double()  # (ndim, m)
         vectors = weights[:, None, :, None] * omegas[None]  # (ndim, heads, m, b // 2)
         return vectors.flatten(-2).flip(0).float()
 

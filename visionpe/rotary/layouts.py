@@ -66,6 +66,25 @@ def golden_directions(magnitudes: torch.Tensor, num_heads: int) -> torch.Tensor:
     return torch.stack([angle.cos(), angle.sin()]) * magnitudes
 
 
+def spiral_directions(magnitudes: torch.Tensor, num_directions: int) -> torch.Tensor:
+    """Spiral RoPE's frequency vectors ``(2, 1, 2 n)``, components in grid order ``(y, x)``, from the ``n`` magnitudes
+    of each half of the head (``magnitudes: (n,)``, highest first).
+
+    Pair ``p`` of the head turns by ``a_p = ((p // 2) mod (K / 2)) * pi / K`` (``K = num_directions``, even): the first
+    ``n`` pairs along the y axis turned by ``a_p`` towards x, ``(y, x) = (cos a_p, sin a_p)``, the last ``n`` along the
+    x axis turned by ``a_p`` towards -y, ``(-sin a_p, cos a_p)``. Successive pairs of pairs cycle through the ``K / 2``
+    turns of the two axes: ``K`` directions spaced ``pi / K`` apart in all, as the official
+    ``VisionRotaryEmbedding(rotate=K / 2)`` turns its chunks of 4 channels (2 pairs).
+    """
+    n = magnitudes.shape[0]
+    pair = torch.arange(2 * n, dtype=magnitudes.dtype)
+    angle = torch.div(pair, 2, rounding_mode="floor").remainder(num_directions // 2) * (math.pi / num_directions)
+    first = pair < n  # the y half: y turned towards x; the x half: x turned towards -y
+    y = torch.where(first, angle.cos(), -angle.sin())
+    x = torch.where(first, angle.sin(), angle.cos())
+    return torch.stack([y, x])[:, None] * magnitudes.repeat(2)
+
+
 def check_rotate_fraction(rotate_fraction) -> float:
     return check_number("rotate_fraction", rotate_fraction, minimum=0.0, maximum=1.0)
 

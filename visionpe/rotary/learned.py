@@ -26,7 +26,7 @@ from ..cache import TableCache
 from ..coords import CoordinateSystem, CoordTransform
 from ..grid import Grid, Layout, as_grid, as_layout
 from ._base import RotaryEncoding
-from .blocks import apply_blocks, pack_blocks, unpack_blocks, with_identity_prefix
+from .blocks import apply_blocks, pack_blocks, packing, unpack_blocks, with_identity_prefix
 from .rope import check_scaling
 
 LEARNED_SCALINGS = ("none", "pi")
@@ -111,12 +111,19 @@ class LearnedRotation(RotaryEncoding):
         ``augment=True`` (:meth:`forward` in training mode) applies a fresh coordinate augmentation draw, uncached."""
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, type(self).__name__)
+        self.check_table(grid, what="rotation table")
         device = device or self._device()
         transform = self.coordinates.draw(augment, self.ndim, device)
         if transform is not None:
             return self._build(grid, device, transform)
         key = (grid, str(device), self.scaling, self.ref_shape)
         return self._cache.get(key, lambda: self._build(grid, device), tuple(self.parameters()))
+
+    def table_bytes(self, grid: Grid) -> int:
+        """Rotations as ``b x b`` blocks, packed (:func:`~visionpe.rotary.blocks.pack_blocks`): ``g b`` values per
+        channel (2x2 pairs, ``(cos, sin)``, where there are no blocks)."""
+        block = getattr(self, "block_size", None)
+        return super().table_bytes(grid) * (1 if block is None else packing(self.num_blocks, block) * block)
 
     def _build(self, grid: Grid, device, transform: CoordTransform | None = None) -> torch.Tensor:
         wide = angle_dtype(device)
@@ -131,32 +138,18 @@ class LearnedRotation(RotaryEncoding):
         return unpack_blocks(self.rotations(as_grid(grid).without_prefix(), device), self.block_size)
 
     # -- the forward ------------------------------------------------------------------------------------------------
-    def _check_input(self, x: torch.Tensor, layout: Layout) -> None:
-        grid = layout.grid
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise ValueError(f"rotary input must be a floating-point tensor, got "
-                             f"{getattr(x, 'dtype', type(x).__name__)}")
-        if x.ndim != 4 or x.shape[-2] != layout.num_tokens or x.shape[-1] != self.head_dim:
-            raise ValueError(f"expected (batch, heads, {layout.num_tokens}, {self.head_dim}) for grid {grid.shape} "
-                             f"with prefix={grid.prefix}{'' if layout.keep is None else ' and kept patches'}, got "
-                             f"{tuple(x.shape)}")
-        layout.check_batch(x.shape[0], x.device)
-        if self.num_heads > 1 and x.shape[-3] != self.num_heads:
-            raise ValueError(f"q/k have {x.shape[-3]} heads but {type(self).__name__} was built with "
-                             f"num_heads={self.num_heads}")
-
     def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid | Layout) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k by one table (in training mode with augmentation set: one fresh draw for both)."""
         layout = as_layout(grid)
-        self._check_input(q, layout)
-        self._check_input(k, layout)
+        self.check_input("q", q, layout, self.num_heads)
+        self.check_input("k", k, layout, self.num_heads)
         rows = layout.rows(self.rotations(layout.grid, q.device, augment=self.training))
         return self._rotate((q, k), rows)
 
     def rotate(self, x: torch.Tensor, grid: Grid | Layout) -> torch.Tensor:
         """Rotate one tensor ``(B, heads, P + N, head_dim)`` by the grid's rotations (never augmented)."""
         layout = as_layout(grid)
-        self._check_input(x, layout)
+        self.check_input("x", x, layout, self.num_heads)
         return self._rotate((x,), layout.rows(self.rotations(layout.grid, x.device)))[0]
 
     # -- building for a model and adapting to a grid -----------------------------------------------------------------

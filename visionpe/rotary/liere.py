@@ -9,6 +9,7 @@ from torch import nn
 
 from .._checks import check_generator, check_number, check_positive_int
 from ..coords import CoordinateSystem
+from ..sharding import full_tensor
 from .blocks import num_upper, skew_from_upper
 from .learned import LearnedRotation, check_block_size, grid_coordinates
 
@@ -45,6 +46,9 @@ class LieRE(LearnedRotation):
                  jitter_coords: float | None = None, rescale_coords: float | None = None,
                  draw_coords: str = "forward", generator=None):
         check_positive_int("head_dim", head_dim)
+        if block_size is None and head_dim < 2:
+            raise ValueError(f"head_dim must be >= 2 for LieRE (its generators are skew-symmetric head_dim x head_dim "
+                             f"blocks by default, and a 1x1 one is 0), got {head_dim!r}")
         block_size = head_dim if block_size is None else check_positive_int("block_size", block_size)
         check_block_size(head_dim, block_size)
         init_range = check_number("init_range", init_range, minimum=0.0)
@@ -52,13 +56,17 @@ class LieRE(LearnedRotation):
         coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
                                        draw_coords)
         super().__init__(head_dim, num_heads, ndim, scaling, ref_shape, coordinates)
-        self.block_size, self.num_blocks = block_size, head_dim // block_size
-        shape = (ndim, num_heads, self.num_blocks, num_upper(block_size))
-        self.generators = nn.Parameter(torch.rand(shape, generator=generator) * init_range)
+        self.block_size, self.num_blocks, self.init_range = block_size, head_dim // block_size, init_range
+        self.generators = nn.Parameter(self.initial_parameters(generator)["generators"])
+
+    def initial_parameters(self, generator=None) -> dict:
+        """The upper triangles of the generators ``U[0, init_range)``."""
+        shape = (self.ndim, self.num_heads, self.num_blocks, num_upper(self.block_size))
+        return {"generators": torch.rand(shape, generator=generator) * self.init_range}
 
     def skew_generators(self, dtype=torch.float32) -> torch.Tensor:
         """The generators ``L_a`` as blocks ``(ndim, heads, m, b, b)``, grid axis order."""
-        return skew_from_upper(self.generators.to(dtype), self.block_size)
+        return skew_from_upper(full_tensor(self.generators).to(dtype), self.block_size)
 
     def _patch_rotations(self, axis_positions, dtype) -> torch.Tensor:
         coords = grid_coordinates(axis_positions)  # (N, ndim)

@@ -25,9 +25,10 @@ from .._compat import is_compiling
 from ..cache import TableCache
 from ..coords import CoordinateSystem
 from ..grid import Grid, Layout, as_grid, as_layout
+from ..sharding import full_tensor
 from ._base import RotaryEncoding
 from .layouts import (AXIS_LETTERS, DIRECTIONS, band_frequencies, check_rotate_fraction, golden_directions,
-                      head_axes_layout, parse_head_axes, rotated_pairs)
+                      head_axes_layout, parse_head_axes, rotated_count, rotated_pairs)
 from .scaling import SCALINGS, attention_factor, axis_scales, scale_frequencies, scale_positions
 
 PAIRS = ("interleaved", "half")
@@ -118,7 +119,7 @@ def mixed_frequencies(sections_xy, num_heads: int, theta: float, generator=None,
     """
     rot = random_rotations(num_heads, len(sections_xy), generator)  # (heads, ndim components, ndim groups)
     groups = [rot[:, :, g, None] * band_frequencies(n, theta, **bands) for g, n in enumerate(sections_xy)]
-    return rearrange(torch.cat(groups, dim=-1), "h a p -> a h p")
+    return rearrange(torch.cat(groups, dim=-1), "h a p -> a h p").contiguous()
 
 
 def apply_rotary(x: torch.Tensor, cis: torch.Tensor, pairs: str = "interleaved") -> torch.Tensor:
@@ -257,7 +258,7 @@ class RoPE(RotaryEncoding):
             raise ValueError(f"yarn_alpha={yarn_alpha!r} must be smaller than yarn_beta={yarn_beta!r} (YaRN keeps "
                              "bands above beta rotations and interpolates those below alpha)")
         if learnable:
-            self.freqs = nn.Parameter(freqs)
+            self.freqs = nn.Parameter(freqs.contiguous())  # FSDP shards contiguous parameters only
         else:
             self.register_buffer("freqs", freqs, persistent=False)
         self.register_buffer("band_fraction", band_fraction, persistent=False)
@@ -268,6 +269,20 @@ class RoPE(RotaryEncoding):
                              "grid on [-1, 1]: use grid_offset=0")
         self.register_buffer("channel_index", channel_index, persistent=False)
         self._cache = TableCache(maxsize=16)
+
+    def initial_state(self, generator=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """What the constructor computes from the settings: the initial frequencies ``(ndim, heads or 1, pairs)``
+        (learned ones drawn from ``generator``), the band fractions ``(pairs,)`` and ``freq_mask`` (or None)."""
+        raise NotImplementedError
+
+    def derived_buffers(self) -> dict:
+        """``band_fraction``, ``freq_mask`` and fixed ``freqs`` (which do not depend on the draw of learned ones)."""
+        freqs, fraction, mask = self.initial_state(torch.Generator().manual_seed(0))
+        buffers = {"band_fraction": fraction, "freq_mask": mask}
+        return buffers if "freqs" in self._parameters else {**buffers, "freqs": freqs.float().contiguous()}
+
+    def initial_parameters(self, generator=None) -> dict:
+        return {"freqs": self.initial_state(generator)[0]} if "freqs" in self._parameters else {}
 
     def cis(self, grid: Grid, device=None, augment: bool = False) -> torch.Tensor:
         """Complex rotations ``(heads or 1, P + N, head_dim / 2)``; prefix rows are the identity: a complex view of
@@ -290,6 +305,7 @@ class RoPE(RotaryEncoding):
         and layout."""
         grid = as_grid(grid)
         check_grid_ndim(grid, self.ndim, type(self).__name__)
+        self.check_table(grid, what="rotation table")
         device = device or self.freqs.device
         transform = self.coordinates.draw(augment, self.ndim, device)
         if transform is not None:
@@ -303,16 +319,7 @@ class RoPE(RotaryEncoding):
             coords = self.coordinates.positions(grid, device, wide) + self.grid_offset  # (N, ndim) in grid order
             coords = coords.flip(-1) if self.axis_order == "xy" else coords  # in component order
             freqs = self.frequencies(wide).to(device)
-            scales = torch.ones(self.ndim, dtype=wide)
-            if self.ref_shape is not None:
-                ref = self.components(self.ref_shape)
-                scales = axis_scales(self.components(grid.shape), ref, wide)
-                placed = grid.offset is not None or grid.spacing is not None
-                if placed and self.scaling != "none" and bool((scales != 1).any()):
-                    check_unscaled_placement(grid, self.scaling, self.ref_shape)
-                coords = scale_positions(coords, scales, self.scaling)
-                freqs = scale_frequencies(freqs, self.band_fraction, scales, ref, self.scaling,
-                                          self.yarn_alpha, self.yarn_beta)
+            coords, freqs, scales = self.rescale(coords, freqs, grid, self.ref_shape)
             coords = self.place(coords, grid, scales)
             if transform is not None:  # after PI, as timm augments after ref_feat_shape
                 coords = transform(coords)
@@ -322,9 +329,10 @@ class RoPE(RotaryEncoding):
             magnitude = attention_factor(scales, self.scaling)
             rotations = torch.stack([angles.cos(), angles.sin()], dim=-1)
             rotations = (rotations if magnitude == 1.0 else rotations * magnitude).float()
-        identity = torch.tensor([magnitude, 0.0], dtype=rotations.dtype, device=device)
-        prefix = identity.expand(grid.prefix, *rotations.shape[1:])
-        rotations = torch.cat([prefix, rotations])  # (P + N, heads or 1, pairs, [2 channels,] 2)
+        prefix = self.prefix_rotations(grid.prefix, device) * magnitude  # (P, 1, pairs, 2)
+        if self.channel_index is not None:  # both channels of a prefix pair keep the pair's rotation
+            prefix = prefix.unsqueeze(-2)  # (P, 1, pairs, 1, 2)
+        rotations = torch.cat([prefix.expand(grid.prefix, *rotations.shape[1:]), rotations])  # (P + N, heads or 1, pairs, [2 channels,] 2)
         if tokens_first:
             every_head = rotations.expand(-1, self.num_heads, *rotations.shape[2:]).contiguous()
             return rearrange(every_head, "t h ... -> h t ...")
@@ -333,8 +341,30 @@ class RoPE(RotaryEncoding):
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
         """The frequency vectors ``(ndim, heads or 1, pairs)`` in ``dtype`` (learned ones: as stored, times
         ``freq_mask``)."""
-        freqs = self.freqs.to(dtype)
+        freqs = full_tensor(self.freqs).to(dtype)
         return freqs if self.freq_mask is None else freqs * self.freq_mask.to(dtype)
+
+    def rescale(self, coords: torch.Tensor, freqs: torch.Tensor, grid: Grid, ref_shape):
+        """Resolution scaling of ``grid`` against ``ref_shape`` (grid order; None: none): the coordinates ``(N,
+        ndim)`` (component order) and frequencies ``(ndim, heads or 1, pairs)`` as the rotation reads them, and the
+        per-component size ratios ``(ndim,)``. RIFLEx keeps time out of it and lowers its intrinsic frequency."""
+        scales = torch.ones(self.ndim, dtype=coords.dtype)
+        if ref_shape is None:
+            return coords, freqs, scales
+        ref = self.components(ref_shape)
+        scales = axis_scales(self.components(grid.shape), ref, coords.dtype)
+        placed = grid.offset is not None or grid.spacing is not None
+        if placed and self.scaling != "none" and bool((scales != 1).any()):
+            check_unscaled_placement(grid, self.scaling, self.ref_shape)
+        coords = scale_positions(coords, scales, self.scaling)
+        freqs = scale_frequencies(freqs, self.band_fraction, scales, ref, self.scaling, self.yarn_alpha,
+                                  self.yarn_beta)
+        return coords, freqs, scales
+
+    def prefix_rotations(self, prefix: int, device) -> torch.Tensor:
+        """The rotations of a grid's ``prefix`` tokens, ``(prefix, 1, pairs, 2)`` float32 ``(cos, sin)``: the identity
+        (prefix tokens have no spatial position; ViT-5's register RoPE gives its registers one)."""
+        return torch.tensor([1.0, 0.0], device=device).expand(prefix, 1, self.head_dim // 2, 2)
 
     def place(self, coords: torch.Tensor, grid: Grid, scales: torch.Tensor) -> torch.Tensor:
         """Where the patches sit for the rotation: ``coords (N, ndim)`` in component order after resolution scaling
@@ -365,7 +395,7 @@ class RoPE(RotaryEncoding):
         (default: :meth:`rotations` of the grid, never augmented: augmentation belongs to :meth:`forward`, which
         draws once for q and k)."""
         layout = as_layout(grid)
-        self._check_input(x, layout)
+        self.check_input("x", x, layout, self.freqs.shape[1], leading_axes=True)
         if cis is None:
             cis = self.rotations(layout.grid, x.device, tokens_first=heads_inside_tokens(x))
         return self._rotate_rows(x, layout.rows(cis))
@@ -389,30 +419,11 @@ class RoPE(RotaryEncoding):
                              "'repeated'): a pair has no one frequency vector")
         return super().frequency_vectors()
 
-    def _check_input(self, x: torch.Tensor, layout: Layout) -> None:
-        grid = layout.grid
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise ValueError(f"rotary input must be a floating-point tensor, got "
-                             f"{getattr(x, 'dtype', type(x).__name__)} (integer rotations would be truncated)")
-        if x.ndim < 3 or x.shape[-2] != layout.num_tokens or x.shape[-1] != self.head_dim:
-            raise ValueError(f"expected (..., {layout.num_tokens}, {self.head_dim}) for grid {grid.shape} with "
-                             f"prefix={grid.prefix}{'' if layout.keep is None else ' and kept patches'}, got "
-                             f"{tuple(x.shape)}")
-        if layout.keep is not None:
-            if x.ndim != 4:
-                raise ValueError(f"with kept patches the rotary input must be (batch, heads, tokens, head_dim), got "
-                                 f"{tuple(x.shape)}")
-            layout.check_batch(x.shape[0], x.device)
-        heads = self.freqs.shape[1]
-        if heads > 1 and x.shape[-3] != heads:
-            raise ValueError(f"q/k have {x.shape[-3]} heads but {type(self).__name__} was built with "
-                             f"num_heads={heads}")
-
     def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid | Layout) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k by one table (in training mode with augmentation set: one fresh draw for both)."""
         layout = as_layout(grid)
-        self._check_input(q, layout)
-        self._check_input(k, layout)
+        self.check_input("q", q, layout, self.freqs.shape[1], leading_axes=True)
+        self.check_input("k", k, layout, self.freqs.shape[1], leading_axes=True)
         rotations = self.rotations(layout.grid, q.device, augment=self.training, tokens_first=heads_inside_tokens(q))
         rows = layout.rows(rotations)
         return self._rotate_rows(q, rows), self._rotate_rows(k, rows)
@@ -663,17 +674,29 @@ class AxialRoPE(RoPE):
         self.theta, self.sections, self.spectrum, self.num_pairs = float(theta), sections, spectrum, head_dim // 2
         self.bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
         self.num_heads, self.ndim = num_heads, ndim  # the golden and per-head layouts build a table per head
+        self.axis_order = axis_order
+        freqs, fraction, _ = self.initial_state()
+        super().__init__(head_dim, num_heads, ndim, freqs, fraction, learnable=False, pairs=pairs, scaling=scaling,
+                         ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order,
+                         coordinates=coordinates, grid_offset=grid_offset, channel_index=self._channel_index())
+
+    def initial_state(self, generator=None) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """The fixed frequencies ``(ndim, heads or 1, pairs)`` float32 and band fractions (see :meth:`RoPE.initial_state`);
+        nothing is drawn."""
         if self.head_axes is not None:
-            fraction = self._head_layout(axis_order, torch.float32)[1]
+            fraction = self._head_layout(self.axis_order, torch.float32)[1]
         else:
-            fraction = self._arrange(self._band_fraction(axis_order), axis_order)
-        channel_index = None
-        if channel_frequencies == "repeated":
-            channel_index = repeated_channel_index(sections[::-1] if axis_order == "xy" else sections, head_dim // 2)
-        super().__init__(head_dim, num_heads, ndim, self._frequencies(axis_order, torch.float32), fraction,
-                         learnable=False, pairs=pairs, scaling=scaling, ref_shape=ref_shape,
-                         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order, coordinates=coordinates,
-                         grid_offset=grid_offset, channel_index=channel_index)
+            fraction = self._arrange(self._band_fraction(self.axis_order), self.axis_order)
+        return self._frequencies(self.axis_order, torch.float32), fraction, None
+
+    def _channel_index(self) -> torch.Tensor | None:
+        """V-JEPA 2's per-channel pair index ``(head_dim/2, 2)`` (``channel_frequencies="repeated"``), else None."""
+        if self.channel_frequencies != "repeated":
+            return None
+        return repeated_channel_index(self.sections[::-1] if self.axis_order == "xy" else self.sections, self.num_pairs)
+
+    def derived_buffers(self) -> dict:
+        return {**super().derived_buffers(), "channel_index": self._channel_index()}
 
     def _head_layout(self, axis_order: str, dtype: torch.dtype):
         return head_axes_layout(self.head_axes, self.num_pairs, self.ndim, axis_order, self.theta,
@@ -814,28 +837,35 @@ class MixedRoPE(RoPE):
         coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
                                        draw_coords)
         bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
-        if head_axes is not None:
-            def rotations(k):
-                return random_rotations(1, k, generator)[0] if directions == "random" else torch.eye(k)
-            freqs, band_fraction, free = head_axes_layout(head_axes, head_dim // 2, ndim, axis_order, theta, fraction,
-                                                          sections, bands=bands, rotations=rotations)
-        else:
-            order = sections[::-1] if axis_order == "xy" else sections
-            if directions == "random":
-                freqs = mixed_frequencies(order, num_heads, theta, generator, **bands)
-            else:
-                freqs = axial_frequencies(order, theta, torch.float64, **bands).expand(-1, num_heads, -1)
-                if directions == "golden":  # angles up to heads * pairs * 2.4 rad: computed in float64
-                    freqs = golden_directions(freqs.abs().sum(0)[0], num_heads)
-                freqs = freqs.float()
-            rotating = rotated_pairs(order, fraction).float()
-            freqs, band_fraction = freqs * rotating, band_fractions(order)
-            free = None if bool(rotating.all()) else rotating.expand_as(freqs).clone()
+        self.head_dim, self.num_heads, self.ndim, self.axis_order = head_dim, num_heads, ndim, axis_order
+        self.theta, self.sections, self.bands = float(theta), sections, bands
+        self.directions, self.rotate_fraction, self.head_axes = directions, fraction, head_axes
+        freqs, band_fraction, free = self.initial_state(generator)
         super().__init__(head_dim, num_heads, ndim, freqs, band_fraction, learnable=True, pairs=pairs,
                          scaling=scaling, ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta,
                          axis_order=axis_order, coordinates=coordinates, freq_mask=free)
-        self.theta, self.sections, self.bands = float(theta), sections, bands
-        self.directions, self.rotate_fraction, self.head_axes = directions, fraction, head_axes
+
+    def initial_state(self, generator=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """rope-vit's random initial frequencies drawn from ``generator`` (see :meth:`RoPE.initial_state`), the band
+        fractions and the mask of frequencies that may move (None: all)."""
+        head_axes, directions, sections, bands = self.head_axes, self.directions, self.sections, self.bands
+        if head_axes is not None:
+            def rotations(k):
+                return random_rotations(1, k, generator)[0] if directions == "random" else torch.eye(k)
+            return head_axes_layout(head_axes, self.head_dim // 2, self.ndim, self.axis_order, self.theta,
+                                    self.rotate_fraction, sections, bands=bands, rotations=rotations)
+        order = sections[::-1] if self.axis_order == "xy" else sections
+        if directions == "random":
+            freqs = mixed_frequencies(order, self.num_heads, self.theta, generator, **bands)
+        else:
+            freqs = axial_frequencies(order, self.theta, torch.float64, **bands).expand(-1, self.num_heads, -1)
+            if directions == "golden":  # angles up to heads * pairs * 2.4 rad: computed in float64
+                freqs = golden_directions(freqs.abs().sum(0)[0], self.num_heads)
+            freqs = freqs.float()
+        rotating = rotated_pairs(order, self.rotate_fraction).float()
+        every = all(rotated_count(n, self.rotate_fraction) == n for n in order)  # not read from a (meta) tensor
+        free = None if every else rotating.expand_as(freqs).clone()
+        return freqs * rotating, band_fractions(order), free
 
     def extra_repr(self) -> str:
         return super().extra_repr() + layout_repr(self)

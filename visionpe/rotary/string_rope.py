@@ -9,6 +9,7 @@ from torch import nn
 
 from .._checks import check_choice, check_generator, check_number
 from ..coords import CoordinateSystem
+from ..sharding import full_tensor
 from ..grid import as_grid
 from ._base import pair_blocks
 from .blocks import change_basis, num_upper, skew_from_upper
@@ -89,16 +90,26 @@ class StringRoPE(LearnedRotation):
         super().__init__(head_dim, num_heads, ndim, scaling, ref_shape, coordinates)
         self.variant, self.theta, self.sections = variant, float(theta), sections
         self.bands = dict(per_turn=coordinates.normalized)
-        initial = mixed_frequencies(sections[::-1], num_heads, theta, generator, **self.bands)  # (ndim, heads, pairs)
-        if variant == "cayley":
-            self.freqs = nn.Parameter(initial)
-            self.skew = nn.Parameter(torch.zeros(num_heads, num_upper(head_dim)))
-        else:
-            spectrum = circulant_spectrum(head_dim)
-            self.register_buffer("spectrum", spectrum.float(), persistent=False)
-            self.register_buffer("fourier", fourier_basis(head_dim).float()[None], persistent=False)
-            # minimal-norm first columns with the initial frequencies: M M^T = 2 d I on the turning planes
-            self.circulant = nn.Parameter((initial.double() @ spectrum / (2 * head_dim)).float())
+        self.register_derived_buffers()
+        for name, value in self.initial_parameters(generator).items():
+            setattr(self, name, nn.Parameter(value))
+
+    def derived_buffers(self) -> dict:
+        """The circulant variant's spectrum and Fourier basis (functions of ``head_dim``)."""
+        if self.variant == "cayley":
+            return {}
+        return {"spectrum": circulant_spectrum(self.head_dim).float(),
+                "fourier": fourier_basis(self.head_dim).float()[None]}
+
+    def initial_parameters(self, generator=None) -> dict:
+        """rope-vit's random frequencies ``(ndim, heads, pairs)`` in the basis ``P``: as they are with a zero skew
+        (Cayley: ``P = I``), or as the minimal-norm first columns that give them (circulant)."""
+        initial = mixed_frequencies(self.sections[::-1], self.num_heads, self.theta, generator, **self.bands)
+        if self.variant == "cayley":
+            return {"freqs": initial, "skew": torch.zeros(self.num_heads, num_upper(self.head_dim))}
+        # minimal-norm first columns with the initial frequencies: M M^T = 2 d I on the turning planes
+        spectrum = circulant_spectrum(self.head_dim)
+        return {"circulant": (initial.double() @ spectrum / (2 * self.head_dim)).float()}
 
     def frequency_vectors(self) -> torch.Tensor:
         """``(ndim, heads, head_dim/2)``, xy order: the plane of pair ``p`` (in the basis ``P``) turns by ``<c, f_p>``."""
@@ -106,8 +117,8 @@ class StringRoPE(LearnedRotation):
 
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
         if self.variant == "cayley":
-            return self.freqs.to(dtype)
-        return self.circulant.to(dtype) @ self.spectrum.to(dtype).T
+            return full_tensor(self.freqs).to(dtype)
+        return full_tensor(self.circulant).to(dtype) @ self.spectrum.to(dtype).T
 
     def basis(self, device=None) -> torch.Tensor:
         """The orthogonal change of basis ``P (heads or 1, d, d)`` float32 (cached in evaluation)."""
@@ -117,7 +128,7 @@ class StringRoPE(LearnedRotation):
 
         def build():
             with torch.autocast(device_type=torch.device(device).type, enabled=False):
-                skew = skew_from_upper(self.skew.to(device=device, dtype=torch.float64), self.head_dim)
+                skew = skew_from_upper(full_tensor(self.skew).to(device=device, dtype=torch.float64), self.head_dim)
                 return cayley(skew).float()
 
         return self._cache.get(("basis", str(device)), build, (self.skew,))

@@ -10,6 +10,7 @@ from ..cache import TableCache
 from ..coords import CoordinateSystem, denominators
 from ..grid import Grid, Layout, as_grid, as_layout
 from ..resample import INTERPOLATIONS, SAMPLING, resample_grid, sample_grid
+from ..sharding import check_unsharded, full_tensor
 from ._base import TokenEncoding, check_tokens
 
 
@@ -94,19 +95,24 @@ class Learned(TokenEncoding):
                              "normalised coordinates instead: use fit='resample' or coords='index'")
         self.num_prefix_tokens = num_prefix_tokens
         self.factorized = factorized
-        self.interpolation, self.antialias = interpolation, antialias
+        self.interpolation, self.antialias, self.init_std = interpolation, antialias, float(init_std)
         self.align_corners, self.fit = check_bool("align_corners", align_corners), fit
         self.rms_norm = check_bool("rms_norm", rms_norm)
-        tables = [nn.Parameter(torch.randn(*[self.grid_shape[a] for a in axes], dim) * init_std)
-                  for axes in self.factor_axes()]
+        tables = [nn.Parameter(torch.empty(*[self.grid_shape[a] for a in axes], dim)) for axes in self.factor_axes()]
         if factorized is True:
             self.axis_tables = nn.ParameterList(tables)
         else:
             self.table = tables[0]
             if factorized == "space_time":
                 self.time_table = tables[1]
-        self.prefix = nn.Parameter(torch.randn(num_prefix_tokens, dim) * init_std) if num_prefix_tokens else None
+        self.prefix = nn.Parameter(torch.empty(num_prefix_tokens, dim)) if num_prefix_tokens else None
+        self.fill_parameters()
         self._cache = TableCache(maxsize=4)
+
+    def initial_parameters(self, generator=None) -> dict:
+        """Every table (then the prefix vectors) ``N(0, init_std^2)``, at their current shapes."""
+        return {name: torch.randn(p.shape, generator=generator) * self.init_std
+                for name, p in self.named_parameters()}
 
     # -- tables ---------------------------------------------------------------------------------------
     def factor_axes(self) -> list[tuple[int, ...]]:
@@ -116,9 +122,12 @@ class Learned(TokenEncoding):
         return [(1, 2), (0,)] if self.factorized == "space_time" else [tuple(range(self.ndim))]
 
     def factor_tables(self) -> list[torch.Tensor]:
+        """The factor tables as whole tensors (sharded ones gathered: :mod:`visionpe.sharding`)."""
         if self.factorized is True:
-            return list(self.axis_tables)
-        return [self.table, self.time_table] if self.factorized == "space_time" else [self.table]
+            tables = list(self.axis_tables)
+        else:
+            tables = [self.table, self.time_table] if self.factorized == "space_time" else [self.table]
+        return [full_tensor(t) for t in tables]
 
     def _grid_table(self, shape, interpolation: str | None = None, antialias: bool | None = None) -> torch.Tensor:
         """The sum of the factor tables, each resampled to its axes of ``shape``: ``(*shape, dim)``."""
@@ -160,7 +169,7 @@ class Learned(TokenEncoding):
         if self._reads_window(grid):
             return self._window(grid)
         if grid.shape == self.grid_shape and self.factorized is False:
-            return self.table.reshape(-1, self.dim)
+            return self.factor_tables()[0].reshape(-1, self.dim)
         key = (grid.shape, self.interpolation, self.antialias, self.align_corners, str(next(self.parameters()).device))
         return self._cache.get(key, lambda: self._grid_table(grid.shape).reshape(-1, self.dim), self.parameters())
 
@@ -235,7 +244,7 @@ class Learned(TokenEncoding):
             if grid.prefix != self.num_prefix_tokens:
                 raise ValueError(f"grid has prefix={grid.prefix} but the table owns "
                                  f"num_prefix_tokens={self.num_prefix_tokens} vectors")
-            prefix_table = self.prefix
+            prefix_table = full_tensor(self.prefix)
         return self.add_to_patches(x, self.patch_table(grid, augment=self.training), layout, prefix_table)
 
     def position_vectors(self, grid) -> torch.Tensor:
@@ -255,6 +264,7 @@ class Learned(TokenEncoding):
     def resize(self, new_shape, interpolation: str | None = None, antialias: bool | None = None) -> "Learned":
         """Resample the stored table to ``new_shape`` for good (fine-tuning at a new resolution)."""
         new_shape = to_shape("new_shape", new_shape, self.ndim)
+        check_unsharded(self, "resize")
         interpolation = interpolation or self.interpolation
         antialias = self.antialias if antialias is None else antialias
         check_choice("interpolation", interpolation, INTERPOLATIONS)

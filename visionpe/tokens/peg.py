@@ -8,6 +8,7 @@ from torch import nn
 from .._checks import check_grid_ndim, check_ndim, check_nonnegative_int, check_positive_int
 from .._compat import is_autocast_enabled
 from ..grid import Grid, Layout, as_layout
+from ..sharding import call_gathered
 from ._base import TokenEncoding, check_tokens
 
 
@@ -45,9 +46,9 @@ class PEG(TokenEncoding):
         feature_map = patches.transpose(1, 2).reshape(x.shape[0], x.shape[2], *grid.shape)
         weight = self.proj.weight
         if x.dtype != weight.dtype and not is_autocast_enabled(x.device.type):  # half input, float32 conv
-            encoded = self.proj(feature_map.to(weight.dtype)).to(x.dtype)
+            encoded = call_gathered(self.proj, feature_map.to(weight.dtype)).to(x.dtype)
         else:
-            encoded = self.proj(feature_map)
+            encoded = call_gathered(self.proj, feature_map)
         encoded = rearrange(encoded, "b c ... -> b (...) c")
         return torch.cat([prefix, patches + encoded.to(patches.dtype)], dim=1)
 

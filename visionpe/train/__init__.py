@@ -1,21 +1,24 @@
-"""The workbench around the library: training, evaluating and comparing runs from the command line.
+"""The training workbench: a run trained, committed, reported and read back (``visionpe train``, ``python -m
+visionpe.train``; the story itself reads top to bottom in :mod:`~visionpe.train.train_vit`).
 
-Layers, each using only those above it in this list:
+Layers, each using only those above it in this list (and :mod:`visionpe.cli`, the command line's shared ground):
 
-- :mod:`~visionpe.train.cli`: one command-line convention (``UserError``: one line on stderr, exit status 2) and
-  ``--import`` of user code;
 - :mod:`~visionpe.train.models`: the model zoo (which ``--model`` names exist, ``build_model`` from settings);
 - :mod:`~visionpe.train.settings`: every setting, defaults < YAML < command line, checks by group, resume rules;
+- :mod:`~visionpe.train.metrics`: what a run reports (evaluations, epoch records, results, the loggers of ``--log``)
+  and the one reader of those files;
 - :mod:`~visionpe.train.rundir`: the run directory's files and their commit protocol;
 - :mod:`~visionpe.train.restore`: a run read back (settings, model), ``--resume``, ``--init-from`` and
   ``--pretrained``;
-- :mod:`~visionpe.train.sampling`: the order of the training samples (repeated augmentation), resumable within an
-  epoch;
+- :mod:`~visionpe.train.distributed`: the run's processes (torchrun) and their collectives;
 - :mod:`~visionpe.train.loop`: one epoch of training, evaluation, evaluation across resolutions;
-- :mod:`~visionpe.train.report`: the one writer of tables and report documents;
-- :mod:`~visionpe.train.sweep`, :mod:`~visionpe.train.benchmark`, :mod:`~visionpe.train.convert_benchmark`,
-  :mod:`~visionpe.train.visualize`: what ``scripts/`` run.
+- :mod:`~visionpe.train.sampling`: the order of the training samples (repeated augmentation), resumable within an
+  epoch, and the loader that reads them;
+- :mod:`~visionpe.train.recipe`: optimizer, schedule, loss, mixup, EMA and scaler as timm builds them, and where a run
+  stands;
+- :mod:`~visionpe.train.train_vit`: the training story; :mod:`~visionpe.train.sweep`: ``visionpe sweep``;
+  :mod:`~visionpe.train.visualize`: ``visionpe visualize`` (:mod:`visionpe.viz` of a fresh encoding or of a run).
 """
-from .cli import UserError
+from ..cli import UserError
 
 __all__ = ["UserError"]

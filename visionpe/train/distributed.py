@@ -1,4 +1,5 @@
-"""The collectives of a torchrun group that the training loop uses, and leaving the group.
+"""A run's processes: joining the torchrun group (:func:`start`), the collectives the training loop uses, and leaving
+the group.
 
 Every tensor handed to a collective here is a buffer this module keeps for the life of the process (a few scalars
 per call site), so a collective's worker thread never drops the last reference to a tensor Python has let go of. At
@@ -9,8 +10,13 @@ hung at torch 2.1.2 (not at 2.14); with kept buffers it did not.
 """
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
+
+from ..cli import UserError
 
 _kept: dict[tuple, torch.Tensor] = {}
 
@@ -21,6 +27,41 @@ def _kept_buffer(role: str, like: torch.Tensor) -> torch.Tensor:
     if key not in _kept:
         _kept[key] = torch.empty_like(like)
     return _kept[key]
+
+
+@dataclass(frozen=True)
+class Processes:
+    """This process among the run's: ``world`` processes (torchrun's ``WORLD_SIZE``, 1 without it), this one's
+    ``rank`` and ``local_rank``, and its ``device``."""
+
+    world: int
+    rank: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def master(self) -> bool:
+        """Rank 0: the process that writes the run directory and reports."""
+        return self.rank == 0
+
+
+def start(cfg: dict) -> Processes:
+    """Join the torchrun group of a run (gloo on the CPU, nccl on CUDA; none for one process), pick this process's
+    device (``device``: auto = CUDA when there is one) and set its threads (``threads``, 0 = torch's choice). The
+    global ``batch_size`` must split evenly over the processes."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if cfg["batch_size"] % world:
+        raise UserError(f"batch_size {cfg['batch_size']} must be divisible by the {world} processes")
+    use_cuda = cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())
+    if world > 1:
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if cfg["threads"]:
+        torch.set_num_threads(cfg["threads"])
+    return Processes(world, dist.get_rank() if world > 1 else 0, local_rank, device)
 
 
 def active() -> bool:

@@ -12,13 +12,13 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from torch.utils.data import DataLoader, Subset, default_collate
+from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from .. import data as vdata
-from . import distributed, settings
-from .cli import UserError, one_line
+from . import distributed, rundir, settings
+from .metrics import Evaluation
+from ..cli import UserError, one_line
 
 
 class NonFiniteLoss(UserError):
@@ -69,6 +69,17 @@ def dataset(cfg: dict, split: str, img_size, num_frames: int | None = None, prot
     return ds
 
 
+def datasets(cfg: dict) -> tuple:
+    """The run's training and validation sets at ``img_size`` (:func:`dataset`); the class count of an ImageFolder
+    run is set in ``cfg`` once its folders are read, any other must agree with the data's."""
+    train_set, val_set = (dataset(cfg, split, cfg["img_size"]) for split in ("train", "val"))
+    if cfg["num_classes"] is None:
+        cfg["num_classes"] = train_set.num_classes
+    elif cfg["num_classes"] != train_set.num_classes:
+        raise UserError(f"the {cfg['data']} data has {train_set.num_classes} classes, the run {cfg['num_classes']}")
+    return train_set, val_set
+
+
 def read_samples(batches):
     """The batches of a loader, in order; a sample that cannot be read (:class:`visionpe.data.DataDamaged`: a corrupt
     image or clip, found when it is read) is a :class:`UserError` of one line naming the file, also when a loader
@@ -110,16 +121,6 @@ def data_notes(cfg: dict) -> list[str]:
     if not vdata.takes_transforms(cfg["data"]):
         return [f"note: {flags} ignored: the builder of {cfg['data']} takes no transforms"]
     return []
-
-
-def collate_images(batch) -> tuple:
-    """A batch of ``(image, label)``: images stacked ``(B, C, H, W)`` when they share a size (torch's
-    ``default_collate``, which in a loader worker stacks straight into shared memory), else kept as a list of
-    ``(C, H_i, W_i)`` (a batch of mixed grids for ``forward_batch``); labels ``(B,)``."""
-    images = [b[0] for b in batch]
-    if all(x.shape == images[0].shape for x in images):
-        return tuple(default_collate(batch))
-    return images, torch.tensor([int(b[1]) for b in batch])
 
 
 class MixedSizes(torch.nn.Module):
@@ -183,12 +184,6 @@ def eval_grid(cfg: dict, resolutions=(), frames=()) -> tuple[list, object]:
     return [(f, r) for f in counts for r in res], (cfg["num_frames"], cfg["img_size"])
 
 
-def key_text(key) -> str:
-    """An evaluation key as text (results.json, tables, logs): ``"32"`` for a square image size, ``"AxB"`` for a
-    pair, which reads right both as an image ``(height, width)`` and as a video ``(frames, res)``."""
-    return f"{key[0]}x{key[1]}" if isinstance(key, tuple) else str(key)
-
-
 def seed_everything(seed: int, epoch: int, rank: int, step: int | None = None) -> None:
     """RNG streams (dropout, drop path, mixup) as a function of (seed, epoch, rank), and of the loader batch ``step``
     when given (:func:`train_one_epoch` reseeds every batch): resume is exact, from the end of an epoch or from
@@ -210,22 +205,6 @@ def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
     if amp == "auto":
         return torch.bfloat16 if device.type == "cuda" else None
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
-
-
-def criterion_for(cfg: dict, mixup: bool) -> torch.nn.Module:
-    """The training loss of a run's settings, as timm's train.py combines them: with mixup/cutmix (``mixup``) the
-    targets arrive soft and smoothed (timm's ``Mixup``), so the loss is ``SoftTargetCrossEntropy`` or, with
-    ``bce_loss``, ``BinaryCrossEntropy(target_threshold)``; without, label smoothing goes to
-    ``LabelSmoothingCrossEntropy`` or ``BinaryCrossEntropy(smoothing)``; plain cross-entropy otherwise (BCE stays
-    BCE here, where timm's train.py falls back to cross-entropy)."""
-    smoothing = cfg["label_smoothing"]
-    if cfg["bce_loss"]:
-        return BinaryCrossEntropy(smoothing=0.0 if mixup else smoothing, target_threshold=cfg["bce_target_thresh"])
-    if mixup:
-        return SoftTargetCrossEntropy()
-    if smoothing > 0:
-        return LabelSmoothingCrossEntropy(smoothing=smoothing)
-    return torch.nn.CrossEntropyLoss()
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -277,6 +256,27 @@ class CheckpointClock:
     def reset(self) -> None:
         """A commit happened: the minutes count from now."""
         self.last = time.monotonic()
+
+
+def commit_within(out, model, parts, run, epoch: int, clock: CheckpointClock, steps: int, procs):
+    """``train_one_epoch``'s ``on_update`` for ``epoch``: after each optimizer step, commit ``out``'s state.pt when the
+    clock says so (not after the last of ``steps`` batches: the epoch's own commit follows), with every process's loss
+    sums of the epoch so far. ``parts``: the :class:`~visionpe.train.recipe.Recipe`, ``run`` its ``Progress``,
+    ``procs`` the :class:`~visionpe.train.distributed.Processes`."""
+    def on_update(progress: dict) -> None:
+        if progress["step"] == steps or not clock.due(progress["update"]):
+            return
+        check_finite(model, epoch=epoch + 1, kept_epoch=epoch, ema=parts.ema_module,
+                          within=f"at step {progress['step']}/{steps} of")  # never commit NaN weights
+        sums = distributed.all_gather([progress["loss_sum"], progress["seen"]], procs.device)  # by rank
+        if procs.master:
+            rundir.save_checkpoint(out, model, parts.optimizer, parts.scheduler, epoch=epoch, best_acc=run.best_acc,
+                                   best_epoch=run.best_epoch, history=run.history, ema=parts.ema_module,
+                                   scaler=parts.scaler,
+                                   progress={"step": progress["step"], "sums": sums,
+                                             "last_finite": progress["last_finite"], "elapsed": progress["elapsed"]})
+        clock.reset()
+    return on_update
 
 
 def step_resolution(train_res, seed: int, epoch: int, step: int) -> int | None:
@@ -387,12 +387,13 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
 
 @torch.no_grad()
 def evaluate(model, dataset, *, batch_size: int, device, autocast, workers: int = 0, rank: int = 0,
-             world: int = 1) -> tuple[float, float]:
-    """Top-1 (%) and mean cross-entropy over the whole set; each process takes every world-th image. Images of
-    different sizes (the native protocol) go through the model's ``forward_batch`` as batches of mixed grids."""
+             world: int = 1) -> Evaluation:
+    """Top-1 (%), mean cross-entropy and the image count over the whole set; each process takes every world-th image.
+    Images of different sizes (the native protocol) go through the model's ``forward_batch`` as batches of mixed
+    grids."""
     model.eval()
     loader = DataLoader(Subset(dataset, range(rank, len(dataset), world)), batch_size=batch_size,
-                        num_workers=workers, collate_fn=collate_images)
+                        num_workers=workers, collate_fn=vdata.collate_images)
     correct = loss = count = 0.0
     for x, y in read_samples(loader):
         x, y = to_device(x, device), y.to(device)
@@ -402,16 +403,14 @@ def evaluate(model, dataset, *, batch_size: int, device, autocast, workers: int 
         correct += (logits.argmax(-1) == y).sum().item()
         count += len(y)
     correct, loss, count = distributed.all_sum([correct, loss, count], device)
-    return 100.0 * correct / count, (loss / count if count else math.nan)
+    return Evaluation(acc=100.0 * correct / count, loss=loss / count if count else math.nan, count=int(count))
 
 
-def evaluate_resolutions(model, sets: dict, train_res, known: dict | None = None, **eval_kwargs) -> dict:
-    """``{res: {'acc', 'loss', 'retention'}}`` of ``model`` on ``sets`` (``{res: dataset}``, the training
-    resolution among them; an image run's keys are integers or ``(height, width)`` tuples, in :func:`size_order`);
-    retention = acc(res) / acc(train_res). ``known``: ``{res: (acc, loss)}`` already measured (not evaluated
-    again). A video run's keys are ``(frames, res)``, ``train_res`` the training pair."""
+def evaluate_resolutions(model, sets: dict, known: dict | None = None, **eval_kwargs) -> dict:
+    """``{key: Evaluation}`` of ``model`` on every set of ``sets`` (``{key: dataset}``; an image run's keys are
+    integers or ``(height, width)`` tuples, a video run's ``(frames, res)``), in :func:`size_order`. ``known``:
+    ``{key: Evaluation}`` already measured (not evaluated again); :func:`visionpe.train.metrics.retention_table`
+    reports them against the training size."""
     known = known or {}
-    accs = {r: known[r] if r in known else evaluate(model, sets[r], **eval_kwargs)
-            for r in sorted(sets, key=size_order)}
-    base = accs[train_res][0]
-    return {r: {"acc": a, "loss": l, "retention": a / base if base > 0 else 0.0} for r, (a, l) in accs.items()}
+    return {k: known[k] if k in known else evaluate(model, sets[k], **eval_kwargs)
+            for k in sorted(sets, key=size_order)}

@@ -1,10 +1,11 @@
 """The model zoo of the workbench: the one place a model is made from a run's settings (training, resume, sweep,
 benchmark, visualization), and what a model name may be.
 
-A ``--model`` name is a timm model whose module a registered adapter takes (ViT/DeiT, Swin v1/v2; Eva too with
-``--pe timm``), or a name an adapter constructs itself (torchvision's Video Swin ``swin3d_t/s/b``, or a user's
-backbone registered through ``--import``). A video run (``num_frames`` set) builds a tubelet timm ViT
-(:func:`visionpe.create_video_model`) or a video adapter's named model with the tubelet as its patch.
+A ``--model`` name is a timm model whose module a registered adapter takes (ViT/DeiT, distilled DeiT, Swin v1/v2,
+Eva), or a name an adapter constructs itself (torchvision's Video Swin ``swin3d_t/s/b`` and image ViT
+``tv_vit_*``, or a user's backbone registered through ``--import``); the help and the messages list them from the
+registered adapters (:func:`model_help`, :func:`supported_text`). A video run (``num_frames`` set) builds a tubelet
+timm ViT (:func:`visionpe.create_video_model`) or a video adapter's named model with the tubelet as its patch.
 """
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from pathlib import Path
 import timm
 import torch
 
-from ..backbones.adapter import named_constructor, timm_adapter
-from ..backbones.api import any_size_kwargs, native_timm_modules
-from .cli import UserError, user_errors
+from ..backbones.adapter import ADAPTERS, named_constructor, timm_adapter
+from ..backbones.api import any_size_kwargs, native_timm_modules, unsupported_reason
+from ..cli import UserError, user_errors
 
 TIMM_NATIVE = "timm"  # pe: the timm model with its own position encoding, untouched (benchmark reference rows)
 DERIVED_MODEL_KWARGS = ("img_size", "patch_size", "num_classes", "in_chans", "drop_path_rate")  # set from settings
@@ -48,15 +49,33 @@ def model_kwargs(cfg: dict) -> dict:
     return kw
 
 
+def supported_text(video: bool | None = None) -> str:
+    """The registered backbones with example names, for help texts and messages: ``"timm VisionTransformer
+    (vit_tiny_patch16_224, ...), ..."``; ``video`` True/False: only the video/image ones."""
+    parts = []
+    for adapter in ADAPTERS.values():
+        if not adapter.examples or (video is not None and adapter.video != video):
+            continue
+        parts.append(f"{adapter.name} ({', '.join(adapter.examples)})")
+    return "; ".join(parts)
+
+
+def model_help() -> str:
+    """The ``--model`` help, from the registered adapters."""
+    return (f"model name: a timm model of a backbone visionpe adapts, or a name an adapter builds itself: "
+            f"{supported_text(video=False)}; or a backbone registered by --import. With --num-frames (video) a timm "
+            f"ViT, built as its tubelet version (visionpe.create_video_model), or a video backbone: "
+            f"{supported_text(video=True)} (its sizes; --model-kwargs embed_dim=, depths=[..], num_heads=[..], "
+            f"window_size=[t,h,w] make a smaller one; its patch is --tubelet-size)")
+
+
 def check_model(cfg: dict) -> None:
     """The model name and the run agree: a known name, a video model for video data and only then, ``pe=timm`` on a
     model timm runs natively; a :class:`UserError` naming what is allowed otherwise."""
     name, video = cfg["model"], cfg.get("num_frames") is not None
     named = named_constructor(name)
     if named is None and not timm.is_model(name):
-        raise UserError(f"unknown model {name!r}; try e.g. vit_tiny_patch16_224, deit_small_patch16_224, "
-                        "swin_tiny_patch4_window7_224 (timm), swin3d_t (torchvision Video Swin), tv_vit_b_16 "
-                        "(torchvision ViT), or a model registered by --import")
+        raise UserError(f"unknown model {name!r}; try e.g. {supported_text()}, or a model registered by --import")
     adapter = named[0] if named is not None else timm_adapter(name)
     if cfg["pe"] == TIMM_NATIVE:
         if video or named is not None or adapter is None:
@@ -65,20 +84,17 @@ def check_model(cfg: dict) -> None:
                             + (" with --num-frames" if video else ""))
         return
     if adapter is None:
-        raise UserError(f"--model {name}: visionpe has no adapter for it (supported: timm ViT/DeiT vit_*/deit_*, Swin "
-                        "swin_*/swinv2_*, torchvision swin3d_t/s/b and tv_vit_b_16/b_32/l_16/l_32/h_14, or a backbone "
-                        "registered by --import)")
-    if isinstance(adapter.base, type) and adapter.base.__name__ == "VisionTransformer" and "distilled" in name:
-        raise UserError(f"--model {name}: DeiT's distilled models add a distillation token and head "
-                        "(VisionTransformerDistilled), which visionpe's ViT adapter does not patch; use the plain DeiT "
-                        f"{name.replace('_distilled', '')}, or --pe timm to train {name} as timm builds it")
+        raise UserError(f"--model {name}: visionpe has no adapter for it (supported: {supported_text()}; or a "
+                        "backbone registered by --import)")
+    reason = unsupported_reason(name) if named is None else None
+    if reason is not None:
+        raise UserError(f"--model {name}: {reason}; or --pe timm to train {name} as timm builds it")
     if named is not None and named[0].video != video:
         raise UserError(f"--model {name} is a video model ({named[0].name}): it needs video data and --num-frames"
                         if named[0].video else f"--model {name} takes images, not --num-frames")
     if video and named is None and not is_vit(name):
         raise UserError(f"video runs (--num-frames) build a tubelet timm ViT or a video backbone: --model {name} is "
-                        "not a "
-                        "ViT (vit_*, deit_*) nor a video model such as swin3d_t")
+                        f"not a ViT (vit_*, deit_*) nor a video model ({supported_text(video=True)})")
 
 
 def build_model(cfg: dict) -> torch.nn.Module:

@@ -17,7 +17,7 @@ import torch
 
 from ..weights import convert, io
 from . import models, rundir, settings
-from .cli import UserError, import_user_code, one_line, user_errors
+from ..cli import UserError, import_user_code, one_line, user_errors
 from .rundir import CONFIG, LAST
 
 MODEL_KEYS = ("model", "pe", "img_size", "patch_size", "num_classes")  # needed to rebuild the model
@@ -124,7 +124,7 @@ def new_config(args: dict) -> dict:
     recipe and the command line, and ``init_from`` becomes the weights file itself."""
     init = args.get("init_from")
     if init is None and args.get("config"):
-        init = settings.read_yaml(args["config"]).get("init_from")
+        init = settings.read_recipe(args["config"]).get("init_from")
     if init is None:
         return settings.resolve(args)
     if not isinstance(init, str) or not init:
@@ -170,7 +170,8 @@ def _source_run(run: Path) -> dict:
 def init_weights(model: torch.nn.Module, cfg: dict) -> dict:
     """Load ``cfg['init_from']`` into ``model`` (:func:`visionpe.load_timm_checkpoint`: non-positional weights by
     name and shape, positional ones converted where possible) and return the report as a history record
-    ``{'kind': 'init', 'source', 'source_pe', 'source_epoch', 'head_reset', 'kept', 'converted', 'new', 'dropped'}``.
+    ``{'kind': 'init', 'source', 'source_pe', 'source_epoch', 'head_reset', 'kept', 'converted', 'new', 'dropped',
+    'assumed'}`` (``assumed``: the grid of a ``pos_embed`` that neither ``--init-grid`` nor a source run gave).
 
     A non-positional weight that is dropped or new (another embed_dim, depth, patch size or model), or a classifier
     head that does not fit unless ``cfg['init_head_reset']`` (which leaves the head new), is a :class:`UserError`
@@ -179,7 +180,8 @@ def init_weights(model: torch.nn.Module, cfg: dict) -> dict:
     source_cfg = _source_run(path.parent) if (path.parent / CONFIG).is_file() else None
     with user_errors(f"--init-from {path}", (ValueError, OSError)):
         state = io.read_state_dict(path)
-    report = _load_converted(model, state, cfg, f"--init-from {path}", source_cfg, head_reset=cfg["init_head_reset"])
+    report = _load_converted(model, state, cfg, f"--init-from {path}", source_cfg, head_reset=cfg["init_head_reset"],
+                             source_grid=init_grid(cfg, source_cfg))
     epoch = io.weights_metadata(path).get("epoch") if path.suffix == ".safetensors" else None
     return {"kind": "init", "source": str(path), "source_pe": source_cfg["pe"] if source_cfg else None,
             "source_epoch": int(epoch) if epoch is not None else None, "head_reset": cfg["init_head_reset"],
@@ -193,16 +195,30 @@ def pretrained_weights(model: torch.nn.Module, cfg: dict) -> dict:
     source_model, source = models.pretrained_source(cfg)
     head_reset = cfg["num_classes"] != source_model.pretrained_cfg.get("num_classes")  # timm's rule for a new head
     state = source_model.state_dict()
-    report = _load_converted(model, state, cfg, f"--pretrained {cfg['model']}", None, head_reset=head_reset)
+    grid = getattr(getattr(source_model, "patch_embed", None), "grid_size", None)  # the grid of its pos_embed
+    report = _load_converted(model, state, cfg, f"--pretrained {cfg['model']}", None, head_reset=head_reset,
+                             source_grid=None if grid is None else tuple(grid))
     return {"kind": "init", "source": source, "source_pe": "timm", "source_epoch": None, "head_reset": head_reset,
             **report}
 
 
+def init_grid(cfg: dict, source_cfg: dict | None) -> tuple[int, int] | None:
+    """The patch grid of the ``pos_embed`` that ``--init-from`` reads: ``--init-grid H W``, else the source run's
+    image grid (its ``config.yaml``), else None (a checkpoint of no run: :func:`visionpe.load_timm_checkpoint`
+    assumes one and says so)."""
+    if cfg.get("init_grid"):
+        return tuple(int(v) for v in cfg["init_grid"])
+    if source_cfg is not None and not source_cfg.get("num_frames"):
+        return models.run_grid(source_cfg)
+    return None
+
+
 def _load_converted(model: torch.nn.Module, state: dict, cfg: dict, what: str, source_cfg: dict | None,
-                    head_reset: bool) -> dict:
+                    head_reset: bool, source_grid=None) -> dict:
     """``state`` into ``model`` by :func:`visionpe.load_timm_checkpoint` (without its classifier head when
-    ``head_reset``): ``{'kept', 'converted', 'new', 'dropped'}``, or a :class:`UserError` when a non-positional weight
-    does not fit (see :func:`init_weights`)."""
+    ``head_reset``; ``source_grid``: the grid of its ``pos_embed`` when known): ``{'kept', 'converted', 'new',
+    'dropped', 'assumed'}``, or a :class:`UserError` when a non-positional weight does not fit (see
+    :func:`init_weights`) or the grid does not fit the ``pos_embed``."""
     head = [k for k in state if convert.is_classifier(k)] if head_reset else []
     state = {k: v for k, v in state.items() if k not in head}
     positional = _positional_names(model)
@@ -211,7 +227,8 @@ def _load_converted(model: torch.nn.Module, state: dict, cfg: dict, what: str, s
     quiet = logging.getLogger("visionpe.weights")
     was_disabled, quiet.disabled = quiet.disabled, True  # the report is printed by the caller
     try:
-        report = convert.load_timm_checkpoint(model, state)
+        with user_errors(what):  # a source grid that does not fit the pos_embed
+            report = convert.load_timm_checkpoint(model, state, source_grid=source_grid)
     finally:
         quiet.disabled = was_disabled
     order = {k: i for i, k in enumerate(target)}
@@ -231,7 +248,8 @@ def _load_converted(model: torch.nn.Module, state: dict, cfg: dict, what: str, s
         raise UserError(f"{what} does not fit the new model ({source}new {cfg['model']} "
                         f"[{_sizes(cfg)}] pe={cfg['pe']}): {shown}; only positional weights (and the head, with "
                         "--init-head-reset) may differ; leave out the model settings to take the source run's")
-    return {"kept": report.kept, "converted": report.converted, "new": report.new, "dropped": report.dropped}
+    return {"kept": report.kept, "converted": report.converted, "new": report.new, "dropped": report.dropped,
+            "assumed": [note.replace(convert.GRID_HINT, "--init-grid H W") for note in report.assumed]}
 
 
 def _positional_names(model) -> tuple[str, ...]:
@@ -254,7 +272,7 @@ def _sizes(cfg: dict) -> str:
 
 def init_text(record: dict) -> str:
     """The report of :func:`init_weights`: one summary line, then one line per converted, new and dropped key
-    (and per positional weight kept as it was)."""
+    (and per positional weight kept as it was), and what was assumed about the source."""
     source = record["source"] + "".join(
         [f" pe={record['source_pe']}" if record["source_pe"] else "",
          f" epoch {record['source_epoch']}" if record["source_epoch"] is not None else ""])
@@ -265,4 +283,5 @@ def init_text(record: dict) -> str:
     lines += [f"  converted {k}" for k in record["converted"]]
     lines += [f"  new       {k}" for k in record["new"]]
     lines += [f"  dropped   {k}" for k in record["dropped"]]
+    lines += [f"  assumed   {k}" for k in record.get("assumed", ())]
     return "\n".join(lines)

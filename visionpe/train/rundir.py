@@ -10,7 +10,11 @@
     best.safetensors    exported weights of the epoch with the best validation top-1 (metadata: epoch)
     ema.safetensors     exported EMA weights of the latest epoch (--model-ema; metadata: epoch)
     metrics.jsonl       one JSON object per line: {"kind": "epoch", ...}, then {"kind": "eval_res", ...}
+    summary.csv         one row per epoch (the epoch lines of metrics.jsonl, as timm's train.py writes it)
     results.json        the final resolution table; written last, so it exists only for a finished run
+
+What these hold is :mod:`visionpe.train.metrics`'s (the records, the texts, the one reader, the loggers of
+``--log``: TensorBoard's event files in tensorboard/, W&B's run in wandb/); this module writes them.
 
 This module owns the files and their protocol; :mod:`visionpe.train.restore` reads a run back (its settings, its
 model, ``--resume``, ``--init-from``) through it.
@@ -23,7 +27,7 @@ Checkpoint protocol (a kill at any instant leaves a run that ``--resume`` contin
 2. ``state.pt`` is the single commit point: it alone holds everything resume needs, the model weights included.
    An epoch is saved when its ``state.pt`` has replaced the previous one; before that instant the run is at the
    previous epoch, after it at the new one.
-3. ``last.safetensors``, ``best.safetensors``, ``ema.safetensors`` and ``metrics.jsonl`` are exports of
+3. ``last.safetensors``, ``best.safetensors``, ``ema.safetensors``, ``metrics.jsonl`` and ``summary.csv`` are exports of
    ``state.pt``, written after it. On resume :func:`repair` compares them with ``state.pt`` (the ``epoch`` in the
    weights' metadata, the history) and rewrites any that lag behind: ``last`` and ``ema`` from the state's weights;
    ``best`` likewise when the best epoch is the state's epoch (the only case in which ``best`` can lag, since the
@@ -54,13 +58,13 @@ from pathlib import Path
 import torch
 import yaml
 
+from ..cli import UserError, one_line
 from ..weights import io
-from . import settings
-from .cli import UserError, one_line
+from . import metrics, settings
+from .metrics import METRICS, RESULTS, SUMMARY
 
-CONFIG, STATE, LAST, BEST, EMA, METRICS, RESULTS = ("config.yaml", "state.pt", "last.safetensors", "best.safetensors",
-                                                    "ema.safetensors", "metrics.jsonl", "results.json")
-ARTIFACTS = (RESULTS, CONFIG, STATE, METRICS, BEST, LAST, EMA)
+CONFIG, STATE, LAST, BEST, EMA = ("config.yaml", "state.pt", "last.safetensors", "best.safetensors", "ema.safetensors")
+ARTIFACTS = (RESULTS, CONFIG, STATE, METRICS, SUMMARY, BEST, LAST, EMA)
 WEIGHTS = {"last": LAST, "best": BEST, "ema": EMA}  # the exported weights, by the name the scripts give them
 STATE_KEYS = ("epoch", "best_acc", "best_epoch", "history", "optimizer", "scheduler")
 
@@ -96,11 +100,14 @@ def existing(out: Path) -> list[str]:
 
 
 def clear(out: Path, keep: tuple[str, ...] = ()) -> None:
-    """Delete the run's files (never anything else in ``out``): results first, then state, then the exports."""
+    """Delete the run's files (never anything else in ``out``): results first, then state, then the exports, then what
+    the loggers keep (:func:`visionpe.train.metrics.logger_files`)."""
     clean_temp(out)
     for name in ARTIFACTS:
         if name not in keep:
             _unlink(Path(out) / name)
+    for path in metrics.logger_files(out):
+        _unlink(path)
 
 
 def check_fresh(out: Path, overwrite: bool) -> None:
@@ -181,10 +188,6 @@ def weights_epoch(path: Path) -> int:
         return -1
 
 
-def metrics_text(history: list[dict]) -> str:
-    return "".join(json.dumps(h) + "\n" for h in history)
-
-
 def tensors(module) -> dict[str, torch.Tensor]:
     """A module's state dict on the CPU, contiguous (as safetensors and ``state.pt`` store it)."""
     return {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
@@ -233,10 +236,10 @@ def export(out: Path, state: dict, history: list[dict], force: bool = True) -> l
     elif best_epoch >= 1 and weights_epoch(out / BEST) != best_epoch:
         raise UserError(f"{out / BEST} is missing or not from the best epoch {best_epoch}, and {STATE} (epoch {epoch}) "
                         "cannot rebuild it; the run can only be restarted with --overwrite")
-    text = metrics_text(history)
-    if force or not (out / METRICS).is_file() or (out / METRICS).read_text() != text:
-        write_text(out / METRICS, text)
-        written.append(METRICS)
+    for name, text in ((METRICS, metrics.metrics_text(history)), (SUMMARY, metrics.summary_text(history))):
+        if force or not (out / name).is_file() or (out / name).read_text() != text:
+            write_text(out / name, text)
+            written.append(name)
     return written
 
 
@@ -279,17 +282,6 @@ def repair(out: Path, state: dict | None) -> list[str]:
     return notes + ([f"re-exported {', '.join(written)} from {STATE} (epoch {state['epoch']})"] if written else [])
 
 
-def read_results(run: Path) -> dict:
-    """``results.json`` of a finished run, or a :class:`UserError`."""
-    path = Path(run) / RESULTS
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path} not found: the run has not finished") from None
-    except (ValueError, UnicodeDecodeError) as err:
-        raise UserError(f"cannot read {path}: {one_line(err)}") from None
-
-
 def prepare(out: Path, cfg: dict, *, resume: bool, state: dict | None, changed=()) -> list[str]:
     """Ready the run directory for training (rank 0 only). A new run: delete the previous run's files (only with
     ``--overwrite`` can there be any), then write config.yaml. A resumed run: :func:`repair`, and record the
@@ -310,5 +302,6 @@ def prepare(out: Path, cfg: dict, *, resume: bool, state: dict | None, changed=(
 
 def finish(out: Path, history: list[dict], summary: dict) -> None:
     """The last writes of a finished run: all metrics, then results.json (whose presence means "finished")."""
-    write_text(Path(out) / METRICS, metrics_text(history))
+    write_text(Path(out) / METRICS, metrics.metrics_text(history))
+    write_text(Path(out) / SUMMARY, metrics.summary_text(history))
     write_text(Path(out) / RESULTS, json.dumps(summary, indent=1))

@@ -1,6 +1,7 @@
-"""The order of the training samples, epoch by epoch: torch's ``DistributedSampler``, or timm's ``RepeatAugSampler``
-(repeated augmentation, ``--aug-repeats``), started at any position of an epoch (a resume from a mid-epoch
-checkpoint continues with the next batch, without loading the ones before it).
+"""The order of the training samples, epoch by epoch, and the loader that reads them: torch's
+``DistributedSampler``, or timm's ``RepeatAugSampler`` (repeated augmentation, ``--aug-repeats``), started at any
+position of an epoch (a resume from a mid-epoch checkpoint continues with the next batch, without loading the ones
+before it).
 
 Repeated augmentation shows each chosen image ``R`` times in an epoch, each time augmented anew. A visionpe data set
 augments sample ``i`` as a function of ``(seed, epoch, index)`` only (:class:`visionpe.data.PositionDataset`), so
@@ -14,7 +15,10 @@ import itertools
 import math
 
 from timm.data.distributed_sampler import RepeatAugSampler as TimmRepeatAugSampler
-from torch.utils.data import Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+from ..cli import UserError
+from ..data import collate_images
 
 
 class RepeatAugSampler(TimmRepeatAugSampler):
@@ -91,3 +95,16 @@ def training_order(dataset, *, world: int, rank: int, seed: int, repeats: int = 
         return RepeatViews(dataset, repeats), EpochOrder(RepeatAugSampler(dataset, world, rank, repeats, seed))
     return dataset, EpochOrder(DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed,
                                                   drop_last=True))
+
+
+def training_loader(dataset, cfg: dict, *, world: int, rank: int, pin_memory: bool = False):
+    """``(loader, what it reads, its sampler)`` of one process's training batches: ``batch_size / world`` samples a
+    batch in :func:`training_order`, whole batches only; lists of images of mixed sizes with ``--max-patches``
+    (:func:`visionpe.data.collate_images`). A training set smaller than one global batch is a :class:`UserError`."""
+    loader_set, sampler = training_order(dataset, world=world, rank=rank, seed=cfg["seed"], repeats=cfg["aug_repeats"])
+    loader = DataLoader(loader_set, batch_size=cfg["batch_size"] // world, sampler=sampler,
+                        num_workers=cfg["workers"], drop_last=True, pin_memory=pin_memory,
+                        collate_fn=collate_images)
+    if len(loader) == 0:
+        raise UserError(f"batch_size {cfg['batch_size']} is larger than the training set ({len(dataset)} images)")
+    return loader, loader_set, sampler

@@ -3,7 +3,7 @@
 
 Settings resolve as ``DEFAULTS < YAML recipe (--config) < command line``; a resumed run starts from its own
 ``config.yaml`` instead of the defaults (:func:`visionpe.train.restore.resume_config`). Every value is checked by
-:func:`check`, one group at a time, whatever its source, and a bad one is a :class:`~visionpe.train.cli.UserError`
+:func:`check`, one group at a time, whatever its source, and a bad one is a :class:`~visionpe.cli.UserError`
 naming the setting and the values it takes. Each setting ``key`` is ``--key-with-dashes`` on the command line
 and ``key:`` in YAML. User code named by ``--import`` (or ``imports:`` in a recipe) is imported before anything
 is checked, so its encodings, data sets and backbones are known names.
@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import yaml
 
 from .. import data as vdata
-from .cli import Parser, UserError, add_import, import_user_code, one_line
-from .models import DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_kwargs, named_constructor, tubelet
+from ..cli import Parser, UserError, add_import, import_user_code, one_line
+from ..cli.recipes import recipe_path
+from .models import (DERIVED_MODEL_KWARGS, TIMM_NATIVE, check_model, is_vit, model_help, model_kwargs,
+                     named_constructor, tubelet)
 
 MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN = ("model", "data", "optimizer", "learning-rate schedule",
                                              "augmentation and regularization", "evaluation", "run and misc")
@@ -32,14 +34,15 @@ NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
 # settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
 SAFE_ON_RESUME = ("eval_res", "eval_frames", "eval_batch_size", "workers", "threads", "progress", "device",
                   "stop_after", "download", "imports", "compile", "channels_last", "checkpoint_every_steps",
-                  "checkpoint_every_minutes")
+                  "checkpoint_every_minutes", "log")
+LOGGERS = ("tensorboard", "wandb")  # --log: visionpe.train.metrics.LOGGER_CLASSES
 
 
 @dataclass(frozen=True)
 class Setting:
     default: object
     group: str
-    kind: str  # int, float, bool, str, choice, ints, floats, mapping, int?, float?, str?, choice?
+    kind: str  # int, float, bool, str, choice, ints, floats, strs, choices, mapping, int?, float?, str?, choice?
     help: str
     choices: tuple = ()
     metavar: str | None = None
@@ -82,13 +85,7 @@ def transform_settings(stage: str) -> dict[str, Setting]:
 
 SETTINGS: dict[str, Setting] = {
     # model
-    "model": S("vit_tiny_patch16_224", MODEL, "str", "timm model name: a ViT/DeiT (vit_*, deit_*) or Swin "
-               "(swin_*), e.g. vit_tiny_patch16_224, deit_small_patch16_224, swin_tiny_patch4_window7_224; with "
-               "--num-frames (video) a timm ViT, built as its tubelet version (visionpe.create_video_model), or "
-               "torchvision's Video Swin swin3d_t / swin3d_s / swin3d_b (torchvision's sizes; --model-kwargs "
-               "embed_dim=, depths=[..], num_heads=[..], window_size=[t,h,w] make a smaller one; its patch is "
-               "--tubelet-size); or torchvision's image ViT tv_vit_b_16 / tv_vit_b_32 / tv_vit_l_16 / tv_vit_l_32 / "
-               "tv_vit_h_14 (sized by --embed-dim, --depth, --num-heads)", metavar="NAME"),
+    "model": S("vit_tiny_patch16_224", MODEL, "str", "", metavar="NAME"),  # help from the backbones (models.py)
     "pe": S("learned", MODEL, "str", "", metavar="NAME"),  # help filled from the registry
     "pe_kwargs": S({}, MODEL, "mapping", "encoding keywords as KEY=VALUE (VALUE read as YAML), e.g. theta=100 "
                    "scaling=pi; see visionpe.build for each encoding's keywords", metavar="KEY=VALUE"),
@@ -115,6 +112,10 @@ SETTINGS: dict[str, Setting] = {
                    "to the source run's (a recipe or flags override them), so '--init-from DIR --pe rope_mixed' "
                    "converts that run. Other sizes (embed_dim, depth, patch_size, model) are an error naming the "
                    "keys; so is another classifier head unless --init-head-reset", metavar="PATH"),
+    "init_grid": S([], MODEL, "ints", "with --init-from: the patch grid H W of the source's pos_embed, which a timm "
+                   "checkpoint does not store (default: the source run's grid; for a checkpoint of no run the new "
+                   "model's grid when the patch counts agree, else square, and the report says what it assumed)",
+                   metavar="N"),
     "init_head_reset": S(False, MODEL, "bool", "with --init-from: do not take the source's classifier head "
                          "(head.*); train a new one (needed when the number of classes differs)"),
     "pretrained": S(False, MODEL, "bool", "start from timm's pretrained weights of --model (a tag picks them, e.g. "
@@ -249,6 +250,10 @@ SETTINGS: dict[str, Setting] = {
     "checkpoint_every_minutes": S(0.0, RUN, "float", "also commit state.pt within an epoch when this many minutes "
                                   "have passed since the last commit (decided on rank 0, the same step on every "
                                   "process); 0 = off; a number >= 0", metavar="MIN"),
+    "log": S([], RUN, "choices", "loggers besides the console, metrics.jsonl and summary.csv, of "
+             f"{', '.join(LOGGERS)}: TensorBoard event files in RUN/tensorboard/ (pip install 'visionpe[tensorboard]'), "
+             "a Weights & Biases run (pip install 'visionpe[wandb]'; WANDB_PROJECT, WANDB_MODE=offline); every epoch "
+             "once, also across --resume", choices=LOGGERS, metavar="NAME"),
     "imports": S([], RUN, "strs", "", metavar="MODULE_OR_FILE"),  # --import: cli.add_import
 }
 
@@ -284,12 +289,14 @@ def _default_text(key: str) -> str:
     return str(default)
 
 
-def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "") -> Parser:
+def build_parser(prog: str = "visionpe train", description: str = "", epilog: str = "") -> Parser:
     """The training command line, flags grouped as timm's train.py groups them."""
     p = Parser(prog=prog, description=description, epilog=epilog, argument_default=argparse.SUPPRESS)
     groups = {g: p.add_argument_group(f"{g} settings") for g in GROUPS}
-    groups[RUN].add_argument("--config", metavar="YAML", help="YAML recipe: a mapping of settings (keys as below, "
-                             "with underscores); the command line overrides it")
+    groups[RUN].add_argument("--config", metavar="YAML|NAME", help="YAML recipe: a mapping of settings (keys as "
+                             "below, with underscores), a file or the name of a recipe shipped with visionpe (e.g. "
+                             "shapes_tiny, deit3_small_rope_imagenet: visionpe/configs/); the command line overrides "
+                             "it")
     groups[RUN].add_argument("--resume", nargs="?", const=True, metavar="DIR",
                              help="continue the run in DIR (default: --output) exactly where it stopped; only "
                                   f"{', '.join(SAFE_ON_RESUME)} may change")
@@ -298,7 +305,7 @@ def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "
             add_import(p, groups[RUN])
             continue
         flag = "--" + key.replace("_", "-")
-        text = (s.help or {"pe": _pe_help, "data": _data_help}[key]()) + \
+        text = (s.help or {"pe": _pe_help, "data": _data_help, "model": model_help}[key]()) + \
             ("" if s.default is None else f" (default: {_default_text(key)})")
         g = groups[s.group]
         if s.kind == "mapping":
@@ -309,6 +316,8 @@ def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "
             g.add_argument(flag, nargs="*", type=int, metavar=s.metavar, help=text)
         elif s.kind in ("choice", "choice?"):
             g.add_argument(flag, choices=s.choices, help=text)
+        elif s.kind == "choices":
+            g.add_argument(flag, nargs="*", choices=s.choices, metavar=s.metavar, help=text)
         elif s.kind == "floats":
             g.add_argument(flag, nargs="*", type=float, metavar=s.metavar, help=text)
         else:
@@ -321,8 +330,12 @@ def build_parser(prog: str = "train_vit", description: str = "", epilog: str = "
     return p
 
 
-def parse_args(argv, prog: str = "train_vit", description: str = "", epilog: str = "") -> dict:
-    """The settings given on the command line (only those), plus ``config``/``resume``/``debug`` if given."""
+def parse_args(argv, prog: str = "visionpe train", description: str = "", epilog: str = "") -> dict:
+    """The settings given on the command line (only those), plus ``config``/``resume``/``debug`` if given. Its
+    ``--import`` code is imported first, so ``--help`` lists the user's encodings, data sets and backbones."""
+    first = Parser(add_help=False)
+    add_import(first)
+    import_user_code(first.parse_known_args(argv)[0].imports)
     args = vars(build_parser(prog, description, epilog).parse_args(argv))
     for key in ("pe_kwargs", "model_kwargs"):
         if key in args:
@@ -351,6 +364,12 @@ def read_yaml(path, what: str = "config file") -> dict:
     return cfg
 
 
+def read_recipe(spec) -> dict:
+    """The settings of a recipe (``--config``): a YAML file, or the name of one shipped with visionpe
+    (:func:`visionpe.cli.recipes.recipe_path`)."""
+    return read_yaml(recipe_path(spec))
+
+
 def resolve(args: dict, base: dict | None = None) -> dict:
     """Defaults (or ``base``, a resumed run's config) < ``args['config']`` YAML < the other ``args``; checked.
 
@@ -359,7 +378,7 @@ def resolve(args: dict, base: dict | None = None) -> dict:
     cfg = copied(DEFAULTS if base is None else base)
     given_sizes = "model_kwargs" in args or any(key in args for key in SIZE_KEYS)
     if args.get("config"):
-        recipe = read_yaml(args["config"])
+        recipe = read_recipe(args["config"])
         misplaced = sorted(set(recipe) & set(RUN_KEYS))
         if misplaced:
             raise UserError(f"config file {args['config']!r}: {', '.join(misplaced)} are derived from the data and "
@@ -524,6 +543,9 @@ def check_kinds(cfg: dict) -> None:
         elif s.kind == "strs":
             need(isinstance(value, list) and all(isinstance(v, str) and v for v in value),
                  f"{key} must be a list of names, got {value!r}")
+        elif s.kind == "choices":
+            need(isinstance(value, list) and all(isinstance(v, str) and v in s.choices for v in value),
+                 f"{key} must be a list of {', '.join(s.choices)}, got {value!r}")
 
 
 def check_model_settings(cfg: dict) -> None:
@@ -556,6 +578,10 @@ def check_model_settings(cfg: dict) -> None:
             raise UserError(f"pe: {one_line(err)} (or 'none', or 'timm')") from None
     need(not cfg["init_head_reset"] or cfg["init_from"], "--init-head-reset needs --init-from PATH (it resets the "
          "classifier head of the weights taken from PATH)")
+    need(not cfg["init_grid"] or cfg["init_from"], "--init-grid needs --init-from PATH (it is the patch grid of the "
+         "pos_embed in PATH)")
+    need(not cfg["init_grid"] or (len(cfg["init_grid"]) == 2 and all(v >= 1 for v in cfg["init_grid"])),
+         f"init_grid must be 2 integers >= 1 (height width, in patches), got {' '.join(map(str, cfg['init_grid']))}")
     need(not cfg["pretrained_path"] or cfg["pretrained"], "--pretrained-path FILE needs --pretrained (it names where "
          "timm's pretrained weights come from)")
     need(not (cfg["pretrained"] and cfg["init_from"]), "--pretrained and --init-from both give the starting weights; "

@@ -1,11 +1,11 @@
-"""The resolution sweep: trained runs evaluated at several resolutions, with each encoding's resolution adaptation
-(``scripts/resolution_sweep.py`` is its command line).
+"""Evaluate trained runs at several resolutions, with each encoding's resolution adaptation.
 
-    python scripts/resolution_sweep.py runs/A runs/B --res 24 32 48 64 --scaling none pi ntk yarn --out runs/sweep
-    python scripts/resolution_sweep.py runs/A --res 32 32x48 48x32          # non-square sizes: HEIGHTxWIDTH
-    python scripts/resolution_sweep.py runs/VIDEO --frames 4 8 16 --res 24 32 48 --scaling none pi   # video runs
+    visionpe sweep runs/A runs/B --res 24 32 48 64 --scaling none pi ntk yarn --out runs/sweep
+    visionpe sweep runs/A --res 32 32x48 48x32          # non-square sizes: HEIGHTxWIDTH
+    visionpe sweep runs/VIDEO --frames 4 8 16 --res 24 32 48 --scaling none pi   # video runs
+    visionpe sweep runs/A --res 24 32 48 --eval-protocol resize crop native   # protocols
 
-For every run directory (as written by train_vit.py) the model is rebuilt from its config.yaml once per
+For every run directory (as written by ``visionpe train``) the model is rebuilt from its config.yaml once per
 adaptation and the weights loaded (strictly: adaptations change no parameter):
 
 - RoPE (``rope_axial``, ``rope_mixed``, and combinations holding them): one model per ``--scaling``
@@ -42,11 +42,17 @@ from pathlib import Path
 
 import torch
 
+from .. import cli
 from ..backbones import parse_pe
+from ..cli import UserError
+from ..cli.report import Curve, accuracy_plot
+from ..data import PROTOCOLS
 from ..registry import ENCODINGS
+from ..resample import INTERPOLATIONS
+from ..rotary.scaling import SCALINGS
 from ..weights import write_text
-from . import cli, loop, models, restore, rundir, settings
-from .cli import UserError
+from . import loop, metrics, models, restore, rundir, settings
+from .metrics import key_text
 
 FIELDS = ["run", "data", "model", "pe", "seed", "train_res", "adaptation", "weights", "res", "acc", "loss",
           "retention", "frames", "train_frames", "protocol"]
@@ -89,11 +95,11 @@ def check_sizes(run: Path, cfg: dict, sizes) -> None:
     video = bool(cfg.get("num_frames"))
     for size in sizes:
         if video and not isinstance(size, int):
-            raise UserError(f"--res {loop.key_text(size)}: non-square sizes (HxW) are for image runs; {run} is a "
+            raise UserError(f"--res {key_text(size)}: non-square sizes (HxW) are for image runs; {run} is a "
                             f"video run ({cfg['data']}), give square sizes in pixels")
         sides = (size,) if isinstance(size, int) else size
         if any(s < cfg["patch_size"] or s % cfg["patch_size"] for s in sides):
-            raise UserError(f"resolution {loop.key_text(size)} is not a positive multiple of {run}'s patch_size "
+            raise UserError(f"resolution {key_text(size)} is not a positive multiple of {run}'s patch_size "
                             f"{cfg['patch_size']}" + ("" if isinstance(size, int) else " on each side"))
         settings.check_patches("--res", size, cfg["patch_size"])
     settings.check_memory({**cfg, "eval_res": list(sizes), "train_res": []})  # the rendered scenes, one eval batch
@@ -126,7 +132,7 @@ def res_cell(key, video: bool) -> int | str:
     non-square one."""
     if video:
         return key[1]
-    return key if isinstance(key, int) else loop.key_text(key)
+    return key if isinstance(key, int) else key_text(key)
 
 
 def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), weights="last", val_samples=None,
@@ -170,8 +176,9 @@ def _sweep_protocol(run: Path, cfg: dict, protocol: str, resolutions, scalings, 
         restore.load_state(model, state, path)
         model.to(device)
         # at the training grid every adaptation is the identity (scale 1), so that size is evaluated once
-        res = loop.evaluate_resolutions(model, sets, train_key, known=known, **eval_kw)
-        known = {train_key: (res[train_key]["acc"], res[train_key]["loss"])}
+        measured = loop.evaluate_resolutions(model, sets, known=known, **eval_kw)
+        known = {train_key: measured[train_key]}
+        res = metrics.retention_table(measured, train_key)
         for k in wanted:
             m = res[k]
             rows.append({"run": str(run), "data": cfg["data"], "model": cfg["model"], "pe": cfg["pe"],
@@ -180,7 +187,7 @@ def _sweep_protocol(run: Path, cfg: dict, protocol: str, resolutions, scalings, 
                          "retention": round(m["retention"], 5), "frames": k[0] if video else "",
                          "train_frames": cfg["num_frames"] if video else "", "protocol": protocol})
         log(f"{run.name:40s} {label:16s} {protocol:7s} " + "  ".join(
-            f"{f'{k[0]}f ' if video else ''}{k[1] if video else loop.key_text(k)}px {res[k]['acc']:6.2f}"
+            f"{f'{k[0]}f ' if video else ''}{k[1] if video else key_text(k)}px {res[k]['acc']:6.2f}"
             for k in wanted))
     return rows
 
@@ -227,32 +234,79 @@ def write_csv(rows, path: Path) -> None:
 
 
 def plot(rows, path: Path, title: str = "") -> None:
-    """Accuracy vs resolution, one line per (run, adaptation); a dotted line marks the training size.
-
-    The x-axis is the side of a square image: rows of non-square sizes (``res`` = ``HxW``) are left out of the plot
-    (they stay in the CSV)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    lines = {}
+    """Accuracy vs resolution (:func:`visionpe.cli.report.accuracy_plot`), one line per (run, adaptation, protocol);
+    a dotted line marks each training size. Rows of non-square sizes (``res`` = ``HxW``) stay in the CSV only."""
+    curves = {}
     for r in rows:
-        if not isinstance(r["res"], int):
-            continue  # a non-square size has no place on the axis
         label = r["adaptation"] if r.get("protocol") in (None, "", "resize") else f"{r['adaptation']}, {r['protocol']}"
-        lines.setdefault((Path(r["run"]).name, label), []).append((r["res"], r["acc"]))
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for (run, label), pts in lines.items():
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                label=run if label == "default" else f"{run} [{label}]")
-    for res in {r["train_res"] for r in rows}:
-        ax.axvline(res, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel("test resolution (px)")
-    ax.set_ylabel("top-1 (%)")
-    ax.set_title(title or "accuracy vs test resolution")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        run = Path(r["run"]).name
+        curve = curves.setdefault((run, label), Curve(run if label == "default" else f"{run} [{label}]", {}, {},
+                                                       group=run, style=r["adaptation"]))
+        curve.acc[r["res"]] = [r["acc"]]
+        if "retention" in r:
+            curve.retention[r["res"]] = [r["retention"]]
+    accuracy_plot(list(curves.values()), path, train_sizes={r["train_res"] for r in rows},
+                  title=title or "accuracy vs test resolution")
+
+
+def build_parser() -> cli.Parser:
+    head, examples = __doc__.split("\n\n")[:2]
+    p = cli.Parser(prog="visionpe sweep", description=head,
+                   epilog=examples + "\n\nWhat each adaptation and protocol is, how video and non-square sizes are "
+                   "swept, and what OUT/sweep.csv and OUT/sweep.png hold: visionpe/train/sweep.py. Errors in the "
+                   "arguments exit with status 2 and one line.")
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directories written by visionpe train")
+    ev = p.add_argument_group("evaluation")
+    ev.add_argument("--res", nargs="+", type=loop.parse_size, required=True, metavar="PX|HxW",
+                    help="test resolutions in pixels: PX (square) or HxW (height x width, image runs only), each side "
+                         "a positive multiple of the runs' patch_size, at most 65536 patches per image (required)")
+    ev.add_argument("--frames", nargs="+", type=int, default=[], metavar="T",
+                    help="video runs: test frame counts, crossed with --res; each a positive multiple of the runs' "
+                         "tubelet frames (default: the training frame count only)")
+    ev.add_argument("--scaling", nargs="+", default=["none"], choices=SCALINGS, metavar="NAME",
+                    help=f"RoPE adaptations to compare: {', '.join(SCALINGS)} (default: none)")
+    ev.add_argument("--interpolation", nargs="*", default=[], choices=INTERPOLATIONS, metavar="MODE",
+                    help=f"learned-table resampling modes to compare: {', '.join(INTERPOLATIONS)} "
+                         "(default: the run's own)")
+    ev.add_argument("--eval-protocol", nargs="+", default=None, choices=PROTOCOLS, metavar="NAME",
+                    help=f"how each validation image is shown at a test size, of {', '.join(PROTOCOLS)}: resize (the "
+                         "whole image), crop (timm's eval transform: shorter side to size / crop_pct, centre crop), "
+                         "native (its own aspect ratio within the patch budget of the size); several compare them on "
+                         "the same weights (default: each run's own)")
+    ev.add_argument("--crop-pct", type=float, default=None, metavar="PCT",
+                    help="the crop protocol's crop fraction, in (0, 1] (default: each run's crop_pct)")
+    ev.add_argument("--weights", default="last", choices=["last", "best", "ema"],
+                    help="which weights of each run: last, best or ema (the EMA weights of a --model-ema run) "
+                         "(default: last)")
+    ev.add_argument("--val-samples", type=int, default=None, metavar="N",
+                    help="validation images, an integer >= 1 (default: the run's)")
+    ev.add_argument("--batch-size", type=int, default=256, metavar="N",
+                    help="evaluation batch size, an integer >= 1 (default: 256)")
+    ev.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu or cuda (default: cpu)")
+    out = p.add_argument_group("output and misc")
+    cli.add_import(p, out)
+    out.add_argument("--out", type=Path, default=Path("runs/sweep"), metavar="DIR",
+                     help="folder for sweep.csv and sweep.png (default: runs/sweep)")
+    p.add_debug(out)
+    return p
+
+
+def main(argv) -> list[dict]:
+    """``visionpe sweep ARGV``: returns the rows; a user mistake is a :class:`UserError`."""
+    args = build_parser().parse_args(argv)
+    if args.val_samples is not None and args.val_samples < 1:
+        raise UserError(f"--val-samples must be an integer >= 1, got {args.val_samples}")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be an integer >= 1, got {args.batch_size}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but no CUDA device is available")
+    if args.crop_pct is not None and not 0 < args.crop_pct <= 1:
+        raise UserError(f"--crop-pct must be in (0, 1], got {args.crop_pct}")
+    if any(f < 1 for f in args.frames):
+        raise UserError(f"--frames takes positive frame counts, got {' '.join(map(str, args.frames))}")
+    cli.import_user_code(args.imports)
+    rows = sweep_runs(args.runs, args.res, args.scaling, args.interpolation, args.weights, args.val_samples,
+                      args.device, args.batch_size, frames=args.frames, out=args.out,
+                      protocols=args.eval_protocol, crop_pct=args.crop_pct)
+    print(f"wrote {args.out / 'sweep.csv'} and {args.out / 'sweep.png'}")
+    return rows

@@ -1,5 +1,6 @@
-"""Checkpoints of other models converted on load: timm ViT/DeiT ``pos_embed``, timm's Eva rope-vit ports, Swin tables
-and Swin-V2 MLPs, visionpe tables of another grid, and image weights inflated into video models (I3D)."""
+"""Checkpoints of other models converted on load: timm ViT/DeiT ``pos_embed``, Swin tables and Swin-V2 MLPs, visionpe
+tables of another grid, image weights inflated into video models (I3D), and what a backbone's adapter adds (its
+``checkpoint_hooks``: e.g. timm's Eva rope-vit ports into a ViT)."""
 from __future__ import annotations
 
 import logging
@@ -10,88 +11,77 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..resample import resample_axis, resample_grid
-from .io import check_strict, read_state_dict, source_name
+from .._checks import check_bool, check_choice, check_module
+from ..resample import INTERPOLATIONS, resample_axis, resample_grid, resample_offsets_geometric
+from .io import check_finite, check_shapes, check_strict, read_state_dict, source_name
 
 logger = logging.getLogger("visionpe.weights")  # one name for every weights module
 
 
 @dataclass
 class LoadReport:
-    """What :func:`load_timm_checkpoint` did with each key."""
+    """What :func:`load_timm_checkpoint` did with each key, and what it had to assume."""
 
     converted: list[str] = field(default_factory=list)  # "source -> target" positional weights mapped
     kept: list[str] = field(default_factory=list)  # loaded as they were
     new: list[str] = field(default_factory=list)  # model keys the checkpoint did not provide
     dropped: list[str] = field(default_factory=list)  # checkpoint keys with no place in the model
+    assumed: list[str] = field(default_factory=list)  # what the checkpoint does not say and the loader assumed
+
+    def counts(self) -> str:
+        return (f"{len(self.kept)} kept, {len(self.converted)} converted, {len(self.new)} new, "
+                f"{len(self.dropped)} dropped")
 
     def __str__(self) -> str:
-        lines = [f"{len(self.kept)} kept, {len(self.converted)} converted, {len(self.new)} new, "
-                 f"{len(self.dropped)} dropped"]
+        lines = [self.counts()]
         lines += [f"  converted {k}" for k in self.converted]
         lines += [f"  new       {k}" for k in self.new]
         lines += [f"  dropped   {k}" for k in self.dropped]
+        lines += [f"  assumed   {k}" for k in self.assumed]
         return "\n".join(lines)
 
 
-_SWIN_POSITIONAL = re.compile(r"(.*\.attn)\.(relative_position_bias_table|cpb_mlp\..*)$")
-
-
-_EVA_LAYER_SCALE = re.compile(r"^blocks\.(\d+)\.gamma_([12])$")
-
-
-_EVA_QV_BIAS = re.compile(r"^(blocks\.\d+\.attn)\.([qv])_bias$")
-
-
-def _eva_to_vit(state: dict, report: "LoadReport") -> dict:
-    """timm ``Eva`` models (rope-vit ports ``vit_*_rope_*``, timm's SBB ``vit_*_rope_reg*_gap_256``) ->
-    ``VisionTransformer`` names: ``gamma_1`` -> ``ls1.gamma``, mixed ``rope.freqs (2, depth, heads, d/2)`` -> each
-    block's ``attn.rotary.freqs``, separate ``q_bias``/``v_bias`` -> one ``qkv.bias`` (the key bias is zero)."""
-    out = {}
-    for key, value in state.items():
-        match = _EVA_QV_BIAS.match(key)
-        if match and match.group(2) == "q" and f"{match.group(1)}.v_bias" in state:
-            new_key = f"{match.group(1)}.qkv.bias"
-            report.converted.append(f"{key} + {match.group(1)}.v_bias -> {new_key}")
-            out[new_key] = torch.cat([value, torch.zeros_like(value), state[f"{match.group(1)}.v_bias"]])
-            continue
-        if match and match.group(2) == "v" and f"{match.group(1)}.q_bias" in state:
-            continue
-        match = _EVA_LAYER_SCALE.match(key)
-        if match:
-            new_key = f"blocks.{match.group(1)}.ls{match.group(2)}.gamma"
-            report.converted.append(f"{key} -> {new_key}")
-            out[new_key] = value
-        elif key == "rope.freqs" and value.ndim == 4:
-            for layer in range(value.shape[1]):
-                new_key = f"blocks.{layer}.attn.rotary.freqs"
-                report.converted.append(f"{key}[:, {layer}] -> {new_key}")
-                out[new_key] = value[:, layer]
-        else:
-            out[key] = value
-    return out
+# timm's attention-held position tables (Swin, BEiT) and Swin-V2's MLP -> the attention's visionpe bias slot
+_ATTENTION_TABLES = re.compile(r"(.*\.attn)\.(relative_position_bias_table|cpb_mlp\..*)$")
 
 
 def pos_embed_tensors(tokens: nn.Module, pos_embed: torch.Tensor, source_grid=None) -> dict[str, torch.Tensor]:
     """timm ``pos_embed (1, P + N, D)`` -> a ``Learned`` module's state dict (its tables and ``prefix``), from
-    ``source_grid`` ``(H, W)`` to the module's grid (:func:`spatial_tables`).
+    ``source_grid`` ``(H, W)`` to the module's grid (:func:`spatial_tables`); by default the grid
+    :func:`pos_embed_grid` assumes."""
+    p = tokens.num_prefix_tokens
+    source_grid = pos_embed_grid(tokens, pos_embed, source_grid)[0]
+    tables = spatial_tables(tokens, pos_embed[0, p:].reshape(*source_grid, -1))
+    return {**tables, "prefix": pos_embed[0, :p]} if p else tables
 
-    Default ``source_grid``, as timm's checkpoint filter reads a ``pos_embed`` (a checkpoint stores no grid): the
-    module's own image grid when it has ``N`` patches (loaded as is), else a square grid of ``N`` patches; any other
-    ``N`` is a ``ValueError`` asking for ``source_grid``."""
+
+def pos_embed_grid(tokens: nn.Module, pos_embed: torch.Tensor, source_grid=None) -> tuple[tuple[int, int], str | None]:
+    """The patch grid ``(H, W)`` of a timm ``pos_embed (1, P + N, D)`` read into the ``Learned`` module ``tokens``,
+    and what was assumed (None when ``source_grid`` gave it).
+
+    A checkpoint stores no grid, so without ``source_grid`` the grid is a guess, as timm's checkpoint filter makes
+    it: the module's own image grid when it has ``N`` patches, else a square grid of ``N`` patches; the note says
+    which, and which other grids ``N`` fits (``16 x 4 = 64`` reads as ``8 x 8`` into an 8x8 model). Any other ``N``
+    is a ``ValueError`` asking for ``source_grid``."""
     p = tokens.num_prefix_tokens
     patches = pos_embed.shape[1] - p
     space = tuple(tokens.grid_shape[-2:])
     if source_grid is None:
         side = math.isqrt(max(patches, 0))
         if math.prod(space) == patches:
-            source_grid = space
+            grid, why = space, "the model's grid"
         elif side * side == patches:
-            source_grid = (side, side)
+            grid, why = (side, side), "a square grid"
         else:
             raise ValueError(f"pos_embed of shape {tuple(pos_embed.shape)} holds {patches} patch positions, neither "
                              f"the model's grid {space} nor a square grid: give source_grid=(height, width) of the "
                              "checkpoint's patch grid")
+        others = [_x(g) for g in grids_of(patches) if g != grid]
+        fits = ", ".join(others[:4]) + (", ..." if len(others) > 4 else "")
+        note = None if not others else (
+            f"pos_embed: {patches} patch positions read as the grid {_x(grid)} ({why}; a checkpoint stores no grid, "
+            f"and {patches} also fits {fits}): give {GRID_HINT} if it was another")
+        return grid, note
     source_grid = tuple(source_grid) if isinstance(source_grid, (tuple, list)) else source_grid
     if not (isinstance(source_grid, tuple) and len(source_grid) == 2
             and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in source_grid)):
@@ -99,8 +89,16 @@ def pos_embed_tensors(tokens: nn.Module, pos_embed: torch.Tensor, source_grid=No
     if math.prod(source_grid) != patches:
         raise ValueError(f"source_grid={source_grid} has {math.prod(source_grid)} patches but pos_embed of shape "
                          f"{tuple(pos_embed.shape)} holds {patches} (after {p} prefix tokens)")
-    tables = spatial_tables(tokens, pos_embed[0, p:].reshape(*source_grid, -1))
-    return {**tables, "prefix": pos_embed[0, :p]} if p else tables
+    return source_grid, None
+
+
+GRID_HINT = "source_grid=(height, width)"  # how to give the grid (the training CLI names its own flag instead)
+
+
+def grids_of(patches: int) -> list[tuple[int, int]]:
+    """The grids ``(H, W)`` with both sides at least 2 holding ``patches`` patches, the squarest first."""
+    grids = [(h, patches // h) for h in range(2, patches // 2 + 1) if patches % h == 0]
+    return sorted(grids, key=lambda g: (abs(math.log(g[0] / g[1])), -g[0]))
 
 
 @torch.no_grad()
@@ -152,28 +150,53 @@ def _image_to_video(model: nn.Module, key: str, value: torch.Tensor, want: torch
     return None
 
 
-def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_grid=None) -> LoadReport:
-    """Load a plain timm ViT/Swin state dict (or a visionpe one of another size) into a visionpe-patched model and
-    report every key.
+def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_grid=None,
+                         table_resize: str | None = None, allow_nonfinite: bool = False) -> LoadReport:
+    """Load a plain timm checkpoint (a ViT, DeiT, Eva, Swin or BEiT state dict, a file, or a timm model), or a visionpe
+    one of another size, into a visionpe-patched model and report every key.
 
-    ``pos_embed`` becomes the ``learned`` table (resampled to the model's grid), Swin
-    ``relative_position_bias_table`` goes to ``swin_bias``, Swin-V2 ``cpb_mlp`` to ``cpb``, and timm's rope-vit ports
-    (``Eva`` classes: ``vit_small_patch16_rope_224``, ``..._rope_mixed_224``) load into a ViT with
-    ``pe="rope_axial"``/``"rope_mixed"``. A visionpe ``learned`` table (``pe_tokens.table``, or the factorized
+    ``pos_embed`` becomes the ``learned`` table (resampled to the model's grid), a Swin or BEiT
+    ``relative_position_bias_table`` goes to ``swin_bias`` / ``rel_bias``, Swin-V2 ``cpb_mlp`` to ``cpb``, and the
+    model's adapter converts what its family needs (its ``checkpoint_hooks``: timm's rope-vit ports, Eva classes such
+    as ``vit_small_patch16_rope_224``, load into a ViT with ``pe="rope_axial"``/``"rope_mixed"``; a mixed RoPE's
+    ``rope.freqs`` into each block's). A visionpe ``learned`` table (``pe_tokens.table``, or the factorized
     ``pe_tokens.axis_tables.N``) or relative-bias table saved at another grid or window size is resampled to the
     model's, as timm's ``pos_embed`` is. Everything else must match by name and shape.
 
-    Keys that cannot be used are reported as ``dropped`` (checkpoint keys) and ``new`` (model keys left at their
-    initial values); when any of them is more than the classifier head (``head.*``) a warning summary is logged on
-    the ``visionpe.weights`` logger. ``strict=True`` raises a ``ValueError`` listing them instead, before the
-    model is changed: only kept and converted keys are allowed.
+    One report per load on the ``visionpe.weights`` logger, each key named once (a key of every block once, as
+    ``blocks.*.name``): a warning when a non-positional weight beyond the classifier head (``head.*``) is dropped
+    (checkpoint keys) or new (model keys left at their initial values), or when a grid had to be assumed; else
+    information (the position weights the encoding change leaves behind). ``strict=True`` raises a ``ValueError``
+    listing them instead, before the model is changed: only kept and converted keys are allowed.
 
-    ``source_grid``: ``(height, width)`` of the checkpoint's ``pos_embed`` patch grid (a checkpoint does not store
-    it); by default the model's grid when the counts agree, else square (:func:`pos_embed_tensors`).
+    ``source_grid``: ``(height, width)`` of the checkpoint's ``pos_embed`` patch grid. A state dict does not store
+    it: by default the model's grid when the counts agree, else square, and the report says so with the other grids
+    the count fits (:func:`pos_embed_grid`); from a timm model (``source`` an ``nn.Module``) it is that model's.
+    ``table_resize``: how a relative position table of another window is resized: None (default) as its source
+    does it, timm's geometric ``resize_rel_pos_bias_table`` for a timm (BEiT, Swin) checkpoint and the table's own
+    interpolation for a visionpe one; ``"geometric"``, or an interpolation (``"bicubic"``, ...) for every table.
+
+    A NaN or infinite value in any tensor of the checkpoint is a ``ValueError`` naming it, as in
+    :func:`~visionpe.weights.load_weights`, unless ``allow_nonfinite=True``; so is a converted tensor of another
+    shape than the model's (a ``pos_embed`` of another width).
     """
+    check_module("model", model)
     check_strict(strict)
+    check_bool("allow_nonfinite", allow_nonfinite)
+    if table_resize is not None:
+        check_choice("table_resize", table_resize, INTERPOLATIONS + ("geometric",))
+    if isinstance(source, nn.Module):
+        grid = getattr(getattr(source, "patch_embed", None), "grid_size", None)
+        source_grid = tuple(grid) if source_grid is None and grid is not None else source_grid
+        where, source = f"{type(source).__name__} model", source.state_dict()
+    else:
+        where = source_name(source)
     report, load = LoadReport(), {}
-    state = _eva_to_vit(read_state_dict(source), report)
+    state = read_state_dict(source)
+    if not allow_nonfinite:
+        check_finite(state, where, "pass allow_nonfinite=True to load it anyway")
+    for hook in getattr(getattr(model, "pe_adapter", None), "checkpoint_hooks", ()):  # the model's backbone record
+        state = hook(state, report)
     target = model.state_dict()
     mismatched: dict[str, str] = {}
     tokens = getattr(model, "pe_tokens", None)
@@ -181,7 +204,9 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     for key, value in state.items():
         tables = None
         if key == "pos_embed" and learned is not None:
-            tables = pos_embed_tensors(learned, value, source_grid)
+            grid, assumed = pos_embed_grid(learned, value, source_grid)
+            tables = pos_embed_tensors(learned, value, grid)
+            report.assumed += [assumed] if assumed else []
         elif key == "pe_tokens.table" and learned is not None and value.ndim == 3 and \
                 (learned.ndim == 3 or learned.factorized is not False):  # an image run's table
             tables = spatial_tables(learned, value)
@@ -191,7 +216,7 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
                 load[new_key] = tensor
                 report.converted.append(f"{key} -> {new_key}")
             continue
-        match = _SWIN_POSITIONAL.match(key)
+        match = _ATTENTION_TABLES.match(key)
         new_key = f"{match.group(1)}.bias.{match.group(2)}" if match else key
         if new_key in target and target[new_key].shape == value.shape:
             load[new_key] = value
@@ -202,8 +227,9 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
             continue
         resized = None
         if new_key in target:
+            resize = table_resize or ("geometric" if match else None)  # a timm table: timm's resize
             resized = _image_to_video(model, new_key, value, target[new_key]) or \
-                _resample_positional(model, new_key, value, target)
+                _resample_positional(model, new_key, value, target, resize)
         if resized is not None:
             load[new_key], how = resized
             report.converted.append(f"{key} -> {new_key} ({how})")
@@ -212,19 +238,43 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
             mismatched[key] = f"{tuple(value.shape)} in the checkpoint, {tuple(target[new_key].shape)} in the model"
         report.dropped.append(key)
     report.new = [k for k in target if k not in load]
-    notable = [k for k in report.dropped + report.new if not is_classifier(k)]
     if strict and (report.new or report.dropped):
-        raise ValueError(f"load_timm_checkpoint(strict=True): {source_name(source)} does not fit "
-                         f"{type(model).__name__} (nothing was loaded):\n" + _summary(report, mismatched, limit=None))
+        raise ValueError(f"load_timm_checkpoint(strict=True): {where} does not fit {type(model).__name__} "
+                         f"(nothing was loaded):\n" + _summary(report, mismatched, limit=None))
+    check_shapes(load, target, f"{where} does not fit {type(model).__name__}", report.converted)
     model.load_state_dict(load, strict=False)
-    if notable:
-        logger.warning("load_timm_checkpoint: %s into %s left keys unused or unset (positional: %s):\n%s",
-                       source_name(source), type(model).__name__,
-                       ", ".join(k for k in notable if is_positional(k)) or "none",
-                       _summary(report, mismatched, limit=10))
-    elif report.new or report.dropped:
-        logger.info("load_timm_checkpoint: classifier head not loaded (%s)", ", ".join(report.dropped + report.new))
+    _log_report(report, mismatched, f"{where} into {type(model).__name__}")
     return report
+
+
+def _log_report(report: LoadReport, mismatched: dict[str, str], what: str) -> None:
+    """One report of a load: a warning when a non-positional weight (beyond the classifier head) did not load or a
+    grid was assumed, information when only the position weights of another encoding and the head differ."""
+    unexpected = [k for k in report.dropped + report.new if not is_classifier(k) and not is_positional(k)]
+    if not (report.dropped or report.new or report.assumed):
+        return
+    lines = [f"load_timm_checkpoint: {what}: {report.counts()}"]
+    if unexpected:
+        lines.append(_summary(LoadReport(new=[k for k in report.new if k in unexpected],
+                                         dropped=[k for k in report.dropped if k in unexpected]), mismatched, limit=10))
+    for label, test in (("positional", is_positional), ("classifier head", is_classifier)):
+        kinds = [f"{grouped(keys)} ({kind})" for kind, keys in
+                 (("dropped", [k for k in report.dropped if test(k) and k not in unexpected]),
+                  ("new", [k for k in report.new if test(k) and k not in unexpected])) if keys]
+        if kinds:
+            lines.append(f"  {label}, not loaded: {'; '.join(kinds)}")
+    lines += [f"  assumed {note}" for note in report.assumed]
+    logger.log(logging.WARNING if unexpected or report.assumed else logging.INFO, "\n".join(lines))
+
+
+def grouped(keys: list[str]) -> str:
+    """Keys with each block's copy named once: ``blocks.0.attn.rotary.freqs, blocks.1.attn.rotary.freqs`` ->
+    ``blocks.*.attn.rotary.freqs (2)``."""
+    counts: dict[str, int] = {}
+    for key in keys:
+        pattern = re.sub(r"(?<=\.)\d+(?=\.)", "*", key)
+        counts[pattern] = counts.get(pattern, 0) + 1
+    return ", ".join(k if n == 1 else f"{k} ({n})" for k, n in counts.items())
 
 
 def is_classifier(key: str) -> bool:
@@ -253,9 +303,10 @@ def _summary(report: LoadReport, mismatched: dict[str, str], limit: int | None) 
 
 
 @torch.no_grad()
-def _resample_positional(model: nn.Module, key: str, value: torch.Tensor, target: dict):
+def _resample_positional(model: nn.Module, key: str, value: torch.Tensor, target: dict, table_resize: str | None):
     """A visionpe position table of another grid/window size resampled to the model's one, and how; None when
-    ``key`` is no such table or the shapes cannot be matched (other width, heads or number of axes)."""
+    ``key`` is no such table or the shapes cannot be matched (other width, heads or number of axes).
+    ``table_resize``: how a relative table is resized (``"geometric"``, an interpolation; None: the table's own)."""
     want = target[key]
     if key.startswith("pe_tokens."):
         tokens = model.get_submodule("pe_tokens")
@@ -279,8 +330,14 @@ def _resample_positional(model: nn.Module, key: str, value: torch.Tensor, target
             return None
         rows = value.shape[0] - extra
         spatial = value[:rows].reshape(*[2 * w - 1 for w in source_window], -1)
-        resized = resample_grid(spatial, [2 * w - 1 for w in window], bias.interpolation, bias.antialias)
-        return torch.cat([resized.reshape(-1, value.shape[1]), value[rows:]], 0), "resized"
+        offsets = [2 * w - 1 for w in window]
+        how = table_resize or bias.interpolation
+        if how == "geometric":  # BEiT's, timm resize_rel_pos_bias_table
+            resized = resample_offsets_geometric(spatial, offsets)
+        else:
+            resized = resample_grid(spatial, offsets, how, bias.antialias)
+        return (torch.cat([resized.reshape(-1, value.shape[1]), value[rows:]], 0),
+                f"resized {_x(source_window)} -> {_x(window)} ({how})")
     return None
 
 

@@ -12,6 +12,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .._checks import check_module, check_path
+
 
 def atomic_write(path, write) -> None:
     """``write(tmp_path)`` next to ``path``, then ``os.replace`` onto it: readers never see a half-written file,
@@ -53,9 +55,23 @@ def write_text(path, text: str) -> None:
     atomic_write(path, write)
 
 
+TORCH_SUFFIXES = (".pth", ".pt")  # written with torch.save (read with torch.load(weights_only=True))
+
+
 def save_weights(model_or_state: nn.Module | dict, path, metadata: dict[str, str] | None = None) -> None:
-    """Write a model's state dict, or a state dict (string keys, tensor values), to ``path`` (safetensors)
-    atomically, with optional string ``metadata``. Anything else is a ``TypeError`` naming the first wrong entry."""
+    """Write a model's state dict, or a state dict (string keys, tensor values), to ``path`` atomically: safetensors
+    for a ``.safetensors`` name (with optional string ``metadata``), a torch file (``torch.save``) for ``.pth`` or
+    ``.pt``, the formats :func:`read_state_dict` reads by those names; any other name is a ``ValueError``. Tied
+    weights (names of one tensor) are written once, under their first name, as safetensors' ``save_model`` does;
+    :func:`load_weights` fills the other names where the model ties them too. Anything but a model or a state dict is
+    a ``TypeError`` naming the first wrong entry."""
+    check_path("path", path)
+    suffix = Path(path).suffix
+    if suffix not in (".safetensors", *TORCH_SUFFIXES):
+        raise ValueError(f"path {str(path)!r} must end in .safetensors (or {' or '.join(TORCH_SUFFIXES)} for a torch "
+                         "file): the suffix names the format read_state_dict and load_weights read it in")
+    if metadata is not None and suffix != ".safetensors":
+        raise ValueError(f"metadata is stored in .safetensors files only, not in {str(path)!r}")
     state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else model_or_state
     if not isinstance(state, Mapping):
         raise TypeError(f"model_or_state must be a torch.nn.Module or a state dict (a dict of tensors), got "
@@ -64,8 +80,29 @@ def save_weights(model_or_state: nn.Module | dict, path, metadata: dict[str, str
     if bad:
         raise TypeError(f"model_or_state is not a state dict: entry {bad[0]!r} holds a {type(bad[1]).__name__}; "
                         "save_weights writes string keys with tensor values")
-    state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
-    atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
+    state = {k: v.detach().cpu() for k, v in tied_once(state).items()}
+    if suffix == ".safetensors":
+        state = {k: v.contiguous() for k, v in state.items()}
+        atomic_write(path, lambda tmp: save_file(state, tmp, metadata=metadata))
+    else:
+        atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def tied_once(state: Mapping) -> dict[str, torch.Tensor]:
+    """``state`` with each tensor under one name: a later name of the same tensor (:func:`_view`: tied weights) is
+    left out; another tensor in memory an earlier one uses (a slice of it) is copied, since safetensors stores no
+    shared memory."""
+    kept, views, storages = {}, set(), set()
+    for key, value in state.items():
+        if value.numel() == 0 or value.device.type == "meta":
+            kept[key] = value
+            continue
+        view = _view(value)
+        if view not in views:
+            kept[key] = value.clone() if view[0] in storages else value
+            views.add(view)
+            storages.add(view[0])
+    return kept
 
 
 def weights_metadata(path) -> dict[str, str]:
@@ -138,14 +175,50 @@ def non_tensor_entry(state: Mapping) -> tuple | None:
     return next(((k, v) for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)), None)
 
 
-def check_finite(state: dict[str, torch.Tensor], where: str) -> None:
+def check_finite(state: dict[str, torch.Tensor], where: str, opt_in: str = "") -> None:
     """Every floating-point tensor of ``state`` is finite: a NaN or infinite weight (a diverged run's checkpoint)
-    is an error naming the tensor, not a model that outputs NaN."""
+    is an error naming the tensor, not a model that outputs NaN; ``opt_in``: how to load it anyway, for the
+    message."""
     for key, value in state.items():
         if (value.is_floating_point() or value.is_complex()) and not torch.isfinite(value).all():
             bad = int((~torch.isfinite(value)).sum())
             raise ValueError(f"{where} holds {bad} NaN or infinite value(s) in {key!r} {tuple(value.shape)}; a "
-                             "checkpoint must hold finite weights (was it written after the loss diverged?)")
+                             "checkpoint must hold finite weights (was it written after the loss diverged?)"
+                             f"{f'; {opt_in}' if opt_in else ''}")
+
+
+def check_shapes(state: Mapping, target: Mapping, where: str, conversions: list[str] = ()) -> None:
+    """Every tensor of ``state`` has the shape of the model's tensor of its name in ``target``: otherwise one line
+    naming the first key that does not (and the conversion that made it, from ``conversions``, lines
+    ``"source -> key"``), both shapes and how many more there are."""
+    wrong = [k for k, v in state.items() if k in target and v.shape != target[k].shape]
+    if wrong:
+        key = wrong[0]
+        made = next((f" ({line})" for line in conversions if line.split(" -> ")[-1].split(" (")[0] == key), "")
+        more = f" (and {len(wrong) - 1} more: {', '.join(wrong[1:4])})" if len(wrong) > 1 else ""
+        raise ValueError(f"{where}: {key} is {tuple(state[key].shape)} in the checkpoint{made}, "
+                         f"{tuple(target[key].shape)} in the model{more}")
+
+
+def _view(tensor: torch.Tensor) -> tuple:
+    """What makes two tensors one: storage, offset, shape, strides, dtype."""
+    return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(),
+            tensor.dtype)
+
+
+def tied_names(state: Mapping, target: Mapping) -> dict[str, torch.Tensor]:
+    """The names ``state`` lacks that the model's state dict ``target`` ties to a name ``state`` holds (one tensor
+    under several names, which :func:`save_weights` writes once), each filled from that name."""
+    names_of: dict[tuple, list[str]] = {}
+    for key, value in target.items():
+        if value.numel() and value.device.type != "meta":
+            names_of.setdefault(_view(value), []).append(key)
+    filled = {}
+    for names in names_of.values():
+        present = next((n for n in names if n in state), None)
+        if present is not None:
+            filled.update({n: state[present] for n in names if n not in state})
+    return filled
 
 
 def check_strict(strict) -> None:
@@ -164,11 +237,13 @@ def load_weights(model: nn.Module, source, strict: bool = True):
 
     A checkpoint of another model (keys missing or unexpected with ``strict=True``, or any tensor of another
     shape) raises a ``ValueError`` naming the file and the keys; so does a NaN or infinite weight
-    (:func:`check_finite`)."""
+    (:func:`check_finite`). Names the model ties to one tensor need to be in the file once (:func:`tied_names`)."""
+    check_module("model", model)
     check_strict(strict)
     state = read_state_dict(source)
     check_finite(state, source_name(source))
     target = model.state_dict()
+    state = {**state, **tied_names(state, target)}
     problems = [f"{k}: {tuple(v.shape)} in the checkpoint, {tuple(target[k].shape)} in the model"
                 for k, v in state.items() if k in target and v.shape != target[k].shape]
     if strict:

@@ -1,7 +1,7 @@
 """The GPU check's report (``scripts/gpu_check.sh``): the machine, the CUDA test results and the benchmark tables,
 written as the ``### CUDA`` part of docs/PERFORMANCE.md's GPU section (the rest of the file is left as it is).
 
-    python3 -m visionpe.bench.gpu --doc docs/PERFORMANCE.md --env ENV.txt --junit TESTS.xml --bench BENCH.md \\
+    python3 -m visionpe.bench.speed.gpu --doc docs/PERFORMANCE.md --env ENV.txt --junit TESTS.xml --bench BENCH.md \\
         [--tests-status N] [--bench-status N] [--seconds S]
 
 A status of 124 is a step that ``timeout`` stopped: its partial results are reported as partial.
@@ -81,7 +81,7 @@ def replace_cuda_part(doc_text: str, part: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="visionpe.bench.gpu", description=__doc__.partition("\n\n")[0])
+    p = argparse.ArgumentParser(prog="visionpe.bench.speed.gpu", description=__doc__.partition("\n\n")[0])
     p.add_argument("--doc", type=Path, required=True)
     p.add_argument("--env", type=Path, required=True)
     p.add_argument("--junit", type=Path, required=True)

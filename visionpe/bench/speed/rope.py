@@ -9,7 +9,7 @@ import torch
 from einops import rearrange
 
 import visionpe as vpe
-from ..rotary.rope import apply_rotary
+from ...rotary.rope import apply_rotary
 from .tables import Table, ms, versus
 from .timing import CONTROL, Run, compiled, timed_or_error
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..train.report import markdown_table
+from ...cli.report import markdown_table
 from .timing import CONTROL
 
 MB = 2 ** 20

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import check_name
+from ...registry import check_name
 from .tables import Table, encoding_limit, ms, versus
 from .timing import Run, TrainStep
 

@@ -28,10 +28,9 @@ import torch
 from PIL import Image
 
 import visionpe as vpe
-from ..data import Transforms
-from ..data.transforms import fix_augmenters
-from ..data.folders import IMAGENET_MEAN, IMAGENET_STD, ImageFolderDataset
-from ..train.loop import collate_images
+from ...data import Transforms, collate_images
+from ...data.folders import IMAGENET_MEAN, IMAGENET_STD, ImageFolderDataset
+from ...data.transforms import fix_augmenters
 from .tables import Table
 from .timing import Run
 

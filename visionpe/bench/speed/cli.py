@@ -1,4 +1,4 @@
-"""The command line of the speed benchmark (``scripts/bench_speed.py``): parse, run the sections, write the report."""
+"""The command line of the speed benchmark (``visionpe bench-speed``): parse, run the sections, write the report."""
 from __future__ import annotations
 
 import platform
@@ -9,9 +9,9 @@ from pathlib import Path
 import timm
 import torch
 
-from ..train import cli
-from ..train.cli import UserError
-from ..train.report import keep_hand_written
+from ... import cli
+from ...cli import UserError
+from ...cli.report import keep_hand_written
 from . import __doc__ as DOC
 from .data import data_loader
 from .flex import flex_cost
@@ -41,7 +41,7 @@ READING = "## Reading these numbers"
 def header(run: Run, argv: list[str]) -> list[str]:
     device = torch.cuda.get_device_name() if run.device.type == "cuda" else \
         f"{platform.processor() or 'cpu'}, {torch.get_num_threads()} threads"
-    command = " ".join(["python scripts/bench_speed.py", *argv])
+    command = " ".join(["visionpe bench-speed", *argv])
     return ["# Performance", "", f"Made by `{command}`.", "",
             f"Device: {device}; torch {torch.__version__}, timm {timm.__version__}; medians over {run.repeats} "
             f"interleaved rounds ({run.slow_repeats} for the ViT-S/16 and Swin tables at batch {run.plan.vit.batch}: "
@@ -51,7 +51,7 @@ def header(run: Run, argv: list[str]) -> list[str]:
 
 def build_parser() -> cli.Parser:
     head, _, tail = DOC.partition("\n\n")
-    p = cli.Parser(prog="bench_speed", description=head, epilog=tail)
+    p = cli.Parser(prog="visionpe bench-speed", description=head, epilog=tail)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--batch", type=int, default=8, help="batch of the ViT-S/16 sections, an integer >= 1 (default 8)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved rounds per measurement, an integer >= 1")
@@ -91,8 +91,9 @@ def parse_args(argv: list[str]):
     return args
 
 
-def run_sections(argv: list[str]) -> str:
-    """Run the sections, print each table as it is done, write the report to ``--out``; returns the report."""
+def main(argv: list[str]) -> str:
+    """``visionpe bench-speed ARGV``: run the sections, print each table as it is done, write the report to ``--out``;
+    returns the report. A user mistake is a :class:`~visionpe.cli.UserError`."""
     args = parse_args(argv)
     if args.quick:
         args.repeats, args.slow_repeats, args.min_run_time, args.scale_repeats = 1, 1, 0.01, 1
@@ -115,8 +116,3 @@ def run_sections(argv: list[str]) -> str:
     if args.out:
         keep_hand_written(args.out, report, READING)
     return report
-
-
-def main(argv: list[str] | None = None) -> str:
-    """The command line; a user mistake prints one line and exits with status 2."""
-    return cli.run(run_sections, prog="bench_speed", argv=argv)

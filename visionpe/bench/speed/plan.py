@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import yaml
 
 import visionpe as vpe
+from ...cli.recipes import recipe_path
 
-TINY_RECIPE = Path(__file__).resolve().parents[2] / "configs" / "bench_vit_tiny.yaml"
-VIDEO_RECIPE = TINY_RECIPE.with_name("bench_video_tiny.yaml")
+TINY_RECIPE = recipe_path("bench_vit_tiny")
+VIDEO_RECIPE = recipe_path("bench_video_tiny")
 NUM_CLASSES = 10
 
 

@@ -1,35 +1,51 @@
-"""The conversion benchmark: a trained learned-APE model converted to RoPE and fine-tuned, against training RoPE
-(and APE) from scratch, reported in a marked section of docs/BENCHMARK.md (``scripts/convert_benchmark.py`` is its
-command line; what it does: there)."""
+"""Convert a trained learned-APE model to RoPE and fine-tune it, against training RoPE (and APE) from scratch.
+
+    visionpe convert-benchmark --config bench_vit_tiny --data shapes-position \\
+        --seeds 0 1 2 --pretrain-epochs 3 --finetune-epochs 2 --to rope_mixed rope_mixed+learned \\
+        --res 24 32 48 64 --scaling none pi --jobs 2
+
+Per data set and seed, with one recipe (--config; only --epochs, --pe and --init-from change):
+
+- ``learned_eN``: learned APE trained N = --pretrain-epochs epochs (the model to convert);
+- ``learned_eN_to_P_eM``: that run converted to each target P (``visionpe train --init-from``) and fine-tuned
+  M = --finetune-epochs epochs (a new optimizer and schedule), and ``learned_eN_to_learned_eM``: the same
+  restart without changing the encoding (APE continued for M epochs);
+- ``P_eN+M`` and ``learned_eN+M``: each encoding trained from scratch for the same total N + M epochs.
+
+Every run is ``visionpe train ...`` in its own process (``--jobs`` at a time, one thread each), then
+``visionpe sweep RUN --res ... --scaling ...`` on its last weights (RoPE rows once per
+scaling). Finished runs (with ``sweep/sweep.csv``) are skipped and interrupted ones resumed, so an interrupted
+benchmark continues where it stopped. The report (mean ± std over seeds per resolution, retention, the command,
+the machine and a verdict that compares every gap with the seed spread) replaces the section "Converting a
+trained APE model to RoPE" of --doc (between its markers; appended when absent).
+"""
 from __future__ import annotations
 
 import csv
 import json
 import os
 import platform
+import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..backbones import parse_pe
-from . import cli, restore, rundir, settings
-from .benchmark import ROOT, accuracy_cells, finished_runs_or_refuse, plan_run, run_logged, sweep_command
-from .cli import UserError
-from .report import markdown_table as report_table
-from .report import mean_std, write_section
-
+from ... import cli
+from ...backbones import parse_pe
+from ...cli import UserError, user_errors
+from ...cli.recipes import recipe_path, shown
+from ...cli.report import markdown_table as report_table
+from ...cli.report import mean_std, write_section
+from ...rotary.scaling import SCALINGS
+from ...train import metrics, restore, settings
+from .cli import add_recipe_and_data
+from .collect import finished_runs_or_refuse
+from .jobs import plan_run, run_logged, sweep_command
+from .sections import accuracy_cells
 
 SECTION = "convert_benchmark"
-
-
 BEGIN, END = f"<!-- BEGIN {SECTION} -->", f"<!-- END {SECTION} -->"
-
-
-
-
 TITLE = "## Converting a trained APE model to RoPE"
-
-
 SOURCE_PE = "learned"
 
 
@@ -38,7 +54,7 @@ def slug(pe: str) -> str:
 
 
 def plan(args) -> list[dict]:
-    """Every run: ``{'data', 'seed', 'kind', 'pe', 'run', 'train': [train_vit.py args], 'after': source run}``."""
+    """Every run: ``{'data', 'seed', 'kind', 'pe', 'run', 'train': [visionpe train args], 'after': source run}``."""
     n, m = args.pretrain_epochs, args.finetune_epochs
     runs = []
     for data in args.data:
@@ -63,7 +79,7 @@ def plan(args) -> list[dict]:
 
 def job(spec: dict, args, waits: dict, log_dir: Path) -> dict:
     """Train one run unless it is finished with the settings asked for now, then sweep it unless its sweep is current
-    (:func:`visionpe.train.benchmark.plan_run`), each in its own process; a conversion waits for its source."""
+    (:func:`.jobs.plan_run`), each in its own process; a conversion waits for its source."""
     run = spec["run"]
     if spec["after"] is not None:
         source = waits[spec["after"]].result()
@@ -83,9 +99,8 @@ def collect(runs: list[dict]) -> dict:
         sweep = spec["run"] / "sweep" / "sweep.csv"
         if not sweep.is_file():
             continue
-        results = rundir.read_results(spec["run"])
-        train_s = sum(h.get("epoch_time_s", 0.0) for h in map(json.loads, (spec["run"] / "metrics.jsonl")
-                                                                   .read_text().splitlines()) if h["kind"] == "epoch")
+        results = metrics.read_results(spec["run"])
+        train_s = sum(h.get("epoch_time_s", 0.0) for h in metrics.epochs(metrics.read_history(spec["run"])))
         with open(sweep) as f:
             for row in csv.DictReader(f):
                 key = (spec["data"], spec["kind"], spec["pe"], row["adaptation"])
@@ -186,11 +201,11 @@ def verdicts(table: dict, data: str, args) -> str:
 def section(args, table: dict, runs: list[dict], command: str, wall: float) -> str:
     import torch
     n, m = args.pretrain_epochs, args.finetune_epochs
-    recipe = (f"[`{args.config.relative_to(ROOT)}`](../{args.config.relative_to(ROOT)})"
-              if args.config.is_relative_to(ROOT) else f"`{args.config}`")
+    recipe = shown(args.config)
+    recipe = f"[`{recipe}`](../{recipe})" if recipe.startswith("configs/") else f"`{recipe}`"
     lines = [BEGIN, TITLE, "",
-             f"Generated by `scripts/convert_benchmark.py` (numbers are measured, not edited). A learned-APE ViT is "
-             f"trained {n} epochs, then converted with `train_vit.py --init-from RUN --pe P` (every non-positional "
+             f"Generated by `visionpe convert-benchmark` (numbers are measured, not edited). A learned-APE ViT is "
+             f"trained {n} epochs, then converted with `visionpe train --init-from RUN --pe P` (every non-positional "
              "weight kept; the APE table dropped, or kept when P has `learned` too; RoPE frequencies start fresh) and "
              f"fine-tuned {m} epochs with a new optimizer and schedule. Controls: each encoding trained from scratch "
              f"for the same total of {n + m} epochs, and APE continued the same way ({n} epochs, then +{m} with a "
@@ -242,15 +257,15 @@ def check(args) -> None:
             if cfg["warmup_epochs"] > args.finetune_epochs:
                 raise UserError(f"the recipe's warmup_epochs {cfg['warmup_epochs']} exceeds --finetune-epochs")
         for pe in args.to:
-            with cli.user_errors(f"--to {pe}"):
+            with user_errors(f"--to {pe}"):
                 if "rotary" not in parse_pe(pe):
                     raise UserError(f"--to {pe}: not a RoPE encoding (rope_axial, rope_mixed, or a combination)")
 
 
 def run(args, command: str) -> int:
-    """Train, convert, fine-tune and sweep every run of ``args`` (the parsed ``scripts/convert_benchmark.py`` command
+    """Train, convert, fine-tune and sweep every run of ``args`` (the parsed ``visionpe convert-benchmark`` command
     line, ``command`` its text) that is not finished, then rewrite the report's section; returns 0."""
-    args.config, args.out, args.doc = args.config.resolve(), args.out.resolve(), args.doc.resolve()
+    args.config, args.out, args.doc = recipe_path(args.config).resolve(), args.out.resolve(), args.doc.resolve()
     check(args)
     runs = plan(args)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -281,3 +296,39 @@ def run(args, command: str) -> int:
     write_section(args.doc, SECTION, section(args, collect(runs), runs, command, wall))
     print(f"wrote the section '{TITLE[3:]}' of {args.doc}")
     return 0
+
+
+def build_parser() -> cli.Parser:
+    head, _, tail = __doc__.partition("\n\n")
+    p = cli.Parser(prog="visionpe convert-benchmark", description=head, epilog=tail)
+    what = p.add_argument_group("what to train")
+    add_recipe_and_data(what, of="every run", data=["shapes-position"])
+    what.add_argument("--to", nargs="+", default=["rope_mixed", "rope_mixed+learned"], metavar="PE",
+                      help="encodings to convert the learned-APE runs to (default: rope_mixed rope_mixed+learned)")
+    what.add_argument("--pretrain-epochs", type=int, default=3, metavar="N",
+                      help="epochs of the learned-APE source runs (default: 3)")
+    what.add_argument("--finetune-epochs", type=int, default=2, metavar="M",
+                      help="epochs of fine-tuning after the conversion; runs from scratch train N + M (default: 2)")
+    what.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], metavar="N", help="seeds (default: 0 1 2)")
+    ev = p.add_argument_group("evaluation")
+    ev.add_argument("--res", nargs="+", type=int, default=[24, 32, 48, 64], metavar="PX",
+                    help="test resolutions in pixels (default: 24 32 48 64)")
+    ev.add_argument("--scaling", nargs="+", default=["none", "pi"], choices=SCALINGS, metavar="NAME",
+                    help=f"RoPE adaptations, of {', '.join(SCALINGS)} (default: none pi)")
+    run = p.add_argument_group("run and report")
+    run.add_argument("--jobs", type=int, default=2, metavar="N", help="runs in parallel, one thread each (default: 2)")
+    run.add_argument("--out", type=Path, default=Path("runs/convert_benchmark"), metavar="DIR",
+                     help="folder of the runs and logs (default: runs/convert_benchmark)")
+    run.add_argument("--doc", type=Path, default=Path("docs/BENCHMARK.md"), metavar="MD",
+                     help="report whose section 'Converting a trained APE model to RoPE' is (re)written "
+                          "(default: docs/BENCHMARK.md)")
+    run.add_argument("--note", default="", help="free text added to the section (e.g. what shared the machine)")
+    run.add_argument("--report-only", action="store_true", help="only rebuild the section from finished runs")
+    p.add_debug(run)
+    return p
+
+
+def main(argv) -> int:
+    """``visionpe convert-benchmark ARGV``: returns 0; a user mistake is a :class:`~visionpe.cli.UserError`."""
+    args = build_parser().parse_args(argv)
+    return run(args, "visionpe convert-benchmark " + shlex.join(argv))

@@ -1,6 +1,6 @@
-"""The one writer of result tables and report documents: markdown and plain-text tables, marked sections of a
-document, mean ± std over seeds and the seed-spread rule, shared by ``train_vit.py``, the sweep, the benchmarks and
-``scripts/bench_speed.py``.
+"""The one writer of result tables, figures and report documents: markdown and plain-text tables, the accuracy vs
+resolution figure, marked sections of a document, mean ± std over seeds and the seed-spread rule, shared by training,
+the sweep, the accuracy benchmarks and the speed benchmark.
 
 A document section written by a command sits between ``<!-- BEGIN name -->`` and ``<!-- END name -->``; writing a
 section replaces only that section (or appends it), so several commands share one document. Every write is atomic
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..weights import write_text
@@ -88,3 +89,63 @@ def keep_hand_written(doc: Path, text: str, heading: str) -> None:
     if doc.is_file() and heading in (old := doc.read_text()):
         text = text.rstrip("\n") + "\n\n" + old[old.index(heading):]
     write_text(doc, text)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One line of :func:`accuracy_plot`: top-1 (%) per square test size (pixels), one value per seed, and the
+    retention acc(size) / acc(training size) likewise (empty: the figure has no retention panel). Curves of one
+    ``group`` share a colour (e.g. an encoding, a run); ``style`` picks the line and marker (a RoPE adaptation:
+    ``none``, ``pi``, ``ntk``, ``yarn``; anything else a solid line)."""
+
+    label: str
+    acc: dict
+    retention: dict = field(default_factory=dict)
+    group: str = ""
+    style: str = "default"
+
+
+LINES = {"none": ("-", "o"), "pi": ("--", "s"), "ntk": ("-.", "^"), "yarn": (":", "D")}
+
+
+def accuracy_plot(curves: list[Curve], path: Path, *, train_sizes, title: str) -> bool:
+    """Accuracy vs test resolution, the one figure of the sweep and the accuracy benchmarks: top-1 (and, when the
+    curves carry it, retention beside it), mean ± std over the values of each size, a dotted line at each training
+    size. Non-square sizes (anything but an ``int``) have no place on the axis and are left out. Returns False (and
+    writes nothing) when there is no curve."""
+    if not curves:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [("acc", "top-1 (%)")] + ([("retention", "retention acc(res) / acc(train res)")]
+                                       if any(c.retention for c in curves) else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
+    groups = list(dict.fromkeys(c.group for c in curves))
+    cmap, n = (plt.get_cmap("tab10"), 10) if len(groups) <= 10 else (plt.get_cmap("tab20"), 20)
+    colour = {g: cmap(i % n) for i, g in enumerate(groups)}
+    sizes = sorted({r for c in curves for r in c.acc if isinstance(r, int)})
+    for ax, (key, ylabel) in zip(axes[0], panels):
+        for c in curves:
+            values = getattr(c, key)
+            xs = [r for r in sizes if values.get(r)]
+            stats = [mean_std(values[r]) for r in xs]
+            linestyle, marker = LINES.get(c.style.split("/")[0], ("-", "o"))
+            ax.plot(xs, [m for m, _ in stats], label=c.label, color=colour[c.group], linestyle=linestyle,
+                    marker=marker, markersize=4)
+            if any(s > 0 for _, s in stats):
+                ax.errorbar(xs, [m for m, _ in stats], yerr=[s for _, s in stats], fmt="none", capsize=3,
+                            color=colour[c.group])
+        for size in sorted(set(train_sizes)):
+            ax.axvline(size, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel("test resolution (px)")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(sizes)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_title(title)
+    axes[0][-1].legend(fontsize=7, loc="best", ncol=2 if len(curves) > 8 else 1)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 import visionpe as vpe
-from ..cache import TableCache
+from ...cache import TableCache
 from .tables import Table, megabytes, ms, versus
 from .plan import Setup
 from .timing import CONTROL, Run

@@ -5,7 +5,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .._compat import tree_leaves
+from ..._compat import tree_leaves
 from .tables import Table, megabytes, versus
 from .timing import Run
 

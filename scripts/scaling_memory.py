@@ -1,0 +1,105 @@
+#!/usr/bin/env python
+"""Memory per rank of data-parallel training, DDP against FSDP2, for docs/scaling.md's table.
+
+    python scripts/scaling_memory.py --models vit_small_patch16_224 vit_base_patch16_224 --modes ddp fsdp
+    python scripts/scaling_memory.py --processes 2 --batch-size 8 --img-size 224 --out memory.json
+
+Each (model, mode) runs once under ``torchrun --standalone --nproc_per_node PROCESSES`` (gloo on the CPU, nccl with
+--device cuda): one AdamW step on random images (visionpe.train.parallel.measure_memory), then rank 0 prints a
+markdown table of what one rank holds: parameters, gradients, optimizer state (its own shards under FSDP), their sum,
+and the peak resident memory of its process. Errors in the arguments exit with status 2 and one line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from visionpe import cli
+from visionpe.train import parallel
+
+MODELS = ("vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224")
+
+
+def build_parser() -> cli.Parser:
+    head, _, tail = __doc__.partition("\n\n")
+    p = cli.Parser(prog="scaling_memory", description=head, epilog=tail)
+    p.add_argument("--models", nargs="+", default=list(MODELS), help="timm ViT names (default: ViT-S/B/L 16)")
+    p.add_argument("--modes", nargs="+", default=list(parallel.MODES), choices=parallel.MODES)
+    p.add_argument("--processes", type=int, default=2, help="processes (ranks) per run (default 2)")
+    p.add_argument("--batch-size", type=int, default=8, help="images per rank (default 8)")
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--pe", default="learned", help="the encoding (default learned, ViT's own)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--out", type=Path, help="also write the measurements as JSON here")
+    p.add_argument("--worker", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)  # one torchrun process
+    return p
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+    from visionpe.train import distributed
+    torch.set_num_threads(1)
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local) if args.device == "cuda" else torch.device("cpu")
+    model_name, mode = args.worker
+    got = parallel.measure_memory(model_name, mode, device, batch_size=args.batch_size, img_size=args.img_size,
+                                  pe=args.pe)
+    rows = distributed.all_gather([float(got[k]) for k in KEYS], device)
+    if parallel.rank() == 0:
+        print(json.dumps({"model": model_name, "mode": mode, "ranks": [dict(zip(KEYS, r)) for r in rows]}))
+    distributed.leave()
+
+
+KEYS = ("parameters", "gradients", "optimizer", "peak_rss", "rss_before")
+
+
+def table(results: list[dict], processes: int, batch: int, img: int) -> str:
+    gib = 2 ** 30
+    lines = ["| model | mode | parameters | gradients | AdamW state | sum | peak RSS | (RSS before the model) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        rank = max(r["ranks"], key=lambda v: v["peak_rss"])  # the rank that held most
+        total = rank["parameters"] + rank["gradients"] + rank["optimizer"]
+        lines.append(f"| {r['model']} | {r['mode']} | " + " | ".join(
+            f"{rank[k] / gib:.2f} GiB" for k in ("parameters", "gradients", "optimizer")) +
+            f" | {total / gib:.2f} GiB | {rank['peak_rss'] / gib:.2f} GiB | {rank['rss_before'] / gib:.2f} GiB |")
+    return "\n".join(lines) + f"\n\nper rank, {processes} processes, batch {batch} per rank at {img} px, one AdamW step"
+
+
+def run(argv) -> int:
+    args = build_parser().parse_args(argv)
+    if args.processes < 1 or args.batch_size < 1 or args.img_size < 16:
+        raise cli.UserError(f"--processes and --batch-size must be positive and --img-size at least 16, got "
+                            f"{args.processes}, {args.batch_size}, {args.img_size}")
+    if args.worker:
+        worker(args)
+        return 0
+    results = []
+    for model in args.models:
+        for mode in args.modes:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                   str(args.processes), __file__, "--worker", model, mode, "--batch-size", str(args.batch_size),
+                   "--img-size", str(args.img_size), "--pe", args.pe, "--device", args.device]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            if proc.returncode != 0:
+                raise cli.UserError(f"{model} {mode}: torchrun failed: {cli.one_line(proc.stderr[-400:])}")
+            results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(f"measured {model} {mode}", file=sys.stderr, flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+    print(table(results, args.processes, args.batch_size, args.img_size))
+    return 0
+
+
+def main(argv=None) -> int:
+    return cli.run(run, prog="scaling_memory", argv=argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""timm's Eva family (EVA, EVA-02, the rope-vit ports, timm's SBB RoPE ViTs, DINOv3, LingBot, Sapiens2) and timm's
+distilled DeiT with visionpe encodings: timm's own models at random weights are the oracle."""
+import copy
+import inspect
+
+import pytest
+import timm
+import torch
+from conftest import requires_that
+from timm.layers import apply_rot_embed_cat
+from timm.models.eva import Eva
+
+import visionpe as vpe
+from visionpe.backbones import PositionalModel
+from visionpe.backbones.eva import EvaAttentionPE
+
+KW = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3)
+SIZES = ((32, 32), (48, 40), (16, 24))  # the training size, larger, smaller (and not square)
+HAS_GQA = "num_kv_heads" in inspect.signature(Eva).parameters
+
+
+def newer(name: str, why: str = ""):
+    """An Eva variant of a newer timm than the floor's (skipped there, saying which)."""
+    return pytest.param(name, marks=requires_that(timm.is_model(name), f"timm's {name} (a newer timm) {why}"))
+
+
+# every RoPE type, pos_embed with and without prefix rows, q/v biases, fused and split projections, scaled MLP,
+# post-norm blocks, registers, grouped key/value heads
+VARIANTS = [
+    "vit_small_patch16_rope_224",  # rope-vit axial: xy, theta 100, integer positions (extrapolated)
+    "vit_small_patch16_rope_mixed_224",  # rope-vit mixed: learned frequencies per block
+    "vit_small_patch16_rope_ape_224",  # + pos_embed without prefix rows (no_embed_class)
+    "vit_small_patch16_rope_mixed_ape_224",
+    "eva02_tiny_patch14_224",  # ij, theta 10000, ref_feat_shape 16x16 (scaling pi), pos_embed with a class row
+    "eva02_base_patch14_224",  # split q/k/v projections, SwiGLU with a norm
+    "vit_medium_patch16_rope_reg1_gap_256",  # timm SBB: a register, average pooling, ref_feat_shape 16x16
+    "eva_giant_patch14_224",  # EVA: pos_embed only
+    "eva02_enormous_patch14_clip_224",  # post-norm blocks
+    newer("vit_small_patch16_dinov3"),  # DINOv3: normalised coordinates, half pairs, 4 registers
+    newer("vit_small_patch16_lingbot"),
+    newer("vit_base_patch16_sapiens2", "(grouped key/value heads, q/k RMS norm, train-time rescale)"),
+]
+
+
+def _perturb(model):
+    """Random non-trivial weights (timm starts q/v biases and the head near zero, which would hide a lost weight)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+def _timm_eva(name, **extra):
+    kw = dict(KW, **extra)
+    if "sapiens2" in name:
+        kw["num_kv_heads"] = 1  # its per-block tuple is for its own depth; one key/value head for both query heads
+    torch.manual_seed(0)
+    return _perturb(timm.create_model(name, dynamic_img_size=True, **kw))
+
+
+def _max_diff(ours, theirs, size):
+    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(sum(size)))
+    with torch.no_grad():
+        return (ours(x) - theirs(x)).abs().max().item()
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_native_encoding_keeps_timms_logits_at_every_size(name):
+    """``apply(eva, pe="native")``: timm's own position encoding, reproduced exactly (at the training size and at other
+    sizes, with the scaling that variant has); the model is patched in place, every weight kept."""
+    eva = _timm_eva(name)
+    before = copy.deepcopy(eva)
+    ours = vpe.apply(eva, pe="native")
+    assert ours is eva and isinstance(ours, PositionalModel) and ours.rope is None
+    assert all(isinstance(b.attn, EvaAttentionPE) for b in ours.blocks)
+    for size in SIZES:
+        assert _max_diff(ours, before, size) < 2e-5, (name, size)
+    pe, kwargs = vpe.backbones.adapter_for(ours).native_pe(ours)
+    assert pe == ours.pe
+    if before.rope is not None:
+        assert pe.split("+")[0] in ("rope_axial", "rope_mixed")
+    if before.pos_embed is not None:
+        assert pe.endswith("learned")
+
+
+def test_the_sbb_gap_ports_interpolate_to_their_reference_grid():
+    """timm's ``*_reg*_gap_256`` models carry ``ref_feat_shape=(16, 16)``: positions are scaled to a 16x16 grid at
+    every size (PI), so the native encoding is ``rope_axial`` with ``scaling="pi", ref_shape=(16, 16)``, ij order,
+    theta 10000: its rotation of q is timm's own RoPE module's (``apply_rot_embed_cat``) at every grid, and extrapolated
+    integer positions (``scaling="none"``) are not."""
+    eva = _timm_eva("vit_medium_patch16_rope_reg1_gap_256")
+    assert vpe.backbones.adapter_for(eva).native_pe(eva) == (
+        "rope_axial", dict(theta=10000.0, axis_order="ij", pairs="interleaved", scaling="pi", ref_shape=(16, 16)))
+    rotary = vpe.encodings_of(vpe.apply(copy.deepcopy(eva), pe="native"))["rotary"][0]
+    assert (rotary.scaling, rotary.ref_shape, rotary.axis_order, rotary.theta) == ("pi", (16, 16), "ij", 10000.0)
+    extrapolated = vpe.encodings_of(vpe.apply(copy.deepcopy(eva), pe="native", scaling="none"))["rotary"][0]
+    for shape in ((4, 4), (6, 5)):
+        q = torch.randn(1, 8, shape[0] * shape[1], rotary.head_dim)
+        expected = apply_rot_embed_cat(q, eva.rope.get_embed(shape=list(shape)))
+        torch.testing.assert_close(rotary.rotate(q, vpe.Grid(shape)), expected, atol=2e-5, rtol=1e-5)
+        assert (extrapolated.rotate(q, vpe.Grid(shape)) - expected).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch16_rope_mixed_224", "eva02_tiny_patch14_224",
+                                  "vit_small_patch16_rope_ape_224"])
+def test_registry_name_is_timms_model_at_any_size(name):
+    """``timm.create_model("vpe_<eva name>")`` has the native encoding by default; timm's state dict loads into it
+    (a mixed RoPE's ``rope.freqs`` becomes each block's frequencies, ``pos_embed`` the learned table) with every key
+    used, and it computes timm's logits at every size."""
+    eva = _timm_eva(name)
+    ours = timm.create_model(f"vpe_{name}", **KW).eval()
+    report = vpe.load_timm_checkpoint(ours, eva.state_dict(), strict=True)
+    if "mixed" in name:
+        assert "rope.freqs[:, 1] -> blocks.1.attn.rotary.freqs" in report.converted
+    if "pos_embed" in eva.state_dict():
+        assert any(line.startswith("pos_embed -> pe_tokens.") for line in report.converted)
+    assert ours.pretrained_cfg["fixed_input_size"] is False
+    for size in SIZES:
+        assert _max_diff(ours, eva, size) < 2e-5, (name, size)
+
+
+POSITIONAL = ("pos_embed", "rope.")
+
+
+@pytest.mark.parametrize("pe", ["rope_mixed", "learned", "alibi", "rope_axial+rel_bias", "sincos+lookhere",
+                                "string", "fire"])
+def test_any_other_encoding_keeps_every_non_positional_weight(pe):
+    """Another encoding replaces timm's: every non-positional weight of the Eva is kept (same tensor values under the
+    same names), the model runs at any size and trains its encoding."""
+    eva = _timm_eva("eva02_tiny_patch14_224")
+    source = {k: v.clone() for k, v in eva.state_dict().items() if not k.startswith(POSITIONAL)}
+    ours = vpe.apply(eva, pe).train()
+    state = ours.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in source.items())
+    assert not any(k.startswith(POSITIONAL) for k in state)
+    for size in SIZES:
+        with torch.no_grad():
+            out = ours.eval()(torch.randn(1, 3, *size))
+        assert out.shape == (1, 3) and torch.isfinite(out).all()
+    ours.train()
+    ours(torch.randn(2, 3, 32, 32)).sum().backward()
+    found = [p for family in vpe.encodings_of(ours).values() for e in family for p in e.parameters()]
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in found)
+    with pytest.raises(ValueError, match="swin_bias needs window attention"):
+        vpe.apply(ours, "swin_bias")
+
+
+def test_create_model_with_another_encoding_and_back():
+    """``vpe.create_model`` takes Eva names; re-applying the native encoding to a patched model works from what the
+    model recorded when it was patched (timm's RoPE module is gone by then)."""
+    ours = vpe.create_model("eva02_tiny_patch14_224", pe="alibi", **KW)
+    assert ours.pe == "alibi" and vpe.encodings_of(ours)["bias"]
+    vpe.apply(ours, pe="native")
+    rotary = vpe.encodings_of(ours)["rotary"][0]
+    assert ours.pe == "rope_axial+learned" and (rotary.theta, rotary.ref_shape) == (10000.0, (16, 16))
+
+
+def test_what_visionpe_cannot_reproduce_is_refused_with_the_reason():
+    """Perception Encoder's RoPE offset (patches from 1, an unrotated class token at 0, then scaled to
+    ``ref_feat_shape``): no native encoding (a clear error; those models have no ``vpe_*`` name), while any explicit
+    encoding replaces it; its gigantic models have no class token and no offset, and keep timm's logits."""
+    pe_model = timm.create_model("vit_pe_core_tiny_patch16_384", **KW)
+    with pytest.raises(ValueError, match="rope_grid_offset=1.0 .*Perception Encoder"):
+        vpe.apply(copy.deepcopy(pe_model), pe="native")
+    with pytest.raises(ValueError, match="timm Eva does not take it: Perception Encoder's RoPE starts"):
+        vpe.create_model("vit_pe_core_tiny_patch16_384", pe="rope_axial", **KW)
+    assert "vpe_vit_pe_core_tiny_patch16_384" not in timm.list_models("vpe_vit_pe_*")
+    patched = vpe.apply(pe_model, "rope_axial")
+    assert patched(torch.randn(1, 3, 32, 48)).shape == (1, 3)
+    with pytest.raises(ValueError, match="rope_grid_offset"):  # the reason is remembered
+        vpe.apply(patched, pe="native")
+    gigantic = _timm_eva("vit_pe_core_gigantic_patch14_448")
+    assert gigantic.rope.grid_offset == 0 and "vpe_vit_pe_core_gigantic_patch14_448" in timm.list_models("vpe_*")
+    ours = vpe.apply(copy.deepcopy(gigantic), pe="native")
+    for size in SIZES:
+        assert _max_diff(ours, gigantic, size) < 2e-5, size
+
+
+@requires_that("mrope" in inspect.getsource(timm.layers.create_rope_embed), "timm's M-RoPE (a newer timm)")
+def test_timm_mrope_has_no_native_equivalent():
+    eva = timm.create_model("vit_small_patch16_rope_224", rope_type="mrope", rope_grid_indexing="ij", **KW)
+    with pytest.raises(ValueError, match="RotaryEmbeddingMRope has no visionpe equivalent"):
+        vpe.apply(copy.deepcopy(eva), pe="native")
+    patched = vpe.apply(eva, "rope_axial")  # another encoding replaces it
+    assert patched(torch.randn(1, 3, 32, 48)).shape == (1, 3)
+    with pytest.raises(ValueError, match="RotaryEmbeddingMRope"):  # the reason is remembered
+        vpe.apply(patched, pe="native")
+
+
+def test_an_eval_model_draws_no_coordinate_augmentation():
+    """Encodings built by ``apply`` take the model's mode: an Eva in evaluation mode with timm's train-time RoPE
+    augmentation gives timm's (unaugmented) logits, every call the same."""
+    kw = dict(rope_shift_coords=1.0, rope_jitter_coords=1.5)
+    if "rope_shift_coords" not in inspect.signature(Eva).parameters:
+        pytest.skip("needs timm's Eva with RoPE coordinate augmentation (rope_shift_coords; not in timm 1.0.19)")
+    eva = _timm_eva("vit_small_patch16_rope_224", **kw)
+    ours = vpe.apply(copy.deepcopy(eva), pe="native")
+    assert not any(m.training for m in ours.modules())  # the encodings and the new attentions too
+    assert vpe.encodings_of(ours)["rotary"][0].coordinates.shift_coords == 1.0
+    assert _max_diff(ours, eva, (32, 32)) < 2e-5
+
+
+def test_training_mode_of_a_gqa_eva_is_timms():
+    """Sapiens-style grouped key/value heads in training mode (dropout off): timm's logits and gradients."""
+    if not HAS_GQA:
+        pytest.skip("needs timm's Eva with num_kv_heads (a newer timm)")
+    eva = _timm_eva("vit_small_patch16_rope_224", num_kv_heads=1, qkv_fused=False)
+    ours = vpe.apply(copy.deepcopy(eva), pe="native")
+    eva.train(), ours.train()
+    x = torch.randn(2, 3, 40, 32)
+    theirs, mine = eva(x), ours(x)
+    assert (mine - theirs).abs().max() < 2e-5
+    theirs.square().sum().backward()
+    mine.square().sum().backward()
+    grad = dict(ours.named_parameters())
+    for key, p in eva.named_parameters():
+        assert torch.allclose(grad[key].grad, p.grad, atol=1e-4), key
+
+
+# -- timm's distilled DeiT, adapted as transformers' DeiTForImageClassificationWithTeacher ----------------------------
+def test_distilled_deit_keeps_both_heads():
+    """The class and distillation tokens are the prefix; the native encoding gives timm's logits at every size (the
+    heads' average), and in distilled training each head's own logits."""
+    torch.manual_seed(0)
+    deit = _perturb(timm.create_model("deit_tiny_distilled_patch16_224", dynamic_img_size=True, **KW))
+    ours = vpe.apply(copy.deepcopy(deit), pe="native")
+    assert type(ours).__name__ == "VisionTransformerDistilledPE" and ours.pe == "learned"
+    assert ours.pe_tokens.prefix.shape == (2, KW["embed_dim"])  # pos_embed's class and distillation rows
+    for size in SIZES:
+        assert _max_diff(ours, deit, size) < 2e-5, size
+    for model in (deit, ours):
+        model.set_distilled_training(True)
+        model.train()
+    x = torch.randn(2, 3, 32, 32)
+    (cls_theirs, dist_theirs), (cls_ours, dist_ours) = deit(x), ours(x)
+    assert (cls_ours - cls_theirs).abs().max() < 2e-5 and (dist_ours - dist_theirs).abs().max() < 2e-5
+    registry = timm.create_model("vpe_deit_tiny_distilled_patch16_224", pe="rope_mixed", **KW)
+    assert registry(torch.randn(1, 3, 24, 40)).shape == (1, 3)

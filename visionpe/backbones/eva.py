@@ -1,0 +1,198 @@
+"""timm ``Eva`` (EVA and EVA-02, the rope-vit ports ``vit_*_rope_*``, timm's ``vit_*_rope_reg*_gap_256``, DINOv3,
+LingBot, Sapiens2) with visionpe encodings, at any input size.
+
+Every non-positional weight and module is timm's own (q/v biases, q/k norms, the attention's scale norm and gate,
+grouped key/value heads, SwiGLU and scaled MLPs, layer scale, post-norm blocks, attention pooling): the blocks stay
+timm's, and only their attention becomes :class:`EvaAttentionPE` (the same modules under the same names, attention
+through :func:`visionpe.attend`). The forward is the ViT adapter's (:class:`~visionpe.backbones.vit.GridTransformer`):
+the token layout goes to every block where timm's Eva passes its RoPE table (``rope=``), so nothing is shared
+between calls.
+
+The architecture's own encoding (``pe="native"``, the default of ``vpe_<eva name>``) is timm's, exactly
+(:func:`native_eva`): the learned ``pos_embed`` is ``learned``; ``RotaryEmbeddingCat`` is ``rope_axial`` with
+``theta`` = its temperature, its ``grid_indexing`` as ``axis_order``, its pair layout, and ``scaling="pi"`` against
+``ref_feat_shape`` (EVA-02, the ``*_reg*_gap_256`` ports) or ``"none"`` (integer positions, the rope-vit ports);
+``RotaryEmbeddingMixed`` is ``rope_mixed`` taking over each block's learned frequencies; ``RotaryEmbeddingDinoV3`` is
+``rope_axial`` on normalised coordinates (``coords="normalized"``); timm's train-time coordinate augmentation
+(``rope_shift_coords``, ...) comes along. What has no visionpe equivalent is refused with the reason, though any
+other encoding may replace it: a RoPE grid offset (Perception Encoder's ``rope_grid_offset=1``: those models have no
+``vpe_*`` name), timm's M-RoPE (three axes on an image grid).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingMixed
+from timm.models.eva import Eva
+from torch import nn
+
+from ..attention import attend
+from ..rotary import MixedRoPE
+from ..weights.convert import LoadReport
+from .adapter import GLOBAL_REFUSES, Adapter, register_adapter
+from .vit import GridTransformer, any_size_vit, check_not_causal, put_block_encodings, split_layer_freqs, vit_features
+
+try:  # timm >= 1.0.20 (DINOv3); the floor's Eva has no such RoPE
+    from timm.layers import RotaryEmbeddingDinoV3
+except ImportError:
+    RotaryEmbeddingDinoV3 = None
+
+PROJECTIONS = ("qkv", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "attn_drop", "norm", "gate", "proj",
+               "proj_drop")  # the modules of timm's EvaAttention and AttentionRope, by their names
+
+
+class EvaAttentionPE(nn.Module):
+    """Replaces timm's ``EvaAttention`` and ``AttentionRope``: their modules and parameters under their names (a
+    fused ``qkv`` with ``q_bias``/``v_bias`` and a zero ``k_bias`` buffer, or ``q_proj``/``k_proj``/``v_proj`` with
+    ``num_kv_heads`` key/value heads; ``q_norm``, ``k_norm``, the scale ``norm``, the output ``gate``, ``proj``), so
+    a timm Eva state dict loads unchanged; ``rotary`` and ``bias`` hold the block's encodings.
+
+    Call as timm's Eva block calls it: ``attn(x, rope=layout, attn_mask=None, is_causal=False)`` with
+    ``x: (B, T, dim)`` and ``rope`` the call's token :class:`~visionpe.grid.Layout` (where timm passes its RoPE
+    table). Grouped key/value heads are repeated to the query heads before the encodings (timm rotates before it
+    repeats; a rotation shared by the heads gives the same).
+    """
+
+    attention: str = "auto"  # visionpe.attend's choice (visionpe.set_attention)
+
+    def __init__(self, source: nn.Module, rotary: nn.Module | None = None, bias: nn.Module | None = None):
+        super().__init__()
+        self.num_heads, self.head_dim = source.num_heads, source.head_dim
+        self.num_kv_heads = getattr(source, "num_kv_heads", source.num_heads)
+        self.qkv_bias_separate = getattr(source, "qkv_bias_separate", False)
+        for name in PROJECTIONS:
+            setattr(self, name, getattr(source, name, None))
+        self.q_bias, self.v_bias = getattr(source, "q_bias", None), getattr(source, "v_bias", None)
+        self.register_buffer("k_bias", getattr(source, "k_bias", None), persistent=False)
+        self.rotary, self.bias = rotary, bias
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x: (B, T, dim)`` -> q ``(B, heads, T, head_dim)``, k and v ``(B, kv_heads, T, head_dim)``, as timm."""
+        if self.qkv is None:
+            return tuple(rearrange(proj(x), "b t (h d) -> b h t d", d=self.head_dim)
+                         for proj in (self.q_proj, self.k_proj, self.v_proj))
+        if self.q_bias is None:
+            qkv = self.qkv(x)
+        else:
+            bias = torch.cat((self.q_bias, self.k_bias, self.v_bias))
+            qkv = self.qkv(x) + bias if self.qkv_bias_separate else F.linear(x, self.qkv.weight, bias)
+        return tuple(rearrange(qkv, "b t (three h d) -> three b h t d", three=3, h=self.num_heads))
+
+    def forward(self, x: torch.Tensor, rope=None, attn_mask: torch.Tensor | None = None,
+                is_causal: bool = False) -> torch.Tensor:
+        check_not_causal(is_causal)
+        gate = self.gate(x).sigmoid() if self.gate is not None else None
+        q, k, v = self.project(x)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: head h reads key/value head h // groups
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        out = attend(q, k, v, rope, self.rotary, self.bias, attn_mask, dropout_p=dropout_p, attention=self.attention)
+        out = self.norm(rearrange(out, "b h t d -> b t (h d)"))
+        if gate is not None:
+            out = out * gate
+        return self.proj_drop(self.proj(out))
+
+
+class EvaPE(GridTransformer, Eva):
+    """timm ``Eva`` whose position comes from visionpe encodings, at any input size (:class:`GridTransformer`:
+    ``forward(x, grid_offset=None)``, ``forward_intermediates``, ``forward_masked``, ``forward_batch``). timm's
+    blocks and heads are kept; ``eva_native`` records the model's own encoding as timm built it (``(pe,
+    pe_kwargs)``, or why visionpe cannot reproduce it)."""
+
+    eva_native: tuple[str, dict] | str | None = None
+
+
+def native_eva(model: Eva) -> tuple[str, dict]:
+    """``(pe, pe_kwargs)`` reproducing timm's position encoding of the Eva ``model`` exactly: its RoPE
+    (:func:`native_rope`) and its learned ``pos_embed`` (``learned``), or ``none``. A patched model answers with what
+    it had when it was patched (or why it had none visionpe reproduces)."""
+    recorded = getattr(model, "eva_native", None)
+    if isinstance(recorded, str):
+        raise ValueError(recorded)
+    if recorded is not None:
+        return recorded
+    names, kwargs = [], {}
+    if getattr(model, "rope", None) is not None:
+        rotary, kwargs = native_rope(model.rope)
+        names.append(rotary)
+    if getattr(model, "pos_embed", None) is not None:
+        names.append("learned")
+    return "+".join(names) or "none", kwargs
+
+
+def native_rope(rope: nn.Module) -> tuple[str, dict]:
+    """``(encoding, keywords)`` of visionpe equal to timm's RoPE module ``rope``; a ``ValueError`` saying why for
+    one visionpe cannot reproduce: a constant ``grid_offset`` (Perception Encoder's ``rope_grid_offset=1``) moves
+    every patch alike, which scores between patches do not see but those of the unrotated prefix tokens do."""
+    augment = {k: getattr(rope, k) for k in ("shift_coords", "jitter_coords", "rescale_coords")
+               if getattr(rope, k, None) is not None}
+    pairs = "half" if getattr(rope, "rotate_half", False) else "interleaved"
+    offset = getattr(rope, "grid_offset", 0.0)
+    if offset:
+        raise ValueError(f"timm's Eva RoPE with rope_grid_offset={offset} (Perception Encoder: the unrotated class "
+                         f"token at position 0, patches from {offset}): visionpe's RoPE has no constant coordinate "
+                         "offset, which the class token's scores would see; use --pe timm, or another pe")
+    if isinstance(rope, RotaryEmbeddingCat) and not getattr(rope, "in_pixels", False):
+        ref = getattr(rope, "ref_feat_shape", None)
+        scaling = {"scaling": "pi", "ref_shape": tuple(ref)} if ref is not None else {"scaling": "none"}
+        return "rope_axial", dict(theta=float(rope.temperature), axis_order=rope.grid_indexing, pairs=pairs,
+                                  **scaling, **augment)
+    if isinstance(rope, RotaryEmbeddingMixed):
+        return "rope_mixed", dict(theta=float(rope.temperature), axis_order=rope.grid_indexing, scaling="none",
+                                  **augment)
+    if RotaryEmbeddingDinoV3 is not None and isinstance(rope, RotaryEmbeddingDinoV3):
+        periods = ({"min_period": rope.min_period, "max_period": rope.max_period}
+                   if rope.min_period is not None and rope.max_period is not None else {"theta": rope.temperature})
+        return "rope_axial", dict(coords="normalized", normalize_coords=rope.normalize_coords,
+                                  axis_order=rope.grid_indexing, pairs=pairs, **periods, **augment)
+    raise ValueError(f"timm's Eva RoPE {type(rope).__name__} has no visionpe equivalent (M-RoPE's three axes on an "
+                     "image grid, pixel-frequency RoPE); use --pe timm, or another pe")
+
+
+def apply_eva(model: Eva, names: dict, kwargs: dict) -> None:
+    """Put the encodings ``names`` (family -> name) into a timm Eva in place: timm's RoPE module and ``pos_embed``
+    give way (a ``learned`` table takes over ``pos_embed``, a ``rope_mixed`` each block's frequencies of timm's mixed
+    RoPE), each attention becomes :class:`EvaAttentionPE`; every other weight is kept."""
+    rope = getattr(model, "rope", None)
+    try:  # what timm built, recorded before its modules go (a RoPE visionpe cannot reproduce may still be replaced)
+        native = native_eva(model)
+    except ValueError as err:
+        native = str(err)
+    mixed = rope.freqs.detach() if isinstance(rope, RotaryEmbeddingMixed) else None
+    layers = iter(range(len(model.blocks)))
+
+    def patch_block(block: nn.Module, rotary, bias) -> None:
+        layer = next(layers)
+        if mixed is not None and isinstance(rotary, MixedRoPE) and rotary.freqs.shape == mixed[:, layer].shape \
+                and rotary.axis_order == rope.grid_indexing:
+            with torch.no_grad():
+                rotary.freqs.copy_(mixed[:, layer])
+        block.attn = EvaAttentionPE(block.attn, rotary, bias)
+
+    put_block_encodings(model, names, kwargs, patch_block)
+    model.rope, model.rope_mixed, model.eva_native = None, False, native
+
+
+def eva_keys(state: dict, report: LoadReport) -> dict:
+    """A timm Eva checkpoint into a patched Eva: the mixed RoPE's ``rope.freqs (2, depth, heads, d/2)`` -> each
+    block's ``blocks.i.attn.rotary.freqs``; every other key keeps its name (``pos_embed`` is converted as a ViT's)."""
+    state = dict(state)
+    freqs = state.pop("rope.freqs", None)
+    if freqs is not None and freqs.ndim == 4:
+        state.update(split_layer_freqs(freqs, report))
+    elif freqs is not None:
+        state["rope.freqs"] = freqs
+    return state
+
+
+PE_OFFSET = ("Perception Encoder's RoPE starts its patches at 1 (rope_grid_offset=1) beside an unrotated class token, "
+             "an offset visionpe's RoPE does not have")
+register_adapter(Adapter(Eva, EvaPE, apply_eva, (EvaAttentionPE,), timm_modules=("eva",),
+                         any_size=any_size_vit, native=native_eva, refuses=GLOBAL_REFUSES, feature_cfg=vit_features,
+                         examples=("vit_small_patch16_rope_224", "eva02_tiny_patch14_224",
+                                   "vit_medium_patch16_rope_reg1_gap_256", "vit_small_patch16_dinov3"),
+                         unsupported={f"vit_pe_*_{size}_*": PE_OFFSET for size in ("tiny", "small", "base", "large")},
+                         checkpoint_hooks=(eva_keys,)))

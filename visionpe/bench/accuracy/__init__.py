@@ -1,0 +1,16 @@
+"""The accuracy benchmarks: every encoding (or every labelled row) trained with one recipe over seeds, swept over
+test resolutions and reported in docs/BENCHMARK.md (``visionpe benchmark``), and a trained learned-APE model
+converted to RoPE against RoPE from scratch (``visionpe convert-benchmark``).
+
+One module a step, each using only those before it:
+
+- :mod:`.jobs`: a run's processes (``python -m visionpe train`` then ``python -m visionpe sweep``, through the
+  installed package, never a checkout's path), one thread each, logged;
+- :mod:`.staleness`: whether a finished run is the one asked for now, and whether its sweep was made from it;
+- :mod:`.rows`: a rows file (``--rows``: labelled rows, each with its own training arguments);
+- :mod:`.collect`: the finished runs' sweeps gathered into one table (through :mod:`visionpe.train.metrics`);
+- :mod:`.verdicts`: plain statements on that table, every gap against the seed spread;
+- :mod:`.sections`: the report's tables and marked document sections;
+- :mod:`.benchmark` and :mod:`.cli`: the accuracy benchmark's plan and its command line;
+- :mod:`.convert`: the conversion benchmark, command line included.
+"""

@@ -1,0 +1,136 @@
+"""The accuracy benchmark's plan: every run's settings checked as ``visionpe train`` will resolve them, the runs
+trained and swept in parallel (:mod:`.jobs`), then the report (:mod:`.sections`); ``visionpe benchmark`` is its
+command line (:mod:`.cli`)."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ...cli import UserError, import_user_code
+from ...cli.recipes import recipe_path
+from ...train import models, settings
+from ...train.loop import size_order
+from ...train.metrics import key_text
+from .collect import collect, finished_runs_or_refuse
+from .jobs import job
+from .rows import read_rows
+from .sections import rows_section, write_report, write_video_section
+
+VIT_LIST = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rope_mixed+learned", "rel_bias", "alibi"]
+SWIN_LIST = ["swin_bias", "cpb", "rope_mixed", "alibi"]
+
+
+def check(args) -> int | None:
+    """Every run's settings, resolved as ``visionpe train`` will resolve them, before the first process starts; returns
+    the training frame count of a video benchmark (None for images)."""
+    if args.jobs < 1:
+        raise UserError(f"--jobs must be an integer >= 1, got {args.jobs}")
+    if any(s < 0 for s in args.seeds):
+        raise UserError(f"--seeds must be integers >= 0, got {' '.join(map(str, args.seeds))}")
+    extra = settings.parse_args(list(args.extra), prog="benchmark (visionpe train arguments after --)")
+    if args.rows is not None and args.swin:
+        raise UserError("--rows replaces the encoding lists: give --rows or --swin, not both")
+    row_specs = read_rows(args.rows)["rows"] if args.rows is not None else [{"pe": pe} for pe in args.pe]
+    vit_runs = [settings.parse_args(r["train"]) if args.rows is not None else r for r in row_specs]
+    protocols = {i: r.get("protocol", []) for i, r in enumerate(row_specs)}
+    recipes = {"vit": (args.config, vit_runs)}
+    if args.swin:
+        recipes["swin"] = (args.swin_config, [{"pe": pe} for pe in args.swin_pe])
+    frames = set()
+    for cfg_path, rows in recipes.values():
+        for data in args.data:
+            for i, own in enumerate(rows):
+                cfg = settings.resolve({**extra, **own, "config": str(cfg_path), "data": data})
+                for protocol in protocols.get(i, []) if rows is vit_runs else []:
+                    settings.check_evaluation({**cfg, "eval_protocol": protocol})
+                bad = [r for r in args.res if any(side % cfg["patch_size"] for side in size_order(r))]
+                if bad:
+                    raise UserError(f"--res {' '.join(map(key_text, bad))}: not a multiple of {cfg_path.name}'s "
+                                    f"patch_size {cfg['patch_size']}")
+                if cfg["num_frames"] and not all(isinstance(r, int) for r in args.res):
+                    raise UserError("--res HxW (non-square) is for image recipes; video sizes are square")
+                frames.add(cfg["num_frames"])
+                t = models.tubelet(cfg)[0] if cfg["num_frames"] else 1
+                bad = [f for f in args.frames if f < 1 or f % t]
+                if bad:
+                    raise UserError(f"--frames {' '.join(map(str, bad))}: not a positive multiple of the tubelet's "
+                                    f"{t} frames")
+    if len(frames) > 1:
+        raise UserError("mix of video and image runs (or of frame counts): give one video recipe or only image ones")
+    video = frames.pop()
+    if args.frames and not video:
+        raise UserError("--frames is for video recipes (num_frames, video data); these runs are image runs")
+    if video and args.swin:
+        raise UserError("--swin has no video recipe: give a video recipe without --swin")
+    if video and args.rows:
+        raise UserError("--rows is for image recipes: give an image recipe (no num_frames) with --rows")
+    return video
+
+
+def run(args, command: str) -> int:
+    """Train and sweep every run of ``args`` (the parsed ``visionpe benchmark`` command line, ``command`` its text)
+    that is not finished, then write the report; returns 0."""
+    args.out, args.doc = args.out.resolve(), args.doc.resolve()  # the same folders for every run's processes
+    args.config = recipe_path(args.config).resolve()  # a file, or the name of a shipped recipe
+    args.swin_config = recipe_path(args.swin_config).resolve()
+    imported = import_user_code(getattr(args, "imports", None))
+    args.extra = [*args.extra, *[arg for target in imported for arg in ("--import", target)]]  # every run records it
+    video = check(args)
+    configs = {"vit": args.config}
+    lists = {"vit": args.pe}
+    if args.swin:
+        configs["swin"], lists["swin"] = args.swin_config, args.swin_pe
+    spec = read_rows(args.rows) if args.rows else None
+    if spec:  # rows: (family "rows", data, row label, seed, folder) and each row's own arguments and adaptations
+        rows = {r["label"]: r for r in spec["rows"]}
+        runs = [("rows", data, r["label"], seed, args.out / data / r["slug"] / f"s{seed}")
+                for data in args.data for r in spec["rows"] for seed in args.seeds]
+        configs = {"rows": configs["vit"]}
+        plan = lambda pe: ([*rows[pe]["train"], *args.extra], rows[pe]["scaling"], rows[pe]["protocol"])
+    else:
+        runs = [(family, data, pe, seed, args.out / family / data / pe.replace("+", "-") / f"s{seed}")
+                for family in configs for data in args.data for pe in lists[family] for seed in args.seeds]
+        plan = lambda pe: (["--pe", pe, *args.extra], args.scaling, [])
+    # order: seed-major, so that an early stop leaves every encoding with the same number of seeds
+    runs.sort(key=lambda r: (r[3], list(configs).index(r[0]), args.data.index(r[1])))
+    t0 = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_only and (args.out / "command.txt").is_file():  # report of an earlier invocation
+        command = (args.out / "command.txt").read_text().strip()
+    if not args.report_only:
+        (args.out / "command.txt").write_text(command + "\n")
+        log_dir = args.out / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            futures = [pool.submit(job, configs[f], d, s, run, plan(pe)[0], args.res, plan(pe)[1], log_dir,
+                                   args.frames, plan(pe)[2]) for f, d, pe, s, run in runs]
+            for i, fut in enumerate(futures, 1):
+                r = fut.result()
+                status = "ok" if r["ok"] else f"FAILED (see {r['log']})"
+                print(f"[{i}/{len(runs)}] {time.time() - t0:7.0f}s  {r['run'].relative_to(args.out)}  "
+                      f"{r['seconds']:.0f}s  {status}", flush=True)
+        for d in {r[4].parent for r in runs}:
+            d.mkdir(parents=True, exist_ok=True)
+    wall = time.time() - t0
+    if args.report_only:
+        wall = json.loads((args.out / "wall.json").read_text())["wall_s"] if (args.out / "wall.json").is_file() else 0.0
+    else:
+        (args.out / "wall.json").write_text(json.dumps({"wall_s": wall}))
+    finished = finished_runs_or_refuse([r[4] for r in runs], args.out, args.doc)
+    if len(finished) < len(runs):
+        missing = [str(r[4].relative_to(args.out)) for r in runs if r[4] not in finished]
+        print(f"benchmark: {len(missing)} of {len(runs)} runs are not finished (the report says which): "
+              f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", file=sys.stderr)
+    args.unfinished = [r for r in runs if r[4] not in finished]
+    table = collect([(f, d, pe, s, run) for f, d, pe, s, run in runs])
+    if spec:
+        rows_section(args.doc, args, spec, table, runs, command, wall)
+    elif video:
+        cols = [(f, r) for f in sorted(set(args.frames) | {video}) for r in sorted(args.res)]
+        write_video_section(args.doc, args, table, runs, command, wall, configs, cols)
+    else:
+        write_report(args.doc, args, table, runs, command, wall, configs)
+    print(f"wrote {args.doc}")
+    return 0

@@ -1,0 +1,101 @@
+"""Train every encoding with one recipe, sweep test resolutions, write docs/BENCHMARK.md and plots.
+
+    visionpe benchmark --config bench_vit_tiny \\
+        --data shapes-position shapes-relation fashion-mnist --seeds 0 1 2 --res 24 32 48 64 --jobs 2
+
+For each (data set, encoding, seed) it runs ``visionpe train --config CONFIG --data D --pe P --seed S`` in its
+own process (``--jobs`` at a time, one thread each), then ``visionpe sweep`` on the last weights: RoPE
+encodings once per ``--scaling`` (none, pi, ntk, yarn), the others as trained. Finished runs (those with a
+``sweep.csv``) are skipped, so an interrupted benchmark continues where it stopped. The runs and logs go to
+``--out`` and the report to ``--doc``, both relative to the working directory. The report holds, per data set, top-1
+mean +- std over seeds at every resolution, the retention acc(res)/acc(train res), parameters and training images/s,
+plus a plot, the recipe and the exact command.
+
+``--swin`` adds the Swin list (swin_bias, cpb, rope_mixed, alibi) with ``--swin-config``.
+
+Rows (``--rows FILE``, a file or a shipped one by name, e.g. ``bench_rows_resolution``): instead of the encoding
+lists, labelled rows each with its own ``visionpe train`` arguments and swept RoPE adaptations; rows with ``--pe
+timm`` are timm's own models (reference rows). The report is its own marked section of the doc with a verdict
+against timm's best row:
+
+    visionpe benchmark --rows bench_rows_resolution --data shapes-position fashion-mnist \
+        --seeds 0 1 2 --res 24 32 48 64 32x48 --jobs 2
+
+Video: a recipe with ``num_frames`` (or ``-- --num-frames T`` in the extra arguments) on a video data set trains
+tubelet video ViTs; ``--frames`` gives the test frame counts, crossed with ``--res`` in the sweep. The report of a
+video benchmark is its own marked section of the doc (``<!-- BEGIN video_benchmark -->``), so the image sections
+are left as they are:
+
+    visionpe benchmark --config bench_video_tiny --data moving-shapes \\
+        --pe none sincos learned rope_axial rope_mixed --frames 4 8 16 --res 24 32 48 --scaling none pi --jobs 2
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from ... import cli
+from ...data import DATASETS
+from ...rotary.scaling import SCALINGS
+from ...train.loop import parse_size
+from . import benchmark
+from .benchmark import SWIN_LIST, VIT_LIST
+
+
+def add_recipe_and_data(group, *, of: str, data: list[str]) -> None:
+    """``--config`` (the recipe ``of`` what, a file or a shipped recipe's name) and ``--data`` (default ``data``),
+    as both accuracy benchmarks take them."""
+    group.add_argument("--config", default="bench_vit_tiny", metavar="YAML|NAME",
+                       help=f"visionpe train recipe of {of}, a file or a shipped recipe's name "
+                            "(default: bench_vit_tiny)")
+    group.add_argument("--data", nargs="+", default=data, metavar="NAME",
+                       help=f"data sets, each one of {', '.join(DATASETS)} (default: {' '.join(data)})")
+
+
+def build_parser() -> cli.Parser:
+    head, _, tail = __doc__.partition("\n\n")
+    p = cli.Parser(prog="visionpe benchmark", description=head, epilog=tail)
+    what = p.add_argument_group("what to train")
+    add_recipe_and_data(what, of="the ViT list", data=["shapes-position", "shapes-relation", "fashion-mnist"])
+    what.add_argument("--pe", nargs="+", default=VIT_LIST, metavar="NAME",
+                      help=f"encodings of the ViT list, as visionpe train --pe (default: {' '.join(VIT_LIST)})")
+    what.add_argument("--swin", action="store_true", help="also run the Swin list with --swin-config")
+    what.add_argument("--swin-config", default="bench_swin_tiny", metavar="YAML|NAME",
+                      help="recipe of the Swin list, a file or a shipped recipe's name (default: bench_swin_tiny)")
+    what.add_argument("--swin-pe", nargs="+", default=SWIN_LIST, metavar="NAME",
+                      help=f"encodings of the Swin list (default: {' '.join(SWIN_LIST)})")
+    what.add_argument("--rows", default=None, metavar="YAML|NAME",
+                      help="a rows file (or a shipped one's name) instead of --pe/--swin: each row a label and its own "
+                           "visionpe train arguments, "
+                           "timm's own models (--pe timm) as reference rows; its report is a marked section of --doc "
+                           "(e.g. bench_rows_resolution)")
+    what.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], metavar="N",
+                      help="seeds, integers >= 0 (default: 0 1 2)")
+    what.add_argument("extra", nargs="*", help="after --: extra visionpe train arguments for every run")
+    ev = p.add_argument_group("evaluation")
+    ev.add_argument("--res", nargs="+", type=parse_size, default=[24, 32, 48, 64], metavar="PX|HxW",
+                    help="test sizes in pixels, square (32) or height x width (32x48; image recipes) "
+                         "(default: 24 32 48 64)")
+    ev.add_argument("--frames", nargs="+", type=int, default=[], metavar="T",
+                    help="video recipes (num_frames): test frame counts, crossed with --res (default: the training "
+                         "count only)")
+    ev.add_argument("--scaling", nargs="+", default=["none", "pi", "ntk", "yarn"], choices=SCALINGS, metavar="NAME",
+                    help=f"RoPE adaptations, of {', '.join(SCALINGS)} (default: all)")
+    run = p.add_argument_group("run and report")
+    run.add_argument("--jobs", type=int, default=2, metavar="N",
+                     help="runs in parallel, one thread each; an integer >= 1 (default: 2)")
+    run.add_argument("--out", type=Path, default=Path("runs/benchmark"), metavar="DIR",
+                     help="folder of the runs and logs (default: runs/benchmark)")
+    run.add_argument("--doc", type=Path, default=Path("docs/BENCHMARK.md"), metavar="MD",
+                     help="report to write (default: docs/BENCHMARK.md)")
+    run.add_argument("--note", default="", help="free text added to the report (e.g. what was left out)")
+    run.add_argument("--report-only", action="store_true", help="only rebuild the report from finished runs")
+    cli.add_import(p, run)
+    p.add_debug(run)
+    return p
+
+
+def main(argv) -> int:
+    """``visionpe benchmark ARGV``: returns 0; a user mistake is a :class:`~visionpe.cli.UserError`."""
+    args = build_parser().parse_args(argv)
+    return benchmark.run(args, "visionpe benchmark " + shlex.join(argv))

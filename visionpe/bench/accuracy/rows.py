@@ -1,0 +1,74 @@
+"""A rows file (``visionpe benchmark --rows``): a marked section of the report whose rows are labelled, each with its
+own ``visionpe train`` arguments, RoPE adaptations and evaluation protocols; timm's own models (``--pe timm``) as
+reference rows."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from ...cli import UserError
+from ...cli.recipes import recipe_path
+from ...data import PROTOCOLS
+from ...rotary.scaling import SCALINGS
+from ...train import models, settings
+
+ROW_KEYS = {"label": "the row's name in the table", "args": "visionpe train arguments of the row (--pe ...)",
+            "scaling": "RoPE adaptations to sweep (default: none)",
+            "protocol": "evaluation protocols to sweep (default: the run's own)"}
+SPEC_KEYS = ("section", "title", "note", "rows", "compare")
+
+
+OWN_KEYS = ("config", "data", "seed", "output", "resume", "overwrite")  # set by the benchmark for every run
+
+
+def read_rows(path: Path) -> dict:
+    """A rows file (``--rows``: a path or the name of a shipped one, e.g. ``bench_rows_resolution``): ``{section,
+    title, note?, rows: [{label, args, scaling?}]}``, checked; each row gets
+    ``train`` (its arguments as a list), ``timm`` (True for a ``--pe timm`` reference row) and ``slug`` (its folder)."""
+    path = recipe_path(path, "rows file")
+    spec = settings.read_yaml(path, "rows file")
+    where = f"rows file {str(path)!r}"
+    for key in ("section", "title", "rows"):
+        if key not in spec:
+            raise UserError(f"{where}: missing {key!r} (keys: section, title, note, rows)")
+    if not re.fullmatch(r"[\w.-]+", str(spec["section"])):
+        raise UserError(f"{where}: section must be letters, digits, '_', '.', '-', got {spec['section']!r}")
+    if not isinstance(spec["rows"], list) or not spec["rows"]:
+        raise UserError(f"{where}: rows must be a non-empty list of mappings with keys {', '.join(ROW_KEYS)}")
+    rows, slugs = [], set()
+    for i, row in enumerate(spec["rows"]):
+        if not isinstance(row, dict) or not {"label", "args"} <= set(row) or set(row) - set(ROW_KEYS):
+            raise UserError(f"{where}: row {i} must be a mapping with keys label, args and optionally scaling, "
+                            f"got {row!r}")
+        train = shlex.split(str(row["args"]))
+        parsed = settings.parse_args(train, prog=f"benchmark (row {row['label']!r} of {path.name})")
+        own = [k for k in OWN_KEYS if parsed.get(k) not in (None, False)]
+        if own:
+            raise UserError(f"{where}: row {row['label']!r} sets {', '.join(own)}; the benchmark sets those for "
+                            "every run")
+        scaling = row.get("scaling", ["none"])
+        if not isinstance(scaling, list) or not scaling or any(v not in SCALINGS for v in scaling):
+            raise UserError(f"{where}: row {row['label']!r}: scaling must be a list of {', '.join(SCALINGS)}, "
+                            f"got {scaling!r}")
+        protocols = row.get("protocol", [])
+        if not isinstance(protocols, list) or any(v not in PROTOCOLS for v in protocols):
+            raise UserError(f"{where}: row {row['label']!r}: protocol must be a list of {', '.join(PROTOCOLS)}, "
+                            f"got {protocols!r}")
+        slug = re.sub(r"^[.-]+|-+$", "", re.sub(r"[^\w.+-]+", "-", str(row["label"])).replace("+", "-"))
+        if not slug:
+            raise UserError(f"{where}: row label {row['label']!r} has no letters or digits for its folder name")
+        if slug in slugs:
+            raise UserError(f"{where}: two rows share the label {row['label']!r} (or its folder name {slug!r})")
+        slugs.add(slug)
+        rows.append({"label": str(row["label"]), "train": train, "scaling": scaling, "protocol": protocols, "slug": slug,
+                     "timm": parsed.get("pe") == models.TIMM_NATIVE})
+    compare = spec.get("compare", [])
+    if not isinstance(compare, list) or not all(isinstance(pair, list) and len(pair) == 2
+                                                and all(isinstance(v, str) for v in pair) for pair in compare):
+        raise UserError(f"{where}: compare must be a list of [label, label] pairs of table rows (e.g. "
+                        f"['learned [crop]', 'learned']), got {compare!r}")
+    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)} (keys: {', '.join(SPEC_KEYS)})")
+    return {**spec, "rows": rows, "compare": compare}

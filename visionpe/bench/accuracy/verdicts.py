@@ -1,0 +1,132 @@
+"""Plain statements on a benchmark's table, every gap compared with the seed spread (a gap is *beyond* the spread when
+|mean_a - mean_b| > std_a + std_b): RoPE-ViT's ordering, the video benchmark's, visionpe against timm's reference
+rows, and the pairs a rows file names."""
+from __future__ import annotations
+
+import statistics
+
+from ...cli.report import mean_std
+from ...train.metrics import key_text
+from .collect import label
+
+def verdict(table: dict, family: str, data: str, res: list[int]) -> str:
+    """Plain statement on RoPE-ViT's ordering (mixed >= axial >= learned APE as the resolution grows), per RoPE
+    adaptation, with every gap compared to the seed spread (a gap is "within spread" when
+    |mean_a - mean_b| <= std_a + std_b)."""
+    get = lambda pe, ad: table.get((family, data, pe, ad))
+    learned = get("learned", "default")
+    rows = [r for r in res if learned and isinstance(r, int) and r > learned["train_res"]]
+    if not learned or not rows:
+        return ""
+
+    def gap(a, b, r):
+        (ma, sa), (mb, sb) = mean_std(a["acc"][r]), mean_std(b["acc"][r])
+        return f"{ma - mb:+.1f} ({'within' if abs(ma - mb) <= sa + sb else 'beyond'} spread)", ma >= mb
+
+    lines = []
+    for ad in ("none", "pi", "ntk", "yarn"):
+        axial, mixed = get("rope_axial", ad), get("rope_mixed", ad)
+        if not axial or not mixed:
+            continue
+        status, parts = 2, []  # 2 holds, 1 holds up to the seed spread, 0 does not hold
+        for r in rows:
+            for a, b in ((mixed, axial), (axial, learned)):
+                text, ahead = gap(a, b, r)
+                status = min(status, 2 if ahead else (1 if "within" in text else 0))
+            parts.append(f"{r}px: mixed − axial {gap(mixed, axial, r)[0]}, axial − learned {gap(axial, learned, r)[0]}")
+        word = ("holds", "holds only up to the seed spread", "does not hold")[2 - status]
+        lines.append(f"- RoPE `{ad}`: mixed >= axial >= learned **{word}** at every size above training. "
+                     + "; ".join(parts) + ".")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def video_verdict(table: dict, data: str, cols: list, chance: float) -> str:
+    """Plain statements on a video benchmark, every gap compared to the seed spread (within when
+    |mean_a - mean_b| <= std_a + std_b): learning above chance at the training cell; the best encoding per cell
+    and its gap to the runner-up; RoPE pi against none where frames or size change."""
+    rows = {label(k[2], k[3]): v for k, v in table.items() if k[1] == data}
+    if not rows:
+        return ""
+    train = next(iter(rows.values()))["train_res"]
+
+    def gap(a, b, c):
+        (ma, sa), (mb, sb) = mean_std(rows[a]["acc"].get(c, [])), mean_std(rows[b]["acc"].get(c, []))
+        if min(len(rows[a]["acc"].get(c, [])), len(rows[b]["acc"].get(c, []))) < 2:
+            return f"{ma - mb:+.1f} points (one seed: no spread to compare with)"
+        return f"{ma - mb:+.1f} points ({'within' if abs(ma - mb) <= sa + sb else 'beyond'} the seed spread)"
+
+    lines = []
+    m = {n: mean_std(v["acc"].get(train, [])) for n, v in rows.items()}
+    above = [n for n, (mu, sd) in m.items() if mu - sd > chance + 5]
+    lines.append(f"- Chance is {chance:.1f} %. At the training cell ({train[0]} frames, {train[1]} px) "
+                 + (f"{', '.join(f'`{n}`' for n in above)} learned clearly above it (mean − std > chance + 5 points)"
+                    if above else "no encoding learned clearly above it (mean − std > chance + 5 points)")
+                 + (f"; {', '.join(f'`{n}`' for n in m if n not in above)} did not" if above and len(above) < len(m)
+                    else "") + ".")
+    for c in cols:
+        ranked = sorted(rows, key=lambda n: -mean_std(rows[n]["acc"].get(c, []))[0])
+        if len(ranked) < 2:
+            break
+        where = f"{c[0]} frames, {c[1]} px" + (" (training)" if c == train else "")
+        lines.append(f"- {where}: best `{ranked[0]}` {mean_std(rows[ranked[0]]['acc'][c])[0]:.1f} %, "
+                     f"ahead of `{ranked[1]}` by {gap(ranked[0], ranked[1], c)}.")
+    for pe in ("rope_axial", "rope_mixed"):
+        a, b = f"{pe} [pi]", f"{pe} [none]"
+        if a in rows and b in rows:
+            parts = [f"{c[0]}f {c[1]}px {gap(a, b, c)}" for c in cols if c != train]
+            lines.append(f"- `{pe}` pi − none (interpolate vs extrapolate): " + "; ".join(parts) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def compare_text(a: dict, b: dict, r) -> tuple[float, str]:
+    """``(mean_a - mean_b, 'within' | 'beyond')`` at size ``r``: beyond the seed spread when the gap exceeds
+    std_a + std_b."""
+    (ma, sa), (mb, sb) = mean_std(a["acc"].get(r, [])), mean_std(b["acc"].get(r, []))
+    return ma - mb, ("within" if abs(ma - mb) <= sa + sb else "beyond")
+
+
+def rows_verdict(table: dict, data: str, rows: list[dict], res: list) -> str:
+    """visionpe against timm's reference rows, every gap compared with the seed spread: the best row of each side
+    (highest mean top-1 over the test sizes other than training) compared at every size, then the best of each side
+    per size."""
+    timm_labels = {r["label"] for r in rows if r["timm"]}
+    entries = {label(k[2], k[3]): (k[2] in timm_labels, v) for k, v in table.items() if k[1] == data}
+    ours = {n: v for n, (is_timm, v) in entries.items() if not is_timm}
+    ref = {n: v for n, (is_timm, v) in entries.items() if is_timm}
+    if not ours or not ref:
+        return ""
+    train = next(iter(entries.values()))[1]["train_res"]
+    tests = [r for r in res if r != train]
+    score = lambda v: statistics.fmean(mean_std(v["acc"].get(r, []))[0] for r in tests)
+    best_ours, best_ref = max(ours, key=lambda n: score(ours[n])), max(ref, key=lambda n: score(ref[n]))
+    gaps = {r: compare_text(ours[best_ours], ref[best_ref], r) for r in res}
+    ahead = [r for r in tests if gaps[r][0] > 0 and gaps[r][1] == "beyond"]
+    behind = [r for r in tests if gaps[r][0] < 0 and gaps[r][1] == "beyond"]
+    word = ("beats it beyond the seed spread at every test size" if len(ahead) == len(tests) else
+            f"is ahead beyond the seed spread at {len(ahead)} of {len(tests)} test sizes"
+            + (f", behind beyond it at {len(behind)}" if behind else "") + ", within it elsewhere")
+    lines = [f"- Best visionpe row (mean over the test sizes): `{best_ours}` ({score(ours[best_ours]):.1f} %); best "
+             f"timm row: `{best_ref}` ({score(ref[best_ref]):.1f} %). visionpe's best **{word}**: "
+             + "; ".join(f"{key_text(r)}px {gaps[r][0]:+.1f} ({gaps[r][1]})" for r in res) + "."]
+    for r in tests:
+        a = max(ours, key=lambda n: mean_std(ours[n]["acc"].get(r, []))[0])
+        b = max(ref, key=lambda n: mean_std(ref[n]["acc"].get(r, []))[0])
+        gap, spread = compare_text(ours[a], ref[b], r)
+        lines.append(f"- {key_text(r)} px: best visionpe `{a}` {mean_std(ours[a]['acc'][r])[0]:.1f} %, best timm "
+                     f"`{b}` {mean_std(ref[b]['acc'][r])[0]:.1f} %: {gap:+.1f} points ({spread} the seed spread).")
+    return "\n".join(lines) + "\n"
+
+
+def compare_verdict(table: dict, data: str, pairs: list, res: list) -> str:
+    """For each ``[a, b]`` pair of table rows: ``a - b`` at every size, within or beyond the seed spread."""
+    entries = {label(k[2], k[3]): v for k, v in table.items() if k[1] == data}
+    lines = []
+    for a, b in pairs:
+        if a not in entries or b not in entries:
+            lines.append(f"- `{a}` − `{b}`: no finished runs for {' and '.join(f'`{n}`' for n in (a, b) if n not in entries)}.")
+            continue
+        gaps = [(r, *compare_text(entries[a], entries[b], r)) for r in res]
+        beyond = [key_text(r) for r, _, spread in gaps if spread == "beyond"]
+        lines.append(f"- `{a}` − `{b}`: " + "; ".join(f"{key_text(r)}px {gap:+.1f} ({spread})" for r, gap, spread in gaps)
+                     + f". Beyond the seed spread at {', '.join(beyond) + ' px' if beyond else 'no size'}.")
+    return "\n".join(lines) + "\n" if lines else ""

@@ -1,0 +1,88 @@
+"""HARoPE (Li et al., CVPR 2026, "Head-wise Adaptive Rotary Positional Encoding for Fine-Grained Image Generation";
+official code ``Studentxll/HARoPE``, ``model/models_HARoPE.py``): RoPE after a learned linear map per head.
+
+Each head learns an invertible ``M = U diag(s) V^T`` (``U = exp(skew A_u)``, ``V = exp(skew A_v)`` orthogonal,
+``skew A = (A - A^T) / 2``, ``s = softplus(sigma) + 1e-6``); queries become ``R_i M q`` and keys ``R_j M^-T k`` (the
+official ``q @ M^T``, ``k @ M_inv``), so the score
+
+    (R_i M q)^T (R_j M^-T k) = q^T M^T R_(j - i) M^-T k
+
+depends on the offset only (RoPE's relative property kept) while the planes the rotation turns are the head's own,
+and without rotation ``q^T k`` is unchanged. ``A_u = A_v = 0``, ``softplus(sigma) = 1`` at initialisation: ``M = I``,
+plain RoPE. Names and initialisation are the official ``SVDBasedMatrix``'s (read at commit ``bf3d5c9``).
+
+The rotation is the official DiT's axial RoPE: ``head_dim / 4`` bands per axis ``theta^(-i / n)``, ``theta = 10000``,
+the first half of the pairs with the first grid axis (rows: ``axis_order="ij"``), adjacent channel pairs, integer
+positions from 0 (a model interpolates other grids to its own, ``scaling="pi"``; the official DiT runs at one size).
+Prefix tokens (the DiT has none) take the map ``M`` too and are not rotated, so their scores with each other stay
+``q^T k``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import angle_dtype, check_choice
+from ..cache import TableCache
+from ..grid import Grid, Layout, as_layout
+from .blocks import change_basis
+from .rope import AxialRoPE
+
+SIDES = ("query", "key")
+
+
+class HARoPE(AxialRoPE):
+    """HARoPE: ``pe(q, k, grid) -> (q, k)``, ``q -> R M q`` and ``k -> R M^-T k`` per head.
+
+    Parameters (all excluded from weight decay): ``A_u``, ``A_v`` ``(num_heads, head_dim, head_dim)`` (their skew parts
+    are the generators of ``U`` and ``V``) and ``sigma`` ``(num_heads, head_dim)``. ``M`` and ``M^-T`` are computed
+    in float64 (float32 on MPS) once per forward in training, cached in evaluation. The other keywords are
+    :class:`~visionpe.rotary.rope.AxialRoPE`'s.
+    """
+
+    def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, theta: float = 10000.0,
+                 pairs: str = "interleaved", sections=None, scaling: str = "none", ref_shape=None,
+                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0, axis_order: str = "ij", coords: str = "index",
+                 normalize_coords: str = "separate", shift_coords: float | None = None,
+                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward"):
+        super().__init__(head_dim, num_heads, ndim, theta, pairs, sections, scaling, ref_shape, yarn_alpha, yarn_beta,
+                         axis_order, "axial", coords, normalize_coords, None, None, shift_coords, jitter_coords,
+                         rescale_coords, draw_coords)
+        self.A_u = nn.Parameter(torch.zeros(num_heads, head_dim, head_dim))
+        self.A_v = nn.Parameter(torch.zeros(num_heads, head_dim, head_dim))
+        self.sigma = nn.Parameter(torch.full((num_heads, head_dim), math.log(math.e - 1.0)))  # softplus = 1
+        self._maps = TableCache(maxsize=4)
+
+    def maps(self, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(M, M^-T)``, each ``(num_heads, head_dim, head_dim)`` float32: the query's and the key's map."""
+        device = device or self.sigma.device
+
+        def build():
+            work = angle_dtype(device)
+            with torch.autocast(device_type=torch.device(device).type, enabled=False):
+                u, v = (torch.linalg.matrix_exp(0.5 * (a - a.transpose(-1, -2)))
+                        for a in (self.A_u.to(device, work), self.A_v.to(device, work)))
+                s = F.softplus(self.sigma.to(device, work)) + 1e-6
+                query = u @ (s[..., None] * v.transpose(-1, -2))  # U diag(s) V^T
+                key = u @ (v.transpose(-1, -2) / s[..., None])  # M^-T = U diag(1/s) V^T
+            return query.float(), key.float()
+
+        return self._maps.get(str(device), build, (self.A_u, self.A_v, self.sigma))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid | Layout) -> tuple[torch.Tensor, torch.Tensor]:
+        layout = as_layout(grid)
+        for name, x in (("q", q), ("k", k)):
+            self.check_input(name, x, layout, self.num_heads)  # one learned map per head
+        query, key = self.maps(q.device)
+        return super().forward(change_basis(q, query), change_basis(k, key), layout)
+
+    def rotate(self, x: torch.Tensor, grid: Grid | Layout, cis: torch.Tensor | None = None,
+               side: str = "query") -> torch.Tensor:
+        """One tensor mapped (``side="query"``: by ``M``; ``"key"``: by ``M^-T``) and rotated, as :meth:`forward` does
+        to q or k (never augmented)."""
+        check_choice("side", side, SIDES)
+        self.check_input("x", x, as_layout(grid), self.num_heads)
+        return super().rotate(change_basis(x, self.maps(x.device)[SIDES.index(side)]), grid, cis)

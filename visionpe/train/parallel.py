@@ -1,0 +1,354 @@
+"""Data parallel training beyond one process: DDP (a full copy of the model per rank) or FSDP2 (each rank holds a
+shard of every parameter, gradient and optimizer state), with distributed checkpoints and one-file exports.
+
+- :func:`parallelize` wraps a patched model for ``mode="ddp"`` or ``"fsdp"`` under ``torchrun``. FSDP2
+  (``torch.distributed.fsdp.fully_shard``, torch >= 2.6) shards per transformer block
+  (:func:`visionpe.backbones.repeated_blocks`) and at the root; each encoding with parameters is a unit of its own
+  whose parameters stay float32 under a mixed-precision policy (bf16 parameters, float32 gradient reduction): learned
+  frequencies, tables and bias MLPs are position parameters, computed in float32 as without FSDP. Activation
+  checkpointing (the model's own, which replays coordinate draws) and ``torch.compile`` per block (DINOv3's order:
+  checkpointing, compile, shard) come before sharding. A model built on the meta device is sharded first, then
+  materialised on ``device`` and initialised (:func:`visionpe.reset_parameters`), so no rank ever holds it whole.
+- :func:`no_gradient_sync`: the micro-steps of gradient accumulation before the last, without gradient
+  communication (DDP ``no_sync``; FSDP neither reduces nor reshards between them).
+- EMA: timm's ``ModelEmaV3`` copies the model before it is sharded (FSDP modules cannot be deep-copied);
+  :func:`parallelize_ema` then shards that copy like the model, so each rank averages its own shards (``update`` pairs
+  the two state dicts' DTensors, whose layouts agree) and evaluates the EMA as an FSDP model.
+  :func:`gathered_state` gives any model's whole state dict for evaluation on one rank or an export.
+- :func:`save_checkpoint` / :func:`load_checkpoint`: ``torch.distributed.checkpoint`` (DCP) folders, every rank
+  writing its own shards, committed atomically (a temporary folder renamed into place, then the ``latest`` file
+  replaced: a kill at any instant leaves the previous commit whole); they load bit for bit on the same world size and
+  reshard on another one (2 processes -> 1), DDP or no group at all included. :func:`export_weights` writes one
+  safetensors file (``visionpe.save_weights``) that ``visionpe.load_weights`` and ``load_timm_checkpoint`` read.
+- :func:`memory_per_rank`: what one rank holds (parameters, gradients, optimizer state) and its peak RSS
+  (``scripts/scaling_memory.py`` measures docs/scaling.md's table with it).
+"""
+from __future__ import annotations
+
+import io
+import os
+import resource
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .._checks import check_choice
+from ..backbones.adapter import repeated_blocks
+from ..bias import BiasEncoding
+from ..encoding import Encoding
+from ..materialize import reset_parameters
+from ..sharding import is_sharded
+from ..weights import io as weights_io
+
+MODES = ("ddp", "fsdp")
+LATEST = "latest"  # the commit point of a checkpoint directory: the name of its newest complete checkpoint
+# entry points besides forward that gather the root's parameters (none of them calls forward or another of them: a
+# registered method called from inside forward would reshard the root when it returns, before forward reads the head)
+FORWARD_METHODS = ("forward_batch", "forward_masked", "forward_intermediates")
+ENCODING_METHODS = {BiasEncoding: ("score_mod",)}  # called by attention outside the encoding's forward (flex)
+
+
+def fsdp_api():
+    """``(fully_shard, MixedPrecisionPolicy, register_fsdp_forward_method, FSDPModule)`` from
+    ``torch.distributed.fsdp`` (torch >= 2.6), or from ``torch.distributed._composable.fsdp`` (2.4, 2.5); a
+    ``RuntimeError`` naming the release before those."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import (FSDPModule, MixedPrecisionPolicy, fully_shard,
+                                                            register_fsdp_forward_method)
+        except ImportError:
+            raise RuntimeError(f"FSDP2 (fully_shard, MixedPrecisionPolicy, register_fsdp_forward_method) needs torch "
+                               f">= 2.6 (2.4-2.5 where their private module has all three); this is "
+                               f"{torch.__version__}: use mode='ddp'") from None
+    return fully_shard, MixedPrecisionPolicy, register_fsdp_forward_method, FSDPModule
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        dist.barrier()
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    try:
+        return isinstance(model, fsdp_api()[3])
+    except RuntimeError:
+        return False
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model itself inside a ``DistributedDataParallel`` wrapper (an FSDP model is its own module)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def parallelize(model: nn.Module, mode: str, device, *, mixed_precision: torch.dtype | None = None,
+                grad_checkpointing: bool = False, compile: bool | dict = False,
+                reshard_after_forward: bool = True) -> nn.Module:
+    """``model`` ready for data-parallel training on ``device`` in the current process group.
+
+    Args:
+        model: a patched model (``visionpe.create_model``, ``apply``, ``create_video_model``), on any device or on
+            the meta device (FSDP: sharded, then materialised and initialised on ``device``).
+        mode: ``"ddp"`` (returns a ``DistributedDataParallel`` wrapper) or ``"fsdp"`` (returns ``model`` itself, its
+            parameters DTensor shards; build the optimizer after this call, from the returned model's parameters).
+        mixed_precision: FSDP's parameter dtype in the blocks (``torch.bfloat16`` on CUDA); gradients are reduced in
+            float32 and the encodings' parameters stay float32. None: float32 throughout (CPU).
+        grad_checkpointing: recompute each block's activations in the backward (the model's
+            ``set_grad_checkpointing``).
+        compile: ``torch.compile`` each block in place before sharding (a dict: ``torch.compile``'s keywords, e.g.
+            ``{"backend": "eager"}``).
+        reshard_after_forward: FSDP frees each block's gathered parameters after its forward (ZeRO-3; False keeps
+            them until the backward: ZeRO-2, more memory, fewer all-gathers).
+    """
+    check_choice("mode", mode, MODES)
+    device = torch.device(device)
+    meta = any(p.is_meta for p in model.parameters())
+    if grad_checkpointing:
+        if not hasattr(model, "set_grad_checkpointing"):
+            raise ValueError(f"{type(model).__name__} has no set_grad_checkpointing; run without grad_checkpointing")
+        model.set_grad_checkpointing(True)
+    blocks = repeated_blocks(model)
+    if compile:
+        if not hasattr(nn.Module, "compile"):
+            raise RuntimeError(f"compiling each block in place (nn.Module.compile) needs torch >= 2.2, this is "
+                               f"{torch.__version__}")
+        for block in blocks:
+            block.compile(**(compile if isinstance(compile, dict) else {}))
+    if mode == "ddp":
+        if meta:
+            reset_parameters(model.to_empty(device=device))
+        model = model.to(device)
+        return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    fully_shard, MixedPrecisionPolicy, register_forward, _ = fsdp_api()
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh(device.type, (world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32 if mixed_precision else None)
+    position = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    for encoding in {id(m): m for m in model.modules() if isinstance(m, Encoding)}.values():
+        if any(True for _ in encoding.parameters()):  # shared parameter-free encodings hold buffers only
+            fully_shard(encoding, mesh=mesh, mp_policy=position, reshard_after_forward=reshard_after_forward)
+            for family, methods in ENCODING_METHODS.items():
+                for method in methods if isinstance(encoding, family) else ():
+                    register_forward(encoding, method)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    for method in FORWARD_METHODS:
+        if callable(getattr(model, method, None)):
+            register_forward(model, method)
+    if meta:
+        reset_parameters(model.to_empty(device=device))
+    return model
+
+
+def parallelize_ema(ema_module: nn.Module, model: nn.Module, mode: str, device, *,
+                    mixed_precision: torch.dtype | None = None) -> nn.Module:
+    """The EMA copy (timm ``ModelEmaV3(model).module``, made before :func:`parallelize`) laid out like ``model`` after
+    it: sharded the same way under FSDP (its values then copied from ``model``, which a meta-device build initialised
+    separately), on ``device`` and unwrapped under DDP (every rank updates its full copy identically)."""
+    check_choice("mode", mode, MODES)
+    if mode == "ddp":
+        if any(p.is_meta for p in ema_module.parameters()):
+            ema_module.to_empty(device=device)
+        ema_module = ema_module.to(device)
+    else:
+        ema_module = parallelize(ema_module, "fsdp", device, mixed_precision=mixed_precision)
+    with torch.no_grad():
+        for ema_value, value in zip(ema_module.state_dict().values(), unwrap(model).state_dict().values()):
+            ema_value.copy_(value)
+    return ema_module
+
+
+@contextmanager
+def no_gradient_sync(model: nn.Module) -> Iterator[None]:
+    """Around the forward and backward of each micro-step of gradient accumulation but the last: gradients add up
+    locally, without communication (DDP's ``no_sync``; FSDP neither reduce-scatters nor reshards until the last
+    micro-step). The last micro-step runs outside it and synchronises the sum."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        with model.no_sync():
+            yield
+        return
+    if not is_fsdp(model):
+        yield
+        return
+    model.set_requires_gradient_sync(False)
+    model.set_reshard_after_backward(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+        model.set_reshard_after_backward(True)
+
+
+# -- state: whole, sharded, on disk --------------------------------------------------------------------------------
+def _state_dict_api():
+    from torch.distributed.checkpoint import state_dict as api
+    return api
+
+
+def gathered_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole state dict of ``model`` (FSDP shards gathered, DDP unwrapped) on the CPU, on rank 0 (other ranks
+    get ``{}``); a collective under FSDP: every rank calls it."""
+    model = unwrap(model)
+    if not any(is_sharded(t) for t in model.state_dict().values()):
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()} if rank() == 0 else {}
+    api = _state_dict_api()
+    options = api.StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = api.get_model_state_dict(model, options=options)
+    return state if rank() == 0 else {}
+
+
+def export_weights(model: nn.Module, path, metadata: dict[str, str] | None = None) -> None:
+    """One safetensors file of the whole model (:func:`visionpe.save_weights`, written by rank 0); every rank calls
+    it. ``visionpe.load_weights`` and ``visionpe.load_timm_checkpoint`` read it."""
+    state = gathered_state(model)
+    if rank() == 0:
+        weights_io.save_weights(state, path, metadata)
+    barrier()
+
+
+def _state(model: nn.Module, optimizer, ema: nn.Module | None) -> dict:
+    """What DCP saves and loads: the model's and optimizer's state keyed by parameter names (so it reshards), the EMA
+    model's."""
+    api = _state_dict_api()
+    model_state, optimizer_state = api.get_state_dict(unwrap(model), optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    if ema is not None:
+        state["ema"] = api.get_model_state_dict(unwrap(ema))
+    return state
+
+
+def _blob(value) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def save_checkpoint(directory, model: nn.Module, optimizer, *, tag: str, ema: nn.Module | None = None,
+                    extra: dict | None = None) -> Path:
+    """Commit a DCP checkpoint ``directory/<tag>`` of the model, optimizer, EMA model and ``extra`` (the scheduler's
+    state dict, the step, the history: anything ``torch.load(weights_only=True)`` reads back); every rank calls it.
+
+    Each rank writes its shards into ``directory/.<tag>.tmp``; then rank 0 renames the folder to ``<tag>``, replaces
+    ``directory/latest`` (the commit point, :func:`visionpe.weights.io.write_text`) and removes older checkpoints. A
+    kill before the ``latest`` replacement leaves the previous commit in force."""
+    import torch.distributed.checkpoint as dcp
+    directory = Path(directory)
+    final, tmp = directory / tag, directory / f".{tag}.tmp"
+    if rank() == 0:
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    barrier()
+    state = {**_state(model, optimizer, ema), "extra": _blob(extra or {})}
+    dcp.save(state, checkpoint_id=str(tmp))
+    barrier()
+    if rank() == 0:
+        shutil.rmtree(final, ignore_errors=True)  # a folder of this tag that was never committed
+        os.replace(tmp, final)
+        _fsync_directory(directory)
+        weights_io.write_text(directory / LATEST, tag + "\n")
+        for old in directory.iterdir():
+            if old.is_dir() and old.name != tag:
+                shutil.rmtree(old, ignore_errors=True)
+    barrier()
+    return final
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def latest_checkpoint(directory) -> Path | None:
+    """The committed checkpoint of ``directory`` (``directory/<latest>``), or None when nothing was committed."""
+    pointer = Path(directory) / LATEST
+    if not pointer.is_file():
+        return None
+    folder = Path(directory) / pointer.read_text().strip()
+    if not (folder / ".metadata").is_file():
+        raise ValueError(f"{pointer} names {folder.name}, which holds no complete DCP checkpoint")
+    return folder
+
+
+def load_checkpoint(folder, model: nn.Module, optimizer, *, ema: nn.Module | None = None) -> dict:
+    """Load a :func:`save_checkpoint` folder into ``model``, ``optimizer`` (and ``ema``), whatever their sharding and
+    world size (DCP reshards: 2 processes -> 1, FSDP -> DDP or a plain model); returns its ``extra``. Every rank
+    calls it; the optimizer must have been built from the model's (sharded) parameters."""
+    import torch.distributed.checkpoint as dcp
+    api = _state_dict_api()
+    state = {**_state(model, optimizer, ema), "extra": io.BytesIO()}
+    dcp.load(state, checkpoint_id=str(folder))
+    api.set_state_dict(unwrap(model), optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+    if ema is not None:
+        api.set_model_state_dict(unwrap(ema), state["ema"])
+    state["extra"].seek(0)
+    return torch.load(state["extra"], weights_only=True)
+
+
+# -- memory ---------------------------------------------------------------------------------------------------------
+def _local_bytes(t: torch.Tensor | None) -> int:
+    if t is None:
+        return 0
+    t = t.to_local() if is_sharded(t) else t
+    return t.numel() * t.element_size()
+
+
+def memory_per_rank(model: nn.Module, optimizer) -> dict[str, int]:
+    """Bytes this rank holds: ``parameters``, ``gradients``, ``optimizer`` state (its own shards under FSDP), and its
+    process's ``peak_rss`` so far (``getrusage``; the high-water mark of everything, activations included)."""
+    params = list(unwrap(model).parameters())
+    state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return {"parameters": sum(_local_bytes(p) for p in params), "gradients": sum(_local_bytes(p.grad) for p in params),
+            "optimizer": sum(_local_bytes(t) for t in state),
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale}
+
+
+def measure_memory(model_name: str, mode: str, device, *, batch_size: int, img_size: int = 224,
+                   pe: str = "learned", **model_kwargs) -> dict[str, int]:
+    """:func:`memory_per_rank` after one AdamW training step (forward, backward, step) of ``visionpe.create_model(
+    model_name, pe=pe, **model_kwargs)`` on ``batch_size`` random images per rank, in the current process group
+    (1000 classes unless ``num_classes`` says otherwise). Under FSDP the model
+    is built on the meta device and sharded before it is materialised (no rank holds it whole); under DDP every rank
+    builds it. Adds ``rss_before``: the process's RSS before the model is built (imports, the group)."""
+    import torch.nn.functional as F
+    device = torch.device(device)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    torch.manual_seed(0)
+    if mode == "fsdp":
+        with torch.device("meta"):
+            model = create_model_for_memory(model_name, pe, img_size, model_kwargs)
+    else:
+        model = create_model_for_memory(model_name, pe, img_size, model_kwargs)
+    model = parallelize(model, mode, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(batch_size, 3, img_size, img_size, device=device)
+    y = torch.randint(0, model_kwargs.get("num_classes", 1000), (batch_size,), device=device)
+    F.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    return {**memory_per_rank(model, optimizer), "rss_before": before}
+
+
+def create_model_for_memory(model_name: str, pe: str, img_size: int, model_kwargs: dict) -> nn.Module:
+    from ..backbones.api import create_model
+    return create_model(model_name, pe=pe, img_size=img_size, **{"drop_path_rate": 0.0, **model_kwargs})

@@ -1,0 +1,176 @@
+"""Train a vision transformer with any positional encoding, then measure how accuracy holds when the
+test resolution changes.
+
+    visionpe train --data shapes-position --pe rope_mixed --epochs 2 --eval-res 32 48 64
+    visionpe train --config shapes_tiny --pe rope_mixed+learned --pe-kwargs theta=10     # a shipped recipe, by name
+    torchrun --nproc_per_node 2 -m visionpe.train --config shapes_tiny             # DDP (gloo on CPU, nccl on GPU)
+    visionpe train --data moving-shapes --num-frames 8 --pe rope_axial --eval-frames 4 16 --eval-res 24 48
+                                                         # video: a tubelet ViT, frames x resolution table
+    visionpe train --resume runs/NAME                                              # continue exactly
+    visionpe train --init-from runs/NAME --pe rope_mixed --epochs 2 --output runs/NAME_to_rope
+                                                         # convert a trained run to another encoding, fine-tune
+    visionpe train --config shapes_tiny --log tensorboard wandb                    # loggers besides the console
+
+--init-from starts a NEW run (fresh optimizer and schedule, epochs from 1) from another model's weights: every
+non-positional weight is kept, positional ones are converted where that has a meaning (a learned table resampled
+to the new grid; timm's pos_embed into learned) and the rest are dropped or start fresh, with a printed
+kept / converted / new / dropped report. The model and data settings default to the source run's.
+
+--pretrained starts a new run from timm's pretrained weights of --model the same way (--pretrained-path FILE: a
+local file instead of the Hugging Face hub).
+
+Settings: defaults < YAML recipe (--config: a file, or a recipe shipped with visionpe by name) < command line
+(visionpe/train/settings.py lists every one). The run directory (--output, default runs/<data>_<pe>_s<seed>) holds
+config.yaml, state.pt (the checkpoint), last.safetensors, best.safetensors, ema.safetensors (--model-ema),
+metrics.jsonl, summary.csv and results.json (visionpe/train/rundir.py: what each holds, and why a kill at any
+instant, within an epoch too with --checkpoint-every-steps, leaves a run that --resume continues exactly; what a run
+reports, and the loggers of --log: visionpe/train/metrics.py).
+
+`batch_size` is the global batch of one loader step: under torchrun each of N processes takes batch_size / N, and
+with --grad-accum-steps K an optimizer step sums K of them (batch_size x K images, timm's convention). User mistakes
+(unknown names, bad values, missing data, a diverging loss) exit with status 2 and one line on stderr.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import distributed, loop, metrics, models, recipe, restore, rundir, sampling, settings
+
+
+def main(argv: list[str]) -> dict:
+    # -- settings: defaults < recipe < command line; --resume: the run's own config.yaml, safe changes only ------
+    head, _, tail = __doc__.partition("\n\n")
+    args = settings.parse_args(argv, prog="visionpe train", description=head, epilog=tail.split("\n\nSettings")[0])
+    resume = bool(args.get("resume"))
+    cfg, changed = restore.resume_config(args) if resume else (restore.new_config(args), [])
+    out = Path(cfg["output"])
+    if not resume:
+        rundir.check_fresh(out, cfg["overwrite"])  # an existing run needs --resume or --overwrite
+
+    # -- processes and device: one per torchrun rank; rank 0 writes and reports -----------------------------------
+    procs = distributed.start(cfg)
+    device, world, rank = procs.device, procs.world, procs.rank
+    report = metrics.Report(procs.master)  # the console line of rank 0, then the loggers of --log
+    amp_dtype = loop.amp_dtype(cfg["amp"], device)  # fp16 only on CUDA (settings.check_run)
+    autocast = loop.autocast_for(device, amp_dtype)
+    eval_kw = dict(batch_size=cfg["eval_batch_size"], workers=cfg["workers"], device=device, autocast=autocast,
+                   rank=rank, world=world)
+
+    # -- data: the training and validation sets, one process's share of each batch ---------------------------------
+    train_set, val_set = loop.datasets(cfg)
+    for note in loop.data_notes(cfg):  # transform settings the data set does not take
+        report(note)
+    loader, loader_set, sampler = sampling.training_loader(train_set, cfg, world=world, rank=rank,
+                                                           pin_memory=device.type == "cuda")
+    steps_per_epoch = len(loader)  # loader batches; an optimizer step every grad_accum_steps of them
+    updates_per_epoch = math.ceil(steps_per_epoch / cfg["grad_accum_steps"])
+
+    # -- model (its weights: fresh, converted, pretrained or resumed), optimizer, schedule, loss -------------------
+    state = rundir.load_checkpoint(out) if resume else None
+    torch.manual_seed(cfg["seed"])
+    raw_model = models.build_model(cfg)
+    init = None
+    if state is None and cfg["init_from"]:  # a new run from another model's weights (or one resumed before epoch 1)
+        init = restore.init_weights(raw_model, cfg)
+    elif state is None and cfg["pretrained"]:  # from timm's pretrained weights
+        init = restore.pretrained_weights(raw_model, cfg)
+    if init:
+        report(restore.init_text(init))  # kept / converted / new / dropped
+    raw_model = raw_model.to(device)
+    if cfg["channels_last"]:
+        loop.channels_last_(raw_model)
+    parts = recipe.build(cfg, raw_model, updates_per_epoch, device, amp_dtype)  # EMA before compile and DDP (timm)
+    train_model = torch.compile(raw_model) if cfg["compile"] else raw_model
+    net = loop.MixedSizes(train_model) if cfg["max_patches"] else train_model  # takes lists of images of mixed sizes
+    model = DDP(net, device_ids=[procs.local_rank] if device.type == "cuda" else None) if world > 1 else net
+    num_params = sum(p.numel() for p in raw_model.parameters())
+    run = recipe.resume(parts, raw_model, state, out / rundir.STATE, world, init)  # fresh, or the last commit
+    start_epoch = run.epoch
+
+    # -- run directory: fresh (config.yaml), or its exports repaired; then the loggers, in line with the history ---
+    if world > 1:
+        dist.barrier()  # every process has checked the run directory before rank 0 writes to it
+    if procs.master:
+        for note in rundir.prepare(out, cfg, resume=resume, state=state, changed=changed):
+            report(note)
+    report.open_loggers(out, cfg, run.history, resume)
+    if resume:
+        within = run.within
+        report(f"resuming {out} " + (f"at batch {within['step']}/{steps_per_epoch} of epoch {start_epoch + 1}"
+                                     if within else f"after epoch {start_epoch}"))
+    report(metrics.start_line(cfg, num_params=num_params, train_size=len(train_set), val_size=len(val_set),
+                              world=world, device=device, amp=amp_dtype is not None, out=out))
+
+    # -- training: an epoch, its validation, a commit of state.pt (and within the epoch, when the clock says so) ---
+    clock = loop.CheckpointClock(cfg["checkpoint_every_steps"], cfg["checkpoint_every_minutes"], device)
+    last_finite = None
+    for epoch in range(start_epoch, cfg["epochs"]):
+        loop.seed_everything(cfg["seed"], epoch, rank)
+        resumed = None  # the part of this epoch done before a commit within it
+        if run.within is not None and epoch == start_epoch:
+            sums = run.within["sums"][rank]
+            resumed = {**run.within, "loss_sum": sums[0], "seen": sums[1]}
+        sampler.set_epoch(epoch, skip=resumed["step"] * (cfg["batch_size"] // world) if resumed else 0)
+        loader_set.set_epoch(epoch)
+        stats = loop.train_one_epoch(model, loader, parts.optimizer, parts.scheduler, parts.criterion, epoch=epoch,
+                                     epochs=cfg["epochs"], device=device, autocast=autocast, mixup=parts.mixup,
+                                     clip_grad=cfg["clip_grad"], world=world, progress=procs.master and cfg["progress"],
+                                     last_finite=last_finite, train_res=cfg["train_res"], seed=cfg["seed"], rank=rank,
+                                     accum_steps=cfg["grad_accum_steps"], ema=parts.ema, scaler=parts.scaler,
+                                     channels_last=cfg["channels_last"], resume=resumed,
+                                     on_update=loop.commit_within(out, raw_model, parts, run, epoch, clock,
+                                                                  steps_per_epoch, procs))
+        last_finite = stats["last_finite"]
+        val = loop.evaluate(model, val_set, **eval_kw)
+        ema = loop.evaluate(parts.ema_module, val_set, **eval_kw) if parts.ema is not None else None
+        loop.check_finite(raw_model, epoch=epoch + 1, kept_epoch=epoch, val_loss=val.loss, ema=parts.ema_module,
+                          ema_loss=ema.loss if ema else None)  # a diverged epoch is neither saved nor reported
+        record = metrics.EpochRecord(epoch + 1, stats["train_loss"], val, parts.lr, stats["seen"] / stats["elapsed"],
+                                     stats["elapsed"], ema)
+        improved = val.acc > run.best_acc
+        if improved:
+            run.best_acc, run.best_epoch = val.acc, epoch + 1
+        run.history.append(record.row())
+        run.epoch, run.within = epoch + 1, None
+        if procs.master:
+            rundir.save_checkpoint(out, raw_model, parts.optimizer, parts.scheduler, epoch=run.epoch,
+                                   best_acc=run.best_acc, best_epoch=run.best_epoch, history=run.history,
+                                   ema=parts.ema_module, scaler=parts.scaler)
+        clock.reset()
+        report.epoch(record, cfg["epochs"], improved)  # committed first: a logger never holds an unsaved epoch
+        if cfg["stop_after"] and epoch + 1 - start_epoch >= cfg["stop_after"] and epoch + 1 < cfg["epochs"]:
+            report(f"stopping after epoch {epoch + 1} (stop_after); continue with --resume {out}")
+            report.close()
+            del model  # DDP's reducer freed while the group stands, as at the end of the run
+            distributed.leave()
+            return {"stopped": epoch + 1}
+
+    # -- resolution evaluation: last, best (and EMA) weights, same scenes at every resolution (and frame count) -----
+    video = bool(cfg["num_frames"])  # keys (frames, res) of clips, else image sizes
+    keys, train_key = loop.eval_grid(cfg, cfg["eval_res"], cfg["eval_frames"])
+    eval_sets = {k: (val_set if k == train_key else
+                     loop.dataset(cfg, "val", k[1], k[0]) if video else loop.dataset(cfg, "val", k)) for k in keys}
+    results = {}
+    for which in ("last", "best") + (("ema",) if parts.ema is not None else ()):
+        if world > 1:
+            dist.barrier()  # rank 0 has finished writing the weights
+        path = rundir.weights_file(out, which)
+        restore.load_state(raw_model, rundir.read_weights(path, device), path)
+        measured = loop.evaluate_resolutions(raw_model, eval_sets, **eval_kw)  # eager: any size
+        results[which] = metrics.retention_table(measured, train_key)
+        run.history += [{"kind": "eval_res", "model": which, **({"res": k[1], "frames": k[0]} if video else {"res": k}),
+                         **m} for k, m in results[which].items()]
+    summary = metrics.summary(cfg, run.history, results, num_params=num_params, best_epoch=run.best_epoch)
+    if procs.master:
+        rundir.finish(out, run.history, summary)  # metrics.jsonl, summary.csv, then results.json: finished
+    report(metrics.resolution_table(cfg, results, run.best_epoch))
+    report.close()
+    del model  # DDP's reducer holds the process group: freed first, the group is destroyed in leave()
+    distributed.leave()
+    return summary
+
