@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from visionpe.train import cli
-from visionpe.train.cli import UserError
+from visionpe import cli
+from visionpe.cli import UserError
 
 OBJECTS = ("circle", "triangle", "square", "star", "cross", "ring", "crescent", "arrow")
 TEXTURES = ("noise", "stripes", "checks", "dots", "wood", "gradient")

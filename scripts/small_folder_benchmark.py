@@ -36,11 +36,12 @@ from pathlib import Path
 
 import yaml
 
-from visionpe.train import cli, report, restore, settings
-from visionpe.train.cli import UserError
+from visionpe import cli
+from visionpe.cli import UserError, report
+from visionpe.train import restore, settings
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPE = ROOT / "configs" / "small_folder.yaml"
+RECIPE = ROOT / "visionpe" / "configs" / "small_folder.yaml"
 FOLDERS = ("objects", "photos")
 PHOTOS_SRC = Path("/usr/share/backgrounds/mate/nature")
 AUGMENTATION = (*settings.TRANSFORM_KEYS, "mixup", "cutmix")  # what the rows change; every other setting is shared
