@@ -1,4 +1,4 @@
-"""The small-folder recipe (configs/small_folder.yaml) trains on a tiny folder written by
+"""The small-folder recipe (visionpe/configs/small_folder.yaml) trains on a tiny folder written by
 scripts/make_image_folders.py; the generator is deterministic, writes the sizes and classes it says and holds the
 photos' val crops out of the training part; the benchmark's rows are timm's defaults, plain resize + flip and the
 recipe, checked against timm's own transforms."""
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import runpy
 
 import numpy as np
 import pytest
@@ -13,16 +14,17 @@ import torch
 import yaml
 from PIL import Image
 from timm.data import create_transform
-from trainutil import ROOT, run_script, script_namespace, train_main
+from trainutil import run_script, script_path, train_main
 
 from visionpe.data.folders import IMAGENET_MEAN, IMAGENET_STD
 from visionpe.data.transforms import Transforms, seeded
+from visionpe.cli.recipes import recipe_path
 from visionpe.train import settings
 
-RECIPE = ROOT / "configs" / "small_folder.yaml"
+RECIPE = recipe_path("small_folder")
 TINY_SIDES = ("--sides", "20", "40")
-gen = script_namespace("make_image_folders")
-bench = script_namespace("small_folder_benchmark")
+gen = runpy.run_path(str(script_path("make_image_folders")))  # the scripts' functions, nothing run
+bench = runpy.run_path(str(script_path("small_folder_benchmark")))
 
 
 def files(root):
@@ -138,7 +140,7 @@ def test_generator_mistakes_are_one_line(argv, message, tmp_path, capsys):
 def test_recipe_trains_one_step_on_a_generated_folder(objects, tmp_path):
     recipe = yaml.safe_load(RECIPE.read_text())
     out = tmp_path / "run"
-    summary = train_main(["--config", RECIPE, "--data-dir", objects, "--output", out, "--epochs", "1",
+    summary = train_main(["--config", "small_folder", "--data-dir", objects, "--output", out, "--epochs", "1",
                           "--batch-size", "16", "--warmup-epochs", "0", "--threads", "1", "--no-progress"])
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [1]
