@@ -10,6 +10,7 @@ import runpy
 
 import numpy as np
 import pytest
+import timm
 import torch
 import yaml
 from PIL import Image
@@ -150,6 +151,10 @@ def test_recipe_trains_one_step_on_a_generated_folder(objects, tmp_path):
     kept = {k: v for k, v in recipe.items() if k not in ("epochs", "batch_size", "warmup_epochs", "model_kwargs")}
     assert {k: cfg[k] for k in kept} == kept  # every other setting of the recipe, as written
     assert recipe["model_kwargs"].items() <= cfg["model_kwargs"].items()  # the saved keywords add the image sizes
+    # the recipe names its model in full, so it trains timm's architecture at the recipe's sizes whatever the defaults
+    timm_model = timm.create_model(recipe["model"], pretrained=False, num_classes=len(gen["OBJECTS"]),
+                                   img_size=recipe["img_size"], patch_size=recipe["patch_size"], **recipe["model_kwargs"])
+    assert summary["params"] == sum(p.numel() for p in timm_model.parameters())
 
 
 def test_benchmark_rows_are_timm_defaults_resize_flip_and_the_recipe(objects):
