@@ -5,6 +5,7 @@ docs/small_folder.md.
 
     python scripts/small_folder_benchmark.py --seeds 0 1 2 --jobs 2
     python scripts/small_folder_benchmark.py --folders /tmp/folders --out runs/small_folder --seeds 0 1 2 --jobs 2
+    python scripts/small_folder_benchmark.py --seeds 0 1 2 --collect-only    # the table from the runs finished so far
 
 The folders are written first when missing (FOLDERS/objects; FOLDERS/photos from --photos-src, Debian's
 mate-backgrounds nature photos by default: apt-get install mate-backgrounds). Every row trains the recipe's model,
@@ -96,12 +97,17 @@ def stale_settings(run: Path, args: list[str]) -> list[tuple]:
     return [c for c in settings.refused_changes(restore.load_run(run), new) if not (c[0] == "num_classes" and c[2] is None)]
 
 
+def train_args(run: Path, config: Path, folder: Path, seed: int) -> list[str]:
+    """The ``train_vit.py`` arguments of one run."""
+    return ["--config", str(config), "--data-dir", str(folder), "--seed", str(seed), "--output", str(run),
+            "--threads", "1", "--no-progress"]
+
+
 def train(run: Path, config: Path, folder: Path, seed: int) -> bool:
     """One training run in its own process, its output in ``run.log`` beside it and its wall time in
     ``run.wall``; True when it finished (results.json written). A finished run with the settings asked for is kept
     as it is; one trained with other settings (an edited recipe) is trained again."""
-    args = ["--config", str(config), "--data-dir", str(folder), "--seed", str(seed), "--output", str(run),
-            "--threads", "1", "--no-progress"]
+    args = train_args(run, config, folder, seed)
     if (run / "results.json").is_file() and not stale_settings(run, args):
         return True
     command = [sys.executable, str(ROOT / "train_vit.py"), *args, "--overwrite"]
@@ -163,7 +169,7 @@ def changes_text(changes: dict) -> str:
     return ", ".join(f"{k} {' '.join(map(word, v)) if isinstance(v, list) else word(v)}" for k, v in changes.items())
 
 
-def section(table: dict, sizes, recipe: dict, command: str) -> str:
+def section(table: dict, sizes, recipe: dict, command: str, missing=()) -> str:
     header = ["folder", "recipe", *(f"top-1 % at {s} px" + (" (training size)" if i == 0 else "")
                                    for i, s in enumerate(sizes)), "seeds", "epochs", "wall per run (min)"]
     rows = []
@@ -184,6 +190,7 @@ def section(table: dict, sizes, recipe: dict, command: str) -> str:
         report.markdown_table(header, rows), "",
         *(f"- {line}" for line in lines if line),
         *([""] + tried if tried else []), "",
+        *([f"Not finished, so not in the table ({len(missing)} runs): {', '.join(missing)}.", ""] if missing else []),
         f"Made by `{command}`.",
         end, ""])
 
@@ -205,6 +212,8 @@ def build_parser() -> cli.Parser:
     p.add_argument("--other-size", type=int, default=48, metavar="PX",
                    help="a second test size beside the training size (default 48)")
     p.add_argument("--jobs", type=int, default=2, metavar="N", help="runs at a time (default 2)")
+    p.add_argument("--collect-only", action="store_true",
+                   help="train nothing: write the table from the runs that have finished (the others are named)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "small_folder", metavar="DIR",
                    help="run directories (default runs/small_folder)")
     p.add_argument("--doc", type=Path, default=ROOT / "docs" / "small_folder.md", metavar="MD",
@@ -236,13 +245,22 @@ def run(argv) -> dict:
             (args.out / folder).mkdir(parents=True, exist_ok=True)
             jobs += [(args.out / folder / f"{row}_s{seed}", configs[row], args.folders / folder, seed)
                      for row, seeds in plan.items() if seed in seeds]
-    with ThreadPoolExecutor(args.jobs) as pool:
-        finished = list(pool.map(lambda job: train(*job), jobs))
+    if args.collect_only:
+        finished = [(run / "results.json").is_file() for run, *_ in jobs]
+        stale = [str(run) for (run, config, folder, seed), done in zip(jobs, finished) if done and stale_settings(
+            run, train_args(run, config, folder, seed))]
+        if stale:
+            raise UserError(f"--collect-only: {len(stale)} finished runs were trained with other settings than the "
+                            f"recipe's now (run without --collect-only to train them again): {', '.join(stale)}")
+    else:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            finished = list(pool.map(lambda job: train(*job), jobs))
     table = collect(args.out, plan, sizes)
+    missing = [f"{job[0].parent.name}/{job[0].name}" for job, done in zip(jobs, finished) if not done]
     command = "python scripts/small_folder_benchmark.py " + shlex.join(argv)
-    report.write_section(args.doc, SECTION, section(table, sizes, recipe, command.strip()))
+    report.write_section(args.doc, SECTION, section(table, sizes, recipe, command.strip(), missing))
     print(f"wrote the table to {args.doc} ({sum(finished)} of {len(jobs)} runs finished)")
-    if not all(finished):
+    if not all(finished) and not args.collect_only:
         raise UserError(f"{len(jobs) - sum(finished)} runs failed; their logs are in {args.out}")
     return table
 

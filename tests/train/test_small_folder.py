@@ -198,8 +198,23 @@ def test_benchmark_table_and_verdict_follow_the_seed_spread(tmp_path):
                     {"epochs": 3, "results": {"last": {"32": {"acc": acc}, "48": {"acc": acc - 1}}}}))
                 run.with_suffix(".wall").write_text("90\n")
     table = bench["collect"](tmp_path, {row: [0, 1] for row in accs}, [32, 48])
-    text = bench["section"](table, [32, 48], {"img_size": 32, "patch_size": 8}, "python x")
+    text = bench["section"](table, [32, 48], {"img_size": 32, "patch_size": 8}, "python x", ["photos/timm_s2"])
+    assert "Not finished, so not in the table (1 runs): photos/timm_s2." in text
     assert "| objects | small_folder | 52.5 ± 0.7 | 51.5 ± 0.7 | 0 1 | 3 | 1.5 |" in text
     # 52.5 - 41 = 11.5 > 0.71 + 1.41; 52.5 - 52 = 0.5 < 0.71 + 2.83
     assert "photos at 32 px: small_folder +11.5 points vs timm (better beyond the seed spread); +0.5 points vs " \
            "resize+flip (within the seed spread)" in text
+
+
+def test_collect_only_trains_nothing_and_names_the_runs_not_finished(tmp_path):
+    folders, doc = tmp_path / "folders", tmp_path / "doc.md"
+    for kind in bench["FOLDERS"]:
+        (folders / kind / "val").mkdir(parents=True)  # present, so nothing is generated
+    doc.write_text("# t\n")
+    table = run_script("small_folder_benchmark", ["--folders", folders, "--out", tmp_path / "runs", "--doc", doc,
+                                                  "--seeds", "0", "--collect-only"])
+    assert all(not entry["seeds"] for entry in table.values())
+    assert not list((tmp_path / "runs" / "objects").iterdir())  # no run started
+    text = doc.read_text()
+    assert "Not finished, so not in the table (6 runs): objects/timm_s0, objects/resize+flip_s0" in text
+    assert "| objects | small_folder | - | - | - | - | - |" in text
