@@ -158,8 +158,11 @@ def verdict(table: dict, folder: str, size: int) -> str:
         if not ours or not theirs:
             continue
         gap, beyond = report.beyond_spread(ours, theirs)
-        how = ("better beyond the seed spread" if gap > 0 else "worse beyond the seed spread") if beyond else \
-            "within the seed spread"
+        if min(len(ours), len(theirs)) < 2:
+            how = "one seed: no spread to judge by"
+        else:
+            how = ("better beyond the seed spread" if gap > 0 else "worse beyond the seed spread") if beyond else \
+                "within the seed spread"
         words.append(f"{gap:+.1f} points vs {row} ({how})")
     return f"{folder} at {size} px: small_folder " + "; ".join(words) if words else ""
 

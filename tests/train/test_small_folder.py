@@ -200,6 +200,8 @@ def test_benchmark_table_and_verdict_follow_the_seed_spread(tmp_path):
     table = bench["collect"](tmp_path, {row: [0, 1] for row in accs}, [32, 48])
     text = bench["section"](table, [32, 48], {"img_size": 32, "patch_size": 8}, "python x", ["photos/timm_s2"])
     assert "Not finished, so not in the table (1 runs): photos/timm_s2." in text
+    table["objects", "timm"]["acc"][32] = [41.0]  # one seed has no spread: no verdict by it
+    assert "+11.5 points vs timm (one seed: no spread to judge by)" in bench["section"](table, [32], {}, "python x")
     assert "| objects | small_folder | 52.5 ± 0.7 | 51.5 ± 0.7 | 0 1 | 3 | 1.5 |" in text
     # 52.5 - 41 = 11.5 > 0.71 + 1.41; 52.5 - 52 = 0.5 < 0.71 + 2.83
     assert "photos at 32 px: small_folder +11.5 points vs timm (better beyond the seed spread); +0.5 points vs " \
