@@ -42,6 +42,15 @@ def _release(package: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version(package).split("+")[0].split(".")[:3] if part.isdigit())
 
 
+def perturbed(model: torch.nn.Module, std: float = 0.05) -> torch.nn.Module:
+    """``model`` with random non-trivial weights added in place (timm, transformers and torchvision start tokens,
+    tables, biases and heads at or near zero, which would hide a wrong index, mask or a weight not loaded)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * std)
+    return model
+
+
 def requires(package: str, at_least: str, why: str):
     """Skip marker: the test needs ``package >= at_least`` (``why``: what it uses); visionpe supports older ones."""
     needed = tuple(int(part) for part in at_least.split("."))

@@ -9,6 +9,8 @@ import visionpe as vpe
 from visionpe import Attention
 from visionpe.grid import Grid
 
+from conftest import perturbed
+
 VIT = "vit_tiny_patch16_224"
 VIT_KW = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
 SWIN = {"swin_tiny_patch4_window7_224": dict(img_size=32, patch_size=4, embed_dim=16, depths=(1, 1),
@@ -20,20 +22,12 @@ VIT_PES = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rope
 SWIN_PES = ["none", "swin_bias", "cpb", "rope_axial", "rope_mixed", "alibi", "rope_mixed+swin_bias"]
 
 
-def _perturb(model):
-    """Random non-trivial weights (timm inits some tables to zero, which would hide mistakes)."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model
-
-
 @pytest.mark.parametrize("vit_kw", [dict(), dict(no_embed_class=True), dict(reg_tokens=2),
                                     dict(class_token=False, global_pool="avg"), dict(global_pool="avg"),
                                     dict(reg_tokens=1, no_embed_class=True, global_pool="token")])
 def test_learned_vit_matches_timm_at_every_size(vit_kw):
     torch.manual_seed(0)
-    ref = _perturb(timm.create_model(VIT, dynamic_img_size=True, **VIT_KW, **vit_kw)).eval()
+    ref = perturbed(timm.create_model(VIT, dynamic_img_size=True, **VIT_KW, **vit_kw)).eval()
     model = timm.create_model(VIT, **VIT_KW, **vit_kw).eval()
     model.load_state_dict(ref.state_dict())
     vpe.apply(model, "learned")
@@ -48,7 +42,7 @@ def test_forward_intermediates_takes_timm_indices(indices):
     """Every ``indices`` form timm takes (the last n blocks, block indices, negative from the end) gives timm's
     intermediates; indices out of range are a ValueError (the bad-input matrix)."""
     torch.manual_seed(0)
-    ref = _perturb(timm.create_model(VIT, dynamic_img_size=True, **VIT_KW)).eval()
+    ref = perturbed(timm.create_model(VIT, dynamic_img_size=True, **VIT_KW)).eval()
     model = timm.create_model(VIT, **VIT_KW).eval()
     model.load_state_dict(ref.state_dict())
     vpe.apply(model, "learned")
@@ -63,7 +57,7 @@ def test_forward_intermediates_takes_timm_indices(indices):
 @pytest.mark.parametrize("name,pe", [("swin_tiny_patch4_window7_224", "swin_bias"), ("swinv2_tiny_window8_256", "cpb")])
 def test_swin_native_bias_matches_timm(name, pe):
     torch.manual_seed(0)
-    ref = _perturb(timm.create_model(name, **SWIN[name])).eval()
+    ref = perturbed(timm.create_model(name, **SWIN[name])).eval()
     model = timm.create_model(name, **SWIN[name]).eval()
     model.load_state_dict(ref.state_dict())
     vpe.apply(model, pe)
@@ -154,7 +148,7 @@ def test_vit_block_rotates_like_the_standalone_module(pe):
 
 def test_apply_keeps_non_positional_weights_and_converts_pos_embed():
     torch.manual_seed(0)
-    vit = _perturb(timm.create_model(VIT, **VIT_KW))
+    vit = perturbed(timm.create_model(VIT, **VIT_KW))
     before = {k: v.clone() for k, v in vit.state_dict().items()}
     vpe.apply(vit, "rope_mixed+learned")
     after = vit.state_dict()
@@ -169,7 +163,7 @@ def test_apply_keeps_non_positional_weights_and_converts_pos_embed():
 
 
 def test_apply_twice_switches_encoding_and_keeps_weights():
-    model = _perturb(vpe.create_model(VIT, pe="learned", **VIT_KW))
+    model = perturbed(vpe.create_model(VIT, pe="learned", **VIT_KW))
     qkv = model.blocks[0].attn.qkv.weight.clone()
     table = model.pe_tokens.table.clone()
     vpe.apply(model, "rope_axial+learned")
@@ -200,7 +194,7 @@ def test_scaling_keywords_reach_rope_with_training_grid_as_reference():
 
 
 def test_checkpoint_round_trip(tmp_path):
-    model = _perturb(vpe.create_model(VIT, pe="rope_mixed+learned", **VIT_KW)).eval()
+    model = perturbed(vpe.create_model(VIT, pe="rope_mixed+learned", **VIT_KW)).eval()
     vpe.save_weights(model, tmp_path / "w.safetensors")
     other = vpe.create_model(VIT, pe="rope_mixed+learned", **VIT_KW).eval()
     vpe.load_weights(other, tmp_path / "w.safetensors")
@@ -212,7 +206,7 @@ def test_checkpoint_round_trip(tmp_path):
 
 def test_timm_checkpoint_report(tmp_path):
     torch.manual_seed(0)
-    plain = _perturb(timm.create_model(VIT, **VIT_KW)).eval()
+    plain = perturbed(timm.create_model(VIT, **VIT_KW)).eval()
     torch.save(plain.state_dict(), tmp_path / "plain.pth")
     model = vpe.create_model(VIT, pe="learned", **VIT_KW).eval()
     report = vpe.load_timm_checkpoint(model, tmp_path / "plain.pth")
@@ -229,14 +223,14 @@ def test_timm_checkpoint_report(tmp_path):
 
 
 def test_timm_checkpoint_resizes_pos_embed_and_swin_tables():
-    plain = _perturb(timm.create_model(VIT, **VIT_KW))
+    plain = perturbed(timm.create_model(VIT, **VIT_KW))
     big = vpe.create_model(VIT, pe="learned", **{**VIT_KW, "img_size": 64})
     report = vpe.load_timm_checkpoint(big, plain.state_dict())
     expected = timm.layers.resample_abs_pos_embed(plain.pos_embed, (8, 8), (4, 4), num_prefix_tokens=1)
     assert torch.allclose(big.pe_tokens.table.reshape(1, 64, -1), expected[:, 1:], atol=1e-5)
     assert len(report.converted) == 2
     name = "swin_tiny_patch4_window7_224"
-    swin = _perturb(timm.create_model(name, **SWIN[name]))
+    swin = perturbed(timm.create_model(name, **SWIN[name]))
     ours = vpe.create_model(name, pe="swin_bias", **{**SWIN[name], "window_size": 2})
     report = vpe.load_timm_checkpoint(ours, swin.state_dict())
     assert all(line.endswith("(resized 4x4 -> 2x2 (geometric))") for line in report.converted)  # timm's method
@@ -253,7 +247,7 @@ def test_timm_checkpoint_of_a_non_square_grid(tmp_path):
     timm model itself as the source, while the square default reads it as 8x8 and says so (with the other grids 64
     fits and how to give one); 14x7 (not square) asks for source_grid."""
     kw = {**VIT_KW, "img_size": (128, 32)}
-    plain = _perturb(timm.create_model(VIT, **kw))
+    plain = perturbed(timm.create_model(VIT, **kw))
     path = tmp_path / "vit_16x4.pth"
     torch.save(plain.state_dict(), path)
     same = vpe.create_model(VIT, pe="learned", **kw)
@@ -284,7 +278,7 @@ def test_timm_checkpoint_of_a_non_square_grid(tmp_path):
     report = vpe.load_timm_checkpoint(from_model, plain)
     assert report.assumed == [] and not report.new and not report.dropped
     torch.testing.assert_close(from_model.pe_tokens.table, other.pe_tokens.table)
-    tall = _perturb(timm.create_model(VIT, **{**VIT_KW, "img_size": (112, 56)}))
+    tall = perturbed(timm.create_model(VIT, **{**VIT_KW, "img_size": (112, 56)}))
     with pytest.raises(ValueError, match=r"98 patch positions.*source_grid=\(height, width\)"):
         vpe.load_timm_checkpoint(vpe.create_model(VIT, pe="learned", **VIT_KW), tall.state_dict())
     with pytest.raises(ValueError, match=r"source_grid=\(16, 4\) has 64 patches .* holds 98"):
@@ -381,7 +375,7 @@ def test_timm_checkpoint_resamples_visionpe_learned_table(factorized, tmp_path, 
     converted), so the model gives the logits the source gives at 48 (where it resamples on the fly)."""
     torch.manual_seed(0)
     kw = {"pe_kwargs": {"factorized": factorized}, **TINY}
-    small = _perturb(vpe.create_model(VIT, pe="learned", img_size=32, **kw)).eval()
+    small = perturbed(vpe.create_model(VIT, pe="learned", img_size=32, **kw)).eval()
     vpe.save_weights(small, tmp_path / "small.safetensors")
     big = vpe.create_model(VIT, pe="learned", img_size=48, **kw).eval()
     with caplog.at_level("WARNING", logger="visionpe.weights"):
@@ -439,11 +433,11 @@ def test_timm_checkpoint_strict_raises_listing_new_and_dropped_keys():
     with pytest.raises(ValueError, match=r"strict=True") as info:
         vpe.load_timm_checkpoint(model, {}, strict=True)
     assert all(f"new     {k}\n" in f"{info.value}\n" for k in ("pe_tokens.table", "head.weight", "cls_token"))
-    other_head = _perturb(vpe.create_model(VIT, pe="learned", img_size=16, **{**TINY, "num_classes": 5}))
+    other_head = perturbed(vpe.create_model(VIT, pe="learned", img_size=16, **{**TINY, "num_classes": 5}))
     with pytest.raises(ValueError, match=r"dropped head\.weight \(shape \(5, 16\) in the checkpoint, \(3, 16\)"):
         vpe.load_timm_checkpoint(model, other_head.state_dict(), strict=True)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # nothing loaded on failure
-    same = _perturb(vpe.create_model(VIT, pe="learned", img_size=16, **TINY))
+    same = perturbed(vpe.create_model(VIT, pe="learned", img_size=16, **TINY))
     report = vpe.load_timm_checkpoint(model, same.state_dict(), strict=True)
     assert report.new == report.dropped == [] and torch.equal(model.pe_tokens.table, same.pe_tokens.table)
     plain = timm.create_model(VIT, img_size=16, **TINY)  # pos_embed converted: allowed under strict
@@ -485,7 +479,7 @@ def test_timm_rope_vit_ports_load_with_identical_logits(eva_name, pe):
     """timm's rope-vit ports (Eva classes) -> a visionpe ViT: same logits, at the trained size and beyond."""
     torch.manual_seed(0)
     kw = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=2, num_classes=5)
-    eva = _perturb(timm.create_model(eva_name, dynamic_img_size=True, **kw)).eval()
+    eva = perturbed(timm.create_model(eva_name, dynamic_img_size=True, **kw)).eval()
     # timm's ports extrapolate integer positions: scaling="none" reproduces them at every size; the model default
     # ("pi") equals them at the trained size and interpolates beyond it
     ours = vpe.create_model("vit_small_patch16_224", pe=pe, qkv_bias=True, init_values=1e-5, global_pool="token",

@@ -6,7 +6,7 @@ import inspect
 import pytest
 import timm
 import torch
-from conftest import requires_that
+from conftest import requires_that, perturbed
 from timm.layers import apply_rot_embed_cat
 from timm.models.eva import Eva
 
@@ -43,11 +43,7 @@ VARIANTS = [
 
 
 def _perturb(model):
-    """Random non-trivial weights (timm starts q/v biases and the head near zero, which would hide a lost weight)."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
+    return perturbed(model).eval()
 
 
 def _timm_eva(name, **extra):

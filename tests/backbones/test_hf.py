@@ -21,7 +21,7 @@ from visionpe.backbones.hf import (CheckpointsCarryDraws, GridAttention, GridSwi
                                    swin_window)
 from visionpe.grid import Grid  # noqa: E402
 from visionpe.tokens import Learned  # noqa: E402
-from conftest import compiled_matches_eager_and_trains, requires_that, run_concurrently  # noqa: E402
+from conftest import compiled_matches_eager_and_trains, perturbed, requires_that, run_concurrently  # noqa: E402
 from trainutil import ROOT  # noqa: E402
 
 VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
@@ -53,11 +53,7 @@ def _attention(layer):
 
 
 def _perturb(model):
-    """Random non-trivial weights (transformers zero-initialises DeiT's tokens and Swin's tables)."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
+    return perturbed(model).eval()
 
 
 def _build(cls, **config):

@@ -19,6 +19,8 @@ import visionpe as vpe
 from visionpe.backbones import PositionalModel, timm_registry
 from visionpe.backbones.timm_registry import PREFIX, supported_timm_names, unsupported_timm_names
 
+from conftest import perturbed
+
 VIT = "vit_small_patch16_224"
 TINY = {VIT: dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10),
         "swin_tiny_patch4_window7_224": dict(img_size=32, patch_size=4, embed_dim=16, depths=(1, 1),
@@ -30,11 +32,7 @@ TINY[DEIT] = TINY[VIT]
 
 
 def _perturbed(model):
-    """Random non-trivial weights (timm starts some tables at zero, which would hide a weight not loaded)."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
+    return perturbed(model).eval()
 
 
 def _logits(model, size=32):

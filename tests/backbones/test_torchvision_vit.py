@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import compiled_matches_eager_and_trains, requires, run_concurrently
+from conftest import compiled_matches_eager_and_trains, requires, run_concurrently, perturbed
 from torchvision.models import resnet18
 from torchvision.models.vision_transformer import ConvStemConfig, VisionTransformer
 from trainutil import train_main
@@ -18,11 +18,7 @@ TV = dict(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
 
 
 def _perturb(model):
-    """Random non-trivial weights (torchvision zero-initialises the class token and the head)."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.eval()
+    return perturbed(model).eval()
 
 
 def _reference(**kw):

@@ -15,24 +15,18 @@ from visionpe.backbones.windows import shift_mask
 from visionpe.bias import SwinBias
 from visionpe.grid import Grid
 
+from conftest import perturbed
+
 # depths (2, 2): every stage has an unshifted and a shifted block
 CFG = dict(patch_size=[2, 4, 4], embed_dim=16, depths=[2, 2], num_heads=[2, 2], window_size=[2, 4, 4], num_classes=3)
 PES = ["swin_bias", "cpb", "alibi", "bucket_bias", "rope_axial", "rope_mixed", "rope_mixed+swin_bias",
        "rope_axial+alibi"]
 
 
-def _perturb(model):
-    """Random non-trivial weights (so a wrong index or mask cannot hide)."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model
-
-
 @pytest.fixture(scope="module")
 def reference():
     torch.manual_seed(0)
-    return _perturb(SwinTransformer3d(**CFG)).eval()
+    return perturbed(SwinTransformer3d(**CFG)).eval()
 
 
 def _patched(ref, pe="swin_bias", slicing=None):
@@ -157,7 +151,7 @@ def test_every_3d_encoding_trains(pe):
 
 def test_apply_twice_keeps_weights(reference):
     model = _patched(reference, "rope_mixed+swin_bias")
-    _perturb(model)
+    perturbed(model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     vpe.apply(model, "rope_mixed+swin_bias")
     after = model.state_dict()
