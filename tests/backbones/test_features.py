@@ -9,6 +9,8 @@ from safetensors.torch import save_file
 
 import visionpe as vpe
 
+from conftest import perturbed
+
 VIT_KW = dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=3)
 SWIN_KW = dict(img_size=32, patch_size=4, embed_dim=16, depths=(1, 1), num_heads=(2, 2), window_size=4,
                num_classes=3)
@@ -26,9 +28,7 @@ def _checkpoint(name, tmp_path):
     """A plain timm model with random non-trivial weights, saved as a timm hub file is (a state dict)."""
     torch.manual_seed(0)
     model = timm.create_model(name, **CASES[name])
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    perturbed(model)
     path = tmp_path / f"{name}.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
     return path
@@ -98,9 +98,7 @@ def test_eva_forward_intermediates_equal_timms(name):
     normed intermediates, NLC layout and final features as timm's own Eva."""
     torch.manual_seed(0)
     eva = timm.create_model(name, dynamic_img_size=True, **VIT_KW).eval()
-    with torch.no_grad():
-        for p in eva.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    perturbed(eva)
     ours = vpe.apply(copy.deepcopy(eva), pe="native")
     x = torch.randn(2, 3, 40, 24)
     for kwargs in (dict(indices=2), dict(indices=[0, -1], return_prefix_tokens=True, norm=True),

@@ -12,6 +12,7 @@ dinov3 = pytest.importorskip("transformers.models.dinov3_vit", reason="transform
 
 import visionpe as vpe  # noqa: E402
 from visionpe.backbones.hf_dinov3 import DINOv3ViTModelPE  # noqa: E402
+from conftest import perturbed  # noqa: E402
 
 DINOV3 = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
               patch_size=8, num_register_tokens=4, layerscale_value=0.5)  # 4 as DINOv3
@@ -20,9 +21,7 @@ DINOV3 = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, interm
 def _build(**config):
     torch.manual_seed(0)
     model = dinov3.DINOv3ViTModel(dinov3.DINOv3ViTConfig(**{**DINOV3, **config}))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    perturbed(model)
     return model.eval()
 
 

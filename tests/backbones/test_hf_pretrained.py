@@ -18,6 +18,7 @@ from transformers import (AutoModelForImageClassification, DeiTConfig,  # noqa: 
 
 import visionpe as vpe  # noqa: E402
 from test_hf import DINO, SWIN, VIT  # noqa: E402  (the tiny configs of the adapter's tests)
+from conftest import perturbed  # noqa: E402
 
 # (class, its config, pe, pe keywords): every family's trained weights (frequencies, a table taken over from the
 # model, a bias MLP, a Swin table) and keywords JSON holds as lists
@@ -32,9 +33,7 @@ def _trained(cls, config, pe, pe_kwargs):
     """A patched model whose every weight, the encoding's included, moved away from its initialisation."""
     torch.manual_seed(0)
     model = vpe.apply(cls(config), pe, **pe_kwargs)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    perturbed(model)
     return model.eval()
 
 
