@@ -216,6 +216,10 @@ def check_length(recipe: Recipe, state: dict, run) -> None:
 
 
 def _same_world(progress: Progress, path, world: int) -> Progress:
+    """``progress`` checked against the process count (a commit within an epoch resumes on as many processes), with
+    its extension (``--resume --epochs N``) recorded in the history."""
+    if progress.extended is not None:
+        progress.history.append(progress.extended)
     if progress.within is not None and len(progress.within["sums"]) != world:
         raise UserError(f"{path} was saved within epoch {progress.epoch + 1} by {len(progress.within['sums'])} "
                         f"process(es); resume it with as many (this is {world})")
