@@ -172,7 +172,10 @@ def test_what_visionpe_cannot_reproduce_is_refused_with_the_reason():
         assert _max_diff(ours, gigantic, size) < 2e-5, size
 
 
-@requires_that("mrope" in inspect.getsource(timm.layers.create_rope_embed), "timm's M-RoPE (a newer timm)")
+MROPE = hasattr(timm.layers, "create_rope_embed") and "mrope" in inspect.getsource(timm.layers.create_rope_embed)
+
+
+@requires_that(MROPE, "timm's M-RoPE (a newer timm)")
 def test_timm_mrope_has_no_native_equivalent():
     eva = timm.create_model("vit_small_patch16_rope_224", rope_type="mrope", rope_grid_indexing="ij", **KW)
     with pytest.raises(ValueError, match="RotaryEmbeddingMRope has no visionpe equivalent"):

@@ -21,7 +21,8 @@ from visionpe.backbones.hf import (CheckpointsCarryDraws, GridAttention, GridSwi
                                    swin_window)
 from visionpe.grid import Grid  # noqa: E402
 from visionpe.tokens import Learned  # noqa: E402
-from conftest import compiled_matches_eager_and_trains, perturbed, requires_that, run_concurrently  # noqa: E402
+from conftest import (compiled_matches_eager_and_trains, perturbed, requires, requires_that,  # noqa: E402
+                      run_concurrently)
 from trainutil import ROOT  # noqa: E402
 
 VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
@@ -204,6 +205,7 @@ def test_concurrent_forwards_at_different_sizes_equal_single_threaded(cls):
                                            (SwinForImageClassification, "rope_mixed+swin_bias",
                                             dict(depths=[2], num_heads=[2]))],  # one stage: a shifted block
                          ids=["vit", "swin"])
+@requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
 def test_fullgraph_compile_matches_eager_and_trains(cls, pe, config):
     model = vpe.apply(_build(cls, **config), pe)
     assert not compiled_matches_eager_and_trains(model, torch.randn(2, 3, 32, 40), output=lambda out: out.logits)
@@ -302,9 +304,16 @@ def test_bad_input_and_unsupported_classes():
 
 def test_transformers_stays_optional():
     """``import visionpe`` never imports transformers; without it the backbones load and the other adapters work."""
-    probe = ("import sys\n"
+    probe = ("import builtins, sys, traceback\n"
+             "importers, plain = [], builtins.__import__\n"
+             "def recording(name, *args, **kwargs):\n"
+             "    if name.split('.')[0] == 'transformers' and 'transformers' not in sys.modules:\n"
+             "        importers.append(traceback.extract_stack()[-2].filename)  # the module that imports it\n"
+             "    return plain(name, *args, **kwargs)\n"
+             "builtins.__import__ = recording\n"
              "import visionpe as vpe\n"
-             "assert 'transformers' not in sys.modules\n"
+             "builtins.__import__ = plain\n"
+             "assert not [f for f in importers if 'visionpe' in f], importers  # torch 2.1's onnx imports it itself\n"
              "sys.modules['transformers'] = None  # as if not installed: importing it raises ImportError\n"
              "import torch, visionpe.backbones\n"
              "from torchvision.models.vision_transformer import VisionTransformer\n"

@@ -262,7 +262,8 @@ def test_clips_take_their_own_time_step_in_every_window(monkeypatch, reference):
             alone = torch.cat([model(x[i:i + 1], time_spacing=float(s)) for i, s in enumerate(steps)])
             torch.testing.assert_close(batch, alone, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(model(x, time_spacing=1.0), model(x), rtol=1e-5, atol=1e-5)
-            assert (batch - model(x)).abs().max() > 1e-5
+            moved = (batch - model(x)).abs().amax(dim=-1)  # (clips,): the step-1 clip is the index-time model
+            assert moved[1] < 1e-7 and (moved[[0, 2]] > 1e-6).all(), moved  # rounding: ~1e-8
         first = seen[0]  # stage 1, first block: 8 windows of each clip
         assert [g.spacing[0] for g in first.grids] == [2.0] * 8 + [1.0] * 8 + [0.5] * 8
         assert {g.shape for g in first.grids} == {(2, 4, 4)}

@@ -80,7 +80,7 @@ def test_perception_encoder_equals_timms_port_at_the_native_grid():
     """timm's port agrees at the training grid (24x24 at 384 px); off it, timm resizes the table bicubic with
     antialias and interpolates RoPE positions (ref_feat_shape), the official code does neither (stated)."""
     model = timm.create_model("vit_pe_core_tiny_patch16_384", pretrained=False).eval()
-    head_dim = model.blocks[0].attn.head_dim
+    head_dim = model.embed_dim // model.blocks[0].attn.num_heads
     scheme = vpe.preset("perception_encoder", dim=model.embed_dim, num_heads=model.blocks[0].attn.num_heads,
                         grid_shape=(24, 24))
     grid = Grid((24, 24), prefix=1)

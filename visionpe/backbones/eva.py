@@ -31,7 +31,8 @@ from ..attention import attend
 from ..rotary import MixedRoPE
 from ..weights.convert import LoadReport
 from .adapter import GLOBAL_REFUSES, Adapter, register_adapter
-from .vit import GridTransformer, any_size_vit, check_not_causal, put_block_encodings, split_layer_freqs, vit_features
+from .vit import (GridTransformer, any_size_vit, check_not_causal, head_dim_of, put_block_encodings, split_layer_freqs,
+                  vit_features)
 
 try:  # timm >= 1.0.20 (DINOv3); the floor's Eva has no such RoPE
     from timm.layers import RotaryEmbeddingDinoV3
@@ -58,7 +59,7 @@ class EvaAttentionPE(nn.Module):
 
     def __init__(self, source: nn.Module, rotary: nn.Module | None = None, bias: nn.Module | None = None):
         super().__init__()
-        self.num_heads, self.head_dim = source.num_heads, source.head_dim
+        self.num_heads, self.head_dim = source.num_heads, head_dim_of(source)
         self.num_kv_heads = getattr(source, "num_kv_heads", source.num_heads)
         self.qkv_bias_separate = getattr(source, "qkv_bias_separate", False)
         for name in PROJECTIONS:

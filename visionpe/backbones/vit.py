@@ -285,6 +285,12 @@ class VisionTransformerPE(GridTransformer, VisionTransformer):
     (:class:`GridTransformer`)."""
 
 
+def head_dim_of(attn: nn.Module) -> int:
+    """The head width of a timm attention module: ``head_dim``, or (timm releases whose ``EvaAttention`` and
+    ``AttentionRope`` keep none) the output projection's input width over the heads."""
+    return getattr(attn, "head_dim", None) or attn.proj.in_features // attn.num_heads
+
+
 def register_count(model: nn.Module) -> int:
     """Register tokens of a timm token transformer: ``num_reg_tokens`` (VisionTransformer) or the rows of
     ``reg_token`` (Eva keeps no count)."""
@@ -307,7 +313,7 @@ def put_block_encodings(model: nn.Module, names: dict, kwargs: dict, patch_block
     model.dynamic_img_size = True
     grid_shape = tuple(patch_embed.grid_size)
     first = model.blocks[0].attn
-    context = ModelContext(grid_shape, model.embed_dim, first.num_heads, first.head_dim,
+    context = ModelContext(grid_shape, model.embed_dim, first.num_heads, head_dim_of(first),
                            num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens,
                            depth=len(model.blocks), num_registers=register_count(model))
     old_table = model.pos_embed if isinstance(getattr(model, "pos_embed", None), nn.Parameter) else None
@@ -317,7 +323,7 @@ def put_block_encodings(model: nn.Module, names: dict, kwargs: dict, patch_block
     encodings = EncodingSet(names, kwargs)
     for block in model.blocks:
         source = block.attn
-        block_context = ModelContext(grid_shape, model.embed_dim, source.num_heads, source.head_dim,
+        block_context = ModelContext(grid_shape, model.embed_dim, source.num_heads, head_dim_of(source),
                                      context.num_prefix_tokens, context.depth, context.num_registers)
         rotary = encodings.block("rotary", block_context, getattr(source, "rotary", None))
         bias = encodings.block("bias", block_context, getattr(source, "bias", None))
