@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "== install 3/4: torch and torchvision (the largest download: a few minutes the first time)"
 	@$(PIP) torch==2.14.1 torchvision==0.29.1
 	@echo "== install 4/4: visionpe and its test tools (editable)"
-	@$(PIP) -q -e '.[dev]'
+	@PYTHONWARNINGS='ignore:Editable installation:UserWarning' $(PIP) -q -e '.[dev]'  # setuptools' box about editable installs
 	@touch $@
 	@echo "== installed: $(PY)"
 
