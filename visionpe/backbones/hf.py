@@ -639,11 +639,20 @@ def task_model(cls: type) -> type:
                  "__module__": __name__})
 
 
+def init_weights(model: nn.Module) -> None:
+    """transformers' own init scheme over every module (``init_weights``), also over modules its construction marked
+    initialised already (transformers 4 skips a module with ``_is_hf_initialized``: a meta-device build's class token
+    would keep the garbage of ``to_empty``)."""
+    for module in model.modules():
+        if getattr(module, "_is_hf_initialized", False):
+            module._is_hf_initialized = False
+    model.init_weights()
+
+
 BASE_MODELS = {ViTModel: ViTModelPE, DeiTModel: DeiTModelPE, Dinov2Model: Dinov2ModelPE}
-GLOBAL_RECORD = dict(library="transformers", native="learned", refuses=GLOBAL_REFUSES,
-                     init_weights=lambda model: model.init_weights())
+GLOBAL_RECORD = dict(library="transformers", native="learned", refuses=GLOBAL_REFUSES, init_weights=init_weights)
 WINDOW_RECORD = dict(library="transformers", native="swin_bias", families=WINDOW_FAMILIES, refuses=WINDOW_REFUSES,
-                     init_weights=lambda model: model.init_weights())
+                     init_weights=init_weights)
 for _base, _patched in BASE_MODELS.items():
     register_adapter(Adapter(_base, _patched, apply_vit_like, (GridAttention,), **GLOBAL_RECORD))
 register_adapter(Adapter(SwinModel, SwinModelPE, apply_swin, (GridAttention,), **WINDOW_RECORD))

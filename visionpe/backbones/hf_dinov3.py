@@ -19,7 +19,7 @@ from torch import nn
 from transformers.models.dinov3_vit.modeling_dinov3_vit import DINOv3ViTLayer, DINOv3ViTModel
 
 from .adapter import GLOBAL_REFUSES, Adapter, register_adapter
-from .hf import CheckpointsCarryDraws, GridAttention, GridViTModel, layer_scale_forward, put_vit_encodings
+from .hf import CheckpointsCarryDraws, GridAttention, GridViTModel, init_weights, layer_scale_forward, put_vit_encodings
 from .hf_pretrained import register_conversions
 
 
@@ -84,5 +84,5 @@ def apply_dinov3(model: DINOv3ViTModel, names: dict, kwargs: dict) -> None:
 
 
 register_adapter(Adapter(DINOv3ViTModel, DINOv3ViTModelPE, apply_dinov3, (GridAttention,), library="transformers",
-                         native=native_dinov3, refuses=GLOBAL_REFUSES, init_weights=lambda model: model.init_weights()))
+                         native=native_dinov3, refuses=GLOBAL_REFUSES, init_weights=init_weights))
 register_conversions(DINOv3ViTModelPE, DINOv3ViTModel)
