@@ -10,10 +10,12 @@ import json
 import os
 import shutil
 import signal
+import runpy
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -31,8 +33,7 @@ ROOT = HERE.parents[1]
 WORKER = HERE / "parallel_worker.py"
 TIMEOUT = 420  # seconds for one torchrun launch on a loaded 2-core machine (about a minute when idle)
 pytestmark = requires("torch", "2.6", "torch.distributed.fsdp.fully_shard and DCP's state_dict API")
-sys.path.insert(0, str(HERE))
-import parallel_worker  # noqa: E402
+import parallel_worker  # noqa: E402  (beside this file: pytest puts tests/train on the path)
 
 
 def env() -> dict:
@@ -268,8 +269,7 @@ def test_memory_per_rank_counts_the_bytes_each_rank_holds(group, mode):
 
 
 def test_scaling_memory_table_and_bad_arguments(capsys):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import scaling_memory
+    scaling_memory = SimpleNamespace(**runpy.run_path(str(ROOT / "scripts" / "scaling_memory.py")))  # not imported
     rank = {"parameters": 2**30, "gradients": 2**30, "optimizer": 2**31, "peak_rss": 5 * 2**30, "rss_before": 2**29}
     text = scaling_memory.table([{"model": "vit_x", "mode": "fsdp", "ranks": [rank, {**rank, "peak_rss": 1}]}], 2, 4,
                                 224)

@@ -186,7 +186,7 @@ def resume(recipe: Recipe, model: torch.nn.Module, state: dict | Path | None, ou
             recipe.scaler.load_state_dict(state["scaler"])
     progress = Progress(state["epoch"], state["best_acc"], state["best_epoch"], state["history"],
                         state.get("progress"), saved=state, extended=extended)
-    return _same_world(progress, path, world)
+    return _checked_progress(progress, path, world)
 
 
 def _resume_sharded(recipe: Recipe, model: torch.nn.Module, folder: Path, world: int) -> Progress:
@@ -203,7 +203,7 @@ def _resume_sharded(recipe: Recipe, model: torch.nn.Module, folder: Path, world:
     saved = {**rundir.exported_state(model, recipe.ema_module, extra), "history": history}
     progress = Progress(extra["epoch"], extra["best_acc"], extra["best_epoch"], history, extra.get("progress"), saved,
                         extended)
-    return _same_world(progress, folder, world)
+    return _checked_progress(progress, folder, world)
 
 
 def check_length(recipe: Recipe, state: dict, run) -> None:
@@ -215,7 +215,7 @@ def check_length(recipe: Recipe, state: dict, run) -> None:
                         f"--epochs >= {done} (the schedule continues to the new length)")
 
 
-def _same_world(progress: Progress, path, world: int) -> Progress:
+def _checked_progress(progress: Progress, path, world: int) -> Progress:
     """``progress`` checked against the process count (a commit within an epoch resumes on as many processes), with
     its extension (``--resume --epochs N``) recorded in the history."""
     if progress.extended is not None:
