@@ -234,8 +234,9 @@ def test_quick_video_section(one_thread):
     tables = {t: r for t, r in parse_tables(report).items() if t.startswith("Video ")}
     assert [t.split(":")[0] for t in tables] == ["Video eval forward", "Video training step (forward + backward + AdamW)"]
     for title, rows in tables.items():
-        # lookhere is defined on 2D grids only: not a video row; videorope (3D only) always is
-        assert [row["pe"] for row in rows] == ["none", "none (control)", "learned", "rope_mixed", "fire", "videorope"]
+        # lookhere is defined on 2D grids only: not a video row; videorope and riflex (3D only) always are
+        assert [row["pe"] for row in rows] == ["none", "none (control)", "learned", "rope_mixed", "fire", "videorope",
+                                               "riflex"]
         assert all(math.isfinite(ratio(row["vs none"])) and not row["ms"].startswith("error") for row in rows), rows
 
 
@@ -249,5 +250,6 @@ def test_video_setups_are_the_video_benchmark_recipe_and_cover_every_3d_encoding
     assert large.slow and large.size == (8, 224, 224)
     from visionpe.bench.speed.video import video_encodings
     every = video_encodings(cli.PES + cli.FRONTIER)
-    assert "lookhere" not in every and every[-1] == "videorope"
-    assert set(every) == {pe for pe in cli.PES + cli.FRONTIER if pe != "lookhere"} | {"videorope"}
+    assert "lookhere" not in every and every[-2:] == ["videorope", "riflex"]
+    two_d_only = {"lookhere", "spiral_rope"}  # defined on 2D grids (LookHere's directions, Spiral RoPE's turns)
+    assert set(every) == (set(cli.PES + cli.FRONTIER) - two_d_only) | {"videorope", "riflex"}

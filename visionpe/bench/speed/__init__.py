@@ -46,8 +46,8 @@ op: their gap to the baseline is the noise of the run. Sections (``--sections``,
   workers, square and native aspect (``create_naflex_loader``); and the share of a training step spent waiting for
   data.
 - ``video`` (opt-in): eval forward and training step of each encoding of ``--pes`` that is defined on 3D grids, and
-  of the video-only ``videorope``, vs the same tubelet video ViT without position: the video benchmark's recipe
-  (``configs/bench_video_tiny.yaml``) and ViT-S/16 on 8 frames of 224 px (tubelets 2x16x16, batch 2).
+  of the video-only ``videorope`` and ``riflex``, vs the same tubelet video ViT without position: the video
+  benchmark's recipe (``configs/bench_video_tiny.yaml``) and ViT-S/16 on 8 frames of 224 px (tubelets 2x16x16, batch 2).
 
 ``--quick`` swaps every model for a tiny one and times one short round: a smoke test of the script, not a
 measurement. ``--out`` rewrites the file's tables and keeps its hand-written "Reading these numbers" section.

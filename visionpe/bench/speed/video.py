@@ -8,7 +8,7 @@ from ...registry import check_name
 from .tables import Table, encoding_limit, ms, versus
 from .timing import Run, TrainStep
 
-VIDEO_ONLY = ("videorope",)  # encodings defined on (T, H, W) grids only: always rows of this section
+VIDEO_ONLY = ("videorope", "riflex")  # encodings defined on (T, H, W) grids only: always rows of this section
 
 
 def video_encodings(pes: list[str]) -> list[str]:
