@@ -5,7 +5,8 @@ imported, Hugging Face ViT/DeiT/DINOv2/Swin (``hf.py``; DINOv3: ``hf_dinov3.py``
 ``from_pretrained``: ``hf_pretrained.py``), sharing ``adapter.py`` (and ``windows.py``: the shifted-window
 mask); the tubelet video ViT (``video.py``) builds on the ViT adapter. :func:`apply`, :func:`create_model`,
 :func:`encodings_of`, :func:`~visionpe.load_timm_checkpoint`, timm's ``vpe_*`` registry (``timm_registry.py``) and
-the training CLI ask the registry."""
+the training CLI ask the registry.
+transformers' Qwen3-VL vision tower: ``hf_qwen3_vl.py`` (transformers 5's)."""
 import importlib
 import importlib.util
 
@@ -31,6 +32,10 @@ def _register_hf(_transformers) -> None:
         raise
     if importlib.util.find_spec("transformers.models.dinov3_vit") is not None:  # transformers >= 4.56
         importlib.import_module(f"{__name__}.hf_dinov3")
+    if importlib.util.find_spec("transformers.models.qwen3_vl") is not None and hasattr(  # transformers 5's tower
+            importlib.import_module("transformers.models.qwen3_vl.modeling_qwen3_vl"),  # (4.57's returns a tuple)
+            "BaseModelOutputWithDeepstackFeatures"):
+        importlib.import_module(f"{__name__}.hf_qwen3_vl")
 
 
 when_imported("transformers", _register_hf)

@@ -90,6 +90,7 @@ from .windows import shift_mask  # noqa: E402
 PROJECTION_LAYOUTS = (
     {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"},  # transformers 5: ViT, DeiT, DINOv2, Swin
     {"q": "query", "k": "key", "v": "value"},  # transformers 4's self-attentions (ViT, DeiT, DINOv2, Swin)
+    {"qkv": "qkv", "o": "proj"},  # one fused projection, q then k then v (Qwen3-VL's vision tower)
 )
 
 
@@ -138,9 +139,9 @@ def attention_dropout(source: nn.Module) -> float:
 class GridAttention(nn.Module):
     """Replaces a transformers attention: its projections under their names (:data:`PROJECTION_LAYOUTS`: ``q_proj``,
     ``k_proj``, ``v_proj``, ``o_proj``; transformers 4's ``query``, ``key``, ``value``, whose output projection stays
-    in the attention module around them), so the model's state dict keys are transformers'; ``num_attention_heads``,
-    ``head_dim`` (scale ``head_dim ** -0.5``) and ``attention_dropout``; ``rotary`` and ``bias`` hold the block's
-    encodings.
+    in the attention module around them; Qwen3-VL's fused ``qkv`` and ``proj``), so the model's state dict keys are
+    transformers'; ``num_attention_heads``, ``head_dim`` (scale ``head_dim ** -0.5``) and ``attention_dropout``;
+    ``rotary`` and ``bias`` hold the block's encodings.
 
     Call: ``attn(x, layout, attention_mask=None, output_attentions=False) -> (out, weights)`` with
     ``x: (B, T, dim)`` and ``layout`` the call's grid; ``attention_mask`` broadcastable to ``(B, heads, T, T)``
@@ -163,6 +164,9 @@ class GridAttention(nn.Module):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x: (B, T, dim)`` -> q, k, v ``(B, heads, T, head_dim)``."""
+        if "qkv" in self.names:  # fused: (B, T, 3 * dim), q then k then v, each heads-major
+            return tuple(rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3,
+                                   h=self.num_attention_heads))
         return tuple(rearrange(getattr(self, self.names[role])(x), "b t (h d) -> b h t d", h=self.num_attention_heads)
                      for role in ("q", "k", "v"))
 
