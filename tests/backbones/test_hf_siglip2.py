@@ -13,7 +13,7 @@ if int(transformers.__version__.split(".")[0]) < 5:
     pytest.skip("the SigLIP 2 adapter takes transformers 5's tower (a PreTrainedModel)", allow_module_level=True)
 
 import visionpe as vpe  # noqa: E402
-from visionpe.backbones.hf_siglip2 import Siglip2VisionTowerPE  # noqa: E402
+from visionpe.backbones.hf_siglip2 import TOWER, Siglip2VisionTowerPE  # noqa: E402
 from visionpe.grid import Grid, MixedLayout  # noqa: E402
 from conftest import perturbed  # noqa: E402
 
@@ -31,6 +31,11 @@ def _config(**overrides):
 def _tower(**overrides):
     torch.manual_seed(0)
     return perturbed(siglip2.Siglip2VisionModel(_config(**overrides))).eval()
+
+
+def tower_of(model):
+    """The tower: ``Siglip2VisionModel`` itself, or its ``vision_model`` (transformers 5's first releases)."""
+    return model if isinstance(model, TOWER) else model.vision_model
 
 
 def _classifier():
@@ -64,7 +69,7 @@ def test_native_gives_transformers_outputs(shapes):
     (at the real patches) and pooled output, one image at a grid or images of different grids in one padded batch."""
     ref = _tower()
     model = vpe.apply(copy.deepcopy(ref), "native")
-    assert type(model) is Siglip2VisionTowerPE and model.embeddings.position_embedding is None
+    assert type(tower_of(model)) is Siglip2VisionTowerPE and tower_of(model).embeddings.position_embedding is None
     table = vpe.encodings_of(model)["tokens"][0]
     assert table.grid_shape == (4, 4) and table.interpolation == "bilinear" and table.antialias
     pixels, mask, spatial = naflex(shapes, length=max(h * w for h, w in shapes) + 3)  # padded beyond the longest too
@@ -108,7 +113,7 @@ def test_any_encoding_runs_each_image_on_its_own_grid(pe):
     ref = _tower()
     model = vpe.apply(copy.deepcopy(ref), pe)
     state = model.state_dict()
-    kept = {k: v for k, v in ref.state_dict().items() if k != "embeddings.position_embedding.weight"}
+    kept = {k: v for k, v in ref.state_dict().items() if not k.endswith("embeddings.position_embedding.weight")}
     assert all(torch.equal(state[k], v) for k, v in kept.items())
     pixels, mask, spatial = naflex(MIXED)
     with torch.no_grad():
@@ -126,7 +131,7 @@ def test_swin_bias_is_refused_with_the_reason():
 
 
 def test_naflex_inputs_are_checked():
-    model = vpe.apply(_tower(), "native")
+    model = tower_of(vpe.apply(_tower(), "native"))
     pixels, mask, spatial = naflex([(3, 5)])
     with pytest.raises(ValueError, match="spatial_shapes must be an integer"):
         model(pixels, mask)
