@@ -226,7 +226,8 @@ def as_layout(layout) -> Layout:
 @dataclass(frozen=True, eq=False)
 class MixedLayout:
     """The tokens of a mixed-size batch: sample ``b`` has its own grid ``grids[b]`` (its size and aspect ratio) and
-    its ``P + N_b`` tokens first, padded to the longest sample (NaFlexViT's setting).
+    its ``P + N_b`` tokens first, padded to the longest sample (NaFlexViT's setting), or to ``length`` tokens when
+    given (a fixed sequence length, as SigLIP 2's NaFlex batches of ``max_num_patches``: at least the longest sample).
 
     Encodings never see padding: :func:`visionpe.attend` and the models run every encoding once per distinct grid on
     the samples that have it (their real tokens only) and mask padded keys, so each sample gets exactly the positions
@@ -234,6 +235,7 @@ class MixedLayout:
     """
 
     grids: tuple[Grid, ...]
+    length: int | None = None
 
     def __post_init__(self):
         grids = tuple(self.grids) if isinstance(self.grids, (list, tuple)) else ()
@@ -243,6 +245,11 @@ class MixedLayout:
             raise ValueError("every sample's grid must have the same prefix and number of axes, got "
                              f"{[(g.shape, g.prefix) for g in grids]}")
         object.__setattr__(self, "grids", grids)
+        longest = max(g.num_tokens for g in grids)
+        if self.length is not None and (isinstance(self.length, bool) or not isinstance(self.length, int)
+                                        or self.length < longest):
+            raise ValueError(f"length={self.length!r} must be an integer of at least the longest sample's "
+                             f"{longest} tokens (or None: padded to the longest sample)")
         samples: dict[Grid, list[int]] = {}  # distinct grid -> its samples, computed once for every block
         for b, g in enumerate(grids):
             samples.setdefault(g, []).append(b)
@@ -250,7 +257,7 @@ class MixedLayout:
 
     @property
     def num_tokens(self) -> int:
-        return max(g.num_tokens for g in self.grids)
+        return max(g.num_tokens for g in self.grids) if self.length is None else self.length
 
     def groups(self, device=None) -> list[tuple[torch.Tensor, Grid]]:
         """``[(sample indices, grid)]``, one entry per distinct grid, in order of first appearance."""

@@ -1,12 +1,12 @@
 """Backbone adapters, one module a model family, each registered once (:func:`register_adapter`): timm ViT/DeiT
 (``vit.py``), timm Swin v1/v2 (``swin.py``), timm's distilled DeiT (``deit.py``), timm Eva (``eva.py``),
 torchvision Video Swin (``video_swin.py``) and image ViT (``torchvision_vit.py``), and, once transformers is
-imported, Hugging Face ViT/DeiT/DINOv2/Swin (``hf.py``; DINOv3: ``hf_dinov3.py``; ``save_pretrained`` /
-``from_pretrained``: ``hf_pretrained.py``), sharing ``adapter.py`` (and ``windows.py``: the shifted-window
-mask); the tubelet video ViT (``video.py``) builds on the ViT adapter. :func:`apply`, :func:`create_model`,
-:func:`encodings_of`, :func:`~visionpe.load_timm_checkpoint`, timm's ``vpe_*`` registry (``timm_registry.py``) and
-the training CLI ask the registry.
-transformers' Qwen3-VL vision tower: ``hf_qwen3_vl.py`` (transformers 5's)."""
+imported, Hugging Face ViT/DeiT/DINOv2/Swin (``hf.py``; DINOv3: ``hf_dinov3.py``; SigLIP 2's vision tower:
+``hf_siglip2.py``; Qwen3-VL's vision tower: ``hf_qwen3_vl.py``; ``save_pretrained`` / ``from_pretrained``:
+``hf_pretrained.py``), sharing ``adapter.py`` (and ``windows.py``: the shifted-window mask); the tubelet video ViT
+(``video.py``) builds on the ViT adapter. :func:`apply`, :func:`create_model`, :func:`encodings_of`,
+:func:`~visionpe.load_timm_checkpoint`, timm's ``vpe_*`` registry (``timm_registry.py``) and the training CLI ask the
+registry."""
 import importlib
 import importlib.util
 
@@ -36,6 +36,10 @@ def _register_hf(_transformers) -> None:
             importlib.import_module("transformers.models.qwen3_vl.modeling_qwen3_vl"),  # (4.57's returns a tuple)
             "BaseModelOutputWithDeepstackFeatures"):
         importlib.import_module(f"{__name__}.hf_qwen3_vl")
+    # SigLIP 2 exists from transformers 4.49; its tower is a PreTrainedModel (what the adapter patches) from 5
+    if importlib.util.find_spec("transformers.models.siglip2") is not None \
+            and int(_transformers.__version__.split(".")[0]) >= 5:
+        importlib.import_module(f"{__name__}.hf_siglip2")
 
 
 when_imported("transformers", _register_hf)

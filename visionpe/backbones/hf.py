@@ -77,7 +77,7 @@ from transformers.models.vit.modeling_vit import ViTForImageClassification, ViTL
 from ..attention import attend  # noqa: E402
 from ..coords import shares_draws, with_draws  # noqa: E402
 from ..encoding import ModelContext, constructor_keywords  # noqa: E402
-from ..grid import Grid, Layout  # noqa: E402
+from ..grid import Grid, Layout, MixedLayout  # noqa: E402
 from ..registry import ENCODINGS  # noqa: E402
 from .adapter import (GLOBAL_REFUSES, WINDOW_FAMILIES, WINDOW_REFUSES, Adapter, EncodingSet,  # noqa: E402
                       adapter_for, build_tokens, check_input, register_adapter)
@@ -89,6 +89,7 @@ from .windows import shift_mask  # noqa: E402
 # attention has it; transformers 4's self-attentions have it beside them, in the attention's ``output``)
 PROJECTION_LAYOUTS = (
     {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"},  # transformers 5: ViT, DeiT, DINOv2, Swin
+    {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj"},  # SigLIP 2's attention
     {"q": "query", "k": "key", "v": "value"},  # transformers 4's self-attentions (ViT, DeiT, DINOv2, Swin)
     {"qkv": "qkv", "o": "proj"},  # one fused projection, q then k then v (Qwen3-VL's vision tower)
 )
@@ -138,10 +139,10 @@ def attention_dropout(source: nn.Module) -> float:
 
 class GridAttention(nn.Module):
     """Replaces a transformers attention: its projections under their names (:data:`PROJECTION_LAYOUTS`: ``q_proj``,
-    ``k_proj``, ``v_proj``, ``o_proj``; transformers 4's ``query``, ``key``, ``value``, whose output projection stays
-    in the attention module around them; Qwen3-VL's fused ``qkv`` and ``proj``), so the model's state dict keys are
-    transformers'; ``num_attention_heads``, ``head_dim`` (scale ``head_dim ** -0.5``) and ``attention_dropout``;
-    ``rotary`` and ``bias`` hold the block's encodings.
+    ``k_proj``, ``v_proj``, ``o_proj`` (SigLIP 2: ``out_proj``); transformers 4's ``query``, ``key``, ``value``, whose
+    output projection stays in the attention module around them; Qwen3-VL's fused ``qkv`` and ``proj``), so the
+    model's state dict keys are transformers'; ``num_attention_heads``, ``head_dim`` (scale ``head_dim ** -0.5``) and
+    ``attention_dropout``; ``rotary`` and ``bias`` hold the block's encodings.
 
     Call: ``attn(x, layout, attention_mask=None, output_attentions=False) -> (out, weights)`` with
     ``x: (B, T, dim)`` and ``layout`` the call's grid; ``attention_mask`` broadcastable to ``(B, heads, T, T)``
@@ -342,7 +343,11 @@ class GridViTModel(PretrainedPositionalModel):
 
     pe_tokens: nn.Module | None
     layer_classes: dict = {}
+    attention_name = "attention"  # the layers' attention attribute (transformers 4: the module around it)
     prefix_positions = True  # the model's table has rows for its prefix tokens (a tokens encoding keeps them)
+    # a tokens encoding's defaults (the user's keywords win), where it takes them: transformers'
+    # interpolate_pos_encoding (bicubic, no antialias)
+    tokens_defaults = {"antialias": False}
 
     def prefix_tokens(self) -> list[torch.Tensor]:
         """The prefix token parameters ``(1, n, D)``, in sequence order."""
@@ -423,7 +428,19 @@ class GridViTModel(PretrainedPositionalModel):
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
         return_dict = config.return_dict if return_dict is None else return_dict
         x, layout = self.embed(pixel_values, bool_masked_pos, grid_offset)
-        mask = key_mask(attention_mask, x.shape[1])
+        x, hidden_states, attentions = self.run_layers(x, layout, key_mask(attention_mask, x.shape[1]),
+                                                       output_attentions, output_hidden_states)
+        sequence_output = self.final_norm(x)
+        out = BaseModelOutputWithPooling(last_hidden_state=sequence_output, pooler_output=self.pool(sequence_output),
+                                         hidden_states=hidden_states, attentions=attentions)
+        return out if return_dict else out.to_tuple()
+
+    def run_layers(self, x: torch.Tensor, layout: Layout | MixedLayout, mask: torch.Tensor | None,
+                   output_attentions: bool, output_hidden_states) -> tuple[torch.Tensor, tuple | None, tuple | None]:
+        """The layers on tokens ``x: (B, T, D)`` of ``layout`` (a late tokens encoding, PEG after block 0, added
+        before its block, per grid of a mixed layout) with the key ``mask`` -> ``(x, hidden_states, attentions)``:
+        the last layer's output and, when asked, the embeddings and each layer's output (``output_hidden_states``:
+        True or indices) and each layer's attention probabilities."""
         layers = self.grid_layers()
         checkpoint = self.checkpointing(layers)
         keep = selected_indices(output_hidden_states, len(layers) + 1)
@@ -434,7 +451,7 @@ class GridViTModel(PretrainedPositionalModel):
             if hidden_states is not None:
                 hidden_states.append(x if keep is None or i in keep else None)
             if late is not None and i == late.block_index:
-                x = late(x, layout.unwrap())
+                x = layout.per_grid(x, late) if isinstance(layout, MixedLayout) else late(x, layout.unwrap())
             if checkpoint is None:
                 x, weights = layer(x, mask, layout=layout, output_attentions=bool(output_attentions))
             else:
@@ -443,11 +460,8 @@ class GridViTModel(PretrainedPositionalModel):
                 attentions.append(weights)
         if hidden_states is not None:
             hidden_states.append(x if keep is None or len(layers) in keep else None)
-        sequence_output = self.final_norm(x)
-        out = BaseModelOutputWithPooling(last_hidden_state=sequence_output, pooler_output=self.pool(sequence_output),
-                                         hidden_states=None if hidden_states is None else tuple(hidden_states),
-                                         attentions=None if attentions is None else tuple(attentions))
-        return out if return_dict else out.to_tuple()
+        return (x, None if hidden_states is None else tuple(hidden_states),
+                None if attentions is None else tuple(attentions))
 
 
 class ViTModelPE(GridViTModel, ViTModel):
@@ -479,29 +493,30 @@ def put_vit_encodings(model: nn.Module, names: dict, kwargs: dict, patched: type
     :class:`GridViTModel` class) in place: the tokens encoding (taking over the model's table), each layer patched
     with its rotary and bias encodings."""
     layers = patched.grid_layers(model)
-    classes = patched.layer_classes
+    classes, name = patched.layer_classes, patched.attention_name
     for layer in layers:
         if not isinstance(layer, tuple(classes)):
             raise ValueError(f"layer type {type(layer).__name__} is not supported; supported transformers layers: "
                              f"{', '.join(b.__name__ for b in classes)}")
-        attention_slot(layer)
-    found = projections(getattr(*attention_slot(layers[0])))
+        attention_slot(layer, name)
+    found = projections(getattr(*attention_slot(layers[0], name)))
     table = patched.position_table(model)
     registers = getattr(model.config, "num_register_tokens", 0)
     prefix = sum(t.shape[1] for t in patched.prefix_tokens(model)) if patched.prefix_positions else 0
     context = ModelContext(patched.train_grid(model), model.config.hidden_size, found.num_heads, found.head_dim,
                            num_prefix_tokens=prefix, depth=len(layers), num_registers=registers)
     defaults = {}
-    if "tokens" in names and "antialias" in constructor_keywords(ENCODINGS[names["tokens"]]):
-        defaults["antialias"] = False  # transformers' interpolate_pos_encoding
+    if "tokens" in names:
+        taken = constructor_keywords(ENCODINGS[names["tokens"]])
+        defaults = {k: v for k, v in patched.tokens_defaults.items() if k in taken}
     model.pe_tokens = build_tokens(names, kwargs, context, table, getattr(model, "pe_tokens", None), **defaults)
     patched.drop_positions(model)
     encodings = EncodingSet(names, kwargs)
     for layer in layers:
         swap_class(layer, classes[next(b for b in classes if isinstance(layer, b))])
-        source = getattr(*attention_slot(layer))
+        source = getattr(*attention_slot(layer, name))
         put_attention(layer, encodings.block("rotary", context, getattr(source, "rotary", None)),
-                      encodings.block("bias", context, getattr(source, "bias", None)))
+                      encodings.block("bias", context, getattr(source, "bias", None)), name)
 
 
 def apply_vit_like(model: nn.Module, names: dict, kwargs: dict) -> None:
@@ -609,38 +624,49 @@ def apply_swin(model: SwinModel, names: dict, kwargs: dict) -> None:
 
 # -- the task models: a transformers head around a patched base model --------------------------------------------------
 class GridTaskModel(PretrainedPositionalModel):
-    """Mixin of the patched task models (``...ForImageClassification``): the base model (``base_model_prefix``:
-    ``vit``, ``deit``, ``dinov2``, ``swin``) is patched, transformers' forward runs unchanged around it."""
+    """Mixin of the patched task models (``...ForImageClassification``) and wrappers: the base model
+    (``base_model_prefix``: ``vit``, ``deit``, ``dinov2``, ``swin``; or the attribute :attr:`tower`) is patched,
+    transformers' forward runs unchanged around it."""
+
+    tower: str | None = None  # the attribute holding the model that is patched; None: transformers' base_model
+
+    @classmethod
+    def tower_of(cls, model: nn.Module) -> nn.Module:
+        """The model inside ``model`` (of this class, patched or not yet) that is patched."""
+        return model.base_model if cls.tower is None else getattr(model, cls.tower)
+
+    def tower_model(self) -> nn.Module:
+        return self.tower_of(self)
 
     @property
     def pe_tokens(self) -> nn.Module | None:
-        return getattr(self.base_model, "pe_tokens", None)
+        return getattr(self.tower_model(), "pe_tokens", None)
 
     @property
     def pe(self) -> str:
-        return self.base_model.pe
+        return self.tower_model().pe
 
     @pe.setter
     def pe(self, value: str) -> None:
-        self.base_model.pe = value
+        self.tower_model().pe = value
 
     def check_input(self, x: torch.Tensor) -> None:
-        self.base_model.check_input(x)
+        self.tower_model().check_input(x)
 
 
 def apply_task_model(model: nn.Module, names: dict, kwargs: dict) -> None:
     """Patch a task model's base model (its adapter's class and encodings); the head and its weights stay."""
-    base = model.base_model
+    base = adapter_for(model).patched.tower_of(model)
     adapter = adapter_for(base)
     adapter.put_encodings(base, names, kwargs)
     base.__class__ = adapter.patched
 
 
-def task_model(cls: type) -> type:
-    """The patched class of a transformers task model class."""
+def task_model(cls: type, tower: str | None = None) -> type:
+    """The patched class of a transformers task model (or wrapper) class; ``tower``: see :attr:`GridTaskModel.tower`."""
     return type(f"{cls.__name__}PE", (GridTaskModel, cls),
                 {"__doc__": f"transformers ``{cls.__name__}`` around a patched base model, with visionpe encodings.",
-                 "__module__": __name__})
+                 "__module__": __name__, "tower": tower})
 
 
 def init_weights(model: nn.Module) -> None:

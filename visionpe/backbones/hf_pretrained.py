@@ -91,16 +91,21 @@ class PretrainedPositionalModel(PositionalModel):
             self.__dict__["unsaved_encoding"] = str(err)
 
     def _init_weights(self, module: nn.Module) -> None:
-        """transformers' initialisation of one module; an embeddings' position table the encoding replaced (None)
-        stands in empty for the call, as transformers 4 initialises it without looking (e.g. when loading a
-        checkpoint into a ``ViTModel``, whose embeddings it always initialises first)."""
-        if getattr(module, "_parameters", {}).get("position_embeddings", False) is not None:
+        """transformers' initialisation of one module; an embeddings' position table the encoding replaced (None: a
+        ViT's ``position_embeddings`` parameter, SigLIP 2's ``position_embedding`` module) stands in empty for the
+        call, as transformers initialises it without looking (e.g. when loading a checkpoint into a ``ViTModel``,
+        whose embeddings transformers 4 always initialises first)."""
+        if getattr(module, "_parameters", {}).get("position_embeddings", False) is None:
+            name, stand_in = "position_embeddings", nn.Parameter(torch.empty(1, 0, 1))
+        elif getattr(module, "_modules", {}).get("position_embedding", False) is None:
+            name, stand_in = "position_embedding", nn.Embedding(0, 1)
+        else:
             return super()._init_weights(module)
-        module.position_embeddings = nn.Parameter(torch.empty(1, 0, self.config.hidden_size))
+        setattr(module, name, stand_in)
         try:
             super()._init_weights(module)
         finally:
-            module.position_embeddings = None
+            setattr(module, name, None)
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
