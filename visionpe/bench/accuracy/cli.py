@@ -25,9 +25,9 @@ LookHere's protocol (``--tune [--holdout N]``, image recipes): each run's sweep 
 --tune: the encoding's declared knob chosen per test size on held-out training images), and the report adds, per
 data set, a table with each row untuned (``label``: the run's own settings, e.g. RoPE's trained scaling, not the
 swept --scaling values) and tuned (``label [tuned]``) side by side, the knob values the seeds chose at each size,
-a plot and a verdict per row (tuned - untuned). RoPE-Mixed's knob is its scaling (none, pi, ntk, yarn, whatever
---scaling lists); axial RoPE's is theta under its own scaling. Adding or dropping --tune on a finished benchmark
-re-sweeps its runs without retraining them:
+a plot and a verdict per row (tuned - untuned). RoPE-Mixed's knob is its scaling (all of none, pi, ntk, yarn,
+whatever --scaling lists); axial RoPE's is theta under its own scaling. Adding or dropping --tune on a finished
+benchmark re-sweeps its runs without retraining them:
 
     visionpe benchmark --data clutter-relation --seeds 0 1 2 --res 32 64 128 --tune -- --train-samples 4000
 
