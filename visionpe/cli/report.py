@@ -108,11 +108,28 @@ class Curve:
 LINES = {"none": ("-", "o"), "pi": ("--", "s"), "ntk": ("-.", "^"), "yarn": (":", "D")}
 
 
+MAX_CURVES = 8  # per panel: more are split over further rows of panels, a group's curves kept together
+
+
+def panels_of(curves: list[Curve], most: int = MAX_CURVES) -> list[list[Curve]]:
+    """The curves in rows of at most ``most``, in order, the curves of a group in one row where they fit."""
+    rows, groups = [[]], list(dict.fromkeys(c.group for c in curves))
+    for group in groups:
+        members = [c for c in curves if c.group == group]
+        for at in range(0, len(members), most):
+            part = members[at:at + most]
+            if len(rows[-1]) + len(part) > most:
+                rows.append([])
+            rows[-1] += part
+    return rows
+
+
 def accuracy_plot(curves: list[Curve], path: Path, *, train_sizes, title: str) -> bool:
     """Accuracy vs test resolution, the one figure of the sweep and the accuracy benchmarks: top-1 (and, when the
     curves carry it, retention beside it), mean ± std over the values of each size, a dotted line at each training
-    size (labelled in the legend). Non-square sizes (anything but an ``int``) have no place on the axis and are left
-    out. Returns False (and writes nothing) when there is no curve."""
+    size (labelled in the legend). At most :data:`MAX_CURVES` curves a panel: more go to further rows of panels (same
+    axes, same colours), each row's legend outside the data, on its right. Non-square sizes (anything but an ``int``)
+    have no place on the axis and are left out. Returns False (and writes nothing) when there is no curve."""
     if not curves:
         return False
     import matplotlib
@@ -120,32 +137,37 @@ def accuracy_plot(curves: list[Curve], path: Path, *, train_sizes, title: str) -
     import matplotlib.pyplot as plt
     panels = [("acc", "top-1 (%)")] + ([("retention", "retention acc(res) / acc(train res)")]
                                        if any(c.retention for c in curves) else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
+    parts = panels_of(curves)
+    fig, axes = plt.subplots(len(parts), len(panels), figsize=(6.2 * len(panels), 4.6 * len(parts)), squeeze=False,
+                             sharex=True, sharey="col")
     groups = list(dict.fromkeys(c.group for c in curves))
     cmap, n = (plt.get_cmap("tab10"), 10) if len(groups) <= 10 else (plt.get_cmap("tab20"), 20)
     colour = {g: cmap(i % n) for i, g in enumerate(groups)}
     sizes = sorted({r for c in curves for r in c.acc if isinstance(r, int)})
-    for ax, (key, ylabel) in zip(axes[0], panels):
-        for c in curves:
-            values = getattr(c, key)
-            xs = [r for r in sizes if values.get(r)]
-            stats = [mean_std(values[r]) for r in xs]
-            linestyle, marker = LINES.get(c.style.split("/")[0], ("-", "o"))
-            ax.plot(xs, [m for m, _ in stats], label=c.label, color=colour[c.group], linestyle=linestyle,
-                    marker=marker, markersize=4)
-            if any(s > 0 for _, s in stats):
-                ax.errorbar(xs, [m for m, _ in stats], yerr=[s for _, s in stats], fmt="none", capsize=3,
-                            color=colour[c.group])
-        for i, size in enumerate(sorted(set(train_sizes))):
-            ax.axvline(size, color="grey", linestyle=":", linewidth=1, label=None if i else "training size")
-        ax.set_xlabel("test resolution (px)")
-        ax.set_ylabel(ylabel)
-        ax.set_xticks(sizes)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_title(title)
-    axes[0][-1].legend(fontsize=7, loc="best", ncol=2 if len(curves) > 8 else 1)
+    for row, part in zip(axes, parts):
+        for ax, (key, ylabel) in zip(row, panels):
+            for c in part:
+                values = getattr(c, key)
+                xs = [r for r in sizes if values.get(r)]
+                stats = [mean_std(values[r]) for r in xs]
+                linestyle, marker = LINES.get(c.style.split("/")[0], ("-", "o"))
+                ax.plot(xs, [m for m, _ in stats], label=c.label, color=colour[c.group], linestyle=linestyle,
+                        marker=marker, markersize=4)
+                if any(s > 0 for _, s in stats):
+                    ax.errorbar(xs, [m for m, _ in stats], yerr=[s for _, s in stats], fmt="none", capsize=3,
+                                color=colour[c.group])
+            for i, size in enumerate(sorted(set(train_sizes))):
+                ax.axvline(size, color="grey", linestyle=":", linewidth=1, label=None if i else "training size")
+            ax.set_xlabel("test resolution (px)")
+            ax.set_ylabel(ylabel)
+            ax.set_xticks(sizes)
+            ax.tick_params(labelbottom=True)
+            ax.grid(alpha=0.3)
+        row[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    for i, row in enumerate(axes):
+        row[0].set_title(title + (f" ({i + 1}/{len(parts)})" if len(parts) > 1 else ""))
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True

@@ -10,13 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ...cli import UserError, import_user_code
 from ...cli.recipes import recipe_path
-from ...train import models, settings
+from ...train import models, settings, tuning
 from ...train.loop import size_order
 from ...train.metrics import key_text
 from .collect import collect, finished_runs_or_refuse
 from .jobs import job
 from .rows import read_rows
-from .sections import rows_section, write_report, write_video_section
+from .sections import TABLE_CSV, rows_section, write_csv, write_report, write_video_section
 
 VIT_LIST = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rope_mixed+learned", "rel_bias", "alibi"]
 SWIN_LIST = ["swin_bias", "cpb", "rope_mixed", "alibi"]
@@ -29,6 +29,10 @@ def check(args) -> int | None:
         raise UserError(f"--jobs must be an integer >= 1, got {args.jobs}")
     if any(s < 0 for s in args.seeds):
         raise UserError(f"--seeds must be integers >= 0, got {' '.join(map(str, args.seeds))}")
+    if args.holdout is not None and not args.tune:
+        raise UserError(f"--holdout {args.holdout} sets the held-out images of --tune; give --tune too")
+    if args.holdout is not None and args.holdout < 1:
+        raise UserError(f"--holdout must be an integer >= 1, got {args.holdout}")
     extra = settings.parse_args(list(args.extra), prog="benchmark (visionpe train arguments after --)")
     if args.rows is not None and args.swin:
         raise UserError("--rows replaces the encoding lists: give --rows or --swin, not both")
@@ -51,6 +55,8 @@ def check(args) -> int | None:
                                     f"patch_size {cfg['patch_size']}")
                 if cfg["num_frames"] and not all(isinstance(r, int) for r in args.res):
                     raise UserError("--res HxW (non-square) is for image recipes; video sizes are square")
+                if args.tune and not cfg["num_frames"]:
+                    tuning.training_count(cfg)  # a run on a whole real set leaves nothing to hold out
                 frames.add(cfg["num_frames"])
                 t = models.tubelet(cfg)[0] if cfg["num_frames"] else 1
                 bad = [f for f in args.frames if f < 1 or f % t]
@@ -64,6 +70,8 @@ def check(args) -> int | None:
         raise UserError("--frames is for video recipes (num_frames, video data); these runs are image runs")
     if video and args.swin:
         raise UserError("--swin has no video recipe: give a video recipe without --swin")
+    if video and args.tune:
+        raise UserError("--tune (LookHere's protocol) is for image recipes; this is a video recipe")
     if video and args.rows:
         raise UserError("--rows is for image recipes: give an image recipe (no num_frames) with --rows")
     return video
@@ -95,6 +103,7 @@ def run(args, command: str) -> int:
         plan = lambda pe: (["--pe", pe, *args.extra], args.scaling, [])
     # order: seed-major, so that an early stop leaves every encoding with the same number of seeds
     runs.sort(key=lambda r: (r[3], list(configs).index(r[0]), args.data.index(r[1])))
+    tune = (["--tune"] + (["--holdout", str(args.holdout)] if args.holdout is not None else [])) if args.tune else []
     t0 = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only and (args.out / "command.txt").is_file():  # report of an earlier invocation
@@ -105,7 +114,7 @@ def run(args, command: str) -> int:
         log_dir.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(args.jobs) as pool:
             futures = [pool.submit(job, configs[f], d, s, run, plan(pe)[0], args.res, plan(pe)[1], log_dir,
-                                   args.frames, plan(pe)[2]) for f, d, pe, s, run in runs]
+                                   args.frames, plan(pe)[2], tune) for f, d, pe, s, run in runs]
             for i, fut in enumerate(futures, 1):
                 r = fut.result()
                 status = "ok" if r["ok"] else f"FAILED (see {r['log']})"
@@ -125,6 +134,7 @@ def run(args, command: str) -> int:
               f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", file=sys.stderr)
     args.unfinished = [r for r in runs if r[4] not in finished]
     table = collect([(f, d, pe, s, run) for f, d, pe, s, run in runs])
+    write_csv(args.out / TABLE_CSV, table)
     if spec:
         rows_section(args.doc, args, spec, table, runs, command, wall)
     elif video:

@@ -21,6 +21,20 @@ against timm's best row:
     visionpe benchmark --rows bench_rows_resolution --data shapes-position fashion-mnist \
         --seeds 0 1 2 --res 24 32 48 64 32x48 --jobs 2
 
+LookHere's protocol (``--tune [--holdout N]``, image recipes): each run's sweep also gets ``--tune`` (visionpe sweep
+--tune: the encoding's declared knob chosen per test size on held-out training images), and the report adds, per
+data set, a table with each row untuned (``label``: the run's own settings, e.g. RoPE's trained scaling, not the
+swept --scaling values) and tuned (``label [tuned]``) side by side, the knob values the seeds chose at each size,
+a plot and a verdict per row (tuned - untuned). RoPE-Mixed's knob is its scaling (all of none, pi, ntk, yarn,
+whatever --scaling lists); axial RoPE's is theta under its own scaling. Adding or dropping --tune on a finished
+benchmark re-sweeps its runs without retraining them:
+
+    visionpe benchmark --data clutter-relation --seeds 0 1 2 --res 32 64 128 --tune -- --train-samples 4000
+
+Every report marks a row whose top-1 at the training size is below chance + 5 points (chance = 100 / classes) as
+*not learned* and leaves it out of the verdicts; ``OUT/table.csv`` holds every cell of the report (mean, std and
+the per-seed values, the knob choices).
+
 Video: a recipe with ``num_frames`` (or ``-- --num-frames T`` in the extra arguments) on a video data set trains
 tubelet video ViTs; ``--frames`` gives the test frame counts, crossed with ``--res`` in the sweep. The report of a
 video benchmark is its own marked section of the doc (``<!-- BEGIN video_benchmark -->``), so the image sections
@@ -81,6 +95,13 @@ def build_parser() -> cli.Parser:
                          "count only)")
     ev.add_argument("--scaling", nargs="+", default=["none", "pi", "ntk", "yarn"], choices=SCALINGS, metavar="NAME",
                     help=f"RoPE adaptations, of {', '.join(SCALINGS)} (default: all)")
+    ev.add_argument("--tune", action="store_true",
+                    help="LookHere's protocol (image recipes): sweep every run with visionpe sweep --tune and report "
+                         "each row untuned (its own settings) and tuned (its encoding's knob chosen per test size on "
+                         "held-out training images) side by side; adding or dropping it re-sweeps, never retrains")
+    ev.add_argument("--holdout", type=int, default=None, metavar="N",
+                    help="with --tune: held-out training images per run, an integer >= 1 (default: the sweep's, "
+                         "1%% of the run's training images, at least 100)")
     run = p.add_argument_group("run and report")
     run.add_argument("--jobs", type=int, default=2, metavar="N",
                      help="runs in parallel, one thread each; an integer >= 1 (default: 2)")

@@ -1,12 +1,17 @@
 """The finished runs of a benchmark gathered into one table: each run's sweep (``run/sweep/sweep.csv``) and its
-results (through :mod:`visionpe.train.metrics`), keyed by (family, data, encoding or row, adaptation)."""
+results (through :mod:`visionpe.train.metrics`), keyed by (family, data, encoding or row, adaptation); the rows of
+LookHere's protocol (``visionpe sweep --tune``) are the adaptations ``untuned`` and ``tuned``, with the knob values
+the seeds chose."""
 from __future__ import annotations
 
 import csv
 from pathlib import Path
 
 from ...cli import UserError
-from ...train import loop, metrics
+from ...train import loop, metrics, restore
+
+TUNE = ("untuned", "tuned")  # the adaptations of LookHere's protocol in a sweep.csv
+
 
 def finished_runs_or_refuse(runs: list[Path], out: Path, doc: Path) -> list[Path]:
     """The planned runs that are finished and swept; none is a :class:`UserError` that leaves ``doc`` as it is (a
@@ -19,26 +24,38 @@ def finished_runs_or_refuse(runs: list[Path], out: Path, doc: Path) -> list[Path
 
 
 def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
-    """{(family, data, pe, adaptation): {'acc': {res: [per seed]}, 'ret': ..., 'params', 'img_s', 'epochs'}}"""
+    """{(family, data, pe, adaptation): {'acc': {res: [per seed]}, 'ret': ..., 'params', 'img_s', 'train_res',
+    'seeds', 'num_classes'}}; an entry of LookHere's protocol also has 'knob' (the knob's name, '' for an encoding
+    without one), a tuned one 'choice' ({res: [per seed, the value chosen: ``x4`` on the trained value for a number,
+    else the value]})."""
     table = {}
     for family, data, pe, seed, run in runs:
         sweep = run / "sweep" / "sweep.csv"
         if not sweep.is_file():
             continue
         results = metrics.read_results(run)
+        num_classes = restore.load_run(run)["num_classes"]
         with open(sweep) as f:
-            for row in csv.DictReader(f):
-                key = (family, data, pe, adaptation_key(row))
-                video = bool(row.get("frames"))  # a video run: columns are (frames, res)
-                col = (int(row["frames"]), int(row["res"])) if video else loop.parse_size(row["res"])
-                train = (int(row["train_frames"]), int(row["train_res"])) if video else int(row["train_res"])
-                entry = table.setdefault(key, {"acc": {}, "ret": {}, "params": results["params"], "img_s": [],
-                                               "train_res": train, "seeds": set()})
-                entry["acc"].setdefault(col, []).append(float(row["acc"]))
-                entry["ret"].setdefault(col, []).append(metrics.read_retention(row["retention"]))
-                if seed not in entry["seeds"]:
-                    entry["seeds"].add(seed)
-                    entry["img_s"].append(results["train_img_per_s"])
+            rows = list(csv.DictReader(f))
+        trained = {(row.get("protocol"), row["res"]): row.get("knob_value", "") for row in rows
+                   if row["adaptation"] == "untuned"}
+        for row in rows:
+            key = (family, data, pe, adaptation_key(row))
+            video = bool(row.get("frames"))  # a video run: columns are (frames, res)
+            col = (int(row["frames"]), int(row["res"])) if video else loop.parse_size(row["res"])
+            train = (int(row["train_frames"]), int(row["train_res"])) if video else int(row["train_res"])
+            entry = table.setdefault(key, {"acc": {}, "ret": {}, "params": results["params"], "img_s": [],
+                                           "train_res": train, "seeds": set(), "num_classes": num_classes})
+            entry["acc"].setdefault(col, []).append(float(row["acc"]))
+            if row["adaptation"] in TUNE:
+                entry["knob"] = row.get("knob", "")
+            if row["adaptation"] == "tuned":
+                choice = knob_choice(row.get("knob_value", ""), trained.get((row.get("protocol"), row["res"]), ""))
+                entry.setdefault("choice", {}).setdefault(col, []).append(choice)
+            entry["ret"].setdefault(col, []).append(metrics.read_retention(row["retention"]))
+            if seed not in entry["seeds"]:
+                entry["seeds"].add(seed)
+                entry["img_s"].append(results["train_img_per_s"])
     return table
 
 
@@ -49,6 +66,29 @@ def adaptation_key(row: dict) -> str:
     if protocol == "resize":
         return row["adaptation"]
     return protocol if row["adaptation"] == "default" else f"{row['adaptation']}/{protocol}"
+
+
+def knob_choice(value: str, trained: str) -> str:
+    """A chosen knob value as the report shows it: a factor on the trained value for a number (``x4``, ``x1``: the
+    trained one), else the value itself (``yarn``)."""
+    try:
+        factor = float(value) / float(trained)
+    except (ValueError, ZeroDivisionError):
+        return value
+    return f"x{factor:.3g}"
+
+
+def tune_of(adaptation: str) -> str | None:
+    """``untuned`` or ``tuned`` for an adaptation of LookHere's protocol (``tuned``, ``tuned/crop``), else None."""
+    part = adaptation.split("/")[0]
+    return part if part in TUNE else None
+
+
+def tune_label(pe: str, adaptation: str) -> str:
+    """A row of LookHere's protocol as its table names it: untuned as the run's own (``pe``, ``pe [crop]``), tuned
+    marked (``pe [tuned]``, ``pe [tuned/crop]``)."""
+    protocol = adaptation.partition("/")[2]
+    return label(pe, protocol or "default") if tune_of(adaptation) == "untuned" else f"{pe} [{adaptation}]"
 
 
 def label(pe: str, adaptation: str) -> str:

@@ -17,15 +17,15 @@ from .staleness import record_sweep, stale_settings, sweep_is_current
 
 
 def job(cfg_path: Path, data: str, seed: int, run: Path, train_args: list[str], res, scalings, log_dir: Path,
-        frames=(), protocols=()) -> dict:
+        frames=(), protocols=(), tune=()) -> dict:
     """Train and sweep one run of the accuracy benchmark (``visionpe train --config CFG --data D --seed S
-    TRAIN_ARGS ...``, its sweep under ``protocols``, default the run's own) as far as it is not up to date. Returns
-    {'run', 'ok', 'seconds', 'log'}."""
+    TRAIN_ARGS ...``, its sweep under ``protocols``, default the run's own, with ``tune``: LookHere's protocol, see
+    :func:`sweep_command`) as far as it is not up to date. Returns {'run', 'ok', 'seconds', 'log'}."""
     log = log_dir / f"{run.parent.parent.name}__{run.parent.name}__{run.name}.log"
     train = ["--config", str(cfg_path), "--data", data, "--seed", str(seed), "--output", str(run), "--threads", "1",
              "--no-progress", "--eval-res", *train_args]
     t0 = time.time()
-    sweep = sweep_command(run, res, scalings, frames, protocols)
+    sweep = sweep_command(run, res, scalings, frames, protocols, tune)
     return {"run": run, "ok": run_logged(plan_run(run, train, sweep, log), log), "seconds": time.time() - t0,
             "log": log}
 
@@ -47,12 +47,13 @@ def plan_run(run: Path, train: list[str], sweep: list[str], log: Path) -> list[l
     return commands
 
 
-def sweep_command(run: Path, res, scalings, frames=(), protocols=()) -> list[str]:
+def sweep_command(run: Path, res, scalings, frames=(), protocols=(), tune=()) -> list[str]:
     """``visionpe sweep`` of a run's last weights, writing ``run/sweep/`` (``frames``: a video run's test frame
-    counts; ``protocols``: evaluation protocols, default the run's own)."""
+    counts; ``protocols``: evaluation protocols, default the run's own; ``tune``: the sweep's arguments of LookHere's
+    protocol, ``["--tune"]`` or ``["--tune", "--holdout", N]``, none without it)."""
     return ["sweep", str(run), "--res", *map(key_text, res), "--scaling", *scalings,
             *(["--frames", *map(str, frames)] if frames else []),
-            *(["--eval-protocol", *protocols] if protocols else []), "--out", str(run / "sweep")]
+            *(["--eval-protocol", *protocols] if protocols else []), *tune, "--out", str(run / "sweep")]
 
 
 def run_logged(commands: list[list[str]], log: Path) -> bool:

@@ -1,11 +1,16 @@
-"""The accuracy benchmark's report: its tables (mean ± std over seeds at every test size, then retention), its
-figures (:func:`visionpe.cli.report.accuracy_plot`) and its documents: the whole report, or a marked section of it
-(the video benchmark's, a rows file's), the rest of the document left as it is."""
+"""The accuracy benchmark's report: its tables (mean ± std over seeds at every test size, then retention; rows that
+did not learn marked), LookHere's tuned and untuned rows side by side, its figures
+(:func:`visionpe.cli.report.accuracy_plot`), its CSV of every cell and its documents: the whole report, or a marked
+section of it (the video benchmark's, a rows file's), the rest of the document left as it is."""
 from __future__ import annotations
 
+import csv
+import io
+import math
 import os
 import platform
 import shlex
+from collections import Counter
 from pathlib import Path
 
 from ...cli.recipes import shown
@@ -13,10 +18,14 @@ from ...cli.report import Curve, accuracy_plot, mean_std, write_document, write_
 from ...cli.report import markdown_table as report_table
 from ...data import info
 from ...train.metrics import key_text
-from .collect import label
-from .verdicts import compare_verdict, rows_verdict, verdict, video_verdict
+from ...weights import write_text
+from .collect import label, tune_label, tune_of
+from .verdicts import (LEARNED_MARGIN, chance, compare_verdict, not_learned, rows_verdict, tune_verdict, verdict,
+                       video_verdict)
 
 VIDEO_SECTION = "video_benchmark"
+TABLE_CSV = "table.csv"  # in --out: every cell of the report
+NOT_LEARNED = "*not learned*"
 
 
 def unfinished_note(args) -> str:
@@ -40,26 +49,121 @@ def accuracy_cells(entry: dict, res, train_res: int) -> list[str]:
     return cells
 
 
+def entries_of(table: dict, family: str, data: str, tuned: bool = False) -> list:
+    """``[(key, entry)]`` of one family and data set: the adaptations, or (``tuned``) LookHere's untuned and tuned
+    rows."""
+    return [(k, v) for k, v in table.items() if k[:2] == (family, data) and bool(tune_of(k[3])) == tuned]
+
+
+def learned_note(rows: list, data: str) -> str:
+    """The line under a table that explains its *not learned* marks, or nothing when no row has one."""
+    if not any(not_learned(v, data) for _, v in rows):
+        return ""
+    return (f"{NOT_LEARNED}: top-1 at the training size below chance ({chance(rows[0][1], data):.1f} %) + "
+            f"{LEARNED_MARGIN:.0f} points; the row is left out of the verdicts.\n")
+
+
+def mark_not_learned(cells: list[str], entry: dict, data: str, res: list) -> list[str]:
+    """The row's accuracy cells (one per size of ``res``, then any others), the training size's marked when the row
+    did not learn."""
+    if entry["train_res"] in res and not_learned(entry, data):
+        at = res.index(entry["train_res"])
+        cells = [*cells[:at], f"{cells[at]} {NOT_LEARNED}", *cells[at + 1:]]
+    return cells
+
+
 def markdown_table(table: dict, family: str, data: str, res: list[int]) -> str:
-    rows = [(k, v) for k, v in table.items() if k[0] == family and k[1] == data]
+    rows = entries_of(table, family, data)
     if not rows:
         return "_no finished runs_\n"
     train_res = rows[0][1]["train_res"]
     head = ["encoding"] + [f"{key_text(r)}px{' (train)' if r == train_res else ''}" for r in res]
     head += [f"retention {key_text(r)}px" for r in res if r != train_res] + ["params", "train img/s", "seeds"]
-    body = [[label(pe, adaptation), *accuracy_cells(v, res, train_res), f"{v['params'] / 1e3:.1f}k",
-             f"{mean_std(v['img_s'])[0]:.0f}", str(len(v["seeds"]))] for (_, _, pe, adaptation), v in rows]
-    return report_table(head, body) + "\n"
+    body = [[label(pe, adaptation), *mark_not_learned(accuracy_cells(v, res, train_res), v, data, res),
+             f"{v['params'] / 1e3:.1f}k", f"{mean_std(v['img_s'])[0]:.0f}", str(len(v["seeds"]))]
+            for (_, _, pe, adaptation), v in rows]
+    note = learned_note(rows, data)
+    return report_table(head, body) + "\n" + (f"\n{note}" if note else "")
 
 
-def plot(table: dict, family: str, data: str, res: list, path: Path) -> bool:
-    """The figure of one family and data set: a curve per encoding (or row) and adaptation, top-1 and retention."""
-    rows = [(k, v) for k, v in table.items() if k[0] == family and k[1] == data]
-    curves = [Curve(label(pe, adaptation), {r: v["acc"][r] for r in res if v["acc"].get(r)},
-                    {r: v["ret"][r] for r in res if v["ret"].get(r)}, group=pe, style=adaptation)
+def choice_text(values: list[str]) -> str:
+    """The knob values the seeds chose at one size, most chosen first: ``x4 3/3``, ``x4 2/3, x2 1/3``."""
+    counts = Counter(values)
+    return ", ".join(f"{v} {n}/{len(values)}" for v, n in counts.most_common())
+
+
+def tune_table(table: dict, family: str, data: str, res: list) -> str:
+    """LookHere's protocol side by side: per row, untuned (the run's own settings, labelled as the row) then tuned
+    (``[tuned]``: each size's cell with the knob values its seeds chose there), top-1 mean ± std over seeds."""
+    rows = entries_of(table, family, data, tuned=True)
+    if not rows:
+        return "_no tuned rows (the sweeps were made without --tune)_\n"
+    train_res = rows[0][1]["train_res"]
+    head = ["row", "knob"] + [f"{key_text(r)}px{' (train)' if r == train_res else ''}" for r in res] + ["seeds"]
+    order = list(dict.fromkeys(k[2] for k, _ in rows))  # the rows as trained; per protocol, untuned then tuned
+    body = []
+    for (_, _, pe, adaptation), v in sorted(rows, key=lambda kv: (order.index(kv[0][2]), kv[0][3].partition("/")[2],
+                                                                  tune_of(kv[0][3]) == "tuned")):
+        tuned, knob = tune_of(adaptation) == "tuned", v.get("knob", "")
+        cells = ["{:.1f} ± {:.1f}".format(*mean_std(v["acc"].get(r, []))) for r in res]
+        if tuned:
+            cells = [f"{c} ({choice_text(v['choice'][r])})" if knob and v.get("choice", {}).get(r) else c
+                     for c, r in zip(cells, res)]
+        body.append([tune_label(pe, adaptation), (f"{knob} (tuned)" if tuned else f"{knob} (trained)") if knob
+                     else "none", *mark_not_learned(cells, v, data, res), str(len(v["seeds"]))])
+    note = learned_note(rows, data)
+    return report_table(head, body) + "\n" + (f"\n{note}" if note else "")
+
+
+def plot(table: dict, family: str, data: str, res: list, path: Path, tuned: bool = False) -> bool:
+    """The figure of one family and data set: a curve per encoding (or row) and adaptation (``tuned``: LookHere's
+    untuned and tuned rows), top-1 and retention, at most 8 curves a panel."""
+    rows = entries_of(table, family, data, tuned)
+    name = tune_label if tuned else label
+    curves = [Curve(name(pe, adaptation), {r: v["acc"][r] for r in res if v["acc"].get(r)},
+                    {r: v["ret"][r] for r in res if v["ret"].get(r)}, group=pe,
+                    style=("pi" if tune_of(adaptation) == "tuned" else "none") if tuned else adaptation)
               for (_, _, pe, adaptation), v in rows]
+    what = "untuned (solid) and tuned (dashed)" if tuned else "mean ± std over seeds"
     return accuracy_plot(curves, path, train_sizes=[rows[0][1]["train_res"]] if rows else [],
-                         title=f"{data} ({family}): mean ± std over seeds")
+                         title=f"{data} ({family}): {what}")
+
+
+def tune_part(table: dict, family: str, data: str, res: list, png: Path, heading: str) -> list[str]:
+    """The lines of LookHere's protocol for one family and data set: ``heading`` (e.g. ``### shapes-position``) with
+    the protocol's name, plot, side-by-side table, verdict."""
+    lines = [f"{heading}: LookHere's protocol (untuned and tuned)", ""]
+    if plot(table, family, data, res, png, tuned=True):
+        lines += [f"![{data} tuned]({png.name})", ""]
+    return lines + [tune_table(table, family, data, res), "Verdict (generated):", "",
+                    tune_verdict(table, family, data, res)]
+
+
+TUNE_TEXT = ("LookHere's protocol (`--tune`, Fuller et al. 2024): each row untuned (labelled as the row: the run's "
+             "own settings, RoPE with the scaling it trained with, not the swept `--scaling` values) and tuned "
+             "(`[tuned]`: the encoding's declared knob, e.g. axial RoPE's `theta`, RoPE-Mixed's `scaling`, ALiBi's "
+             "`slope_scale`, the learned table's `interpolation`, chosen per test size on held-out training images "
+             "that no run trained on, never on the validation set). A tuned cell says which value its seeds chose "
+             "(`x4 3/3`: 3 of 3 seeds chose 4x the trained value).")
+
+
+def write_csv(path: Path, table: dict) -> None:
+    """Every cell of the report as CSV: one line per (family, data, row, adaptation, size) with the mean and std
+    over seeds, the per-seed values, the knob and the values the seeds chose (tuned rows), and whether the row
+    learned."""
+    buffer = io.StringIO(newline="")
+    w = csv.writer(buffer, lineterminator="\n")
+    w.writerow(["family", "data", "row", "adaptation", "size", "train_size", "acc_mean", "acc_std", "acc_seeds",
+                "retention_mean", "seeds", "knob", "knob_chosen", "learned"])
+    for (family, data, pe, adaptation), v in table.items():
+        for r, values in v["acc"].items():
+            mean, std = mean_std(values)
+            ret = mean_std(v["ret"].get(r, []))[0]
+            w.writerow([family, data, pe, adaptation, key_text(r), key_text(v["train_res"]), f"{mean:.4f}",
+                        f"{std:.4f}", " ".join(f"{a:g}" for a in values), "" if math.isnan(ret) else f"{ret:.5f}",
+                        len(v["seeds"]), v.get("knob", ""), " ".join(v.get("choice", {}).get(r, [])),
+                        int(not not_learned(v, data))])
+    write_text(path, buffer.getvalue())
 
 
 def video_table(table: dict, data: str, cols: list) -> str:
@@ -74,6 +178,11 @@ def video_table(table: dict, data: str, cols: list) -> str:
              f"{v['params'] / 1e3:.1f}k", f"{mean_std(v['img_s'])[0]:.0f}", str(len(v["seeds"]))]
             for (_, _, pe, adaptation), v in rows]
     return report_table(head, body) + "\n"
+
+
+def has_tune(args, table: dict) -> bool:
+    """The report has LookHere's part: asked for (``--tune``), or its rows are in the sweeps (``--report-only``)."""
+    return getattr(args, "tune", False) or any(tune_of(k[3]) for k in table)
 
 
 def write_video_section(path: Path, args, table, runs, command: str, wall: float, configs: dict, cols) -> None:
@@ -128,6 +237,8 @@ def rows_section(path: Path, args, spec: dict, table: dict, runs, command: str, 
               f"{', '.join(r['scaling'])} | {', '.join(r['protocol']) or own} |" for r in spec["rows"]]
     lines += ["", "A row label `[crop]` or `[native]` (or `[pi/crop]`) is that protocol of evaluation; unmarked rows "
               "are evaluated with the run's own protocol (`resize` unless the row says otherwise).", ""]
+    if has_tune(args, table):
+        lines += [TUNE_TEXT, ""]
     for note in (spec.get("note"), args.note):
         if note:
             lines += [str(note).strip(), ""]
@@ -139,6 +250,9 @@ def rows_section(path: Path, args, spec: dict, table: dict, runs, command: str, 
         lines += [markdown_table(table, "rows", data, args.res), "Verdict (generated):", "",
                   rows_verdict(table, data, spec["rows"], args.res)
                   + compare_verdict(table, data, spec["compare"], args.res)]
+        if has_tune(args, table):
+            lines += tune_part(table, "rows", data, args.res, png.with_name(f"{png.stem}_tuned.png"),
+                               f"#### {data}")
     write_section(path, name, "\n".join(lines).rstrip("\n") + f"\n<!-- END {name} -->\n")
 
 
@@ -161,6 +275,8 @@ def write_report(path: Path, args, table, runs, command: str, wall: float, confi
     for family, cfg_path in configs.items():
         lines += [f"## Recipe ({family}): `{shown(cfg_path)}`",
                   "", "```yaml", cfg_path.read_text().strip(), "```", ""]
+    if has_tune(args, table):
+        lines += [TUNE_TEXT, ""]
     if args.note:
         lines += ["## Notes", "", args.note.strip(), ""]
     for family in configs:
@@ -174,4 +290,7 @@ def write_report(path: Path, args, table, runs, command: str, wall: float, confi
             if v:
                 lines += ["RoPE-ViT's ordering (Heo et al. 2024: mixed >= axial >= learned APE as resolution grows):", "",
                           v]
+            if has_tune(args, table):
+                lines += tune_part(table, family, data, args.res, png.with_name(f"{png.stem}_tuned.png"),
+                                   f"### {data} — {family}")
     write_document(path, "\n".join(lines))  # sections other commands wrote into the doc are kept

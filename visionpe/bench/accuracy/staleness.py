@@ -26,7 +26,10 @@ def stale_settings(run: Path, train: list[str]) -> list[str]:
 
 
 def sweep_is_current(run: Path, sweep: list[str]) -> bool:
-    """``run/sweep/sweep.csv`` exists and was made by ``sweep`` from the run's present ``results.json``."""
+    """``run/sweep/sweep.csv`` exists and was made by ``sweep`` from the run's present ``results.json``: the same
+    arguments, ``--tune`` and ``--holdout`` included, so a sweep made with or without LookHere's protocol is redone
+    when the other is asked for (the run itself is not retrained: :func:`stale_settings` reads its training
+    arguments only)."""
     source = run / "sweep" / SWEEP_SOURCE
     if not (run / "sweep" / "sweep.csv").is_file() or not source.is_file() or not (run / rundir.RESULTS).is_file():
         return False

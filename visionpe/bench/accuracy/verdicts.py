@@ -1,23 +1,62 @@
 """Plain statements on a benchmark's table, every gap compared with the seed spread (a gap is *beyond* the spread when
 |mean_a - mean_b| > std_a + std_b): RoPE-ViT's ordering, the video benchmark's, visionpe against timm's reference
-rows, and the pairs a rows file names."""
+rows, the pairs a rows file names, and LookHere's tuned against untuned. A row that did not learn (its top-1 at the
+training size below chance + :data:`LEARNED_MARGIN` points) is left out of every image statement and named as left
+out."""
 from __future__ import annotations
 
+import math
 import statistics
 
 from ...cli.report import mean_std
+from ...data import DATASETS, info
 from ...train.metrics import key_text
-from .collect import label
+from .collect import label, tune_label, tune_of
+
+LEARNED_MARGIN = 5.0  # points above chance (100 / classes) that a row's training-size top-1 must reach
+
+
+def chance(entry: dict, data: str) -> float | None:
+    """Chance top-1 (%) of a table entry: 100 / its runs' class count (else the named data set's), None when
+    unknown."""
+    classes = entry.get("num_classes") or (info(data)["num_classes"] if data in DATASETS else None)
+    return 100.0 / classes if classes else None
+
+
+def not_learned(entry: dict, data: str) -> bool:
+    """The entry did not learn: its mean top-1 over the seeds at the training size is below chance +
+    :data:`LEARNED_MARGIN` points (False where chance or that size is unknown)."""
+    floor, (mean, _) = chance(entry, data), mean_std(entry["acc"].get(entry["train_res"], []))
+    return floor is not None and not math.isnan(mean) and mean < floor + LEARNED_MARGIN
+
+
+def left_out(out: dict, data: str) -> str:
+    """The statement naming the rows ``out`` (``{label: entry}`` of one data set) left out as not learned, or
+    nothing."""
+    if not out:
+        return ""
+    floor = chance(next(iter(out.values())), data)
+    return (f"- Left out as not learned (top-1 at the training size below chance {floor:.1f} % + "
+            f"{LEARNED_MARGIN:.0f} points): {', '.join(f'`{n}`' for n in out)}.\n")
+
+
+def learned_entries(table: dict, data: str) -> tuple[dict, dict]:
+    """``({label: entry} of the rows of data set ``data`` that learned, {label: entry} of those that did not})``."""
+    entries = {label(k[2], k[3]): v for k, v in table.items() if k[1] == data}
+    out = {n: v for n, v in entries.items() if not_learned(v, data)}
+    return {n: v for n, v in entries.items() if n not in out}, out
 
 def verdict(table: dict, family: str, data: str, res: list[int]) -> str:
     """Plain statement on RoPE-ViT's ordering (mixed >= axial >= learned APE as the resolution grows), per RoPE
     adaptation, with every gap compared to the seed spread (a gap is "within spread" when
     |mean_a - mean_b| <= std_a + std_b)."""
-    get = lambda pe, ad: table.get((family, data, pe, ad))
+    out = {label(k[2], k[3]): v for k, v in table.items() if k[:2] == (family, data) and not_learned(v, data)
+           and k[2] in ("learned", "rope_axial", "rope_mixed") and not tune_of(k[3])}  # the rows read here
+    get = lambda pe, ad: None if label(pe, ad) in out else table.get((family, data, pe, ad))
     learned = get("learned", "default")
     rows = [r for r in res if learned and isinstance(r, int) and r > learned["train_res"]]
     if not learned or not rows:
-        return ""
+        return left_out(out, data)
 
     def gap(a, b, r):
         (ma, sa), (mb, sb) = mean_std(a["acc"][r]), mean_std(b["acc"][r])
@@ -37,7 +76,7 @@ def verdict(table: dict, family: str, data: str, res: list[int]) -> str:
         word = ("holds", "holds only up to the seed spread", "does not hold")[2 - status]
         lines.append(f"- RoPE `{ad}`: mixed >= axial >= learned **{word}** at every size above training. "
                      + "; ".join(parts) + ".")
-    return "\n".join(lines) + "\n" if lines else ""
+    return ("\n".join(lines) + "\n" if lines else "") + left_out(out, data)
 
 
 def video_verdict(table: dict, data: str, cols: list, chance: float) -> str:
@@ -90,11 +129,14 @@ def rows_verdict(table: dict, data: str, rows: list[dict], res: list) -> str:
     (highest mean top-1 over the test sizes other than training) compared at every size, then the best of each side
     per size."""
     timm_labels = {r["label"] for r in rows if r["timm"]}
-    entries = {label(k[2], k[3]): (k[2] in timm_labels, v) for k, v in table.items() if k[1] == data}
+    untuned = {k: v for k, v in table.items() if not tune_of(k[3])}  # the tuned rows have their own verdict
+    learned, out = learned_entries(untuned, data)
+    entries = {n: (k[2] in timm_labels, v) for k, v in untuned.items() if k[1] == data
+               and (n := label(k[2], k[3])) in learned}
     ours = {n: v for n, (is_timm, v) in entries.items() if not is_timm}
     ref = {n: v for n, (is_timm, v) in entries.items() if is_timm}
     if not ours or not ref:
-        return ""
+        return left_out(out, data)
     train = next(iter(entries.values()))[1]["train_res"]
     tests = [r for r in res if r != train]
     score = lambda v: statistics.fmean(mean_std(v["acc"].get(r, []))[0] for r in tests)
@@ -114,14 +156,19 @@ def rows_verdict(table: dict, data: str, rows: list[dict], res: list) -> str:
         gap, spread = compare_text(ours[a], ref[b], r)
         lines.append(f"- {key_text(r)} px: best visionpe `{a}` {mean_std(ours[a]['acc'][r])[0]:.1f} %, best timm "
                      f"`{b}` {mean_std(ref[b]['acc'][r])[0]:.1f} %: {gap:+.1f} points ({spread} the seed spread).")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + left_out(out, data)
 
 
 def compare_verdict(table: dict, data: str, pairs: list, res: list) -> str:
-    """For each ``[a, b]`` pair of table rows: ``a - b`` at every size, within or beyond the seed spread."""
-    entries = {label(k[2], k[3]): v for k, v in table.items() if k[1] == data}
+    """For each ``[a, b]`` pair of table rows: ``a - b`` at every size, within or beyond the seed spread (a pair with
+    a row that did not learn: named, no gap)."""
+    entries, out = learned_entries(table, data)
     lines = []
     for a, b in pairs:
+        if a in out or b in out:
+            lines.append(f"- `{a}` − `{b}`: left out, {' and '.join(f'`{n}`' for n in (a, b) if n in out)} did not "
+                         "learn.")
+            continue
         if a not in entries or b not in entries:
             lines.append(f"- `{a}` − `{b}`: no finished runs for {' and '.join(f'`{n}`' for n in (a, b) if n not in entries)}.")
             continue
@@ -130,3 +177,24 @@ def compare_verdict(table: dict, data: str, pairs: list, res: list) -> str:
         lines.append(f"- `{a}` − `{b}`: " + "; ".join(f"{key_text(r)}px {gap:+.1f} ({spread})" for r, gap, spread in gaps)
                      + f". Beyond the seed spread at {', '.join(beyond) + ' px' if beyond else 'no size'}.")
     return "\n".join(lines) + "\n" if lines else ""
+
+
+def tune_verdict(table: dict, family: str, data: str, res: list) -> str:
+    """LookHere's protocol: per row of one family and data set, tuned − untuned at every test size other than
+    training, within or beyond the seed spread; a row that did not learn (tuned or untuned) is left out."""
+    lines, out = [], {}
+    for (f, d, pe, adaptation), tuned in table.items():
+        untuned = table.get((f, d, pe, adaptation.replace("tuned", "untuned", 1)))
+        if (f, d) != (family, data) or tune_of(adaptation) != "tuned" or untuned is None:
+            continue
+        name = tune_label(pe, adaptation)
+        if not_learned(untuned, data) or not_learned(tuned, data):
+            out[name] = untuned
+            continue
+        gaps = [(r, *compare_text(tuned, untuned, r)) for r in res if r != tuned["train_res"]]
+        ahead = [key_text(r) for r, gap, spread in gaps if spread == "beyond" and gap > 0]
+        knob = f"`{tuned['knob']}`" if tuned.get("knob") else "no knob: tuned is untuned"
+        lines.append(f"- `{name}` ({knob}) − untuned: "
+                     + "; ".join(f"{key_text(r)}px {gap:+.1f} ({spread})" for r, gap, spread in gaps)
+                     + f". Ahead beyond the seed spread at {', '.join(ahead) + ' px' if ahead else 'no size'}.")
+    return ("\n".join(lines) + "\n" if lines else "") + left_out(out, data)
