@@ -51,6 +51,20 @@ def perturbed(model: torch.nn.Module, std: float = 0.05) -> torch.nn.Module:
     return model
 
 
+def saved_and_loaded(model: torch.nn.Module, cls: type, path) -> torch.nn.Module:
+    """A patched transformers ``model`` whose first rotary encoding's parameters are moved off their initial values,
+    saved with ``save_pretrained`` to ``path`` and loaded back with ``vpe.from_pretrained(cls, path)``; asserts that
+    loading reported nothing missing, unexpected or mismatched, and returns the loaded model."""
+    from visionpe import from_pretrained  # the Hugging Face part: loaded only by the tests that use it
+    with torch.no_grad():
+        for p in encodings_of(model)["rotary"][0].parameters():
+            p.add_(0.1)
+    model.save_pretrained(path)
+    loaded, info = from_pretrained(cls, path, output_loading_info=True)
+    assert {k: v for k, v in info.items() if v} == {}, info
+    return loaded
+
+
 def requires(package: str, at_least: str, why: str):
     """Skip marker: the test needs ``package >= at_least`` (``why``: what it uses); visionpe supports older ones."""
     needed = tuple(int(part) for part in at_least.split("."))
