@@ -53,4 +53,4 @@ def test_the_protocol_recipes_resolve_as_written():
     assert (lookhere["pe"], lookhere["model_kwargs"]["embed_dim"], lookhere["eval_res"][-1]) == ("lookhere", 768, 1024)
     fashion = settings.resolve(settings.parse_args(["--config", "bench_fashion_mnist"]))
     assert (fashion["data"], fashion["no_aug"], fashion["train_samples"], fashion["img_size"]) == \
-        ("fashion-mnist", True, 20000, 28)
+        ("fashion-mnist", True, 20000, 32)

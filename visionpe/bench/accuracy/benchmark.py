@@ -15,7 +15,7 @@ from ...train.loop import size_order
 from ...train.metrics import key_text
 from .collect import collect, finished_runs_or_refuse
 from .jobs import job
-from .rows import read_rows
+from .rows import read_rows, runs_on
 from .sections import TABLE_CSV, rows_section, write_csv, write_report, write_video_section
 
 VIT_LIST = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rope_mixed+learned", "rel_bias", "alibi"]
@@ -36,33 +36,32 @@ def check(args) -> int | None:
     extra = settings.parse_args(list(args.extra), prog="benchmark (visionpe train arguments after --)")
     if args.rows is not None and args.swin:
         raise UserError("--rows replaces the encoding lists: give --rows or --swin, not both")
-    row_specs = read_rows(args.rows)["rows"] if args.rows is not None else [{"pe": pe} for pe in args.pe]
-    vit_runs = [settings.parse_args(r["train"]) if args.rows is not None else r for r in row_specs]
-    protocols = {i: r.get("protocol", []) for i, r in enumerate(row_specs)}
-    recipes = {"vit": (args.config, vit_runs)}
+    spec = read_rows(args.rows) if args.rows is not None else None
+    row_specs = spec["rows"] if spec else [{"pe": pe} for pe in args.pe]
+    vit_runs = [settings.parse_args(r["train"]) if spec else r for r in row_specs]
+    plans = [(spec["recipes"].get(data, args.config) if spec else args.config, data, own, r.get("protocol", []))
+             for data in args.data for r, own in zip(row_specs, vit_runs) if not spec or runs_on(r, data)]
     if args.swin:
-        recipes["swin"] = (args.swin_config, [{"pe": pe} for pe in args.swin_pe])
+        plans += [(args.swin_config, data, {"pe": pe}, []) for data in args.data for pe in args.swin_pe]
     frames = set()
-    for cfg_path, rows in recipes.values():
-        for data in args.data:
-            for i, own in enumerate(rows):
-                cfg = settings.resolve({**extra, **own, "config": str(cfg_path), "data": data})
-                for protocol in protocols.get(i, []) if rows is vit_runs else []:
-                    settings.check_evaluation({**cfg, "eval_protocol": protocol})
-                bad = [r for r in args.res if any(side % cfg["patch_size"] for side in size_order(r))]
-                if bad:
-                    raise UserError(f"--res {' '.join(map(key_text, bad))}: not a multiple of {cfg_path.name}'s "
-                                    f"patch_size {cfg['patch_size']}")
-                if cfg["num_frames"] and not all(isinstance(r, int) for r in args.res):
-                    raise UserError("--res HxW (non-square) is for image recipes; video sizes are square")
-                if args.tune and not cfg["num_frames"]:
-                    tuning.training_count(cfg)  # a run on a whole real set leaves nothing to hold out
-                frames.add(cfg["num_frames"])
-                t = models.tubelet(cfg)[0] if cfg["num_frames"] else 1
-                bad = [f for f in args.frames if f < 1 or f % t]
-                if bad:
-                    raise UserError(f"--frames {' '.join(map(str, bad))}: not a positive multiple of the tubelet's "
-                                    f"{t} frames")
+    for cfg_path, data, own, protocols in plans:
+        cfg = settings.resolve({**extra, **own, "config": str(cfg_path), "data": data})
+        for protocol in protocols:
+            settings.check_evaluation({**cfg, "eval_protocol": protocol})
+        bad = [r for r in args.res if any(side % cfg["patch_size"] for side in size_order(r))]
+        if bad:
+            raise UserError(f"--res {' '.join(map(key_text, bad))}: not a multiple of {cfg_path.name}'s "
+                            f"patch_size {cfg['patch_size']}")
+        if cfg["num_frames"] and not all(isinstance(r, int) for r in args.res):
+            raise UserError("--res HxW (non-square) is for image recipes; video sizes are square")
+        if args.tune and not cfg["num_frames"]:
+            tuning.training_count(cfg)  # a run on a whole real set leaves nothing to hold out
+        frames.add(cfg["num_frames"])
+        t = models.tubelet(cfg)[0] if cfg["num_frames"] else 1
+        bad = [f for f in args.frames if f < 1 or f % t]
+        if bad:
+            raise UserError(f"--frames {' '.join(map(str, bad))}: not a positive multiple of the tubelet's "
+                            f"{t} frames")
     if len(frames) > 1:
         raise UserError("mix of video and image runs (or of frame counts): give one video recipe or only image ones")
     video = frames.pop()
@@ -94,12 +93,14 @@ def run(args, command: str) -> int:
     if spec:  # rows: (family "rows", data, row label, seed, folder) and each row's own arguments and adaptations
         rows = {r["label"]: r for r in spec["rows"]}
         runs = [("rows", data, r["label"], seed, args.out / data / r["slug"] / f"s{seed}")
-                for data in args.data for r in spec["rows"] for seed in args.seeds]
+                for data in args.data for r in spec["rows"] if runs_on(r, data) for seed in args.seeds]
         configs = {"rows": configs["vit"]}
+        recipe = lambda family, data: spec["recipes"].get(data, args.config)  # each data set its own budget
         plan = lambda pe: ([*rows[pe]["train"], *args.extra], rows[pe]["scaling"], rows[pe]["protocol"])
     else:
         runs = [(family, data, pe, seed, args.out / family / data / pe.replace("+", "-") / f"s{seed}")
                 for family in configs for data in args.data for pe in lists[family] for seed in args.seeds]
+        recipe = lambda family, data: configs[family]
         plan = lambda pe: (["--pe", pe, *args.extra], args.scaling, [])
     # order: seed-major, so that an early stop leaves every encoding with the same number of seeds
     runs.sort(key=lambda r: (r[3], list(configs).index(r[0]), args.data.index(r[1])))
@@ -113,7 +114,7 @@ def run(args, command: str) -> int:
         log_dir = args.out / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(args.jobs) as pool:
-            futures = [pool.submit(job, configs[f], d, s, run, plan(pe)[0], args.res, plan(pe)[1], log_dir,
+            futures = [pool.submit(job, recipe(f, d), d, s, run, plan(pe)[0], args.res, plan(pe)[1], log_dir,
                                    args.frames, plan(pe)[2], tune) for f, d, pe, s, run in runs]
             for i, fut in enumerate(futures, 1):
                 r = fut.result()

@@ -25,7 +25,8 @@ def finished_runs_or_refuse(runs: list[Path], out: Path, doc: Path) -> list[Path
 
 def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
     """{(family, data, pe, adaptation): {'acc': {res: [per seed]}, 'ret': ..., 'params', 'img_s', 'train_res',
-    'seeds', 'num_classes'}}; an entry of LookHere's protocol also has 'knob' (the knob's name, '' for an encoding
+    'seeds', 'num_classes', 'last_two'}}; ``last_two``: per seed, the validation top-1 (training size) after the
+    run's last two epochs (:func:`last_two_epochs`); an entry of LookHere's protocol also has 'knob' (the knob's name, '' for an encoding
     without one), a tuned one 'choice' ({res: [per seed, the value chosen: ``x4`` on the trained value for a number,
     else the value]})."""
     table = {}
@@ -33,7 +34,7 @@ def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
         sweep = run / "sweep" / "sweep.csv"
         if not sweep.is_file():
             continue
-        results = metrics.read_results(run)
+        results, last_two = metrics.read_results(run), last_two_epochs(run)
         num_classes = restore.load_run(run)["num_classes"]
         with open(sweep) as f:
             rows = list(csv.DictReader(f))
@@ -45,7 +46,8 @@ def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
             col = (int(row["frames"]), int(row["res"])) if video else loop.parse_size(row["res"])
             train = (int(row["train_frames"]), int(row["train_res"])) if video else int(row["train_res"])
             entry = table.setdefault(key, {"acc": {}, "ret": {}, "params": results["params"], "img_s": [],
-                                           "train_res": train, "seeds": set(), "num_classes": num_classes})
+                                           "train_res": train, "seeds": set(), "num_classes": num_classes,
+                                           "last_two": []})
             entry["acc"].setdefault(col, []).append(float(row["acc"]))
             if row["adaptation"] in TUNE:
                 entry["knob"] = row.get("knob", "")
@@ -56,7 +58,16 @@ def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
             if seed not in entry["seeds"]:
                 entry["seeds"].add(seed)
                 entry["img_s"].append(results["train_img_per_s"])
+                if last_two:
+                    entry["last_two"].append(last_two)
     return table
+
+
+def last_two_epochs(run: Path) -> tuple[float, float] | None:
+    """The validation top-1 (%) at the training size after the run's last two epochs (``metrics.jsonl``): whether
+    its budget reached a plateau; None for a run of one epoch."""
+    epochs = metrics.epochs(metrics.read_history(run))
+    return (epochs[-2]["val_acc"], epochs[-1]["val_acc"]) if len(epochs) >= 2 else None
 
 
 def adaptation_key(row: dict) -> str:

@@ -1,6 +1,6 @@
 """A rows file (``visionpe benchmark --rows``): a marked section of the report whose rows are labelled, each with its
-own ``visionpe train`` arguments, RoPE adaptations and evaluation protocols; timm's own models (``--pe timm``) as
-reference rows."""
+own ``visionpe train`` arguments, RoPE adaptations, evaluation protocols and data sets; timm's own models (``--pe
+timm``) as reference rows; a recipe per data set (``recipes``: each task its own budget)."""
 from __future__ import annotations
 
 import re
@@ -9,14 +9,15 @@ from pathlib import Path
 
 from ...cli import UserError
 from ...cli.recipes import recipe_path
-from ...data import PROTOCOLS
+from ...data import DATASETS, PROTOCOLS
 from ...rotary.scaling import SCALINGS
 from ...train import models, settings
 
 ROW_KEYS = {"label": "the row's name in the table", "args": "visionpe train arguments of the row (--pe ...)",
             "scaling": "RoPE adaptations to sweep (default: none)",
-            "protocol": "evaluation protocols to sweep (default: the run's own)"}
-SPEC_KEYS = ("section", "title", "note", "rows", "compare")
+            "protocol": "evaluation protocols to sweep (default: the run's own)",
+            "data": "data sets the row is trained on (default: every --data)"}
+SPEC_KEYS = ("section", "title", "note", "rows", "compare", "recipes")
 
 
 OWN_KEYS = ("config", "data", "seed", "output", "resume", "overwrite")  # set by the benchmark for every run
@@ -24,8 +25,10 @@ OWN_KEYS = ("config", "data", "seed", "output", "resume", "overwrite")  # set by
 
 def read_rows(path: Path) -> dict:
     """A rows file (``--rows``: a path or the name of a shipped one, e.g. ``bench_rows_resolution``): ``{section,
-    title, note?, rows: [{label, args, scaling?}]}``, checked; each row gets
-    ``train`` (its arguments as a list), ``timm`` (True for a ``--pe timm`` reference row) and ``slug`` (its folder)."""
+    title, note?, recipes?: {data set: recipe}, rows: [{label, args, scaling?, protocol?, data?}]}``, checked; each
+    row gets ``train`` (its arguments as a list), ``timm`` (True for a ``--pe timm`` reference row), ``slug`` (its
+    folder) and ``data`` (its data sets, empty for every one); ``recipes`` becomes ``{data set: recipe path}`` (the
+    data sets it does not name take ``--config``)."""
     path = recipe_path(path, "rows file")
     spec = settings.read_yaml(path, "rows file")
     where = f"rows file {str(path)!r}"
@@ -39,8 +42,8 @@ def read_rows(path: Path) -> dict:
     rows, slugs = [], set()
     for i, row in enumerate(spec["rows"]):
         if not isinstance(row, dict) or not {"label", "args"} <= set(row) or set(row) - set(ROW_KEYS):
-            raise UserError(f"{where}: row {i} must be a mapping with keys label, args and optionally scaling, "
-                            f"got {row!r}")
+            raise UserError(f"{where}: row {i} must be a mapping with keys label, args and optionally "
+                            f"{', '.join(k for k in ROW_KEYS if k not in ('label', 'args'))}, got {row!r}")
         train = shlex.split(str(row["args"]))
         parsed = settings.parse_args(train, prog=f"benchmark (row {row['label']!r} of {path.name})")
         own = [k for k in OWN_KEYS if parsed.get(k) not in (None, False)]
@@ -55,6 +58,7 @@ def read_rows(path: Path) -> dict:
         if not isinstance(protocols, list) or any(v not in PROTOCOLS for v in protocols):
             raise UserError(f"{where}: row {row['label']!r}: protocol must be a list of {', '.join(PROTOCOLS)}, "
                             f"got {protocols!r}")
+        data = data_sets(row.get("data", []), f"{where}: row {row['label']!r}: data")
         slug = re.sub(r"^[.-]+|-+$", "", re.sub(r"[^\w.+-]+", "-", str(row["label"])).replace("+", "-"))
         if not slug:
             raise UserError(f"{where}: row label {row['label']!r} has no letters or digits for its folder name")
@@ -62,7 +66,7 @@ def read_rows(path: Path) -> dict:
             raise UserError(f"{where}: two rows share the label {row['label']!r} (or its folder name {slug!r})")
         slugs.add(slug)
         rows.append({"label": str(row["label"]), "train": train, "scaling": scaling, "protocol": protocols, "slug": slug,
-                     "timm": parsed.get("pe") == models.TIMM_NATIVE})
+                     "data": data, "timm": parsed.get("pe") == models.TIMM_NATIVE})
     compare = spec.get("compare", [])
     if not isinstance(compare, list) or not all(isinstance(pair, list) and len(pair) == 2
                                                 and all(isinstance(v, str) for v in pair) for pair in compare):
@@ -71,4 +75,25 @@ def read_rows(path: Path) -> dict:
     unknown = sorted(set(spec) - set(SPEC_KEYS))
     if unknown:
         raise UserError(f"{where}: unknown key(s) {', '.join(unknown)} (keys: {', '.join(SPEC_KEYS)})")
-    return {**spec, "rows": rows, "compare": compare}
+    recipes = spec.get("recipes", {})
+    if not isinstance(recipes, dict):
+        raise UserError(f"{where}: recipes must map data sets to recipes (e.g. {{fashion-mnist: "
+                        f"bench_fashion_mnist}}), got {recipes!r}")
+    data_sets(list(recipes), f"{where}: recipes")
+    recipes = {data: recipe_path(str(recipe), f"{where}: recipe of {data}").resolve() for data, recipe in recipes.items()}
+    missing = [f"{data}: {path}" for data, path in recipes.items() if not path.is_file()]
+    if missing:
+        raise UserError(f"{where}: recipes that do not exist: {'; '.join(missing)}")
+    return {**spec, "rows": rows, "compare": compare, "recipes": recipes}
+
+
+def data_sets(names, where: str) -> list[str]:
+    """``names`` checked as a list of registered data sets (``where``: what they are, for the error)."""
+    if not isinstance(names, list) or any(n not in DATASETS for n in names):
+        raise UserError(f"{where} must be a list of data sets, each one of {', '.join(DATASETS)}, got {names!r}")
+    return [str(n) for n in names]
+
+
+def runs_on(row: dict, data: str) -> bool:
+    """The row is trained on ``data`` (a row without ``data`` on every data set)."""
+    return not row["data"] or data in row["data"]

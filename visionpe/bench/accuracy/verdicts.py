@@ -14,6 +14,7 @@ from ...train.metrics import key_text
 from .collect import label, tune_label, tune_of
 
 LEARNED_MARGIN = 5.0  # points above chance (100 / classes) that a row's training-size top-1 must reach
+PLATEAU_MARGIN = 1.0  # points a row's training-size top-1 may rise over its last epoch and count as a plateau
 
 
 def chance(entry: dict, data: str) -> float | None:
@@ -28,6 +29,13 @@ def not_learned(entry: dict, data: str) -> bool:
     :data:`LEARNED_MARGIN` points (False where chance or that size is unknown)."""
     floor, (mean, _) = chance(entry, data), mean_std(entry["acc"].get(entry["train_res"], []))
     return floor is not None and not math.isnan(mean) and mean < floor + LEARNED_MARGIN
+
+
+def rising(entry: dict) -> bool:
+    """The entry's budget did not reach a plateau: its validation top-1 at the training size rose by more than
+    :data:`PLATEAU_MARGIN` points over the last epoch (mean over the seeds; False without two epochs)."""
+    pairs = entry.get("last_two") or []
+    return bool(pairs) and statistics.fmean(last - before for before, last in pairs) > PLATEAU_MARGIN
 
 
 def left_out(out: dict, data: str) -> str:
@@ -197,4 +205,29 @@ def tune_verdict(table: dict, family: str, data: str, res: list) -> str:
         lines.append(f"- `{name}` ({knob}) − untuned: "
                      + "; ".join(f"{key_text(r)}px {gap:+.1f} ({spread})" for r, gap, spread in gaps)
                      + f". Ahead beyond the seed spread at {', '.join(ahead) + ' px' if ahead else 'no size'}.")
+    return ("\n".join(lines) + "\n" if lines else "") + left_out(out, data)
+
+
+def pick_verdict(table: dict, family: str, data: str, res: list) -> str:
+    """Which row to pick at each test size: the learned row of the best mean top-1 there, among every swept
+    adaptation and (with ``--tune``) every tuned row, and the rows within the seed spread of it (tied with it);
+    rows that did not learn are left out, and named."""
+    entries = {(tune_label if tune_of(k[3]) else label)(k[2], k[3]): v for k, v in table.items()
+               if k[:2] == (family, data) and tune_of(k[3]) != "untuned"}  # untuned repeats the run's own row
+    out = {n: v for n, v in entries.items() if not_learned(v, data)}
+    learned = {n: v for n, v in entries.items() if n not in out}
+    lines = []
+    for r in res:
+        have = {n: v for n, v in learned.items() if v["acc"].get(r)}
+        if not have:
+            continue
+        best = max(have, key=lambda n: mean_std(have[n]["acc"][r])[0])
+        tied = [n for n in have if n != best and compare_text(have[best], have[n], r)[1] == "within"]
+        mean, std = mean_std(have[best]["acc"][r])
+        train = have[best]["train_res"]
+        scale = f" ({r / train:g}x)" if isinstance(r, int) and isinstance(train, int) else ""
+        lines.append(f"- {key_text(r)} px{scale}{' (training size)' if r == train else ''}: `{best}` "
+                     f"{mean:.1f} ± {std:.1f} %; within its seed spread: "
+                     + (", ".join(f"`{n}` {mean_std(have[n]['acc'][r])[0]:.1f}" for n in tied) if tied else "none")
+                     + ".")
     return ("\n".join(lines) + "\n" if lines else "") + left_out(out, data)
