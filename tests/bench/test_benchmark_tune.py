@@ -178,9 +178,9 @@ def test_plots_keep_at_most_eight_curves_a_panel_and_a_group_together(tmp_path):
 
 
 def test_a_rows_section_with_tuned_rows_has_its_side_by_side_part(tmp_path):
-    spec = {"section": "rows_tune", "title": "Rows", "compare": [],
+    spec = {"section": "rows_tune", "title": "Rows", "compare": [], "recipes": {},
             "rows": [{"label": "weak", "train": ["--pe", "rope_axial"], "scaling": ["none"], "protocol": [],
-                      "timm": False}]}
+                      "data": [], "timm": False}]}
     table = {("rows", "shapes-position", "weak", "default"): entry(GOOD),
              ("rows", "shapes-position", "weak", "untuned"): entry(GOOD, knob="theta"),
              ("rows", "shapes-position", "weak", "tuned"): entry(GOOD, knob="theta",

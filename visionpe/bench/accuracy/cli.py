@@ -15,11 +15,16 @@ plus a plot, the recipe and the exact command.
 
 Rows (``--rows FILE``, a file or a shipped one by name, e.g. ``bench_rows_resolution``): instead of the encoding
 lists, labelled rows each with its own ``visionpe train`` arguments and swept RoPE adaptations; rows with ``--pe
-timm`` are timm's own models (reference rows). The report is its own marked section of the doc with a verdict
-against timm's best row:
+timm`` are timm's own models (reference rows). A rows file can give each data set its own recipe (``recipes:
+{fashion-mnist: bench_fashion_mnist}``: each task its own budget; the others take ``--config``) and a row the data
+sets it runs on (``data: [clutter-relation]``; default every ``--data``). The report is its own marked section of
+the doc with a verdict against timm's best row and, per data set, the row to pick at each size (the best learned
+row and those within its seed spread):
 
     visionpe benchmark --rows bench_rows_resolution --data shapes-position fashion-mnist \
         --seeds 0 1 2 --res 24 32 48 64 32x48 --jobs 2
+    visionpe benchmark --rows bench_rows_comparison --data clutter-relation fashion-mnist \
+        --seeds 0 1 2 --res 32 64 128 --tune --holdout 100
 
 LookHere's protocol (``--tune [--holdout N]``, image recipes): each run's sweep also gets ``--tune`` (visionpe sweep
 --tune: the encoding's declared knob chosen per test size on held-out training images), and the report adds, per
@@ -32,7 +37,8 @@ benchmark re-sweeps its runs without retraining them:
     visionpe benchmark --data clutter-relation --seeds 0 1 2 --res 32 64 128 --tune -- --train-samples 4000
 
 Every report marks a row whose top-1 at the training size is below chance + 5 points (chance = 100 / classes) as
-*not learned* and leaves it out of the verdicts; ``OUT/table.csv`` holds every cell of the report (mean, std and
+*not learned* and leaves it out of the verdicts, and shows each row's top-1 after its last two epochs (*still
+rising*: more than 1 point over the last one, its budget short of a plateau); ``OUT/table.csv`` holds every cell of the report (mean, std and
 the per-seed values, the knob choices).
 
 Video: a recipe with ``num_frames`` (or ``-- --num-frames T`` in the extra arguments) on a video data set trains

@@ -239,7 +239,7 @@ def recipe_lines(args, spec: dict) -> list[str]:
     ``--config``) and its YAML."""
     used = {}
     for data in args.data:
-        used.setdefault(spec.get("recipes", {}).get(data, args.config.resolve()), []).append(data)
+        used.setdefault(spec["recipes"].get(data, args.config.resolve()), []).append(data)
     lines = []
     for cfg_path, sets in used.items():
         lines += [f"Recipe `{shown(cfg_path)}` ({', '.join(sets)})"

@@ -1,0 +1,143 @@
+"""A rows file's budgets per task (``recipes``: each data set its own recipe; ``data``: a row trained on some data
+sets only), the report's plateau check (each row's top-1 after its last two epochs, a row still rising marked) and
+its generated pick (the best learned row at each size, with the rows within its seed spread)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from trainutil import ROOT, run_script
+
+from visionpe.bench.accuracy import collect, sections, verdicts
+from visionpe.bench.accuracy.rows import read_rows, runs_on
+from visionpe.cli import UserError
+from visionpe.train import restore
+
+TINY = {"img_size": 16, "patch_size": 4, "batch_size": 16, "val_samples": 16, "warmup_epochs": 0,
+        "model_kwargs": {"embed_dim": 16, "depth": 1, "num_heads": 2}}
+
+
+def rows_file(tmp_path, text: str):
+    path = tmp_path / "rows.yaml"
+    path.write_text("section: budgets\ntitle: Budgets\n" + text)
+    return path
+
+
+def test_recipes_and_row_data_sets_are_read_and_resolved(tmp_path):
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump({**TINY, "epochs": 2}))
+    spec = read_rows(rows_file(tmp_path, f"recipes:\n  shapes-relation: {tmp_path / 'long.yaml'}\n"
+                                         "  fashion-mnist: bench_fashion_mnist\n"
+                                         "rows:\n  - {label: a, args: --pe learned, data: [shapes-relation]}\n"
+                                         "  - {label: b, args: --pe rope_mixed}\n"))
+    assert spec["recipes"] == {"shapes-relation": (tmp_path / "long.yaml").resolve(),
+                               "fashion-mnist": (ROOT / "configs" / "bench_fashion_mnist.yaml").resolve()}
+    a, b = spec["rows"]
+    assert (a["data"], b["data"]) == (["shapes-relation"], [])
+    assert runs_on(a, "shapes-relation") and not runs_on(a, "shapes-position")
+    assert runs_on(b, "shapes-position") and runs_on(b, "shapes-relation")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("recipes:\n  shapes-nowhere: bench_vit_tiny\nrows:\n  - {label: a, args: --pe learned}\n",
+     ["recipes must be a list of data sets", "shapes-position", "'shapes-nowhere'"]),
+    ("recipes: [bench_vit_tiny]\nrows:\n  - {label: a, args: --pe learned}\n",
+     ["recipes must map data sets to recipes"]),
+    ("recipes:\n  shapes-position: no_such_recipe\nrows:\n  - {label: a, args: --pe learned}\n",
+     ["recipe of shapes-position", "no_such_recipe", "bench_vit_tiny"]),
+    ("recipes:\n  shapes-position: ./missing/recipe.yaml\nrows:\n  - {label: a, args: --pe learned}\n",
+     ["recipes that do not exist", "shapes-position"]),
+    ("rows:\n  - {label: a, args: --pe learned, data: [shapes-nowhere]}\n",
+     ["row 'a': data must be a list of data sets", "shapes-relation"]),
+    ("rows:\n  - {label: a, args: --pe learned, data: shapes-position}\n", ["row 'a': data must be a list"]),
+    ("rows:\n  - {label: a, args: --pe learned, budget: 3}\n", ["optionally scaling, protocol, data"]),
+])
+def test_bad_recipes_or_row_data_sets_name_the_key_and_the_allowed_values(tmp_path, text, words):
+    with pytest.raises(UserError) as err:
+        read_rows(rows_file(tmp_path, text))
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def entry(acc: dict, last_two=(), seeds=3, classes=4) -> dict:
+    return {"acc": acc, "ret": {}, "params": 1, "img_s": [1.0], "train_res": 32, "seeds": set(range(seeds)),
+            "num_classes": classes, "last_two": list(last_two)}
+
+
+@pytest.mark.parametrize("pairs, still_rising", [
+    ([(80.0, 82.5), (81.0, 82.0), (79.0, 81.0)], True),    # +1.83 points on average: above the margin
+    ([(85.0, 85.5), (84.0, 85.0), (86.0, 85.0)], False),   # +0.17
+    ([(84.0, 85.0)], False),                                 # exactly the margin is a plateau
+    ([], False),                                             # one epoch: nothing to compare
+])
+def test_a_row_still_rising_over_its_last_epoch_is_marked(pairs, still_rising):
+    e = entry({32: [80.0]}, pairs)
+    assert verdicts.rising(e) is still_rising
+    cell = sections.last_two_cell(e)
+    if not pairs:
+        assert cell == "n/a"
+        return
+    before = sum(p[0] for p in pairs) / len(pairs)
+    last = sum(p[1] for p in pairs) / len(pairs)
+    assert cell.startswith(f"{before:.1f} → {last:.1f}")
+    assert (sections.RISING in cell) is still_rising
+
+
+def test_last_two_epochs_are_read_from_the_runs_metrics(tmp_path):
+    lines = [{"kind": "epoch", "epoch": e, "train_loss": 1.0, "val_loss": 1.0, "val_acc": acc, "lr": 0.1,
+              "img_per_s": 1.0, "epoch_time_s": 1.0} for e, acc in [(1, 40.0), (2, 70.5), (3, 72.25)]]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert collect.last_two_epochs(tmp_path) == (70.5, 72.25)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(lines[0]) + "\n")
+    assert collect.last_two_epochs(tmp_path) is None
+
+
+def test_the_pick_names_the_best_learned_row_and_the_rows_within_its_spread():
+    table = {("rows", "d", "best", "default"): entry({32: [90, 91, 92], 64: [80, 81, 82]}),
+             ("rows", "d", "close", "pi"): entry({32: [89, 90, 91], 64: [78, 79, 80]}),
+             ("rows", "d", "far", "default"): entry({32: [60, 60, 60], 64: [40, 41, 42]}),
+             ("rows", "d", "far", "untuned"): entry({32: [60, 60, 60], 64: [40, 41, 42]}),
+             ("rows", "d", "far", "tuned"): entry({32: [60, 60, 60], 64: [95, 96, 97]}),
+             ("rows", "d", "chance", "default"): entry({32: [25, 26, 24], 64: [99, 99, 99]})}
+    text = verdicts.pick_verdict(table, "rows", "d", [32, 64])
+    lines = text.splitlines()
+    assert lines[0] == "- 32 px (1x) (training size): `best` 91.0 ± 1.0 %; within its seed spread: `close [pi]` 90.0."
+    assert lines[1] == "- 64 px (2x): `far [tuned]` 96.0 ± 1.0 %; within its seed spread: none."
+    assert "far [untuned]" not in text  # the untuned row repeats the run's own row
+    assert "Left out as not learned" in lines[2] and "`chance`" in lines[2]  # 99 % at 2x does not count
+
+
+def test_a_benchmark_trains_each_task_with_its_recipe_and_each_row_where_it_runs(tmp_path):
+    (tmp_path / "short.yaml").write_text(yaml.safe_dump({**TINY, "epochs": 1, "train_samples": 32}))
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump({**TINY, "epochs": 2, "train_samples": 48}))
+    rows = rows_file(tmp_path, f"recipes:\n  shapes-relation: {tmp_path / 'long.yaml'}\n"
+                               "rows:\n  - {label: both, args: --pe rope_mixed}\n"
+                               "  - {label: relation only, args: --pe learned, data: [shapes-relation]}\n")
+    out, doc = tmp_path / "out", tmp_path / "B.md"
+    argv = ["--rows", str(rows), "--config", str(tmp_path / "short.yaml"), "--data", "shapes-position",
+            "shapes-relation", "--seeds", "0", "--res", "16", "32", "--jobs", "2", "--out", str(out), "--doc", str(doc)]
+    assert run_script("benchmark", argv) == 0
+    runs = sorted(p.parent.relative_to(out).as_posix() for p in out.glob("*/*/s0/results.json"))
+    assert runs == ["shapes-position/both/s0", "shapes-relation/both/s0", "shapes-relation/relation-only/s0"]
+    assert (restore.load_run(out / "shapes-position" / "both" / "s0")["epochs"],
+            restore.load_run(out / "shapes-relation" / "both" / "s0")["epochs"]) == (1, 2)
+    assert restore.load_run(out / "shapes-relation" / "relation-only" / "s0")["train_samples"] == 48
+    text = doc.read_text()
+    assert "Recipe `" in text and "(shapes-position)" in text and "(shapes-relation)" in text
+    assert "| relation only | `--pe learned` | none | the run's own | shapes-relation |" in text
+    assert "| both | `--pe rope_mixed` | none | the run's own | all |" in text
+    relation = text[text.index("### shapes-relation"):]
+    assert "last two epochs" in relation and " → " in relation  # two epochs: their top-1 shown
+    pick = relation[relation.index("#### shapes-relation: the row to pick at each size"):]
+    assert sections.PICK_TEXT in pick and ("- 32 px (2x)" in pick or "Left out as not learned" in pick)
+    position = text[text.index("### shapes-position"):text.index("### shapes-relation")]
+    assert "relation only" not in position and "| n/a |" in position  # one epoch: no plateau to show
+
+
+def test_the_committed_comparison_gives_each_task_its_budget():
+    """The comparison's rows file names a recipe for each of its tasks, and every row runs on at least one."""
+    spec = read_rows(ROOT / "configs" / "bench_rows_comparison.yaml")
+    assert set(spec["recipes"]) == {"clutter-relation", "fashion-mnist"}
+    assert all(path.is_file() for path in spec["recipes"].values())
+    assert all(set(r["data"]) <= set(spec["recipes"]) for r in spec["rows"])
+    cfg = yaml.safe_load(spec["recipes"]["fashion-mnist"].read_text())
+    assert (cfg["img_size"], cfg["train_samples"], cfg["no_aug"]) == (32, 20000, True)
