@@ -96,13 +96,14 @@ def test_the_pick_names_the_best_learned_row_and_the_rows_within_its_spread():
              ("rows", "d", "close", "pi"): entry({32: [89, 90, 91], 64: [78, 79, 80]}),
              ("rows", "d", "far", "default"): entry({32: [60, 60, 60], 64: [40, 41, 42]}),
              ("rows", "d", "far", "untuned"): entry({32: [60, 60, 60], 64: [40, 41, 42]}),
-             ("rows", "d", "far", "tuned"): entry({32: [60, 60, 60], 64: [95, 96, 97]}),
+             ("rows", "d", "far", "tuned"): {**entry({32: [60, 60, 60], 64: [95, 96, 97]}), "knob": "theta"},
+             ("rows", "d", "best", "tuned"): {**entry({32: [90, 91, 92], 64: [80, 81, 82]}), "knob": ""},
              ("rows", "d", "chance", "default"): entry({32: [25, 26, 24], 64: [99, 99, 99]})}
     text = verdicts.pick_verdict(table, "rows", "d", [32, 64])
     lines = text.splitlines()
     assert lines[0] == "- 32 px (1x) (training size): `best` 91.0 ± 1.0 %; within its seed spread: `close [pi]` 90.0."
     assert lines[1] == "- 64 px (2x): `far [tuned]` 96.0 ± 1.0 %; within its seed spread: none."
-    assert "far [untuned]" not in text  # the untuned row repeats the run's own row
+    assert "far [untuned]" not in text and "best [tuned]" not in text  # both repeat the run's own row
     assert "Left out as not learned" in lines[2] and "`chance`" in lines[2]  # 99 % at 2x does not count
 
 
