@@ -15,7 +15,7 @@ from ...train.loop import size_order
 from ...train.metrics import key_text
 from .collect import collect, finished_runs_or_refuse
 from .jobs import job
-from .rows import read_rows, runs_on
+from .rows import read_rows, recipe_of, runs_on
 from .sections import TABLE_CSV, rows_section, write_csv, write_report, write_video_section
 
 VIT_LIST = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rope_mixed+learned", "rel_bias", "alibi"]
@@ -39,7 +39,7 @@ def check(args) -> int | None:
     spec = read_rows(args.rows) if args.rows is not None else None
     row_specs = spec["rows"] if spec else [{"pe": pe} for pe in args.pe]
     vit_runs = [settings.parse_args(r["train"]) if spec else r for r in row_specs]
-    plans = [(spec["recipes"].get(data, args.config) if spec else args.config, data, own, r.get("protocol", []))
+    plans = [(recipe_of(spec, data, args.config) if spec else args.config, data, own, r.get("protocol", []))
              for data in args.data for r, own in zip(row_specs, vit_runs) if not spec or runs_on(r, data)]
     if args.swin:
         plans += [(args.swin_config, data, {"pe": pe}, []) for data in args.data for pe in args.swin_pe]
@@ -95,7 +95,7 @@ def run(args, command: str) -> int:
         runs = [("rows", data, r["label"], seed, args.out / data / r["slug"] / f"s{seed}")
                 for data in args.data for r in spec["rows"] if runs_on(r, data) for seed in args.seeds]
         configs = {"rows": configs["vit"]}
-        recipe = lambda family, data: spec["recipes"].get(data, args.config)  # each data set its own budget
+        recipe = lambda family, data: recipe_of(spec, data, args.config)  # each data set its own budget
         plan = lambda pe: ([*rows[pe]["train"], *args.extra], rows[pe]["scaling"], rows[pe]["protocol"])
     else:
         runs = [(family, data, pe, seed, args.out / family / data / pe.replace("+", "-") / f"s{seed}")

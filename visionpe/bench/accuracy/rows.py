@@ -94,6 +94,11 @@ def data_sets(names, where: str) -> list[str]:
     return [str(n) for n in names]
 
 
+def recipe_of(spec: dict, data: str, default: Path) -> Path:
+    """The recipe that trains ``data``: the rows file's own for it (``recipes``), else ``default`` (``--config``)."""
+    return spec["recipes"].get(data, default)
+
+
 def runs_on(row: dict, data: str) -> bool:
     """The row is trained on ``data`` (a row without ``data`` on every data set)."""
     return not row["data"] or data in row["data"]

@@ -20,6 +20,7 @@ from ...data import info
 from ...train.metrics import key_text
 from ...weights import write_text
 from .collect import label, tune_label, tune_of
+from .rows import recipe_of
 from .verdicts import (LEARNED_MARGIN, PLATEAU_MARGIN, chance, compare_verdict, not_learned, pick_verdict,
                        rising, rows_verdict, tune_verdict, verdict, video_verdict)
 
@@ -73,6 +74,11 @@ def mark_not_learned(cells: list[str], entry: dict, data: str, res: list) -> lis
     return cells
 
 
+PLATEAU_TEXT = (f"`last two epochs`: validation top-1 at the training size after the run's last two epochs (mean over "
+                f"the seeds), whether the budget reached a plateau; {RISING}: it rose by more than "
+                f"{PLATEAU_MARGIN:.0f} point over the last epoch.\n")
+
+
 def last_two_cell(entry: dict) -> str:
     """The validation top-1 after the last two epochs, mean over the seeds (``84.1 → 85.0``), marked when it still
     rose by more than :data:`PLATEAU_MARGIN` points; ``n/a`` for runs of one epoch."""
@@ -96,10 +102,6 @@ def markdown_table(table: dict, family: str, data: str, res: list[int]) -> str:
     notes = [learned_note(rows, data), PLATEAU_TEXT]
     return report_table(head, body) + "\n" + "".join(f"\n{note}" for note in notes if note)
 
-
-PLATEAU_TEXT = (f"`last two epochs`: validation top-1 at the training size after the run's last two epochs (mean over "
-                f"the seeds), whether the budget reached a plateau; {RISING}: it rose by more than "
-                f"{PLATEAU_MARGIN:.0f} point over the last epoch.\n")
 
 
 def choice_text(values: list[str]) -> str:
@@ -239,7 +241,7 @@ def recipe_lines(args, spec: dict) -> list[str]:
     ``--config``) and its YAML."""
     used = {}
     for data in args.data:
-        used.setdefault(spec["recipes"].get(data, args.config.resolve()), []).append(data)
+        used.setdefault(recipe_of(spec, data, args.config.resolve()), []).append(data)
     lines = []
     for cfg_path, sets in used.items():
         lines += [f"Recipe `{shown(cfg_path)}` ({', '.join(sets)})"

@@ -211,8 +211,7 @@ def tune_verdict(table: dict, family: str, data: str, res: list) -> str:
 def pick_verdict(table: dict, family: str, data: str, res: list) -> str:
     """Which row to pick at each test size: the learned row of the best mean top-1 there, among every swept
     adaptation and (with ``--tune``) every tuned row of an encoding with a knob, and the rows within the seed spread
-    of it (tied with it);
-    rows that did not learn are left out, and named."""
+    of it (tied with it); rows that did not learn are left out, and named."""
     entries = {(tune_label if tune_of(k[3]) else label)(k[2], k[3]): v for k, v in table.items()
                if k[:2] == (family, data) and tune_of(k[3]) != "untuned"  # untuned repeats the run's own row
                and (tune_of(k[3]) != "tuned" or v.get("knob"))}  # so does tuned without a knob
