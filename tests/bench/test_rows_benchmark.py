@@ -138,3 +138,34 @@ def test_rows_benchmark_end_to_end_writes_its_section_and_keeps_the_doc(tmp_path
     assert (tmp_path / "out" / "shapes-position" / "timm-learned" / "s0" / "sweep" / "sweep.csv").is_file()
     run_script("benchmark", argv[:-len(tiny) - 1] + ["--report-only"])  # rebuilt from the runs, section replaced in place
     assert doc.read_text().count("<!-- BEGIN rows_test -->") == 1
+
+
+def section_of(text: str, name: str) -> str:
+    return text[text.index(f"<!-- BEGIN {name} -->"):text.index(f"<!-- END {name} -->")]
+
+
+def test_rows_sections_sharing_a_folder_each_keep_their_own_command_and_wall_time(tmp_path):
+    """Two rows files run into one --out share a row's runs (the second trains nothing), and --report-only of the
+    first rebuilds it with its own command and wall time, not those of the invocation that ran last."""
+    tiny = ["--epochs", "1", "--train-samples", "32", "--val-samples", "16", "--batch-size", "16", "--embed-dim",
+            "16", "--depth", "1", "--num-heads", "2", "--img-size", "16", "--patch-size", "4"]
+    doc, out = tmp_path / "DOC.md", tmp_path / "out"
+    rows = {}
+    for name, extra in (("first", "  - {label: sincos, args: --pe sincos}\n"), ("second", "")):
+        rows[name] = tmp_path / f"rows_{name}.yaml"
+        rows[name].write_text(f"section: {name}\ntitle: {name}\nrows:\n  - {{label: rope, args: --pe rope_mixed}}\n"
+                              + extra)
+    argv = lambda name: ["--rows", str(rows[name]), "--data", "shapes-position", "--seeds", "0", "--res", "16",
+                         "--jobs", "1", "--out", str(out), "--doc", str(doc)]
+    assert run_script("benchmark", argv("first") + ["--", *tiny]) == 0
+    first = section_of(doc.read_text(), "first")
+    weights = out / "shapes-position" / "rope" / "s0" / "last.safetensors"
+    trained = weights.stat().st_mtime_ns
+    assert run_script("benchmark", argv("second") + ["--", *tiny]) == 0
+    assert weights.stat().st_mtime_ns == trained  # the shared row's run is reused
+    second = section_of(doc.read_text(), "second")
+    assert "rows_second.yaml" in second and "rows_first.yaml" not in second
+    assert run_script("benchmark", argv("first") + ["--report-only", "--", *tiny]) == 0  # the first command again
+    rebuilt = section_of(doc.read_text(), "first")
+    assert "rows_first.yaml" in rebuilt and "rows_second.yaml" not in rebuilt
+    assert rebuilt.replace(" Tables rebuilt from those runs with `--report-only`.", "") == first

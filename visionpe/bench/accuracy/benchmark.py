@@ -105,12 +105,15 @@ def run(args, command: str) -> int:
     # order: seed-major, so that an early stop leaves every encoding with the same number of seeds
     runs.sort(key=lambda r: (r[3], list(configs).index(r[0]), args.data.index(r[1])))
     tune = (["--tune"] + (["--holdout", str(args.holdout)] if args.holdout is not None else [])) if args.tune else []
+    # the invocation's command and wall time, one pair per report: rows sections may share a folder and their runs
+    stamp = f".{spec['section']}" if spec else ""
+    command_file, wall_file = args.out / f"command{stamp}.txt", args.out / f"wall{stamp}.json"
     t0 = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.report_only and (args.out / "command.txt").is_file():  # report of an earlier invocation
-        command = (args.out / "command.txt").read_text().strip()
+    if args.report_only and command_file.is_file():  # report of an earlier invocation
+        command = command_file.read_text().strip()
     if not args.report_only:
-        (args.out / "command.txt").write_text(command + "\n")
+        command_file.write_text(command + "\n")
         log_dir = args.out / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(args.jobs) as pool:
@@ -125,9 +128,9 @@ def run(args, command: str) -> int:
             d.mkdir(parents=True, exist_ok=True)
     wall = time.time() - t0
     if args.report_only:
-        wall = json.loads((args.out / "wall.json").read_text())["wall_s"] if (args.out / "wall.json").is_file() else 0.0
+        wall = json.loads(wall_file.read_text())["wall_s"] if wall_file.is_file() else 0.0
     else:
-        (args.out / "wall.json").write_text(json.dumps({"wall_s": wall}))
+        wall_file.write_text(json.dumps({"wall_s": wall}))
     finished = finished_runs_or_refuse([r[4] for r in runs], args.out, args.doc)
     if len(finished) < len(runs):
         missing = [str(r[4].relative_to(args.out)) for r in runs if r[4] not in finished]
