@@ -142,3 +142,20 @@ def test_the_committed_comparison_gives_each_task_its_budget():
     assert all(set(r["data"]) <= set(spec["recipes"]) for r in spec["rows"])
     cfg = yaml.safe_load(spec["recipes"]["fashion-mnist"].read_text())
     assert (cfg["img_size"], cfg["train_samples"], cfg["no_aug"]) == (32, 20000, True)
+
+
+def test_the_comparisons_second_part_shares_the_first_parts_budget_and_row():
+    """The frontier part trains clutter-relation with the first part's recipe, and has the first part's RoPE-Mixed row
+    with the same arguments and adaptations (its runs are the same in one --out), beside every frontier encoding."""
+    first = read_rows(ROOT / "configs" / "bench_rows_comparison.yaml")
+    second = read_rows(ROOT / "configs" / "bench_rows_comparison_frontier.yaml")
+    assert second["section"] != first["section"]
+    assert second["recipes"] == {"clutter-relation": first["recipes"]["clutter-relation"]}
+    shared = {r["label"]: r for r in first["rows"]}["rope_mixed"]
+    row = {r["label"]: r for r in second["rows"]}["rope_mixed"]
+    assert (row["slug"], row["train"], row["scaling"]) == (shared["slug"], shared["train"], shared["scaling"])
+    frontier = {r["label"] for r in read_rows(ROOT / "configs" / "bench_rows_frontier.yaml")["rows"]}
+    covered = {r["label"] for r in first["rows"] + second["rows"]}
+    # the frontier section's variants beyond one row each (circulant STRING, ComRoPE AP) and the older rows that
+    # did not learn clutter-relation in one seed (the first part's header) are the ones left out
+    assert frontier - covered == {"learned", "lookhere", "string circulant", "comrope ap"}
