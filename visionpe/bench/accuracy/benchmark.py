@@ -15,7 +15,7 @@ from ...train.loop import size_order
 from ...train.metrics import key_text
 from .collect import collect, finished_runs_or_refuse
 from .jobs import job
-from .rows import read_rows, recipe_of, runs_on
+from .rows import read_rows, recipe_of, trained_pairs
 from .sections import TABLE_CSV, rows_section, write_csv, write_report, write_video_section
 
 VIT_LIST = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rope_mixed+learned", "rel_bias", "alibi"]
@@ -37,10 +37,11 @@ def check(args) -> int | None:
     if args.rows is not None and args.swin:
         raise UserError("--rows replaces the encoding lists: give --rows or --swin, not both")
     spec = read_rows(args.rows) if args.rows is not None else None
-    row_specs = spec["rows"] if spec else [{"pe": pe} for pe in args.pe]
-    vit_runs = [settings.parse_args(r["train"]) if spec else r for r in row_specs]
-    plans = [(recipe_of(spec, data, args.config) if spec else args.config, data, own, r.get("protocol", []))
-             for data in args.data for r, own in zip(row_specs, vit_runs) if not spec or runs_on(r, data)]
+    if spec:  # (recipe, data set, the run's own train arguments, evaluation protocols)
+        plans = [(recipe_of(spec, data, args.config), data, settings.parse_args(r["train"]), r["protocol"])
+                 for data, r in trained_pairs(spec, args.data)]
+    else:
+        plans = [(args.config, data, {"pe": pe}, []) for data in args.data for pe in args.pe]
     if args.swin:
         plans += [(args.swin_config, data, {"pe": pe}, []) for data in args.data for pe in args.swin_pe]
     frames = set()
@@ -93,7 +94,7 @@ def run(args, command: str) -> int:
     if spec:  # rows: (family "rows", data, row label, seed, folder) and each row's own arguments and adaptations
         rows = {r["label"]: r for r in spec["rows"]}
         runs = [("rows", data, r["label"], seed, args.out / data / r["slug"] / f"s{seed}")
-                for data in args.data for r in spec["rows"] if runs_on(r, data) for seed in args.seeds]
+                for data, r in trained_pairs(spec, args.data) for seed in args.seeds]
         configs = {"rows": configs["vit"]}
         recipe = lambda family, data: recipe_of(spec, data, args.config)  # each data set its own budget
         plan = lambda pe: ([*rows[pe]["train"], *args.extra], rows[pe]["scaling"], rows[pe]["protocol"])

@@ -102,3 +102,8 @@ def recipe_of(spec: dict, data: str, default: Path) -> Path:
 def runs_on(row: dict, data: str) -> bool:
     """The row is trained on ``data`` (a row without ``data`` on every data set)."""
     return not row["data"] or data in row["data"]
+
+
+def trained_pairs(spec: dict, data_sets: list[str]) -> list[tuple[str, dict]]:
+    """The ``(data set, row)`` pairs the benchmark trains: each of ``data_sets`` with every row that runs on it."""
+    return [(data, row) for data in data_sets for row in spec["rows"] if runs_on(row, data)]
