@@ -38,7 +38,7 @@ def check(args) -> int | None:
         raise UserError("--rows replaces the encoding lists: give --rows or --swin, not both")
     spec = read_rows(args.rows) if args.rows is not None else None
     if spec:  # (recipe, data set, the run's own train arguments, evaluation protocols)
-        plans = [(recipe_of(spec, data, args.config), data, settings.parse_args(r["train"]), r["protocol"])
+        plans = [(recipe_of(spec, data, args.config), data, r["parsed"], r["protocol"])
                  for data, r in trained_pairs(spec, args.data)]
     else:
         plans = [(args.config, data, {"pe": pe}, []) for data in args.data for pe in args.pe]

@@ -103,7 +103,6 @@ def markdown_table(table: dict, family: str, data: str, res: list[int]) -> str:
     return report_table(head, body) + "\n" + "".join(f"\n{note}" for note in notes if note)
 
 
-
 def choice_text(values: list[str]) -> str:
     """The knob values the seeds chose at one size, most chosen first: ``x4 3/3``, ``x4 2/3, x2 1/3``."""
     counts = Counter(values)
