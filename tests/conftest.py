@@ -1,9 +1,11 @@
 """Shared fixtures and helpers for the core tests: tiny tensors, fixed seeds, and ``requires`` for tests that need a
 newer release than the oldest one visionpe supports (they skip there, saying why: .ci/check_floor.sh runs the whole
 suite at that floor)."""
+import random
 import threading
 from importlib.metadata import version
 
+import numpy as np
 import pytest
 import torch
 
@@ -79,6 +81,10 @@ def requires_that(available: bool, why: str):
 
 @pytest.fixture(autouse=True)
 def _seed():
+    """Each test starts from the same global RNG states, whatever ran before it in its worker (timm's transforms draw
+    from Python's ``random``, its Mixup from NumPy's)."""
+    random.seed(0)
+    np.random.seed(0)
     torch.manual_seed(0)
 
 
