@@ -36,3 +36,20 @@ except ImportError:
 
     def tree_leaves(tree) -> list:
         return _tree_flatten(tree)[0]
+
+
+try:  # torch >= 2.2 (before it, a symbolic size is never provably equal here: the general path runs)
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as _statically_known_true
+except ImportError:  # pragma: no cover - torch 2.1
+    def _statically_known_true(expr) -> bool:
+        return isinstance(expr, bool) and expr
+
+
+def same_shape(a, b) -> bool:
+    """Whether two shapes (tuples of sizes) are equal without asking a traced size for its value: plain ints compare;
+    a symbolic size (``torch.export`` with a dynamic height and width) counts as equal only where that is provable,
+    so a size-equal shortcut (return the table as it is) never specialises an exported graph to the example's size;
+    the general path it takes instead computes the same values."""
+    a, b = tuple(a), tuple(b)
+    return len(a) == len(b) and all(_statically_known_true(x == y) if isinstance(x == y, torch.SymBool) else x == y
+                                    for x, y in zip(a, b))

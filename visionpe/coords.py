@@ -136,9 +136,15 @@ def denominators(shape, normalize_coords: str = "separate") -> tuple[float, ...]
     """Per-axis denominators ``d_a`` of normalised coordinates: each side, the shortest or the longest."""
     check_choice("normalize_coords", normalize_coords, NORMALIZE_COORDS)
     if normalize_coords == "separate":
-        return tuple(float(s) for s in shape)
-    side = float(min(shape) if normalize_coords == "min" else max(shape))
-    return (side,) * len(shape)
+        return tuple(_as_float(s) for s in shape)
+    side = functools.reduce(torch.sym_min if normalize_coords == "min" else torch.sym_max, shape)
+    return (_as_float(side),) * len(shape)
+
+
+def _as_float(size):
+    """A size as a float denominator; a traced size (torch.export) stays symbolic, so the graph is not specialised to
+    the example's value."""
+    return size if isinstance(size, torch.SymInt) else float(size)
 
 
 def axis_positions(shape, offset=None, coords: str = "index", normalize_coords: str = "separate", ref_shape=None,
@@ -168,7 +174,10 @@ def axis_positions(shape, offset=None, coords: str = "index", normalize_coords: 
 def axis_offsets(positions: torch.Tensor) -> torch.Tensor:
     """Offsets ``c_i - c_j`` along one axis for ``i - j = -(n-1) .. n-1``, ``(2 n - 1,)``, from its ``n`` evenly
     spaced positions (every coordinate system here spaces them evenly)."""
-    return torch.cat([positions[0] - positions.flip(0)[:-1], positions - positions[0]])
+    both = torch.cat([positions[0] - positions.flip(0), positions - positions[0]])  # (2 n,): offset 0 twice
+    index = torch.arange(both.shape[0] - 1, device=positions.device)  # (2 n - 1,)
+    # skip the first 0 by index, not by an (n - 1,) slice, whose size torch.export would guard to be >= 2
+    return both[index + (index >= positions.shape[0] - 1)]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from ._checks import check_choice
+from ._compat import same_shape
 
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "area")  # resample_grid
 TABLE_RESIZES = INTERPOLATIONS + ("geometric",)  # a relative table's: torch's, or BEiT's geometric offsets
@@ -33,7 +34,7 @@ def resample_axis(table: torch.Tensor, axis: int, size: int, interpolation: str 
     position ``(j + 0.5) m / n - 0.5`` (half-pixel centres, timm's and PyTorch's default); ``True`` at ``j (m - 1) /
     (n - 1)``, the end samples on the end samples (Qwen3-VL's learned grid)."""
     check_choice("interpolation", interpolation, INTERPOLATIONS)
-    if table.shape[axis] == size:
+    if same_shape((table.shape[axis],), (size,)):
         return table
     moved = table.movedim(axis, -1)
     lead = moved.shape[:-1]

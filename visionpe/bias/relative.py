@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from .._checks import check_axes, check_bool, check_choice, check_grid_ndim, check_number, check_positive_int, to_shape
+from .._compat import same_shape
 from ..cache import TableCache
 from ..encoding import constructor_keywords
 from ..grid import Grid, as_grid
@@ -78,7 +79,7 @@ class RelativePositionBias(BiasEncoding):
     def _grid_table(self, window) -> torch.Tensor:
         """Offset table resampled to the window ``window``: ``(prod(2 w - 1), heads)``."""
         table = self._offset_table()
-        if tuple(window) == self.window_size:
+        if same_shape(window, self.window_size):
             return table
         spatial = table.reshape(*[2 * w - 1 for w in self.window_size], self.num_heads)
         offsets = [2 * w - 1 for w in window]
@@ -91,12 +92,19 @@ class RelativePositionBias(BiasEncoding):
         check_grid_ndim(grid, self.ndim, type(self).__name__)
         self.check_spacing(grid)
         window = self.window_size
+        if any(isinstance(g, torch.SymInt) for g in grid.shape):  # a traced size (torch.export): no branch on it
+            for g, w in zip(grid.shape, window):
+                torch._check(self.grow != "error" or g <= w, lambda: self._too_large(grid))
+            return window if self.grow == "error" else tuple(torch.sym_max(g, w) for g, w in zip(grid.shape, window))
         if any(g > w for g, w in zip(grid.shape, window)):
             if self.grow == "error":
-                raise ValueError(f"grid {grid.shape} is larger than window_size={self.window_size}; "
-                                 f"call resize({grid.shape}) first or build with grow='resample'")
+                raise ValueError(self._too_large(grid))
             window = tuple(max(g, w) for g, w in zip(grid.shape, window))
         return window
+
+    def _too_large(self, grid: Grid) -> str:
+        return (f"grid {grid.shape} is larger than window_size={self.window_size}; call resize({grid.shape}) first or "
+                "build with grow='resample'")
 
     def _prefix_table(self) -> torch.Tensor | None:
         return full_tensor(self.relative_position_bias_table)[-3:] if self.prefix_entries else None

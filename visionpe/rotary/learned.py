@@ -22,6 +22,7 @@ import torch
 
 from .._checks import (angle_dtype, check_choice, check_divisible, check_grid_ndim, check_ndim, check_positive_int,
                        to_shape)
+from .._compat import same_shape
 from ..cache import TableCache
 from ..coords import CoordinateSystem, CoordTransform
 from ..grid import Grid, Layout, as_grid, as_layout
@@ -77,7 +78,7 @@ class LearnedRotation(RotaryEncoding):
     def axis_positions(self, grid: Grid, device, dtype, transform: CoordTransform | None = None) -> list:
         """Coordinates of the grid's patches per grid axis ``[(n_a,)]``: the coordinate system, position
         interpolation to ``ref_shape`` (``scaling="pi"``), then the augmentation draw ``transform``."""
-        interpolate = self.scaling == "pi" and tuple(grid.shape) != self.ref_shape
+        interpolate = self.scaling == "pi" and not same_shape(grid.shape, self.ref_shape)
         if interpolate and grid.offset is not None:
             raise ValueError(f"grid offset {grid.offset} places a {grid.shape} grid in a longer one, but "
                              f"scaling={self.scaling!r} would rescale it as a whole input against ref_shape="

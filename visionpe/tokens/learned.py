@@ -6,6 +6,7 @@ from torch import nn
 
 from .._checks import (check_bool, check_choice, check_grid_ndim, check_ndim, check_nonnegative_int, check_number,
                        check_positive_int, to_shape)
+from .._compat import same_shape
 from ..cache import TableCache
 from ..coords import CoordinateSystem, denominators
 from ..encoding import Knob
@@ -173,12 +174,12 @@ class Learned(TokenEncoding):
         transform = self.coordinates.draw(augment, self.ndim, next(self.parameters()).device)
         if transform is not None:
             return self._sampled_table(grid, transform).reshape(-1, self.dim)
-        if self.coordinates.normalized and (grid.shape != self.grid_shape or grid.offset is not None):
+        if self.coordinates.normalized and (not same_shape(grid.shape, self.grid_shape) or grid.offset is not None):
             key = ("sampled", grid.shape, grid.offset, self.interpolation, str(next(self.parameters()).device))
             return self._cache.get(key, lambda: self._sampled_table(grid).reshape(-1, self.dim), self.parameters())
         if self._reads_window(grid):
             return self._window(grid)
-        if grid.shape == self.grid_shape and self.factorized is False:
+        if same_shape(grid.shape, self.grid_shape) and self.factorized is False:
             return self.factor_tables()[0].reshape(-1, self.dim)
         key = (grid.shape, self.interpolation, self.antialias, self.align_corners, str(next(self.parameters()).device))
         return self._cache.get(key, lambda: self._grid_table(grid.shape).reshape(-1, self.dim), self.parameters())
@@ -222,7 +223,7 @@ class Learned(TokenEncoding):
         table."""
         if self.coordinates.normalized:
             return False
-        return grid.offset is not None or (self.fit == "window" and grid.shape != self.grid_shape)
+        return grid.offset is not None or (self.fit == "window" and not same_shape(grid.shape, self.grid_shape))
 
     def _check_window(self, grid: Grid) -> None:
         offset = grid.offset or (0.0,) * self.ndim
