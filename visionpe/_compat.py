@@ -53,3 +53,7 @@ def same_shape(a, b) -> bool:
     a, b = tuple(a), tuple(b)
     return len(a) == len(b) and all(_statically_known_true(x == y) if isinstance(x == y, torch.SymBool) else x == y
                                     for x, y in zip(a, b))
+
+
+# True while torch.export traces a function (torch >= 2.5; before it, never): what timm's is_exporting answers
+is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 
+from .._compat import is_exporting
+
 
 def skew(square: torch.Tensor) -> torch.Tensor:
     """``M - M^T`` of square matrices ``(..., b, b)``: a skew-symmetric generator from an unconstrained one."""
@@ -29,6 +31,26 @@ def skew_from_upper(upper: torch.Tensor, size: int) -> torch.Tensor:
     return flat.unflatten(-1, (size, size))
 
 
+EXPORT_SQUARINGS, EXPORT_TAYLOR_ORDER = 16, 12  # matrix_exp under torch.export: a / 2^16, Taylor to order 12
+
+
+def matrix_exp(a: torch.Tensor) -> torch.Tensor:
+    """``torch.linalg.matrix_exp(a)`` of ``(..., n, n)`` matrices. Under ``torch.export`` (ONNX has no matrix
+    exponential) the same by scaling and squaring in float64: ``a / 2^16``, its Taylor series to order 12, squared 16
+    times; exact to float32 for ``||a|| <= 2^15`` (the truncation, ``0.5^13 / 13!`` at the bound, grows ``2^16``-fold
+    in the squarings to about 1e-9)."""
+    if not is_exporting():
+        return torch.linalg.matrix_exp(a)
+    x = a.double() / 2 ** EXPORT_SQUARINGS
+    term = total = torch.eye(a.shape[-1], dtype=x.dtype, device=x.device).expand_as(x)
+    for k in range(1, EXPORT_TAYLOR_ORDER + 1):
+        term = term @ x / k
+        total = total + term
+    for _ in range(EXPORT_SQUARINGS):
+        total = total @ total
+    return total.to(a.dtype)
+
+
 def commuting_rotations(axis_positions, generators: torch.Tensor) -> torch.Tensor:
     """``R(c) = exp(sum_a c_a A_a) = prod_a exp(c_a A_a)`` for COMMUTING generators, on the grid spanned by per-axis
     coordinates: ``generators (ndim, heads, num_blocks, b, b)``, ``axis_positions[a]: (n_a,)`` -> ``(heads, N, num_blocks,
@@ -39,7 +61,7 @@ def commuting_rotations(axis_positions, generators: torch.Tensor) -> torch.Tenso
     """
     table = None
     for axis, positions in enumerate(axis_positions):
-        factor = torch.linalg.matrix_exp(positions[:, None, None, None, None].to(generators) * generators[axis])
+        factor = matrix_exp(positions[:, None, None, None, None].to(generators) * generators[axis])
         table = factor if table is None else (table[:, None] @ factor[None]).flatten(0, 1)  # (N so far, h, k, b, b)
     return table.movedim(0, 1)
 

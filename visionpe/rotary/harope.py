@@ -28,7 +28,7 @@ from torch import nn
 from .._checks import angle_dtype, check_choice
 from ..cache import TableCache
 from ..grid import Grid, Layout, as_layout
-from .blocks import change_basis
+from .blocks import change_basis, matrix_exp
 from .rope import AxialRoPE
 
 SIDES = ("query", "key")
@@ -73,7 +73,7 @@ class HARoPE(AxialRoPE):
         def build():
             work = angle_dtype(device)
             with torch.autocast(device_type=torch.device(device).type, enabled=False):
-                u, v = (torch.linalg.matrix_exp(0.5 * (a - a.transpose(-1, -2)))
+                u, v = (matrix_exp(0.5 * (a - a.transpose(-1, -2)))
                         for a in (self.A_u.to(device, work), self.A_v.to(device, work)))
                 s = F.softplus(self.sigma.to(device, work)) + 1e-6
                 query = u @ (s[..., None] * v.transpose(-1, -2))  # U diag(s) V^T

@@ -10,7 +10,7 @@ from torch import nn
 from .._checks import check_generator, check_number, check_positive_int
 from ..coords import CoordinateSystem
 from ..sharding import full_tensor
-from .blocks import num_upper, skew_from_upper
+from .blocks import matrix_exp, num_upper, skew_from_upper
 from .learned import LearnedRotation, check_block_size, grid_coordinates
 
 
@@ -74,7 +74,7 @@ class LieRE(LearnedRotation):
         # one matrix product gives the generator sums contiguous, as matrix_exp needs them (an einsum's permuted
         # output is not, also under inductor, where .contiguous() does not help)
         algebra = (coords @ generators.flatten(1)).view(coords.shape[0], *generators.shape[1:])  # (N, heads, m, b, b)
-        return torch.linalg.matrix_exp(algebra.float()).movedim(0, 1)  # (heads, N, m, b, b)
+        return matrix_exp(algebra.float()).movedim(0, 1)  # (heads, N, m, b, b)
 
     def similarity_note(self) -> str:
         return "score of one isotropic q rotated to i and to j; not relative"
