@@ -1,0 +1,163 @@
+"""Export at any resolution: every family (tokens, rotary, bias) in every backbone goes through ``torch.export`` with a
+dynamic height and width (and batch, and frame count for clips; Swin's batch is static), and the exported program equals eager within 1e-5 at
+sizes it was not traced at (one non-square) and at the traced size; the same program through the dynamo ONNX exporter
+runs in onnxruntime equally close. Export runs under ``torch.no_grad()``, as a deployment does."""
+import importlib.util
+
+import pytest
+import torch
+from torch.export import Dim
+
+import visionpe as vpe
+from visionpe.backbones.adapter import named_constructor
+from conftest import requires, requires_that
+
+pytestmark = requires("torch", "2.6", "torch.export with dynamic sizes as multiples of the patch (Dim * patch)")
+ONNX = requires_that(all(importlib.util.find_spec(m) for m in ("onnx", "onnxscript", "onnxruntime")),
+                     "the export extra (onnx, onnxscript, onnxruntime): pip install 'visionpe[export]'")
+TOL = 1e-5
+TINY_VIT = dict(img_size=32, patch_size=8, num_classes=5, depth=1)
+
+
+def timm_vit(pe):
+    return vpe.create_model("vit_tiny_patch16_224", pe=pe, **TINY_VIT)
+
+
+def timm_deit(pe):
+    return vpe.create_model("deit_tiny_distilled_patch16_224", pe=pe, **TINY_VIT)
+
+
+def timm_eva(pe):
+    return vpe.create_model("vit_small_patch16_rope_224", pe=pe, embed_dim=64, num_heads=2, **TINY_VIT)
+
+
+def timm_swin(pe):
+    return vpe.create_model("swin_tiny_patch4_window7_224", pe=pe, img_size=32, patch_size=4, window_size=2,
+                            embed_dim=16, depths=(1, 1), num_heads=(1, 2), num_classes=5)
+
+
+def torchvision_vit(pe):
+    build = named_constructor("tv_vit_b_16")[1]
+    return vpe.apply(build(num_classes=5, img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2), pe)
+
+
+def hf_vit(pe):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                    image_size=32, patch_size=8, num_labels=5)
+    return vpe.apply(transformers.ViTForImageClassification(config), pe)
+
+
+def hf_swin(pe):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+                                     window_size=2, num_labels=5)
+    return vpe.apply(transformers.SwinForImageClassification(config), pe)
+
+
+def tubelet_vit(pe):
+    return vpe.create_video_model("vit_tiny_patch16_224", pe=pe, num_frames=4, tubelet_size=(2, 8, 8), **TINY_VIT)
+
+
+# backbone -> (builder, patch multiple of the height and width, an encoding of each family)
+BACKBONES = {
+    "timm_vit": (timm_vit, 8, ("learned", "rope_mixed", "alibi")),
+    "timm_deit_distilled": (timm_deit, 8, ("sincos", "rope_axial", "rel_bias")),
+    "timm_eva": (timm_eva, 8, ("learned", "native", "fire")),
+    "timm_swin": (timm_swin, 16, ("rope_mixed", "swin_bias", "cpb")),
+    "torchvision_vit": (torchvision_vit, 8, ("learned", "rope_mixed", "alibi")),
+    "hf_vit": (hf_vit, 8, ("learned", "rope_axial", "alibi")),
+    "hf_swin": (hf_swin, 16, ("rope_mixed", "swin_bias", "cpb")),
+    "tubelet_vit": (tubelet_vit, 8, ("learned", "rope_axial", "alibi")),
+}
+WINDOWED = ("timm_swin", "hf_swin")  # exported with a static batch (see example_and_dims)
+CASES = [(backbone, pe) for backbone, (_, _, pes) in BACKBONES.items() for pe in pes]
+# the frontier encodings on the timm ViT (torch.export; ONNX below where it has the ops)
+FRONTIER = ("peg", "string", "comrope", "liere", "spiral_rope", "harope", "vit5_rope", "bucket_bias", "lookhere",
+            "pape", "pape_ri")
+
+
+def example_and_dims(backbone: str, patch: int):
+    """The traced example, its dynamic shapes (batch, frames, height, width) and sizes it was not traced at (the
+    traced one last); a grid keeps >= 2 patches per axis (torch.export specialises a size of 1)."""
+    if backbone == "tubelet_vit":
+        dims = {0: Dim("batch", max=64), 2: 2 * Dim("frames", max=16), 3: patch * Dim("height", max=32),
+                4: patch * Dim("width", max=32)}
+        return torch.randn(2, 3, 4, 32, 32), dims, [(3, 3, 6, 16, 24), (1, 3, 8, 40, 40), (2, 3, 4, 24, 48),
+                                                     (2, 3, 4, 32, 32)]
+    if backbone in WINDOWED:  # one image a call: torch.export would guard batch x windows != 1 (a one-window stage)
+        dims = {2: patch * Dim("height", max=32), 3: patch * Dim("width", max=32)}
+        return torch.randn(1, 3, 32, 32), dims, [(1, 3, 2 * patch, 3 * patch), (1, 3, 5 * patch, 5 * patch),
+                                                 (1, 3, 3 * patch, 6 * patch), (1, 3, 32, 32)]
+    dims = {0: Dim("batch", max=64), 2: patch * Dim("height", max=32), 3: patch * Dim("width", max=32)}
+    return torch.randn(2, 3, 32, 32), dims, [(3, 3, 2 * patch, 3 * patch), (1, 3, 5 * patch, 5 * patch),
+                                             (2, 3, 3 * patch, 6 * patch), (2, 3, 32, 32)]
+
+
+def logits(out) -> torch.Tensor:
+    return out.logits if hasattr(out, "logits") else out
+
+
+def exported(backbone: str, pe: str):
+    make, patch, _ = BACKBONES[backbone]
+    model = make(pe).eval()
+    x, dims, sizes = example_and_dims(backbone, patch)
+    name = "pixel_values" if backbone.startswith("hf_") else "x"
+    return model, x, {name: dims}, sizes
+
+
+@pytest.mark.parametrize("backbone,pe", CASES)
+def test_torch_export_with_dynamic_sizes_equals_eager_at_unseen_sizes(backbone, pe):
+    model, x, dynamic_shapes, sizes = exported(backbone, pe)
+    with torch.no_grad():
+        program = torch.export.export(model, (x,), dynamic_shapes=dynamic_shapes).module()
+        for size in sizes:
+            y = torch.randn(size)
+            torch.testing.assert_close(logits(program(y)), logits(model(y)), rtol=TOL, atol=TOL, msg=f"{size}")
+
+
+@pytest.mark.parametrize("pe", FRONTIER)
+def test_frontier_encodings_export_with_dynamic_sizes(pe):
+    model, x, dynamic_shapes, sizes = exported("timm_vit", pe)
+    with torch.no_grad():
+        program = torch.export.export(model, (x,), dynamic_shapes=dynamic_shapes).module()
+        for size in sizes:
+            y = torch.randn(size)
+            torch.testing.assert_close(program(y), model(y), rtol=TOL, atol=TOL, msg=f"{size}")
+
+
+def onnx_matches_eager(model, x, dynamic_shapes, sizes, tmp_path):
+    import onnxruntime
+    with torch.no_grad():
+        program = torch.onnx.export(model, (x,), dynamo=True, dynamic_shapes=dynamic_shapes, verbose=False)
+    path = tmp_path / "model.onnx"
+    program.save(str(path))
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    for size in sizes:
+        y = torch.randn(size)
+        with torch.no_grad():
+            expected = logits(model(y))
+        got = torch.from_numpy(session.run(None, {name: y.numpy()})[0])
+        torch.testing.assert_close(got, expected, rtol=TOL, atol=TOL, msg=f"{size}")
+
+
+@ONNX
+@pytest.mark.parametrize("backbone,pe", CASES)
+def test_onnx_with_dynamic_sizes_runs_in_onnxruntime_at_unseen_sizes(backbone, pe, tmp_path):
+    onnx_matches_eager(*exported(backbone, pe), tmp_path)
+
+
+@ONNX
+@pytest.mark.parametrize("pe", [p for p in FRONTIER if p != "string"])
+def test_frontier_encodings_run_in_onnxruntime(pe, tmp_path):
+    onnx_matches_eager(*exported("timm_vit", pe), tmp_path)
+
+
+@ONNX
+def test_cayley_string_has_no_onnx_form_and_says_which_op():
+    """STRING's Cayley basis is a linear solve, which ONNX has no operator for: the exporter refuses it by name
+    (``docs/deploy.md`` says so); torch.export (pt2) above takes it."""
+    model, x, dynamic_shapes, _ = exported("timm_vit", "string")
+    with torch.no_grad(), pytest.raises(Exception, match="linalg_solve"):
+        torch.onnx.export(model, (x,), dynamo=True, dynamic_shapes=dynamic_shapes, verbose=False)
