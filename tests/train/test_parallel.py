@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import pickle
 import shutil
 import signal
 import runpy
@@ -179,6 +180,61 @@ def test_commits_are_atomic_and_a_failed_save_keeps_the_previous_one(tmp_path, g
     second = parallel.save_checkpoint(directory, model, optimizer, tag="step-2", extra={"step": 2})
     assert sorted(p.name for p in directory.iterdir()) == ["latest", "step-2"]  # the stale temporary is gone too
     assert parallel.latest_checkpoint(directory) == second
+
+
+def test_the_index_reader_finds_the_globals_of_a_real_index_and_nothing_else(tmp_path, group):
+    """The allow-list against a real commit (FSDP model, Adam moments, EMA, extra): every global its index names is
+    allowed, and the list holds nothing but DCP's dataclasses, torch's value types and a path."""
+    model = parallel.parallelize(tiny_model(), "fsdp", "cpu")
+    optimizer = parallel_worker.optimizer_for(model)
+    ema = parallel.parallelize(tiny_model(), "fsdp", "cpu")
+    parallel_worker.train_step(model, optimizer, 0, "cpu")  # Adam moments in the state
+    folder = parallel.save_checkpoint(tmp_path, model, optimizer, tag="epoch-1", ema=ema, extra={"epoch": 1})
+    named = set()
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module, name):
+            named.add((module, name))
+            return super().find_class(module, name)
+    with open(folder / parallel.METADATA, "rb") as f:
+        Recording(f).load()
+    assert named <= parallel.METADATA_GLOBALS and ("torch", "float32") in named
+    assert {module for module, _ in parallel.METADATA_GLOBALS} == {
+        "torch", "torch.serialization", "torch.distributed.checkpoint.metadata",
+        "torch.distributed.checkpoint.filesystem", "pathlib", "pathlib._local"}
+    assert not any(callable(getattr(torch, name)) for module, name in parallel.METADATA_GLOBALS
+                   if module == "torch" and name != "Size")  # dtypes, layouts, memory formats: values
+    assert parallel.read_metadata(folder).state_dict_metadata.keys() == \
+        pickle.loads((folder / parallel.METADATA).read_bytes()).state_dict_metadata.keys()
+
+
+class Touch:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+def test_the_index_reader_refuses_what_dcp_does_not_write(tmp_path):
+    """A pickle naming anything but DCP's classes is refused unread (its code never runs); a genuine index of another
+    shape, a data file outside the folder, or bytes that are no pickle are refused too, each naming the file."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex
+    index, marker = tmp_path / parallel.METADATA, tmp_path / "ran"
+    outside = Metadata({"extra": BytesStorageMetadata()},
+                       storage_data={MetadataIndex("extra"): _StorageInfo("../../x.distcp", 0, 1)})
+    cases = [(Touch(marker), "names pathlib.Path.touch, which no DCP index holds"),
+             (os.system, "names posix.system"), (eval, "names builtins.eval"), (getattr, "names builtins.getattr"),
+             ({"state_dict_metadata": {}}, "is not a DCP index"), (outside, "names the data file '../../x.distcp'")]
+    for value, message in cases:
+        index.write_bytes(pickle.dumps(value))
+        with pytest.raises(parallel.RefusedCheckpoint, match=f"^{index} {message}"):
+            parallel.read_metadata(tmp_path)
+    index.write_bytes(b"\x80\x04garbage")
+    with pytest.raises(parallel.RefusedCheckpoint, match=f"cannot read {index}: damaged or not a DCP index"):
+        parallel.read_metadata(tmp_path)
+    assert not marker.exists()
 
 
 def test_gradient_sync_is_off_inside_no_gradient_sync_only(group):

@@ -345,7 +345,8 @@ def test_check_finite_names_what_diverged_and_what_is_kept(tmp_path):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
     with pytest.raises(rundir.UserError, match="refusing to commit"):  # the last guard, in the writer itself
-        rundir.save_checkpoint(tmp_path, model, optimizer, scheduler, epoch=1, best_acc=0.0, best_epoch=1, history=[])
+        rundir.save_checkpoint(tmp_path, model, optimizer, scheduler, epoch=1, best_acc=0.0, best_epoch=1, history=[],
+                               config={})
     assert not (tmp_path / "state.pt").exists()
 
 

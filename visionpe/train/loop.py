@@ -324,7 +324,7 @@ def commit(out, model, parts, run, procs, progress: dict | None = None) -> None:
     (:func:`visionpe.train.rundir.save_sharded`), any other as state.pt, written by rank 0
     (:func:`visionpe.train.rundir.save_checkpoint`). ``parts``: the :class:`~visionpe.train.recipe.Recipe`."""
     fields = dict(epoch=run.epoch, best_acc=run.best_acc, best_epoch=run.best_epoch, history=run.history,
-                  ema=parts.ema_module, progress=progress)
+                  config=parts.config, ema=parts.ema_module, progress=progress)
     if parallel.is_sharded_model(model):
         rundir.save_sharded(out, model, parts.optimizer, parts.scheduler, **fields)
     elif procs.master:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import resource
 import shutil
 import sys
@@ -41,6 +42,7 @@ from torch import nn
 from .._checks import check_choice
 from ..backbones.adapter import repeated_blocks
 from ..bias import BiasEncoding
+from ..cli import one_line
 from ..encoding import Encoding
 from ..materialize import reset_parameters
 from ..sharding import is_sharded
@@ -48,6 +50,21 @@ from ..weights import io as weights_io
 
 MODES = ("ddp", "fsdp")
 LATEST = "latest"  # the commit point of a checkpoint directory: the name of its newest complete checkpoint
+METADATA = ".metadata"  # a DCP folder's index: its pickled torch.distributed.checkpoint.metadata.Metadata
+_DCP = "torch.distributed.checkpoint"
+_METADATA_CLASSES = ("Metadata", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+                     "TensorProperties", "MetadataIndex", "_MEM_FORMAT_ENCODING")
+# every global a DCP index may name, read_metadata finds nothing else: those that torch 2.14's index of a visionpe
+# commit names (the dataclasses of metadata.py, _StorageInfo, torch.Size, a dtype, a layout by name, the checkpoint's
+# path), with every dtype, layout and memory format by name, and the path of either platform (pathlib._local's from
+# Python 3.13 on)
+METADATA_GLOBALS = frozenset({
+    *((f"{_DCP}.metadata", name) for name in _METADATA_CLASSES), (f"{_DCP}.filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    *((module, name) for module in ("pathlib", "pathlib._local") for name in ("PosixPath", "WindowsPath")),
+    *(("torch", name) for name, value in vars(torch).items()
+      if isinstance(value, (torch.dtype, torch.layout, torch.memory_format))),
+})
 # entry points besides forward that gather the root's parameters (none of them calls forward or another of them: a
 # registered method called from inside forward would reshard the root when it returns, before forward reads the head)
 FORWARD_METHODS = ("forward_batch", "forward_masked", "forward_intermediates")
@@ -354,17 +371,129 @@ def latest_checkpoint(directory) -> Path | None:
 def load_checkpoint(folder, model: nn.Module, optimizer, *, ema: nn.Module | None = None) -> dict:
     """Load a :func:`save_checkpoint` folder into ``model``, ``optimizer`` (and ``ema``), whatever their sharding and
     world size (DCP reshards: 2 processes -> 1, FSDP -> DDP or a plain model); returns its ``extra``. Every rank
-    calls it; the optimizer must have been built from the model's (sharded) parameters."""
+    calls it; the optimizer must have been built from the model's (sharded) parameters.
+
+    Nothing in the folder runs code: its index is read by :func:`read_metadata`, every value that is no tensor (the
+    optimizer's hyperparameters, ``extra``) and every tensor with ``torch.load(weights_only=True)``. A file that would
+    run code, or is not what DCP writes, is a :class:`RefusedCheckpoint` naming it; a checkpoint that does not fit the
+    model or optimizer a ``ValueError``."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    folder = Path(folder)
+    reason = unsupported()
+    if reason is not None:  # DCP before 2.6 unpickles tensors as torch.load's default did then: any pickle runs
+        raise RefusedCheckpoint(f"{folder}: a distributed checkpoint is read only where its tensors load without "
+                                f"running code: {reason}")
+    metadata = read_metadata(folder)
     api = _state_dict_api()
     state = {**_state(model, optimizer, ema), "extra": io.BytesIO()}
-    dcp.load(state, checkpoint_id=str(folder))
+    try:
+        dcp.load(state, checkpoint_id=str(folder), storage_reader=_checked_reader(folder, metadata),
+                 planner=_checked_planner(folder))
+    except CheckpointException as err:  # a BaseException, holding each rank's own error and its stack
+        error = next(iter(err.failures.values()))[0]
+        if isinstance(error, pickle.UnpicklingError):  # a tensor file refused by torch.load(weights_only=True)
+            raise RefusedCheckpoint(f"{folder}: a tensor of its data files is refused unread (it would run code, or it "
+                                    f"is damaged): {weights_io._load_error(error)}") from None
+        if isinstance(error, RefusedCheckpoint):  # a value refused by the planner
+            raise error from None
+        raise ValueError(f"{folder}: {type(error).__name__}: {one_line(error)[:300]}") from None
     api.set_state_dict(unwrap(model), optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
     if ema is not None:
         api.set_model_state_dict(unwrap(ema), state["ema"])
-    state["extra"].seek(0)
-    return torch.load(state["extra"], weights_only=True)
+    return _safe_load(state["extra"].getvalue(), f"{folder}: its extra")
+
+
+class RefusedCheckpoint(ValueError):
+    """A file of a distributed checkpoint that is not loaded: read as DCP reads it, it would run code (a pickle naming
+    anything but what DCP writes), or it is not what DCP writes."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` that finds only :data:`METADATA_GLOBALS` (``path``: the file, for the message)."""
+
+    def __init__(self, file, path: Path):
+        super().__init__(file)
+        self.path = path
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in METADATA_GLOBALS:
+            raise RefusedCheckpoint(f"{self.path} names {module}.{name}, which no DCP index holds: refused unread "
+                                    "(nothing of it ran)")
+        return super().find_class(module, name)
+
+
+def read_metadata(folder):
+    """The index of the DCP checkpoint ``folder`` (its ``.metadata``: a ``Metadata``), unpickled finding only the
+    classes DCP writes there (:data:`METADATA_GLOBALS`), where DCP's own reader calls ``pickle.load``, which runs
+    whatever a crafted file names; then checked: tensor and byte entries only, every data file inside ``folder``. A
+    :class:`RefusedCheckpoint` naming the file otherwise."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, Metadata, MetadataIndex,
+                                                       TensorStorageMetadata)
+    path = Path(folder) / METADATA
+    try:
+        with open(path, "rb") as file:
+            metadata = _MetadataUnpickler(file, path).load()
+    except RefusedCheckpoint:
+        raise
+    except Exception as err:  # missing, truncated, not a pickle, a class given arguments it does not take, ...
+        raise RefusedCheckpoint(f"cannot read {path}: damaged or not a DCP index ({type(err).__name__}: "
+                                f"{one_line(err)[:160]})") from None
+    entries, storage = getattr(metadata, "state_dict_metadata", None), getattr(metadata, "storage_data", None)
+    if not (isinstance(metadata, Metadata) and isinstance(entries, dict) and isinstance(storage, dict)
+            and all(isinstance(k, str) and isinstance(v, (TensorStorageMetadata, BytesStorageMetadata))
+                    for k, v in entries.items())
+            and all(isinstance(k, MetadataIndex) and isinstance(v, _StorageInfo) for k, v in storage.items())):
+        raise RefusedCheckpoint(f"{path} is not a DCP index (it holds no Metadata of tensor and byte entries)")
+    outside = [v.relative_path for v in storage.values()
+               if not isinstance(v.relative_path, str) or Path(v.relative_path).name != v.relative_path
+               or v.relative_path in ("", ".", "..")]
+    if outside:
+        raise RefusedCheckpoint(f"{path} names the data file {outside[0]!r}, which is not in its folder: refused")
+    return metadata
+
+
+def _safe_load(data: bytes, what: str):
+    """``torch.load(weights_only=True)`` of ``data``, the in-memory files DCP keeps values in (``io.BytesIO`` among
+    the classes it finds); a :class:`RefusedCheckpoint` naming ``what`` for a pickle it refuses."""
+    try:
+        with torch.serialization.safe_globals([io.BytesIO]):
+            return torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as err:  # UnpicklingError (a refused global), a damaged archive
+        raise RefusedCheckpoint(f"{what} is refused unread (it would run code, or it is damaged): "
+                                f"{weights_io._load_error(err)}") from None
+
+
+def _checked_reader(folder: Path, metadata):
+    """DCP's ``FileSystemReader`` of ``folder`` handing DCP ``metadata``, read by :func:`read_metadata`, where its own
+    would unpickle the file."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class CheckedReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            if metadata.storage_meta is None:  # as FileSystemReader.read_metadata does
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return CheckedReader(folder)
+
+
+def _checked_planner(folder: Path):
+    """DCP's ``DefaultLoadPlanner``, with every value that is no tensor (``BYTE_IO``) read by :func:`_safe_load`: its
+    own reads them with ``torch.load(weights_only=False)``, which runs any pickle. The value read is handed on to
+    DCP's own as a fresh ``torch.save`` of it, so that it unpickles only what was checked."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class CheckedPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            checked = _safe_load(value.getvalue(), f"{folder}: the value of {read_item.dest_index.fqn}")
+            super().load_bytes(read_item, _blob(checked))
+
+    return CheckedPlanner()
 
 
 # -- memory ---------------------------------------------------------------------------------------------------------

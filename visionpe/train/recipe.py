@@ -20,8 +20,8 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3, NativeScaler
 
-from ..cli import UserError, user_errors
-from . import loop, parallel, restore, rundir
+from ..cli import UserError, one_line, user_errors
+from . import loop, parallel, restore, rundir, settings
 
 
 @dataclass
@@ -33,6 +33,7 @@ class Recipe:
     scaler: NativeScaler | None = None  # float16 only: loss scaling
     ema: ModelEmaV3 | None = None
     epochs: int = 0  # the length the schedule is built for
+    config: dict = field(default_factory=dict)  # the settings it was built from, as config.yaml holds them: committed
 
     @property
     def ema_module(self) -> torch.nn.Module | None:
@@ -89,7 +90,7 @@ def build(cfg: dict, model: torch.nn.Module, updates_per_epoch: int, procs, amp_
                       num_classes=cfg["num_classes"])
     return Recipe(optimizer, scheduler, criterion_for(cfg, mixup is not None), mixup,
                   NativeScaler(device=procs.device.type) if amp_dtype == torch.float16 else None, ema,
-                  cfg["epochs"]), trained
+                  cfg["epochs"], settings.saved_form(cfg)), trained
 
 
 COSINE_LOG = "timm.scheduler.cosine_lr"  # the logger of timm's cosine schedule
@@ -160,18 +161,20 @@ def criterion_for(cfg: dict, mixup: bool) -> torch.nn.Module:
     return torch.nn.CrossEntropyLoss()
 
 
-def resume(recipe: Recipe, model: torch.nn.Module, state: dict | Path | None, out, world: int,
-           init=None) -> Progress:
+def resume(recipe: Recipe, model: torch.nn.Module, state: dict | Path | None, out, world: int, init=None, *,
+           steps: int) -> Progress:
     """Where the run in ``out`` stands: fresh (the ``--init-from`` / ``--pretrained`` record first in its history),
     or continued from ``state`` (:func:`visionpe.train.rundir.resume_point`: state.pt's contents, or the folder of a
     distributed checkpoint): the model's weights, the optimizer, schedule, EMA and scaler loaded, sharded or not
-    whatever the commit's sharding and process count, and a commit within an epoch checked to have been made by as
-    many processes as ``world``."""
+    whatever the commit's sharding and process count; the commit checked against the run of ``steps`` loader
+    batches an epoch and its settings (:func:`visionpe.train.rundir.check_resume`), and a commit within an epoch
+    to have been made by as many processes as ``world``."""
     if state is None:
         return Progress(history=[init] if init else [])
     if isinstance(state, Path):
-        return _resume_sharded(recipe, model, state, world)
+        return _resume_sharded(recipe, model, state, world, steps)
     path = Path(out) / rundir.STATE
+    rundir.check_resume(state, path, Path(out), recipe.config, steps=steps)
     restore.load_state(model, state["model"], path)
     check_length(recipe, state, path.parent)
     extended = extension_record(recipe, state)
@@ -189,17 +192,29 @@ def resume(recipe: Recipe, model: torch.nn.Module, state: dict | Path | None, ou
     return _checked_progress(progress, path, world)
 
 
-def _resume_sharded(recipe: Recipe, model: torch.nn.Module, folder: Path, world: int) -> Progress:
+def _resume_sharded(recipe: Recipe, model: torch.nn.Module, folder: Path, world: int, steps: int) -> Progress:
     """:func:`resume` from a distributed checkpoint (every process calls it): DCP reshards it into the model, FSDP
-    or not, on any process count; its extra holds the rest."""
+    or not, on any process count; its extra holds the rest, checked as state.pt is, and to be of the epoch and step
+    its folder's name says."""
+    out, order = folder.parent.parent, rundir.commit_order(folder)  # the name checked before anything is read
     with user_errors(f"{folder} does not fit the model, optimizer, schedule or EMA",
                      (ValueError, TypeError, RuntimeError, KeyError)):
-        extra = parallel.load_checkpoint(folder, model, recipe.optimizer, ema=recipe.ema_module)
-        check_length(recipe, extra, folder.parent.parent)
+        try:
+            extra = parallel.load_checkpoint(folder, model, recipe.optimizer, ema=recipe.ema_module)
+        except parallel.RefusedCheckpoint as err:  # a file that would run code, or that DCP does not write
+            raise UserError(f"{one_line(err)}; {rundir.RESTART}") from None
+        if not isinstance(extra, dict) or not isinstance(extra.get("history"), str):
+            raise UserError(f"{folder} is damaged or was edited: its extra holds no history; {rundir.RESTART}")
+        history = json.loads(extra["history"])
+        rundir.check_commit({**extra, "history": history}, folder)
+        if rundir.commit_order(extra) != order:
+            raise UserError(f"{folder} is damaged or was edited: it holds epoch {extra['epoch']}, step "
+                            f"{rundir.commit_order(extra)[1]}, not what its name says; {rundir.RESTART}")
+        rundir.check_resume(extra, folder, out, recipe.config, steps=steps)
+        check_length(recipe, extra, out)
         extended = extension_record(recipe, extra)
         if extended is None:
             recipe.scheduler.load_state_dict(extra["scheduler"])
-        history = json.loads(extra["history"])
     saved = {**rundir.exported_state(model, recipe.ema_module, extra), "history": history}
     progress = Progress(extra["epoch"], extra["best_acc"], extra["best_epoch"], history, extra.get("progress"), saved,
                         extended)

@@ -3,9 +3,10 @@
     config.yaml         the resolved settings (model, pe, pe_kwargs, img_size, patch_size, num_classes, in_chans,
                         model_kwargs: everything visionpe.create_model(model, pe, pe_kwargs=..., **model_kwargs)
                         needs), written when the run starts
-    state.pt            THE CHECKPOINT: model weights, optimizer, scheduler, epoch, best_acc, best_epoch, history;
-                        the EMA weights (ema) and the float16 gradient scaler (scaler) of runs that have them; and
-                        in a commit within an epoch, where in it (progress) (torch.load(..., weights_only=True))
+    state.pt            THE CHECKPOINT: model weights, optimizer, scheduler, epoch, best_acc, best_epoch, history,
+                        the settings it was trained with (config, as config.yaml holds them); the EMA weights (ema)
+                        and the float16 gradient scaler (scaler) of runs that have them; and in a commit within an
+                        epoch, where in it (progress) (torch.load(..., weights_only=True))
     checkpoint/         THE CHECKPOINT of a sharded run (--parallel fsdp) instead of state.pt: a distributed
                         checkpoint (torch.distributed.checkpoint) checkpoint/<tag> of the model's, optimizer's and
                         EMA's shards, each process writing its own, with what else state.pt holds as its extra;
@@ -55,16 +56,24 @@ Checkpoint protocol (a kill at any instant leaves a run that ``--resume`` contin
    commit point; the exports follow from the gathered weights. A run has one commit point: the first commit in one
    format removes the other (``state.pt`` after a sharded commit; ``checkpoint/latest``, then its folder, after a
    ``state.pt`` commit), and after a kill between the two :func:`resume_point` takes the later one (epoch, then
-   step). A commit at an epoch's end resumes on any process count (DCP reshards, and a DDP run's ``state.pt`` loads
-   into a sharded model); one within an epoch only on as many processes as wrote it.
+   step), which must be of the kind the run's ``config.yaml`` commits (``parallel``): the other kind later is a file
+   planted or left from another run, named and refused. A commit at an epoch's end resumes on any process count
+   (DCP reshards, and a DDP run's ``state.pt`` loads into a sharded model); one within an epoch only on as many
+   processes as wrote it.
 7. ``--overwrite`` deletes the previous run's files (only the names above and their temporaries) before writing
    anything: ``results.json`` first, then ``config.yaml`` (the rest can then no longer be loaded, resumed or
    swept), ``state.pt`` and the exports. A kill part-way leaves some of the old files or only new ones, never
    both, and never the old results.
+
+Resume trusts nothing it reads to be as written (:func:`check_commit`, :func:`check_resume`): a commit's fields out of
+range or out of line with its history, a ``config.yaml`` whose settings differ from those the commit records, and
+weights that are not finite (:func:`read_weights`) are each one line naming the file; nothing loaded runs code
+(``weights_only``, safetensors, YAML safe loading, :func:`visionpe.train.parallel.read_metadata`).
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -72,7 +81,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..cli import UserError, one_line
+from ..cli import UserError, one_line, user_errors
 from ..weights import io
 from . import metrics, parallel, settings
 from .metrics import METRICS, RESULTS, SUMMARY
@@ -82,6 +91,7 @@ CHECKPOINT = "checkpoint"  # a sharded run's commits: a folder of distributed ch
 ARTIFACTS = (RESULTS, CONFIG, STATE, CHECKPOINT, METRICS, SUMMARY, BEST, LAST, EMA)
 WEIGHTS = {"last": LAST, "best": BEST, "ema": EMA}  # the exported weights, by the name the scripts give them
 STATE_KEYS = ("epoch", "best_acc", "best_epoch", "history", "optimizer", "scheduler")
+RESTART = "restart the run with --overwrite"  # what is left to do with a damaged or edited commit
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -186,15 +196,19 @@ def weights_file(run, which: str) -> Path:
 
 
 def read_weights(path: Path, device="cpu") -> dict[str, torch.Tensor]:
-    """A safetensors state dict, or a :class:`UserError` naming the file (missing, truncated, not safetensors)."""
+    """A safetensors state dict, or a :class:`UserError` naming the file (missing, truncated, not safetensors, or
+    holding a NaN or infinite value: no number is ever reported from such weights)."""
     from safetensors.torch import load_file
     path = Path(path)
     if not path.is_file():
         raise UserError(f"weights file {str(path)!r} not found")
     try:
-        return load_file(str(path), device=str(device))
+        state = load_file(str(path), device=str(device))
     except Exception as err:  # safetensors raises its own error type for a damaged file
         raise UserError(f"cannot read {path}: damaged or not a safetensors file ({one_line(err)[:200]})") from None
+    with user_errors():
+        io.check_finite(state, f"weights file {str(path)!r}")
+    return state
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -213,17 +227,19 @@ def tensors(module) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(out: Path, model, optimizer, scheduler, *, epoch: int, best_acc: float, best_epoch: int,
-                    history: list[dict], ema=None, scaler=None, progress: dict | None = None) -> None:
+                    history: list[dict], config: dict, ema=None, scaler=None, progress: dict | None = None) -> None:
     """Commit ``state.pt``: at the end of epoch ``epoch``, then export last/best/ema weights and metrics from it; or,
     with ``progress`` (see :func:`visionpe.train.loop.train_one_epoch`), within epoch ``epoch + 1``, ``state.pt``
-    alone. ``ema``: the EMA module (timm ``ModelEmaV3.module``); ``scaler``: timm's ``NativeScaler``."""
+    alone. ``config``: the settings trained with, as config.yaml holds them (:func:`settings.saved_form`), which
+    resume checks config.yaml against (:func:`check_resume`); ``ema``: the EMA module (timm ``ModelEmaV3.module``);
+    ``scaler``: timm's ``NativeScaler``."""
     bad = [k for k, t in model.state_dict().items() if torch.is_floating_point(t) and not bool(torch.isfinite(t).all())]
     if bad:  # the loop checks first (train_vit.py, visionpe.train.loop.check_finite); this is the last guard
         raise UserError(f"refusing to commit {out / STATE}: the model's weights are not finite ({len(bad)} tensors, "
                         f"e.g. {bad[0]}); the run diverged: lower --lr")
     state = {"format": 3, "epoch": epoch, "best_acc": best_acc, "best_epoch": best_epoch,
-             "history": json.dumps(history), "model": tensors(model), "optimizer": optimizer.state_dict(),
-             "scheduler": scheduler.state_dict()}
+             "history": json.dumps(history), "config": json.dumps(config), "model": tensors(model),
+             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
     if ema is not None:
         state["ema"] = tensors(ema)
     if scaler is not None:
@@ -237,14 +253,14 @@ def save_checkpoint(out: Path, model, optimizer, scheduler, *, epoch: int, best_
 
 
 def save_sharded(out: Path, model, optimizer, scheduler, *, epoch: int, best_acc: float, best_epoch: int,
-                 history: list[dict], ema=None, progress: dict | None = None) -> None:
+                 history: list[dict], config: dict, ema=None, progress: dict | None = None) -> None:
     """:func:`save_checkpoint` of a sharded model (FSDP), called by every process: commit the distributed checkpoint
     ``checkpoint/epoch-E`` (``epoch-E-step-S`` within epoch E + 1) of the model's, optimizer's and EMA's shards with
     the rest of what state.pt holds as its extra; then rank 0 removes state.pt (a run resumed from it under FSDP)
     and, at the end of an epoch, writes the exports from the gathered weights (every process gathers)."""
     out = Path(out)
     extra = {"format": 3, "epoch": epoch, "best_acc": best_acc, "best_epoch": best_epoch,
-             "history": json.dumps(history), "scheduler": scheduler.state_dict()}
+             "history": json.dumps(history), "config": json.dumps(config), "scheduler": scheduler.state_dict()}
     if progress is not None:
         extra["progress"] = progress
     tag = f"epoch-{epoch}" + (f"-step-{progress['step']}" if progress is not None else "")
@@ -296,8 +312,8 @@ def export(out: Path, state: dict, history: list[dict], force: bool = True) -> l
 
 
 def load_checkpoint(out: Path) -> dict | None:
-    """``state.pt`` of the run in ``out``, checked, with ``history`` decoded and the model weights in
-    ``state['model']``; ``None`` when no epoch was saved yet. A damaged file is a :class:`UserError`."""
+    """``state.pt`` of the run in ``out``, checked (:func:`check_commit`), with ``history`` decoded and the model
+    weights in ``state['model']``; ``None`` when no epoch was saved yet. A damaged file is a :class:`UserError`."""
     out = Path(out)
     path = out / STATE
     if not path.exists():
@@ -314,6 +330,7 @@ def load_checkpoint(out: Path) -> dict | None:
         state["history"] = json.loads(state["history"])
     except (TypeError, ValueError):
         raise UserError(f"{path} holds a damaged history") from None
+    check_commit(state, path)
     if "model" not in state:  # written by an older train_vit.py: the weights live in last.safetensors
         if weights_epoch(out / LAST) != state["epoch"]:
             raise UserError(f"{out / LAST} and {STATE} are from different epochs; cannot resume exactly")
@@ -343,12 +360,80 @@ def commit_order(state: dict | Path) -> tuple[int, int]:
 
 def resume_point(out: Path) -> dict | Path | None:
     """What ``--resume`` continues: state.pt's contents (:func:`load_checkpoint`), or the folder of a sharded run's
-    distributed checkpoint (:func:`sharded_checkpoint`); the later of the two when both are there (a kill between a
-    commit and the removal of the other format); None when no epoch was saved yet."""
+    distributed checkpoint (:func:`sharded_checkpoint`); None when no epoch was saved yet.
+
+    The run's ``config.yaml`` says which kind it commits (``parallel: fsdp``: checkpoint/, else state.pt). The other
+    kind is resumed only where a resume changed ``--parallel``: alone (killed before its first commit of the new
+    kind), or beside the run's own kind when older (killed between a commit and the removal of the other format).
+    Later than the run's own commit, it is a file planted or left from another run: a :class:`UserError` naming it,
+    never silently preferred."""
+    out = Path(out)
+    sharded = read_config(out).get("parallel") == "fsdp"
     state, folder = load_checkpoint(out), sharded_checkpoint(out)
-    if folder is None or (state is not None and commit_order(state) > commit_order(folder)):
-        return state
-    return folder
+    if state is None or folder is None:
+        return folder if state is None else state
+    own, other = (folder, state) if sharded else (state, folder)
+    if commit_order(own) > commit_order(other):
+        return own
+    own_name, other_name = (folder, out / STATE) if sharded else (out / STATE, folder)
+    raise UserError(f"{other_name} (epoch {commit_order(other)[0]}) is no older than {own_name} (epoch "
+                    f"{commit_order(own)[0]}), yet {out / CONFIG} says parallel: {'fsdp' if sharded else 'ddp'}, which "
+                    f"commits {CHECKPOINT + '/' if sharded else STATE}: a file planted or left from another run, not resumed; remove it, or "
+                    f"{RESTART}")
+
+
+def check_commit(commit: dict, path: Path) -> None:
+    """A commit's fields (state.pt's contents with its history decoded, or a distributed checkpoint's extra; ``path``
+    names it) of their types, in range and in line with its history: an edited or damaged file is a
+    :class:`UserError` naming it and the field, never a run resumed at another epoch than it trained."""
+    def integer(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    epoch, best_epoch, within = commit.get("epoch"), commit.get("best_epoch"), commit.get("progress")
+    history = commit.get("history")
+    done = [r.get("epoch") for r in history if isinstance(r, dict) and r.get("kind") == "epoch"] \
+        if isinstance(history, list) else None
+    problem = None
+    if not integer(epoch) or epoch < (0 if within is not None else 1):
+        problem = f"epoch {epoch!r} (an integer >= 1, or 0 in a commit within the first epoch)"
+    elif done != list(range(1, epoch + 1)):
+        problem = f"epoch {epoch} with a history of the epochs {done!r} (1 to {epoch}, each once)"
+    elif not integer(best_epoch) or not (1 <= best_epoch <= epoch or epoch == 0 and best_epoch == -1):
+        problem = f"best_epoch {best_epoch!r} (an epoch from 1 to {epoch}, or -1 before the first)"
+    elif not isinstance(commit.get("best_acc"), (int, float)) or isinstance(commit.get("best_acc"), bool) \
+            or not math.isfinite(commit["best_acc"]):
+        problem = f"best_acc {commit.get('best_acc')!r} (a finite number)"
+    elif within is not None and (not isinstance(within, dict) or not integer(within.get("step"))
+                                 or within["step"] < 1 or not isinstance(within.get("sums"), list)):
+        problem = f"progress {within!r} (the batches of the next epoch trained on, step >= 1, and every process's sums)"
+    if problem is not None:
+        raise UserError(f"{path} is damaged or was edited: it holds {problem}; {RESTART}")
+
+
+def check_resume(commit: dict, path: Path, out: Path, config: dict, *, steps: int) -> None:
+    """The commit resumed (``commit``, ``path``: as in :func:`check_commit`) against the run as resumed: a commit
+    within an epoch at a batch before the epoch's last of ``steps``, and ``config`` (the settings resumed:
+    ``out``'s config.yaml with the changes ``--resume`` allows, :func:`settings.saved_form`) the settings the commit
+    records (``config``), but for those a resume may change. A difference is a :class:`UserError` naming
+    config.yaml and the settings (config.yaml edited: the optimizer, schedule and weights of the commit would
+    continue under settings they were not made with). A commit of an earlier release records none."""
+    within = commit.get("progress")
+    if within is not None and within["step"] >= steps:
+        raise UserError(f"{path} is damaged or was edited: it holds progress step {within['step']} within an epoch of "
+                        f"{steps} batches (at most {steps - 1}); {RESTART}")
+    if "config" not in commit:
+        return
+    try:
+        recorded = json.loads(commit["config"])
+        differ = [d for d in settings.changes(recorded, config)
+                  if d[0] not in settings.SAFE_ON_RESUME + settings.EXTEND_ON_RESUME]
+    except (TypeError, ValueError, KeyError, AttributeError):
+        raise UserError(f"{path} holds damaged settings (config); {RESTART}") from None
+    if differ:
+        shown = "; ".join(f"{key} ({old!r} in {path.name}, {new!r} in {CONFIG})" for key, old, new in differ)
+        raise UserError(f"{out / CONFIG} differs from the settings {path} was trained with: {shown}; put them back "
+                        f"(only {', '.join(settings.SAFE_ON_RESUME + settings.EXTEND_ON_RESUME)} may change on "
+                        "--resume), or start a new run with another --output")
 
 
 def repair(out: Path, state: dict | None) -> list[str]:

@@ -93,7 +93,7 @@ def main(argv: list[str]) -> dict:
         report(restore.init_text(init))  # kept / converted / new / dropped
     # on the device; EMA; then compile and DDP, or FSDP2 (sharded in place); then the optimizer (timm's order)
     parts, model = recipe.build(cfg, raw_model, updates_per_epoch, procs, amp_dtype, policy)
-    run = recipe.resume(parts, raw_model, state, out, world, init)  # fresh, or the last commit (any sharding)
+    run = recipe.resume(parts, raw_model, state, out, world, init, steps=steps_per_epoch)  # fresh, or the last commit
     start_epoch = run.epoch
 
     # -- run directory: fresh (config.yaml), or its exports repaired; then the loggers, in line with the history ---

@@ -150,11 +150,15 @@ def _unwrap(state):
 
 
 def _load_error(err: Exception) -> str:
-    """The informative line of a ``torch.load`` error (the weights-only unpickler buries it under advice)."""
+    """The informative line of a ``torch.load`` error (the weights-only unpickler buries it under advice): the cause
+    after ``WeightsUnpickler error:`` (on that line, or on the next one as older torch releases write it), without the
+    advice to allow what it refused."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     for i, line in enumerate(lines):
-        if line.endswith("WeightsUnpickler error:") and i + 1 < len(lines):
-            return lines[i + 1][:300]
+        _, found, cause = line.partition("WeightsUnpickler error:")
+        cause = cause.strip() or (lines[i + 1] if found and i + 1 < len(lines) else "")
+        if found and cause:
+            return cause.split(" Please use ")[0][:300]
     return lines[0][:300] if lines else type(err).__name__
 
 
