@@ -290,3 +290,28 @@ def test_every_registered_name_builds_and_every_excluded_one_is_unsupported():
         plain = timm.create_model(name, **small(name))
         with pytest.raises((ValueError, AttributeError)):  # not even as timm built it
             vpe.apply(plain, pe="native")
+
+
+def test_create_model_features_only_is_timms_feature_wrapper_around_the_patched_model():
+    """``vpe.create_model(..., features_only=True)`` as ``timm.create_model`` does it: timm's FeatureGetterNet around
+    the visionpe model, at any size, equal to the registry's ``vpe_`` model with the same weights."""
+    import visionpe as vpe
+    kwargs = dict(img_size=32, patch_size=8, depth=2, features_only=True, out_indices=(0, 1))
+    model = vpe.create_model("vit_tiny_patch16_224", pe="rope_mixed", **kwargs).eval()
+    twin = timm.create_model("vpe_vit_tiny_patch16_224", pe="rope_mixed", **kwargs).eval()
+    twin.load_state_dict(model.state_dict())
+    assert type(model).__name__ == "FeatureGetterNet" and model.feature_info.channels() == [192, 192]
+    x = torch.randn(1, 3, 48, 32)
+    for ours, theirs in zip(model(x), twin(x)):
+        assert ours.shape == (1, 192, 6, 4)
+        torch.testing.assert_close(ours, theirs)
+
+
+def test_patch_14_cfgs_declare_a_minimum_size_that_is_a_multiple_of_the_patch():
+    """timm's tools pick a smaller size than the cfg's from ``min_input_size``: for a patch that divides none of
+    timm's test sizes it is a multiple of the patch, and the model runs there."""
+    name = "vpe_eva02_tiny_patch14_224"
+    assert timm.models.get_pretrained_cfg_value(name, "min_input_size") == (3, 98, 98)
+    assert timm.models.get_pretrained_cfg_value("vpe_vit_tiny_patch16_224", "min_input_size") is None
+    model = timm.create_model(name, depth=1).eval()
+    assert model(torch.randn(1, 3, 98, 98)).shape == (1, 1000)

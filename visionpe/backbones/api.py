@@ -14,12 +14,16 @@ a new backbone is one adapter module with one :func:`~visionpe.backbones.adapter
 from __future__ import annotations
 
 import timm
+from timm.models import build_model_with_cfg
 from torch import nn
 
 from .._checks import check_bool, check_choice
 from ..attention import ATTENTIONS, set_attention
 from ..encoding import Encoding
 from .adapter import ADAPTERS, NATIVE, adapter_for, check_encodings, parse_pe, route_kwargs, timm_adapter
+
+
+FEATURE_KEYWORDS = ("features_only", "out_indices", "feature_cls")  # timm's feature extraction keywords
 
 
 def apply(model: nn.Module, pe: str = "learned", attention: str = "auto", **pe_kwargs) -> nn.Module:
@@ -80,8 +84,20 @@ def create_model(model_name: str, pe: str = "learned", pretrained: bool = False,
     if reason is not None:
         raise ValueError(f"model_name={model_name!r}: {reason}")
     check_bool("pretrained", pretrained)
+    features = {k: timm_kwargs.pop(k) for k in FEATURE_KEYWORDS if k in timm_kwargs}
     model = timm.create_model(model_name, pretrained=pretrained, **any_size_kwargs(model_name, timm_kwargs))
-    return apply(model, pe, attention, **(pe_kwargs or {}))
+    model = apply(model, pe, attention, **(pe_kwargs or {}))
+    return features_model(model, model_name, features) if features.pop("features_only", False) else model
+
+
+def features_model(model: nn.Module, name: str, features: dict) -> nn.Module:
+    """timm's ``features_only`` model of a patched ``model``: timm's own wrapper (``build_model_with_cfg`` with the
+    family's ``feature_cfg`` from its adapter), ``features``' ``out_indices`` / ``feature_cls`` winning."""
+    adapter = adapter_for(model)
+    if adapter.feature_cfg is None:
+        raise ValueError(f"{name}: {adapter.name} has no feature extraction (its adapter gives no feature_cfg)")
+    return build_model_with_cfg(lambda **_: model, name, pretrained=False, pretrained_cfg=model.pretrained_cfg,
+                                feature_cfg=adapter.feature_cfg(model), features_only=True, **features)
 
 
 def any_size_kwargs(model_name: str, timm_kwargs: dict) -> dict:

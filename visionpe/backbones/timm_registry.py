@@ -28,6 +28,7 @@ timm itself (see :mod:`visionpe._import_hook`).
 """
 from __future__ import annotations
 
+import re
 import sys
 from collections import deque
 from dataclasses import replace
@@ -35,7 +36,6 @@ from dataclasses import replace
 import timm
 from timm.models import (
     DefaultCfg,
-    build_model_with_cfg,
     get_arch_pretrained_cfgs,
     get_pretrained_cfg,
     register_model,
@@ -45,14 +45,12 @@ from timm.models import (
 from torch import nn
 
 from ..weights.convert import load_timm_checkpoint
-from .adapter import ADAPTERS, NATIVE, Adapter, adapter_for
+from .adapter import ADAPTERS, NATIVE, Adapter
 
 PREFIX = "vpe_"
 
 # the registry's pretrained cfgs of each registered name, read by timm's register_model (as a timm model module's)
 default_cfgs: dict[str, DefaultCfg] = {}
-
-FEATURE_KEYWORDS = ("features_only", "out_indices", "feature_cls")  # timm's feature extraction keywords
 
 
 def timm_names() -> dict[str, Adapter]:
@@ -94,10 +92,26 @@ def register_models() -> list[str]:
 def pretrained_cfgs(timm_name: str) -> DefaultCfg:
     """timm's pretrained cfgs of ``timm_name`` (every tag, the default first) for its registered name; they keep
     timm's weight sources (``hf_hub_id``, ``url``), and timm's ``register_model`` renames their architecture; a
-    visionpe model runs at any input size (``fixed_input_size=False``)."""
-    cfgs = {split_model_name_tag(name)[1]: replace(cfg, fixed_input_size=False)
+    visionpe model runs at any input size that is a multiple of its patch (``fixed_input_size=False``), and a patch
+    that does not divide timm's usual test sizes (96, 128, 224, 384; e.g. 14) gets a ``min_input_size`` that is a
+    multiple of it, the size timm's tools take below the cfg's ``input_size``."""
+    cfgs = {split_model_name_tag(name)[1]: replace(cfg, fixed_input_size=False, **size_floor(timm_name, cfg))
             for name, cfg in get_arch_pretrained_cfgs(timm_name).items()}
     return DefaultCfg(tags=deque(cfgs), cfgs=cfgs, is_pretrained=any(c.has_weights for c in cfgs.values()))
+
+
+SMALLEST_SIDE = 96  # px: the smallest side timm's model tests ask for (their feature size)
+
+
+def size_floor(timm_name: str, cfg) -> dict:
+    """``{"min_input_size": (C, m, m)}`` with ``m`` the first multiple of the patch (``patch<p>`` in the timm name) at
+    or above :data:`SMALLEST_SIDE`, where the patch does not divide 96, 128, 224 and 384; else nothing."""
+    match = re.search(r"patch(\d+)", timm_name)
+    patch = int(match.group(1)) if match else None
+    if patch is None or cfg.min_input_size is not None or all(s % patch == 0 for s in (96, 128, 224, 384)):
+        return {}
+    side = -(-SMALLEST_SIDE // patch) * patch
+    return {"min_input_size": (cfg.input_size[0], side, side)}
 
 
 def make_entrypoint(timm_name: str, name: str):
@@ -120,7 +134,7 @@ def create_registered(timm_name: str, name: str, pe: str, pe_kwargs: dict | None
     name's pretrained cfg (a tag, a dict or None, plus the overlay) as its ``pretrained_cfg``; with ``pretrained``,
     timm's weights through :func:`visionpe.load_timm_checkpoint`; with ``features_only``, timm's feature wrapper of
     the family around it (:func:`features_model`)."""
-    from .api import create_model
+    from .api import FEATURE_KEYWORDS, create_model, features_model
 
     features = {k: timm_kwargs.pop(k) for k in FEATURE_KEYWORDS if k in timm_kwargs}
     cfg = resolve_pretrained_cfg(name, pretrained_cfg, pretrained_cfg_overlay).to_dict()
@@ -140,16 +154,6 @@ def timm_fixes_input_size(timm_name: str, cfg: dict) -> bool:
     the cfg's ``input_size`` (where the registered cfg, saying the truth of a visionpe model, says False)."""
     own = get_pretrained_cfg(f"{timm_name}.{cfg['tag']}" if cfg.get("tag") else timm_name)
     return bool(getattr(own, "fixed_input_size", False))
-
-
-def features_model(model: nn.Module, name: str, features: dict) -> nn.Module:
-    """timm's ``features_only`` model of a patched ``model``: timm's own wrapper (``build_model_with_cfg`` with the
-    family's ``feature_cfg`` from its adapter), ``features``' ``out_indices`` / ``feature_cls`` winning."""
-    adapter = adapter_for(model)
-    if adapter.feature_cfg is None:
-        raise ValueError(f"{name}: {adapter.name} has no feature extraction (its adapter gives no feature_cfg)")
-    return build_model_with_cfg(lambda **_: model, name, pretrained=False, pretrained_cfg=model.pretrained_cfg,
-                                feature_cfg=adapter.feature_cfg(model), features_only=True, **features)
 
 
 def timm_pretrained_state(timm_name: str, cfg: dict, timm_kwargs: dict) -> tuple[dict, tuple[int, ...] | None]:
