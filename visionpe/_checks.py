@@ -93,7 +93,7 @@ def to_shape(param: str, value, ndim: int | None = None) -> tuple[int, ...]:
     if not isinstance(value, Sequence) or len(value) == 0:
         raise ValueError(f"{param} must be a sequence of positive integers, got {value!r}")
     shape = tuple(value)
-    if any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in shape):
+    if any(isinstance(s, bool) or not isinstance(s, (int, torch.SymInt)) or s <= 0 for s in shape):
         raise ValueError(f"{param} must contain positive integers only, got {value!r}")
     if ndim is not None and len(shape) != ndim:
         raise ValueError(f"{param}={value!r} has {len(shape)} axes but ndim={ndim}")
