@@ -72,8 +72,8 @@ def _require_torch() -> None:
 def _require_onnx(what: str = "ONNX export") -> None:
     missing = missing_onnx_packages()
     if missing:
-        raise ModuleNotFoundError(f"{what} needs {', '.join(missing)}: pip install 'visionpe[export]' (the export extra: "
-                                  f"{', '.join(ONNX_PACKAGES)})")
+        raise ModuleNotFoundError(f"{what} needs {', '.join(missing)}: pip install 'visionpe[export]' (the export "
+                                  f"extra: {', '.join(ONNX_PACKAGES)})")
 
 
 def patch_size_of(model: nn.Module) -> tuple[int, ...]:
@@ -161,8 +161,8 @@ def _first_line(err: BaseException, limit: int = 300) -> str:
 def export_program(model: nn.Module, example: torch.Tensor, *, dynamic: bool = True, patch=None,
                    strict: bool = False) -> torch.export.ExportedProgram:
     """``torch.export.export(model, (example,))`` with a free batch; with ``dynamic`` (default) the height and width
-    (and a video's frame count) are symbolic too: multiples of the patch (:func:`dynamic_shapes`). ``model`` should be in eval
-    mode. An :class:`ExportError` if torch.export cannot trace it (the first line of torch's reason)."""
+    (and a video's frame count) are symbolic too: multiples of the patch (:func:`dynamic_shapes`). ``model`` should
+    be in eval mode. An :class:`ExportError` if torch.export cannot trace it (the first line of torch's reason)."""
     _require_torch()
     patch = _patch(model, patch)
     _check_example(example, patch, dynamic)
@@ -263,9 +263,9 @@ def runner(source, format: str, threads: int | None = None) -> Callable[[torch.T
 
 def check_sizes(model: nn.Module, size: Sequence[int] | None = None, *, dynamic: bool = True,
                 patch=None) -> list[tuple[int, ...]]:
-    """The input sizes :func:`check_export` runs: ``size`` (default the model's own, at least 2 patches an axis), and
-    twice for a static export (at two batch sizes), and for a dynamic export two the trace never saw: 2 patches more on every axis, and a non-square one (a video's frame
-    count doubled, height 1 patch more, width doubled)."""
+    """The input sizes :func:`check_export` runs: ``size`` (default the model's own, at least 2 patches an axis),
+    twice for a static export (at two batch sizes); for a dynamic export, also two the trace never saw: 2 patches
+    more on every axis, and a non-square one (a video's frame count doubled, height 1 patch more, width doubled)."""
     patch = _patch(model, patch)
     size = tuple(size) if size is not None else tuple(max(s, 2 * p) for s, p in zip(native_size(model, patch), patch))
     if not dynamic:

@@ -115,9 +115,6 @@ def check_size(size: tuple[int, ...], train: tuple[int, ...], patch: tuple[int, 
 
 
 def check_args(args) -> None:
-    if not export.torch_supports_export():
-        raise UserError(f"visionpe export needs torch >= {'.'.join(map(str, export.MIN_TORCH))}, installed "
-                        f"{torch.__version__}")
     if args.format == "onnx":
         missing = export.missing_onnx_packages()
         if missing:
@@ -157,6 +154,9 @@ def main(argv) -> dict:
     model = model.float().cpu().eval()
     train, patch = run_geometry(cfg)
     sizes = [check_size(s, train, patch) for s in args.sizes]
+    if not export.torch_supports_export():
+        raise UserError(f"visionpe export needs torch >= {'.'.join(map(str, export.MIN_TORCH))}, installed "
+                        f"{torch.__version__}")
     try:
         return export_checked(model, cfg, args, out, train, patch, sizes)
     except export.ExportError as err:
@@ -179,7 +179,7 @@ def export_checked(model, cfg: dict, args, out: Path, train, patch, sizes) -> di
     seconds = time.perf_counter() - start
     check = [traced, *dict.fromkeys(s for s in sizes if s != traced)] if sizes else \
         export.check_sizes(model, traced, dynamic=args.dynamic, patch=patch)
-    checks = export.check_export(model, export.runner(data, args.format), check)
+    checks = export.check_export(model, export.runner(data, args.format), check, atol=export.ATOL, rtol=export.RTOL)
     kind = "batch, frames, height and width" if len(patch) == 3 else "batch, height and width"
     what = f"dynamic {kind} (multiples of {'x'.join(map(str, patch))})" if args.dynamic else \
         f"static {'x'.join(map(str, traced))}, dynamic batch"
