@@ -248,7 +248,7 @@ def runner(source, format: str, threads: int | None = None) -> Callable[[torch.T
     _require_onnx("running an ONNX model")
     import onnxruntime as ort
     options = ort.SessionOptions()
-    options.log_severity_level = 3  # errors only
+    options.log_severity_level = 4  # fatal only: a failed run raises its error anyway
     if threads:
         options.intra_op_num_threads = threads
     session = ort.InferenceSession(source if isinstance(source, bytes) else os.fspath(source), options,
