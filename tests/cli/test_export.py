@@ -96,3 +96,19 @@ def test_a_model_that_does_not_trace_exits_1_in_one_line(runs, tmp_path, monkeyp
     assert exit_info.value.code == 1 and err.count("\n") == 1, err
     assert "torch.export could not trace" in err and "data-dependent expression" in err
     assert os.listdir(tmp_path) == []
+
+
+@onnx_tools
+def test_an_onnx_export_of_a_program_that_refuses_new_sizes_stops_before_onnx(runs, tmp_path, monkeypatch, capsys):
+    """The ONNX file keeps no guards, so the program is checked at the new sizes first: a refusal is one line and
+    exit status 1, before the (slow) ONNX conversion."""
+    def refusing(model, exported, sizes, **kwargs):
+        return [export.Check(tuple(s), 1, error="AssertionError: Guard failed: x.size()[2] == 16") for s in sizes]
+    monkeypatch.setattr(export, "check_export", refusing)
+    monkeypatch.setattr(export, "export_onnx", lambda *a, **k: pytest.fail("converted a refused program"))
+    with pytest.raises(SystemExit) as exit_info:
+        run_script("export", [runs / "image", "--format", "onnx", "--dynamic", "--out", tmp_path / "m.onnx"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.count("\n") == 1, err
+    assert "the exported program refuses 16x16: AssertionError: Guard failed" in err
+    assert "specialises on its size: export without --dynamic" in err and os.listdir(tmp_path) == []
