@@ -253,3 +253,20 @@ def test_video_setups_are_the_video_benchmark_recipe_and_cover_every_3d_encoding
     assert "lookhere" not in every and every[-2:] == ["videorope", "riflex"]
     two_d_only = {"lookhere", "spiral_rope"}  # defined on 2D grids (LookHere's directions, Spiral RoPE's turns)
     assert set(every) == (set(cli.PES + cli.FRONTIER) - two_d_only) | {"videorope", "riflex"}
+
+
+@pytest.mark.skipif(bool(__import__("visionpe.export").export.missing_onnx_packages()) or
+                    not __import__("visionpe.export").export.torch_supports_export(),
+                    reason="needs the export extra (onnx, onnxscript, onnxruntime) and torch >= 2.6")
+def test_quick_onnx_section(one_thread):
+    """The exported visionpe models against timm's exported twins in onnxruntime, at the training size and twice it;
+    a visionpe export that refuses a size is timed as static exports, and says so."""
+    assert "onnx" not in cli.SECTIONS  # opt-in
+    report = cli.main(["--quick", "--threads", "1", "--sections", "onnx"])
+    (title, rows), = parse_tables(report).items()
+    assert title.startswith("Exported models in onnxruntime")
+    assert [(row["pair"].split(" ")[0], row["size"]) for row in rows] == [
+        ("learned", "32 px"), ("learned", "64 px"), ("control:", "32 px"), ("control:", "64 px"),
+        ("native", "32 px"), ("native", "64 px")]
+    assert all(row["export"] in ("dynamic", "static") and math.isfinite(ratio(row["ours / timm"])) for row in rows)
+    assert all(row["export"] == "dynamic" for row in rows if row["pair"].startswith("native")), rows

@@ -22,9 +22,10 @@ from visionpe.cli import UserError
 from visionpe.train import settings
 
 
-SCRIPTS = {"sweep": "resolution_sweep", "visualize": "visualize", "benchmark": "benchmark", "speed": "bench_speed"}
+SCRIPTS = {"sweep": "resolution_sweep", "visualize": "visualize", "benchmark": "benchmark", "speed": "bench_speed",
+           "export": "export"}
 PROG = {"train": "visionpe train", "sweep": "visionpe sweep", "visualize": "visionpe visualize",
-        "benchmark": "visionpe benchmark", "speed": "visionpe bench-speed"}
+        "benchmark": "visionpe benchmark", "speed": "visionpe bench-speed", "export": "visionpe export"}
 PYTHON_TAG = '!!python/object/apply:os.system ["touch {tmp}/pwned"]'
 
 
@@ -181,7 +182,7 @@ def rows_file(tmp, text):
     path.write_text(text)
     return path
 
-T, S, V, B, Q = "train", "sweep", "visualize", "benchmark", "speed"
+T, S, V, B, Q, E = "train", "sweep", "visualize", "benchmark", "speed", "export"
 ROWS = [
     # -- train_vit.py: model ---------------------------------------------------------------------------------
     (T, ["--pe", "rope_bogus"], ["rope_bogus", "rope_mixed"]),
@@ -510,6 +511,28 @@ ROWS = [
     (Q, ["--batch", "0"], ["--batch must be an integer >= 1"]),
     (Q, ["--min-run-time", "-1"], ["--min-run-time must be a number of seconds > 0"]),
     (Q, ["--quick", "--out", "{tmp}"], ["is a directory"]),
+    # -- visionpe export (scripts/export.py) ---------------------------------------------------------------------
+    (E, ["{tmp}/nowhere", "--format", "pt2"], ["{tmp}/nowhere", "not found"]),
+    (E, ["{tmp}", "--format", "pt2"], ["config.yaml", "not found"]),
+    (E, ["{run}"], ["--format", "required"]),
+    (E, ["{run}", "--format", "tflite"], ["--format", "tflite", "pt2", "onnx"]),
+    (E, ["{run}", "--format", "onnx"], ["--format onnx needs the export extra", "visionpe[export]",
+                                        "missing:", "onnxruntime"], "no_onnxruntime"),
+    (E, ["{run}", "--format", "pt2", "--weights", "middle"], ["--weights", "middle", "best"]),
+    (E, ["{run}", "--format", "pt2", "--weights", "ema"], ["has no EMA weights", "--model-ema"]),
+    (E, ["{run}", "--format", "pt2", "--sizes", "24"], ["--sizes", "give --dynamic too"]),
+    (E, ["{run}", "--format", "pt2", "--dynamic", "--sizes", "18"], ["--sizes 18", "multiple", "patch", "4x4"]),
+    (E, ["{run}", "--format", "pt2", "--dynamic", "--sizes", "4x16x16"], ["--sizes 4x16x16", "image run",
+                                                                          "PX or HxW"]),
+    (E, ["{run}", "--format", "pt2", "--dynamic", "--sizes", "16y16"], ["--sizes", "'16y16'", "HxW"]),
+    (E, ["{run}", "--format", "pt2", "--dynamic", "--sizes", "4096"], ["--sizes 4096", "at most 65536 patches"]),
+    (E, ["{run}", "--format", "pt2", "--out", "{tmp}"], ["--out", "is a directory", ".pt2"]),
+    (E, ["{run}", "--format", "onnx", "--out", "{tmp}/model.pt2"], ["--out", "model.pt2", "ending in .onnx"]),
+    (E, ["{run}", "--format", "pt2"], ["best.safetensors", "not found"], "remove_best"),
+    (E, ["{run}", "--format", "pt2", "--weights", "last"], ["last.safetensors", "damaged"], "truncate_last"),
+    (E, ["{run}", "--format", "pt2"], ["config.yaml", "not plain YAML"], "python_tag_config"),
+    (E, ["{run}", "--format", "pt2"], ["does not fit"], "config_other_size"),
+    (E, ["{run}", "--format", "pt2", "--import", "no_such_module_for_visionpe"], ["cannot import"]),
     # -- --import: user code, imported before anything is built -----------------------------------------------
     (T, ["--import", "no_such_module_for_visionpe"], ["--import no_such_module_for_visionpe", "cannot import"]),
     (T, ["--import", "{tmp}/missing.py"], ["{tmp}/missing.py", "no such file"]),
@@ -566,6 +589,19 @@ SETUPS.update({
     "video_truncated": lambda tmp, run: video_clips(tmp, {"train/a/c1": 6, "train/a/c2": 6, "train/b/c1": 6,
                                                           "val/a/c1": 6, "val/b/c1": 6}, cut="train/a/c2"),
     "offline": offline,
+})
+
+
+def without(tmp, run, package):
+    """``package`` is not installed for this row (importlib finds no spec for it)."""
+    import importlib.util
+    real = importlib.util.find_spec
+    _PATCH[0].setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a))
+
+
+SETUPS.update({
+    "no_onnxruntime": lambda tmp, run: without(tmp, run, "onnxruntime"),
+    "remove_best": lambda tmp, run: (run / "best.safetensors").unlink(),
 })
 VIDEO_RUN = ["--data", "video-files", "--num-frames", "4", "--data-dir", "{tmp}/folder", "--batch-size", "2",
              "--epochs", "1"]
@@ -665,16 +701,17 @@ def test_debug_shows_the_traceback(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["train_vit.py", "scripts/resolution_sweep.py", "scripts/visualize.py",
-                                    "scripts/benchmark.py"])
+                                    "scripts/benchmark.py", "scripts/export.py"])
 def test_help_groups_flags_and_explains_each(script, capsys):
     parser = parser_of({"train_vit.py": "train", "scripts/resolution_sweep.py": "sweep",
-                        "scripts/visualize.py": "visualize", "scripts/benchmark.py": "benchmark"}[script])
+                        "scripts/visualize.py": "visualize", "scripts/benchmark.py": "benchmark",
+                        "scripts/export.py": "export"}[script])
     undocumented = [a.dest for a in parser._actions if not a.help]
     assert not undocumented
     assert len([g for g in parser._action_groups if g._group_actions]) >= 3
     with pytest.raises(SystemExit) as exit_info:
         invoke({"train_vit.py": T, "scripts/resolution_sweep.py": S, "scripts/visualize.py": V,
-                "scripts/benchmark.py": B}[script], ["--help"])
+                "scripts/benchmark.py": B, "scripts/export.py": E}[script], ["--help"])
     assert exit_info.value.code == 0
     assert "settings:" in capsys.readouterr().out or script != "train_vit.py"
 

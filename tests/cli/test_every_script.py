@@ -1,7 +1,7 @@
 """Every script with every encoding: scripts/visualize.py draws each kind that applies to an encoding (and refuses the
-others in one line), from a fresh encoding and from a trained run, and scripts/resolution_sweep.py sweeps a trained
-run of it; for every name in visionpe.available() and one registered by a user's module through --import. A rename in
-an encoding's keywords cannot break one of these paths unseen."""
+others in one line), from a fresh encoding and from a trained run, scripts/resolution_sweep.py sweeps a trained
+run of it, and ``visionpe export --dynamic`` exports it; for every name in visionpe.available() and one registered by
+a user's module through --import. A rename in an encoding's keywords cannot break one of these paths unseen."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +9,7 @@ from trainutil import run_script, train_main
 from usercode import ENCODING, forget, write
 
 import visionpe as vpe
-from visionpe import viz
+from visionpe import export, viz
 
 USER = "checker_matrix"  # registered by usercode.ENCODING under this file's own name
 NAMES = [*vpe.available(), USER]
@@ -91,3 +91,19 @@ def test_resolution_sweep_and_visualize_of_a_trained_run(name, trained, tmp_path
         assert run_script("visualize", ["--run", run, "--pe", name, *layer, "--kind", kind, "--dpi", "30", "--out",
                                         out]) == 0
         assert out.stat().st_size > 0
+
+
+# encodings whose forward specialises on the input's size at this commit (a guard on the grid, a bound on it):
+# their dynamic export refuses other sizes; the forward paths are being made traceable (issue 41, items 1 and 2)
+SPECIALISED = {"learned", "string", "comrope", "liere", "riflex", "swin_bias", "rel_bias"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
+    reason="its forward specialises on the input's size (issue 41)", raises=SystemExit, strict=False))
+    if n in SPECIALISED else n for n in NAMES])
+def test_export_of_a_trained_run_at_any_size(name, trained, tmp_path):
+    """``visionpe export RUN --format pt2 --dynamic``: the file equals eager at two sizes the trace never saw."""
+    if not export.torch_supports_export():
+        pytest.skip("needs torch >= 2.6: torch.export's derived dims (Dim * patch)")
+    result = run_script("export", [trained[name], "--format", "pt2", "--dynamic", "--out", tmp_path / "m.pt2"])
+    assert len(result["checks"]) == 3 and all(c.ok for c in result["checks"])

@@ -57,6 +57,14 @@ def test_python_block_runs_as_written(page, line, code, tmp_path, monkeypatch):
     filename = f"{page.relative_to(ROOT)}, the block at line {line}"
     for extra in sorted(set(re.findall(r"^\s*(?:from|import) (transformers|diffusers)\b", code, re.M))):
         pytest.importorskip(extra, reason=f"{filename} uses {extra} (an extra: pip install 'visionpe[hf]')")
+    if re.search(r"\bexport\.|torch\.export\b", code):  # docs/deploy.md: torch.export, ONNX
+        from visionpe import export
+        if not export.torch_supports_export():
+            pytest.skip(f"{filename} exports: torch >= {'.'.join(map(str, export.MIN_TORCH))} "
+                        f"(installed {torch.__version__})")
+        if "onnx" in code and export.missing_onnx_packages():
+            pytest.skip(f"{filename} uses {', '.join(export.missing_onnx_packages())} (the export extra: pip install "
+                        "'visionpe[export]')")
     try:
         exec(compile("\n" * line + code, filename, "exec"), {"__name__": "__doc_block__"})
     except ImportError as error:  # a name of a newer transformers (DINOv3 from 4.56): skipped at an older one

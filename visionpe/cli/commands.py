@@ -51,6 +51,8 @@ COMMANDS = {c.name: c for c in (
             "draw what an encoding knows about space (PNG figures or an HTML explorer), fresh or from a run"),
     Command("bench-speed", "visionpe.bench.speed.cli:main",
             "speed and memory of the encodings as ratios measured side by side (docs/PERFORMANCE.md)"),
+    Command("export", "visionpe.train.export_run:main",
+            "export a trained run's model (torch.export .pt2 or ONNX, any input size), checked against eager"),
 )}
 
 

@@ -75,9 +75,9 @@ def load_model(path, which: str = "best") -> tuple[torch.nn.Module, dict]:
     if not path.exists():
         raise UserError(f"{path} not found (neither a run directory nor a weights file)")
     run, weights = (path, rundir.weights_file(path, which)) if path.is_dir() else (path.parent, path)
+    cfg = load_run(run)  # first: a folder that is not a run says so
     if not weights.is_file():
         raise UserError(f"weights file {str(weights)!r} not found")
-    cfg = load_run(run)
     model = models.build_model(cfg)
     load_state(model, rundir.read_weights(weights), weights)
     return model.eval(), cfg

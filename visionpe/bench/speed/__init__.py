@@ -11,7 +11,7 @@ per-call times is reported. The tables of the ViT-S/16 and Swin models at ``--ba
 training step, timm, cache), whose calls take 0.5 to 2.5 s on CPU (a round is one call, 2-10x ``--min-run-time``),
 use ``--slow-repeats`` rounds. Rows named ``... (control)`` repeat the baseline with a second, identical model or
 op: their gap to the baseline is the noise of the run. Sections (``--sections``, default all but the opt-in
-``compile-train``, ``flex``, ``flex-models``, ``profile``, ``data`` and ``video``, in this order):
+``compile-train``, ``flex``, ``flex-models``, ``profile``, ``data``, ``video`` and ``onnx``, in this order):
 
 - ``rope``: RoPE apply on q and k of ViT-S/16 shape sliced from a fused qkv at batch 8 and 64, eager and compiled,
   vs a copy of q and k (the memory floor) and timm's ``apply_rot_embed_cat``.
@@ -48,6 +48,10 @@ op: their gap to the baseline is the noise of the run. Sections (``--sections``,
 - ``video`` (opt-in): eval forward and training step of each encoding of ``--pes`` that is defined on 3D grids, and
   of the video-only ``videorope`` and ``riflex``, vs the same tubelet video ViT without position: the video
   benchmark's recipe (``configs/bench_video_tiny.yaml``) and ViT-S/16 on 8 frames of 224 px (tubelets 2x16x16, batch 2).
+- ``onnx`` (opt-in; needs ``pip install 'visionpe[export]'``): onnxruntime CPU latency of exported visionpe models
+  against timm's exported twins holding the same weights (learned ViT vs timm's ViT with ``dynamic_img_size``, the
+  native axial-RoPE Eva vs timm's rope-vit port), each exported with a free height and width and checked against
+  eager first, at 224 and 448 px, batch 1, and a control (timm's file in a second session).
 
 ``--quick`` swaps every model for a tiny one and times one short round: a smoke test of the script, not a
 measurement. ``--out`` rewrites the file's tables and keeps its hand-written "Reading these numbers" section.
@@ -55,6 +59,6 @@ Targets (printed with each ratio): time and memory of an encoding <= 1.05x none 
 
 Modules: :mod:`.plan` (which model, which batch), :mod:`.timing` (interleaved rounds), :mod:`.tables` (ratio
 tables), one module per section (:mod:`.rope`, :mod:`.models`, :mod:`.memory`, :mod:`.versus_timm`, :mod:`.scale`,
-:mod:`.flex`, :mod:`.flex_models`, :mod:`.profile`, :mod:`.data`, :mod:`.video`) and :mod:`.cli` (``scripts/bench_speed.py``). A new section is a function
+:mod:`.flex`, :mod:`.flex_models`, :mod:`.profile`, :mod:`.data`, :mod:`.video`, :mod:`.onnx_latency`) and :mod:`.cli` (``scripts/bench_speed.py``). A new section is a function
 ``section(run) -> list[Table]`` in its own module and one entry in :data:`visionpe.bench.speed.cli.RUNNERS`.
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 import timm
 import torch
 
-from ... import cli
+from ... import cli, export
 from ...cli import UserError
 from ...cli.report import keep_hand_written
 from . import __doc__ as DOC
@@ -18,6 +18,7 @@ from .flex import flex_cost
 from .flex_models import flex_models
 from .memory import memory_cost
 from .models import cache_hits, compiled_cost, compiled_train_cost, forward_cost, train_cost
+from .onnx_latency import onnx_latency
 from .plan import make_plan
 from .profile import profile_cost
 from .rope import rope_apply
@@ -27,7 +28,8 @@ from .video import video_cost
 from .versus_timm import versus_timm
 
 SECTIONS = ["rope", "forward", "train", "memory", "compile", "timm", "cache", "scale"]  # the default run
-OPT_IN = ["compile-train", "flex", "flex-models", "profile", "data", "video"]  # run only when named in --sections
+OPT_IN = ["compile-train", "flex", "flex-models", "profile", "data", "video",  # run only when named in --sections
+          "onnx"]
 COMPILED_PAIRS = ("learned", "swin_bias", "control", "rope_axial", "rope_mixed")  # --compile-pairs: first two default
 PES = ["learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]  # the default rows
 FRONTIER = ["string", "comrope", "liere", "lookhere", "fire",  # on request (--pes): the 2024-2026 image encodings
@@ -35,7 +37,7 @@ FRONTIER = ["string", "comrope", "liere", "lookhere", "fire",  # on request (--p
 RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "memory": memory_cost,
            "compile": compiled_cost, "timm": versus_timm, "cache": cache_hits, "scale": scale_cost,
            "compile-train": compiled_train_cost, "flex": flex_cost, "flex-models": flex_models,
-           "profile": profile_cost, "data": data_loader, "video": video_cost}
+           "profile": profile_cost, "data": data_loader, "video": video_cost, "onnx": onnx_latency}
 READING = "## Reading these numbers"
 
 
@@ -87,6 +89,11 @@ def parse_args(argv: list[str]):
         raise UserError(f"--threads must be an integer >= 1, got {args.threads}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is available")
+    if "onnx" in args.sections and (export.missing_onnx_packages() or not export.torch_supports_export()):
+        missing = export.missing_onnx_packages()
+        raise UserError("--sections onnx needs " + (f"the export extra: pip install 'visionpe[export]' (missing: "
+                                                    f"{', '.join(missing)})" if missing else
+                                                    f"torch >= {'.'.join(map(str, export.MIN_TORCH))}"))
     if args.out is not None and args.out.is_dir():
         raise UserError(f"--out {str(args.out)!r} is a directory; give a markdown file")
     return args
