@@ -127,7 +127,14 @@ class PretrainedPositionalModel(PositionalModel):
         """transformers' initialisation of one module; an embeddings' position table the encoding replaced (None: a
         ViT's ``position_embeddings`` parameter, SigLIP 2's ``position_embedding`` module) stands in empty for the
         call, as transformers initialises it without looking (e.g. when loading a checkpoint into a ``ViTModel``,
-        whose embeddings transformers 4 always initialises first)."""
+        whose embeddings transformers 4 always initialises first). An encoding is initialised as its constructor does
+        (``reset_parameters``), so a model built on the meta device (``from_pretrained`` of a checkpoint without the
+        encoding's weights) holds no uninitialised memory."""
+        if isinstance(module, Encoding):  # what transformers does not know: the encoding's own initialisation, unless
+            if not any(getattr(p, "_is_hf_initialized", False) for p in module.parameters()):  # loaded already
+                with torch.no_grad():
+                    module.reset_parameters()
+            return
         if getattr(module, "_parameters", {}).get("position_embeddings", False) is None:
             name, stand_in = "position_embeddings", nn.Parameter(torch.empty(1, 0, 1))
         elif getattr(module, "_modules", {}).get("position_embedding", False) is None:
@@ -169,12 +176,14 @@ class PretrainedPositionalModel(PositionalModel):
         return out
 
 
-def register_conversions(patched: type, base: type, encodings_4: str | None = None) -> None:
+def register_conversions(patched: type, base: type, encodings_4: str | None = None, replaced: tuple = ()) -> None:
     """Give ``patched`` the checkpoint conversions transformers 5 has for ``base`` (by class name, else by model
     type): they turn transformers 4's keys into 5's on loading and back on saving, and transformers applies them to a
     class of another module only when registered under its name. ``encodings_4``: where transformers 4's layout puts
     the encodings of a block (``"attention.attention"``: inside the self-attention), renamed to 5's ``attention.``
-    both ways. Nothing to do with transformers 4 (it has no conversions; its keys are the saved ones)."""
+    both ways. ``replaced``: names of modules the patched class no longer has (Swin's ``relative_position_bias``, taken
+    over by the bias encoding), whose renames are left out (transformers checks each rename applies to some key).
+    Nothing to do with transformers 4 (it has no conversions; its keys are the saved ones)."""
     try:
         from transformers.conversion_mapping import (get_checkpoint_conversion_mapping,  # noqa: PLC0415
                                                      register_checkpoint_conversion_mapping)
@@ -185,6 +194,8 @@ def register_conversions(patched: type, base: type, encodings_4: str | None = No
         get_checkpoint_conversion_mapping(base.config_class.model_type)
     if conversions is None:
         return
+    conversions = [c for c in conversions if not any(name in target for name in replaced for target in
+                                                     getattr(c, "target_patterns", ()))]
     if encodings_4 is not None:  # one pattern for both slots: transformers checks each pattern renames some key
         conversions.append(WeightRenaming(re.escape(f"{encodings_4}.") + r"(rotary|bias)\.", r"attention.\1."))
     register_checkpoint_conversion_mapping(patched.__name__, conversions, overwrite=True)
