@@ -239,8 +239,8 @@ class Qwen3VL(Family):
                 "grid_thw": torch.tensor([[1, 4, 4]] * self.batch_size)}
 
 
-FAMILIES = {"vit": ViT, "deit": DeiT, "dinov2": Dinov2, "dinov3": DINOv3, "swin": Swin, "siglip2": Siglip2, "siglip2_classifier": Siglip2Classifier,
-            "qwen3_vl": Qwen3VL}
+FAMILIES = {"vit": ViT, "deit": DeiT, "dinov2": Dinov2, "dinov3": DINOv3, "swin": Swin, "siglip2": Siglip2,
+            "siglip2_classifier": Siglip2Classifier, "qwen3_vl": Qwen3VL}
 
 
 class Tester:

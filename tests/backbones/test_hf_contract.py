@@ -85,7 +85,8 @@ def run_family(family: str, tmp_path: Path) -> dict[str, dict[str, tuple[str, st
                           "--noconftest", "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path),
                           "--import-mode=importlib", f"--junitxml={report}", *cases],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
-    assert report.is_file(), f"the contract run of {family} wrote no report:\n{got.stdout[-3000:]}\n{got.stderr[-3000:]}"
+    assert report.is_file(), \
+        f"the contract run of {family} wrote no report:\n{got.stdout[-3000:]}\n{got.stderr[-3000:]}"
     return outcomes(report)
 
 

@@ -23,7 +23,8 @@ packed, merge-window order), ``pooler_output`` (the merger's ``(total_patches / 
 ``deepstack_features`` and, when asked, ``hidden_states`` (the embeddings, then each block's output; indices select,
 as transformers' ``output_hidden_states``) and ``attentions`` (``output_attentions=True``: per block, the softmax
 probabilities of each distinct frame grid, ``(frames, heads, h * w, h * w)`` over its frames' row-major tokens, the
-grids in the order of their first frame; transformers' SDPA attention gives none). Precomputed ``cu_seqlens``, ``position_ids`` or interpolation indices in the keywords are ignored:
+grids in the order of their first frame; transformers' SDPA attention gives none).
+Precomputed ``cu_seqlens``, ``position_ids`` or interpolation indices in the keywords are ignored:
 every layout is read from ``grid_thw``.
 """
 from __future__ import annotations
