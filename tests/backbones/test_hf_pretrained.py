@@ -1,6 +1,7 @@
 """Hugging Face round trips of patched transformers models: ``save_pretrained`` records the encoding, and
 ``vpe.from_pretrained`` gives back the same model (transformers' own loading is the path under test; tiny configs,
 local folders, nothing downloaded)."""
+import copy
 import json
 import os
 import re
@@ -88,6 +89,41 @@ def test_the_recorded_encoding_is_applied_to_a_fresh_model_from_its_config(tmp_p
     first, second = ({k: v for k, v in json.loads((tmp_path / f / "config.json").read_text()).items()
                       if k != "_name_or_path"} for f in "ab")  # transformers 4 writes where the model came from
     assert first == second
+
+
+def _siglip2_classifier_config():
+    siglip2 = pytest.importorskip("transformers.models.siglip2", reason="transformers >= 4.49 has SigLIP 2")
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("the SigLIP 2 adapter takes transformers 5's tower")
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, patch_size=4,
+                  num_patches=16)
+    text = dict(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37)
+    return siglip2.Siglip2ForImageClassification, siglip2.Siglip2Config(text_config=text, vision_config=vision,
+                                                                        num_labels=3)
+
+
+@pytest.mark.parametrize("build", [lambda: (ViTForImageClassification, ViTConfig(**VIT)),
+                                   lambda: (ViTModel, ViTConfig(**VIT)),
+                                   lambda: (SwinForImageClassification,
+                                            SwinConfig(**SWIN, use_absolute_embeddings=False)),
+                                   _siglip2_classifier_config], ids=["vit-classifier", "vit", "swin", "siglip2"])
+def test_apply_never_writes_into_the_callers_config(build, tmp_path):
+    """Issue 43: ``vpe.apply(cls(cfg), pe)`` records the encoding in the model's own copy of ``cfg`` (and of its
+    sub-configs): ``cfg`` stays as transformers' own construction leaves it, so a plain model built later from it
+    saves no ``visionpe`` entry, and ``vpe.from_pretrained`` of that folder refuses it instead of giving it a fresh
+    encoding; no module of the patched model holds the caller's config (or a sub-config of it)."""
+    cls, config = build()
+    plain = copy.deepcopy(config)
+    cls(plain)  # what transformers' own construction writes into a config (4.46: _attn_implementation_autoset)
+    model = vpe.apply(cls(config), "rope_mixed")
+    assert config.to_dict() == plain.to_dict() and "visionpe" not in config.to_dict()
+    assert model.config is not config and model.config.to_dict()["visionpe"]["pe"] == "rope_mixed"
+    callers = {id(config)} | {id(getattr(config, k)) for k in getattr(config, "sub_configs", {})}
+    assert not [name for name, m in model.named_modules() if id(vars(m).get("config")) in callers]
+    cls(config).save_pretrained(tmp_path)
+    assert "visionpe" not in json.loads((tmp_path / "config.json").read_text())
+    with pytest.raises(ValueError, match="has no 'visionpe' entry"):
+        vpe.from_pretrained(cls, tmp_path)
 
 
 def test_plain_transformers_still_reads_the_folder(tmp_path):

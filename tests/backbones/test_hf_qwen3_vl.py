@@ -68,7 +68,7 @@ def test_native_gives_transformers_outputs_at_every_size(config):
             assert _gap(model(x, grid_thw), ref(x, grid_thw)) < 1e-5, name
 
 
-def test_hidden_states_as_transformers_and_no_attention_weights():
+def test_hidden_states_as_transformers_and_attention_weights_per_frame_grid():
     ref = _build()
     model = vpe.apply(copy.deepcopy(ref), "native")
     x, grid_thw = _inputs(ref, CALLS["clip+image"])
@@ -78,8 +78,12 @@ def test_hidden_states_as_transformers_and_no_attention_weights():
         assert max(float((a - b).abs().max()) for a, b in zip(ours.hidden_states, theirs.hidden_states)) < 1e-5
         assert [s is None for s in model(x, grid_thw, output_hidden_states=[-1]).hidden_states] == [True, True, False]
         assert isinstance(model(x, grid_thw, return_dict=False), tuple)
-    with pytest.raises(ValueError, match="does not return attention weights"):
-        model(x, grid_thw, output_attentions=True)
+        attentions = model(x, grid_thw, output_attentions=True).attentions  # per block, per frame grid
+        grids = [(int(h), int(w)) for t, h, w in grid_thw.tolist() for _ in range(t)]
+        first = list(dict.fromkeys(grids))
+        assert len(attentions) == 2 and [tuple(a.shape) for a in attentions[0]] == [
+            (grids.count(g), model.blocks[0].attn.num_attention_heads, g[0] * g[1], g[0] * g[1]) for g in first]
+        assert all(torch.allclose(a.sum(-1), torch.ones(())) for block in attentions for a in block)
 
 
 def test_frames_take_their_positions_in_merge_window_order():

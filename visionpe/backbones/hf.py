@@ -44,6 +44,7 @@ passes the window's grid to its attention. transformers' stages, encoder, model 
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -592,6 +593,9 @@ class SwinModelPE(PretrainedPositionalModel, SwinModel):
         return super().forward(pixel_values, *args, **kwargs)
 
 
+SwinModelPE.forward.__signature__ = inspect.signature(SwinModel.forward)  # the arguments transformers' tests read
+
+
 def apply_swin(model: SwinModel, names: dict, kwargs: dict) -> None:
     """Put the encodings ``names`` (family -> name) into every window attention of a transformers Swin, in place."""
     if model.embeddings.position_embeddings is not None:
@@ -696,4 +700,5 @@ for _base, _patched in TASK_MODELS.items():
 ENCODING_KEYS_4 = {"vit": "attention.attention", "deit": "attention.attention", "dinov2": "attention.attention",
                    "swin": "attention.self"}
 for _base, _patched in {**BASE_MODELS, SwinModel: SwinModelPE}.items():  # a task model's base model carries them
-    register_conversions(_patched, _base, ENCODING_KEYS_4[_base.config_class.model_type])
+    register_conversions(_patched, _base, ENCODING_KEYS_4[_base.config_class.model_type],
+                         replaced=("relative_position_bias",) if _base is SwinModel else ())

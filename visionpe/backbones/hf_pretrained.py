@@ -23,6 +23,7 @@ encodings' own keys between the two layouts), so a folder written under either r
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -65,24 +66,56 @@ def as_keywords(value):
     return value
 
 
+def own_config(model: nn.Module) -> None:
+    """``model`` and its modules get a copy of the config (and sub-configs) they share with the caller, so what
+    :func:`~visionpe.apply` records is the model's alone: a model built later from the caller's config is a plain one.
+    Every module that held the config (or one of its sub-configs) holds the copy's counterpart."""
+    memo: dict = {}
+    copy.deepcopy(model.config, memo)
+    for module in model.modules():
+        held = vars(module).get("config")
+        if held is not None and id(held) in memo:
+            module.config = memo[id(held)]
+
+
+def no_split_patched_layers(model: nn.Module) -> None:
+    """Each transformers model in ``model`` with ``_no_split_modules`` (accelerate's device maps, by class name) names
+    the patched subclass of every module class it names (``GridViTLayer`` beside ``ViTLayer``)."""
+    patched = {type(m).__name__: {c.__name__ for c in type(m).__mro__} for m in model.modules()}
+    for module in model.modules():
+        names = vars(module).get("_no_split_modules", getattr(type(module), "_no_split_modules", None))
+        if not names:
+            continue
+        names = set(names)
+        module._no_split_modules = names | {name for name, bases in patched.items() if bases & names}
+
+
 class PretrainedPositionalModel(PositionalModel):
     """Mixin of the patched transformers models: their ``save_pretrained`` and ``from_pretrained`` keep the encoding.
 
     Built from a config that carries a ``visionpe`` entry (``from_pretrained`` of a saved folder, or ``cls(config)``),
-    the model applies that encoding at once, before any weight is loaded into it.
+    the model applies that encoding at the end of its construction (:meth:`post_init`), before any weight is loaded
+    into it.
     """
 
-    def __init__(self, config, *args, **kwargs):
-        super().__init__(config, *args, **kwargs)
-        entry = getattr(config, ENTRY, None)
-        if entry is not None:
+    def post_init(self) -> None:
+        """transformers' ``post_init`` (the last step of every model's ``__init__``), then the config's ``visionpe``
+        entry applied, once. The patched classes define no ``__init__``: they take the stock class's arguments, under
+        its signature (``use_mask_token``, ``add_pooling_layer``, ...)."""
+        super().post_init()
+        entry = getattr(self.config, ENTRY, None)
+        if entry is not None and "pe" not in vars(self):
             from .api import apply  # noqa: PLC0415  (api imports the adapters' registry, which imports this module)
             apply(self, entry["pe"], **as_keywords(entry.get("pe_kwargs") or {}))
 
     def applied(self, pe: str, pe_kwargs: dict) -> None:
-        """Record the encoding in the config (what ``save_pretrained`` writes); a keyword JSON cannot hold is kept
-        as the reason the model cannot be saved that way (raised by ``save_pretrained``, not by ``apply``)."""
+        """Record the encoding in the model's own copy of its config (what ``save_pretrained`` writes; the caller's
+        config object is never written to); a keyword JSON cannot hold is kept as the reason the model cannot be
+        saved that way (raised by ``save_pretrained``, not by ``apply``). The patched layers join
+        ``_no_split_modules`` beside the stock ones they replace."""
         super().applied(pe, pe_kwargs)
+        own_config(self)
+        no_split_patched_layers(self)
         try:
             setattr(self.config, ENTRY, encoding_entry(pe, pe_kwargs, self.pe_adapter.base.__name__))
             self.__dict__.pop("unsaved_encoding", None)
@@ -94,7 +127,14 @@ class PretrainedPositionalModel(PositionalModel):
         """transformers' initialisation of one module; an embeddings' position table the encoding replaced (None: a
         ViT's ``position_embeddings`` parameter, SigLIP 2's ``position_embedding`` module) stands in empty for the
         call, as transformers initialises it without looking (e.g. when loading a checkpoint into a ``ViTModel``,
-        whose embeddings transformers 4 always initialises first)."""
+        whose embeddings transformers 4 always initialises first). An encoding is initialised as its constructor does
+        (``reset_parameters``), so a model built on the meta device (``from_pretrained`` of a checkpoint without the
+        encoding's weights) holds no uninitialised memory."""
+        if isinstance(module, Encoding):  # what transformers does not know: the encoding's own initialisation, unless
+            if not any(getattr(p, "_is_hf_initialized", False) for p in module.parameters()):  # loaded already
+                with torch.no_grad():
+                    module.reset_parameters()
+            return
         if getattr(module, "_parameters", {}).get("position_embeddings", False) is None:
             name, stand_in = "position_embeddings", nn.Parameter(torch.empty(1, 0, 1))
         elif getattr(module, "_modules", {}).get("position_embedding", False) is None:
@@ -136,12 +176,14 @@ class PretrainedPositionalModel(PositionalModel):
         return out
 
 
-def register_conversions(patched: type, base: type, encodings_4: str | None = None) -> None:
+def register_conversions(patched: type, base: type, encodings_4: str | None = None, replaced: tuple = ()) -> None:
     """Give ``patched`` the checkpoint conversions transformers 5 has for ``base`` (by class name, else by model
     type): they turn transformers 4's keys into 5's on loading and back on saving, and transformers applies them to a
     class of another module only when registered under its name. ``encodings_4``: where transformers 4's layout puts
     the encodings of a block (``"attention.attention"``: inside the self-attention), renamed to 5's ``attention.``
-    both ways. Nothing to do with transformers 4 (it has no conversions; its keys are the saved ones)."""
+    both ways. ``replaced``: names of modules the patched class no longer has (Swin's ``relative_position_bias``, taken
+    over by the bias encoding), whose renames are left out (transformers checks each rename applies to some key).
+    Nothing to do with transformers 4 (it has no conversions; its keys are the saved ones)."""
     try:
         from transformers.conversion_mapping import (get_checkpoint_conversion_mapping,  # noqa: PLC0415
                                                      register_checkpoint_conversion_mapping)
@@ -152,9 +194,10 @@ def register_conversions(patched: type, base: type, encodings_4: str | None = No
         get_checkpoint_conversion_mapping(base.config_class.model_type)
     if conversions is None:
         return
-    if encodings_4 is not None:
-        conversions += [WeightRenaming(re.escape(f"{encodings_4}.{slot}."), f"attention.{slot}.")
-                        for slot in ("rotary", "bias")]
+    conversions = [c for c in conversions if not any(name in target for name in replaced for target in
+                                                     getattr(c, "target_patterns", ()))]
+    if encodings_4 is not None:  # one pattern for both slots: transformers checks each pattern renames some key
+        conversions.append(WeightRenaming(re.escape(f"{encodings_4}.") + r"(rotary|bias)\.", r"attention.\1."))
     register_checkpoint_conversion_mapping(patched.__name__, conversions, overwrite=True)
 
 

@@ -21,8 +21,10 @@ frames share the spatial positions and never attend to each other, so no encodin
 Outputs: ``BaseModelOutputWithDeepstackFeatures`` as transformers': ``last_hidden_state`` (the last block's output,
 packed, merge-window order), ``pooler_output`` (the merger's ``(total_patches / merge ** 2, out_hidden_size)``),
 ``deepstack_features`` and, when asked, ``hidden_states`` (the embeddings, then each block's output; indices select,
-as transformers' ``output_hidden_states``). Attention weights are not returned (``output_attentions`` is a
-``ValueError``). Precomputed ``cu_seqlens``, ``position_ids`` or interpolation indices in the keywords are ignored:
+as transformers' ``output_hidden_states``) and ``attentions`` (``output_attentions=True``: per block, the softmax
+probabilities of each distinct frame grid, ``(frames, heads, h * w, h * w)`` over its frames' row-major tokens, the
+grids in the order of their first frame; transformers' SDPA attention gives none).
+Precomputed ``cu_seqlens``, ``position_ids`` or interpolation indices in the keywords are ignored:
 every layout is read from ``grid_thw``.
 """
 from __future__ import annotations
@@ -81,17 +83,24 @@ class PackedFrames:
         ``(F, h * w, D)`` (row-major): ``(total_patches, D')`` in the packed order."""
         return torch.cat([fn(x[rows], grid).flatten(0, 1) for rows, grid in self.groups])[self.inverse]
 
-    def attend(self, attention: GridAttention, x: torch.Tensor) -> torch.Tensor:
-        """Each frame's attention over its own tokens, with the block's encodings on the frame's grid."""
-        return self.per_frame(lambda frames, grid: attention(frames, grid)[0], x)
+    def attend(self, attention: GridAttention, x: torch.Tensor, weights: list | None = None) -> torch.Tensor:
+        """Each frame's attention over its own tokens, with the block's encodings on the frame's grid; ``weights``
+        (a list) gets each group's probabilities ``(frames, heads, h * w, h * w)`` when given."""
+        def frame_attention(frames: torch.Tensor, grid: Grid) -> torch.Tensor:
+            out, probabilities = attention(frames, grid, output_attentions=weights is not None)
+            if weights is not None:
+                weights.append(probabilities)
+            return out
+        return self.per_frame(frame_attention, x)
 
 
 class GridQwen3VLVisionBlock(CheckpointsCarryDraws, Qwen3VLVisionBlock):
     """transformers ``Qwen3VLVisionBlock`` (``norm1``, attention, residual; ``norm2``, ``mlp``, residual) whose
-    attention runs frame by frame: ``block(x, frames) -> x`` with ``x: (total_patches, dim)`` packed."""
+    attention runs frame by frame: ``block(x, frames, weights=None) -> x`` with ``x: (total_patches, dim)`` packed;
+    ``weights`` (a list) gets the attention probabilities of each frame grid."""
 
-    def forward(self, hidden_states: torch.Tensor, frames: PackedFrames) -> torch.Tensor:
-        hidden_states = hidden_states + frames.attend(self.attn, self.norm1(hidden_states))
+    def forward(self, hidden_states: torch.Tensor, frames: PackedFrames, weights: list | None = None) -> torch.Tensor:
+        hidden_states = hidden_states + frames.attend(self.attn, self.norm1(hidden_states), weights)
         return hidden_states + self.mlp(self.norm2(hidden_states))
 
 
@@ -133,27 +142,30 @@ class Qwen3VLVisionModelPE(PretrainedPositionalModel, Qwen3VLVisionModel):
         config = self.config
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
         return_dict = config.return_dict if return_dict is None else return_dict
-        if output_attentions:
-            raise ValueError(f"{type(self).__name__} does not return attention weights (output_attentions=True): its "
-                             "attention runs per frame, one batch per frame size")
+        output_attentions = config.output_attentions if output_attentions is None else output_attentions
         check_packed(self, hidden_states, grid_thw)
         frames = PackedFrames.of(grid_thw, self.spatial_merge_size, hidden_states.device)
         x = self.patch_embed(hidden_states)  # (total_patches, dim), transformers' packed order
         tokens = self.pe_tokens
         keep = selected_indices(output_hidden_states, len(self.blocks) + 1)
         states, deepstack = [] if output_hidden_states else None, []
+        attentions = [] if output_attentions else None
         for i, block in enumerate(self.blocks):
             if tokens is not None and i == tokens.block_index:
                 x = self.add_tokens(x, frames)
             if states is not None:
                 states.append(x if keep is None or i in keep else None)
-            x = block(x, frames)
+            weights = [] if attentions is not None else None
+            x = block(x, frames, weights)
+            if attentions is not None:
+                attentions.append(tuple(weights))
             if i in self.deepstack_visual_indexes:
                 deepstack.append(self.deepstack_merger_list[self.deepstack_visual_indexes.index(i)](x))
         if states is not None:
             states.append(x if keep is None or len(self.blocks) in keep else None)
         out = BaseModelOutputWithDeepstackFeatures(last_hidden_state=x, pooler_output=self.merger(x),
                                                    hidden_states=None if states is None else tuple(states),
+                                                   attentions=None if attentions is None else tuple(attentions),
                                                    deepstack_features=deepstack)
         return out if return_dict else out.to_tuple()
 
