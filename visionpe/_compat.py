@@ -51,8 +51,12 @@ def same_shape(a, b) -> bool:
     so a size-equal shortcut (return the table as it is) never specialises an exported graph to the example's size;
     the general path it takes instead computes the same values."""
     a, b = tuple(a), tuple(b)
-    return len(a) == len(b) and all(_statically_known_true(x == y) if isinstance(x == y, torch.SymBool) else x == y
-                                    for x, y in zip(a, b))
+    return len(a) == len(b) and all(_provably_equal(x, y) for x, y in zip(a, b))
+
+
+def _provably_equal(x, y) -> bool:
+    equal = x == y
+    return _statically_known_true(equal) if isinstance(equal, torch.SymBool) else bool(equal)
 
 
 # True while torch.export traces a function (torch >= 2.5; before it, never): what timm's is_exporting answers

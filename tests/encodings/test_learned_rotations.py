@@ -534,3 +534,17 @@ def test_block_product_gradients_equal_autograd_of_the_plain_product(heads):
     (plain.squeeze(-1).flatten(-2) * weights).sum().backward()
     torch.testing.assert_close(x.grad, plain_x.grad, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(blocks.grad, plain_blocks.grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("norm", [0.01, 1.0, 100.0, 2.0 ** 15])
+def test_exported_matrix_exp_is_the_exponential_to_float32_rounding(norm, monkeypatch):
+    """The matrix exponential an exported graph computes (scaling and squaring in float64: ONNX has none) equals
+    float64 ``matrix_exp`` of the same float32 skew-symmetric input to float32 rounding, up to ``||a|| = 2^15``."""
+    from visionpe.rotary import blocks
+    a = torch.randn(32, 4, 4, dtype=torch.float64)
+    a = a - a.transpose(-1, -2)
+    a = (a / torch.linalg.matrix_norm(a, ord=2)[:, None, None] * norm).float()
+    monkeypatch.setattr(blocks, "is_exporting", lambda: True)
+    got = blocks.matrix_exp(a)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), torch.linalg.matrix_exp(a.double()), rtol=0, atol=1e-7)

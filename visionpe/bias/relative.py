@@ -93,9 +93,11 @@ class RelativePositionBias(BiasEncoding):
         self.check_spacing(grid)
         window = self.window_size
         if any(isinstance(g, torch.SymInt) for g in grid.shape):  # a traced size (torch.export): no branch on it
-            for g, w in zip(grid.shape, window):
-                torch._check(self.grow != "error" or g <= w, lambda: self._too_large(grid))
-            return window if self.grow == "error" else tuple(torch.sym_max(g, w) for g, w in zip(grid.shape, window))
+            if self.grow == "error":
+                for g, w in zip(grid.shape, window):
+                    torch._check(g <= w, lambda: self._too_large(grid))  # a runtime assertion of the program
+                return window
+            return tuple(torch.sym_max(g, w) for g, w in zip(grid.shape, window))
         if any(g > w for g, w in zip(grid.shape, window)):
             if self.grow == "error":
                 raise ValueError(self._too_large(grid))
