@@ -6,7 +6,6 @@ import importlib.util
 
 import pytest
 import torch
-from torch.export import Dim
 
 import visionpe as vpe
 from visionpe.backbones.adapter import named_constructor
@@ -88,6 +87,7 @@ FRONTIER = ("peg", "string", "comrope", "liere", "spiral_rope", "harope", "vit5_
 def example_and_dims(backbone: str, patch: int):
     """The traced example, its dynamic shapes (batch, frames, height, width) and sizes it was not traced at (the
     traced one last); a grid keeps >= 2 patches per axis (torch.export specialises a size of 1)."""
+    from torch.export import Dim  # imported here: torch 2.1 (our floor) has no torch.export.Dim, and the module skips there
     if backbone == "tubelet_vit":
         dims = {0: Dim("batch", max=64), 2: 2 * Dim("frames", max=16), 3: patch * Dim("height", max=32),
                 4: patch * Dim("width", max=32)}

@@ -117,11 +117,6 @@ def check_size(size: tuple[int, ...], train: tuple[int, ...], patch: tuple[int, 
 
 
 def check_args(args) -> None:
-    if args.format == "onnx":
-        missing = export.missing_onnx_packages()
-        if missing:
-            raise UserError(f"--format onnx needs the export extra: pip install 'visionpe[export]' "
-                            f"({', '.join(export.ONNX_PACKAGES)}; missing: {', '.join(missing)})")
     if args.sizes and not args.dynamic:
         raise UserError("--sizes checks a dynamic export at other sizes: give --dynamic too (a static export takes "
                         "the training size only)")
@@ -131,6 +126,12 @@ def check_args(args) -> None:
         if args.out.suffix != SUFFIX[args.format]:
             raise UserError(f"--out {str(args.out)!r}: a --format {args.format} export is written to a file ending "
                             f"in {SUFFIX[args.format]}")
+    # the arguments' own errors first, then what the machine lacks
+    if args.format == "onnx":
+        missing = export.missing_onnx_packages()
+        if missing:
+            raise UserError(f"--format onnx needs the export extra: pip install 'visionpe[export]' "
+                            f"({', '.join(export.ONNX_PACKAGES)}; missing: {', '.join(missing)})")
 
 
 def default_out(run: Path, fmt: str) -> Path:
