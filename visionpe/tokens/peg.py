@@ -6,7 +6,6 @@ from einops import rearrange
 from torch import nn
 
 from .._checks import check_grid_ndim, check_ndim, check_nonnegative_int, check_positive_int
-from .._compat import is_autocast_enabled
 from ..grid import Grid, Layout, as_layout
 from ..sharding import call_gathered
 from ._base import TokenEncoding, check_tokens
@@ -47,11 +46,11 @@ class PEG(TokenEncoding):
         check_tokens(x, grid, self.dim)
         prefix, patches = x[:, :grid.prefix], x[:, grid.prefix:]
         feature_map = patches.transpose(1, 2).reshape(x.shape[0], x.shape[2], *grid.shape)
-        weight = self.proj.weight
-        if x.dtype != weight.dtype and not is_autocast_enabled(x.device.type):  # half input, float32 conv
-            encoded = call_gathered(self.proj, feature_map.to(weight.dtype)).to(x.dtype)
-        else:
-            encoded = call_gathered(self.proj, feature_map)
+        # the depthwise convolution runs in its weights' dtype, outside autocast: a small share of the compute, and
+        # it keeps off the half-precision conv kernels (torch 2.1's CPU bf16 conv3d backward gave non-finite weight
+        # gradients on some CPUs)
+        with torch.autocast(x.device.type, enabled=False):
+            encoded = call_gathered(self.proj, feature_map.to(self.proj.weight.dtype))
         encoded = rearrange(encoded, "b c ... -> b (...) c")
         return torch.cat([prefix, patches + encoded.to(patches.dtype)], dim=1)
 
