@@ -54,7 +54,11 @@ class TableCache:
             if key in self._tables:
                 self._tables.move_to_end(key)
                 return self._tables[key]
-        table = build()  # outside the lock: two threads may build the same table, both correct
+        # outside the lock: two threads may build the same table, both correct; a table built under
+        # torch.inference_mode() would be an inference tensor that a later forward with autograd cannot save for its
+        # backward, so it is built as an ordinary tensor (without grad: it is kept)
+        with torch.inference_mode(False), torch.no_grad():
+            table = build()
         if self.max_bytes is None or nbytes(table) <= self.max_bytes:
             with self._lock:
                 self._tables[key] = table

@@ -2,10 +2,12 @@
 ``p.data = ...``, an in-place write under ``no_grad``, ``load_state_dict``) changes the next evaluation output."""
 import pytest
 import torch
+from conftest import DIM, NUM_HEADS, SHAPES, build_kwargs
 
 import visionpe as vpe
 from visionpe import Grid
 from visionpe.cache import ParameterWatch, TableCache
+from visionpe.registry import ENCODINGS
 
 # every built-in encoding with parameters, on a grid where its eval output comes from a cached table
 CASES = {
@@ -120,3 +122,26 @@ def test_cache_without_parameters_is_unaffected():
     for _ in range(3):
         cache.get("k", lambda: calls.append(1) or torch.zeros(1))
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("name", sorted(vpe.available()))
+def test_tables_cached_under_inference_mode_serve_a_later_backward(name):
+    """A forward under ``torch.inference_mode()`` (an evaluation loop, a served request) caches tables that a later
+    training forward reads: they are ordinary tensors, so autograd can save them for the backward (an inference tensor
+    in a shared index table made every bias encoding's next backward raise)."""
+    ndim = 2 if 2 in ENCODINGS[name].ndims else 3
+    pe = vpe.build(name, **build_kwargs(name, ndim))
+    attn = vpe.Attention(DIM, NUM_HEADS, rotary=pe if pe.family == "rotary" else None,
+                         bias=pe if pe.family == "bias" else None)
+    grid = Grid(SHAPES[ndim], prefix=1)
+
+    def forward(x):
+        return attn(pe(x, grid) if pe.family == "tokens" else x, grid)
+
+    x = torch.randn(2, grid.num_tokens, DIM)
+    with torch.inference_mode():
+        evaluated = forward(x.clone())
+    assert torch.is_inference(evaluated)
+    x.requires_grad_(True)
+    forward(x).square().mean().backward()
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
