@@ -1,4 +1,6 @@
 """PyTorch functions that the oldest supported release (torch 2.1) spells differently, one name each."""
+import contextlib
+
 import torch
 
 # True while torch.compile traces a function (dynamo folds both to a constant): torch.compiler.is_compiling from
@@ -25,6 +27,15 @@ def autocast_dtype(device_type: str) -> torch.dtype:
     if hasattr(torch, "get_autocast_dtype"):
         return torch.get_autocast_dtype(device_type)
     return torch.get_autocast_cpu_dtype() if device_type == "cpu" else torch.get_autocast_gpu_dtype()
+
+
+def autocast_off(device) -> contextlib.AbstractContextManager:
+    """A region with autocast off on ``device``'s type (tables built in float32 whatever the caller's autocast). A
+    device type autocast does not run on (``meta``: timm's shape-only checks) needs no region, and torch.autocast
+    refuses it (torch 2.4 added ``torch.amp.is_autocast_available``; before it, only ``meta`` is told apart)."""
+    device_type = torch.device(device).type
+    available = getattr(torch.amp, "is_autocast_available", lambda t: t != "meta")
+    return torch.autocast(device_type=device_type, enabled=False) if available(device_type) else contextlib.nullcontext()
 
 
 # tree_leaves(tree): the leaves of a pytree (nested tuples, lists, dicts), in tree_flatten's order; torch 2.2 added

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
 from ._checks import check_choice, check_module, check_number, check_positive_int
@@ -433,20 +432,47 @@ class Attention(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor, grid: Grid, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        dim = self.qkv.in_features
-        if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != dim:
-            got = f"width {x.shape[-1]} (shape {tuple(x.shape)})" if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"x must be a (batch, tokens, dim={dim}) tensor, got {got}")
+        check_attention_input(x, self.qkv.in_features)
         gate = self.gate(x).sigmoid() if self.gate is not None else None
-        q, k, v = rearrange(self.qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
+        q, k, v = split_qkv(self.qkv(x), self.num_heads)
         q, k = self.q_norm(q), self.k_norm(k)
         dropout_p = self.attn_drop.p if self.training and isinstance(self.attn_drop, nn.Dropout) else 0.0
         out = attend(q, k, v, grid, self.rotary, self.bias, attn_mask, dropout_p=dropout_p, attention=self.attention,
                      tokens=x)
-        out = self.norm(rearrange(out, "b h t d -> b t (h d)"))
+        out = self.norm(merge_heads(out))
         if gate is not None:
             out = out * gate
         return self.proj_drop(self.proj(out))
+
+
+# The heads' reshapes, in plain torch rather than einops so that torch.fx can trace them (timm's and torchvision's FX
+# feature extraction of the backbones).
+
+def split_qkv(qkv: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fused projection ``(B, T, 3 * heads * d)`` -> q, k, v, each ``(B, heads, T, d)``."""
+    return qkv.unflatten(-1, (3, num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``(B, T, heads * d)`` -> ``(B, heads, T, d)``."""
+    return x.unflatten(-1, (num_heads, -1)).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """``(B, heads, T, d)`` -> ``(B, T, heads * d)``."""
+    return x.transpose(1, 2).flatten(2)
+
+
+def check_attention_input(x: torch.Tensor, dim: int) -> None:
+    if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != dim:
+        got = f"width {x.shape[-1]} (shape {tuple(x.shape)})" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a (batch, tokens, dim={dim}) tensor, got {got}")
+
+
+# torch.fx records each as one call, run on the real tensors: attend computes the positions at the size it is given
+# (a symbolically traced model serves any resolution, as the eager one)
+torch.fx.wrap("attend")
+torch.fx.wrap("check_attention_input")
 
 
 def set_attention(model: nn.Module, attention: str) -> nn.Module:

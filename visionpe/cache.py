@@ -46,8 +46,10 @@ class TableCache:
 
     def get(self, key: Hashable, build: Callable[[], torch.Tensor], params: Iterable[torch.Tensor] = ()):
         params = tuple(params)
-        if is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or any_sharded(params):
-            return build()  # traced into the compiled graph (a function of shapes only), gradients must flow, or shards
+        if is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or any_sharded(params) \
+                or any(p.is_meta for p in params):
+            return build()  # traced into the compiled graph (a function of shapes only), gradients must flow, shards,
+            # or parameters without values (the meta device: nothing to watch)
         with self._lock:
             if params and self._watch.changed(params):
                 self._tables.clear()  # every table was built from the old values

@@ -244,3 +244,13 @@ def test_alibi_is_exact_at_any_offset_and_cached_per_spacing():
     spaced = pe(Grid((2, 3), prefix=1, spacing=(2.0, 1.0)))
     assert spaced[0, 1, 4] == 2 * origin[0, 1, 4] != 0  # patches 0 and 3 are one row apart: distance 2, not 1
     torch.testing.assert_close(pe(Grid((2, 3), prefix=1, spacing=(2.0, 1.0), offset=(5e8, 0))), spaced)
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+@pytest.mark.parametrize("name, kwargs", [("swin_bias", dict(window_size=(3, 3))), ("rel_bias", dict(grid_shape=(3, 3)))])
+def test_resize_keeps_a_frozen_table_frozen(name, kwargs, frozen):
+    """timm's set_input_size resizes the tables of a frozen model (timm's own test: frozen stays frozen)."""
+    pe = vpe.build(name, num_heads=2, **kwargs).requires_grad_(not frozen)
+    pe.resize((4, 5))
+    assert pe.relative_position_bias_table.requires_grad is not frozen
+    assert pe.relative_position_bias_table.grad_fn is None

@@ -152,3 +152,11 @@ def test_peg_is_depthwise_conv_over_patches(shape):
     out = pe(x, grid)
     torch.testing.assert_close(out[:, :1], x[:, :1], rtol=0, atol=0)
     torch.testing.assert_close(out[:, 1:], ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("factorized", [False, True])
+@pytest.mark.parametrize("frozen", [True, False])
+def test_learned_resize_keeps_a_frozen_table_frozen(frozen, factorized):
+    pe = Learned(8, ndim=2, grid_shape=(3, 5), factorized=factorized).requires_grad_(not frozen)
+    pe.resize((4, 6))
+    assert all(p.requires_grad is not frozen for p in pe.parameters())

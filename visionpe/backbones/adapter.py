@@ -409,6 +409,9 @@ def check_input(x, patch_size, in_chans: int, model_name: str, dtype: torch.dtyp
                          f"{tuple(m * 6 for m in patch_size)})")
 
 
+torch.fx.wrap("check_input")  # one call in a torch.fx graph, run on the real input (it reads its shape and dtype)
+
+
 class PositionalModel:
     """Mixin of the patched model classes: encoding bookkeeping shared by every backbone."""
 

@@ -13,7 +13,10 @@ a new backbone is one adapter module with one :func:`~visionpe.backbones.adapter
 """
 from __future__ import annotations
 
+import itertools
+
 import timm
+import torch
 from timm.models import build_model_with_cfg
 from torch import nn
 
@@ -51,7 +54,8 @@ def apply(model: nn.Module, pe: str = "learned", attention: str = "auto", **pe_k
     kwargs = route_kwargs(names, pe_kwargs)
     adapter = adapter_for(model)
     check_encodings(adapter, names, type(model).__name__)
-    adapter.put_encodings(model, names, kwargs)
+    with torch.device(model_device(model)):  # the encodings' tables and parameters are made where the model is
+        adapter.put_encodings(model, names, kwargs)
     for module in model.modules():  # what apply built takes the model's mode (in evaluation: no augmentation draw,
         if isinstance(module, Encoding):  # no attention dropout)
             module.train(model.training)
@@ -60,6 +64,13 @@ def apply(model: nn.Module, pe: str = "learned", attention: str = "auto", **pe_k
     model.__class__ = adapter.patched
     model.applied(pe, pe_kwargs)
     return set_attention(model, attention)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where ``model``'s weights are (its first parameter or buffer; the CPU for a model without any): ``meta`` for
+    timm's ``create_model(..., device="meta")``."""
+    tensor = next(itertools.chain(model.parameters(), model.buffers()), None)
+    return torch.device("cpu") if tensor is None else tensor.device
 
 
 def create_model(model_name: str, pe: str = "learned", pretrained: bool = False, pe_kwargs: dict | None = None,

@@ -22,17 +22,20 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingMixed
 from timm.models.eva import Eva
 from torch import nn
 
-from ..attention import attend
+from ..attention import attend, merge_heads, split_heads, split_qkv
 from ..rotary import MixedRoPE
 from ..weights.convert import LoadReport
 from .adapter import GLOBAL_REFUSES, Adapter, register_adapter
 from .vit import (GridTransformer, any_size_vit, check_not_causal, head_dim_of, put_block_encodings, split_layer_freqs,
                   vit_features)
+
+# called inside a traced forward, each is one call in a torch.fx graph, run on the real tensors (positions at any size)
+torch.fx.wrap("attend")
+torch.fx.wrap("check_not_causal")
 
 try:  # timm >= 1.0.20 (DINOv3); the floor's Eva has no such RoPE
     from timm.layers import RotaryEmbeddingDinoV3
@@ -71,14 +74,14 @@ class EvaAttentionPE(nn.Module):
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x: (B, T, dim)`` -> q ``(B, heads, T, head_dim)``, k and v ``(B, kv_heads, T, head_dim)``, as timm."""
         if self.qkv is None:
-            return tuple(rearrange(proj(x), "b t (h d) -> b h t d", d=self.head_dim)
+            return tuple(split_heads(proj(x), proj.out_features // self.head_dim)
                          for proj in (self.q_proj, self.k_proj, self.v_proj))
         if self.q_bias is None:
             qkv = self.qkv(x)
         else:
             bias = torch.cat((self.q_bias, self.k_bias, self.v_bias))
             qkv = self.qkv(x) + bias if self.qkv_bias_separate else F.linear(x, self.qkv.weight, bias)
-        return tuple(rearrange(qkv, "b t (three h d) -> three b h t d", three=3, h=self.num_heads))
+        return split_qkv(qkv, self.num_heads)
 
     def forward(self, x: torch.Tensor, rope=None, attn_mask: torch.Tensor | None = None,
                 is_causal: bool = False) -> torch.Tensor:
@@ -86,13 +89,13 @@ class EvaAttentionPE(nn.Module):
         gate = self.gate(x).sigmoid() if self.gate is not None else None
         q, k, v = self.project(x)
         q, k = self.q_norm(q), self.k_norm(k)
-        if k.shape[1] != q.shape[1]:  # grouped-query attention: head h reads key/value head h // groups
-            groups = q.shape[1] // k.shape[1]
+        if self.num_kv_heads != self.num_heads:  # grouped-query attention: head h reads key/value head h // groups
+            groups = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         dropout_p = self.attn_drop.p if self.training else 0.0
         out = attend(q, k, v, rope, self.rotary, self.bias, attn_mask, dropout_p=dropout_p, attention=self.attention,
                      tokens=x)
-        out = self.norm(rearrange(out, "b h t d -> b t (h d)"))
+        out = self.norm(merge_heads(out))
         if gate is not None:
             out = out * gate
         return self.proj_drop(self.proj(out))

@@ -10,13 +10,12 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from timm.models._manipulate import checkpoint
-from timm.models.swin_transformer import SwinTransformer, SwinTransformerStage
-from timm.models.swin_transformer_v2 import SwinTransformerV2, SwinTransformerV2Stage
+from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock, SwinTransformerStage
+from timm.models.swin_transformer_v2 import SwinTransformerV2, SwinTransformerV2Block, SwinTransformerV2Stage
 from torch import nn
 
-from ..attention import attend
+from ..attention import attend, merge_heads, split_qkv
 from ..bias import ContinuousPositionBias, SwinBias
 from ..coords import shares_draws, with_draws
 from ..encoding import ModelContext
@@ -24,6 +23,9 @@ from ..grid import Grid
 from .._checks import to_shape
 from .adapter import (WINDOW_FAMILIES, WINDOW_REFUSES, Adapter, EncodingSet, PositionalModel, check_img_size,
                       check_model_sizes, register_adapter)
+
+# called inside a traced forward, each is one call in a torch.fx graph, run on the real tensors (positions at any size)
+torch.fx.wrap("attend")
 
 
 class WindowAttention(nn.Module):
@@ -68,18 +70,26 @@ class WindowAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """``x: (num_windows * B, Wh * Ww, C)``; ``mask: (num_windows, N, N)`` shift mask or None."""
-        q, k, v = rearrange(self._qkv(x), "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
+        q, k, v = split_qkv(self._qkv(x), self.num_heads)
         scale = None
         if self.cosine:
             logit_scale = torch.clamp(self.logit_scale, max=math.log(1.0 / 0.01)).exp()
             q, k, scale = F.normalize(q, dim=-1) * logit_scale, F.normalize(k, dim=-1), 1.0
-        if mask is not None:
-            num_windows = mask.shape[0]
-            mask = rearrange(mask.expand(x.shape[0] // num_windows, -1, -1, -1), "b w n m -> (b w) 1 n m")
-        out = attend(q, k, v, Grid(self.window_size), self.rotary, self.bias, mask,
+        out = attend(q, k, v, Grid(self.window_size), self.rotary, self.bias, per_window_mask(mask, x.shape[0]),
                      dropout_p=self.attn_drop.p if self.training else 0.0, scale=scale, attention=self.attention,
                      tokens=x)
-        return self.proj_drop(self.proj(rearrange(out, "b h t d -> b t (h d)")))
+        return self.proj_drop(self.proj(merge_heads(out)))
+
+
+def per_window_mask(mask: torch.Tensor | None, num_windows: int) -> torch.Tensor | None:
+    """timm's shift mask ``(nW, N, N)`` (None: unshifted windows) repeated over the batch: ``(B * nW, 1, N, N)`` for
+    ``num_windows = B * nW`` windows."""
+    if mask is None:
+        return None
+    return mask.expand(num_windows // mask.shape[0], -1, -1, -1).flatten(0, 1)[:, None]
+
+
+torch.fx.wrap("per_window_mask")  # the mask is None or not only when the graph runs (a block without a shift)
 
 
 class GridStage:
@@ -105,6 +115,37 @@ class GridSwinV2Stage(GridStage, SwinTransformerV2Stage):
 
 
 GRID_STAGES = {SwinTransformerStage: GridSwinStage, SwinTransformerV2Stage: GridSwinV2Stage}
+
+
+class GridWindowBlock:
+    """Mixin of timm's Swin (v1, v2) blocks: the shift mask of the input's size (timm's ``dynamic_mask``, which
+    visionpe's any-size models use) is one call in a torch.fx graph (:func:`window_shift_mask`), so a traced model
+    masks the windows of whatever size it is given."""
+
+    def get_attn_mask(self, x: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
+        if x is None or kwargs:
+            return super().get_attn_mask(x, **kwargs)
+        return window_shift_mask(self, x)
+
+
+def window_shift_mask(block: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """timm's shifted-window mask ``(num_windows, N, N)`` (or None without a shift) of a Swin block for its
+    padded input ``x: (B, H, W, C)``."""
+    return super(GridWindowBlock, block).get_attn_mask(x)
+
+
+torch.fx.wrap("window_shift_mask")
+
+
+class GridSwinBlock(GridWindowBlock, SwinTransformerBlock):
+    pass
+
+
+class GridSwinV2Block(GridWindowBlock, SwinTransformerV2Block):
+    pass
+
+
+GRID_BLOCKS = {SwinTransformerBlock: GridSwinBlock, SwinTransformerV2Block: GridSwinV2Block}
 
 
 class SwinTransformerPE(PositionalModel, SwinTransformer):
@@ -140,6 +181,8 @@ def apply_swin(model: nn.Module, names: dict, kwargs: dict) -> None:
         if type(stage) in GRID_STAGES:
             stage.__class__ = GRID_STAGES[type(stage)]
         for block in stage.blocks:
+            if type(block) in GRID_BLOCKS:
+                block.__class__ = GRID_BLOCKS[type(block)]
             block.dynamic_mask = True
             source = block.attn
             head_dim = source.qkv.weight.shape[0] // 3 // source.num_heads

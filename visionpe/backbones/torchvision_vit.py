@@ -24,17 +24,24 @@ import math
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 from torchvision.models.vision_transformer import EncoderBlock, VisionTransformer
 
 from .._checks import check_positive_int, to_shape
-from ..attention import attend
+from ..attention import attend, merge_heads, split_qkv
 from ..coords import shares_draws
 from ..encoding import ModelContext
 from ..grid import Grid, Layout
 from .adapter import (GLOBAL_REFUSES, Adapter, EncodingSet, PositionalModel, build_tokens, check_input,
                       register_adapter)
+from .vit import add_tokens, kept_layout, token_grid
+
+# called inside a traced forward, each is one call in a torch.fx graph, run on the real tensors (positions at any size)
+torch.fx.wrap("attend")
+torch.fx.wrap("check_input")
+torch.fx.wrap("token_grid")
+torch.fx.wrap("add_tokens")
+torch.fx.wrap("kept_layout")
 
 
 class GridMultiheadAttention(nn.MultiheadAttention):
@@ -48,10 +55,10 @@ class GridMultiheadAttention(nn.MultiheadAttention):
 
     def forward(self, x: torch.Tensor, layout: Grid | Layout) -> torch.Tensor:
         qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)
-        q, k, v = rearrange(qkv, "b t (three h d) -> three b h t d", three=3, h=self.num_heads)
+        q, k, v = split_qkv(qkv, self.num_heads)
         out = attend(q, k, v, layout, self.rotary, self.bias, dropout_p=self.dropout if self.training else 0.0,
                      attention=self.attention, tokens=x)
-        return self.out_proj(rearrange(out, "b h t d -> b t (h d)"))
+        return self.out_proj(merge_heads(out))
 
 
 def check_attention(attn: nn.Module) -> None:
@@ -93,12 +100,12 @@ class TorchvisionViTPE(PositionalModel, VisionTransformer):
     def embed(self, x: torch.Tensor, grid_offset=None) -> tuple[torch.Tensor, Layout]:
         """Images -> tokens ``(B, 1 + N, D)`` (class token first) with position, and their layout."""
         self.check_input(x)
-        x = self.conv_proj(x)  # (B, D, h, w)
-        grid = Grid(tuple(x.shape[2:]), prefix=1, offset=grid_offset)
-        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), rearrange(x, "b d h w -> b (h w) d")], dim=1)
+        x = self.conv_proj(x).movedim(1, -1)  # (B, h, w, D)
+        grid = token_grid(x, 1, grid_offset)
+        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x.flatten(1, -2)], dim=1)  # (B, 1 + N, D)
         if self.pe_tokens is not None and self.pe_tokens.block_index == 0:
-            x = self.pe_tokens(x, grid)
-        return self.encoder.dropout(x), Layout(grid)
+            x = add_tokens(self.pe_tokens, x, grid)
+        return self.encoder.dropout(x), kept_layout(grid, None)
 
     @shares_draws
     def forward_features(self, x: torch.Tensor, grid_offset=None) -> torch.Tensor:
@@ -107,7 +114,7 @@ class TorchvisionViTPE(PositionalModel, VisionTransformer):
         late = self.pe_tokens if self.pe_tokens is not None and self.pe_tokens.block_index > 0 else None
         for i, block in enumerate(self.encoder.layers):
             if late is not None and i == late.block_index:
-                x = late(x, layout.unwrap())
+                x = add_tokens(late, x, layout)
             x = block(x, layout)
         return self.encoder.ln(x)
 

@@ -17,7 +17,6 @@ import re
 from collections.abc import Sequence
 
 import torch
-from einops import rearrange
 from timm.layers import Format, PatchDropout
 from timm.layers.patch_dropout import PatchDropoutWithIndices, patch_dropout_forward
 from timm.models._features import feature_take_indices
@@ -92,14 +91,13 @@ class GridTransformer(PositionalModel):
         after the prefix tokens (:meth:`embed_batch` adds position per grid)."""
         self.check_input(x)
         x = self.patch_embed(x)  # (B, *grid, C)
-        grid = Grid(tuple(x.shape[1:-1]), prefix=self.num_prefix_tokens, offset=grid_offset)
-        grid = time_layout(grid, time_spacing, x.shape[0])  # a Grid, or a MixedLayout of per-clip time steps
-        x = rearrange(x, "b ... c -> b (...) c")
-        x = torch.cat([t.expand(x.shape[0], -1, -1) for t in self.prefix_tokens()] + [x], dim=1)
+        grid = token_grid(x, self.num_prefix_tokens, grid_offset, time_spacing)  # a Grid, or a MixedLayout
+        x = x.flatten(1, -2)  # (B, N, C)
+        x = torch.cat([t.expand(x.shape[0], -1, -1) for t in self.prefix_tokens()] + [x], dim=1)  # (B, P + N, C)
         if not with_position:
             return x, Layout(grid)
         if self.pe_tokens is not None and self.pe_tokens.block_index == 0:
-            x = grid.per_grid(x, self.pe_tokens) if isinstance(grid, MixedLayout) else self.pe_tokens(x, grid)
+            x = add_tokens(self.pe_tokens, x, grid)
         x = self.pos_drop(x)
         if isinstance(grid, MixedLayout):
             if keep is not None or (self.training and getattr(self.patch_drop, "prob", 0.0) > 0):
@@ -107,11 +105,11 @@ class GridTransformer(PositionalModel):
                                  "masking take one time step for the batch (a number, or equal steps)")
             return self.norm_pre(x), grid
         if keep is None and isinstance(self.patch_drop, (PatchDropout, PatchDropoutWithIndices)):
-            x, keep = patch_dropout_forward(x, self.patch_drop.prob, grid.prefix, self.patch_drop.ordered,
+            x, keep = patch_dropout_forward(x, self.patch_drop.prob, self.num_prefix_tokens, self.patch_drop.ordered,
                                             self.training)
         elif keep is not None:
             x = keep_tokens(x, grid, keep)
-        return self.norm_pre(x), Layout(grid, keep)
+        return self.norm_pre(x), kept_layout(grid, keep)
 
     def embed_batch(self, images) -> tuple[torch.Tensor, MixedLayout]:
         """Images of different sizes and aspect ratios -> one padded batch ``(B, T, C)`` (``T`` the longest
@@ -159,7 +157,7 @@ class GridTransformer(PositionalModel):
         late = self.pe_tokens if self.pe_tokens is not None and self.pe_tokens.block_index > 0 else None
         for i, block in enumerate(self.blocks if blocks is None else blocks):
             if late is not None and i == late.block_index:
-                x = layout.per_grid(x, late) if isinstance(layout, MixedLayout) else late(x, layout.unwrap())
+                x = add_tokens(late, x, layout)
             if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
                 x = checkpoint(with_draws(block), x, layout, attn_mask, use_reentrant=False)
             else:
@@ -278,6 +276,35 @@ def keep_tokens(x: torch.Tensor, grid: Grid, keep: torch.Tensor) -> torch.Tensor
 def check_not_causal(is_causal: bool) -> None:
     if is_causal:
         raise ValueError("is_causal=True is not supported with positional encodings over a grid")
+
+
+# The functions below read the grid from a tensor's size or take a grid: torch.fx records each as one call (torch.fx.wrap),
+# run on the real tensors, so a symbolically traced model (timm's FX feature extraction, torchvision's
+# create_feature_extractor) computes its positions at whatever size it is given, as the eager model does.
+
+def token_grid(patches: torch.Tensor, prefix: int, grid_offset=None, time_spacing=None) -> Grid | MixedLayout:
+    """The grid of the patch embedding's output ``patches: (B, *grid, C)`` with ``prefix`` tokens: a
+    :class:`~visionpe.Grid` at ``grid_offset``, or (clips whose ``time_spacing`` differ) a
+    :class:`~visionpe.grid.MixedLayout` of per-clip time steps (:func:`~visionpe.grid.time_layout`)."""
+    grid = Grid(tuple(patches.shape[1:-1]), prefix=prefix, offset=grid_offset)
+    return time_layout(grid, time_spacing, patches.shape[0])
+
+
+def add_tokens(pe: nn.Module, x: torch.Tensor, layout: Grid | Layout | MixedLayout) -> torch.Tensor:
+    """``x: (B, T, C)`` with the tokens encoding ``pe`` added on its layout (each grid of a mixed one its own)."""
+    if isinstance(layout, MixedLayout):
+        return layout.per_grid(x, pe)
+    return pe(x, layout.unwrap() if isinstance(layout, Layout) else layout)
+
+
+def kept_layout(grid: Grid | MixedLayout, keep: torch.Tensor | None) -> Layout | MixedLayout:
+    """The layout the blocks get: ``grid`` with the kept patches ``keep: (B, K)`` (None: all), or a mixed one as is
+    (which keeps every patch)."""
+    return grid if isinstance(grid, MixedLayout) else Layout(grid, keep)
+
+
+for _name in ("check_not_causal", "token_grid", "add_tokens", "kept_layout"):
+    torch.fx.wrap(_name)
 
 
 class VisionTransformerPE(GridTransformer, VisionTransformer):

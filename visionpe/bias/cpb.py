@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from .._checks import check_grid_ndim, check_positive_int, to_shape
+from .._compat import autocast_off
 from ..cache import TableCache
 from ..coords import CoordinateSystem, axis_offsets
 from ..grid import Grid, as_grid
@@ -80,7 +81,7 @@ class ContinuousPositionBias(BiasEncoding):
             offsets = [axis_offsets(p) for p in axes]
             units = [2.0] * grid.ndim if self.coordinates.normalized else None
         coords = log_relative_coords(grid.shape, window, device, offsets, units)
-        with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
+        with autocast_off(device):  # the table stays float32
             return 16 * torch.sigmoid(call_gathered(self.cpb_mlp, coords.to(self.cpb_mlp[0].weight.dtype)).float())
 
     def set_window_size(self, window_size) -> None:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_grid_ndim, check_ndim, check_number, check_positive_int, to_shape
+from .._compat import autocast_off
 from ..cache import TableCache
 from ..coords import CoordinateSystem, axis_offsets
 from ..encoding import Knob
@@ -148,7 +149,7 @@ class FIRE(BiasEncoding):
 
     def offset_table(self, grid: Grid, device, transform=None) -> torch.Tensor:
         """The MLP on every offset of the grid, ``(prod(2 S_a - 1), heads)`` float32 (Swin's offset order)."""
-        with torch.autocast(device_type=torch.device(device).type, enabled=False):  # the table stays float32
+        with autocast_off(device):  # the table stays float32
             return call_gathered(self.mlp, self.normalized_offsets(grid, device, transform)).float()
 
     def forward(self, grid: Grid) -> torch.Tensor:

@@ -42,6 +42,7 @@ from einops import rearrange
 from torch import nn
 
 from .._checks import check_choice, check_generator, check_grid_ndim, check_ndim, check_positive_int
+from .._compat import autocast_off
 from ..coords import CoordinateSystem, denominators
 from ..grid import Grid, Layout, as_grid, as_layout
 from ..sharding import assign_
@@ -105,7 +106,7 @@ class ParabolicBias(BiasEncoding):
         self._check_tokens(tokens, layout)
         device = tokens.device
         transform = self.coordinates.draw(self.training, self.ndim, device)
-        with torch.autocast(device_type=device.type, enabled=False):
+        with autocast_off(device):
             u = self._project(self.positions(layout.grid, device, transform))  # (heads, P + N, F): whole grid
             u = layout.rows(u) if layout.keep is not None else u[None]  # (B or 1, heads, T, F): the layout's tokens
             query, key = self._features(u, tokens.float())

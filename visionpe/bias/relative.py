@@ -142,8 +142,10 @@ class RelativePositionBias(BiasEncoding):
         self.antialias = self.antialias if antialias is None else antialias
         table = self._grid_table(new_window)
         self.interpolation, self.antialias = old
-        extra = self.relative_position_bias_table[num_offsets(self.window_size):]
-        self.relative_position_bias_table = nn.Parameter(torch.cat([table, extra], 0))
+        old_table = self.relative_position_bias_table
+        extra = old_table[num_offsets(self.window_size):]
+        self.relative_position_bias_table = nn.Parameter(torch.cat([table, extra], 0).detach(),
+                                                         requires_grad=old_table.requires_grad)  # frozen stays
         self.window_size = new_window
         return self
 

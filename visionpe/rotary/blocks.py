@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 
-from .._compat import is_exporting
+from .._compat import autocast_off, is_exporting
 
 
 def skew(square: torch.Tensor) -> torch.Tensor:
@@ -113,7 +113,7 @@ def apply_blocks(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     per sample.
     """
     b = blocks.shape[-1]
-    with torch.autocast(device_type=x.device.type, enabled=False):
+    with autocast_off(x.device):
         values = x.float()
         if blocks.ndim == x.ndim + 2:  # per sample
             out = (blocks @ values.unflatten(-1, (-1, b))[..., None]).squeeze(-1).flatten(-2)
@@ -170,7 +170,7 @@ class _SharedBlockProduct(torch.autograd.Function):
 
 def change_basis(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     """``x -> P x`` per head: ``x: (B, heads, T, d)``, ``basis: (heads or 1, d, d)`` orthogonal; float32, cast back."""
-    with torch.autocast(device_type=x.device.type, enabled=False):
+    with autocast_off(x.device):
         values = x.float()
         out = values @ basis[0].T if basis.shape[0] == 1 else torch.einsum("nhtj,hij->nhti", values, basis)
     return out.type_as(x)

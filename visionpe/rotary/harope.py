@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._checks import angle_dtype, check_choice
+from .._compat import autocast_off
 from ..cache import TableCache
 from ..grid import Grid, Layout, as_layout
 from .blocks import change_basis, matrix_exp
@@ -72,7 +73,7 @@ class HARoPE(AxialRoPE):
 
         def build():
             work = angle_dtype(device)
-            with torch.autocast(device_type=torch.device(device).type, enabled=False):
+            with autocast_off(device):
                 u, v = (matrix_exp(0.5 * (a - a.transpose(-1, -2)))
                         for a in (self.A_u.to(device, work), self.A_v.to(device, work)))
                 s = F.softplus(self.sigma.to(device, work)) + 1e-6

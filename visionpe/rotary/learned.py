@@ -22,7 +22,7 @@ import torch
 
 from .._checks import (angle_dtype, check_choice, check_divisible, check_grid_ndim, check_ndim, check_positive_int,
                        to_shape)
-from .._compat import same_shape
+from .._compat import autocast_off, same_shape
 from ..cache import TableCache
 from ..coords import CoordinateSystem, CoordTransform
 from ..grid import Grid, Layout, as_grid, as_layout
@@ -128,7 +128,7 @@ class LearnedRotation(RotaryEncoding):
 
     def _build(self, grid: Grid, device, transform: CoordTransform | None = None) -> torch.Tensor:
         wide = angle_dtype(device)
-        with torch.autocast(device_type=torch.device(device).type, enabled=False):
+        with autocast_off(device):
             axes = self.axis_positions(grid.without_prefix(), device, wide, transform)
             rows = self._patch_rotations(axes, wide).float()
         return self._finish(rows, grid.prefix).contiguous()

@@ -21,7 +21,7 @@ from torch import nn
 
 from .._checks import (angle_dtype, check_choice, check_divisible, check_generator, check_grid_ndim, check_ndim,
                        check_number, check_positive_int, to_shape)
-from .._compat import is_compiling
+from .._compat import autocast_off, is_compiling
 from ..cache import TableCache
 from ..coords import CoordinateSystem
 from ..grid import Grid, Layout, as_grid, as_layout
@@ -316,7 +316,7 @@ class RoPE(RotaryEncoding):
 
     def _build(self, grid: Grid, device, tokens_first: bool, transform=None) -> torch.Tensor:
         wide = angle_dtype(device)  # float64 angles: exact to float32 rounding of cos/sin on any axis length
-        with torch.autocast(device_type=torch.device(device).type, enabled=False):
+        with autocast_off(device):
             coords = self.coordinates.positions(grid, device, wide) + self.grid_offset  # (N, ndim) in grid order
             coords = coords.flip(-1) if self.axis_order == "xy" else coords  # in component order
             freqs = self.frequencies(wide).to(device)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_generator, check_number
+from .._compat import autocast_off
 from ..coords import CoordinateSystem
 from ..sharding import full_tensor
 from ..grid import as_grid
@@ -127,7 +128,7 @@ class StringRoPE(LearnedRotation):
         device = device or self._device()
 
         def build():
-            with torch.autocast(device_type=torch.device(device).type, enabled=False):
+            with autocast_off(device):
                 skew = skew_from_upper(full_tensor(self.skew).to(device=device, dtype=torch.float64), self.head_dim)
                 return cayley(skew).float()
 

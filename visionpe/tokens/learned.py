@@ -283,7 +283,7 @@ class Learned(TokenEncoding):
         names = [f"axis_tables.{a}" for a in range(self.ndim)] if self.factorized is True else ["table", "time_table"]
         for name, axes, table in zip(names, self.factor_axes(), self.factor_tables()):
             resized = nn.Parameter(resample_grid(table, [new_shape[a] for a in axes], interpolation, antialias,
-                                                 self.align_corners))
+                                                 self.align_corners), requires_grad=table.requires_grad)
             if name.startswith("axis_tables."):
                 self.axis_tables[int(name.split(".")[1])] = resized
             else:

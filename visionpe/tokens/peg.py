@@ -6,6 +6,7 @@ from einops import rearrange
 from torch import nn
 
 from .._checks import check_grid_ndim, check_ndim, check_nonnegative_int, check_positive_int
+from .._compat import autocast_off
 from ..grid import Grid, Layout, as_layout
 from ..sharding import call_gathered
 from ._base import TokenEncoding, check_tokens
@@ -49,7 +50,7 @@ class PEG(TokenEncoding):
         # the depthwise convolution runs in its weights' dtype, outside autocast: a small share of the compute, and
         # it keeps off the half-precision conv kernels (torch 2.1's CPU bf16 conv3d backward gave non-finite weight
         # gradients on some CPUs)
-        with torch.autocast(x.device.type, enabled=False):
+        with autocast_off(x.device):
             encoded = call_gathered(self.proj, feature_map.to(self.proj.weight.dtype))
         encoded = rearrange(encoded, "b c ... -> b (...) c")
         return torch.cat([prefix, patches + encoded.to(patches.dtype)], dim=1)
