@@ -28,9 +28,9 @@ def collect(runs: list[tuple[str, str, str, int, dict]]) -> dict:
     'seeds', 'num_classes', 'last_two', 'made_by'}} from the runs' records (:mod:`.records`, one ``(family, data,
     pe, seed, record)`` a run); ``last_two``: per seed, the validation top-1 (training size) after the run's last two
     epochs (:func:`last_two_epochs`); ``made_by``: {seed: (the machine that trained it, the machine that swept it)}
-    (:func:`.records.machine_of`); ``wall_s``: {seed: its training and sweep seconds}; an entry of LookHere's protocol also has 'knob' (the knob's name, '' for an
-    encoding without one), a tuned one 'choice' ({res: [per seed, the value chosen: ``x4`` on the trained value for a
-    number, else the value]})."""
+    (:func:`.records.machine_of`); ``wall_s``: {seed: its training and sweep seconds}; an entry of LookHere's
+    protocol also has 'knob' (the knob's name, '' for an encoding without one), a tuned one 'choice' ({res: [per
+    seed, the value chosen: ``x4`` on the trained value for a number, else the value]})."""
     table = {}
     for family, data, pe, seed, record in runs:
         results, last_two = record["results"], last_two_epochs(record["epochs"])

@@ -144,8 +144,9 @@ def read_record(path: Path) -> dict | None:
         return None
     except (OSError, ValueError, UnicodeDecodeError) as err:
         raise UserError(f"record {path} cannot be read ({err}); remove it to redo its run") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise UserError(f"record {path} is not a {FORMAT} record (format {record.get('format') if isinstance(record, dict) else None!r}); remove it to redo its run")
+    found = record.get("format") if isinstance(record, dict) else None
+    if found != FORMAT:
+        raise UserError(f"record {path} is not a {FORMAT} record (format {found!r}); remove it to redo its run")
     return record
 
 

@@ -70,32 +70,38 @@ def made_by_cell(entry: dict, labels: dict) -> str:
 
 def provenance_lines(args, table: dict, runs, command: str, wall: float) -> list[str]:
     """Who made the report's numbers: the command and wall time of the invocation that ran last, the runs left out
-    (:func:`unfinished_note`), and a table of the machines (device, platform, versions) with the runs each made and
-    their compute, labelled as each table's ``made by`` column names them."""
-    labels = machine_labels(table)
-    made = {}  # machine label: {(family, data, row, seed): seconds}
-    for (family, data, pe, _), v in table.items():
-        for seed, pair in v.get("made_by", {}).items():
-            for m in dict.fromkeys(pair):
-                if m:
-                    made.setdefault(labels[m], {})[family, data, pe, seed] = v.get("wall_s", {}).get(seed, 0.0)
+    (:func:`unfinished_note`), and the machines that made the runs (:func:`machines_table`)."""
     lines = ["```", command, "```", "",
              f"Wall time of the invocation that ran last: {wall / 60:.1f} min ({len(runs)} runs planned)."
              + unfinished_note(args) + (" Tables rebuilt from the records with `--report-only`."
                                         if args.report_only else ""), ""]
-    if not labels:
+    pairs = [pair for v in table.values() for pair in v.get("made_by", {}).values()]
+    if not pairs:  # a table made without records
         return lines
     records = getattr(args, "records", None)
     where = f" (`{records_text(args, records)}`)" if records else ""
-    lines += [f"Made by, from the runs' records{where}: the `made by` column of each table names the machine of its "
-              "row's runs (`M1/M2`: trained on M1, swept on M2). Compute: training and sweep wall time of those runs.",
-              "", "| machine | device | platform | python | torch | timm | visionpe | runs | compute |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for m, label in labels.items():
-        d = json.loads(m)
-        lines.append(f"| {label} | {d['device']} | {d['platform']} | {d['python']} | {d['torch']} | {d['timm']} | "
-                     f"{d['visionpe']} | {len(made.get(label, {}))} | {sum(made.get(label, {}).values()) / 60:.1f} min |")
-    return lines + [""]
+    unknown = "; `?`: a step whose machine no record names, a run made before records were" if any(
+        None in pair for pair in pairs) else ""
+    return lines + [f"Made by, from the runs' records{where}: the `made by` column of each table names the machine of "
+                    f"its row's runs (`M1/M2`: trained on M1, swept on M2{unknown}). Compute: the training and sweep "
+                    "wall time of those runs.", "", *machines_table(table)]
+
+
+def machines_table(table: dict) -> list[str]:
+    """The machines that made a table's runs (:func:`machine_labels`), one line each: device, platform, versions,
+    the runs it trained or swept and their compute; nothing when no record names one."""
+    labels = machine_labels(table)
+    made = {}  # machine label: {(family, data, row, seed): seconds}
+    for (family, data, pe, _), v in table.items():
+        for seed, pair in v.get("made_by", {}).items():
+            for m in filter(None, dict.fromkeys(pair)):
+                made.setdefault(labels[m], {})[family, data, pe, seed] = v.get("wall_s", {}).get(seed, 0.0)
+    if not labels:
+        return []
+    keys = ("device", "platform", "python", "torch", "timm", "visionpe")
+    body = [[label, *(json.loads(m)[k] for k in keys), str(len(made[label])),
+             f"{sum(made[label].values()) / 60:.1f} min"] for m, label in labels.items()]
+    return [report_table(["machine", *keys, "runs", "compute"], body), ""]
 
 
 def accuracy_cells(entry: dict, res, train_res: int) -> list[str]:
