@@ -4,7 +4,8 @@
 #      bf16 policy included (test_cuda_parallel.py: torchrun on up to 2 GPUs, `visionpe train --parallel fsdp` too);
 #   2. the GPU benchmark: scripts/bench_speed.py --device cuda, the flex-models section first (bf16: eval, training
 #      step, memory, compiled, flex vs SDPA at 4097 and 16385 tokens), then forward, train, memory, scale and flex
-#      (what time is left, less a margin for the report);
+#      (what time is left, less a margin for the report), its tables also as data (bench_speed.json: the machine,
+#      the versions, the settings and each section's tables and wall time);
 #   2b. the comparison's runs on the GPU (PROTOCOL_SECONDS, default 100; 0 skips it): visionpe benchmark --rows
 #      PROTOCOL_ROWS (default bench_rows_comparison) --data PROTOCOL_DATA (default clutter-relation; no download
 #      here) with docs/BENCHMARK_COMPARISON.md's seeds, sizes and LookHere's protocol, -- --device cuda. A run whose
@@ -41,7 +42,7 @@ tests=(tests/cuda/test_device_parity.py tests/cuda/test_device_training.py tests
        tests/cuda/test_cuda_kernels.py tests/cuda/test_device_compile_ddp.py tests/cuda/test_cuda_recipe.py)
 tests_cmd=("$PY" -m pytest --device cuda "${tests[@]}" -q -rfE -p no:cacheprovider --junitxml="$work/cuda_tests.xml")
 bench_cmd=("$PY" scripts/bench_speed.py --device cuda --sections flex-models forward train memory scale flex
-           --repeats 3 --slow-repeats 3 --min-run-time 0.1)
+           --repeats 3 --slow-repeats 3 --min-run-time 0.1 --record "$work/bench_speed.json")
 
 {
     if commit=$(git rev-parse --short HEAD 2>/dev/null); then

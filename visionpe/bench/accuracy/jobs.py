@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ...train import restore, rundir
 from ...train.metrics import key_text
-from .records import note_machine, resolved_device
+from ..machine import resolved_device
+from .records import note_machine
 from .staleness import asked_settings, record_sweep, stale_settings, sweep_is_current
 
 
