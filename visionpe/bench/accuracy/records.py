@@ -24,6 +24,7 @@ from ..machine import environment
 from .staleness import settings_sha256, sweep_arguments
 
 FORMAT = "visionpe.bench.accuracy.record/1"  # what a record file is, and the version of its layout
+IDENTITY_COLUMNS = ("run", "data", "model", "pe", "seed")  # sweep.csv's columns a record holds once, elsewhere
 MACHINE = "machine.json"  # in a run's folder: the machine and wall time of its last train and sweep commands
 
 
@@ -55,7 +56,7 @@ def make_record(run: Path, identity: dict, train: list[str], sweep: list[str]) -
     the run's folder holds, checked against the settings asked for now (``visionpe train TRAIN``, then ``sweep``)."""
     cfg = restore.load_run(run)
     with open(run / "sweep" / "sweep.csv") as f:
-        table = [{k: v for k, v in row.items() if k != "run" and v != ""} for row in csv.DictReader(f)]
+        table = [{k: v for k, v in row.items() if k not in IDENTITY_COLUMNS} for row in csv.DictReader(f)]
     noted = read_noted(run)
     results = metrics.read_results(run)
     saved = {k: v for k, v in settings.saved_form(cfg).items() if k != "output"}
