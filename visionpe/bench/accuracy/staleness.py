@@ -84,8 +84,8 @@ def sweep_is_current(run: Path, sweep: list[str]) -> bool:
 
 
 def sweep_record(run: Path, sweep: list[str]) -> dict:
-    """What :data:`SWEEP_SOURCE` holds: the sweep's arguments (``visionpe sweep RUN ARGS``: ARGS without the output
-    folder, so a benchmark folder can move) and the sha256 of the results it swept."""
+    """What :data:`SWEEP_SOURCE` holds: the sweep's arguments (:func:`sweep_arguments`: a sweep made on another
+    device or into another folder is the same sweep) and the sha256 of the results it swept."""
     return {"arguments": sweep_arguments(sweep),
             "results_sha256": hashlib.sha256((run / rundir.RESULTS).read_bytes()).hexdigest()}
 
