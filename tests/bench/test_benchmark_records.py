@@ -161,3 +161,24 @@ def test_a_damaged_record_is_an_error_never_taken_for_absent(tmp_path):
     path.write_text(json.dumps({"format": "something else"}))
     with pytest.raises(UserError, match="is not a"):
         read_record(path)
+
+
+def test_the_made_by_cell_names_each_seeds_machines():
+    """One machine for every seed is named once; trained on one and swept on another is ``M1/M2``; seeds made by
+    different machines are named per seed; a run made before records (no machine noted) is ``?``, and said so."""
+    from types import SimpleNamespace
+
+    from visionpe.bench.accuracy import sections
+    a, b = json.dumps({"device": "cpu a"}), json.dumps({"device": "gpu b"})
+    table = {("rows", "d", "same", "default"): {"made_by": {0: (a, a), 1: (a, a)}},
+             ("rows", "d", "swept", "default"): {"made_by": {0: (a, b)}},
+             ("rows", "d", "mixed", "default"): {"made_by": {0: (a, a), 1: (b, b)}},
+             ("rows", "d", "old", "default"): {"made_by": {0: (None, None)}}}
+    labels = sections.machine_labels(table)
+    assert labels == {a: "M1", b: "M2"}
+    cells = {k[2]: sections.made_by_cell(v, labels) for k, v in table.items()}
+    assert cells == {"same": "M1", "swept": "M1/M2", "mixed": "s0 M1, s1 M2", "old": "?"}
+    args = SimpleNamespace(report_only=False, unfinished=[], stale=[], records=None)
+    text = "\n".join(sections.provenance_lines(args, {k: {**v, "wall_s": {}} for k, v in table.items()
+                                                       if k[2] == "old"}, [1], "visionpe benchmark ...", 60.0))
+    assert "`?`: a step whose machine no record names" in text and "| machine |" not in text
