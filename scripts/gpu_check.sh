@@ -4,12 +4,17 @@
 #      bf16 policy included (test_cuda_parallel.py: torchrun on up to 2 GPUs, `visionpe train --parallel fsdp` too);
 #   2. the GPU benchmark: scripts/bench_speed.py --device cuda, the flex-models section first (bf16: eval, training
 #      step, memory, compiled, flex vs SDPA at 4097 and 16385 tokens), then forward, train, memory, scale and flex
-#      (what time is left, less a margin for the report);
-#   2b. a small version of LookHere's protocol (PROTOCOL_SECONDS, default 100; 0 skips it): the recipe
-#      lookhere_vitb16_imagenet shrunk to a 192-wide ViT on the built-in clutter-relation task at 32 px (no ImageNet
-#      here), lookhere and rope_axial, then visionpe sweep --tune to 4x (protocol_sweep.csv, untuned beside tuned);
+#      (what time is left, less a margin for the report), its tables also as data (bench_speed.json: the machine,
+#      the versions, the settings and each section's tables and wall time);
+#   2b. the comparison's runs on the GPU (PROTOCOL_SECONDS, default 100; 0 skips it): visionpe benchmark --rows
+#      PROTOCOL_ROWS (default bench_rows_comparison) --data PROTOCOL_DATA (default clutter-relation; no download
+#      here) with docs/BENCHMARK_COMPARISON.md's seeds, sizes and LookHere's protocol, -- --device cuda. A run whose
+#      record under docs/reports/data/ is current is not run again, so each check goes on where the last one (on any
+#      machine) stopped; each run it finishes writes its record there, the same records the CPU machines write;
 #   3. the report: the machine, the test results and the tables, written as the "### CUDA" part of
-#      docs/PERFORMANCE.md's GPU section; with $OUT set, copies of everything under $OUT.
+#      docs/PERFORMANCE.md's GPU section; with $OUT set, copies of everything under $OUT, the records in
+#      $OUT/records (copy them into docs/reports/data/ and commit them: `visionpe benchmark ... --report-only`
+#      then puts them in the comparison's report beside the CPU machines' runs, each machine named).
 # It runs under the machine's own python3 (PYTHON=... to choose another) with visionpe from this working tree
 # (PYTHONPATH=.), installing nothing. On a machine without CUDA it says so in one line and exits 0.
 set -uo pipefail
@@ -37,7 +42,7 @@ tests=(tests/cuda/test_device_parity.py tests/cuda/test_device_training.py tests
        tests/cuda/test_cuda_kernels.py tests/cuda/test_device_compile_ddp.py tests/cuda/test_cuda_recipe.py)
 tests_cmd=("$PY" -m pytest --device cuda "${tests[@]}" -q -rfE -p no:cacheprovider --junitxml="$work/cuda_tests.xml")
 bench_cmd=("$PY" scripts/bench_speed.py --device cuda --sections flex-models forward train memory scale flex
-           --repeats 3 --slow-repeats 3 --min-run-time 0.1)
+           --repeats 3 --slow-repeats 3 --min-run-time 0.1 --record "$work/bench_speed.json")
 
 {
     if commit=$(git rev-parse --short HEAD 2>/dev/null); then
@@ -66,18 +71,18 @@ tests_status=$?
 tail -n 15 "$work/cuda_tests.txt"
 
 PROTOCOL_SECONDS=${PROTOCOL_SECONDS:-100}
+PROTOCOL_ROWS=${PROTOCOL_ROWS:-bench_rows_comparison}
+PROTOCOL_DATA=${PROTOCOL_DATA:-clutter-relation}
 if [ "$PROTOCOL_SECONDS" -gt 0 ]; then
-    echo "gpu_check: LookHere's protocol, small (at most ${PROTOCOL_SECONDS} s)"
-    timeout -s INT -k 10 "$PROTOCOL_SECONDS" bash -c 'for pe in lookhere rope_axial; do
-        "$0" -m visionpe train --config lookhere_vitb16_imagenet --pe $pe --pe-kwargs --data clutter-relation \
-            --img-size 32 --patch-size 4 --embed-dim 192 --depth 6 --num-heads 4 --train-samples 4000 \
-            --val-samples 500 --epochs 10 --batch-size 256 --lr 2e-3 --warmup-epochs 1 --mixup 0 --cutmix 0 \
-            --drop-path 0 --eval-res 32 --device cuda --workers 0 --no-progress \
-            --output "$1/protocol/$pe" || exit; done
-        "$0" -m visionpe sweep "$1"/protocol/* --res 32 64 128 --tune --device cuda --out "$1/protocol"' \
-        "$PY" "$work" > "$work/protocol.txt" 2>&1
-    echo "gpu_check: protocol exit $?"; tail -n 6 "$work/protocol.txt"
-    [ -f "$work/protocol/sweep.csv" ] && cp "$work/protocol/sweep.csv" "$work/protocol_sweep.csv"
+    echo "gpu_check: the comparison's runs ($PROTOCOL_ROWS on $PROTOCOL_DATA, at most ${PROTOCOL_SECONDS} s)"
+    # the records go where the committed report's are (docs/reports/data/benchmark_comparison/<section>, its
+    # default), so the runs recorded there are skipped; the report of this part goes to $work, the doc is left alone
+    section=$("$PY" -c "import sys; from visionpe.bench.accuracy.rows import read_rows; print(read_rows(sys.argv[1])['section'])" "$PROTOCOL_ROWS")
+    timeout -s INT -k 10 "$PROTOCOL_SECONDS" "$PY" -m visionpe benchmark --rows "$PROTOCOL_ROWS" \
+        --data $PROTOCOL_DATA --seeds 0 1 2 --res 32 64 128 --tune --holdout 100 --jobs 1 --out "$work/protocol" \
+        --doc "$work/BENCHMARK_COMPARISON.md" --records "docs/reports/data/benchmark_comparison/$section" \
+        -- --device cuda > "$work/protocol.txt" 2>&1
+    echo "gpu_check: comparison exit $?"; tail -n 6 "$work/protocol.txt"
 fi
 
 left=$((BUDGET - (SECONDS - start) - REPORT_MARGIN))
@@ -95,7 +100,8 @@ fi
     --seconds "$((SECONDS - start))"
 report_status=$?
 if [ -n "${OUT:-}" ]; then
-    mkdir -p "$OUT" && cp "$work"/* docs/PERFORMANCE.md "$OUT"/
+    mkdir -p "$OUT" && cp "$work"/*.* docs/PERFORMANCE.md "$OUT"/
+    [ -d docs/reports/data ] && cp -r docs/reports/data "$OUT/records"
 fi
 echo "gpu_check: tests exit $tests_status, benchmark exit $bench_status, report exit $report_status," \
      "$((SECONDS - start)) s; docs/PERFORMANCE.md '### CUDA' written${OUT:+, copies in $OUT}"

@@ -3,6 +3,7 @@ never docs/PERFORMANCE.md), the opt-in flex section included; the CPU memory tra
 they claim."""
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -76,10 +77,19 @@ def check_section(tables: dict, section: str) -> list:
 
 def test_quick_run_writes_every_section(tmp_path, one_thread):
     sections = [s for s in cli.SECTIONS if s != "compile"]  # compiling ten encodings: the test below, one encoding
-    out = tmp_path / "PERFORMANCE.md"
-    report = cli.main(["--quick", "--threads", "1", "--sections", *sections, "--out", str(out)])
+    out, record = tmp_path / "PERFORMANCE.md", tmp_path / "speed.json"
+    report = cli.main(["--quick", "--threads", "1", "--sections", *sections, "--out", str(out), "--record",
+                       str(record)])
     assert out.read_text() == report
     assert report.startswith("# Performance\n\nMade by `visionpe bench-speed --quick")
+    # the same results as data: settings and their hash, the machine, every section's tables and wall time
+    data = json.loads(record.read_text())
+    assert data["format"] == cli.RECORD_FORMAT and data["command"].startswith("visionpe bench-speed --quick")
+    assert data["settings"]["sections"] == sections and "out" not in data["settings"]
+    assert len(data["settings_sha256"]) == 64 and data["made_by"]["torch"] and data["made_by"]["device"] == "cpu"
+    assert [s["name"] for s in data["sections"]] == sections and all(s["seconds"] > 0 for s in data["sections"])
+    assert all(f"**{t['title']}**" in report for s in data["sections"] for t in s["tables"])
+    assert data["wall_s"] >= sum(s["seconds"] for s in data["sections"])
     tables = parse_tables(report)
     for section in sections:
         check_section(tables, section)

@@ -3,8 +3,6 @@ sets only), the report's plateau check (each row's top-1 after its last two epoc
 its generated pick (the best learned row at each size, with the rows within its seed spread)."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import yaml
 from trainutil import ROOT, run_script
@@ -82,13 +80,11 @@ def test_a_row_still_rising_over_its_last_epoch_is_marked(pairs, still_rising):
     assert (sections.RISING in cell) is still_rising
 
 
-def test_last_two_epochs_are_read_from_the_runs_metrics(tmp_path):
+def test_last_two_epochs_are_read_from_the_runs_metrics():
     lines = [{"kind": "epoch", "epoch": e, "train_loss": 1.0, "val_loss": 1.0, "val_acc": acc, "lr": 0.1,
               "img_per_s": 1.0, "epoch_time_s": 1.0} for e, acc in [(1, 40.0), (2, 70.5), (3, 72.25)]]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert collect.last_two_epochs(tmp_path) == (70.5, 72.25)
-    (tmp_path / "metrics.jsonl").write_text(json.dumps(lines[0]) + "\n")
-    assert collect.last_two_epochs(tmp_path) is None
+    assert collect.last_two_epochs(lines) == (70.5, 72.25)
+    assert collect.last_two_epochs(lines[:1]) is None
 
 
 def test_the_pick_names_the_best_learned_row_and_the_rows_within_its_spread():

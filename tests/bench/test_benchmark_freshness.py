@@ -1,6 +1,6 @@
 """The accuracy benchmarks never report stale or silently shrunken results: a run trained with other settings than
 asked for now (an edited recipe) is retrained, a sweep made from other results or arguments is redone, a report with
-no finished run refuses to touch the doc, row labels cannot escape their folder, and a relative --out works."""
+no current record refuses to touch the doc, row labels cannot escape their folder, and a relative --out works."""
 from __future__ import annotations
 
 import json
@@ -54,15 +54,16 @@ def test_a_relative_out_is_the_callers_folder(finished):
     assert "| learned |" in (finished / "B.md").read_text()
 
 
-def test_report_only_without_finished_runs_leaves_the_doc(finished, tmp_path, capsys):
+def test_report_only_without_records_leaves_the_doc(finished, tmp_path, capsys):
     folder = copy(finished, tmp_path)
     before = (folder / "B.md").read_bytes()
-    for out in (folder / "empty", folder / "nowhere"):
+    for records in (folder / "empty", folder / "nowhere"):
         (folder / "empty").mkdir(exist_ok=True)
         with pytest.raises(SystemExit) as exit_info:
-            run_script("benchmark", argv(folder, folder / "recipe.yaml", out, "B.md", "--report-only"))
+            run_script("benchmark", argv(folder, folder / "recipe.yaml", "out", "B.md", "--report-only", "--records",
+                                         str(records)))
         err = capsys.readouterr().err
-        assert exit_info.value.code == 2 and err.count("\n") == 1 and "no finished runs under --out" in err, err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and "no current records in --records" in err, err
         assert (folder / "B.md").read_bytes() == before
 
 

@@ -136,7 +136,8 @@ def test_rows_benchmark_end_to_end_writes_its_section_and_keeps_the_doc(tmp_path
         assert cell in text, cell
     assert "timm learned *(timm)*" in text
     assert (tmp_path / "out" / "shapes-position" / "timm-learned" / "s0" / "sweep" / "sweep.csv").is_file()
-    run_script("benchmark", argv[:-len(tiny) - 1] + ["--report-only"])  # rebuilt from the runs, section replaced in place
+    # rebuilt from the records (made with the same arguments: else they are stale), the section replaced in place
+    run_script("benchmark", argv[:-len(tiny) - 1] + ["--report-only", "--", *tiny])
     assert doc.read_text().count("<!-- BEGIN rows_test -->") == 1
 
 
@@ -168,4 +169,4 @@ def test_rows_sections_sharing_a_folder_each_keep_their_own_command_and_wall_tim
     assert run_script("benchmark", argv("first") + ["--report-only", "--", *tiny]) == 0  # the first command again
     rebuilt = section_of(doc.read_text(), "first")
     assert "rows_first.yaml" in rebuilt and "rows_second.yaml" not in rebuilt
-    assert rebuilt.replace(" Tables rebuilt from those runs with `--report-only`.", "") == first
+    assert rebuilt.replace(" Tables rebuilt from the records with `--report-only`.", "") == first

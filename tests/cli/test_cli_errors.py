@@ -642,6 +642,25 @@ ROWS += [
 ]
 
 
+def damaged_record(tmp, run, text):
+    """A run's record (visionpe benchmark --records) that cannot be read as one: never taken for absent."""
+    path = tmp / "records" / "vit" / "shapes-position" / "learned" / "s0.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+
+
+SETUPS.update({
+    "record_not_json": lambda tmp, run: damaged_record(tmp, run, "{not json"),
+    "record_other_format": lambda tmp, run: damaged_record(tmp, run, '{"format": "something else"}'),
+})
+RECORD_RUN = ["--data", "shapes-position", "--pe", "learned", "--seeds", "0", "--records", "{tmp}/records"]
+ROWS += [
+    (B, RECORD_RUN, ["record", "records/vit/shapes-position/learned/s0.json", "cannot be read", "remove it"],
+     "record_not_json"),
+    (B, RECORD_RUN, ["is not a visionpe.bench.accuracy.record/1 record", "'something else'"], "record_other_format"),
+]
+
+
 def invoke(script, argv):
     if script == T:
         return train_main(TINY + argv)
@@ -727,3 +746,4 @@ def test_nothing_imports_train_vit():
             if name.endswith(".py") and any(n in path.read_text() for n in needles):
                 offenders.append(str(path.relative_to(ROOT)))
     assert not offenders
+

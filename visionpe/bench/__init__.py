@@ -6,4 +6,5 @@
   over test sizes (``visionpe benchmark``, ``visionpe convert-benchmark``; docs/BENCHMARK.md).
 
 Both use the library, the training workbench's public modules and :mod:`visionpe.cli`; neither imports the other.
+Both name the machine their results come from through :mod:`.machine`.
 """

@@ -4,11 +4,14 @@ converted to RoPE against RoPE from scratch (``visionpe convert-benchmark``).
 
 One module a step, each using only those before it:
 
+- :mod:`.staleness`: whether a finished run is the one asked for now, whether its sweep was made from it, and
+  whether a run's record holds the settings asked for now (its settings hash);
+- :mod:`.records`: a run as data, one small JSON record each (settings and their hash, machine and versions,
+  per-epoch metrics, the sweep's table, wall time), kept in the repository and read back by the report;
 - :mod:`.jobs`: a run's processes (``python -m visionpe train`` then ``python -m visionpe sweep``, through the
-  installed package, never a checkout's path), one thread each, logged;
-- :mod:`.staleness`: whether a finished run is the one asked for now, and whether its sweep was made from it;
+  installed package, never a checkout's path), one thread each, logged, the machine of each step noted;
 - :mod:`.rows`: a rows file (``--rows``: labelled rows, each with its own training arguments);
-- :mod:`.collect`: the finished runs' sweeps gathered into one table (through :mod:`visionpe.train.metrics`);
+- :mod:`.collect`: the current records gathered into one table;
 - :mod:`.verdicts`: plain statements on that table, every gap against the seed spread;
 - :mod:`.sections`: the report's tables and marked document sections;
 - :mod:`.benchmark` and :mod:`.cli`: the accuracy benchmark's plan and its command line;

@@ -1,23 +1,30 @@
 """The accuracy benchmark's plan: every run's settings checked as ``visionpe train`` will resolve them, the runs
-trained and swept in parallel (:mod:`.jobs`), then the report (:mod:`.sections`); ``visionpe benchmark`` is its
-command line (:mod:`.cli`)."""
+without a current record trained and swept in parallel (:mod:`.jobs`), each one's record written (:mod:`.records`),
+then the report from the current records (:mod:`.sections`); ``visionpe benchmark`` is its command line
+(:mod:`.cli`)."""
 from __future__ import annotations
 
 import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from ...cli import UserError, import_user_code
 from ...cli.recipes import recipe_path
 from ...train import models, settings, tuning
 from ...train.loop import size_order
 from ...train.metrics import key_text
-from .collect import collect, finished_runs_or_refuse
-from .jobs import job
+from ...weights import write_text
+from .collect import collect
+from .jobs import job, sweep_command, train_command
+from .records import make_record, read_record, record_path, write_record
 from .rows import read_rows, recipe_of, trained_pairs
-from .sections import TABLE_CSV, rows_section, write_csv, write_report, write_video_section
+from .sections import TABLE_CSV, VIDEO_SECTION, rows_section, write_csv, write_report, write_video_section
+from .staleness import stale_record
 
+MAIN_SECTION = "benchmark"  # the records' folder of a whole report (the encoding lists)
+INVOCATION = "invocation.json"  # in the records' folder: the command and wall time of the invocation that ran last
 VIT_LIST = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rope_mixed+learned", "rel_bias", "alibi"]
 SWIN_LIST = ["swin_bias", "cpb", "rope_mixed", "alibi"]
 
@@ -77,6 +84,22 @@ def check(args) -> int | None:
     return video
 
 
+def default_records(doc: Path, section: str) -> Path:
+    """Where the records of a report's ``section`` live by default: ``reports/data/<doc's name>/<section>`` beside
+    the doc (``docs/BENCHMARK_COMPARISON.md``, section ``comparison``:
+    ``docs/reports/data/benchmark_comparison/comparison``)."""
+    return doc.parent / "reports" / "data" / doc.stem.lower() / section
+
+
+def record_state(path: Path, train: list[str], sweep: list[str], run: Path) -> dict | list[str] | None:
+    """The record in ``path`` when it is current (made with the settings and sweep asked for now), else what
+    differs (a stale record), or None when there is none."""
+    record = read_record(path)
+    if record is None:
+        return None
+    return stale_record(record, train, sweep, run) or record
+
+
 def run(args, command: str) -> int:
     """Train and sweep every run of ``args`` (the parsed ``visionpe benchmark`` command line, ``command`` its text)
     that is not finished, then write the report; returns 0."""
@@ -106,39 +129,55 @@ def run(args, command: str) -> int:
     # order: seed-major, so that an early stop leaves every encoding with the same number of seeds
     runs.sort(key=lambda r: (r[3], list(configs).index(r[0]), args.data.index(r[1])))
     tune = (["--tune"] + (["--holdout", str(args.holdout)] if args.holdout is not None else [])) if args.tune else []
-    # the invocation's command and wall time, one pair per report: rows sections may share a folder and their runs
-    stamp = f".{spec['section']}" if spec else ""
-    command_file, wall_file = args.out / f"command{stamp}.txt", args.out / f"wall{stamp}.json"
+    section = spec["section"] if spec else (VIDEO_SECTION if video else MAIN_SECTION)
+    args.records = (args.records or default_records(args.doc, section)).resolve()
+    commands = {r[4]: (train_command(recipe(r[0], r[1]), r[1], r[3], r[4], plan(r[2])[0]),
+                       sweep_command(r[4], args.res, plan(r[2])[1], args.frames, plan(r[2])[2], tune)) for r in runs}
+    path = lambda run: record_path(args.records, args.out, run)
+    # the invocation's command and wall time, one pair per report (rows sections may share a folder and their runs)
+    invocation = args.records / INVOCATION
     t0 = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.report_only and command_file.is_file():  # report of an earlier invocation
-        command = command_file.read_text().strip()
     if not args.report_only:
-        command_file.write_text(command + "\n")
+        todo = [r for r in runs if not isinstance(record_state(path(r[4]), *commands[r[4]], r[4]), dict)]
+        if len(todo) < len(runs):
+            print(f"benchmark: {len(runs) - len(todo)} of {len(runs)} runs have a current record in {args.records}; "
+                  "not run again", flush=True)
         log_dir = args.out / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(args.jobs) as pool:
             futures = [pool.submit(job, recipe(f, d), d, s, run, plan(pe)[0], args.res, plan(pe)[1], log_dir,
-                                   args.frames, plan(pe)[2], tune) for f, d, pe, s, run in runs]
-            for i, fut in enumerate(futures, 1):
+                                   args.frames, plan(pe)[2], tune) for f, d, pe, s, run in todo]
+            for i, ((f, d, pe, s, run), fut) in enumerate(zip(todo, futures), 1):
                 r = fut.result()
+                if r["ok"]:
+                    identity = {"benchmark": args.doc.name, "section": section, "family": f, "data": d, "row": pe,
+                                "seed": s, "run": run.relative_to(args.out).as_posix()}
+                    write_record(path(run), make_record(run, identity, *commands[run]))
                 status = "ok" if r["ok"] else f"FAILED (see {r['log']})"
-                print(f"[{i}/{len(runs)}] {time.time() - t0:7.0f}s  {r['run'].relative_to(args.out)}  "
+                print(f"[{i}/{len(todo)}] {time.time() - t0:7.0f}s  {r['run'].relative_to(args.out)}  "
                       f"{r['seconds']:.0f}s  {status}", flush=True)
-        for d in {r[4].parent for r in runs}:
-            d.mkdir(parents=True, exist_ok=True)
-    wall = time.time() - t0
-    if args.report_only:
-        wall = json.loads(wall_file.read_text())["wall_s"] if wall_file.is_file() else 0.0
+        write_text(invocation, json.dumps({"command": command, "wall_s": time.time() - t0}) + "\n")
+    if invocation.is_file():  # this invocation's, or (--report-only) that of the one that ran last
+        made = json.loads(invocation.read_text())
+        command, wall = made["command"], made["wall_s"]
     else:
-        wall_file.write_text(json.dumps({"wall_s": wall}))
-    finished = finished_runs_or_refuse([r[4] for r in runs], args.out, args.doc)
-    if len(finished) < len(runs):
-        missing = [str(r[4].relative_to(args.out)) for r in runs if r[4] not in finished]
-        print(f"benchmark: {len(missing)} of {len(runs)} runs are not finished (the report says which): "
+        wall = 0.0
+    states = {r[4]: record_state(path(r[4]), *commands[r[4]], r[4]) for r in runs}
+    current = [(f, d, pe, s, states[run]) for f, d, pe, s, run in runs if isinstance(states[run], dict)]
+    args.unfinished = [r for r in runs if not isinstance(states[r[4]], dict)]
+    args.stale = [(path(r[4]), states[r[4]]) for r in args.unfinished if isinstance(states[r[4]], list)]
+    for where, reasons in args.stale:
+        print(f"benchmark: stale record {where} (left out): {'; '.join(reasons)}", file=sys.stderr)
+    if not current:
+        raise UserError(f"no current records in --records {args.records} (of {len(runs)} planned runs, "
+                        f"{len(args.stale)} stale, e.g. {path(runs[0][4])}); {args.doc} is left as it is (check "
+                        "--records, or the logs of the runs under --out)")
+    if args.unfinished:
+        missing = [str(r[4].relative_to(args.out)) for r in args.unfinished]
+        print(f"benchmark: {len(missing)} of {len(runs)} runs have no current record (the report says which): "
               f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}", file=sys.stderr)
-    args.unfinished = [r for r in runs if r[4] not in finished]
-    table = collect([(f, d, pe, s, run) for f, d, pe, s, run in runs])
+    table = collect(current)
     write_csv(args.out / TABLE_CSV, table)
     if spec:
         rows_section(args.doc, args, spec, table, runs, command, wall)

@@ -5,9 +5,14 @@
 
 For each (data set, encoding, seed) it runs ``visionpe train --config CONFIG --data D --pe P --seed S`` in its
 own process (``--jobs`` at a time, one thread each), then ``visionpe sweep`` on the last weights: RoPE
-encodings once per ``--scaling`` (none, pi, ntk, yarn), the others as trained. Finished runs (those with a
-``sweep.csv``) are skipped, so an interrupted benchmark continues where it stopped. The runs and logs go to
-``--out`` and the report to ``--doc``, both relative to the working directory. The report holds, per data set, top-1
+encodings once per ``--scaling`` (none, pi, ntk, yarn), the others as trained. Each run brought up to date writes a
+small record (``--records``: its settings and their hash, the machine and versions, the per-epoch metrics, the
+sweep's table, the wall time; a few KB, meant to be committed), and the report is made from the current records.
+A run whose record is current is not run again, whatever machine made it, so the next machine goes on where the
+last one stopped; a record made with other settings than asked for now is stale, named in the output and the
+report and left out. A finished run (a ``sweep.csv`` made with the arguments asked for) is not trained again either,
+so an interrupted benchmark continues where it stopped. The runs and logs go to ``--out``, the records to
+``--records`` and the report to ``--doc``, relative to the working directory. The report holds, per data set, top-1
 mean +- std over seeds at every resolution, the retention acc(res)/acc(train res), parameters and training images/s,
 plus a plot, the recipe and the exact command.
 
@@ -116,7 +121,12 @@ def build_parser() -> cli.Parser:
     run.add_argument("--doc", type=Path, default=Path("docs/BENCHMARK.md"), metavar="MD",
                      help="report to write (default: docs/BENCHMARK.md)")
     run.add_argument("--note", default="", help="free text added to the report (e.g. what was left out)")
-    run.add_argument("--report-only", action="store_true", help="only rebuild the report from finished runs")
+    run.add_argument("--records", type=Path, default=None, metavar="DIR",
+                     help="folder of the runs' records, one JSON file a run (default: reports/data/<doc's name, "
+                          "lower case>/<section> beside --doc, the section being the rows file's, video_benchmark or "
+                          "benchmark)")
+    run.add_argument("--report-only", action="store_true",
+                     help="only rebuild the report, from the current records alone (no run, no --out needed)")
     cli.add_import(p, run)
     p.add_debug(run)
     return p

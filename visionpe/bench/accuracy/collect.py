@@ -1,14 +1,14 @@
-"""The finished runs of a benchmark gathered into one table: each run's sweep (``run/sweep/sweep.csv``) and its
-results (through :mod:`visionpe.train.metrics`), keyed by (family, data, encoding or row, adaptation); the rows of
+"""The finished runs of a benchmark gathered into one table from their records (:mod:`.records`: each run's sweep
+table, results and epoch metrics), keyed by (family, data, encoding or row, adaptation); the rows of
 LookHere's protocol (``visionpe sweep --tune``) are the adaptations ``untuned`` and ``tuned``, with the knob values
 the seeds chose."""
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 from ...cli import UserError
-from ...train import loop, metrics, restore
+from ...train import loop, metrics
+from .records import machine_of
 
 TUNE = ("untuned", "tuned")  # the adaptations of LookHere's protocol in a sweep.csv
 
@@ -23,21 +23,18 @@ def finished_runs_or_refuse(runs: list[Path], out: Path, doc: Path) -> list[Path
     return done
 
 
-def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
+def collect(runs: list[tuple[str, str, str, int, dict]]) -> dict:
     """{(family, data, pe, adaptation): {'acc': {res: [per seed]}, 'ret': ..., 'params', 'img_s', 'train_res',
-    'seeds', 'num_classes', 'last_two'}}; ``last_two``: per seed, the validation top-1 (training size) after the
-    run's last two epochs (:func:`last_two_epochs`); an entry of LookHere's protocol also has 'knob' (the knob's name, '' for an encoding
-    without one), a tuned one 'choice' ({res: [per seed, the value chosen: ``x4`` on the trained value for a number,
-    else the value]})."""
+    'seeds', 'num_classes', 'last_two', 'made_by'}} from the runs' records (:mod:`.records`, one ``(family, data,
+    pe, seed, record)`` a run); ``last_two``: per seed, the validation top-1 (training size) after the run's last two
+    epochs (:func:`last_two_epochs`); ``made_by``: {seed: (the machine that trained it, the machine that swept it)}
+    (:func:`.records.machine_of`); ``wall_s``: {seed: its training and sweep seconds}; an entry of LookHere's
+    protocol also has 'knob' (the knob's name, '' for an encoding without one), a tuned one 'choice' ({res: [per
+    seed, the value chosen: ``x4`` on the trained value for a number, else the value]})."""
     table = {}
-    for family, data, pe, seed, run in runs:
-        sweep = run / "sweep" / "sweep.csv"
-        if not sweep.is_file():
-            continue
-        results, last_two = metrics.read_results(run), last_two_epochs(run)
-        num_classes = restore.load_run(run)["num_classes"]
-        with open(sweep) as f:
-            rows = list(csv.DictReader(f))
+    for family, data, pe, seed, record in runs:
+        results, last_two = record["results"], last_two_epochs(record["epochs"])
+        rows = record["table"]
         trained = {(row.get("protocol"), row["res"]): row.get("knob_value", "") for row in rows
                    if row["adaptation"] == "untuned"}
         for row in rows:
@@ -46,8 +43,8 @@ def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
             col = (int(row["frames"]), int(row["res"])) if video else loop.parse_size(row["res"])
             train = (int(row["train_frames"]), int(row["train_res"])) if video else int(row["train_res"])
             entry = table.setdefault(key, {"acc": {}, "ret": {}, "params": results["params"], "img_s": [],
-                                           "train_res": train, "seeds": set(), "num_classes": num_classes,
-                                           "last_two": []})
+                                           "train_res": train, "seeds": set(), "num_classes": record["num_classes"],
+                                           "last_two": [], "made_by": {}})
             entry["acc"].setdefault(col, []).append(float(row["acc"]))
             if row["adaptation"] in TUNE:
                 entry["knob"] = row.get("knob", "")
@@ -58,15 +55,16 @@ def collect(runs: list[tuple[str, str, str, int, Path]]) -> dict:
             if seed not in entry["seeds"]:
                 entry["seeds"].add(seed)
                 entry["img_s"].append(results["train_img_per_s"])
+                entry["made_by"][seed] = (machine_of(record, "train"), machine_of(record, "sweep"))
+                entry.setdefault("wall_s", {})[seed] = sum(v or 0.0 for v in (record.get("wall_s") or {}).values())
                 if last_two:
                     entry["last_two"].append(last_two)
     return table
 
 
-def last_two_epochs(run: Path) -> tuple[float, float] | None:
-    """The validation top-1 (%) at the training size after the run's last two epochs (``metrics.jsonl``): whether
-    its budget reached a plateau; None for a run of one epoch."""
-    epochs = metrics.epochs(metrics.read_history(run))
+def last_two_epochs(epochs: list[dict]) -> tuple[float, float] | None:
+    """The validation top-1 (%) at the training size after a run's last two epochs (``epochs``: its epoch metrics,
+    :func:`visionpe.train.metrics.epochs`): whether its budget reached a plateau; None for a run of one epoch."""
     return (epochs[-2]["val_acc"], epochs[-1]["val_acc"]) if len(epochs) >= 2 else None
 
 

@@ -1,7 +1,7 @@
 """A benchmark run's processes: train it (``python -m visionpe train ...``) unless it is finished with the settings
 asked for now, then sweep it (``python -m visionpe sweep ...``) unless its sweep is current; each command in its own
 process of this Python (the installed package, wherever the benchmark runs from), one thread each, its output
-appended to the run's log."""
+appended to the run's log; the machine and wall time of each step noted in the run's folder (:mod:`.records`)."""
 from __future__ import annotations
 
 import os
@@ -11,9 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-from ...train import rundir
+from ...train import restore, rundir
 from ...train.metrics import key_text
-from .staleness import record_sweep, stale_settings, sweep_is_current
+from ..machine import resolved_device
+from .records import note_machine
+from .staleness import asked_settings, record_sweep, stale_settings, sweep_is_current
 
 
 def job(cfg_path: Path, data: str, seed: int, run: Path, train_args: list[str], res, scalings, log_dir: Path,
@@ -22,12 +24,23 @@ def job(cfg_path: Path, data: str, seed: int, run: Path, train_args: list[str], 
     TRAIN_ARGS ...``, its sweep under ``protocols``, default the run's own, with ``tune``: LookHere's protocol, see
     :func:`sweep_command`) as far as it is not up to date. Returns {'run', 'ok', 'seconds', 'log'}."""
     log = log_dir / f"{run.parent.parent.name}__{run.parent.name}__{run.name}.log"
-    train = ["--config", str(cfg_path), "--data", data, "--seed", str(seed), "--output", str(run), "--threads", "1",
-             "--no-progress", "--eval-res", *train_args]
+    train = train_command(cfg_path, data, seed, run, train_args)
     t0 = time.time()
-    sweep = sweep_command(run, res, scalings, frames, protocols, tune)
+    sweep = sweep_command(run, res, scalings, frames, protocols, tune, sweep_device(train, run))
     return {"run": run, "ok": run_logged(plan_run(run, train, sweep, log), log), "seconds": time.time() - t0,
             "log": log}
+
+
+def train_command(cfg_path: Path, data: str, seed: int, run: Path, train_args: list[str]) -> list[str]:
+    """The ``visionpe train`` arguments of one benchmark run (one thread, no progress bar, no extra evaluation)."""
+    return ["--config", str(cfg_path), "--data", data, "--seed", str(seed), "--output", str(run), "--threads", "1",
+            "--no-progress", "--eval-res", *train_args]
+
+
+def sweep_device(train: list[str], run: Path) -> str:
+    """Where a run's sweep runs: ``cuda`` when its training does (``--device cuda``, or ``auto`` with a CUDA
+    device here), else ``cpu``."""
+    return resolved_device(asked_settings(train, run)["device"])
 
 
 def plan_run(run: Path, train: list[str], sweep: list[str], log: Path) -> list[list[str]]:
@@ -47,27 +60,34 @@ def plan_run(run: Path, train: list[str], sweep: list[str], log: Path) -> list[l
     return commands
 
 
-def sweep_command(run: Path, res, scalings, frames=(), protocols=(), tune=()) -> list[str]:
+def sweep_command(run: Path, res, scalings, frames=(), protocols=(), tune=(), device: str = "cpu") -> list[str]:
     """``visionpe sweep`` of a run's last weights, writing ``run/sweep/`` (``frames``: a video run's test frame
     counts; ``protocols``: evaluation protocols, default the run's own; ``tune``: the sweep's arguments of LookHere's
-    protocol, ``["--tune"]`` or ``["--tune", "--holdout", N]``, none without it)."""
+    protocol, ``["--tune"]`` or ``["--tune", "--holdout", N]``, none without it; ``device``: ``cpu`` or ``cuda``)."""
     return ["sweep", str(run), "--res", *map(key_text, res), "--scaling", *scalings,
             *(["--frames", *map(str, frames)] if frames else []),
-            *(["--eval-protocol", *protocols] if protocols else []), *tune, "--out", str(run / "sweep")]
+            *(["--eval-protocol", *protocols] if protocols else []), *tune,
+            *(["--device", device] if device != "cpu" else []), "--out", str(run / "sweep")]
 
 
 def run_logged(commands: list[list[str]], log: Path) -> bool:
     """Run each ``visionpe`` command (``[name, *args]``) as ``python -m visionpe name args`` with this Python, one
     thread each, appending its output to ``log``; stop at the first failure. True when all succeeded. A sweep that
-    succeeds records what it was made from."""
+    succeeds records what it was made from; every step that succeeds notes this machine and its wall time."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
     with open(log, "a") as f:
         for cmd in commands:
             f.write(f"$ visionpe {shlex.join(cmd)}\n")
             f.flush()
+            t0 = time.time()
             if subprocess.run([sys.executable, "-m", "visionpe", *cmd], stdout=f, stderr=subprocess.STDOUT,
                               env=env).returncode:
                 return False
             if cmd[0] == "sweep":
-                record_sweep(Path(cmd[1]), cmd)
+                run, device = Path(cmd[1]), cmd[cmd.index("--device") + 1] if "--device" in cmd else "cpu"
+                record_sweep(run, cmd)
+            else:
+                run = Path(cmd[cmd.index("--output") + 1])
+                device = resolved_device(restore.load_run(run)["device"])
+            note_machine(run, cmd[0], device, time.time() - t0, resumed="--resume" in cmd)
     return True

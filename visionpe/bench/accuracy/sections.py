@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
-import platform
 import shlex
 from collections import Counter
 from pathlib import Path
@@ -31,13 +31,77 @@ RISING = "*still rising*"
 
 
 def unfinished_note(args) -> str:
-    """The report's statement of the planned runs it leaves out (not finished or failed), or nothing."""
+    """The report's statement of the planned runs it leaves out (no current record: not run yet, failed, or a stale
+    record), and of each stale record with what changed since it was made, or nothing."""
     missing = getattr(args, "unfinished", [])
     if not missing:
         return ""
     listed = ", ".join(f"`{r[4].relative_to(args.out)}`" for r in missing[:10])
-    return (f" **{len(missing)} planned run(s) are not finished and are left out of the tables:** {listed}"
+    text = (f" **{len(missing)} planned run(s) have no current record and are left out of the tables:** {listed}"
             + (" ..." if len(missing) > 10 else "") + ".")
+    stale = getattr(args, "stale", [])
+    if stale:
+        text += (f" **{len(stale)} of them have a stale record** (made with other settings than asked for now; never "
+                 "mixed in): " + "; ".join(f"`{records_text(args, path)}` ({', '.join(reasons)})"
+                                           for path, reasons in stale[:10]) + (" ..." if len(stale) > 10 else "") + ".")
+    return text
+
+
+def records_text(args, path: Path) -> str:
+    """A records path as a report shows it: relative to the doc's folder (the same on every machine)."""
+    return Path(os.path.relpath(path, args.doc.parent)).as_posix()
+
+
+def machine_labels(table: dict) -> dict:
+    """{machine (:func:`.records.machine_of`): ``M1``, ``M2``, ...} in the order the table's runs name them."""
+    found = [m for v in table.values() for seed in sorted(v.get("made_by", {})) for m in v["made_by"][seed] if m]
+    return {m: f"M{i}" for i, m in enumerate(dict.fromkeys(found), 1)}
+
+
+def made_by_cell(entry: dict, labels: dict) -> str:
+    """Which machine made a row's runs: ``M1`` (every seed), ``M1/M2`` (trained on M1, swept on M2), per seed when
+    they differ (``s0 M1, s1 M2``); ``?`` for a step no record names."""
+    per_seed = {seed: "/".join(dict.fromkeys(labels.get(m, "?") for m in pair))
+                for seed, pair in sorted(entry.get("made_by", {}).items())}
+    if len(set(per_seed.values())) <= 1:
+        return next(iter(per_seed.values()), "?")
+    return ", ".join(f"s{seed} {text}" for seed, text in per_seed.items())
+
+
+def provenance_lines(args, table: dict, runs, command: str, wall: float) -> list[str]:
+    """Who made the report's numbers: the command and wall time of the invocation that ran last, the runs left out
+    (:func:`unfinished_note`), and the machines that made the runs (:func:`machines_table`)."""
+    lines = ["```", command, "```", "",
+             f"Wall time of the invocation that ran last: {wall / 60:.1f} min ({len(runs)} runs planned)."
+             + unfinished_note(args) + (" Tables rebuilt from the records with `--report-only`."
+                                        if args.report_only else ""), ""]
+    pairs = [pair for v in table.values() for pair in v.get("made_by", {}).values()]
+    if not pairs:  # a table made without records
+        return lines
+    records = getattr(args, "records", None)
+    where = f" (`{records_text(args, records)}`)" if records else ""
+    unknown = "; `?`: a step whose machine no record names, a run made before records were" if any(
+        None in pair for pair in pairs) else ""
+    return lines + [f"Made by, from the runs' records{where}: the `made by` column of each table names the machine of "
+                    f"its row's runs (`M1/M2`: trained on M1, swept on M2{unknown}). Compute: the training and sweep "
+                    "wall time of those runs.", "", *machines_table(table)]
+
+
+def machines_table(table: dict) -> list[str]:
+    """The machines that made a table's runs (:func:`machine_labels`), one line each: device, platform, versions,
+    the runs it trained or swept and their compute; nothing when no record names one."""
+    labels = machine_labels(table)
+    made = {}  # machine label: {(family, data, row, seed): seconds}
+    for (family, data, pe, _), v in table.items():
+        for seed, pair in v.get("made_by", {}).items():
+            for m in filter(None, dict.fromkeys(pair)):
+                made.setdefault(labels[m], {})[family, data, pe, seed] = v.get("wall_s", {}).get(seed, 0.0)
+    if not labels:
+        return []
+    keys = ("device", "platform", "python", "torch", "timm", "visionpe")
+    body = [[label, *(json.loads(m)[k] for k in keys), str(len(made[label])),
+             f"{sum(made[label].values()) / 60:.1f} min"] for m, label in labels.items()]
+    return [report_table(["machine", *keys, "runs", "compute"], body), ""]
 
 
 def accuracy_cells(entry: dict, res, train_res: int) -> list[str]:
@@ -95,10 +159,11 @@ def markdown_table(table: dict, family: str, data: str, res: list[int]) -> str:
     train_res = rows[0][1]["train_res"]
     head = ["encoding"] + [f"{key_text(r)}px{' (train)' if r == train_res else ''}" for r in res]
     head += [f"retention {key_text(r)}px" for r in res if r != train_res]
-    head += ["last two epochs", "params", "train img/s", "seeds"]
+    head += ["last two epochs", "params", "train img/s", "seeds", "made by"]
+    labels = machine_labels(table)
     body = [[label(pe, adaptation), *mark_not_learned(accuracy_cells(v, res, train_res), v, data, res),
-             last_two_cell(v), f"{v['params'] / 1e3:.1f}k", f"{mean_std(v['img_s'])[0]:.0f}", str(len(v["seeds"]))]
-            for (_, _, pe, adaptation), v in rows]
+             last_two_cell(v), f"{v['params'] / 1e3:.1f}k", f"{mean_std(v['img_s'])[0]:.0f}", str(len(v["seeds"])),
+             made_by_cell(v, labels)] for (_, _, pe, adaptation), v in rows]
     notes = [learned_note(rows, data), PLATEAU_TEXT]
     return report_table(head, body) + "\n" + "".join(f"\n{note}" for note in notes if note)
 
@@ -116,7 +181,9 @@ def tune_table(table: dict, family: str, data: str, res: list) -> str:
     if not rows:
         return "_no tuned rows (the sweeps were made without --tune)_\n"
     train_res = rows[0][1]["train_res"]
-    head = ["row", "knob"] + [f"{key_text(r)}px{' (train)' if r == train_res else ''}" for r in res] + ["seeds"]
+    head = ["row", "knob"] + [f"{key_text(r)}px{' (train)' if r == train_res else ''}" for r in res]
+    head += ["seeds", "made by"]
+    labels = machine_labels(table)
     order = list(dict.fromkeys(k[2] for k, _ in rows))  # the rows as trained; per protocol, untuned then tuned
     body = []
     for (_, _, pe, adaptation), v in sorted(rows, key=lambda kv: (order.index(kv[0][2]), kv[0][3].partition("/")[2],
@@ -127,7 +194,8 @@ def tune_table(table: dict, family: str, data: str, res: list) -> str:
             cells = [f"{c} ({choice_text(v['choice'][r])})" if knob and v.get("choice", {}).get(r) else c
                      for c, r in zip(cells, res)]
         body.append([tune_label(pe, adaptation), (f"{knob} (tuned)" if tuned else f"{knob} (trained)") if knob
-                     else "none", *mark_not_learned(cells, v, data, res), str(len(v["seeds"]))])
+                     else "none", *mark_not_learned(cells, v, data, res), str(len(v["seeds"])),
+                     made_by_cell(v, labels)])
     note = learned_note(rows, data)
     return report_table(head, body) + "\n" + (f"\n{note}" if note else "")
 
@@ -194,10 +262,11 @@ def video_table(table: dict, data: str, cols: list) -> str:
         return "_no finished runs_\n"
     train = rows[0][1]["train_res"]
     head = ["encoding"] + [f"{f}f {r}px{' (train)' if (f, r) == train else ''}" for f, r in cols]
-    head += ["params", "train clips/s", "seeds"]
+    head += ["params", "train clips/s", "seeds", "made by"]
+    labels = machine_labels(table)
     body = [[label(pe, adaptation), *["{:.1f} ± {:.1f}".format(*mean_std(v["acc"].get(c, []))) for c in cols],
-             f"{v['params'] / 1e3:.1f}k", f"{mean_std(v['img_s'])[0]:.0f}", str(len(v["seeds"]))]
-            for (_, _, pe, adaptation), v in rows]
+             f"{v['params'] / 1e3:.1f}k", f"{mean_std(v['img_s'])[0]:.0f}", str(len(v["seeds"])),
+             made_by_cell(v, labels)] for (_, _, pe, adaptation), v in rows]
     return report_table(head, body) + "\n"
 
 
@@ -208,7 +277,6 @@ def has_tune(args, table: dict) -> bool:
 
 def write_video_section(path: Path, args, table, runs, command: str, wall: float, configs: dict, cols) -> None:
     """The video benchmark's own marked section of the doc (replaced, or appended); the rest is left as it is."""
-    import torch
     cfg_path = configs["vit"]
     lines = [f"<!-- BEGIN {VIDEO_SECTION} -->", "## Video: positional encodings under frame-count and resolution "
              "change", "",
@@ -220,10 +288,7 @@ def write_video_section(path: Path, args, table, runs, command: str, wall: float
              "to the training token grid, per axis, time included); `learned` tables are resampled to the new "
              "(T, H, W) grid. `train clips/s` is per process (1 thread, "
              f"{args.jobs} processes side by side).", "",
-             "```", command, "```", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}. Wall time of "
-             f"this invocation: {wall / 60:.1f} min ({len(runs)} runs)." + unfinished_note(args)
-             + (" Tables rebuilt from those runs with `--report-only`." if args.report_only else ""), "",
+             *provenance_lines(args, table, runs, command, wall),
              f"Recipe `{shown(cfg_path)}`"
              + (f" with `{shlex.join(args.extra)}`" if args.extra else "") + ":", "",
              "```yaml", cfg_path.read_text().strip(), "```", ""]
@@ -251,7 +316,6 @@ def recipe_lines(args, spec: dict) -> list[str]:
 
 def rows_section(path: Path, args, spec: dict, table: dict, runs, command: str, wall: float) -> None:
     """The rows benchmark's marked section of ``path`` (``<!-- BEGIN section -->``); the rest is left as it is."""
-    import torch
     name = spec["section"]
     lines = [f"<!-- BEGIN {name} -->", f"## {spec['title']}", "",
              "Generated by `visionpe benchmark --rows` (numbers are measured, not edited). Every row is trained "
@@ -259,10 +323,7 @@ def rows_section(path: Path, args, spec: dict, table: dict, runs, command: str, 
              "models (`--pe timm`: the model exactly as timm builds it, its position encoding included, run at new "
              "sizes the way timm does it). Cells are top-1 % (mean ± std over seeds) on the validation split; "
              "`HxW` columns are non-square test sizes (height x width). A gap is *beyond* the seed spread when "
-             "|mean_a - mean_b| > std_a + std_b.", "", "```", command, "```", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}. Wall time of "
-             f"this invocation: {wall / 60:.1f} min ({len(runs)} runs)." + unfinished_note(args)
-             + (" Tables rebuilt from those runs with `--report-only`." if args.report_only else ""), "",
+             "|mean_a - mean_b| > std_a + std_b.", "", *provenance_lines(args, table, runs, command, wall),
              *recipe_lines(args, spec), "Rows:", "",
              "| row | visionpe train arguments | swept adaptations | evaluation protocols | data sets |",
              "|---|---|---|---|---|"]
@@ -294,7 +355,6 @@ def rows_section(path: Path, args, spec: dict, table: dict, runs, command: str, 
 
 
 def write_report(path: Path, args, table, runs, command: str, wall: float, configs: dict) -> None:
-    import torch
     lines = ["# Benchmark: positional encodings under resolution change", "",
              "Generated by `visionpe benchmark` (numbers are measured, not edited). Every encoding is trained with",
              "the identical recipe; only `--pe` changes. Each model is trained at one resolution and tested at",
@@ -304,11 +364,7 @@ def write_report(path: Path, args, table, runs, command: str, wall: float, confi
              "(`none` = extrapolate integer positions, `pi` = position interpolation to the training grid, `ntk`,",
              "`yarn`), evaluated on the same trained weights. `train img/s` is per process (1 thread, "
              f"{args.jobs} processes side by side on a shared machine), so treat it as a rough cost ratio.", "",
-             "## Command", "", "```", command, "```", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
-             f"Python {platform.python_version()}. Wall time of this invocation: {wall / 60:.1f} min "
-             f"({len(runs)} runs)." + unfinished_note(args)
-             + (" Tables rebuilt from those runs with `--report-only`." if args.report_only else ""), ""]
+             "## Command", "", *provenance_lines(args, table, runs, command, wall)]
     for family, cfg_path in configs.items():
         lines += [f"## Recipe ({family}): `{shown(cfg_path)}`",
                   "", "```yaml", cfg_path.read_text().strip(), "```", ""]

@@ -1,13 +1,15 @@
-"""Whether a benchmark's finished run is the one asked for now (an edited recipe or row retrains it) and whether its
-sweep was made from its present results with the present arguments (else it is redone)."""
+"""Whether a benchmark's finished run is the one asked for now (an edited recipe or row retrains it), whether its
+sweep was made from its present results with the present arguments (else it is redone), and whether a run's record
+(:mod:`.records`) holds the settings and sweep asked for now (its settings hash; else it is stale)."""
 from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from pathlib import Path
 
 from ...cli import UserError
-from ...train import restore, rundir, settings
+from ...train import models, restore, rundir, settings
 from ...weights import write_text
 
 SWEEP_SOURCE = "made_by.json"  # in run/sweep/: the results file and the arguments the sweep was made from
@@ -17,12 +19,53 @@ def stale_settings(run: Path, train: list[str]) -> list[str]:
     """What of the run in ``run`` differs from what ``visionpe train TRAIN`` would train now (an edited recipe,
     another row), as ``setting (old -> new)``; settings that do not change what is trained
     (``settings.SAFE_ON_RESUME``) are not differences. Empty when the run is the one asked for."""
-    asked = {**settings.parse_args(train, prog="benchmark (a run's visionpe train arguments)"), "output": str(run)}
     try:
         old = restore.load_run(run)
     except UserError as err:
         return [f"its config.yaml cannot be read ({err})"]
-    return [f"{key} ({a!r} -> {b!r})" for key, a, b in settings.refused_changes(old, restore.new_config(asked))]
+    return changed_settings(old, asked_settings(train, run))
+
+
+def asked_settings(train: list[str], run: Path) -> dict:
+    """The settings ``visionpe train TRAIN --output RUN`` resolves now (the recipe read as it is now)."""
+    return restore.new_config({**settings.parse_args(train, prog="benchmark (a run's visionpe train arguments)"),
+                               "output": str(run)})
+
+
+def changed_settings(old: dict, new: dict) -> list[str]:
+    """The settings that differ from ``old`` to ``new`` and change what is trained, as ``setting (old -> new)``."""
+    return [f"{key} ({a!r} -> {b!r})" for key, a, b in settings.refused_changes(old, new)]
+
+
+def defining_settings(cfg: dict) -> dict:
+    """What of resolved settings ``cfg`` defines a run's numbers, in JSON form: its saved settings without the run's
+    folder, without :data:`settings.SAFE_ON_RESUME` (threads, device, ...) and without the ``model_kwargs`` derived
+    from the others; the part :func:`changed_settings` compares."""
+    saved = settings.saved_form(cfg)
+    kept = {k: v for k, v in saved.items() if k != "output" and k not in settings.SAFE_ON_RESUME}
+    kept["model_kwargs"] = {k: v for k, v in saved["model_kwargs"].items() if k not in models.DERIVED_MODEL_KWARGS}
+    return json.loads(json.dumps(kept))
+
+
+def settings_sha256(cfg: dict, sweep_arguments: list[str]) -> str:
+    """The hash of a run's record: sha256 of its :func:`defining_settings` and its sweep's arguments
+    (:func:`sweep_arguments`), canonical JSON."""
+    text = json.dumps({"train": defining_settings(cfg), "sweep": list(sweep_arguments)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def stale_record(record: dict, train: list[str], sweep: list[str], run: Path) -> list[str]:
+    """What of a run's record (:mod:`.records`) differs from the run asked for now (``visionpe train TRAIN --output
+    RUN``, then ``sweep``), as ``setting (old -> new)`` and ``sweep arguments (old -> new)``; empty when its settings
+    hash is the one asked for (the record is current)."""
+    asked, arguments = asked_settings(train, run), sweep_arguments(sweep)
+    if record.get("settings_sha256") == settings_sha256(asked, arguments):
+        return []
+    old = {**settings.copied(settings.DEFAULTS), **record.get("settings", {})}
+    found = changed_settings(old, asked)
+    if record.get("sweep") != arguments:
+        found.append(f"sweep arguments ({shlex.join(record.get('sweep') or [])!r} -> {shlex.join(arguments)!r})")
+    return found or ["its settings hash differs from the one asked for now"]
 
 
 def sweep_is_current(run: Path, sweep: list[str]) -> bool:
@@ -41,13 +84,22 @@ def sweep_is_current(run: Path, sweep: list[str]) -> bool:
 
 
 def sweep_record(run: Path, sweep: list[str]) -> dict:
-    """What :data:`SWEEP_SOURCE` holds: the sweep's arguments (``visionpe sweep RUN ARGS``: ARGS without the output
-    folder, so a benchmark folder can move) and the sha256 of the results it swept."""
+    """What :data:`SWEEP_SOURCE` holds: the sweep's arguments (:func:`sweep_arguments`: a sweep made on another
+    device or into another folder is the same sweep) and the sha256 of the results it swept."""
+    return {"arguments": sweep_arguments(sweep),
+            "results_sha256": hashlib.sha256((run / rundir.RESULTS).read_bytes()).hexdigest()}
+
+
+def sweep_arguments(sweep: list[str]) -> list[str]:
+    """The arguments of ``visionpe sweep RUN ARGS`` (``sweep``: ``["sweep", RUN, *ARGS]``) without the run, its
+    output folder and its device, so that a benchmark folder can move (and a record made on a GPU stand beside one
+    made on a CPU)."""
     arguments = sweep[2:]
-    if "--out" in arguments:
-        at = arguments.index("--out")
-        arguments = arguments[:at] + arguments[at + 2:]
-    return {"arguments": arguments, "results_sha256": hashlib.sha256((run / rundir.RESULTS).read_bytes()).hexdigest()}
+    for flag in ("--out", "--device"):
+        if flag in arguments:
+            at = arguments.index(flag)
+            arguments = arguments[:at] + arguments[at + 2:]
+    return arguments
 
 
 def record_sweep(run: Path, sweep: list[str]) -> None:

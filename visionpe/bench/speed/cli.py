@@ -1,7 +1,10 @@
 """The command line of the speed benchmark (``visionpe bench-speed``): parse, run the sections, write the report."""
 from __future__ import annotations
 
+import hashlib
+import json
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -12,6 +15,8 @@ import torch
 from ... import cli, export
 from ...cli import UserError
 from ...cli.report import keep_hand_written
+from ...weights import write_text
+from ..machine import environment
 from . import __doc__ as DOC
 from .data import data_loader
 from .flex import flex_cost
@@ -39,6 +44,8 @@ RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "me
            "compile-train": compiled_train_cost, "flex": flex_cost, "flex-models": flex_models,
            "profile": profile_cost, "data": data_loader, "video": video_cost, "onnx": onnx_latency}
 READING = "## Reading these numbers"
+RECORD_FORMAT = "visionpe.bench.speed.record/1"
+NOT_SETTINGS = ("out", "record", "debug")  # where the results go, not what is measured
 
 
 def header(run: Run, argv: list[str]) -> list[str]:
@@ -74,6 +81,9 @@ def build_parser() -> cli.Parser:
     p.add_argument("--threads", type=int, help="torch.set_num_threads, an integer >= 1 (default: torch's choice)")
     p.add_argument("--quick", action="store_true", help="tiny models, one short round: a smoke test")
     p.add_argument("--out", type=Path, help="write the tables as markdown to this file")
+    p.add_argument("--record", type=Path, metavar="JSON",
+                   help="also write the results as data to this file: the settings and their hash, the machine and "
+                        "versions, each section's tables and wall time")
     p.add_debug()
     return p
 
@@ -94,9 +104,23 @@ def parse_args(argv: list[str]):
         raise UserError("--sections onnx needs " + (f"the export extra: pip install 'visionpe[export]' (missing: "
                                                     f"{', '.join(missing)})" if missing else
                                                     f"torch >= {'.'.join(map(str, export.MIN_TORCH))}"))
-    if args.out is not None and args.out.is_dir():
-        raise UserError(f"--out {str(args.out)!r} is a directory; give a markdown file")
+    for flag, path, what in (("--out", args.out, "a markdown file"), ("--record", args.record, "a JSON file")):
+        if path is not None and path.is_dir():
+            raise UserError(f"{flag} {str(path)!r} is a directory; give {what}")
     return args
+
+
+def speed_record(args, argv: list[str], sections: list[dict], seconds: float) -> dict:
+    """The results of ``visionpe bench-speed ARGV`` as data: the command, the settings (the parsed arguments less
+    where the results go) and their sha256, the machine and versions (:func:`visionpe.bench.machine.environment`)
+    with the device measured, every section (``{name, seconds, tables: [{title, header, rows, note}]}``) and the
+    wall time."""
+    measured = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_SETTINGS}
+    return {"format": RECORD_FORMAT, "command": " ".join(["visionpe bench-speed", shlex.join(argv)]),
+            "settings": measured,
+            "settings_sha256": hashlib.sha256(json.dumps(measured, sort_keys=True).encode()).hexdigest(),
+            "made_by": {**environment(), "device": args.device}, "sections": sections, "wall_s": seconds,
+            "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def main(argv: list[str]) -> str:
@@ -112,15 +136,21 @@ def main(argv: list[str]) -> str:
     run = Run(torch.device(args.device), args.repeats, args.min_run_time, plan,
               args.pes, args.scale_repeats, tuple(args.compile_pairs), args.slow_repeats)
     out = header(run, [a for a in argv if a != "--debug"])
+    sections, t0 = [], time.perf_counter()
     for i, key in enumerate(args.sections):
-        start = time.perf_counter()
+        start, tables = time.perf_counter(), []
         for table in RUNNERS[key](run):
             print(table.markdown() + "\n", flush=True)
             out += [table.markdown(), ""]
+            tables.append({"title": table.title, "header": table.header, "rows": table.rows, "note": table.note})
         if not {"train", "memory"} & set(args.sections[i + 1:]):
             run.steps.clear()  # the training steps shared by train and memory: models and optimizer state
-        print(f"[{key}: {time.perf_counter() - start:.0f} s]\n", file=sys.stderr, flush=True)
+        sections.append({"name": key, "seconds": time.perf_counter() - start, "tables": tables})
+        print(f"[{key}: {sections[-1]['seconds']:.0f} s]\n", file=sys.stderr, flush=True)
     report = "\n".join(out)
     if args.out:
         keep_hand_written(args.out, report, READING)
+    if args.record:
+        record = speed_record(args, [a for a in argv if a != "--debug"], sections, time.perf_counter() - t0)
+        write_text(args.record, json.dumps(record, indent=1, default=str) + "\n")
     return report

@@ -1,0 +1,184 @@
+"""Results as data: every run of ``visionpe benchmark`` writes a small record (settings and their hash, machine and
+versions, per-epoch metrics, the sweep's table, wall time); ``--report-only`` rebuilds the report from records alone
+on a fresh folder; an edited rows file makes a record stale, named and left out; a current record is not run again;
+records of two machines are both named in the report."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from trainutil import run_script
+
+from visionpe.bench.accuracy import records, staleness
+from visionpe.bench.accuracy.jobs import sweep_command, train_command
+from visionpe.bench.accuracy.records import FORMAT, read_record
+from visionpe.cli import UserError
+from visionpe.cli.recipes import recipe_path
+
+TINY = ["--epochs", "2", "--train-samples", "32", "--val-samples", "16", "--batch-size", "16", "--embed-dim", "16",
+        "--depth", "1", "--num-heads", "2", "--img-size", "16", "--patch-size", "4"]
+ROWS = "section: rec\ntitle: Records\nrows:\n  - {label: learned, args: --pe learned}\n" \
+       "  - {label: rope, args: --pe rope_axial, scaling: [none, pi]}\n"
+RECORDS = ("reports", "data", "doc", "rec", "shapes-position")  # the default records folder of DOC.md's section
+
+
+def argv(folder, *extra):
+    return ["--rows", str(folder / "rows.yaml"), "--data", "shapes-position", "--seeds", "0", "--res", "16", "24",
+            "--tune", "--holdout", "8", "--jobs", "2", "--out", str(folder / "out"), "--doc", str(folder / "DOC.md"),
+            *extra, "--", *TINY]
+
+
+def record_of(folder, row):
+    return folder.joinpath(*RECORDS, row, "s0.json")
+
+
+def section(folder) -> str:
+    text = (folder / "DOC.md").read_text()
+    return text[text.index("<!-- BEGIN rec -->"):text.index("<!-- END rec -->")]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A tiny rows benchmark (two rows, one seed, LookHere's protocol) run once; its folder."""
+    folder = tmp_path_factory.mktemp("records")
+    (folder / "rows.yaml").write_text(ROWS)
+    assert run_script("benchmark", argv(folder)) == 0
+    return folder
+
+
+def fresh(made, tmp_path):
+    """A folder with the rows file and the records only: no runs, no doc."""
+    folder = tmp_path / "fresh"
+    folder.mkdir()
+    shutil.copy(made / "rows.yaml", folder)
+    shutil.copytree(made / "reports", folder / "reports")
+    return folder
+
+
+def test_every_run_writes_a_small_record_of_what_made_its_numbers(made):
+    for row, pe in (("learned", "learned"), ("rope", "rope_axial")):
+        path = record_of(made, row)
+        record = read_record(path)
+        assert record["format"] == FORMAT and path.stat().st_size < 16_000  # a few KB, never weights
+        assert (record["section"], record["data"], record["row"], record["seed"]) == ("rec", "shapes-position", row, 0)
+        assert record["settings"]["pe"] == pe and record["settings"]["epochs"] == 2
+        assert "output" not in record["settings"] and len(record["settings_sha256"]) == 64
+        assert record["sweep"][:3] == ["--res", "16", "24"] and "--tune" in record["sweep"]
+        assert [e["epoch"] for e in record["epochs"]] == [1, 2] and "val_acc" in record["epochs"][0]
+        assert {r["adaptation"] for r in record["table"]} >= {"untuned", "tuned"}  # the final table, tuned too
+        assert {r["res"] for r in record["table"]} == {"16", "24"} and "run" not in record["table"][0]
+        train = record["made_by"]["train"]
+        assert train["torch"] and train["timm"] and train["python"] and train["platform"] and train["cpu"]
+        assert train["device"] == "cpu" and train["visionpe"]
+        assert record["wall_s"]["train"] > 0 and record["wall_s"]["sweep"] > 0
+    assert "| M1 |" in section(made) and "| made by |" in section(made)
+
+
+def test_report_only_rebuilds_the_same_section_from_records_alone(made, tmp_path):
+    folder = fresh(made, tmp_path)
+    assert run_script("benchmark", argv(folder, "--report-only")) == 0
+    assert not (folder / "out" / "shapes-position").exists()  # nothing was run
+    rebuilt = section(folder).replace(" Tables rebuilt from the records with `--report-only`.", "")
+    assert rebuilt == section(made)  # the command and wall time of the invocation that made the records
+    assert "| learned |" in rebuilt and "| rope [pi] |" in rebuilt and "| rope [tuned] |" in rebuilt
+
+
+def test_an_edited_row_makes_its_record_stale_named_and_left_out(made, tmp_path, capsys):
+    folder = fresh(made, tmp_path)
+    (folder / "rows.yaml").write_text(ROWS.replace("--pe rope_axial", "--pe rope_axial --drop-path 0.1"))
+    assert run_script("benchmark", argv(folder, "--report-only")) == 0
+    err = capsys.readouterr().err
+    assert f"stale record {record_of(folder, 'rope')} (left out): drop_path (0.0 -> 0.1)" in err, err
+    text = section(folder)
+    assert "**1 of them have a stale record**" in text and "drop_path (0.0 -> 0.1)" in text
+    assert "`reports/data/doc/rec/shapes-position/rope/s0.json`" in text
+    numbers = [line for line in text.splitlines() if line.startswith("| ") and "±" in line]
+    assert any(line.startswith("| learned |") for line in numbers)
+    assert not any(line.startswith("| rope") for line in numbers)  # never mixed in
+
+
+def test_a_current_record_is_not_run_again_and_a_stale_one_is_redone(made, tmp_path, capsys):
+    folder = fresh(made, tmp_path)
+    kept = record_of(folder, "learned").read_bytes()
+    (folder / "rows.yaml").write_text(ROWS.replace("--pe rope_axial", "--pe rope_axial --drop-path 0.1"))
+    assert run_script("benchmark", argv(folder)) == 0
+    assert "1 of 2 runs have a current record" in capsys.readouterr().out
+    assert sorted(p.name for p in (folder / "out" / "logs").iterdir()) == ["shapes-position__rope__s0.log"]
+    assert record_of(folder, "learned").read_bytes() == kept  # not run, not rewritten
+    assert read_record(record_of(folder, "rope"))["settings"]["drop_path"] == 0.1  # retrained, current now
+    assert "stale record" not in section(folder) and "| rope [pi] |" in section(folder)
+
+
+def test_records_of_two_machines_are_both_named(made, tmp_path):
+    folder = fresh(made, tmp_path)
+    path = record_of(folder, "rope")
+    record = json.loads(path.read_text())
+    gpu = {**record["made_by"]["train"], "gpu": "NVIDIA H100 80GB HBM3", "device": "cuda", "cpu_count": 16,
+           "visionpe": "git 0123456789ab"}
+    record["made_by"] = {"train": gpu, "sweep": gpu}
+    records.write_record(path, record)
+    assert run_script("benchmark", argv(folder, "--report-only")) == 0
+    text = section(folder)
+    machines = [line for line in text.splitlines() if line.startswith("| M")]
+    assert len(machines) == 2, machines
+    assert any("NVIDIA H100 80GB HBM3" in m and "git 0123456789ab" in m and "(CUDA" in m for m in machines)
+    assert any("cores" in m and "NVIDIA" not in m for m in machines)
+    label = {"learned": None, "rope": None}
+    for line in text.splitlines():
+        for row in label:
+            if line.startswith(f"| {row} |"):
+                label[row] = line.rstrip(" |").rsplit("| ", 1)[1]
+    assert label["learned"] != label["rope"] and set(label.values()) == {"M1", "M2"}, label
+
+
+def test_the_hash_ignores_where_a_run_ran_and_names_what_changed(made, tmp_path):
+    """A record made on a CPU is current for the same run asked for on a GPU (device, threads and the sweep's
+    device do not change what is trained); another setting or another sweep makes it stale, with the change named."""
+    record = read_record(record_of(made, "learned"))
+    run, recipe = tmp_path / "run", recipe_path("bench_vit_tiny").resolve()  # the rows' recipe: --config's default
+    args = ["--pe", "learned", *TINY]
+    sweep = sweep_command(run, [16, 24], ["none"], tune=["--tune", "--holdout", "8"])
+    train = lambda *extra: train_command(recipe, "shapes-position", 0, run, [*args, *extra])
+    assert staleness.stale_record(record, train(), sweep, run) == []
+    assert staleness.stale_record(record, train("--threads", "4", "--workers", "2"),
+                                  sweep_command(run, [16, 24], ["none"], tune=["--tune", "--holdout", "8"],
+                                                device="cuda"), run) == []
+    cfg, arguments = staleness.asked_settings(train(), run), staleness.sweep_arguments(sweep)
+    assert staleness.settings_sha256({**cfg, "device": "cuda"}, arguments) == record["settings_sha256"]
+    lr = record["settings"]["lr"]
+    assert staleness.stale_record(record, train("--lr", str(lr * 2)), sweep, run) == [f"lr ({lr!r} -> {lr * 2!r})"]
+    assert staleness.stale_record(record, train(), sweep_command(run, [16], ["none"]), run) == [
+        "sweep arguments ('--res 16 24 --scaling none --tune --holdout 8' -> '--res 16 --scaling none')"]
+
+
+def test_a_damaged_record_is_an_error_never_taken_for_absent(tmp_path):
+    path = tmp_path / "s0.json"
+    assert read_record(path) is None
+    path.write_text("{not json")
+    with pytest.raises(UserError, match="cannot be read"):
+        read_record(path)
+    path.write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(UserError, match="is not a"):
+        read_record(path)
+
+
+def test_the_made_by_cell_names_each_seeds_machines():
+    """One machine for every seed is named once; trained on one and swept on another is ``M1/M2``; seeds made by
+    different machines are named per seed; a run made before records (no machine noted) is ``?``, and said so."""
+    from types import SimpleNamespace
+
+    from visionpe.bench.accuracy import sections
+    a, b = json.dumps({"device": "cpu a"}), json.dumps({"device": "gpu b"})
+    table = {("rows", "d", "same", "default"): {"made_by": {0: (a, a), 1: (a, a)}},
+             ("rows", "d", "swept", "default"): {"made_by": {0: (a, b)}},
+             ("rows", "d", "mixed", "default"): {"made_by": {0: (a, a), 1: (b, b)}},
+             ("rows", "d", "old", "default"): {"made_by": {0: (None, None)}}}
+    labels = sections.machine_labels(table)
+    assert labels == {a: "M1", b: "M2"}
+    cells = {k[2]: sections.made_by_cell(v, labels) for k, v in table.items()}
+    assert cells == {"same": "M1", "swept": "M1/M2", "mixed": "s0 M1, s1 M2", "old": "?"}
+    args = SimpleNamespace(report_only=False, unfinished=[], stale=[], records=None)
+    text = "\n".join(sections.provenance_lines(args, {k: {**v, "wall_s": {}} for k, v in table.items()
+                                                       if k[2] == "old"}, [1], "visionpe benchmark ...", 60.0))
+    assert "`?`: a step whose machine no record names" in text and "| machine |" not in text
