@@ -151,21 +151,34 @@ def test_create_model_with_another_encoding_and_back():
     assert ours.pe == "rope_axial+learned" and (rotary.theta, rotary.ref_shape) == (10000.0, (16, 16))
 
 
-def test_what_visionpe_cannot_reproduce_is_refused_with_the_reason():
-    """Perception Encoder's RoPE offset (patches from 1, an unrotated class token at 0, then scaled to
-    ``ref_feat_shape``): no native encoding (a clear error; those models have no ``vpe_*`` name), while any explicit
-    encoding replaces it; its gigantic models have no class token and no offset, and keep timm's logits."""
-    pe_model = timm.create_model("vit_pe_core_tiny_patch16_384", **KW)
-    with pytest.raises(ValueError, match="rope_grid_offset=1.0 .*Perception Encoder"):
-        vpe.apply(copy.deepcopy(pe_model), pe="native")
-    with pytest.raises(ValueError, match="timm Eva does not take it: Perception Encoder's RoPE starts"):
-        vpe.create_model("vit_pe_core_tiny_patch16_384", pe="rope_axial", **KW)
-    assert "vpe_vit_pe_core_tiny_patch16_384" not in timm.list_models("vpe_vit_pe_*")
-    patched = vpe.apply(pe_model, "rope_axial")
-    assert patched(torch.randn(1, 3, 32, 48)).shape == (1, 3)
-    with pytest.raises(ValueError, match="rope_grid_offset"):  # the reason is remembered
-        vpe.apply(patched, pe="native")
-    gigantic = _timm_eva("vit_pe_core_gigantic_patch14_448")
+PERCEPTION_ENCODER = [newer(f"vit_pe_core_{size}_patch16_384", "(Perception Encoder)") for size in ("tiny", "small")]
+
+
+@pytest.mark.parametrize("name", PERCEPTION_ENCODER)
+def test_perception_encoder_native_is_rope_with_its_grid_offset(name):
+    """Perception Encoder's RoPE (patches counted from 1 beside the unrotated class token, ``rope_grid_offset=1``,
+    then scaled to ``ref_feat_shape`` 24x24, xy order): ``rope_axial`` with ``grid_offset=1.0`` and ``scaling="pi"``,
+    timm's logits at every size; the ``vpe_`` name loads timm's state dict and computes the same."""
+    pe_model = _timm_eva(name)
+    assert pe_model.rope.grid_offset == 1.0
+    ours = vpe.apply(copy.deepcopy(pe_model), pe="native")
+    assert vpe.backbones.adapter_for(ours).native_pe(ours) == ("rope_axial+learned", dict(
+        theta=10000.0, axis_order="xy", pairs="interleaved", scaling="pi", ref_shape=(24, 24), grid_offset=1.0))
+    assert vpe.encodings_of(ours)["rotary"][0].grid_offset == 1.0
+    for size in SIZES:
+        assert _max_diff(ours, pe_model, size) < 2e-6, size
+    registered = timm.create_model(f"vpe_{name}", **KW).eval()
+    vpe.load_timm_checkpoint(registered, pe_model.state_dict(), strict=True)
+    for size in SIZES:
+        assert _max_diff(registered, pe_model, size) < 2e-6, size
+    rotary = vpe.encodings_of(ours)["rotary"][0]
+    from_zero = vpe.encodings_of(vpe.apply(copy.deepcopy(pe_model), pe="native", grid_offset=0.0))["rotary"][0]
+    for shape in ((4, 4), (6, 5)):  # timm's own RoPE module: q rotated from position 1 (times 24 / size)
+        q = torch.randn(1, 2, shape[0] * shape[1], rotary.head_dim)
+        expected = apply_rot_embed_cat(q, pe_model.rope.get_embed(shape=list(shape)))
+        torch.testing.assert_close(rotary.rotate(q, vpe.Grid(shape)), expected, atol=2e-5, rtol=1e-5)
+        assert (from_zero.rotate(q, vpe.Grid(shape)) - expected).abs().max() > 0.1
+    gigantic = _timm_eva("vit_pe_core_gigantic_patch14_448")  # no class token, no offset
     assert gigantic.rope.grid_offset == 0 and "vpe_vit_pe_core_gigantic_patch14_448" in timm.list_models("vpe_*")
     ours = vpe.apply(copy.deepcopy(gigantic), pe="native")
     for size in SIZES:

@@ -11,12 +11,13 @@ between calls.
 The architecture's own encoding (``pe="native"``, the default of ``vpe_<eva name>``) is timm's, exactly
 (:func:`native_eva`): the learned ``pos_embed`` is ``learned``; ``RotaryEmbeddingCat`` is ``rope_axial`` with
 ``theta`` = its temperature, its ``grid_indexing`` as ``axis_order``, its pair layout, and ``scaling="pi"`` against
-``ref_feat_shape`` (EVA-02, the ``*_reg*_gap_256`` ports) or ``"none"`` (integer positions, the rope-vit ports);
+``ref_feat_shape`` (EVA-02, the ``*_reg*_gap_256`` ports) or ``"none"`` (integer positions, the rope-vit ports),
+and its ``grid_offset`` (Perception Encoder's ``rope_grid_offset=1``: patches counted from 1 beside the unrotated
+class token, then scaled to ``ref_feat_shape``);
 ``RotaryEmbeddingMixed`` is ``rope_mixed`` taking over each block's learned frequencies; ``RotaryEmbeddingDinoV3`` is
 ``rope_axial`` on normalised coordinates (``coords="normalized"``); timm's train-time coordinate augmentation
 (``rope_shift_coords``, ...) comes along. What has no visionpe equivalent is refused with the reason, though any
-other encoding may replace it: a RoPE grid offset (Perception Encoder's ``rope_grid_offset=1``: those models have no
-``vpe_*`` name), timm's M-RoPE (three axes on an image grid).
+other encoding may replace it.
 """
 from __future__ import annotations
 
@@ -127,25 +128,25 @@ def native_eva(model: Eva) -> tuple[str, dict]:
 
 def native_rope(rope: nn.Module) -> tuple[str, dict]:
     """``(encoding, keywords)`` of visionpe equal to timm's RoPE module ``rope``; a ``ValueError`` saying why for
-    one visionpe cannot reproduce: a constant ``grid_offset`` (Perception Encoder's ``rope_grid_offset=1``) moves
-    every patch alike, which scores between patches do not see but those of the unrotated prefix tokens do."""
+    one visionpe cannot reproduce. A constant ``grid_offset`` (Perception Encoder's ``rope_grid_offset=1``) is
+    ``rope_axial``'s ``grid_offset``: added to every patch coordinate before ``ref_feat_shape``'s scaling, prefix
+    tokens unrotated, as timm."""
     augment = {k: getattr(rope, k) for k in ("shift_coords", "jitter_coords", "rescale_coords")
                if getattr(rope, k, None) is not None}
     pairs = "half" if getattr(rope, "rotate_half", False) else "interleaved"
-    offset = getattr(rope, "grid_offset", 0.0)
-    if offset:
-        raise ValueError(f"timm's Eva RoPE with rope_grid_offset={offset} (Perception Encoder: the unrotated class "
-                         f"token at position 0, patches from {offset}): visionpe's RoPE has no constant coordinate "
-                         "offset, which the class token's scores would see; use --pe timm, or another pe")
+    offset = {"grid_offset": float(rope.grid_offset)} if getattr(rope, "grid_offset", 0.0) else {}
     if isinstance(rope, RotaryEmbeddingCat) and not getattr(rope, "in_pixels", False):
         ref = getattr(rope, "ref_feat_shape", None)
         scaling = {"scaling": "pi", "ref_shape": tuple(ref)} if ref is not None else {"scaling": "none"}
         return "rope_axial", dict(theta=float(rope.temperature), axis_order=rope.grid_indexing, pairs=pairs,
-                                  **scaling, **augment)
+                                  **scaling, **offset, **augment)
     if isinstance(rope, RotaryEmbeddingMixed):
         return "rope_mixed", dict(theta=float(rope.temperature), axis_order=rope.grid_indexing, scaling="none",
                                   **augment)
     if RotaryEmbeddingDinoV3 is not None and isinstance(rope, RotaryEmbeddingDinoV3):
+        if offset:
+            raise ValueError(f"timm's RotaryEmbeddingDinoV3 with grid_offset={rope.grid_offset}: visionpe's normalised "
+                             "coordinates take no constant offset; use --pe timm, or another pe")
         periods = ({"min_period": rope.min_period, "max_period": rope.max_period}
                    if rope.min_period is not None and rope.max_period is not None else {"theta": rope.temperature})
         return "rope_axial", dict(coords="normalized", normalize_coords=rope.normalize_coords,
@@ -190,11 +191,8 @@ def eva_keys(state: dict, report: LoadReport) -> dict:
     return state
 
 
-PE_OFFSET = ("Perception Encoder's RoPE starts its patches at 1 (rope_grid_offset=1) beside an unrotated class token, "
-             "an offset visionpe's RoPE does not have")
 register_adapter(Adapter(Eva, EvaPE, apply_eva, (EvaAttentionPE,), timm_modules=("eva",),
                          any_size=any_size_vit, native=native_eva, refuses=GLOBAL_REFUSES, feature_cfg=vit_features,
                          examples=("vit_small_patch16_rope_224", "eva02_tiny_patch14_224",
                                    "vit_medium_patch16_rope_reg1_gap_256", "vit_small_patch16_dinov3"),
-                         unsupported={f"vit_pe_*_{size}_*": PE_OFFSET for size in ("tiny", "small", "base", "large")},
                          checkpoint_hooks=(eva_keys,)))
