@@ -188,15 +188,57 @@ def test_perception_encoder_native_is_rope_with_its_grid_offset(name):
 MROPE = hasattr(timm.layers, "create_rope_embed") and "mrope" in inspect.getsource(timm.layers.create_rope_embed)
 
 
+MROPE_CASES = [  # (embed_dim, heads, mrope_section): timm's default sections on a 16- and a 64-wide head (the
+    (32, 2, None),  # first clamped by the head: 3/3/2 pairs), GenLIP's (12, 12, 12) on a 72-wide head
+    (128, 2, None),
+    (144, 2, (12, 12, 12)),
+]
+
+
+def _mrope_eva(embed_dim, num_heads, section, **extra):
+    kw = dict(KW, embed_dim=embed_dim, num_heads=num_heads, rope_type="mrope", rope_grid_indexing="ij", **extra)
+    if section is not None:
+        kw["rope_mrope_section"] = section
+    torch.manual_seed(0)
+    return _perturb(timm.create_model("vit_small_patch16_rope_224", dynamic_img_size=True, **kw))
+
+
 @requires_that(MROPE, "timm's M-RoPE (a newer timm)")
-def test_timm_mrope_has_no_native_equivalent():
-    eva = timm.create_model("vit_small_patch16_rope_224", rope_type="mrope", rope_grid_indexing="ij", **KW)
-    with pytest.raises(ValueError, match="RotaryEmbeddingMRope has no visionpe equivalent"):
-        vpe.apply(copy.deepcopy(eva), pe="native")
-    patched = vpe.apply(eva, "rope_axial")  # another encoding replaces it
-    assert patched(torch.randn(1, 3, 32, 48)).shape == (1, 3)
-    with pytest.raises(ValueError, match="RotaryEmbeddingMRope"):  # the reason is remembered
-        vpe.apply(patched, pe="native")
+@pytest.mark.parametrize("embed_dim,num_heads,section", MROPE_CASES)
+def test_timm_mrope_native_is_interleaved_mrope_with_time_inert(embed_dim, num_heads, section):
+    """timm's ``rope_type="mrope"`` (``RotaryEmbeddingMRope``: one spectrum over the head, pairs dealt t, h, w, t, ...,
+    time at 0 on an image, half pairs): ``rope_axial`` with ``spectrum="mrope_interleaved"``, ``inert_axes=1`` and
+    the pair counts timm's clamped interleave gives; timm's logits at every size, and the same rotation of q as timm's
+    own module."""
+    eva = _mrope_eva(embed_dim, num_heads, section)
+    ours = vpe.apply(copy.deepcopy(eva), pe="native")
+    pe, kwargs = vpe.backbones.adapter_for(ours).native_pe(ours)
+    head_pairs = embed_dim // num_heads // 2
+    assert pe == "rope_axial" and kwargs["inert_axes"] == 1 and sum(kwargs["sections"]) == head_pairs
+    for size in SIZES:
+        assert _max_diff(ours, eva, size) < 2e-5, size
+    rotary = vpe.encodings_of(ours)["rotary"][0]
+    for shape in ((4, 4), (6, 5)):
+        q = torch.randn(1, num_heads, shape[0] * shape[1], rotary.head_dim)
+        expected = apply_rot_embed_cat(q, eva.rope.get_embed(list(shape)), half=True)
+        torch.testing.assert_close(rotary.rotate(q, vpe.Grid(shape)), expected, atol=2e-5, rtol=1e-5)
+
+
+@requires_that(MROPE, "timm's M-RoPE (a newer timm)")
+def test_timm_mrope_trains_as_timm_with_coordinate_augmentation():
+    """In training mode timm's M-RoPE augments (h, w), time staying at 0: the same draws from the same RNG state give
+    timm's logits."""
+    eva = _mrope_eva(32, 2, None, rope_shift_coords=1.0, rope_jitter_coords=1.5, rope_rescale_coords=1.2)
+    ours = vpe.apply(copy.deepcopy(eva), pe="native")
+    eva.train(), ours.train()
+    x = torch.randn(2, 3, 40, 32)
+    torch.manual_seed(3)
+    theirs = eva(x)
+    torch.manual_seed(3)
+    mine = ours(x)
+    assert (mine - theirs).abs().max() < 2e-5
+    torch.manual_seed(4)
+    assert (ours(x) - theirs).abs().max() > 1e-4  # another draw
 
 
 def test_an_eval_model_draws_no_coordinate_augmentation():

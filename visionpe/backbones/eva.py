@@ -15,7 +15,9 @@ The architecture's own encoding (``pe="native"``, the default of ``vpe_<eva name
 and its ``grid_offset`` (Perception Encoder's ``rope_grid_offset=1``: patches counted from 1 beside the unrotated
 class token, then scaled to ``ref_feat_shape``);
 ``RotaryEmbeddingMixed`` is ``rope_mixed`` taking over each block's learned frequencies; ``RotaryEmbeddingDinoV3`` is
-``rope_axial`` on normalised coordinates (``coords="normalized"``); timm's train-time coordinate augmentation
+``rope_axial`` on normalised coordinates (``coords="normalized"``); ``RotaryEmbeddingMRope`` (``rope_type="mrope"``)
+is ``rope_axial`` with M-RoPE's interleaved spectrum over (t, h, w), time an inert axis (``inert_axes=1``), half
+pairs; timm's train-time coordinate augmentation
 (``rope_shift_coords``, ...) comes along. What has no visionpe equivalent is refused with the reason, though any
 other encoding may replace it.
 """
@@ -39,6 +41,10 @@ try:  # timm >= 1.0.20 (DINOv3); the floor's Eva has no such RoPE
     from timm.layers import RotaryEmbeddingDinoV3
 except ImportError:
     RotaryEmbeddingDinoV3 = None
+try:  # a recent timm's M-RoPE (GenLIP); older ones have none
+    from timm.layers.pos_embed_sincos import RotaryEmbeddingMRope
+except ImportError:
+    RotaryEmbeddingMRope = None
 
 PROJECTIONS = ("qkv", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "attn_drop", "norm", "gate", "proj",
                "proj_drop")  # the modules of timm's EvaAttention and AttentionRope, by their names
@@ -151,8 +157,22 @@ def native_rope(rope: nn.Module) -> tuple[str, dict]:
                    if rope.min_period is not None and rope.max_period is not None else {"theta": rope.temperature})
         return "rope_axial", dict(coords="normalized", normalize_coords=rope.normalize_coords,
                                   axis_order=rope.grid_indexing, pairs=pairs, **periods, **augment)
-    raise ValueError(f"timm's Eva RoPE {type(rope).__name__} has no visionpe equivalent (M-RoPE's three axes on an "
-                     "image grid, pixel-frequency RoPE); use --pe timm, or another pe")
+    if RotaryEmbeddingMRope is not None and isinstance(rope, RotaryEmbeddingMRope):
+        return "rope_axial", dict(theta=float(rope.temperature), spectrum="mrope_interleaved", inert_axes=1,
+                                  sections=mrope_pair_counts(rope.mrope_section, rope.dim // 2), axis_order="ij",
+                                  pairs="half", scaling="none", **augment)
+    raise ValueError(f"timm's Eva RoPE {type(rope).__name__} has no visionpe equivalent; use --pe timm, or another "
+                     "pe")
+
+
+def mrope_pair_counts(mrope_section, num_pairs: int) -> tuple[int, int, int]:
+    """The rotation pairs per (t, h, w) that timm's interleaved M-RoPE gives ``num_pairs`` pairs: h takes pairs
+    ``1, 4, 7, ...`` below ``3 * sections[1]``, w ``2, 5, 8, ...`` below ``3 * sections[2]`` (both clamped to the
+    head), time (inert on an image) the rest; equal to ``mrope_section`` where it tiles the head exactly."""
+    _, sec_h, sec_w = mrope_section
+    h = len(range(1, min(3 * sec_h, num_pairs), 3))
+    w = len(range(2, min(3 * sec_w, num_pairs), 3))
+    return num_pairs - h - w, h, w
 
 
 def apply_eva(model: Eva, names: dict, kwargs: dict) -> None:
