@@ -2,12 +2,13 @@
 distilled DeiT with visionpe encodings: timm's own models at random weights are the oracle."""
 import copy
 import inspect
+import re
 
 import pytest
 import timm
 import torch
 from conftest import requires_that, perturbed
-from timm.layers import apply_rot_embed_cat
+from timm.layers import RotaryEmbeddingCat, apply_rot_embed_cat
 from timm.models.eva import Eva
 
 import visionpe as vpe
@@ -186,6 +187,68 @@ def test_perception_encoder_native_is_rope_with_its_grid_offset(name):
 
 
 MROPE = hasattr(timm.layers, "create_rope_embed") and "mrope" in inspect.getsource(timm.layers.create_rope_embed)
+
+
+CAT_GRIDS = [  # timm's RotaryEmbeddingCat beyond the Eva defaults: pixel-frequency bands (in_pixels=True) on its pixel
+    dict(in_pixels=True, max_res=224),  # grid (linspace(-1, 1, s)) or on integer positions, temperature bands on the
+    dict(in_pixels=True, max_res=64, linear_bands=True, grid_indexing="xy"),  # pixel and the centred grids
+    dict(in_pixels=True, max_res=224, grid_type="index", ref_feat_shape=(4, 4)),
+    dict(in_pixels=False, temperature=100, grid_type="pixel"),
+    dict(in_pixels=False, temperature=100, grid_type="centered", grid_indexing="xy"),
+]
+HAS_GRID_TYPE = "grid_type" in inspect.signature(RotaryEmbeddingCat).parameters
+
+
+def _cat_closed_form(q, rope, shape):
+    """timm's axial RoPE in float64 from its own stored bands (``rope.bands``): the grid of its ``grid_type``
+    (``_build_grid``'s formulas), angles ``coordinate * band`` per axis, interleaved pairs."""
+    shape = list(shape)[::-1] if rope.grid_indexing == "xy" else list(shape)
+    if rope.grid_type == "pixel":
+        axes = [torch.linspace(-1, 1, n, dtype=torch.float64) for n in shape]
+    elif rope.grid_type == "centered":
+        axes = [(torch.arange(n, dtype=torch.float64) + 0.5) / n * 2 - 1 for n in shape]
+    else:
+        axes = [torch.arange(n, dtype=torch.float64) + rope.grid_offset for n in shape]
+    if rope.ref_feat_shape is not None:
+        ref = list(rope.ref_feat_shape)[::-1] if rope.grid_indexing == "xy" else list(rope.ref_feat_shape)
+        axes = [a / n * r for a, n, r in zip(axes, shape, ref)]
+    coords = torch.stack(torch.meshgrid(axes, indexing=rope.grid_indexing), -1).reshape(-1, len(shape))
+    angles = (coords[:, :, None] * rope.bands.double()).flatten(1).repeat_interleave(2, -1)
+    return apply_rot_embed_cat(q.double(), torch.cat([angles.sin(), angles.cos()], -1)).float()
+
+
+@requires_that(HAS_GRID_TYPE, "timm's RotaryEmbeddingCat with grid_type (a newer timm)")
+@pytest.mark.parametrize("rope_kwargs", CAT_GRIDS, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_pixel_frequency_and_other_grids_of_timm_rope_are_native(rope_kwargs):
+    """An Eva whose ``RotaryEmbeddingCat`` has timm's pixel-frequency bands (``in_pixels=True``: ``max_res``,
+    ``linear_bands``) or another coordinate grid (``grid_type`` ``"pixel"``: ``coords="pixel"``; ``"centered"``:
+    ``coords="normalized"``; temperature bands there as periods ``2 pi temperature^(i/n)``): ``pe="native"`` rotates
+    q as timm's formula in float64 (from its stored float32 bands) to float32 rounding, timm's float32 module to its
+    own rounding of angles up to ``pi max_res / 2`` per unit, and gives timm's logits at every size."""
+    eva = _timm_eva("vit_small_patch16_rope_224")
+    eva.rope = RotaryEmbeddingCat(dim=KW["embed_dim"] // KW["num_heads"], **rope_kwargs)
+    ours = vpe.apply(copy.deepcopy(eva), pe="native")
+    rotary = vpe.encodings_of(ours)["rotary"][0]
+    for shape in ((4, 4), (6, 5), (1, 3)):
+        q = torch.randn(1, 2, shape[0] * shape[1], rotary.head_dim)
+        mine = rotary.rotate(q, vpe.Grid(shape))
+        torch.testing.assert_close(mine, _cat_closed_form(q, eva.rope, shape), atol=1e-6, rtol=0)
+        torch.testing.assert_close(mine, apply_rot_embed_cat(q, eva.rope.get_embed(list(shape))), atol=5e-4, rtol=0)
+    for size in SIZES:
+        assert _max_diff(ours, eva, size) < 2e-5, size
+
+
+@requires_that(HAS_GRID_TYPE, "timm's RotaryEmbeddingCat with grid_type (a newer timm)")
+def test_what_timm_rope_visionpe_cannot_reproduce_is_refused_with_the_reason():
+    """A ``ref_feat_shape`` on timm's [-1, 1] grids (it rescales them by ref / size) and a grid offset on the centred
+    one: refused with the reason; another encoding still replaces them."""
+    for rope_kwargs, words in ((dict(in_pixels=True, ref_feat_shape=(4, 4)), "'pixel' grid with ref_feat_shape"),
+                               (dict(in_pixels=False, grid_type="centered", grid_offset=1.0), "grid_offset=1.0")):
+        eva = _timm_eva("vit_small_patch16_rope_224")
+        eva.rope = RotaryEmbeddingCat(dim=KW["embed_dim"] // KW["num_heads"], **rope_kwargs)
+        with pytest.raises(ValueError, match=re.escape(words)):
+            vpe.apply(copy.deepcopy(eva), pe="native")
+        assert vpe.apply(eva, "rope_axial")(torch.randn(1, 3, 32, 48)).shape == (1, 3)
 
 
 MROPE_CASES = [  # (embed_dim, heads, mrope_section): timm's default sections on a 16- and a 64-wide head (the

@@ -23,6 +23,8 @@ other encoding may replace it.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange
@@ -140,17 +142,14 @@ def native_rope(rope: nn.Module) -> tuple[str, dict]:
     augment = {k: getattr(rope, k) for k in ("shift_coords", "jitter_coords", "rescale_coords")
                if getattr(rope, k, None) is not None}
     pairs = "half" if getattr(rope, "rotate_half", False) else "interleaved"
-    offset = {"grid_offset": float(rope.grid_offset)} if getattr(rope, "grid_offset", 0.0) else {}
-    if isinstance(rope, RotaryEmbeddingCat) and not getattr(rope, "in_pixels", False):
-        ref = getattr(rope, "ref_feat_shape", None)
-        scaling = {"scaling": "pi", "ref_shape": tuple(ref)} if ref is not None else {"scaling": "none"}
-        return "rope_axial", dict(theta=float(rope.temperature), axis_order=rope.grid_indexing, pairs=pairs,
-                                  **scaling, **offset, **augment)
+    if isinstance(rope, RotaryEmbeddingCat):
+        return "rope_axial", dict(**cat_coordinates(rope), **cat_bands(rope), axis_order=rope.grid_indexing,
+                                  pairs=pairs, **augment)
     if isinstance(rope, RotaryEmbeddingMixed):
         return "rope_mixed", dict(theta=float(rope.temperature), axis_order=rope.grid_indexing, scaling="none",
                                   **augment)
     if RotaryEmbeddingDinoV3 is not None and isinstance(rope, RotaryEmbeddingDinoV3):
-        if offset:
+        if getattr(rope, "grid_offset", 0.0):
             raise ValueError(f"timm's RotaryEmbeddingDinoV3 with grid_offset={rope.grid_offset}: visionpe's normalised "
                              "coordinates take no constant offset; use --pe timm, or another pe")
         periods = ({"min_period": rope.min_period, "max_period": rope.max_period}
@@ -173,6 +172,48 @@ def mrope_pair_counts(mrope_section, num_pairs: int) -> tuple[int, int, int]:
     h = len(range(1, min(3 * sec_h, num_pairs), 3))
     w = len(range(2, min(3 * sec_w, num_pairs), 3))
     return num_pairs - h - w, h, w
+
+
+def cat_grid_type(rope: RotaryEmbeddingCat) -> str:
+    """timm's coordinate grid of an axial RoPE module: ``"index"``, ``"pixel"`` or ``"centered"`` (a timm before
+    ``grid_type`` chose by ``in_pixels``)."""
+    return getattr(rope, "grid_type", None) or ("pixel" if rope.in_pixels else "index")
+
+
+def cat_coordinates(rope: RotaryEmbeddingCat) -> dict:
+    """``rope_axial``'s coordinates for timm's ``RotaryEmbeddingCat``: integer positions plus its ``grid_offset``,
+    interpolated to ``ref_feat_shape`` (``scaling="pi"``) or not; its pixel grid (``coords="pixel"``, which reads no
+    offset, as timm's); its centred grid (``coords="normalized"``). A ``ref_feat_shape`` on a ``[-1, 1]`` grid, and
+    an offset on the centred one, have no visionpe equivalent."""
+    grid_type, ref = cat_grid_type(rope), getattr(rope, "ref_feat_shape", None)
+    offset = float(getattr(rope, "grid_offset", 0.0))
+    if grid_type == "index":
+        scaling = {"scaling": "pi", "ref_shape": tuple(ref)} if ref is not None else {"scaling": "none"}
+        return {**scaling, **({"grid_offset": offset} if offset else {})}
+    if ref is not None:
+        raise ValueError(f"timm's RotaryEmbeddingCat on its {grid_type!r} grid with ref_feat_shape={tuple(ref)} "
+                         "rescales [-1, 1] coordinates by ref / size, which visionpe's normalised coordinates do not "
+                         "take; use --pe timm, or another pe")
+    if grid_type == "pixel":
+        return {"coords": "pixel", "scaling": "none"}
+    if offset:
+        raise ValueError(f"timm's RotaryEmbeddingCat on its centred grid with grid_offset={offset}: visionpe's "
+                         "normalised coordinates take no constant offset; use --pe timm, or another pe")
+    return {"coords": "normalized", "normalize_coords": rope.normalize_coords, "scaling": "none"}
+
+
+def cat_bands(rope: RotaryEmbeddingCat) -> dict:
+    """``rope_axial``'s frequencies for timm's ``RotaryEmbeddingCat``: its pixel-frequency bands (``in_pixels=True``:
+    ``max_res``, ``linear_bands``), or ``1 / temperature^(i/n)`` radians per unit: ``theta`` on integer positions,
+    the same written as periods ``2 pi temperature^(i/n)`` on a ``[-1, 1]`` grid (where ``theta`` alone counts
+    turns, DINOv3's way)."""
+    if rope.in_pixels:
+        return {"max_res": float(rope.max_res), "linear_bands": bool(rope.linear_bands)}
+    theta = float(rope.temperature)
+    if cat_grid_type(rope) == "index":
+        return {"theta": theta}
+    n = rope.dim // 4
+    return {"min_period": 2 * math.pi, "max_period": 2 * math.pi * theta ** ((n - 1) / n)}
 
 
 def apply_eva(model: Eva, names: dict, kwargs: dict) -> None:

@@ -270,8 +270,8 @@ class RoPE(RotaryEncoding):
         self.register_buffer("freq_mask", freq_mask, persistent=False)
         self.grid_offset = check_number("grid_offset", grid_offset)
         if self.grid_offset and self.coordinates.normalized:
-            raise ValueError(f"grid_offset={grid_offset!r} shifts index coordinates; coords='normalized' centres every "
-                             "grid on [-1, 1]: use grid_offset=0")
+            raise ValueError(f"grid_offset={grid_offset!r} shifts index coordinates; "
+                             f"coords={self.coordinates.coords!r} puts every grid on [-1, 1]: use grid_offset=0")
         self.register_buffer("channel_index", channel_index, persistent=False)
         self._cache = TableCache(maxsize=16)
 
@@ -481,8 +481,8 @@ def check_scaling(scaling: str, coordinates: CoordinateSystem) -> None:
     """Resolution scaling (PI, NTK, YaRN) works on index coordinates against a reference grid; normalised
     coordinates span [-1, 1] on every grid and take none."""
     if coordinates.normalized and scaling != "none":
-        raise ValueError(f"scaling={scaling!r} applies to coords='index'; coords='normalized' maps every grid onto "
-                         "[-1, 1] already (a form of interpolation): use scaling='none'")
+        raise ValueError(f"scaling={scaling!r} applies to coords='index'; coords={coordinates.coords!r} maps every "
+                         "grid onto [-1, 1] already (a form of interpolation): use scaling='none'")
 
 
 def check_periods(min_period, max_period) -> tuple[float, float] | None:
@@ -625,6 +625,11 @@ class AxialRoPE(RoPE):
       ``"by_axis"`` (each axis's pairs together, axes in component order: Pixtral, whose h and w take alternate
       frequencies of one spectrum, ``spectrum="mrope_interleaved", pair_order="by_axis"``) or ``"alternate"`` (one
       pair of each axis in turn: MoonViT's x, y, x, y).
+    - ``max_res`` (with ``linear_bands``): timm's pixel-frequency bands (``RotaryEmbeddingCat(in_pixels=True)``,
+      ``pixel_freq_bands``) in place of ``theta``'s: ``w_i = pi * linspace(1, max_res / 2, n)_i``
+      (``linear_bands=True``) or ``pi * 2 ** linspace(0, log2(max_res) - 1, n)_i`` (the default), lowest first, in
+      radians per unit of ``coords`` (timm reads them on ``coords="pixel"``, its grid of the end patches on -1 and
+      1). Resolution scaling ``"none"`` or ``"pi"``; all pairs rotate.
     - ``inert_axes`` (``spectrum="mrope"`` or ``"mrope_interleaved"``): leading axes of the M-RoPE layout that the grid
       does not have, at coordinate 0, so their pairs stay unrotated; ``sections`` then has ``ndim + inert_axes``
       entries. timm's ``RotaryEmbeddingMRope`` on an image is ``ndim=2, inert_axes=1, sections=(t, h, w)``: the
@@ -648,7 +653,7 @@ class AxialRoPE(RoPE):
                  jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward",
                  directions: str = "axial", rotate_fraction: float = 1.0, head_axes=None, grid_offset: float = 0.0,
                  ntk_factor=None, pair_order: str = "spectrum", channel_frequencies: str = "paired",
-                 inert_axes: int = 0):
+                 inert_axes: int = 0, max_res: float | None = None, linear_bands: bool = False):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
         check_number("theta", theta, minimum=1.0, inclusive=False)
@@ -686,7 +691,10 @@ class AxialRoPE(RoPE):
         coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
                                        draw_coords)
         self.theta, self.sections, self.spectrum, self.num_pairs = float(theta), sections, spectrum, head_dim // 2
-        self.bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
+        periods = check_periods(min_period, max_period)
+        pixel = check_pixel_bands(max_res, linear_bands, periods, scaling, self.rotate_fraction)
+        self.max_res, self.linear_bands = (None, False) if pixel is None else pixel
+        self.bands = dict(per_turn=coordinates.normalized, periods=periods, pixel=pixel)
         self.num_heads, self.ndim = num_heads, ndim  # the golden and per-head layouts build a table per head
         self.axis_order = axis_order
         freqs, fraction, _ = self.initial_state()
@@ -772,12 +780,33 @@ class AxialRoPE(RoPE):
         parts = [f"sections={self.sections}"] if self.unrotated_pairs else []
         parts += [f"unrotated_pairs={self.unrotated_pairs}"] if self.unrotated_pairs else []
         parts += [f"grid_offset={self.grid_offset}"] if self.grid_offset else []
+        parts += [f"max_res={self.max_res}, linear_bands={self.linear_bands}"] if self.max_res is not None else []
         parts += [f"spectrum={self.spectrum!r}, sections={self.sections}, inert_axes={self.inert_axes}"] \
             if self.inert_axes else []
         parts += [f"ntk_factor={self.ntk_factor}"] if self.ntk_factor is not None else []
         parts += [f"pair_order={self.pair_order!r}"] if self.pair_order != "spectrum" else []
         parts += ["channel_frequencies='repeated'"] if self.channel_frequencies != "paired" else []
         return super().extra_repr() + layout_repr(self) + "".join(", " + p for p in parts)
+
+
+def check_pixel_bands(max_res, linear_bands, periods, scaling: str, rotate_fraction: float):
+    """timm's pixel-frequency bands ``(max_res, linear_bands)``, or None without ``max_res``. Their bands go from the
+    lowest frequency up, so NTK's and YaRN's per-band rules and p-RoPE's (which read bands from the highest down) do
+    not apply; DINOv3's periods are another spectrum."""
+    if not isinstance(linear_bands, bool):
+        raise ValueError(f"linear_bands={linear_bands!r} must be True or False")
+    if max_res is None:
+        if linear_bands:
+            raise ValueError("linear_bands=True spaces timm's pixel-frequency bands, which need max_res (e.g. 224)")
+        return None
+    max_res = check_number("max_res", max_res, minimum=2.0)
+    clash = [name for name, on in (("min_period/max_period", periods is not None),
+                                   (f"scaling={scaling!r}", scaling not in ("none", "pi")),
+                                   (f"rotate_fraction={rotate_fraction}", rotate_fraction != 1.0)) if on]
+    if clash:
+        raise ValueError(f"max_res={max_res} gives timm's pixel-frequency bands (lowest first); it does not combine "
+                         f"with {', '.join(clash)} (use scaling 'none' or 'pi', every pair rotating)")
+    return max_res, linear_bands
 
 
 def check_inert_axes(inert_axes, spectrum: str, pair_order: str) -> int:
