@@ -50,6 +50,7 @@ except ImportError:
 
 PROJECTIONS = ("qkv", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "attn_drop", "norm", "gate", "proj",
                "proj_drop")  # the modules of timm's EvaAttention and AttentionRope, by their names
+NORMS = ("q_norm", "k_norm", "norm")
 
 
 class EvaAttentionPE(nn.Module):
@@ -72,7 +73,8 @@ class EvaAttentionPE(nn.Module):
         self.num_kv_heads = getattr(source, "num_kv_heads", source.num_heads)
         self.qkv_bias_separate = getattr(source, "qkv_bias_separate", False)
         for name in PROJECTIONS:
-            setattr(self, name, getattr(source, name, None))
+            module = getattr(source, name, None)  # BEiT's attention has no q/k norms nor a scale norm: identities
+            setattr(self, name, nn.Identity() if module is None and name in NORMS else module)
         self.q_bias, self.v_bias = getattr(source, "q_bias", None), getattr(source, "v_bias", None)
         self.register_buffer("k_bias", getattr(source, "k_bias", None), persistent=False)
         self.rotary, self.bias = rotary, bias
