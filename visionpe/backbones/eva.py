@@ -210,6 +210,9 @@ def cat_bands(rope: RotaryEmbeddingCat) -> dict:
     the same written as periods ``2 pi temperature^(i/n)`` on a ``[-1, 1]`` grid (where ``theta`` alone counts
     turns, DINOv3's way)."""
     if rope.in_pixels:
+        if not hasattr(rope, "linear_bands"):
+            raise ValueError("this timm's RotaryEmbeddingCat(in_pixels=True) does not record linear_bands (how its "
+                             "pixel-frequency bands are spaced); use --pe timm, or another pe")
         return {"max_res": float(rope.max_res), "linear_bands": bool(rope.linear_bands)}
     theta = float(rope.temperature)
     if cat_grid_type(rope) == "index":
