@@ -12,7 +12,7 @@ from visionpe.backbones.beit import GridBeitBlock
 from visionpe.backbones.eva import EvaAttentionPE
 
 KW = dict(patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3)
-LARGER = ((48, 48), (48, 40), (64, 56))  # timm's set_input_size grows the tables as visionpe's rel_bias does
+SIZES = ((32, 32), (48, 48), (48, 40), (64, 56), (16, 24), (24, 16))  # the training grid 4x4, larger, smaller
 VARIANTS = [  # (timm name, extra keywords): per-block tables (BEiT, BEiT v2), plus pos_embed, pos_embed alone
     ("beit_base_patch16_224", {}),
     ("beitv2_base_patch16_224", {}),
@@ -42,11 +42,11 @@ def _max_diff(ours, theirs, size):
 
 
 @pytest.mark.parametrize("name,extra", VARIANTS)
-def test_native_encoding_is_timms_beit_at_its_size_and_larger(name, extra):
+def test_native_encoding_is_timms_beit_at_every_size(name, extra):
     """``apply(beit, pe="native")``: each block's relative table becomes a ``rel_bias`` (BEiT's class-token entries,
-    grown with BEiT's geometric resize), ``pos_embed`` a ``learned`` table; timm's logits at the training size and
-    at larger ones (where timm's ``set_input_size`` resizes its tables and ``pos_embed``); patched in place, every
-    weight kept."""
+    resized to each grid with BEiT's geometric resize), ``pos_embed`` a ``learned`` table; timm's logits at the
+    training size and at larger and smaller ones (where timm's ``set_input_size`` resizes its tables and
+    ``pos_embed``); patched in place, every weight kept."""
     beit = _timm_beit(name, **extra)
     before = copy.deepcopy(beit)
     ours = vpe.apply(beit, pe="native")
@@ -55,21 +55,10 @@ def test_native_encoding_is_timms_beit_at_its_size_and_larger(name, extra):
     expected = "+".join(n for n, on in (("rel_bias", extra.get("use_rel_pos_bias", True)),
                                         ("learned", extra.get("use_abs_pos_emb", False))) if on)
     assert ours.pe == expected and vpe.backbones.adapter_for(ours).native_pe(ours) == (expected, {})
-    for size in ((32, 32),) + LARGER:
+    for size in SIZES:
         assert _max_diff(ours, before, size) < 1e-6, size
     if "rel_bias" in expected:
-        assert all(b.attn.bias.interpolation == "geometric" for b in ours.blocks)
-
-
-def test_a_smaller_grid_reads_the_tables_own_offsets():
-    """On a grid smaller than the training grid, ``rel_bias`` reads the offsets its table has (what a crop of the
-    training grid sees); timm's ``set_input_size`` shrinks the table geometrically instead, so the two differ there
-    (stated in docs/backbones.md), while a ``learned`` table is resampled alike."""
-    beit = _timm_beit("beit_base_patch16_224")
-    ours = vpe.apply(copy.deepcopy(beit), pe="native")
-    assert _max_diff(ours, beit, (16, 24)) > 1e-5
-    table = _timm_beit("beit_base_patch16_224", use_abs_pos_emb=True, use_rel_pos_bias=False)
-    assert _max_diff(vpe.apply(copy.deepcopy(table), pe="native"), table, (16, 24)) < 1e-6
+        assert all((b.attn.bias.interpolation, b.attn.bias.grow) == ("geometric", "fit") for b in ours.blocks)
 
 
 def test_registry_name_loads_timms_state_dict_and_is_timms_model():
@@ -82,7 +71,7 @@ def test_registry_name_loads_timms_state_dict_and_is_timms_model():
     assert "blocks.1.attn.relative_position_bias_table -> blocks.1.attn.bias.relative_position_bias_table" \
         in report.converted
     assert ours.pretrained_cfg["fixed_input_size"] is False
-    for size in ((32, 32), (48, 40)):
+    for size in ((32, 32), (48, 40), (16, 24)):
         assert _max_diff(ours, beit, size) < 1e-6, size
 
 

@@ -3,6 +3,7 @@ import math
 
 import numpy as np
 import pytest
+import timm
 import torch
 from timm.layers import RelPosMlp, gen_relative_log_coords, gen_relative_position_index, \
     resize_rel_pos_bias_table_simple
@@ -130,6 +131,32 @@ def test_swin_bias_prefix_rows_are_zero():
     bias = pe(Grid((2, 3), prefix=2))
     assert bias.shape == (2, 8, 8) and bias[:, :2].abs().max() == 0 and bias[:, :, :2].abs().max() == 0
     torch.testing.assert_close(bias[:, 2:, 2:], pe(Grid((2, 3))))
+
+
+@pytest.mark.parametrize("new", [(2, 3), (3, 3), (6, 5)])
+def test_rel_bias_fit_resizes_the_table_to_every_grid_as_timms_beit(new):
+    """``rel_bias(grow="fit", interpolation="geometric")``: the table resized to each grid's own offsets, smaller
+    ones too, by timm's ``resize_rel_pos_bias_table`` (what timm's BEiT ``set_input_size`` calls); the default
+    (``"resample"``) reads a smaller grid's offsets from the table as it is."""
+    heads, train = 2, (4, 4)
+    torch.manual_seed(0)
+    table = torch.randn((2 * train[0] - 1) * (2 * train[1] - 1) + 3, heads)  # BEiT's: offsets, then 3 prefix rows
+    fit = vpe.build("rel_bias", num_heads=heads, grid_shape=train, interpolation="geometric", grow="fit")
+    kept = vpe.build("rel_bias", num_heads=heads, grid_shape=train, interpolation="geometric")
+    with torch.no_grad():
+        fit.relative_position_bias_table.copy_(table)
+        kept.relative_position_bias_table.copy_(table)
+        resized = timm.layers.resize_rel_pos_bias_table(
+            table, new_window_size=new, new_bias_shape=((2 * new[0] - 1) * (2 * new[1] - 1) + 3, heads),
+            old_window_size=train)
+        index = timm.models.beit.gen_relative_position_index(new)
+        expected = resized[index.reshape(-1)].reshape(*index.shape, heads).permute(2, 0, 1)
+        grid = Grid(new, prefix=1)
+        torch.testing.assert_close(fit(grid), expected, atol=1e-5, rtol=1e-5)
+        if new[0] <= train[0] and new[1] <= train[1]:
+            assert (kept(grid) - expected).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="grow='error' is not supported; allowed values: 'resample', 'fit'"):
+        vpe.build("rel_bias", num_heads=heads, grid_shape=train, grow="error")
 
 
 # -- cpb -----------------------------------------------------------------------------------------------

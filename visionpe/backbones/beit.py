@@ -9,11 +9,11 @@ goes to every block.
 
 The architecture's own encoding (``pe="native"``, the default of ``vpe_beit*``; :func:`native_beit`): each block's
 relative position table (``use_rel_pos_bias``) is ``rel_bias`` with BEiT's three class-token entries, taking over the
-block's table and growing it on a larger grid with BEiT's geometric resize (``interpolation="geometric"``, timm's
-``resize_rel_pos_bias_table``, what timm's ``set_input_size`` and checkpoint filter call); the absolute ``pos_embed``
-(``use_abs_pos_emb``) is ``learned``. A grid smaller than the training grid reads the table's own offsets (timm's
-``set_input_size`` would shrink the table instead). A table shared by all blocks (``use_shared_rel_pos_bias``, BEiT
-pre-training) has no native equivalent (visionpe gives each block its own), though any other encoding replaces it.
+block's table and resizing it to any other grid, larger or smaller, with BEiT's geometric resize (``grow="fit"``,
+``interpolation="geometric"``: timm's ``resize_rel_pos_bias_table``, what timm's ``set_input_size`` and checkpoint
+filter call); the absolute ``pos_embed`` (``use_abs_pos_emb``) is ``learned``. A table shared by all blocks
+(``use_shared_rel_pos_bias``, BEiT pre-training) has no native equivalent (visionpe gives each block its own), though
+any other encoding replaces it.
 """
 from __future__ import annotations
 
@@ -54,8 +54,9 @@ SHARED_TABLE = ("timm's Beit with a relative position table shared by all blocks
 
 def native_beit(model: Beit) -> tuple[str, dict]:
     """``(pe, pe_kwargs)`` reproducing timm's position encoding of the Beit ``model``: ``rel_bias`` (its blocks'
-    tables, grown geometrically once taken over) and/or ``learned`` (its ``pos_embed``), or ``none``; a ``ValueError`` for a shared
-    table. A patched model answers with what it had when it was patched."""
+    tables, resized geometrically to each grid once taken over: :func:`take_over_table`) and/or ``learned`` (its
+    ``pos_embed``), or ``none``; a ``ValueError`` for a shared table. A patched model answers with what it had when
+    it was patched."""
     recorded = getattr(model, "beit_native", None)
     if isinstance(recorded, str):
         raise ValueError(recorded)
@@ -74,13 +75,14 @@ def native_beit(model: Beit) -> tuple[str, dict]:
 @torch.no_grad()
 def take_over_table(bias: nn.Module | None, source: nn.Module) -> None:
     """A BEiT attention's relative position table ``((2H-1)(2W-1) + 3, heads)`` goes into a ``rel_bias`` of the
-    same shape (BEiT's index and class-token entries are visionpe's), which from then on grows it on a larger grid
-    with BEiT's geometric resize, as loading a timm BEiT checkpoint does."""
+    same shape (BEiT's index and class-token entries are visionpe's), which from then on resizes it to any other grid,
+    larger or smaller, with BEiT's geometric resize (``grow="fit"``, ``interpolation="geometric"``), as timm's BEiT
+    does at another size."""
     table = getattr(source, "relative_position_bias_table", None)
     if isinstance(bias, RelBias) and table is not None \
             and bias.relative_position_bias_table.shape == table.shape:
         bias.relative_position_bias_table.copy_(table)
-        bias.interpolation = "geometric"
+        bias.interpolation, bias.grow = "geometric", "fit"
 
 
 def apply_beit(model: Beit, names: dict, kwargs: dict) -> None:

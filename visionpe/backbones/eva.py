@@ -57,7 +57,8 @@ class EvaAttentionPE(nn.Module):
     """Replaces timm's ``EvaAttention`` and ``AttentionRope``: their modules and parameters under their names (a
     fused ``qkv`` with ``q_bias``/``v_bias`` and a zero ``k_bias`` buffer, or ``q_proj``/``k_proj``/``v_proj`` with
     ``num_kv_heads`` key/value heads; ``q_norm``, ``k_norm``, the scale ``norm``, the output ``gate``, ``proj``), so
-    a timm Eva state dict loads unchanged; ``rotary`` and ``bias`` hold the block's encodings.
+    a timm Eva state dict loads unchanged; ``rotary`` and ``bias`` hold the block's encodings. timm's BEiT
+    ``Attention`` (the fused form, without norms: identities here) is replaced the same way (``beit.py``).
 
     Call as timm's Eva block calls it: ``attn(x, rope=layout, attn_mask=None, is_causal=False)`` with
     ``x: (B, T, dim)`` and ``rope`` the call's token :class:`~visionpe.grid.Layout` (where timm passes its RoPE
