@@ -1,5 +1,6 @@
-"""timm's BEiT (``beit_*``, ``beitv2_*``) with visionpe encodings: timm's own models at random weights are the oracle,
-at other sizes timm's ``set_input_size`` (its geometric resize of the relative tables, its resample of ``pos_embed``)."""
+"""timm's BEiT (``beit_*``, ``beitv2_*``) with visionpe encodings: timm's own models at random weights are the
+oracle, at other sizes timm's ``set_input_size`` (its geometric resize of the relative tables, its resample of
+``pos_embed``)."""
 import copy
 
 import pytest

@@ -23,9 +23,9 @@ from torch import nn
 
 from ..bias import RelBias
 from ..grid import Layout
-from .adapter import GLOBAL_REFUSES, Adapter, check_img_size, check_model_sizes, register_adapter
+from .adapter import GLOBAL_REFUSES, Adapter, register_adapter
 from .eva import EvaAttentionPE
-from .vit import GridTransformer, put_block_encodings, vit_features
+from .vit import GridTransformer, any_size_checked, put_block_encodings, vit_features
 
 
 class GridBeitBlock(Block):
@@ -110,14 +110,6 @@ def apply_beit(model: Beit, names: dict, kwargs: dict) -> None:
     model.rel_pos_bias, model.beit_native = None, native
 
 
-def any_size_beit(timm_kwargs: dict) -> dict:
-    """timm's Beit takes no ``dynamic_img_size``: the patched model runs at any size by itself; ``img_size`` checked
-    against ``patch_size``, the model sizes (:func:`~visionpe.backbones.adapter.check_model_sizes`)."""
-    check_img_size(timm_kwargs)
-    check_model_sizes(timm_kwargs)
-    return timm_kwargs
-
-
-register_adapter(Adapter(Beit, BeitPE, apply_beit, (EvaAttentionPE,), timm_modules=("beit",), any_size=any_size_beit,
-                         native=native_beit, refuses=GLOBAL_REFUSES, feature_cfg=vit_features,
-                         examples=("beit_base_patch16_224", "beitv2_base_patch16_224")))
+register_adapter(Adapter(Beit, BeitPE, apply_beit, (EvaAttentionPE,), timm_modules=("beit",),
+                         any_size=any_size_checked, native=native_beit, refuses=GLOBAL_REFUSES,
+                         feature_cfg=vit_features, examples=("beit_base_patch16_224", "beitv2_base_patch16_224")))
