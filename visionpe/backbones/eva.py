@@ -11,15 +11,14 @@ between calls.
 The architecture's own encoding (``pe="native"``, the default of ``vpe_<eva name>``) is timm's, exactly
 (:func:`native_eva`): the learned ``pos_embed`` is ``learned``; ``RotaryEmbeddingCat`` is ``rope_axial`` with
 ``theta`` = its temperature, its ``grid_indexing`` as ``axis_order``, its pair layout, and ``scaling="pi"`` against
-``ref_feat_shape`` (EVA-02, the ``*_reg*_gap_256`` ports) or ``"none"`` (integer positions, the rope-vit ports),
-and its ``grid_offset`` (Perception Encoder's ``rope_grid_offset=1``: patches counted from 1 beside the unrotated
-class token, then scaled to ``ref_feat_shape``);
-``RotaryEmbeddingMixed`` is ``rope_mixed`` taking over each block's learned frequencies; ``RotaryEmbeddingDinoV3`` is
-``rope_axial`` on normalised coordinates (``coords="normalized"``); ``RotaryEmbeddingMRope`` (``rope_type="mrope"``)
-is ``rope_axial`` with M-RoPE's interleaved spectrum over (t, h, w), time an inert axis (``inert_axes=1``), half
-pairs; timm's train-time coordinate augmentation
-(``rope_shift_coords``, ...) comes along. What has no visionpe equivalent is refused with the reason, though any
-other encoding may replace it.
+``ref_feat_shape`` (EVA-02, the ``*_reg*_gap_256`` ports) or ``"none"`` (integer positions, the rope-vit ports), and
+its ``grid_offset`` (Perception Encoder's ``rope_grid_offset=1``: patches counted from 1 beside the unrotated class
+token, then scaled to ``ref_feat_shape``); ``RotaryEmbeddingMixed`` is ``rope_mixed`` taking over each block's
+learned frequencies; ``RotaryEmbeddingDinoV3`` is ``rope_axial`` on normalised coordinates (``coords="normalized"``);
+``RotaryEmbeddingMRope`` (``rope_type="mrope"``) is ``rope_axial`` with M-RoPE's interleaved spectrum over (t, h, w),
+time an inert axis (``inert_axes=1``), half pairs; timm's train-time coordinate augmentation (``rope_shift_coords``,
+...) comes along. What has no visionpe equivalent is refused with the reason, though any other encoding may replace
+it.
 """
 from __future__ import annotations
 
