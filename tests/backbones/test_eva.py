@@ -287,7 +287,8 @@ def test_timm_mrope_native_is_interleaved_mrope_with_time_inert(embed_dim, num_h
         torch.testing.assert_close(rotary.rotate(q, vpe.Grid(shape)), expected, atol=2e-5, rtol=1e-5)
 
 
-@requires_that(MROPE, "timm's M-RoPE (a newer timm)")
+@requires_that(MROPE and "rope_shift_coords" in inspect.signature(Eva).parameters,
+               "timm's M-RoPE with RoPE coordinate augmentation (a newer timm)")
 def test_timm_mrope_trains_as_timm_with_coordinate_augmentation():
     """In training mode timm's M-RoPE augments (h, w), time staying at 0: the same draws from the same RNG state give
     timm's logits."""

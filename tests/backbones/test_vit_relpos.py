@@ -1,5 +1,6 @@
 """timm's ``VisionTransformerRelPos`` (``vit_relpos_*``) with visionpe encodings: timm's own models at random weights
-are the oracle, at other sizes timm's ``set_input_size`` (its MLP on the new offsets, its table resized)."""
+are the oracle; at another size, timm's model built there with the same weights (its MLP on the new offsets, its
+table resized by timm's ``resize_rel_pos_bias_table``, as its ``set_input_size`` does; the floor's timm has none)."""
 import copy
 
 import pytest
@@ -33,11 +34,24 @@ def _timm_relpos(name, **extra):
     return model
 
 
+def _timm_at(model, size, name, **extra):
+    """timm's model built at ``size`` with ``model``'s weights, a ``RelPosBias`` table resized by timm's
+    ``resize_rel_pos_bias_table`` (``model`` itself at its own size)."""
+    if tuple(size) == (32, 32):
+        return model
+    other = timm.create_model(name, **dict(KW, img_size=size), **extra).eval()
+    state = model.state_dict()
+    for key, target in other.state_dict().items():
+        if key.endswith("relative_position_bias_table") and target.shape != state[key].shape:
+            # the source grid is square: the floor's timm reads its size from the table
+            state[key] = timm.layers.resize_rel_pos_bias_table(
+                state[key], new_window_size=other.patch_embed.grid_size, new_bias_shape=tuple(target.shape))
+    other.load_state_dict(state)
+    return other
+
+
 def _max_diff(ours, theirs, size):
-    """Largest logit difference at ``size``; ``theirs`` is timm's model moved to that size by ``set_input_size``."""
-    if tuple(size) != (32, 32):
-        theirs = copy.deepcopy(theirs)
-        theirs.set_input_size(img_size=size)
+    """Largest logit difference at ``size`` between ``ours`` and timm's model ``theirs`` (built for that size)."""
     x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(sum(size)))
     with torch.no_grad():
         return (ours(x) - theirs.eval()(x)).abs().max().item()
@@ -47,7 +61,7 @@ def _max_diff(ours, theirs, size):
 def test_native_encoding_is_timms_model_at_every_size(name, extra):
     """``apply(model, pe="native")``: each block's ``RelPosMlp(mode="cr")`` becomes ``cpb(mode="cr")`` with its MLP,
     a ``RelPosBias`` a ``rel_bias`` with its table (resized geometrically to each grid); timm's logits at the
-    training size and at larger and smaller ones (timm's ``set_input_size``); patched in place, weights kept."""
+    training size and at larger and smaller ones (timm's model built there); patched in place, weights kept."""
     model = _timm_relpos(name, **extra)
     before = copy.deepcopy(model)
     ours = vpe.apply(model, pe="native")
@@ -59,7 +73,7 @@ def test_native_encoding_is_timms_model_at_every_size(name, extra):
         expected = ("cpb", {"mode": "cr", "hidden_dim": before.blocks[0].attn.rel_pos.mlp.fc1.out_features})
     assert vpe.backbones.adapter_for(ours).native_pe(ours) == expected
     for size in SIZES:
-        assert _max_diff(ours, before, size) < 1e-6, size
+        assert _max_diff(ours, _timm_at(before, size, name, **extra), size) < 1e-6, size
 
 
 @pytest.mark.parametrize("extra", [{}, dict(rel_pos_type="bias")])
@@ -75,7 +89,7 @@ def test_registry_name_loads_timms_state_dict_and_is_timms_model(extra):
                 if extra else "blocks.1.attn.rel_pos.mlp.fc2.bias -> blocks.1.attn.cpb_mlp.2.bias")
     assert expected in report.converted
     for size in ((32, 32), (48, 40)):
-        assert _max_diff(ours, model, size) < 1e-6, size
+        assert _max_diff(ours, _timm_at(model, size, name, **extra), size) < 1e-6, size
 
 
 POSITIONAL = ("rel_pos",)

@@ -146,9 +146,8 @@ def test_rel_bias_fit_resizes_the_table_to_every_grid_as_timms_beit(new):
     with torch.no_grad():
         fit.relative_position_bias_table.copy_(table)
         kept.relative_position_bias_table.copy_(table)
-        resized = timm.layers.resize_rel_pos_bias_table(
-            table, new_window_size=new, new_bias_shape=((2 * new[0] - 1) * (2 * new[1] - 1) + 3, heads),
-            old_window_size=train)
+        resized = timm.layers.resize_rel_pos_bias_table(  # a square source window (all the floor's timm reads)
+            table, new_window_size=new, new_bias_shape=((2 * new[0] - 1) * (2 * new[1] - 1) + 3, heads))
         index = timm.models.beit.gen_relative_position_index(new)
         expected = resized[index.reshape(-1)].reshape(*index.shape, heads).permute(2, 0, 1)
         grid = Grid(new, prefix=1)

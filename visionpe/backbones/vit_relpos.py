@@ -82,13 +82,21 @@ def native_relpos(model: VisionTransformerRelPos) -> tuple[str, dict]:
     if rel_pos is None:
         return "none", {}
     if isinstance(rel_pos, RelPosMlp):
-        if rel_pos.mode != "cr":
-            raise ValueError(SWIN_MODE if rel_pos.mode == "swin" else
-                             f"timm's RelPosMlp(mode={rel_pos.mode!r}) has no visionpe equivalent; use --pe timm")
+        mode = mlp_mode(rel_pos)
+        if mode != "cr":
+            raise ValueError(SWIN_MODE if mode == "swin" else
+                             f"timm's RelPosMlp(mode={mode!r}) has no visionpe equivalent; use --pe timm")
         return "cpb", {"mode": "cr", "hidden_dim": rel_pos.mlp.fc1.out_features}
     if isinstance(rel_pos, RelPosBias):
         return "rel_bias", {"grow": "fit"}
     raise ValueError(f"timm's {type(rel_pos).__name__} has no visionpe equivalent; use --pe timm, or another pe")
+
+
+def mlp_mode(rel_pos: RelPosMlp) -> str:
+    """The mode of timm's ``RelPosMlp`` (a timm that does not record it: ``swin`` squashes by a sigmoid, ``cr`` does
+    not)."""
+    mode = getattr(rel_pos, "mode", None)
+    return mode or ("swin" if isinstance(rel_pos.bias_act, nn.Sigmoid) else "cr")
 
 
 @torch.no_grad()
@@ -96,7 +104,7 @@ def take_over(bias: nn.Module | None, rel_pos: nn.Module | None) -> None:
     """A block's ``RelPosMlp`` goes into a ``cpb`` of the same mode and widths (``mlp.fc1``/``fc2`` ->
     ``cpb_mlp.0``/``cpb_mlp.2``), its ``RelPosBias`` table into a ``rel_bias`` of the same grid (the offset rows, and
     the class-token rows where it has them), which from then on resizes it geometrically to each grid."""
-    if isinstance(rel_pos, RelPosMlp) and isinstance(bias, ContinuousPositionBias) and bias.mode == rel_pos.mode:
+    if isinstance(rel_pos, RelPosMlp) and isinstance(bias, ContinuousPositionBias) and bias.mode == mlp_mode(rel_pos):
         fc1, fc2 = rel_pos.mlp.fc1, rel_pos.mlp.fc2
         ours = bias.cpb_mlp
         if ours[0].weight.shape == fc1.weight.shape and ours[2].weight.shape == fc2.weight.shape:
