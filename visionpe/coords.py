@@ -19,6 +19,10 @@ multiples of one step per axis.
   side. Normalised coordinates are a form of interpolation without a reference grid: PI maps any grid onto the
   training grid's index range, normalised coordinates map every grid (the training grid included) onto
   ``[-1, 1]``, so a model trained on normalised coordinates never sees a coordinate out of its range.
+- ``coords="pixel"`` (timm ``_build_grid(grid_type="pixel")``, the grid of its pixel-frequency RoPE): the end patches
+  on ``-1`` and ``1``, ``c_a = 2 (i_a + offset_a) / (d_a - 1) - 1`` (``torch.linspace(-1, 1, size_a)``; ``c_a = -1``
+  on an axis of one patch), ``d_a`` as for ``"normalized"``. The other normalised system: every encoding treats it as
+  ``"normalized"`` (spans ``[-1, 1]``, takes no resolution scaling), only the positions differ.
 
 Augmentation (timm ``_apply_coord_augs``, DINOv3's ``RopePositionEmbedding``), in training mode only
 (``module.training``): one transform of all positions, ``c' = (c + shift) * jitter * rescale`` with
@@ -48,7 +52,8 @@ from ._checks import check_choice, check_number
 from ._compat import is_compiling
 from .grid import Grid, check_exact_positions
 
-COORDS = ("index", "normalized")
+COORDS = ("index", "normalized", "pixel")
+NORMALIZED_COORDS = ("normalized", "pixel")  # the systems that span [-1, 1] on every grid
 NORMALIZE_COORDS = ("separate", "min", "max")
 DRAW_COORDS = ("forward", "block")
 
@@ -147,6 +152,32 @@ def _as_float(size):
     return size if isinstance(size, torch.SymInt) else float(size)
 
 
+def normalized_steps(shape, coords: str = "normalized", normalize_coords: str = "separate") -> list:
+    """The step between neighbouring patches on each axis in a normalised system (``coords="normalized"``:
+    ``2 / d_a``; ``"pixel"``: ``2 / (d_a - 1)``)."""
+    denoms = denominators(shape, normalize_coords)
+    if coords == "pixel":
+        return [2.0 / _corner_span(d) for d in denoms]
+    return [2.0 / d for d in denoms]
+
+
+def normalized_to_index(positions, shape, coords: str = "normalized", normalize_coords: str = "separate") -> list:
+    """Per-axis normalised ``positions`` (a list of tensors, grid axis order) as fractional patch indices of a grid of
+    ``shape`` (the inverse of :func:`axis_positions` on that grid): ``(p + 1) d / 2 - 0.5`` (``"normalized"``),
+    ``(p + 1) (d - 1) / 2`` (``"pixel"``)."""
+    denoms = denominators(shape, normalize_coords)
+    if coords == "pixel":
+        return [(p + 1) * (_corner_span(d) / 2) for p, d in zip(positions, denoms)]
+    return [(p + 1) * (d / 2) - 0.5 for p, d in zip(positions, denoms)]
+
+
+def _corner_span(denominator):
+    """``d - 1``, the steps between the end patches of ``d`` on ``[-1, 1]`` (at least 1: one patch sits on -1)."""
+    if isinstance(denominator, torch.SymInt):
+        return torch.sym_max(denominator - 1, 1)
+    return max(denominator - 1.0, 1.0)
+
+
 def axis_positions(shape, offset=None, coords: str = "index", normalize_coords: str = "separate", ref_shape=None,
                    device=None, dtype=torch.float32, spacing=None) -> list[torch.Tensor]:
     """Per-axis coordinates ``[(size_a,)]`` of a grid's patches, in grid axis order (see the module docstring).
@@ -157,12 +188,17 @@ def axis_positions(shape, offset=None, coords: str = "index", normalize_coords: 
     """
     check_exact_positions(shape, offset, spacing, dtype)
     offset = offset or (0.0,) * len(shape)
-    if coords == "normalized":  # timm's order of operations: (i + 0.5 + offset) / d, then 2 c - 1
+    if coords in NORMALIZED_COORDS:
         if spacing is not None:
             raise ValueError(f"a grid with spacing={spacing} (e.g. absolute time) needs coords='index': normalised "
                              "coordinates map every axis onto [-1, 1] whatever its step")
+        denoms = denominators(shape, normalize_coords)
+        if coords == "pixel":  # timm's linspace(-1, 1, s): steps of 2 / (d - 1)
+            return [(torch.arange(s, device=device, dtype=dtype) + o) * (2.0 / _corner_span(d)) - 1.0
+                    for s, o, d in zip(shape, offset, denoms)]
+        # timm's order of operations: (i + 0.5 + offset) / d, then 2 c - 1
         return [(torch.arange(s, device=device, dtype=dtype) + 0.5 + o) / d * 2.0 - 1.0
-                for s, o, d in zip(shape, offset, denominators(shape, normalize_coords))]
+                for s, o, d in zip(shape, offset, denoms)]
     spacing = spacing or (None,) * len(shape)
     axes = [torch.arange(s, device=device, dtype=dtype) * (1.0 if step is None else step) + o
             for s, o, step in zip(shape, offset, spacing)]
@@ -214,7 +250,8 @@ class CoordinateSystem:
     """The coordinates an encoding reads and their train-time augmentation (one per encoding module).
 
     Args (the same keywords in every coordinate-reading encoding):
-        coords: ``"index"`` (integer patch positions) or ``"normalized"`` (DINOv3's centred ``[-1, 1]``).
+        coords: ``"index"`` (integer patch positions), ``"normalized"`` (DINOv3's centred ``[-1, 1]``) or ``"pixel"``
+            (timm's pixel grid: the end patches on -1 and 1).
         normalize_coords: with ``"normalized"``, the denominator per axis: ``"separate"`` (each side),
             ``"min"`` or ``"max"`` (the shortest or longest side, for all axes).
         shift_coords, jitter_coords, rescale_coords: timm's augmentation factors (``None``: off); see the module
@@ -241,7 +278,7 @@ class CoordinateSystem:
 
     @property
     def normalized(self) -> bool:
-        return self.coords == "normalized"
+        return self.coords in NORMALIZED_COORDS
 
     @property
     def augments(self) -> bool:
@@ -304,4 +341,5 @@ class CoordinateSystem:
         """A short phrase naming the coordinates, for adaptation labels."""
         if not self.normalized:
             return "index coordinates"
-        return f"normalised coordinates ({self.normalize_coords})"
+        kind = "normalised" if self.coords == "normalized" else "pixel"
+        return f"{kind} coordinates ({self.normalize_coords})"

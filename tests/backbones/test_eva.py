@@ -2,12 +2,13 @@
 distilled DeiT with visionpe encodings: timm's own models at random weights are the oracle."""
 import copy
 import inspect
+import re
 
 import pytest
 import timm
 import torch
 from conftest import requires_that, perturbed
-from timm.layers import apply_rot_embed_cat
+from timm.layers import RotaryEmbeddingCat, apply_rot_embed_cat
 from timm.models.eva import Eva
 
 import visionpe as vpe
@@ -151,21 +152,34 @@ def test_create_model_with_another_encoding_and_back():
     assert ours.pe == "rope_axial+learned" and (rotary.theta, rotary.ref_shape) == (10000.0, (16, 16))
 
 
-def test_what_visionpe_cannot_reproduce_is_refused_with_the_reason():
-    """Perception Encoder's RoPE offset (patches from 1, an unrotated class token at 0, then scaled to
-    ``ref_feat_shape``): no native encoding (a clear error; those models have no ``vpe_*`` name), while any explicit
-    encoding replaces it; its gigantic models have no class token and no offset, and keep timm's logits."""
-    pe_model = timm.create_model("vit_pe_core_tiny_patch16_384", **KW)
-    with pytest.raises(ValueError, match="rope_grid_offset=1.0 .*Perception Encoder"):
-        vpe.apply(copy.deepcopy(pe_model), pe="native")
-    with pytest.raises(ValueError, match="timm Eva does not take it: Perception Encoder's RoPE starts"):
-        vpe.create_model("vit_pe_core_tiny_patch16_384", pe="rope_axial", **KW)
-    assert "vpe_vit_pe_core_tiny_patch16_384" not in timm.list_models("vpe_vit_pe_*")
-    patched = vpe.apply(pe_model, "rope_axial")
-    assert patched(torch.randn(1, 3, 32, 48)).shape == (1, 3)
-    with pytest.raises(ValueError, match="rope_grid_offset"):  # the reason is remembered
-        vpe.apply(patched, pe="native")
-    gigantic = _timm_eva("vit_pe_core_gigantic_patch14_448")
+PERCEPTION_ENCODER = [newer(f"vit_pe_core_{size}_patch16_384", "(Perception Encoder)") for size in ("tiny", "small")]
+
+
+@pytest.mark.parametrize("name", PERCEPTION_ENCODER)
+def test_perception_encoder_native_is_rope_with_its_grid_offset(name):
+    """Perception Encoder's RoPE (patches counted from 1 beside the unrotated class token, ``rope_grid_offset=1``,
+    then scaled to ``ref_feat_shape`` 24x24, xy order): ``rope_axial`` with ``grid_offset=1.0`` and ``scaling="pi"``,
+    timm's logits at every size; the ``vpe_`` name loads timm's state dict and computes the same."""
+    pe_model = _timm_eva(name)
+    assert pe_model.rope.grid_offset == 1.0
+    ours = vpe.apply(copy.deepcopy(pe_model), pe="native")
+    assert vpe.backbones.adapter_for(ours).native_pe(ours) == ("rope_axial+learned", dict(
+        theta=10000.0, axis_order="xy", pairs="interleaved", scaling="pi", ref_shape=(24, 24), grid_offset=1.0))
+    assert vpe.encodings_of(ours)["rotary"][0].grid_offset == 1.0
+    for size in SIZES:
+        assert _max_diff(ours, pe_model, size) < 2e-6, size
+    registered = timm.create_model(f"vpe_{name}", **KW).eval()
+    vpe.load_timm_checkpoint(registered, pe_model.state_dict(), strict=True)
+    for size in SIZES:
+        assert _max_diff(registered, pe_model, size) < 2e-6, size
+    rotary = vpe.encodings_of(ours)["rotary"][0]
+    from_zero = vpe.encodings_of(vpe.apply(copy.deepcopy(pe_model), pe="native", grid_offset=0.0))["rotary"][0]
+    for shape in ((4, 4), (6, 5)):  # timm's own RoPE module: q rotated from position 1 (times 24 / size)
+        q = torch.randn(1, 2, shape[0] * shape[1], rotary.head_dim)
+        expected = apply_rot_embed_cat(q, pe_model.rope.get_embed(shape=list(shape)))
+        torch.testing.assert_close(rotary.rotate(q, vpe.Grid(shape)), expected, atol=2e-5, rtol=1e-5)
+        assert (from_zero.rotate(q, vpe.Grid(shape)) - expected).abs().max() > 0.1
+    gigantic = _timm_eva("vit_pe_core_gigantic_patch14_448")  # no class token, no offset
     assert gigantic.rope.grid_offset == 0 and "vpe_vit_pe_core_gigantic_patch14_448" in timm.list_models("vpe_*")
     ours = vpe.apply(copy.deepcopy(gigantic), pe="native")
     for size in SIZES:
@@ -175,15 +189,120 @@ def test_what_visionpe_cannot_reproduce_is_refused_with_the_reason():
 MROPE = hasattr(timm.layers, "create_rope_embed") and "mrope" in inspect.getsource(timm.layers.create_rope_embed)
 
 
+CAT_GRIDS = [  # timm's RotaryEmbeddingCat beyond the Eva defaults: pixel-frequency bands (in_pixels=True) on its pixel
+    dict(in_pixels=True, max_res=224),  # grid (linspace(-1, 1, s)) or on integer positions, temperature bands on the
+    dict(in_pixels=True, max_res=64, linear_bands=True, grid_indexing="xy"),  # pixel and the centred grids
+    dict(in_pixels=True, max_res=224, grid_type="index", ref_feat_shape=(4, 4)),
+    dict(in_pixels=False, temperature=100, grid_type="pixel"),
+    dict(in_pixels=False, temperature=100, grid_type="centered", grid_indexing="xy"),
+]
+HAS_GRID_TYPE = "grid_type" in inspect.signature(RotaryEmbeddingCat).parameters
+
+
+def _cat_closed_form(q, rope, shape):
+    """timm's axial RoPE in float64 from its own stored bands (``rope.bands``): the grid of its ``grid_type``
+    (``_build_grid``'s formulas), angles ``coordinate * band`` per axis, interleaved pairs."""
+    shape = list(shape)[::-1] if rope.grid_indexing == "xy" else list(shape)
+    if rope.grid_type == "pixel":
+        axes = [torch.linspace(-1, 1, n, dtype=torch.float64) for n in shape]
+    elif rope.grid_type == "centered":
+        axes = [(torch.arange(n, dtype=torch.float64) + 0.5) / n * 2 - 1 for n in shape]
+    else:
+        axes = [torch.arange(n, dtype=torch.float64) + rope.grid_offset for n in shape]
+    if rope.ref_feat_shape is not None:
+        ref = list(rope.ref_feat_shape)[::-1] if rope.grid_indexing == "xy" else list(rope.ref_feat_shape)
+        axes = [a / n * r for a, n, r in zip(axes, shape, ref)]
+    coords = torch.stack(torch.meshgrid(axes, indexing=rope.grid_indexing), -1).reshape(-1, len(shape))
+    angles = (coords[:, :, None] * rope.bands.double()).flatten(1).repeat_interleave(2, -1)
+    return apply_rot_embed_cat(q.double(), torch.cat([angles.sin(), angles.cos()], -1)).float()
+
+
+@requires_that(HAS_GRID_TYPE, "timm's RotaryEmbeddingCat with grid_type (a newer timm)")
+@pytest.mark.parametrize("rope_kwargs", CAT_GRIDS, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_pixel_frequency_and_other_grids_of_timm_rope_are_native(rope_kwargs):
+    """An Eva whose ``RotaryEmbeddingCat`` has timm's pixel-frequency bands (``in_pixels=True``: ``max_res``,
+    ``linear_bands``) or another coordinate grid (``grid_type`` ``"pixel"``: ``coords="pixel"``; ``"centered"``:
+    ``coords="normalized"``; temperature bands there as periods ``2 pi temperature^(i/n)``): ``pe="native"`` rotates
+    q as timm's formula in float64 (from its stored float32 bands) to float32 rounding, timm's float32 module to its
+    own rounding of angles up to ``pi max_res / 2`` per unit, and gives timm's logits at every size."""
+    eva = _timm_eva("vit_small_patch16_rope_224")
+    eva.rope = RotaryEmbeddingCat(dim=KW["embed_dim"] // KW["num_heads"], **rope_kwargs)
+    ours = vpe.apply(copy.deepcopy(eva), pe="native")
+    rotary = vpe.encodings_of(ours)["rotary"][0]
+    for shape in ((4, 4), (6, 5), (1, 3)):
+        q = torch.randn(1, 2, shape[0] * shape[1], rotary.head_dim)
+        mine = rotary.rotate(q, vpe.Grid(shape))
+        torch.testing.assert_close(mine, _cat_closed_form(q, eva.rope, shape), atol=1e-6, rtol=0)
+        torch.testing.assert_close(mine, apply_rot_embed_cat(q, eva.rope.get_embed(list(shape))), atol=5e-4, rtol=0)
+    for size in SIZES:
+        assert _max_diff(ours, eva, size) < 2e-5, size
+
+
+@requires_that(HAS_GRID_TYPE, "timm's RotaryEmbeddingCat with grid_type (a newer timm)")
+def test_what_timm_rope_visionpe_cannot_reproduce_is_refused_with_the_reason():
+    """A ``ref_feat_shape`` on timm's [-1, 1] grids (it rescales them by ref / size) and a grid offset on the centred
+    one: refused with the reason; another encoding still replaces them."""
+    for rope_kwargs, words in ((dict(in_pixels=True, ref_feat_shape=(4, 4)), "'pixel' grid with ref_feat_shape"),
+                               (dict(in_pixels=False, grid_type="centered", grid_offset=1.0), "grid_offset=1.0")):
+        eva = _timm_eva("vit_small_patch16_rope_224")
+        eva.rope = RotaryEmbeddingCat(dim=KW["embed_dim"] // KW["num_heads"], **rope_kwargs)
+        with pytest.raises(ValueError, match=re.escape(words)):
+            vpe.apply(copy.deepcopy(eva), pe="native")
+        assert vpe.apply(eva, "rope_axial")(torch.randn(1, 3, 32, 48)).shape == (1, 3)
+
+
+MROPE_CASES = [  # (embed_dim, heads, mrope_section): timm's default sections on a 16- and a 64-wide head (the
+    (32, 2, None),  # first clamped by the head: 3/3/2 pairs), GenLIP's (12, 12, 12) on a 72-wide head
+    (128, 2, None),
+    (144, 2, (12, 12, 12)),
+]
+
+
+def _mrope_eva(embed_dim, num_heads, section, **extra):
+    kw = dict(KW, embed_dim=embed_dim, num_heads=num_heads, rope_type="mrope", rope_grid_indexing="ij", **extra)
+    if section is not None:
+        kw["rope_mrope_section"] = section
+    torch.manual_seed(0)
+    return _perturb(timm.create_model("vit_small_patch16_rope_224", dynamic_img_size=True, **kw))
+
+
 @requires_that(MROPE, "timm's M-RoPE (a newer timm)")
-def test_timm_mrope_has_no_native_equivalent():
-    eva = timm.create_model("vit_small_patch16_rope_224", rope_type="mrope", rope_grid_indexing="ij", **KW)
-    with pytest.raises(ValueError, match="RotaryEmbeddingMRope has no visionpe equivalent"):
-        vpe.apply(copy.deepcopy(eva), pe="native")
-    patched = vpe.apply(eva, "rope_axial")  # another encoding replaces it
-    assert patched(torch.randn(1, 3, 32, 48)).shape == (1, 3)
-    with pytest.raises(ValueError, match="RotaryEmbeddingMRope"):  # the reason is remembered
-        vpe.apply(patched, pe="native")
+@pytest.mark.parametrize("embed_dim,num_heads,section", MROPE_CASES)
+def test_timm_mrope_native_is_interleaved_mrope_with_time_inert(embed_dim, num_heads, section):
+    """timm's ``rope_type="mrope"`` (``RotaryEmbeddingMRope``: one spectrum over the head, pairs dealt t, h, w, t, ...,
+    time at 0 on an image, half pairs): ``rope_axial`` with ``spectrum="mrope_interleaved"``, ``inert_axes=1`` and
+    the pair counts timm's clamped interleave gives; timm's logits at every size, and the same rotation of q as timm's
+    own module."""
+    eva = _mrope_eva(embed_dim, num_heads, section)
+    ours = vpe.apply(copy.deepcopy(eva), pe="native")
+    pe, kwargs = vpe.backbones.adapter_for(ours).native_pe(ours)
+    head_pairs = embed_dim // num_heads // 2
+    assert pe == "rope_axial" and kwargs["inert_axes"] == 1 and sum(kwargs["sections"]) == head_pairs
+    for size in SIZES:
+        assert _max_diff(ours, eva, size) < 2e-5, size
+    rotary = vpe.encodings_of(ours)["rotary"][0]
+    for shape in ((4, 4), (6, 5)):
+        q = torch.randn(1, num_heads, shape[0] * shape[1], rotary.head_dim)
+        expected = apply_rot_embed_cat(q, eva.rope.get_embed(list(shape)), half=True)
+        torch.testing.assert_close(rotary.rotate(q, vpe.Grid(shape)), expected, atol=2e-5, rtol=1e-5)
+
+
+@requires_that(MROPE and "rope_shift_coords" in inspect.signature(Eva).parameters,
+               "timm's M-RoPE with RoPE coordinate augmentation (a newer timm)")
+def test_timm_mrope_trains_as_timm_with_coordinate_augmentation():
+    """In training mode timm's M-RoPE augments (h, w), time staying at 0: the same draws from the same RNG state give
+    timm's logits."""
+    eva = _mrope_eva(32, 2, None, rope_shift_coords=1.0, rope_jitter_coords=1.5, rope_rescale_coords=1.2)
+    ours = vpe.apply(copy.deepcopy(eva), pe="native")
+    eva.train(), ours.train()
+    x = torch.randn(2, 3, 40, 32)
+    torch.manual_seed(3)
+    theirs = eva(x)
+    torch.manual_seed(3)
+    mine = ours(x)
+    assert (mine - theirs).abs().max() < 2e-5
+    torch.manual_seed(4)
+    assert (ours(x) - theirs).abs().max() > 1e-4  # another draw
 
 
 def test_an_eval_model_draws_no_coordinate_augmentation():

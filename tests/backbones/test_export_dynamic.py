@@ -35,6 +35,14 @@ def timm_eva(pe):
     return vpe.create_model("vit_small_patch16_rope_224", pe=pe, embed_dim=64, num_heads=2, **TINY_VIT)
 
 
+def timm_beit(pe):
+    return vpe.create_model("beit_base_patch16_224", pe=pe, embed_dim=32, num_heads=2, **TINY_VIT)
+
+
+def timm_relpos(pe):
+    return vpe.create_model("vit_relpos_medium_patch16_cls_224", pe=pe, embed_dim=32, num_heads=2, **TINY_VIT)
+
+
 def timm_swin(pe):
     return vpe.create_model("swin_tiny_patch4_window7_224", pe=pe, img_size=32, patch_size=4, window_size=2,
                             embed_dim=16, depths=(1, 1), num_heads=(1, 2), num_classes=5)
@@ -71,6 +79,8 @@ BACKBONES = {
     "timm_vit": (timm_vit, 8, ("learned", "rope_mixed", "alibi")),
     "timm_deit_distilled": (timm_deit, 8, ("sincos", "rope_axial", "rel_bias")),
     "timm_eva": (timm_eva, 8, ("learned", "native", "fire")),
+    "timm_beit": (timm_beit, 8, ("learned", "rope_mixed", "alibi")),  # its native (geometric table resize): not yet
+    "timm_relpos": (timm_relpos, 8, ("learned", "rope_axial", "native")),  # native: cpb(mode="cr")
     "timm_swin": (timm_swin, 16, ("rope_mixed", "swin_bias", "cpb")),
     "torchvision_vit": (torchvision_vit, 8, ("learned", "rope_mixed", "alibi")),
     "hf_vit": (hf_vit, 8, ("learned", "rope_axial", "alibi")),

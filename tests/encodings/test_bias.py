@@ -3,6 +3,7 @@ import math
 
 import numpy as np
 import pytest
+import timm
 import torch
 from timm.layers import RelPosMlp, gen_relative_log_coords, gen_relative_position_index, \
     resize_rel_pos_bias_table_simple
@@ -132,6 +133,31 @@ def test_swin_bias_prefix_rows_are_zero():
     torch.testing.assert_close(bias[:, 2:, 2:], pe(Grid((2, 3))))
 
 
+@pytest.mark.parametrize("new", [(2, 3), (3, 3), (6, 5)])
+def test_rel_bias_fit_resizes_the_table_to_every_grid_as_timms_beit(new):
+    """``rel_bias(grow="fit", interpolation="geometric")``: the table resized to each grid's own offsets, smaller
+    ones too, by timm's ``resize_rel_pos_bias_table`` (what timm's BEiT ``set_input_size`` calls); the default
+    (``"resample"``) reads a smaller grid's offsets from the table as it is."""
+    heads, train = 2, (4, 4)
+    torch.manual_seed(0)
+    table = torch.randn((2 * train[0] - 1) * (2 * train[1] - 1) + 3, heads)  # BEiT's: offsets, then 3 prefix rows
+    fit = vpe.build("rel_bias", num_heads=heads, grid_shape=train, interpolation="geometric", grow="fit")
+    kept = vpe.build("rel_bias", num_heads=heads, grid_shape=train, interpolation="geometric")
+    with torch.no_grad():
+        fit.relative_position_bias_table.copy_(table)
+        kept.relative_position_bias_table.copy_(table)
+        resized = timm.layers.resize_rel_pos_bias_table(  # a square source window (all the floor's timm reads)
+            table, new_window_size=new, new_bias_shape=((2 * new[0] - 1) * (2 * new[1] - 1) + 3, heads))
+        index = timm.models.beit.gen_relative_position_index(new)
+        expected = resized[index.reshape(-1)].reshape(*index.shape, heads).permute(2, 0, 1)
+        grid = Grid(new, prefix=1)
+        torch.testing.assert_close(fit(grid), expected, atol=1e-5, rtol=1e-5)
+        if new[0] <= train[0] and new[1] <= train[1]:
+            assert (kept(grid) - expected).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="grow='error' is not supported; allowed values: 'resample', 'fit'"):
+        vpe.build("rel_bias", num_heads=heads, grid_shape=train, grow="error")
+
+
 # -- cpb -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("pretrained", [None, (6, 5)])
 @pytest.mark.parametrize("window", [(3, 4), (4, 4)])
@@ -173,6 +199,80 @@ def test_cpb_training_gradients_match_timm():
     for ours, theirs in ((pe.cpb_mlp[0].weight, timm_cpb.mlp.fc1.weight), (pe.cpb_mlp[0].bias, timm_cpb.mlp.fc1.bias),
                          (pe.cpb_mlp[2].weight, timm_cpb.mlp.fc2.weight)):
         torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-4, atol=1e-5)
+
+
+def _timm_weights(timm_mlp: RelPosMlp, with_fc2_bias: bool) -> dict:
+    state = {"cpb_mlp.0.weight": timm_mlp.mlp.fc1.weight, "cpb_mlp.0.bias": timm_mlp.mlp.fc1.bias,
+             "cpb_mlp.2.weight": timm_mlp.mlp.fc2.weight}
+    return {**state, "cpb_mlp.2.bias": timm_mlp.mlp.fc2.bias} if with_fc2_bias else state
+
+
+def _rw_log_coords(window) -> torch.Tensor:
+    """timm 0.6's ``gen_relative_log_coords(mode="rw")`` (timm 1.0.31 asserts ``mode in ('swin', 'cr')``): integer
+    offsets divided by ``window - 1``, times 8, ``sign(x) log2(1 + |x|) / log2(9)``."""
+    axes = [torch.arange(-(w - 1), w, dtype=torch.float32) / (w - 1) * 8 for w in window]
+    table = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)
+    return torch.sign(table) * torch.log2(1.0 + table.abs()) / math.log2(9)
+
+
+@pytest.mark.parametrize("window", [(3, 4), (4, 4), (2, 5)])
+def test_cpb_cr_mode_matches_timm_rel_pos_mlp(window):
+    """timm's ``RelPosMlp(mode="cr")`` (its default: ``sign(d) ln(1 + |d|)`` of the offsets themselves, an MLP with
+    both biases, no squashing) at random weights."""
+    heads = 3
+    torch.manual_seed(0)
+    timm_mlp = RelPosMlp(window, num_heads=heads, hidden_dim=64, mode="cr").eval()  # eval: no MLP dropout
+    with torch.no_grad():
+        for p in timm_mlp.parameters():
+            p.normal_()
+    pe = vpe.build("cpb", num_heads=heads, window_size=window, hidden_dim=64, mode="cr").eval()
+    pe.load_state_dict(_timm_weights(timm_mlp, True))
+    torch.testing.assert_close(log_relative_coords(window, window, mode="cr"),
+                               gen_relative_log_coords(window, mode="cr").reshape(-1, 2), atol=1e-6, rtol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(pe(Grid(window)), timm_mlp.get_bias()[0], atol=1e-5, rtol=1e-5)
+        with_prefix = pe(Grid(window, prefix=1))
+    timm_prefix = RelPosMlp(window, num_heads=heads, hidden_dim=64, mode="cr", prefix_tokens=1).eval()
+    timm_prefix.load_state_dict(timm_mlp.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(with_prefix, timm_prefix.get_bias()[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [(3, 4), (4, 4), (2, 5)])
+def test_cpb_rw_mode_matches_timm_rel_pos_mlp_with_rw_coords(window):
+    """``mode="rw"``: timm 0.6's ``RelPosMlp(mode="rw")``, ``4 tanh(MLP(rw log coords))``. timm 1.0.31 no longer
+    builds it (its log coordinates assert ``mode in ('swin', 'cr')``), so the oracle is its ``RelPosMlp`` (index
+    gather, MLP with both biases) given 0.6's ``rw`` coordinates, activation and gain."""
+    heads = 2
+    torch.manual_seed(1)
+    timm_mlp = RelPosMlp(window, num_heads=heads, hidden_dim=32, mode="cr").eval()
+    with torch.no_grad():
+        for p in timm_mlp.parameters():
+            p.normal_()
+        timm_mlp.rel_coords_log.copy_(_rw_log_coords(window))
+    timm_mlp.bias_act, timm_mlp.bias_gain = torch.nn.Tanh(), 4
+    pe = vpe.build("cpb", num_heads=heads, window_size=window, hidden_dim=32, mode="rw").eval()
+    pe.load_state_dict(_timm_weights(timm_mlp, True))
+    torch.testing.assert_close(log_relative_coords(window, window, mode="rw"), _rw_log_coords(window).reshape(-1, 2),
+                               atol=1e-6, rtol=0)
+    with torch.no_grad():
+        bias = pe(Grid(window))
+        torch.testing.assert_close(bias, timm_mlp.get_bias()[0], atol=1e-5, rtol=1e-5)
+    assert bias.abs().max() <= 4
+
+
+def test_cpb_modes_check_their_arguments_and_train():
+    with pytest.raises(ValueError, match="mode='xy' is not supported; allowed values: 'swin', 'cr', 'rw'"):
+        vpe.build("cpb", num_heads=2, window_size=(3, 3), mode="xy")
+    with pytest.raises(ValueError, match="pretrained_window_size=.*mode='cr' reads the offsets themselves"):
+        vpe.build("cpb", num_heads=2, window_size=(3, 3), pretrained_window_size=(4, 4), mode="cr")
+    for mode in ("cr", "rw"):
+        model = vpe.create_model("vit_tiny_patch16_224", pe="cpb", pe_kwargs={"mode": mode}, img_size=16, patch_size=4,
+                                 embed_dim=24, depth=1, num_heads=2, num_classes=3, global_pool="avg")
+        model(torch.randn(2, 3, 24, 20)).square().sum().backward()
+        bias = vpe.encodings_of(model)["bias"][0]
+        assert bias.mode == mode and "cpb_mlp.2.bias" in dict(bias.named_parameters())
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in bias.parameters())
 
 
 # -- alibi ---------------------------------------------------------------------------------------------

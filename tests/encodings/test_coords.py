@@ -72,6 +72,27 @@ def test_normalized_coordinates_with_offset_match_timm():
     torch.testing.assert_close(ours, ref.reshape(-1, 2), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(5,), (3, 5), (1, 4), (2, 3, 4)])
+def test_pixel_coordinates_match_timm_pixel_grid(shape):
+    """``coords="pixel"``: timm's ``grid_type="pixel"`` (``linspace(-1, 1, s)``: the end patches on -1 and 1, one
+    patch at -1)."""
+    ref = _build_grid(list(shape), grid_type="pixel", grid_indexing="ij")
+    ours = CoordinateSystem("pixel").positions(Grid(shape))
+    torch.testing.assert_close(ours, ref.reshape(-1, len(shape)), rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("new", [(6, 9), (5, 2), (3, 5)])
+def test_pixel_learned_is_interpolate_with_aligned_corners(new):
+    """A learned table read at pixel coordinates: its own patches on the corners of [-1, 1], so a new grid reads it
+    as ``F.interpolate(align_corners=True)`` does; on its own grid, the table itself."""
+    pe = vpe.build("learned", dim=8, grid_shape=(3, 5), coords="pixel", interpolation="bilinear")
+    table = pe.table.detach()
+    ref = F.interpolate(table.permute(2, 0, 1)[None], size=new, mode="bilinear", align_corners=True)
+    with torch.no_grad():
+        torch.testing.assert_close(pe.patch_table(Grid(new)), ref[0].permute(1, 2, 0).reshape(-1, 8), atol=1e-5,
+                                   rtol=1e-5)
+
+
 def test_index_coordinates_and_interpolation():
     grid = Grid((6, 10), offset=(1, 2))
     index = CoordinateSystem()
@@ -362,7 +383,7 @@ def test_eval_tables_stay_cached_and_training_gradients_flow(name):
 
 
 @pytest.mark.parametrize("aug", list(AUGS))
-@pytest.mark.parametrize("coords", ["index", "normalized"])
+@pytest.mark.parametrize("coords", ["index", "normalized", "pixel"])
 @pytest.mark.parametrize("pe", NAMES)
 def test_every_encoding_and_augmentation_trains_in_a_vit(pe, coords, aug):
     model = vpe.create_model("vit_tiny_patch16_224", pe=pe, pe_kwargs={"coords": coords, **AUGS[aug]}, img_size=16,
@@ -406,7 +427,7 @@ def test_combination_takes_the_keywords_once_each():
 # -- bad values ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("kw,words", [
-    (dict(coords="pixel"), ["coords='pixel'", "'index', 'normalized'"]),
+    (dict(coords="corners"), ["coords='corners'", "'index', 'normalized', 'pixel'"]),
     (dict(coords="normalized", normalize_coords="diag"), ["normalize_coords='diag'", "'separate', 'min', 'max'"]),
     (dict(shift_coords=-1.0), ["shift_coords", ">= 0"]),
     (dict(jitter_coords=0.5), ["jitter_coords", ">= 1"]),

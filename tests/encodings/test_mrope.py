@@ -24,6 +24,38 @@ def test_interleaved_mrope_matches_timm(head_dim, sections, shape):
     torch.testing.assert_close(pe.rotate(q, Grid((1, *shape))), expected, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("head_dim,sections", [(72, (12, 12, 12)), (64, (10, 11, 11)), (32, (10, 3, 3))])
+@pytest.mark.parametrize("shape", [(3, 5), (4, 4)])
+def test_interleaved_mrope_on_a_2d_grid_with_time_inert_matches_timm(head_dim, sections, shape):
+    """The same on the image's own 2D grid: ``inert_axes=1`` keeps time (axis 0 of the (t, h, w) layout) at 0, so its
+    pairs stay unrotated; equal to the 3D form on (1, H, W). (64, (10, 11, 11)) are the pair counts of timm's
+    default (8, 12, 12) on a 64-wide head, (32, (10, 3, 3)) those of (2, 3, 3) on a 32-wide one."""
+    timm_sections = {(64, (10, 11, 11)): (8, 12, 12), (32, (10, 3, 3)): (2, 3, 3)}.get((head_dim, sections), sections)
+    timm_rope = RotaryEmbeddingMRope(head_dim, mrope_section=timm_sections, temperature=10000.0)
+    pe = vpe.build("rope_axial", head_dim=head_dim, ndim=2, theta=10000, pairs="half", spectrum="mrope_interleaved",
+                   sections=sections, inert_axes=1, axis_order="ij")
+    q = torch.randn(2, 3, shape[0] * shape[1], head_dim)
+    expected = apply_rot_embed_cat(q, timm_rope.get_embed(list(shape)), half=True)
+    torch.testing.assert_close(pe.rotate(q, Grid(shape)), expected, atol=2e-5, rtol=1e-5)
+    video = vpe.build("rope_axial", head_dim=head_dim, ndim=3, theta=10000, pairs="half", spectrum="mrope_interleaved",
+                      sections=sections, axis_order="ij")
+    torch.testing.assert_close(pe.rotate(q, Grid(shape)), video.rotate(q, Grid((1, *shape))), atol=1e-6, rtol=0)
+    assert "inert_axes=1" in repr(pe)
+
+
+def test_inert_axes_need_an_mrope_spectrum_in_its_own_order():
+    with pytest.raises(ValueError, match="inert_axes=1 .*spectrum='mrope'"):
+        vpe.build("rope_axial", head_dim=32, ndim=2, inert_axes=1)
+    with pytest.raises(ValueError, match="inert_axes=1 .*pair_order='by_axis'"):
+        vpe.build("rope_axial", head_dim=32, ndim=2, spectrum="mrope_interleaved", inert_axes=1, pair_order="by_axis")
+    with pytest.raises(ValueError, match="inert_axes=-1 must be an integer >= 0"):
+        vpe.build("rope_axial", head_dim=32, ndim=2, spectrum="mrope", inert_axes=-1)
+    with pytest.raises(ValueError, match="sections"):  # one entry per axis of the layout: ndim + inert_axes
+        vpe.build("rope_axial", head_dim=32, ndim=2, spectrum="mrope_interleaved", sections=(4, 4), inert_axes=1)
+    chunked = vpe.build("rope_axial", head_dim=32, ndim=2, spectrum="mrope", sections=(4, 6, 6), inert_axes=1)
+    assert (chunked.frequency_vectors()[..., :4] == 0).all()  # the time chunk never turns
+
+
 def test_chunked_mrope_is_one_spectrum_cut_in_chunks():
     """Qwen2-VL: inv_freq = theta^(-2p/d) over all d/2 pairs; pairs [0, s_t) read t, [s_t, s_t + s_h) h, rest w."""
     head_dim, sections, theta = 32, (4, 6, 6), 10000.0

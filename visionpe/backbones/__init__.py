@@ -1,20 +1,22 @@
 """Backbone adapters, one module a model family, each registered once (:func:`register_adapter`): timm ViT/DeiT
-(``vit.py``), timm Swin v1/v2 (``swin.py``), timm's distilled DeiT (``deit.py``), timm Eva (``eva.py``),
-torchvision Video Swin (``video_swin.py``) and image ViT (``torchvision_vit.py``), and, once transformers is
-imported, Hugging Face ViT/DeiT/DINOv2/Swin (``hf.py``; DINOv3: ``hf_dinov3.py``; SigLIP 2's vision tower:
-``hf_siglip2.py``; Qwen3-VL's vision tower: ``hf_qwen3_vl.py``; ``save_pretrained`` / ``from_pretrained``:
-``hf_pretrained.py``), sharing ``adapter.py`` (and ``windows.py``: the shifted-window mask); the tubelet video ViT
-(``video.py``) builds on the ViT adapter. :func:`apply`, :func:`create_model`, :func:`encodings_of`,
-:func:`~visionpe.load_timm_checkpoint`, timm's ``vpe_*`` registry (``timm_registry.py``) and the training CLI ask the
-registry."""
+(``vit.py``), timm Swin v1/v2 (``swin.py``), timm's distilled DeiT (``deit.py``), timm Eva (``eva.py``), timm BEiT
+(``beit.py``), timm ``VisionTransformerRelPos`` (``vit_relpos.py``), torchvision Video Swin (``video_swin.py``) and
+image ViT (``torchvision_vit.py``), and, once transformers is imported, Hugging Face ViT/DeiT/DINOv2/Swin (``hf.py``;
+DINOv3: ``hf_dinov3.py``; SigLIP 2's vision tower: ``hf_siglip2.py``; Qwen3-VL's vision tower: ``hf_qwen3_vl.py``;
+``save_pretrained`` / ``from_pretrained``: ``hf_pretrained.py``), sharing ``adapter.py`` (and ``windows.py``: the
+shifted-window mask); the tubelet video ViT (``video.py``) builds on the ViT adapter. :func:`apply`,
+:func:`create_model`, :func:`encodings_of`, :func:`~visionpe.load_timm_checkpoint`, timm's ``vpe_*`` registry
+(``timm_registry.py``) and the training CLI ask the registry."""
 import importlib
 import importlib.util
 
 from .._import_hook import when_imported
-from . import vit, swin, deit, eva, video_swin, torchvision_vit  # noqa: F401, I001  (each registers its adapter)
+# each registers its adapter
+from . import vit, swin, deit, eva, beit, vit_relpos, video_swin, torchvision_vit  # noqa: F401, I001
 from .adapter import (ADAPTERS, UNAVAILABLE, Adapter, PositionalModel, adapter_for, named_constructor, parse_pe,
                       register_adapter, repeated_blocks)
 from .api import apply, create_model, encodings_of
+from .beit import BeitPE
 from .deit import VisionTransformerDistilledPE
 from .swin import SwinTransformerPE, SwinTransformerV2PE, WindowAttention
 from .torchvision_vit import GridMultiheadAttention, TorchvisionViTPE
@@ -44,8 +46,8 @@ def _register_hf(_transformers) -> None:
 
 when_imported("transformers", _register_hf)
 
-__all__ = ["ADAPTERS", "Adapter", "GridBlock", "GridMultiheadAttention", "PositionalModel", "SwinTransformer3dPE",
-           "SwinTransformerPE", "SwinTransformerV2PE", "TorchvisionViTPE", "TubeletEmbed", "VideoWindowAttention",
-           "VisionTransformerDistilledPE", "VisionTransformerPE", "WindowAttention", "adapter_for", "apply",
-           "create_model", "create_video_model", "encodings_of", "inflate_patch_embed", "named_constructor", "parse_pe",
-           "register_adapter", "repeated_blocks"]
+__all__ = ["ADAPTERS", "Adapter", "BeitPE", "GridBlock", "GridMultiheadAttention", "PositionalModel",
+           "SwinTransformer3dPE", "SwinTransformerPE", "SwinTransformerV2PE", "TorchvisionViTPE",
+           "TubeletEmbed", "VideoWindowAttention", "VisionTransformerDistilledPE", "VisionTransformerPE",
+           "WindowAttention", "adapter_for", "apply", "create_model", "create_video_model", "encodings_of",
+           "inflate_patch_embed", "named_constructor", "parse_pe", "register_adapter", "repeated_blocks"]

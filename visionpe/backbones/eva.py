@@ -11,14 +11,18 @@ between calls.
 The architecture's own encoding (``pe="native"``, the default of ``vpe_<eva name>``) is timm's, exactly
 (:func:`native_eva`): the learned ``pos_embed`` is ``learned``; ``RotaryEmbeddingCat`` is ``rope_axial`` with
 ``theta`` = its temperature, its ``grid_indexing`` as ``axis_order``, its pair layout, and ``scaling="pi"`` against
-``ref_feat_shape`` (EVA-02, the ``*_reg*_gap_256`` ports) or ``"none"`` (integer positions, the rope-vit ports);
-``RotaryEmbeddingMixed`` is ``rope_mixed`` taking over each block's learned frequencies; ``RotaryEmbeddingDinoV3`` is
-``rope_axial`` on normalised coordinates (``coords="normalized"``); timm's train-time coordinate augmentation
-(``rope_shift_coords``, ...) comes along. What has no visionpe equivalent is refused with the reason, though any
-other encoding may replace it: a RoPE grid offset (Perception Encoder's ``rope_grid_offset=1``: those models have no
-``vpe_*`` name), timm's M-RoPE (three axes on an image grid).
+``ref_feat_shape`` (EVA-02, the ``*_reg*_gap_256`` ports) or ``"none"`` (integer positions, the rope-vit ports), and
+its ``grid_offset`` (Perception Encoder's ``rope_grid_offset=1``: patches counted from 1 beside the unrotated class
+token, then scaled to ``ref_feat_shape``); ``RotaryEmbeddingMixed`` is ``rope_mixed`` taking over each block's
+learned frequencies; ``RotaryEmbeddingDinoV3`` is ``rope_axial`` on normalised coordinates (``coords="normalized"``);
+``RotaryEmbeddingMRope`` (``rope_type="mrope"``) is ``rope_axial`` with M-RoPE's interleaved spectrum over (t, h, w),
+time an inert axis (``inert_axes=1``), half pairs; timm's train-time coordinate augmentation (``rope_shift_coords``,
+...) comes along. What has no visionpe equivalent is refused with the reason, though any other encoding may replace
+it.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -41,16 +45,22 @@ try:  # timm >= 1.0.20 (DINOv3); the floor's Eva has no such RoPE
     from timm.layers import RotaryEmbeddingDinoV3
 except ImportError:
     RotaryEmbeddingDinoV3 = None
+try:  # a recent timm's M-RoPE (GenLIP); older ones have none
+    from timm.layers.pos_embed_sincos import RotaryEmbeddingMRope
+except ImportError:
+    RotaryEmbeddingMRope = None
 
 PROJECTIONS = ("qkv", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "attn_drop", "norm", "gate", "proj",
                "proj_drop")  # the modules of timm's EvaAttention and AttentionRope, by their names
+NORMS = ("q_norm", "k_norm", "norm")
 
 
 class EvaAttentionPE(nn.Module):
     """Replaces timm's ``EvaAttention`` and ``AttentionRope``: their modules and parameters under their names (a
     fused ``qkv`` with ``q_bias``/``v_bias`` and a zero ``k_bias`` buffer, or ``q_proj``/``k_proj``/``v_proj`` with
     ``num_kv_heads`` key/value heads; ``q_norm``, ``k_norm``, the scale ``norm``, the output ``gate``, ``proj``), so
-    a timm Eva state dict loads unchanged; ``rotary`` and ``bias`` hold the block's encodings.
+    a timm Eva state dict loads unchanged; ``rotary`` and ``bias`` hold the block's encodings. timm's BEiT
+    ``Attention`` (the fused form, without norms: identities here) is replaced the same way (``beit.py``).
 
     Call as timm's Eva block calls it: ``attn(x, rope=layout, attn_mask=None, is_causal=False)`` with
     ``x: (B, T, dim)`` and ``rope`` the call's token :class:`~visionpe.grid.Layout` (where timm passes its RoPE
@@ -66,7 +76,8 @@ class EvaAttentionPE(nn.Module):
         self.num_kv_heads = getattr(source, "num_kv_heads", source.num_heads)
         self.qkv_bias_separate = getattr(source, "qkv_bias_separate", False)
         for name in PROJECTIONS:
-            setattr(self, name, getattr(source, name, None))
+            module = getattr(source, name, None)  # BEiT's attention has no q/k norms nor a scale norm: identities
+            setattr(self, name, nn.Identity() if module is None and name in NORMS else module)
         self.q_bias, self.v_bias = getattr(source, "q_bias", None), getattr(source, "v_bias", None)
         self.register_buffer("k_bias", getattr(source, "k_bias", None), persistent=False)
         self.rotary, self.bias = rotary, bias
@@ -130,31 +141,87 @@ def native_eva(model: Eva) -> tuple[str, dict]:
 
 def native_rope(rope: nn.Module) -> tuple[str, dict]:
     """``(encoding, keywords)`` of visionpe equal to timm's RoPE module ``rope``; a ``ValueError`` saying why for
-    one visionpe cannot reproduce: a constant ``grid_offset`` (Perception Encoder's ``rope_grid_offset=1``) moves
-    every patch alike, which scores between patches do not see but those of the unrotated prefix tokens do."""
+    one visionpe cannot reproduce. A constant ``grid_offset`` (Perception Encoder's ``rope_grid_offset=1``) is
+    ``rope_axial``'s ``grid_offset``: added to every patch coordinate before ``ref_feat_shape``'s scaling, prefix
+    tokens unrotated, as timm."""
     augment = {k: getattr(rope, k) for k in ("shift_coords", "jitter_coords", "rescale_coords")
                if getattr(rope, k, None) is not None}
     pairs = "half" if getattr(rope, "rotate_half", False) else "interleaved"
-    offset = getattr(rope, "grid_offset", 0.0)
-    if offset:
-        raise ValueError(f"timm's Eva RoPE with rope_grid_offset={offset} (Perception Encoder: the unrotated class "
-                         f"token at position 0, patches from {offset}): visionpe's RoPE has no constant coordinate "
-                         "offset, which the class token's scores would see; use --pe timm, or another pe")
-    if isinstance(rope, RotaryEmbeddingCat) and not getattr(rope, "in_pixels", False):
-        ref = getattr(rope, "ref_feat_shape", None)
-        scaling = {"scaling": "pi", "ref_shape": tuple(ref)} if ref is not None else {"scaling": "none"}
-        return "rope_axial", dict(theta=float(rope.temperature), axis_order=rope.grid_indexing, pairs=pairs,
-                                  **scaling, **augment)
+    if isinstance(rope, RotaryEmbeddingCat):
+        return "rope_axial", dict(**cat_coordinates(rope), **cat_bands(rope), axis_order=rope.grid_indexing,
+                                  pairs=pairs, **augment)
     if isinstance(rope, RotaryEmbeddingMixed):
         return "rope_mixed", dict(theta=float(rope.temperature), axis_order=rope.grid_indexing, scaling="none",
                                   **augment)
     if RotaryEmbeddingDinoV3 is not None and isinstance(rope, RotaryEmbeddingDinoV3):
+        if getattr(rope, "grid_offset", 0.0):
+            raise ValueError(f"timm's RotaryEmbeddingDinoV3 with grid_offset={rope.grid_offset}: visionpe's normalised "
+                             "coordinates take no constant offset; use --pe timm, or another pe")
         periods = ({"min_period": rope.min_period, "max_period": rope.max_period}
                    if rope.min_period is not None and rope.max_period is not None else {"theta": rope.temperature})
         return "rope_axial", dict(coords="normalized", normalize_coords=rope.normalize_coords,
                                   axis_order=rope.grid_indexing, pairs=pairs, **periods, **augment)
-    raise ValueError(f"timm's Eva RoPE {type(rope).__name__} has no visionpe equivalent (M-RoPE's three axes on an "
-                     "image grid, pixel-frequency RoPE); use --pe timm, or another pe")
+    if RotaryEmbeddingMRope is not None and isinstance(rope, RotaryEmbeddingMRope):
+        return "rope_axial", dict(theta=float(rope.temperature), spectrum="mrope_interleaved", inert_axes=1,
+                                  sections=mrope_pair_counts(rope.mrope_section, rope.dim // 2), axis_order="ij",
+                                  pairs="half", scaling="none", **augment)
+    raise ValueError(f"timm's Eva RoPE {type(rope).__name__} has no visionpe equivalent; use --pe timm, or another "
+                     "pe")
+
+
+def mrope_pair_counts(mrope_section, num_pairs: int) -> tuple[int, int, int]:
+    """The rotation pairs per (t, h, w) that timm's interleaved M-RoPE gives ``num_pairs`` pairs: h takes pairs
+    ``1, 4, 7, ...`` below ``3 * sections[1]``, w ``2, 5, 8, ...`` below ``3 * sections[2]`` (both clamped to the
+    head), time (inert on an image) the rest; equal to ``mrope_section`` where it tiles the head exactly."""
+    _, sec_h, sec_w = mrope_section
+    h = len(range(1, min(3 * sec_h, num_pairs), 3))
+    w = len(range(2, min(3 * sec_w, num_pairs), 3))
+    return num_pairs - h - w, h, w
+
+
+def cat_grid_type(rope: RotaryEmbeddingCat) -> str:
+    """timm's coordinate grid of an axial RoPE module: ``"index"``, ``"pixel"`` or ``"centered"`` (a timm before
+    ``grid_type`` chose by ``in_pixels``)."""
+    return getattr(rope, "grid_type", None) or ("pixel" if rope.in_pixels else "index")
+
+
+def cat_coordinates(rope: RotaryEmbeddingCat) -> dict:
+    """``rope_axial``'s coordinates for timm's ``RotaryEmbeddingCat``: integer positions plus its ``grid_offset``,
+    interpolated to ``ref_feat_shape`` (``scaling="pi"``) or not; its pixel grid (``coords="pixel"``, which reads no
+    offset, as timm's); its centred grid (``coords="normalized"``). A ``ref_feat_shape`` on a ``[-1, 1]`` grid, and
+    an offset on the centred one, have no visionpe equivalent."""
+    grid_type, ref = cat_grid_type(rope), getattr(rope, "ref_feat_shape", None)
+    offset = float(getattr(rope, "grid_offset", 0.0))
+    if grid_type == "index":
+        scaling = {"scaling": "pi", "ref_shape": tuple(ref)} if ref is not None else {"scaling": "none"}
+        return {**scaling, **({"grid_offset": offset} if offset else {})}
+    if ref is not None:
+        raise ValueError(f"timm's RotaryEmbeddingCat on its {grid_type!r} grid with ref_feat_shape={tuple(ref)} "
+                         "rescales [-1, 1] coordinates by ref / size, which visionpe's normalised coordinates do not "
+                         "take; use --pe timm, or another pe")
+    if grid_type == "pixel":
+        return {"coords": "pixel", "scaling": "none"}
+    if offset:
+        raise ValueError(f"timm's RotaryEmbeddingCat on its centred grid with grid_offset={offset}: visionpe's "
+                         "normalised coordinates take no constant offset; use --pe timm, or another pe")
+    return {"coords": "normalized", "normalize_coords": rope.normalize_coords, "scaling": "none"}
+
+
+def cat_bands(rope: RotaryEmbeddingCat) -> dict:
+    """``rope_axial``'s frequencies for timm's ``RotaryEmbeddingCat``: its pixel-frequency bands (``in_pixels=True``:
+    ``max_res``, ``linear_bands``), or ``1 / temperature^(i/n)`` radians per unit: ``theta`` on integer positions,
+    the same written as periods ``2 pi temperature^(i/n)`` on a ``[-1, 1]`` grid (where ``theta`` alone counts
+    turns, DINOv3's way)."""
+    if rope.in_pixels:
+        if not hasattr(rope, "linear_bands"):
+            raise ValueError("this timm's RotaryEmbeddingCat(in_pixels=True) does not record linear_bands (how its "
+                             "pixel-frequency bands are spaced); use --pe timm, or another pe")
+        return {"max_res": float(rope.max_res), "linear_bands": bool(rope.linear_bands)}
+    theta = float(rope.temperature)
+    if cat_grid_type(rope) == "index":
+        return {"theta": theta}
+    n = rope.dim // 4
+    return {"min_period": 2 * math.pi, "max_period": 2 * math.pi * theta ** ((n - 1) / n)}
 
 
 def apply_eva(model: Eva, names: dict, kwargs: dict) -> None:
@@ -193,11 +260,8 @@ def eva_keys(state: dict, report: LoadReport) -> dict:
     return state
 
 
-PE_OFFSET = ("Perception Encoder's RoPE starts its patches at 1 (rope_grid_offset=1) beside an unrotated class token, "
-             "an offset visionpe's RoPE does not have")
 register_adapter(Adapter(Eva, EvaPE, apply_eva, (EvaAttentionPE,), timm_modules=("eva",),
                          any_size=any_size_vit, native=native_eva, refuses=GLOBAL_REFUSES, feature_cfg=vit_features,
                          examples=("vit_small_patch16_rope_224", "eva02_tiny_patch14_224",
                                    "vit_medium_patch16_rope_reg1_gap_256", "vit_small_patch16_dinov3"),
-                         unsupported={f"vit_pe_*_{size}_*": PE_OFFSET for size in ("tiny", "small", "base", "large")},
                          checkpoint_hooks=(eva_keys,)))

@@ -202,7 +202,7 @@ def take_over_bias(bias: nn.Module | None, source: nn.Module) -> None:
     """A timm block's own Swin table or Swin-V2 CPB MLP goes into the matching visionpe bias."""
     if isinstance(bias, SwinBias) and hasattr(source, "relative_position_bias_table"):
         bias.relative_position_bias_table.copy_(source.relative_position_bias_table)
-    elif isinstance(bias, ContinuousPositionBias) and hasattr(source, "cpb_mlp") \
+    elif isinstance(bias, ContinuousPositionBias) and bias.mode == "swin" and hasattr(source, "cpb_mlp") \
             and source.cpb_mlp[0].in_features == 2 and source.cpb_mlp[0].out_features == bias.cpb_mlp[0].out_features:
         bias.cpb_mlp.load_state_dict(source.cpb_mlp.state_dict())
         bias.initialised_by_backbone = True  # its init is Swin-V2's (visionpe.reset_parameters keeps that)

@@ -382,6 +382,15 @@ def any_size_vit(timm_kwargs: dict) -> dict:
     return timm_kwargs
 
 
+def any_size_checked(timm_kwargs: dict) -> dict:
+    """A timm token transformer whose class takes no ``dynamic_img_size`` (BEiT, ``VisionTransformerRelPos``): the
+    patched model runs at any size by itself; ``img_size`` checked against ``patch_size``, the model sizes
+    (:func:`check_model_sizes`)."""
+    check_img_size(timm_kwargs)
+    check_model_sizes(timm_kwargs)
+    return timm_kwargs
+
+
 def native_vit(model: VisionTransformer) -> tuple[str, dict]:
     """A timm ViT's own encoding: its learned ``pos_embed`` (as timm resamples it: bicubic, antialiased), or none."""
     has_table = getattr(model, "pos_embed", None) is not None or getattr(model, "pe_tokens", None) is not None

@@ -1,4 +1,4 @@
-"""Swin-V2 continuous position bias: an MLP on log-spaced relative coordinates."""
+"""Continuous position bias: an MLP on log-spaced relative coordinates (Swin-V2's, and timm's ``RelPosMlp`` modes)."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import torch
 from torch import nn
 
-from .._checks import check_grid_ndim, check_positive_int, to_shape
+from .._checks import check_choice, check_grid_ndim, check_positive_int, to_shape
 from .._compat import autocast_off
 from ..cache import TableCache
 from ..coords import CoordinateSystem, axis_offsets
@@ -15,19 +15,40 @@ from ..sharding import call_gathered
 from ._base import BiasEncoding, PairScore, offset_table_score, pair_bias
 
 
-def log_relative_coords(shape, norm_window, device=None, offsets=None, units=None) -> torch.Tensor:
-    """Swin-V2 log-spaced offsets ``(prod(2 s - 1), ndim)`` for a grid ``shape``.
+MODES = ("swin", "cr", "rw")  # timm RelPosMlp's modes
 
-    ``d / (norm_window - 1) * 8``, then ``sign(d) * log2(1 + |d|) / log2(8)`` (timm ``gen_relative_log_coords``).
+
+def log_relative_coords(shape, norm_window, device=None, offsets=None, units=None, mode: str = "swin") -> torch.Tensor:
+    """Log-spaced offsets ``(prod(2 s - 1), ndim)`` for a grid ``shape`` (timm ``gen_relative_log_coords``).
+
+    ``mode="swin"`` (Swin-V2): ``x = 8 d / (norm_window - 1)``, then ``sign(x) log2(1 + |x|) / log2(8)``;
+    ``"rw"`` (timm 0.6's ``RelPosMlp(mode="rw")``): the same ``x``, then ``sign(x) log2(1 + |x|) / log2(9)`` (in
+    ``[-1, 1]``); ``"cr"`` (timm's ``RelPosMlp`` default): the offsets themselves, ``sign(d) ln(1 + |d|)``.
     ``offsets`` (per axis ``(2 s - 1,)``, default: the integer offsets ``-(s-1) .. s-1``) and ``units`` (per axis,
     default ``norm_window - 1``) measure them in another coordinate system (:mod:`visionpe.coords`).
     """
     if offsets is None:
         offsets = [torch.arange(-(s - 1), s, device=device, dtype=torch.float32) for s in shape]
-    units = [max(w - 1, 1) for w in norm_window] if units is None else units
-    offsets = [o / u * 8 for o, u in zip(offsets, units)]  # per axis: no host-to-device copy of the units
+    if mode != "cr":
+        units = [max(w - 1, 1) for w in norm_window] if units is None else units
+        offsets = [o / u * 8 for o, u in zip(offsets, units)]  # per axis: no host-to-device copy of the units
     coords = torch.stack(torch.meshgrid(*offsets, indexing="ij"), dim=-1).reshape(-1, len(shape))
-    return torch.sign(coords) * torch.log2(1.0 + coords.abs()) / math.log2(8)
+    return log_map(coords, mode)
+
+
+def log_map(x: torch.Tensor, mode: str) -> torch.Tensor:
+    """The signed log of each mode: ``sign(x) log2(1 + |x|) / log2(8)`` (swin), ``/ log2(9)`` (rw),
+    ``sign(x) ln(1 + |x|)`` (cr)."""
+    if mode == "cr":
+        return torch.sign(x) * torch.log(1.0 + x.abs())
+    return torch.sign(x) * torch.log2(1.0 + x.abs()) / math.log2(8 if mode == "swin" else 9)
+
+
+def bias_output(raw: torch.Tensor, mode: str) -> torch.Tensor:
+    """The MLP's output as a bias: ``16 sigmoid`` (swin), ``4 tanh`` (rw), itself (cr)."""
+    if mode == "swin":
+        return 16 * torch.sigmoid(raw)
+    return 4 * torch.tanh(raw) if mode == "rw" else raw
 
 
 class ContinuousPositionBias(BiasEncoding):
@@ -36,6 +57,12 @@ class ContinuousPositionBias(BiasEncoding):
     ``cpb_mlp`` is ``Linear(ndim, hidden_dim) -> ReLU -> Linear(hidden_dim, num_heads, bias=False)``, named
     as in timm's ``SwinTransformerV2`` so its weights load unchanged. Offsets are normalised by
     ``pretrained_window_size - 1`` if given, else by ``window_size - 1``.
+
+    ``mode`` (timm ``RelPosMlp``'s modes, :func:`log_relative_coords`): ``"swin"`` (the default, above); ``"cr"``
+    (timm's default): ``MLP(sign(d) ln(1 + |d|))`` on the offsets themselves, no window normalisation (so no
+    ``pretrained_window_size``), no output squashing; ``"rw"``: ``4 tanh(MLP(sign(x) log2(1 + |x|) / log2(9)))``
+    with Swin-V2's ``x = 8 d / (W - 1)``. In ``cr`` and ``rw`` the second linear layer has a bias (``cpb_mlp.2.bias``),
+    as timm's ``Mlp(bias=True)``. timm's MLP dropout (0.125 after the ReLU, training only) is not reproduced.
 
     Coordinates (:mod:`visionpe.coords`): ``coords="index"`` (default, Swin-V2) measures offsets ``d`` in patches
     and feeds ``8 d / (W - 1)`` to the log map (``W`` the window above); ``"normalized"`` measures them in DINOv3's
@@ -52,8 +79,11 @@ class ContinuousPositionBias(BiasEncoding):
 
     def __init__(self, num_heads: int, window_size=(7, 7), pretrained_window_size=None, hidden_dim: int = 512,
                  coords: str = "index", normalize_coords: str = "separate", shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward"):
+                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward",
+                 mode: str = "swin"):
         super().__init__()
+        check_choice("mode", mode, MODES)
+        self.mode = mode
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.window_size = to_shape("window_size", window_size)
         self.ndim = len(self.window_size)
@@ -63,15 +93,19 @@ class ContinuousPositionBias(BiasEncoding):
         if p == 0 or (isinstance(p, (tuple, list)) and len(p) and not any(p)):  # timm's (0, 0) means none
             p = None
         self.pretrained_window_size = None if p is None else to_shape("pretrained_window_size", p, self.ndim)
+        if mode == "cr" and self.pretrained_window_size is not None:
+            raise ValueError(f"pretrained_window_size={pretrained_window_size!r} normalises offsets by a window; "
+                             "mode='cr' reads the offsets themselves: drop it, or use mode='swin' or 'rw'")
         check_positive_int("hidden_dim", hidden_dim)
         self.coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
                                             draw_coords)
         self.cpb_mlp = nn.Sequential(nn.Linear(self.ndim, hidden_dim, bias=True), nn.ReLU(inplace=True),
-                                     nn.Linear(hidden_dim, num_heads, bias=False))
+                                     nn.Linear(hidden_dim, num_heads, bias=mode != "swin"))
         self._cache = TableCache()
 
     def _offset_table(self, grid: Grid, device, transform=None) -> torch.Tensor:
-        """``16 * sigmoid(MLP)`` at every offset of ``grid``, ``(prod(2 s - 1), heads)`` float32 (Swin's order)."""
+        """The bias at every offset of ``grid`` (``16 * sigmoid(MLP)`` in Swin's mode), ``(prod(2 s - 1), heads)``
+        float32 (Swin's order)."""
         window = self.pretrained_window_size or self.window_size
         offsets = units = None
         if self.coordinates.normalized or transform is not None or grid.spacing is not None:
@@ -80,9 +114,10 @@ class ContinuousPositionBias(BiasEncoding):
                 axes = [transform.on_axis(a, p) for a, p in enumerate(axes)]
             offsets = [axis_offsets(p) for p in axes]
             units = [2.0] * grid.ndim if self.coordinates.normalized else None
-        coords = log_relative_coords(grid.shape, window, device, offsets, units)
+        coords = log_relative_coords(grid.shape, window, device, offsets, units, self.mode)
         with autocast_off(device):  # the table stays float32
-            return 16 * torch.sigmoid(call_gathered(self.cpb_mlp, coords.to(self.cpb_mlp[0].weight.dtype)).float())
+            raw = call_gathered(self.cpb_mlp, coords.to(self.cpb_mlp[0].weight.dtype)).float()
+            return bias_output(raw, self.mode)
 
     def set_window_size(self, window_size) -> None:
         """A new window (timm's ``set_window_size``): without a pretrained window, offsets are normalised by the new
@@ -123,5 +158,6 @@ class ContinuousPositionBias(BiasEncoding):
 
     def extra_repr(self) -> str:
         extra = self.coordinates.describe()
+        mode = f", mode={self.mode!r}" if self.mode != "swin" else ""
         return (f"num_heads={self.num_heads}, window_size={self.window_size}, pretrained={self.pretrained_window_size}"
-                f"{', ' + extra if extra else ''}")
+                f"{mode}{', ' + extra if extra else ''}")

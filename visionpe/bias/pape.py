@@ -43,7 +43,7 @@ from torch import nn
 
 from .._checks import check_choice, check_generator, check_grid_ndim, check_ndim, check_positive_int
 from .._compat import autocast_off
-from ..coords import CoordinateSystem, denominators
+from ..coords import CoordinateSystem, normalized_steps
 from ..grid import Grid, Layout, as_grid, as_layout
 from ..sharding import assign_
 from ._base import BiasEncoding, PairScore
@@ -79,7 +79,7 @@ class ParabolicBias(BiasEncoding):
         patches = self.coordinates.positions(grid, device)  # (N, ndim) grid order
         axes = self.coordinates.axis_positions(grid.shape, grid.offset, device=device, spacing=grid.spacing)
         if self.coordinates.normalized:
-            steps = [2.0 / d for d in denominators(grid.shape, self.coordinates.normalize_coords)]
+            steps = normalized_steps(grid.shape, self.coordinates.coords, self.coordinates.normalize_coords)
         else:
             steps = grid.steps
         corner = torch.stack([a[0] - step for a, step in zip(axes, steps)])

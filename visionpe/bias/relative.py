@@ -16,6 +16,10 @@ from ..sharding import check_unsharded, full_tensor
 from ._base import BiasEncoding, PairScore, offset_table_score, pair_bias
 
 
+GROWS = ("error", "resample", "fit")  # a grid larger than the window: refused, or the table resampled to it; "fit":
+# resampled to every grid's own window, smaller ones too
+
+
 def num_offsets(window) -> int:
     n = 1
     for w in window:
@@ -29,7 +33,9 @@ class RelativePositionBias(BiasEncoding):
     ``relative_position_bias_table: ((2W_0-1)...(2W_{n-1}-1) [+3], num_heads)``, indexed as Swin does,
     so Swin/Video-Swin/BEiT state dicts load as they are. A grid smaller than the window uses the offsets
     it has; a grid larger than the window needs a bigger table: ``resize(new_window)`` for good, or,
-    with ``grow="resample"``, the table is resampled on the fly (BEiT at a new resolution).
+    with ``grow="resample"``, the table is resampled on the fly (BEiT at a new resolution); ``grow="fit"`` resamples
+    it to every grid's own offsets, a smaller grid's too (timm's BEiT at another size: its ``set_input_size`` and
+    checkpoint filter resize the table to the grid either way).
 
     ``prefix_entries=True`` adds BEiT's three learned entries (prefix->patch, patch->prefix,
     prefix->prefix); otherwise prefix rows and columns are zero.
@@ -54,7 +60,7 @@ class RelativePositionBias(BiasEncoding):
         if len(self.window_size) > 3:
             raise ValueError(f"window_size={window_size!r} has {len(self.window_size)} axes; allowed: 1, 2 or 3")
         self.ndim = len(self.window_size)
-        check_choice("grow", grow, ("error", "resample"))
+        check_choice("grow", grow, GROWS)
         check_bool("prefix_entries", prefix_entries)
         check_bool("antialias", antialias)
         check_number("init_std", init_std, minimum=0.0)
@@ -88,9 +94,12 @@ class RelativePositionBias(BiasEncoding):
         return resample_grid(spatial, offsets, self.interpolation, self.antialias).reshape(-1, self.num_heads)
 
     def _window_for(self, grid: Grid) -> tuple[int, ...]:
-        """The window whose offsets ``grid`` reads: ``window_size``, grown to the grid with ``grow="resample"``."""
+        """The window whose offsets ``grid`` reads: ``window_size``, grown to the grid with ``grow="resample"``, the
+        grid's own with ``grow="fit"``."""
         check_grid_ndim(grid, self.ndim, type(self).__name__)
         self.check_spacing(grid)
+        if self.grow == "fit":
+            return tuple(grid.shape)
         window = self.window_size
         if any(isinstance(g, torch.SymInt) for g in grid.shape):  # a traced size (torch.export): no branch on it
             if self.grow == "error":
@@ -205,10 +214,14 @@ class SwinBias(RelativePositionBias):
 class RelBias(RelativePositionBias):
     """Global relative position bias over the whole patch grid (BEiT), with BEiT's prefix entries.
 
-    Resolution change: a smaller grid uses its offsets directly; a larger one resamples the table.
+    Resolution change (``grow``): ``"resample"`` (default): a smaller grid uses its offsets directly, a larger one
+    resamples the table; ``"fit"``: every other grid resamples it to its own offsets, as timm's BEiT does at another
+    size (with ``interpolation="geometric"``, its ``resize_rel_pos_bias_table``).
     """
 
-    def __init__(self, num_heads: int, grid_shape=(14, 14), interpolation: str = "bicubic", antialias: bool = False):
+    def __init__(self, num_heads: int, grid_shape=(14, 14), interpolation: str = "bicubic", antialias: bool = False,
+                 grow: str = "resample"):
         shape = check_axes("grid_shape", to_shape("grid_shape", grid_shape), grid_shape)
-        super().__init__(num_heads, shape, prefix_entries=True, grow="resample",
+        check_choice("grow", grow, ("resample", "fit"))
+        super().__init__(num_heads, shape, prefix_entries=True, grow=grow,
                          interpolation=interpolation, antialias=antialias)

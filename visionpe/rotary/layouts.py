@@ -35,13 +35,24 @@ from .._checks import check_number
 
 
 def band_frequencies(num_bands: int, theta: float, dtype=torch.float32, per_turn: bool = False,
-                     periods=None) -> torch.Tensor:
+                     periods=None, pixel=None) -> torch.Tensor:
     """``w_i = 1 / theta ** (i / num_bands)``, ``i < num_bands``: rope-vit's ``1/theta^(4i/d)`` in 2D.
 
     DINOv3's parametrisation (timm ``RotaryEmbeddingDinoV3``) gives *periods* instead, ``w_i = 2 pi / period_i``:
     ``per_turn=True`` reads ``theta ** (i / num_bands)`` as the periods (DINOv3's ``temperature``), and
     ``periods=(min_period, max_period)`` spaces them geometrically, ``min_period (max/min) ** (i / (n - 1))``.
+    ``pixel=(max_res, linear_bands)`` gives timm's pixel-frequency bands (``pixel_freq_bands``), lowest first:
+    ``w_i = pi * linspace(1, max_res / 2, n)_i`` (linear) or ``pi * 2 ** linspace(0, log2(max_res) - 1, n)_i``,
+    computed in float32 as timm stores them (up to ``pi * max_res / 2`` radians per unit, so that a float64 table
+    rotates by timm's own frequencies), then cast to ``dtype``.
     """
+    if pixel is not None:
+        max_res, linear = pixel
+        if linear:
+            bands = torch.linspace(1.0, max_res / 2, num_bands, dtype=torch.float32)
+        else:
+            bands = 2 ** torch.linspace(0.0, math.log(max_res, 2) - 1, num_bands, dtype=torch.float32)
+        return (bands * math.pi).to(dtype)
     if periods is not None:
         low, high = periods
         exponents = torch.linspace(0, 1, num_bands, dtype=dtype)

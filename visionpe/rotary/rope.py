@@ -91,10 +91,14 @@ def videorope_axes(sections, num_pairs: int) -> list[int]:
 
 def spectrum_frequencies(pair_components, ndim: int, theta: float, dtype=torch.float32, **bands) -> torch.Tensor:
     """One spectrum ``1/theta^(p/n)`` over all ``n`` pairs (M-RoPE), pair ``p`` turning along coordinate
-    component ``pair_components[p]``: ``(ndim, 1, n)``."""
+    component ``pair_components[p]`` (None: an inert axis, the pair stays unrotated): ``(ndim, 1, n)``."""
     n = len(pair_components)
     freqs = torch.zeros(ndim, 1, n, dtype=dtype)
-    freqs[torch.tensor(pair_components), 0, torch.arange(n)] = band_frequencies(n, theta, dtype, **bands)
+    turning = [p for p, c in enumerate(pair_components) if c is not None]
+    if turning:
+        index = torch.tensor(turning)
+        components = torch.tensor([pair_components[p] for p in turning])
+        freqs[components, 0, index] = band_frequencies(n, theta, dtype, **bands)[index]
     return freqs
 
 
@@ -266,8 +270,8 @@ class RoPE(RotaryEncoding):
         self.register_buffer("freq_mask", freq_mask, persistent=False)
         self.grid_offset = check_number("grid_offset", grid_offset)
         if self.grid_offset and self.coordinates.normalized:
-            raise ValueError(f"grid_offset={grid_offset!r} shifts index coordinates; coords='normalized' centres every "
-                             "grid on [-1, 1]: use grid_offset=0")
+            raise ValueError(f"grid_offset={grid_offset!r} shifts index coordinates; "
+                             f"coords={self.coordinates.coords!r} puts every grid on [-1, 1]: use grid_offset=0")
         self.register_buffer("channel_index", channel_index, persistent=False)
         self._cache = TableCache(maxsize=16)
 
@@ -477,8 +481,8 @@ def check_scaling(scaling: str, coordinates: CoordinateSystem) -> None:
     """Resolution scaling (PI, NTK, YaRN) works on index coordinates against a reference grid; normalised
     coordinates span [-1, 1] on every grid and take none."""
     if coordinates.normalized and scaling != "none":
-        raise ValueError(f"scaling={scaling!r} applies to coords='index'; coords='normalized' maps every grid onto "
-                         "[-1, 1] already (a form of interpolation): use scaling='none'")
+        raise ValueError(f"scaling={scaling!r} applies to coords='index'; coords={coordinates.coords!r} maps every "
+                         "grid onto [-1, 1] already (a form of interpolation): use scaling='none'")
 
 
 def check_periods(min_period, max_period) -> tuple[float, float] | None:
@@ -621,6 +625,15 @@ class AxialRoPE(RoPE):
       ``"by_axis"`` (each axis's pairs together, axes in component order: Pixtral, whose h and w take alternate
       frequencies of one spectrum, ``spectrum="mrope_interleaved", pair_order="by_axis"``) or ``"alternate"`` (one
       pair of each axis in turn: MoonViT's x, y, x, y).
+    - ``max_res`` (with ``linear_bands``): timm's pixel-frequency bands (``RotaryEmbeddingCat(in_pixels=True)``,
+      ``pixel_freq_bands``) in place of ``theta``'s: ``w_i = pi * linspace(1, max_res / 2, n)_i``
+      (``linear_bands=True``) or ``pi * 2 ** linspace(0, log2(max_res) - 1, n)_i`` (the default), lowest first, in
+      radians per unit of ``coords`` (timm reads them on ``coords="pixel"``, its grid of the end patches on -1 and
+      1). Resolution scaling ``"none"`` or ``"pi"``; all pairs rotate.
+    - ``inert_axes`` (``spectrum="mrope"`` or ``"mrope_interleaved"``): leading axes of the M-RoPE layout that the grid
+      does not have, at coordinate 0, so their pairs stay unrotated; ``sections`` then has ``ndim + inert_axes``
+      entries. timm's ``RotaryEmbeddingMRope`` on an image is ``ndim=2, inert_axes=1, sections=(t, h, w)``: the
+      (t, h, w) interleave with time at 0 (Qwen3-VL's vision tower on one image).
     - ``channel_frequencies="repeated"`` (axial spectrum, interleaved pairs): V-JEPA 2's layout, where each axis's
       frequencies are laid out twice over its channels instead of once per pair, so the two channels of a pair turn
       by different angles (:func:`repeated_channel_index`, :func:`rotate_channels`): not a rotation, and scores are
@@ -639,7 +652,8 @@ class AxialRoPE(RoPE):
                  max_period: float | None = None, shift_coords: float | None = None,
                  jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward",
                  directions: str = "axial", rotate_fraction: float = 1.0, head_axes=None, grid_offset: float = 0.0,
-                 ntk_factor=None, pair_order: str = "spectrum", channel_frequencies: str = "paired"):
+                 ntk_factor=None, pair_order: str = "spectrum", channel_frequencies: str = "paired",
+                 inert_axes: int = 0, max_res: float | None = None, linear_bands: bool = False):
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
         check_number("theta", theta, minimum=1.0, inclusive=False)
@@ -657,6 +671,8 @@ class AxialRoPE(RoPE):
         self.pair_order, self.channel_frequencies = pair_order, channel_frequencies
         self.head_axes = parse_head_axes(head_axes, ndim, num_heads)
         self.directions, self.rotate_fraction = directions, check_rotate_fraction(rotate_fraction)
+        self.inert_axes = check_inert_axes(inert_axes, spectrum, pair_order)
+        layout_ndim = ndim + self.inert_axes  # the axes the spectrum's layout deals pairs to
         if spectrum == "videorope" and ndim != 3:
             raise ValueError(f"spectrum='videorope' gives time (axis 0 of a (T, H, W) grid) the lowest frequencies; "
                              f"it needs ndim=3, got ndim={ndim}")
@@ -664,18 +680,21 @@ class AxialRoPE(RoPE):
             check_divisible("head_dim", head_dim, 2, "rotation pairs")
         elif spectrum == "mrope_interleaved":
             check_divisible("head_dim", head_dim, 2, "rotation pairs")
-            sections = to_shape("sections", sections if sections is not None else (head_dim // (2 * ndim),) * ndim,
-                                ndim)
+            default = (head_dim // (2 * layout_ndim),) * layout_ndim
+            sections = to_shape("sections", sections if sections is not None else default, layout_ndim)
             if sum(sections) > head_dim // 2:  # less is allowed: time takes the pairs left over (timm, GenLIP)
                 raise ValueError(f"sections={sections} ask for {sum(sections)} rotation pairs but head_dim / 2 = "
                                  f"{head_dim // 2}; with spectrum='mrope_interleaved' they may sum to at most "
                                  f"head_dim / 2 (pairs left over turn with axis 0)")
         else:
-            sections = resolve_sections(head_dim - 2 * self.unrotated_pairs, ndim, sections, "rope_axial")
+            sections = resolve_sections(head_dim - 2 * self.unrotated_pairs, layout_ndim, sections, "rope_axial")
         coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
                                        draw_coords)
         self.theta, self.sections, self.spectrum, self.num_pairs = float(theta), sections, spectrum, head_dim // 2
-        self.bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
+        periods = check_periods(min_period, max_period)
+        pixel = check_pixel_bands(max_res, linear_bands, periods, scaling, self.rotate_fraction)
+        self.max_res, self.linear_bands = (None, False) if pixel is None else pixel
+        self.bands = dict(per_turn=coordinates.normalized, periods=periods, pixel=pixel)
         self.num_heads, self.ndim = num_heads, ndim  # the golden and per-head layouts build a table per head
         self.axis_order = axis_order
         freqs, fraction, _ = self.initial_state()
@@ -705,10 +724,10 @@ class AxialRoPE(RoPE):
         return head_axes_layout(self.head_axes, self.num_pairs, self.ndim, axis_order, self.theta,
                                 self.rotate_fraction, self.sections, dtype, bands=self.bands)
 
-    def _pair_components(self, axis_order: str) -> list[int]:
+    def _pair_components(self, axis_order: str) -> list[int | None]:
         """The coordinate component each rotated pair turns along, in the spectrum's own order (before
-        ``pair_order``)."""
-        ndim = len(self.sections)
+        ``pair_order``); None for a pair of an inert axis (``inert_axes``)."""
+        ndim, inert = self.ndim, self.inert_axes
         if self.spectrum == "axial":
             order = self.sections[::-1] if axis_order == "xy" else self.sections
             return [c for c, n in enumerate(order) for _ in range(n)]
@@ -716,7 +735,8 @@ class AxialRoPE(RoPE):
             axes = videorope_axes(self.sections, self.num_pairs)
         else:
             axes = mrope_axes(self.sections, self.num_pairs, interleaved=self.spectrum == "mrope_interleaved")
-        return [ndim - 1 - a if axis_order == "xy" else a for a in axes]
+        axes = [None if a < inert else a - inert for a in axes]  # grid axes
+        return [a if a is None or axis_order == "ij" else ndim - 1 - a for a in axes]
 
     def _band_fraction(self, axis_order: str) -> torch.Tensor:
         """NTK's exponent ``i / (n - 1)`` of each rotated pair, in the spectrum's own order."""
@@ -727,7 +747,7 @@ class AxialRoPE(RoPE):
     def _arrange(self, values: torch.Tensor, axis_order: str) -> torch.Tensor:
         """Per-pair ``values (..., rotated pairs)`` put in the head's pair order (``pair_order``), the unrotated pairs
         (``sections="rest_unrotated"``) appended as zeros: ``(..., head_dim / 2)``."""
-        perm = pair_permutation(self._pair_components(axis_order), self.pair_order, len(self.sections))
+        perm = pair_permutation(self._pair_components(axis_order), self.pair_order, self.ndim)
         if perm is not None:
             values = values[..., perm]
         tail = values.new_zeros(*values.shape[:-1], self.unrotated_pairs)
@@ -736,7 +756,7 @@ class AxialRoPE(RoPE):
     def _frequencies(self, axis_order: str, dtype: torch.dtype) -> torch.Tensor:
         if self.head_axes is not None:
             return self._head_layout(axis_order, dtype)[0]
-        ndim = len(self.sections)
+        ndim = self.ndim
         if self.spectrum == "axial":
             order = self.sections[::-1] if axis_order == "xy" else self.sections
             freqs, bands = axial_frequencies(order, self.theta, dtype, **self.bands), order
@@ -760,10 +780,47 @@ class AxialRoPE(RoPE):
         parts = [f"sections={self.sections}"] if self.unrotated_pairs else []
         parts += [f"unrotated_pairs={self.unrotated_pairs}"] if self.unrotated_pairs else []
         parts += [f"grid_offset={self.grid_offset}"] if self.grid_offset else []
+        parts += [f"max_res={self.max_res}, linear_bands={self.linear_bands}"] if self.max_res is not None else []
+        parts += [f"spectrum={self.spectrum!r}, sections={self.sections}, inert_axes={self.inert_axes}"] \
+            if self.inert_axes else []
         parts += [f"ntk_factor={self.ntk_factor}"] if self.ntk_factor is not None else []
         parts += [f"pair_order={self.pair_order!r}"] if self.pair_order != "spectrum" else []
         parts += ["channel_frequencies='repeated'"] if self.channel_frequencies != "paired" else []
         return super().extra_repr() + layout_repr(self) + "".join(", " + p for p in parts)
+
+
+def check_pixel_bands(max_res, linear_bands, periods, scaling: str, rotate_fraction: float):
+    """timm's pixel-frequency bands ``(max_res, linear_bands)``, or None without ``max_res``. Their bands go from the
+    lowest frequency up, so NTK's and YaRN's per-band rules and p-RoPE's (which read bands from the highest down) do
+    not apply; DINOv3's periods are another spectrum."""
+    if not isinstance(linear_bands, bool):
+        raise ValueError(f"linear_bands={linear_bands!r} must be True or False")
+    if max_res is None:
+        if linear_bands:
+            raise ValueError("linear_bands=True spaces timm's pixel-frequency bands, which need max_res (e.g. 224)")
+        return None
+    max_res = check_number("max_res", max_res, minimum=2.0)
+    clash = [name for name, on in (("min_period/max_period", periods is not None),
+                                   (f"scaling={scaling!r}", scaling not in ("none", "pi")),
+                                   (f"rotate_fraction={rotate_fraction}", rotate_fraction != 1.0)) if on]
+    if clash:
+        raise ValueError(f"max_res={max_res} gives timm's pixel-frequency bands (lowest first); it does not combine "
+                         f"with {', '.join(clash)} (use scaling 'none' or 'pi', every pair rotating)")
+    return max_res, linear_bands
+
+
+def check_inert_axes(inert_axes, spectrum: str, pair_order: str) -> int:
+    """Inert leading axes of an M-RoPE layout (``inert_axes >= 0``): only on M-RoPE's one spectrum, in its own pair
+    order."""
+    if isinstance(inert_axes, bool) or not isinstance(inert_axes, int) or inert_axes < 0:
+        raise ValueError(f"inert_axes={inert_axes!r} must be an integer >= 0 (leading M-RoPE axes the grid does not "
+                         "have, e.g. 1 for time on an image)")
+    if inert_axes and spectrum not in ("mrope", "mrope_interleaved"):
+        raise ValueError(f"inert_axes={inert_axes} deals M-RoPE's pairs to axes the grid does not have; it needs "
+                         f"spectrum='mrope' or 'mrope_interleaved', got spectrum={spectrum!r}")
+    if inert_axes and pair_order != "spectrum":
+        raise ValueError(f"inert_axes={inert_axes} keeps M-RoPE's own pair order; got pair_order={pair_order!r}")
+    return inert_axes
 
 
 def check_ntk_factor(ntk_factor, ndim: int) -> tuple[float, ...]:

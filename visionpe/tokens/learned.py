@@ -8,7 +8,7 @@ from .._checks import (check_bool, check_choice, check_grid_ndim, check_ndim, ch
                        check_positive_int, to_shape)
 from .._compat import same_shape
 from ..cache import TableCache
-from ..coords import CoordinateSystem, denominators
+from ..coords import CoordinateSystem, normalized_to_index
 from ..encoding import Knob
 from ..grid import Grid, Layout, as_grid, as_layout
 from ..resample import INTERPOLATIONS, SAMPLING, resample_grid, sample_grid
@@ -102,8 +102,8 @@ class Learned(TokenEncoding):
                              f"allowed values: {', '.join(map(repr, SAMPLING))}")
         check_choice("fit", fit, FITS)
         if fit == "window" and self.coordinates.normalized:
-            raise ValueError("fit='window' reads the table at index positions; coords='normalized' samples it at "
-                             "normalised coordinates instead: use fit='resample' or coords='index'")
+            raise ValueError(f"fit='window' reads the table at index positions; coords={self.coordinates.coords!r} "
+                             "samples it at normalised coordinates instead: use fit='resample' or coords='index'")
         self.num_prefix_tokens = num_prefix_tokens
         self.factorized = factorized
         self.interpolation, self.antialias, self.init_std = interpolation, antialias, float(init_std)
@@ -193,9 +193,9 @@ class Learned(TokenEncoding):
             axes = self.coordinates.axis_positions(grid.shape, grid.offset, device=device, dtype=torch.float64)
             if transform is not None:
                 axes = [transform.on_axis(a, p) for a, p in enumerate(axes)]
-            # the table's own patch i sits at 2 (i + 0.5) / d - 1 on the training grid's denominators d
-            dens = denominators(self.grid_shape, self.coordinates.normalize_coords)
-            return [(p + 1) * (d / 2) - 0.5 for p, d in zip(axes, dens)]
+            # the table's own patch i sits at its normalised coordinate on the training grid
+            coords = self.coordinates
+            return normalized_to_index(axes, self.grid_shape, coords.coords, coords.normalize_coords)
         if self._reads_window(grid):  # a window of the table
             offset = grid.offset or (0.0,) * self.ndim
             axes = [torch.arange(n, device=device, dtype=torch.float64) + o for n, o in zip(grid.shape, offset)]

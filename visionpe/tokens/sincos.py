@@ -78,7 +78,8 @@ class SinCos(TokenEncoding):
                                             draw_coords)
         if self.coordinates.normalized and self.ref_shape is not None:
             raise ValueError(f"ref_shape={self.ref_shape} applies to coords='index' (interpolation to a reference "
-                             "grid); coords='normalized' maps every grid onto [-1, 1] already: drop ref_shape")
+                             f"grid); coords={self.coordinates.coords!r} maps every grid onto [-1, 1] already: drop "
+                             "ref_shape")
         self._cache = TableCache()
 
     def table(self, grid: Grid, device=None, augment: bool = False) -> torch.Tensor:

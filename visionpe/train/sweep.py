@@ -51,6 +51,7 @@ from .. import cli
 from ..backbones import parse_pe
 from ..cli import UserError
 from ..cli.report import Curve, accuracy_plot
+from ..coords import NORMALIZED_COORDS
 from ..data import PROTOCOLS
 from ..registry import ENCODINGS
 from ..resample import INTERPOLATIONS
@@ -81,7 +82,7 @@ def adaptations(pe: str, scalings, interpolations, pe_kwargs=None) -> list[tuple
         names = parse_pe(pe)
     rotary = ENCODINGS.get(names.get("rotary"))
     swept = [s for s in scalings if s in getattr(rotary, "scalings", ())]
-    if rotary is not None and coordinates_of(rotary, pe_kwargs or {}) == "normalized":
+    if rotary is not None and coordinates_of(rotary, pe_kwargs or {}) in NORMALIZED_COORDS:
         swept = []
     learned = names.get("tokens") == "learned"
     out = [("", {})]
