@@ -10,7 +10,9 @@ For every run directory (as written by ``visionpe train``) the model is rebuilt 
 adaptation and the weights loaded (strictly: adaptations change no parameter):
 
 - RoPE (``rope_axial``, ``rope_mixed``, and combinations holding them): one model per ``--scaling``
-  (``none`` extrapolates, ``pi``/``ntk``/``yarn`` scale relative to ``ref_shape`` = the training grid);
+  (``none`` extrapolates, ``pi``/``ntk``/``yarn`` scale relative to ``ref_shape`` = the training grid); without
+  ``--scaling``, the run's own (the ``scaling`` its model was built with), so that the sweep measures what the run
+  measured; the ``adaptation`` column names the scaling of every row;
 - ``learned`` (and combinations): one model per ``--interpolation`` (table resampling mode, default bicubic);
 - every other encoding: as trained (``default``).
 
@@ -48,7 +50,7 @@ from pathlib import Path
 import torch
 
 from .. import cli
-from ..backbones import parse_pe
+from ..backbones import encodings_of, parse_pe
 from ..cli import UserError
 from ..cli.report import Curve, accuracy_plot
 from ..data import PROTOCOLS
@@ -69,6 +71,17 @@ def coordinates_of(cls, pe_kwargs: dict) -> str | None:
         return pe_kwargs["coords"]
     parameter = inspect.signature(cls).parameters.get("coords")
     return None if parameter is None else parameter.default
+
+
+def own_scalings(cfg: dict) -> list[str]:
+    """The resolution scaling a run's model was built with (``[]`` without a rotary encoding that has one): the
+    model's own, which ``for_model`` may choose (RoPE on integer positions: ``pi`` unless ``pe_kwargs`` say
+    otherwise), read from the rebuilt model rather than guessed from the settings."""
+    if cfg["pe"] == models.TIMM_NATIVE:
+        return []
+    rotary = encodings_of(models.build_model(cfg))["rotary"]
+    scaling = getattr(rotary[0], "scaling", None) if rotary else None
+    return [scaling] if scaling is not None else []
 
 
 def adaptations(pe: str, scalings, interpolations, pe_kwargs=None) -> list[tuple[str, dict]]:
@@ -140,12 +153,13 @@ def res_cell(key, video: bool) -> int | str:
     return key if isinstance(key, int) else key_text(key)
 
 
-def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), weights="last", val_samples=None,
+def sweep_run(run: Path, resolutions, scalings=None, interpolations=(), weights="last", val_samples=None,
               device="cpu", batch_size=256, log=print, frames=(), protocols=None, crop_pct=None, tune=False,
               holdout=None) -> list[dict]:
     """Rows of the sweep for one run directory (a video run: at every ``frames`` x ``resolutions`` pair), under each
     of ``protocols`` (default: the run's own) with ``crop_pct`` (default: the run's); ``tune``: with the untuned and
-    tuned rows of LookHere's protocol on ``holdout`` held-out training images (:mod:`.tuning`)."""
+    tuned rows of LookHere's protocol on ``holdout`` held-out training images (:mod:`.tuning`); ``scalings=None``:
+    the run's own (:func:`own_scalings`)."""
     run = Path(run)
     cfg = restore.load_run(run, require=("data",))
     check_frames(run, cfg, frames)
@@ -159,6 +173,8 @@ def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), wei
     check_protocols(run, cfg, protocols)
     if tune:
         tuning.check_run(run, cfg, holdout)
+    if scalings is None:
+        scalings = own_scalings(cfg)
     rows = []
     for protocol in protocols:
         rows += _sweep_protocol(run, cfg, protocol, resolutions, scalings, interpolations, weights, device,
@@ -218,7 +234,7 @@ def check_out(out: Path) -> None:
             raise UserError(f"--out {str(out)!r}: {name} there is a directory")
 
 
-def sweep_runs(runs, resolutions, scalings=("none",), interpolations=(), weights="last", val_samples=None,
+def sweep_runs(runs, resolutions, scalings=None, interpolations=(), weights="last", val_samples=None,
                device="cpu", batch_size=256, frames=(), out: Path | None = None, log=print, protocols=None,
                crop_pct=None, tune=False, holdout=None) -> list[dict]:
     """Rows of the sweep for every run (all of them checked before the first is evaluated); with ``out``, written
@@ -282,8 +298,9 @@ def build_parser() -> cli.Parser:
     ev.add_argument("--frames", nargs="+", type=int, default=[], metavar="T",
                     help="video runs: test frame counts, crossed with --res; each a positive multiple of the runs' "
                          "tubelet frames (default: the training frame count only)")
-    ev.add_argument("--scaling", nargs="+", default=["none"], choices=SCALINGS, metavar="NAME",
-                    help=f"RoPE adaptations to compare: {', '.join(SCALINGS)} (default: none)")
+    ev.add_argument("--scaling", nargs="+", default=None, choices=SCALINGS, metavar="NAME",
+                    help=f"RoPE adaptations to compare: {', '.join(SCALINGS)} (default: each run's own, the scaling "
+                         "its model was built with; the table's adaptation column names it)")
     ev.add_argument("--interpolation", nargs="*", default=[], choices=INTERPOLATIONS, metavar="MODE",
                     help=f"learned-table resampling modes to compare: {', '.join(INTERPOLATIONS)} "
                          "(default: the run's own)")
