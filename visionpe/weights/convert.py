@@ -181,8 +181,15 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     A NaN or infinite value in any tensor of the checkpoint is a ``ValueError`` naming it, as in
     :func:`~visionpe.weights.load_weights`, unless ``allow_nonfinite=True``; so is a converted tensor of another
     shape than the model's (a ``pos_embed`` of another width).
+
+    timm's feature wrappers (``features_only=True``): the intermediate-layer getter of a ViT, DeiT or Eva
+    (``FeatureGetterNet``, the model under ``model.``) is seen through, the checkpoint loading into the model it wraps
+    (the report names that model's keys); a stage list or hook wrapper (Swin's ``FeatureListNet``), whose keys timm
+    renames, is a ``ValueError``: load the checkpoint while timm builds it (``pretrained=True`` with
+    ``pretrained_cfg_overlay=dict(file=...)``) or into the model before wrapping it.
     """
     check_module("model", model)
+    model = _unwrap_features(model)
     check_strict(strict)
     check_bool("allow_nonfinite", allow_nonfinite)
     if table_resize is not None:
@@ -252,6 +259,22 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
         model.get_submodule(name).interpolation = table_resize or "geometric"
     _log_report(report, mismatched, f"{where} into {type(model).__name__}")
     return report
+
+
+def _unwrap_features(model: nn.Module) -> nn.Module:
+    """The model a timm feature wrapper holds (``FeatureGetterNet.model``), ``model`` itself when it is none; a
+    ValueError for the wrappers whose keys timm renames (``FeatureDictNet``, ``FeatureListNet``, ``FeatureHookNet``,
+    ``FeatureGraphNet``), where the positional tables would silently stay at their initial values."""
+    from timm.models._features import FeatureGetterNet
+    if isinstance(model, FeatureGetterNet):
+        return _unwrap_features(model.model)
+    if type(model).__module__.startswith("timm.models._features"):
+        raise ValueError(f"load_timm_checkpoint: model is timm's feature wrapper {type(model).__name__}, whose keys "
+                         f"timm renamed from the model's ('layers.0' -> 'layers_0'), so the checkpoint's position "
+                         f"tables would not load; load it while timm builds the model (timm.create_model('vpe_<name>', "
+                         f"features_only=True, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))) or into the "
+                         f"model before wrapping it")
+    return model
 
 
 def _log_report(report: LoadReport, mismatched: dict[str, str], what: str) -> None:
