@@ -856,6 +856,17 @@ ROWS += [
 ]
 
 
+# -- issue 43: the probe's last silent and unclear cases --------------------------------------------------------------
+ROWS += [
+    ("load_timm-source-grid-unread", lambda: vpe.load_timm_checkpoint(vit(), vit("rope_mixed").state_dict(),
+                                                                     source_grid=(3, 5)), VE,
+     "source_grid=(3, 5)", "holds no pos_embed", "leave out source_grid"),
+    ("load_timm-source-grid-no-table", lambda: vpe.load_timm_checkpoint(
+        vit("rope_mixed"), timm.create_model(VIT, **VIT_KW).state_dict(), source_grid=(4, 4)), VE,
+     "source_grid=(4, 4)", "the model has no learned table"),
+]
+
+
 @pytest.mark.parametrize("call,exc,words", [pytest.param(c, e, w, id=i) for i, c, e, *w in ROWS])
 def test_bad_input_is_named(call, exc, words, tmp_path):
     _TMP[:] = [tmp_path]

@@ -618,6 +618,8 @@ ROWS += [
     # -- issue 43: no number from non-finite weights, and the remaining unclear cases -----------------------------
     (S, ["{run}", "--res", "16"], ["last.safetensors", "holds 1 NaN or infinite value"], "nan_last"),
     (V, ["--run", "{run}", "--which", "last"], ["last.safetensors", "holds 1 NaN or infinite value"], "nan_last"),
+    (T, ["--init-from", "{run}", "--init-grid", "3", "5"], ["--init-grid 3 5", "pos_embed", "holds no pos_embed",
+                                                            "leave out --init-grid"]),
     (T, ["--aa", "rand-zz"], ["aa 'rand-zz'", "'zz'", "timm would skip it"]),
     (T, ["--aa", "rand-m1000"], ["aa 'rand-m1000'", "m1000", "timm's range 0..10"]),
     (T, ["--aa", "rand-m9-m5"], ["aa 'rand-m9-m5'", "m is given twice"]),

@@ -171,7 +171,9 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
 
     ``source_grid``: ``(height, width)`` of the checkpoint's ``pos_embed`` patch grid. A state dict does not store
     it: by default the model's grid when the counts agree, else square, and the report says so with the other grids
-    the count fits (:func:`pos_embed_grid`); from a timm model (``source`` an ``nn.Module``) it is that model's.
+    the count fits (:func:`pos_embed_grid`); from a timm model (``source`` an ``nn.Module``) it is that model's. Given
+    where nothing reads it (no ``pos_embed`` in the checkpoint, or no ``learned`` table in the model) it is a
+    ``ValueError``.
     ``table_resize``: how a relative position table of another window is resized: None (default) as its source
     does it, timm's geometric ``resize_rel_pos_bias_table`` for a timm (BEiT, Swin) checkpoint and the table's own
     interpolation for a visionpe one; ``"geometric"``, or an interpolation (``"bicubic"``, ...) for every table. A
@@ -194,6 +196,7 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     check_bool("allow_nonfinite", allow_nonfinite)
     if table_resize is not None:
         check_choice("table_resize", table_resize, TABLE_RESIZES)
+    given_grid = source_grid
     if isinstance(source, nn.Module):
         grid = getattr(getattr(source, "patch_embed", None), "grid_size", None)
         source_grid = tuple(grid) if source_grid is None and grid is not None else source_grid
@@ -208,8 +211,12 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
         state = hook(state, report)
     target = model.state_dict()
     mismatched: dict[str, str] = {}
-    tokens = getattr(model, "pe_tokens", None)
-    learned = tokens if hasattr(tokens, "factor_tables") else None
+    learned = pos_embed_reader(model)
+    if given_grid is not None and (learned is None or "pos_embed" not in state):
+        raise ValueError(f"load_timm_checkpoint: source_grid={given_grid} is the grid of a timm pos_embed read into "
+                         f"a learned table, but " + ("the model has no learned table" if learned is None else
+                                                     f"{where} holds no pos_embed (a visionpe table stores its grid)")
+                         + "; leave out source_grid")
     timm_tables = []  # the bias modules that take a timm relative position table
     for key, value in state.items():
         tables = None
@@ -259,6 +266,12 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
         model.get_submodule(name).interpolation = table_resize or "geometric"
     _log_report(report, mismatched, f"{where} into {type(model).__name__}")
     return report
+
+
+def pos_embed_reader(model: nn.Module) -> nn.Module | None:
+    """The ``learned`` table of ``model`` that a timm ``pos_embed`` loads into, None when it has none."""
+    tokens = getattr(model, "pe_tokens", None)
+    return tokens if hasattr(tokens, "factor_tables") else None
 
 
 def _unwrap_features(model: nn.Module) -> nn.Module:
