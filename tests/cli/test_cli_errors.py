@@ -618,6 +618,10 @@ ROWS += [
     # -- issue 43: no number from non-finite weights, and the remaining unclear cases -----------------------------
     (S, ["{run}", "--res", "16"], ["last.safetensors", "holds 1 NaN or infinite value"], "nan_last"),
     (V, ["--run", "{run}", "--which", "last"], ["last.safetensors", "holds 1 NaN or infinite value"], "nan_last"),
+    (T, ["--scale", "1e30", "1e30"], ["scale must be two numbers with 0.0 < low <= high <= 1", "1e+30"]),
+    (T, ["--scale", "0.5", "1.5"], ["scale", "<= high <= 1", "area"]),
+    (T, ["--ratio", "1e30", "1e30"], ["ratio must be two numbers with 0.01 < low <= high <= 100", "1e+30"]),
+    (T, ["--ratio", "1e-30", "1"], ["ratio", "0.01 < low"]),
     (T, ["--init-from", "{run}", "--init-grid", "3", "5"], ["--init-grid 3 5", "pos_embed", "holds no pos_embed",
                                                             "leave out --init-grid"]),
     (T, ["--aa", "rand-zz"], ["aa 'rand-zz'", "'zz'", "timm would skip it"]),
