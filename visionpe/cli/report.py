@@ -39,6 +39,14 @@ def mean_std(values) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def spread_text(values, digits: int = 1) -> str:
+    """``"mean ± std"`` of the values that are not None (:func:`mean_std`), the spread ``n/a`` over fewer than two:
+    one seed has no spread, and ``± 0.0`` would claim one."""
+    mean, std = mean_std(values)
+    known = sum(v is not None for v in values)
+    return f"{mean:.{digits}f} ± " + (f"{std:.{digits}f}" if known > 1 else "n/a")
+
+
 def beyond_spread(a, b) -> tuple[float, bool]:
     """``(mean_a - mean_b, beyond)`` of two samples: beyond the seed spread when ``|gap| > std_a + std_b``."""
     (ma, sa), (mb, sb) = mean_std(a), mean_std(b)

@@ -35,7 +35,7 @@ from ...backbones import parse_pe
 from ...cli import UserError, user_errors
 from ...cli.recipes import recipe_path, shown
 from ...cli.report import markdown_table as report_table
-from ...cli.report import mean_std, write_section
+from ...cli.report import mean_std, spread_text, write_section
 from ...rotary.scaling import SCALINGS
 from ...train import metrics, restore, settings
 from .cli import add_recipe_and_data
@@ -228,9 +228,8 @@ def section(args, table: dict, runs: list[dict], command: str, wall: float) -> s
         source = table.get((data, "source", SOURCE_PE, "default"))
         if source:
             classes = restore.load_run(next(r["run"] for r in runs if r["data"] == data and r["kind"] == "source"))
-            mean, std = mean_std(source["acc"][source["train_res"]])
-            lines += [f"The {SOURCE_PE} source reaches {mean:.1f} ± {std:.1f} % at its training resolution after {n} "
-                      f"epochs (chance: {100 / classes['num_classes']:.1f} %).", ""]
+            lines += [f"The {SOURCE_PE} source reaches {spread_text(source['acc'][source['train_res']])} % at its "
+                      f"training resolution after {n} epochs (chance: {100 / classes['num_classes']:.1f} %).", ""]
         lines += [markdown_table(table, data, args), ""]
         v = verdicts(table, data, args)
         if v:

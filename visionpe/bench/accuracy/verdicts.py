@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from ...cli.report import mean_std
+from ...cli.report import mean_std, spread_text
 from ...data import DATASETS, info
 from ...train.metrics import key_text
 from .collect import label, tune_label, tune_of
@@ -224,11 +224,10 @@ def pick_verdict(table: dict, family: str, data: str, res: list) -> str:
             continue
         best = max(have, key=lambda n: mean_std(have[n]["acc"][r])[0])
         tied = [n for n in have if n != best and compare_text(have[best], have[n], r)[1] == "within"]
-        mean, std = mean_std(have[best]["acc"][r])
         train = have[best]["train_res"]
         scale = f" ({r / train:g}x)" if isinstance(r, int) and isinstance(train, int) else ""
         lines.append(f"- {key_text(r)} px{scale}{' (training size)' if r == train else ''}: `{best}` "
-                     f"{mean:.1f} ± {std:.1f} %; within its seed spread: "
+                     f"{spread_text(have[best]['acc'][r])} %; within its seed spread: "
                      + (", ".join(f"`{n}` {mean_std(have[n]['acc'][r])[0]:.1f}" for n in tied) if tied else "none")
                      + ".")
     return ("\n".join(lines) + "\n" if lines else "") + left_out(out, data)
