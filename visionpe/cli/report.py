@@ -132,14 +132,23 @@ def panels_of(curves: list[Curve], most: int = MAX_CURVES) -> list[list[Curve]]:
     return rows
 
 
+def off_axis(curves: list[Curve]) -> list[str]:
+    """The sizes of ``curves`` that :func:`accuracy_plot` cannot draw (non-square: not an ``int``), as text
+    (``"32x48"``: a ``(height, width)`` key or the text a CSV row holds)."""
+    return sorted({"x".join(map(str, r)) if isinstance(r, tuple) else str(r)
+                   for c in curves for r in c.acc if not isinstance(r, int)})
+
+
 def accuracy_plot(curves: list[Curve], path: Path, *, train_sizes, title: str) -> bool:
     """Accuracy vs test resolution, the one figure of the sweep and the accuracy benchmarks: top-1 (and, when the
     curves carry it, retention beside it), mean ± std over the values of each size, a dotted line at each training
     size (labelled in the legend). At most :data:`MAX_CURVES` curves a panel: more go to further rows of panels (same
     axes, same colours), each row's legend outside the data, on its right. Non-square sizes (anything but an ``int``)
-    have no place on the axis and are left out. Returns False (and writes nothing) when there is no curve."""
+    have no place on the axis: they are left out, and a line under the figure names them (:func:`off_axis`).
+    Returns False (and writes nothing) when there is no curve."""
     if not curves:
         return False
+    left_out = off_axis(curves)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -174,6 +183,9 @@ def accuracy_plot(curves: list[Curve], path: Path, *, train_sizes, title: str) -
         row[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     for i, row in enumerate(axes):
         row[0].set_title(title + (f" ({i + 1}/{len(parts)})" if len(parts) > 1 else ""))
+    if left_out:
+        fig.text(0.01, 0.0, f"not drawn (non-square, no place on the axis; in the table): {', '.join(left_out)}",
+                 fontsize=8, va="top")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")

@@ -24,8 +24,8 @@ training pair. ``--frames`` with an image run is an error.
 
 An image run also takes non-square sizes ``HxW`` (height x width, e.g. ``32x48``; ``32x32`` is ``32``): the
 synthetic scenes are rendered stretched to that aspect, real images resized to it. Their rows read ``res`` =
-``32x48`` in the CSV and are left out of the plot (its x-axis is the side of a square). A video run takes square
-sizes only.
+``32x48`` in the CSV and are left out of the plot (its x-axis is the side of a square), which names them, as the
+sweep's output does. A video run takes square sizes only.
 
 The validation images are the run's own, shown at each size under an evaluation protocol (``--eval-protocol``,
 default the run's own; several compare them on the same weights): ``resize`` (the whole image at the size; synthetic
@@ -52,7 +52,7 @@ import torch
 from .. import cli
 from ..backbones import encodings_of, parse_pe
 from ..cli import UserError
-from ..cli.report import Curve, accuracy_plot
+from ..cli.report import Curve, accuracy_plot, off_axis
 from ..data import PROTOCOLS
 from ..registry import ENCODINGS
 from ..resample import INTERPOLATIONS
@@ -255,7 +255,7 @@ def sweep_runs(runs, resolutions, scalings=None, interpolations=(), weights="las
                           holdout=holdout)
     if out is not None:
         write_csv(rows, Path(out) / "sweep.csv")
-        plot(rows, Path(out) / "sweep.png")
+        plot(rows, Path(out) / "sweep.png", log=log)
     return rows
 
 
@@ -268,9 +268,10 @@ def write_csv(rows, path: Path) -> None:
     write_text(path, buffer.getvalue())
 
 
-def plot(rows, path: Path, title: str = "") -> None:
+def plot(rows, path: Path, title: str = "", log=print) -> None:
     """Accuracy vs resolution (:func:`visionpe.cli.report.accuracy_plot`), one line per (run, adaptation, protocol);
-    a dotted line marks each training size. Rows of non-square sizes (``res`` = ``HxW``) stay in the CSV only."""
+    a dotted line marks each training size. Rows of non-square sizes (``res`` = ``HxW``) stay in the CSV only: the
+    figure names them under its panels, and ``log`` says so."""
     curves = {}
     for r in rows:
         label = r["adaptation"] if r.get("protocol") in (None, "", "resize") else f"{r['adaptation']}, {r['protocol']}"
@@ -282,6 +283,9 @@ def plot(rows, path: Path, title: str = "") -> None:
             curve.retention[r["res"]] = [r["retention"]]
     accuracy_plot(list(curves.values()), path, train_sizes={r["train_res"] for r in rows},
                   title=title or "accuracy vs test resolution")
+    left_out = off_axis(list(curves.values()))
+    if left_out:
+        log(f"{path.name} draws square sizes only: {', '.join(left_out)} are in sweep.csv and the table above")
 
 
 def build_parser() -> cli.Parser:
