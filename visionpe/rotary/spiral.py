@@ -68,8 +68,9 @@ class SpiralRoPE(AxialRoPE):
                          rescale_coords, draw_coords, rotate_fraction=rotate_fraction)
         if num_directions > self.head_dim // 2:
             raise ValueError(f"num_directions={num_directions} must be at most the head's {self.head_dim // 2} "
-                             f"frequency pairs (head_dim={self.head_dim} // 2): each direction turns pairs of the head, "
-                             f"and more directions than pairs leave most unused (the turns shrink towards axial RoPE)")
+                             f"frequency pairs (head_dim={self.head_dim} // 2): each direction turns pairs of the "
+                             f"head, and more directions than pairs leave most unused (the turns shrink towards axial "
+                             f"RoPE)")
 
     def _frequencies(self, axis_order: str, dtype: torch.dtype) -> torch.Tensor:
         n = self.sections[0]

@@ -24,6 +24,7 @@ import importlib
 import io as text_io
 import json
 import os
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +208,28 @@ def start_line(cfg: dict, *, num_params: int, train_size: int, val_size: int, wo
             f"{' ' + cfg['amp'].replace('auto', 'bf16') if amp else ''}{recipe} | {out}")
 
 
+LEARNED_MARGIN = 5.0  # points above chance (100 / classes) that a top-1 at the training size must reach
+
+
+def did_not_learn(acc: float, num_classes: int) -> bool:
+    """A top-1 ``acc`` (%) at the training size below chance (``100 / num_classes``) + :data:`LEARNED_MARGIN`
+    points: the model did not learn its task. The one rule of ``visionpe train``'s note and the benchmark's "not
+    learned" rows."""
+    return acc < 100.0 / num_classes + LEARNED_MARGIN
+
+
+def learning_note(cfg: dict, results: dict, train_key) -> str | None:
+    """The note under the final table when the last weights did not learn (:func:`did_not_learn` at the training
+    size), else None."""
+    acc = results["last"][train_key]["acc"]
+    if not did_not_learn(acc, cfg["num_classes"]):
+        return None
+    return (f"note: not learned: the last weights' top-1 at the training size, {acc:.2f} %, is below chance "
+            f"({100 / cfg['num_classes']:.1f} %, {cfg['num_classes']} classes) + {LEARNED_MARGIN:.0f} points, so the "
+            f"table above says nothing about positions (the benchmark leaves such a row out); train longer or with "
+            f"another --lr")
+
+
 def resolution_table(cfg: dict, results: dict, best_epoch: int) -> str:
     """The console's last table: top-1 and retention of each weights at every test size (and frame count)."""
     video = bool(cfg["num_frames"])
@@ -305,6 +328,12 @@ class Report:
     def __call__(self, text: str) -> None:
         if self.master:
             print(text, flush=True)
+
+    def warn(self, text: str) -> None:
+        """One line ``visionpe train: warning: ...`` on stderr: a setting the run takes but that likely defeats its
+        purpose."""
+        if self.master:
+            print(f"visionpe train: warning: {text}", file=sys.stderr, flush=True)
 
     def open_loggers(self, out: Path, cfg: dict, history: list[dict], resume: bool) -> None:
         """Start the loggers of ``cfg['log']``, brought in line with ``history`` (rank 0)."""

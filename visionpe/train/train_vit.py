@@ -84,6 +84,8 @@ def main(argv: list[str]) -> dict:
                               world=world, device=device, amp=amp_dtype is not None, out=out))  # the first line
     for note in loop.data_notes(cfg):  # transform settings the data set does not take
         report(note)
+    for warning in settings.run_warnings(cfg, updates_per_epoch * cfg["epochs"]):  # threads, a slow EMA
+        report.warn(warning)
     init = None
     if state is None and cfg["init_from"]:  # a new run from another model's weights (or one resumed before epoch 1)
         init = restore.init_weights(raw_model, cfg)
@@ -172,6 +174,9 @@ def main(argv: list[str]) -> dict:
     if procs.master:
         rundir.finish(out, run.history, summary)  # metrics.jsonl, summary.csv, then results.json: finished
     report(metrics.resolution_table(cfg, results, run.best_epoch))
+    note = metrics.learning_note(cfg, results, train_key)  # at chance: the benchmark's "not learned" rule
+    if note:
+        report(note)
     report(rundir.files_line(out, exported))
     report.close()
     del model  # DDP's reducer holds the process group: freed first, the group is destroyed in leave()

@@ -10,25 +10,29 @@ import statistics
 
 from ...cli.report import mean_std, spread_text
 from ...data import DATASETS, info
-from ...train.metrics import key_text
+from ...train.metrics import LEARNED_MARGIN, did_not_learn, key_text
 from .collect import label, tune_label, tune_of
 
-LEARNED_MARGIN = 5.0  # points above chance (100 / classes) that a row's training-size top-1 must reach
 PLATEAU_MARGIN = 1.0  # points a row's training-size top-1 may rise over its last epoch and count as a plateau
 
 
+def classes_of(entry: dict, data: str) -> int | None:
+    """The class count of a table entry: its runs' (else the named data set's), None when unknown."""
+    return entry.get("num_classes") or (info(data)["num_classes"] if data in DATASETS else None)
+
+
 def chance(entry: dict, data: str) -> float | None:
-    """Chance top-1 (%) of a table entry: 100 / its runs' class count (else the named data set's), None when
-    unknown."""
-    classes = entry.get("num_classes") or (info(data)["num_classes"] if data in DATASETS else None)
+    """Chance top-1 (%) of a table entry: 100 / its class count, None when unknown."""
+    classes = classes_of(entry, data)
     return 100.0 / classes if classes else None
 
 
 def not_learned(entry: dict, data: str) -> bool:
     """The entry did not learn: its mean top-1 over the seeds at the training size is below chance +
-    :data:`LEARNED_MARGIN` points (False where chance or that size is unknown)."""
-    floor, (mean, _) = chance(entry, data), mean_std(entry["acc"].get(entry["train_res"], []))
-    return floor is not None and not math.isnan(mean) and mean < floor + LEARNED_MARGIN
+    :data:`~visionpe.train.metrics.LEARNED_MARGIN` points (:func:`~visionpe.train.metrics.did_not_learn`; False
+    where the classes or that size are unknown)."""
+    classes, (mean, _) = classes_of(entry, data), mean_std(entry["acc"].get(entry["train_res"], []))
+    return bool(classes) and not math.isnan(mean) and did_not_learn(mean, classes)
 
 
 def rising(entry: dict) -> bool:
