@@ -551,16 +551,25 @@ def check_memory(cfg: dict, memory: int | None = None) -> None:
              f"{key} {batch} at {math.isqrt(pixels)} px is {gib(batch * chans * pixels * frames * 4)} of float32 input "
              f"alone; at most {gib(memory * BATCH_MEMORY_SHARE)} (half of this machine's {gib(memory)}): give a smaller "
              f"{key} or size")
-    if not spec.synthetic:
-        return  # real sets are read at their own size, a sample at a time (or once, at native size)
-    sizes = vdata.scenes.DEFAULT_SIZES
-    for key, split, areas in (("train_samples", "train", [area(cfg["img_size"])]),
-                              ("val_samples", "val", [area(s) for s in {cfg["img_size"], *cfg["eval_res"]}])):
-        count = cfg[key] if cfg[key] is not None else sizes[split]
-        per_sample = chans * frames * sum(areas)
-        most = memory // per_sample
-        need(count <= most, f"{key} {count}: the rendered {split} scenes of {cfg['data']} would take "
-             f"{gib(count * per_sample)} in memory, more than this machine's {gib(memory)}; at most {most} fit")
+    defaults = vdata.scenes.DEFAULT_SIZES
+    for key, split, sizes in (("train_samples", "train", [cfg["img_size"]]),
+                              ("val_samples", "val", {cfg["img_size"], *cfg["eval_res"]})):
+        check_rendered(key, cfg[key] if cfg[key] is not None else defaults[split], cfg, split, sizes, memory)
+
+
+def check_rendered(what: str, count: int, cfg: dict, split: str, sizes, memory: int | None = None) -> None:
+    """A built-in task's ``count`` scenes of ``split`` rendered at each of ``sizes`` (uint8, held in memory) fit this
+    machine's memory (``memory`` bytes, default :func:`machine_memory`); a :class:`UserError` naming ``what``, the
+    size and how many fit otherwise. Real sets are read at their own size, a sample at a time: nothing to check."""
+    memory = machine_memory() if memory is None else memory
+    spec = vdata.get_spec(cfg["data"])
+    if memory <= 0 or not spec.synthetic:
+        return
+    area = lambda size: size * size if isinstance(size, int) else size[0] * size[1]
+    per_sample = (cfg.get("in_chans") or spec.in_chans) * (cfg["num_frames"] or 1) * sum(map(area, set(sizes)))
+    most = memory // per_sample
+    need(count <= most, f"{what} {count}: the rendered {split} scenes of {cfg['data']} would take "
+         f"{gib(count * per_sample)} in memory, more than this machine's {gib(memory)}; at most {most} fit")
 
 
 def need(ok, message: str) -> None:

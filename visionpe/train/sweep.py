@@ -172,7 +172,7 @@ def sweep_run(run: Path, resolutions, scalings=None, interpolations=(), weights=
     protocols = list(protocols or [settings.eval_protocol(cfg)])
     check_protocols(run, cfg, protocols)
     if tune:
-        tuning.check_run(run, cfg, holdout)
+        tuning.check_run(run, cfg, holdout, resolutions)
     if scalings is None:
         scalings = own_scalings(cfg)
     rows = []
@@ -247,7 +247,7 @@ def sweep_runs(runs, resolutions, scalings=None, interpolations=(), weights="las
         check_sizes(run, cfg, resolutions)
         check_protocols(run, cfg, protocols)
         if tune:
-            tuning.check_run(run, cfg, holdout)
+            tuning.check_run(run, cfg, holdout, resolutions)
     rows = []
     for run in runs:
         rows += sweep_run(run, resolutions, scalings, interpolations, weights, val_samples, device, batch_size,
