@@ -173,6 +173,7 @@ def summary(cfg: dict, history: list[dict], results: dict, *, num_params: int, b
             "img_size": cfg["img_size"], "eval_protocol": protocol.eval_protocol,
             **({"crop_pct": protocol.crop_pct} if protocol.eval_protocol == "crop" else {}),
             **({"max_patches": cfg["max_patches"]} if cfg["max_patches"] else {}), **video,
+            **({"classes": cfg["classes"]} if cfg.get("classes") else {}),  # a folder run: output k is classes[k]
             "init_from": cfg["init_from"], "params": num_params, "epochs": cfg["epochs"], "best_epoch": best_epoch,
             "train_img_per_s": float(np.median([h["img_per_s"] for h in trained])) if trained else None,
             "final_train_loss": trained[-1]["train_loss"] if trained else None,

@@ -52,6 +52,11 @@ def load_run(path, require: tuple[str, ...] = ()) -> dict:
     num_classes = cfg["num_classes"]
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
         raise UserError(f"{run / CONFIG}: num_classes must be an integer >= 1, got {num_classes!r}")
+    classes = cfg.get("classes")
+    if classes is not None and (not isinstance(classes, list) or len(classes) != num_classes
+                                or not all(isinstance(c, str) for c in classes)):
+        raise UserError(f"{run / CONFIG}: classes must be a list of the {num_classes} class names that number the "
+                        f"outputs, got {str(classes)[:200]}")
     if cfg.get("in_chans") is None:
         cfg["in_chans"] = cfg["model_kwargs"].get("in_chans") or (
             settings.vdata.info(cfg["data"])["in_chans"] if "data" in raw else 3)

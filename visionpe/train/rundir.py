@@ -2,7 +2,8 @@
 
     config.yaml         the resolved settings (model, pe, pe_kwargs, img_size, patch_size, num_classes, in_chans,
                         model_kwargs: everything visionpe.create_model(model, pe, pe_kwargs=..., **model_kwargs)
-                        needs), written when the run starts
+                        needs; a folder run's classes, the names of its outputs in order), written when the run
+                        starts
     state.pt            THE CHECKPOINT: model weights, optimizer, scheduler, epoch, best_acc, best_epoch, history,
                         the settings it was trained with (config, as config.yaml holds them); the EMA weights (ema)
                         and the float16 gradient scaler (scaler) of runs that have them; and in a commit within an

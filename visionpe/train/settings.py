@@ -30,7 +30,7 @@ AMP = ("auto", "bf16", "fp16", "none")
 DEVICES = ("auto", "cpu", "cuda")
 PARALLEL = ("ddp", "fsdp")  # visionpe.train.parallel.MODES
 SIZE_KEYS = ("embed_dim", "depth", "num_heads")  # command-line shortcuts into model_kwargs
-RUN_KEYS = ("num_classes", "in_chans")  # written to / read from config.yaml only
+RUN_KEYS = ("num_classes", "in_chans", "classes")  # written to / read from config.yaml only (classes: a folder's)
 NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
 REPORTED = ("sizes_from",)  # what resolve found out about the settings: in the run's header, not in config.yaml
 # settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
@@ -450,6 +450,7 @@ def resolve(args: dict, base: dict | None = None, origin: str = "the run's confi
     if base is None or cfg["data"] != base.get("data") or base.get("num_classes") is None:
         info = vdata.info(cfg["data"])
         cfg["num_classes"], cfg["in_chans"] = info["num_classes"], info["in_chans"]
+        cfg.pop("classes", None)  # a folder's names: read again with its data
     if cfg["output"] is None:
         cfg["output"] = f"runs/{cfg['data']}_{cfg['pe'].replace('+', '-')}_s{cfg['seed']}"
     cfg["sizes_from"] = " + ".join([origin, *given])
