@@ -880,6 +880,11 @@ ROWS += [
     *[(f"attend-scale={v}", (lambda v=v: vpe.attend(qk(), qk(), qk(), G, scale=v)), VE, "scale must be > 0.0",
        f"got {v}") for v in (-1.0, 0.0)],
     ("attend-scale-nan", lambda: vpe.attend(qk(), qk(), qk(), G, scale=NAN), VE, "scale must be a finite number"),
+    ("create-vit5_rope-registers-the-model-lacks", lambda: vpe.create_model(VIT, pe="vit5_rope", pe_kwargs={
+        "num_registers": 4}, **VIT_KW), VE, "num_registers=4", "the model has 0 register tokens", "reg_tokens=4"),
+    *[(f"create_video-{pe}-head-dim-4", (lambda pe=pe: vpe.create_video_model(VIT, pe=pe, **{
+        **VIDEO_KW, "embed_dim": 8})), VE, "head_dim=4 is too small for RoPE on a (T, H, W) grid",
+       "at least 6") for pe in ("rope_axial", "rope_mixed", "videorope")],
     ("load_timm-source-grid-no-table", lambda: vpe.load_timm_checkpoint(
         vit("rope_mixed"), timm.create_model(VIT, **VIT_KW).state_dict(), source_grid=(4, 4)), VE,
      "source_grid=(4, 4)", "the model has no learned table"),
