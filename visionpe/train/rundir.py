@@ -332,6 +332,7 @@ def load_checkpoint(out: Path) -> dict | None:
     except (TypeError, ValueError):
         raise UserError(f"{path} holds a damaged history") from None
     check_commit(state, path)
+    check_finite_commit(state, path)
     if "model" not in state:  # written by an older train_vit.py: the weights live in last.safetensors
         if weights_epoch(out / LAST) != state["epoch"]:
             raise UserError(f"{out / LAST} and {STATE} are from different epochs; cannot resume exactly")
@@ -381,6 +382,27 @@ def resume_point(out: Path) -> dict | Path | None:
                     f"{commit_order(own)[0]}), yet {out / CONFIG} says parallel: {'fsdp' if sharded else 'ddp'}, which "
                     f"commits {CHECKPOINT + '/' if sharded else STATE}: a file planted or left from another run, not resumed; remove it, or "
                     f"{RESTART}")
+
+
+def check_finite_commit(state: dict, path: Path) -> None:
+    """Every tensor of a commit's model, EMA and optimizer state is finite: training never commits a non-finite
+    epoch (:func:`visionpe.train.loop.check_finite`), so a NaN or inf there is a damaged or edited file, a
+    :class:`UserError` naming it and the tensor (not a divergence blamed on the learning rate or the data)."""
+    optimizer = state.get("optimizer")
+    slots = optimizer.get("state", {}) if isinstance(optimizer, dict) else {}
+    parts = {"model": state.get("model"), "ema": state.get("ema"),
+             "optimizer state": {f"{param}.{name}": value for param, entry in slots.items()
+                                 if isinstance(entry, dict) for name, value in entry.items()}}
+    for part, tensors in parts.items():
+        if not isinstance(tensors, dict):
+            continue
+        tensors = {k: v for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+        try:
+            io.check_finite(tensors, f"{path}'s {part}")
+        except ValueError as err:
+            raise UserError(f"{str(err).split('; a checkpoint')[0]}: training never commits non-finite values, so "
+                            f"the file is damaged or was edited (not a learning rate or data problem); {RESTART}"
+                            ) from None
 
 
 def check_commit(commit: dict, path: Path) -> None:
