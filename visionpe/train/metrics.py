@@ -253,19 +253,31 @@ def resolution_table(cfg: dict, results: dict, best_epoch: int) -> str:
 # -----------------------------------------------------------------------------------------------------
 # the console and the loggers
 def _needs(module: str, extra: str):
+    """``module`` imported for ``--log extra``, or a :class:`UserError` naming the package that is missing (the
+    import's own missing name: ``tensorboard`` for ``torch.utils.tensorboard``)."""
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise UserError(f"--log {extra} needs {module.split('.')[0]} ({one_line(err)}); install it with "
-                        f"pip install 'visionpe[{extra}]'") from None
+        missing = getattr(err, "name", None) or module.split(".")[0]
+        raise UserError(f"--log {extra} needs the package {missing}, which cannot be imported ({one_line(err)}); "
+                        f"install it with pip install 'visionpe[{extra}]'") from None
+
+
+def check_loggers(names) -> None:
+    """The packages of the ``--log`` loggers ``names`` import (checked before the run directory is written, so a
+    missing one leaves nothing behind)."""
+    for name in names:
+        _needs(LOGGER_CLASSES[name].module, name)
 
 
 class TensorBoardLogger:
     """Scalars in ``run/tensorboard/`` (``torch.utils.tensorboard.SummaryWriter``): each number of an epoch row under
     its ``metrics.jsonl`` name, at step = epoch. The event files are rewritten from the history at every start."""
 
+    module = "torch.utils.tensorboard"  # what it imports
+
     def __init__(self, out: Path, cfg: dict, history: list[dict], resume: bool):
-        writer = _needs("torch.utils.tensorboard", "tensorboard").SummaryWriter
+        writer = _needs(self.module, "tensorboard").SummaryWriter
         for path in sorted((Path(out) / TENSORBOARD).glob("events.out.tfevents.*")):
             path.unlink()
         self.writer = writer(log_dir=str(Path(out) / TENSORBOARD))
@@ -289,9 +301,10 @@ class WandbLogger:
     same W&B run with the epochs it has not seen."""
 
     active = None  # this process's last W&B run, finished before the next starts (one left open by an error)
+    module = "wandb"  # what it imports
 
     def __init__(self, out: Path, cfg: dict, history: list[dict], resume: bool):
-        wandb = _needs("wandb", "wandb")
+        wandb = _needs(self.module, "wandb")
         if WandbLogger.active is not None:
             WandbLogger.active.finish()
         self.state = Path(out) / WANDB_STATE

@@ -73,6 +73,7 @@ weights that are not finite (:func:`read_weights`) are each one line naming the 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -152,6 +153,14 @@ def check_fresh(out: Path, overwrite: bool) -> None:
     if found and not overwrite:
         raise UserError(f"run directory {str(out)!r} already holds a run ({', '.join(found)}); pass --resume to "
                         "continue it or --overwrite to delete it and start again")
+
+
+def undo_start(out: Path) -> None:
+    """Remove what :func:`prepare` wrote for a new run (config.yaml, and what the loggers began) when its start
+    failed before the first epoch, and ``out`` itself when that leaves it empty: the same command can run again."""
+    clear(out)
+    with contextlib.suppress(OSError):
+        Path(out).rmdir()  # only if empty
 
 
 def no_run_message(out: Path) -> str:

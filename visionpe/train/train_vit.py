@@ -54,6 +54,7 @@ def main(argv: list[str]) -> dict:
     resume = bool(args.get("resume"))
     cfg, changed = restore.resume_config(args) if resume else (restore.new_config(args), [])
     out = Path(cfg["output"])
+    metrics.check_loggers(cfg["log"])  # a missing package, before anything is written
     if not resume:
         rundir.check_fresh(out, cfg["overwrite"])  # an existing run needs --resume or --overwrite
 
@@ -104,7 +105,12 @@ def main(argv: list[str]) -> dict:
     if procs.master:
         for note in rundir.prepare(out, cfg, resume=resume, state=run.saved, changed=changed):
             report(note)
-    report.open_loggers(out, cfg, run.history, resume)
+    try:
+        report.open_loggers(out, cfg, run.history, resume)
+    except BaseException:
+        if procs.master and not resume:  # a start that failed: no folder left that refuses the retry
+            rundir.undo_start(out)
+        raise
     if resume:
         within = run.within
         report(f"resuming {out} " + (f"at batch {within['step']}/{steps_per_epoch} of epoch {start_epoch + 1}"
