@@ -879,7 +879,6 @@ ROWS += [
      "tuple of 2 positive integers", "'16x16'"),
     *[(f"attend-scale={v}", (lambda v=v: vpe.attend(qk(), qk(), qk(), G, scale=v)), VE, "scale must be > 0.0",
        f"got {v}") for v in (-1.0, 0.0)],
-    ("attend-scale-nan", lambda: vpe.attend(qk(), qk(), qk(), G, scale=NAN), VE, "scale must be a finite number"),
     ("create-vit5_rope-registers-the-model-lacks", lambda: vpe.create_model(VIT, pe="vit5_rope", pe_kwargs={
         "num_registers": 4}, **VIT_KW), VE, "num_registers=4", "the model has 0 register tokens", "reg_tokens=4"),
     *[(f"create_video-{pe}-head-dim-4", (lambda pe=pe: vpe.create_video_model(VIT, pe=pe, **{
