@@ -146,6 +146,15 @@ def test_one_seed_has_no_spread():
     assert "`learned` 90.0 ± n/a %" in verdicts.pick_verdict(one, "vit", "d", [16, 24, 32])
     assert "11.0 ± 0.0" in sections.markdown_table({("vit", "d", "learned", "default"): entry(CHANCE)}, "vit", "d",
                                                    [16, 24, 32])
+    # nor is a gap over one seed called beyond the spread (a spread of 0 made every gap "beyond")
+    pair = {("rows", "d", "a", "default"): entry({16: [90.0], 24: [60.0]}, seeds={0}),
+            ("rows", "d", "b", "default"): entry({16: [80.0], 24: [50.0]}, seeds={0})}
+    said = verdicts.compare_verdict(pair, "d", [["a", "b"]], [16, 24])
+    assert "16px +10.0 (one seed); 24px +10.0 (one seed). Beyond the seed spread at no size." in said, said
+    rows = [{"label": "a", "timm": False}, {"label": "b", "timm": True}]
+    assert "+10.0 points (one seed: no spread to compare with)" in verdicts.rows_verdict(pair, "d", rows, [16, 24])
+    three = {k: entry({16: [v - 1, v, v + 1], 24: [v, v, v]}) for k, v in zip(pair, (90.0, 80.0))}
+    assert "16px +10.0 (beyond); 24px +10.0 (beyond)" in verdicts.compare_verdict(three, "d", [["a", "b"]], [16, 24])
 
 
 def test_rows_compare_and_tune_verdicts_leave_out_what_did_not_learn():

@@ -47,10 +47,17 @@ def spread_text(values, digits: int = 1) -> str:
     return f"{mean:.{digits}f} ± " + (f"{std:.{digits}f}" if known > 1 else "n/a")
 
 
-def beyond_spread(a, b) -> tuple[float, bool]:
-    """``(mean_a - mean_b, beyond)`` of two samples: beyond the seed spread when ``|gap| > std_a + std_b``."""
+ONE_SEED = "one seed"  # spread_gap's word when a sample has no spread: neither within nor beyond it
+
+
+def spread_gap(a, b) -> tuple[float, str]:
+    """``(mean_a - mean_b, word)`` of two samples (values over seeds; None left out): ``"beyond"`` the seed spread
+    when ``|gap| > std_a + std_b``, ``"within"`` it otherwise, :data:`ONE_SEED` when either sample has fewer than two
+    values (no spread to compare with: a gap over one seed is never called beyond it)."""
     (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
-    return ma - mb, abs(ma - mb) > sa + sb
+    if min(sum(v is not None for v in a), sum(v is not None for v in b)) < 2:
+        return ma - mb, ONE_SEED
+    return ma - mb, "beyond" if abs(ma - mb) > sa + sb else "within"
 
 
 def markers(name: str) -> tuple[str, str]:

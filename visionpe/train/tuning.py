@@ -101,9 +101,10 @@ def check_holdout(cfg: dict, holdout: int | None, sizes=()) -> None:
     """``--holdout`` (None: :func:`default_holdout`) fits the run: an integer >= 1, after the images it trained on
     (:func:`training_count`), and for a built-in task its scenes, rendered at the training size and each of ``sizes``,
     within this machine's memory (:func:`~visionpe.train.settings.check_rendered`)."""
+    training_count(cfg)  # a run on a whole real set leaves nothing to hold out
     if holdout is not None and (isinstance(holdout, bool) or not isinstance(holdout, int) or holdout < 1):
         raise UserError(f"--holdout must be an integer >= 1, got {holdout!r}")
-    count = default_holdout(cfg) if holdout is None else holdout  # training_count: refuses a whole real set
+    count = default_holdout(cfg) if holdout is None else holdout
     settings.check_rendered("--holdout", count, cfg, "held-out training", [cfg["img_size"], *sizes])
 
 

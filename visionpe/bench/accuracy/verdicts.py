@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from ...cli.report import mean_std, spread_text
+from ...cli.report import ONE_SEED, mean_std, spread_gap, spread_text
 from ...data import DATASETS, info
 from ...train.metrics import LEARNED_MARGIN, did_not_learn, key_text
 from .collect import label, tune_label, tune_of
@@ -71,8 +71,8 @@ def verdict(table: dict, family: str, data: str, res: list[int]) -> str:
         return left_out(out, data)
 
     def gap(a, b, r):
-        (ma, sa), (mb, sb) = mean_std(a["acc"][r]), mean_std(b["acc"][r])
-        return f"{ma - mb:+.1f} ({'within' if abs(ma - mb) <= sa + sb else 'beyond'} spread)", ma >= mb
+        d, word = spread_gap(a["acc"][r], b["acc"][r])
+        return f"{d:+.1f} ({spread_phrase(word, 'spread')})", d >= 0
 
     lines = []
     for ad in ("none", "pi", "ntk", "yarn"):
@@ -101,10 +101,8 @@ def video_verdict(table: dict, data: str, cols: list, chance: float) -> str:
     train = next(iter(rows.values()))["train_res"]
 
     def gap(a, b, c):
-        (ma, sa), (mb, sb) = mean_std(rows[a]["acc"].get(c, [])), mean_std(rows[b]["acc"].get(c, []))
-        if min(len(rows[a]["acc"].get(c, [])), len(rows[b]["acc"].get(c, []))) < 2:
-            return f"{ma - mb:+.1f} points (one seed: no spread to compare with)"
-        return f"{ma - mb:+.1f} points ({'within' if abs(ma - mb) <= sa + sb else 'beyond'} the seed spread)"
+        d, word = spread_gap(rows[a]["acc"].get(c, []), rows[b]["acc"].get(c, []))
+        return f"{d:+.1f} points ({spread_phrase(word)})"
 
     lines = []
     m = {n: mean_std(v["acc"].get(train, [])) for n, v in rows.items()}
@@ -130,10 +128,15 @@ def video_verdict(table: dict, data: str, cols: list, chance: float) -> str:
 
 
 def compare_text(a: dict, b: dict, r) -> tuple[float, str]:
-    """``(mean_a - mean_b, 'within' | 'beyond')`` at size ``r``: beyond the seed spread when the gap exceeds
-    std_a + std_b."""
-    (ma, sa), (mb, sb) = mean_std(a["acc"].get(r, [])), mean_std(b["acc"].get(r, []))
-    return ma - mb, ("within" if abs(ma - mb) <= sa + sb else "beyond")
+    """``(mean_a - mean_b, 'within' | 'beyond' | 'one seed')`` at size ``r`` (:func:`~visionpe.cli.report.spread_gap`:
+    beyond the seed spread when the gap exceeds std_a + std_b; over one seed, neither)."""
+    return spread_gap(a["acc"].get(r, []), b["acc"].get(r, []))
+
+
+def spread_phrase(word: str, spread: str = "the seed spread") -> str:
+    """A :func:`~visionpe.cli.report.spread_gap` word as a phrase: ``"beyond the seed spread"``, or ``"one seed: no
+    spread to compare with"``."""
+    return "one seed: no spread to compare with" if word == ONE_SEED else f"{word} {spread}"
 
 
 def rows_verdict(table: dict, data: str, rows: list[dict], res: list) -> str:
@@ -167,7 +170,7 @@ def rows_verdict(table: dict, data: str, rows: list[dict], res: list) -> str:
         b = max(ref, key=lambda n: mean_std(ref[n]["acc"].get(r, []))[0])
         gap, spread = compare_text(ours[a], ref[b], r)
         lines.append(f"- {key_text(r)} px: best visionpe `{a}` {mean_std(ours[a]['acc'][r])[0]:.1f} %, best timm "
-                     f"`{b}` {mean_std(ref[b]['acc'][r])[0]:.1f} %: {gap:+.1f} points ({spread} the seed spread).")
+                     f"`{b}` {mean_std(ref[b]['acc'][r])[0]:.1f} %: {gap:+.1f} points ({spread_phrase(spread)}).")
     return "\n".join(lines) + "\n" + left_out(out, data)
 
 
