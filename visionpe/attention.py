@@ -34,6 +34,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
         bias: a bias-family module, ``bias(grid) -> (heads, P + N, P + N)``.
         attn_mask: extra additive float mask broadcastable to ``(B, heads, T, T)`` (e.g. Swin's shift mask)
             or a boolean mask (True = attend).
+        scale: the logits' factor, a finite number > 0 (default ``head_dim ** -0.5``).
         attention: ``"sdpa"``: ``scaled_dot_product_attention`` with the bias materialised; ``"flex"``:
             ``flex_attention`` reading the bias per token pair (:meth:`~visionpe.BiasEncoding.score_mod`; torch >=
             2.5; no backward on CPU: a backward through a CPU call is an error); ``"auto"``: the measured
@@ -50,7 +51,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
     check_number("dropout_p", dropout_p, minimum=0.0, maximum=1.0)
     check_choice("attention", attention, ATTENTIONS)
     if scale is not None:
-        check_number("scale", scale)
+        check_number("scale", scale, minimum=0.0, inclusive=False)  # softmax(scale * q k^T): 0 is uniform, < 0 inverts
     layout = grid if isinstance(grid, MixedLayout) else as_layout(grid)
     attn_mask = _extra_mask(attn_mask, q, k)
     tokens = _bias_tokens(bias, tokens, q)

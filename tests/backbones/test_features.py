@@ -110,3 +110,23 @@ def test_eva_forward_intermediates_equal_timms(name):
         for a, b in zip(mine, timms):
             for u, v in zip(a, b) if isinstance(a, tuple) else [(a, b)]:
                 torch.testing.assert_close(u, v, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch16_224", "swin_tiny_patch4_window7_224"])
+def test_load_timm_checkpoint_into_a_features_model(name, tmp_path):
+    """``vpe.load_timm_checkpoint`` into a ``features_only`` model: the ViT's getter (keys under ``model.``) is seen
+    through, so ``pos_embed`` becomes its table and the features equal timm's; Swin's stage list, whose keys timm
+    renames, is refused by name (issue 43: the table stayed at its random init and the call returned normally)."""
+    path = _checkpoint(name, tmp_path)
+    ours = vpe.create_model(name, pe="native", features_only=True, **CASES[name]).eval()
+    if is_swin(name):
+        with pytest.raises(ValueError, match="FeatureListNet.*pretrained_cfg_overlay"):
+            vpe.load_timm_checkpoint(ours, path)
+        return
+    report = vpe.load_timm_checkpoint(ours, path)
+    assert any(line.startswith("pos_embed -> pe_tokens.") for line in report.converted), report
+    theirs = _features(name, path, size=(32, 32))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        for a, b in zip(ours(x), theirs(x)):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)

@@ -195,3 +195,12 @@ def test_the_guides_blocks_run_and_print_what_they_say(block, capsys):
         pytest.importorskip("transformers.models.dinov3_vit", reason="transformers >= 4.56 has DINOv3")
     exec(compile(block, str(GUIDE), "exec"), {})
     assert capsys.readouterr().out.splitlines() == _said(block)
+
+
+def test_a_missing_folder_is_named_as_one(tmp_path):
+    """A path that can only be a folder and is none is "not found", not transformers' "Repo id must be in the
+    form" (issue 43); a file is not a folder."""
+    (tmp_path / "file.json").write_text("{}")
+    for path in (tmp_path / "missing", str(tmp_path / "missing"), "./missing-run", str(tmp_path / "file.json")):
+        with pytest.raises(ValueError, match=r"pretrained_model_name_or_path .*: folder (not found|is a file)"):
+            vpe.from_pretrained(ViTForImageClassification, path)

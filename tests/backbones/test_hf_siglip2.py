@@ -141,6 +141,16 @@ def test_naflex_inputs_are_checked():
         model(pixels[..., :-1], mask, spatial)
     with pytest.raises(ValueError, match="pixel_attention_mask must be"):
         model(pixels, mask[:, :-1], spatial)
+    # issue 43: a bool spatial_shapes is named; a mask marking more patches than spatial_shapes is refused
+    with pytest.raises(ValueError, match=r"spatial_shapes must be an integer .* got torch.bool of shape \(1, 2\)"):
+        model(pixels, mask, spatial.bool())
+    pixels, mask, spatial = naflex([(3, 5), (2, 2)])
+    mask[1, :6] = 1
+    with pytest.raises(ValueError, match=r"pixel_attention_mask marks 6 tokens of image 1 .* spatial_shapes \(2, 2\) "
+                                         r"= 4"):
+        model(pixels, mask, spatial)
+    mask[1, 3:] = 0  # fewer marked than the grid holds: the caller's own masking, accepted
+    assert torch.isfinite(model(pixels, mask, spatial).last_hidden_state).all()
 
 
 def test_mixed_layout_length_is_at_least_the_longest_sample():

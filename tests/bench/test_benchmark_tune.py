@@ -136,6 +136,27 @@ def test_a_row_that_did_not_learn_is_marked_and_left_out_of_the_ordering():
     assert "not learned" not in sections.markdown_table(learned_only, "vit", "d", [16, 24, 32])
 
 
+def test_one_seed_has_no_spread():
+    """A cell over one seed reads ``n/a`` for its spread, never ``± 0.0``, which would claim one (issue 43); three
+    equal seeds are a spread of 0.0."""
+    one = {("vit", "d", "learned", "default"): entry({16: [90.0], 24: [9.6], 32: [40.0]}, seeds={0},
+                                                     ret={24: [0.107], 32: [0.444]})}
+    text = sections.markdown_table(one, "vit", "d", [16, 24, 32])
+    assert "| 9.6 ± n/a |" in text and "0.107 ± n/a" in text and "± 0.0" not in text
+    assert "`learned` 90.0 ± n/a %" in verdicts.pick_verdict(one, "vit", "d", [16, 24, 32])
+    assert "11.0 ± 0.0" in sections.markdown_table({("vit", "d", "learned", "default"): entry(CHANCE)}, "vit", "d",
+                                                   [16, 24, 32])
+    # nor is a gap over one seed called beyond the spread (a spread of 0 made every gap "beyond")
+    pair = {("rows", "d", "a", "default"): entry({16: [90.0], 24: [60.0]}, seeds={0}),
+            ("rows", "d", "b", "default"): entry({16: [80.0], 24: [50.0]}, seeds={0})}
+    said = verdicts.compare_verdict(pair, "d", [["a", "b"]], [16, 24])
+    assert "16px +10.0 (one seed); 24px +10.0 (one seed). Beyond the seed spread at no size." in said, said
+    rows = [{"label": "a", "timm": False}, {"label": "b", "timm": True}]
+    assert "+10.0 points (one seed: no spread to compare with)" in verdicts.rows_verdict(pair, "d", rows, [16, 24])
+    three = {k: entry({16: [v - 1, v, v + 1], 24: [v, v, v]}) for k, v in zip(pair, (90.0, 80.0))}
+    assert "16px +10.0 (beyond); 24px +10.0 (beyond)" in verdicts.compare_verdict(three, "d", [["a", "b"]], [16, 24])
+
+
 def test_rows_compare_and_tune_verdicts_leave_out_what_did_not_learn():
     rows = [{"label": "ours", "timm": False}, {"label": "weak", "timm": False}, {"label": "timm ref", "timm": True}]
     table = {("rows", "d", "ours", "default"): entry({16: [12, 12, 12], 24: [99, 99, 99], 32: [99, 99, 99]}),

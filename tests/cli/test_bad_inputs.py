@@ -856,6 +856,40 @@ ROWS += [
 ]
 
 
+# -- issue 43: the probe's last silent and unclear cases --------------------------------------------------------------
+ROWS += [
+    ("load_timm-source-grid-unread", lambda: vpe.load_timm_checkpoint(vit(), vit("rope_mixed").state_dict(),
+                                                                     source_grid=(3, 5)), VE,
+     "source_grid=(3, 5)", "holds no pos_embed", "leave out source_grid"),
+    ("transforms-scale-huge", lambda: vdata.Transforms(scale=(1e30, 1e30)), VE, "scale", "0.0 < low <= high <= 1",
+     "1e+30"),
+    ("transforms-ratio-huge", lambda: vdata.Transforms(ratio=(1e30, 1e30)), VE, "ratio", "<= high <= 100", "1e+30"),
+    ("build-spiral_rope-num-directions-huge", lambda: vpe.build("spiral_rope", head_dim=16, num_directions=10**6), VE,
+     "num_directions=1000000", "at most the head's 8 frequency pairs", "head_dim=16"),
+    *[(f"preset-qwen3_vl-depth={v}", (lambda v=v: vpe.preset("qwen3_vl", depth=v)), VE, "depth must be a positive "
+       "integer", f"got {v}") for v in (0, -1)],
+    ("preset-qwen3_vl-num-heads-0", lambda: vpe.preset("qwen3_vl", num_heads=0), VE, "num_heads must be a positive "
+     "integer", "got 0"),
+    ("preset-qwen3_vl-num-heads-negative", lambda: vpe.preset("qwen3_vl", num_heads=-4), VE, "num_heads", "got -4"),
+    ("preset-qwen3_vl-num-heads-not-dividing", lambda: vpe.preset("qwen3_vl", num_heads=5), VE, "num_heads=5",
+     "does not divide dim=1152", "head_dim"),
+    ("preset-qwen3_vl-grid-one-axis", lambda: vpe.preset("qwen3_vl", grid_shape=(4,)), VE, "grid_shape=(4,) has 1 "
+     "axes", "2-axis scheme", "(48, 48)"),
+    ("preset-qwen3_vl-grid-string", lambda: vpe.preset("qwen3_vl", grid_shape="16x16"), VE, "grid_shape must be a "
+     "tuple of 2 positive integers", "'16x16'"),
+    *[(f"attend-scale={v}", (lambda v=v: vpe.attend(qk(), qk(), qk(), G, scale=v)), VE, "scale must be > 0.0",
+       f"got {v}") for v in (-1.0, 0.0)],
+    ("create-vit5_rope-registers-the-model-lacks", lambda: vpe.create_model(VIT, pe="vit5_rope", pe_kwargs={
+        "num_registers": 4}, **VIT_KW), VE, "num_registers=4", "the model has 0 register tokens", "reg_tokens=4"),
+    *[(f"create_video-{pe}-head-dim-4", (lambda pe=pe: vpe.create_video_model(VIT, pe=pe, **{
+        **VIDEO_KW, "embed_dim": 8})), VE, "head_dim=4 is too small for RoPE on a (T, H, W) grid",
+       "at least 6") for pe in ("rope_axial", "rope_mixed", "videorope")],
+    ("load_timm-source-grid-no-table", lambda: vpe.load_timm_checkpoint(
+        vit("rope_mixed"), timm.create_model(VIT, **VIT_KW).state_dict(), source_grid=(4, 4)), VE,
+     "source_grid=(4, 4)", "the model has no learned table"),
+]
+
+
 @pytest.mark.parametrize("call,exc,words", [pytest.param(c, e, w, id=i) for i, c, e, *w in ROWS])
 def test_bad_input_is_named(call, exc, words, tmp_path):
     _TMP[:] = [tmp_path]

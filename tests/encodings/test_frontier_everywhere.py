@@ -22,7 +22,7 @@ IMAGE = [("rope_axial", {"directions": "golden"}), ("rope_mixed", {"directions":
          ("rope_axial", {"head_axes": ("x", "")}), ("rope_mixed", {"head_axes": ("yx", "y")}),
          ("lookhere", {}), ("fire", {}), ("fire", {"distance": "euclidean"}),
          ("rope_mixed+lookhere", {"directions": "golden"}), ("rope_axial+fire", {"rotate_fraction": 0.75}),
-         ("spiral_rope", {}), ("spiral_rope", {"num_directions": 8}), ("harope", {}), ("vit5_rope", {}),
+         ("spiral_rope", {}), ("spiral_rope", {"num_directions": 6}), ("harope", {}), ("vit5_rope", {}),
          ("pape", {"num_parabolas": 4}), ("pape_ri", {}), ("harope+pape_ri", {}),
          ("learned+vit5_rope+pape", {"num_parabolas": 2})]
 # in 3D models

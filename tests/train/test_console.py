@@ -108,3 +108,41 @@ def test_demo_caveat_names_an_under_trained_row(tmp_path):
                      "retention compares a weaker model (more --epochs)"], notes
     rows[0]["acc"] = 78.0
     assert demo()["caveats"](rows, runs) == []
+
+
+def test_warnings_name_threads_beyond_the_cores_and_a_slow_ema(tmp_path, capsys, monkeypatch):
+    """One line on stderr each, the run goes on (issue 43): --threads above the cores this process may use, and an
+    EMA whose decay leaves it mostly at init over the run's optimizer steps (none with timm's warmup)."""
+    monkeypatch.setattr(settings, "cpu_cores", lambda: 2)
+    threads = torch.get_num_threads()
+    try:
+        train_main(TINY + ["--epochs", "1", "--threads", "3", "--model-ema", "--model-ema-decay", "0.9998",
+                           "--output", str(tmp_path / "run")])
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["visionpe train: warning: --threads 3 is more than the 2 CPU cores this process may use: threads "
+                   "beyond the cores oversubscribe them and slow every step (0 lets torch choose)",
+                   "visionpe train: warning: --model-ema-decay 0.9998 averages over about 5000 optimizer steps "
+                   "(1 / (1 - decay)) but this run makes 4: the EMA weights end 100% their initial values; add "
+                   "--model-ema-warmup (timm's warmup) or lower the decay"], err
+    cfg = {**settings.DEFAULTS, "model_ema": True, "model_ema_decay": 0.99}
+    assert settings.run_warnings(cfg, 300) == []  # 0.99 ** 300: 5 % of the initial weights left
+    assert settings.run_warnings({**cfg, "model_ema_decay": 0.9998, "model_ema_warmup": True}, 300) == []
+    assert "end 94% their initial values" in settings.run_warnings({**cfg, "model_ema_decay": 0.9998}, 300)[0]
+
+
+def test_a_run_at_chance_says_it_did_not_learn(tmp_path, capsys):
+    """Under the final table, the benchmark's "not learned" rule (metrics.did_not_learn: the last weights' top-1 at
+    the training size below chance + 5 points) as a note (issue 43); none for a run that learned."""
+    results = {"last": {16: {"acc": 14.0}}}
+    cfg = {"num_classes": 9}
+    note = metrics.learning_note(cfg, results, 16)
+    assert note.startswith("note: not learned: the last weights' top-1 at the training size, 14.00 %, is below "
+                           "chance (11.1 %, 9 classes) + 5 points"), note
+    assert metrics.learning_note(cfg, {"last": {16: {"acc": 16.2}}}, 16) is None
+    summary = train_main(TINY + ["--epochs", "1", "--lr", "1e-9", "--min-lr", "0", "--warmup-epochs", "0",
+                                 "--output", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    acc = summary["results"]["last"]["16"]["acc"]
+    assert ("note: not learned" in out) == metrics.did_not_learn(acc, 9), (acc, out)

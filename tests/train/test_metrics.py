@@ -101,7 +101,7 @@ def test_retention_is_undefined_when_the_training_size_accuracy_is_0(tmp_path):
         cells = [metrics.read_retention(row["retention"]) for row in csv.DictReader(f)]
     assert cells == [None, 0.75]
     seeds = {"acc": {16: [0.0, 80.0], 24: [10.0, 60.0]}, "ret": {24: cells}}
-    assert accuracy_cells(seeds, [16, 24], 16)[-1] == "0.750 ± 0.000"  # the defined seed only, not (0 + 0.75) / 2
+    assert accuracy_cells(seeds, [16, 24], 16)[-1] == "0.750 ± n/a"  # the defined seed only (no spread), not 0.375
     assert accuracy_cells({**seeds, "ret": {24: [None, None]}}, [16, 24], 16)[-1] == "n/a"
 
 
@@ -189,3 +189,35 @@ def test_log_wandb_offline_holds_every_epoch_once_across_resume(tmp_path, monkey
     assert [r["_step"] for r in logged] == [1, 2, 3]  # the resumed process sent epoch 3 only
     for row, want in zip(logged, epoch_rows(out)):
         assert all(row[k] == v for k, v in want.items() if k != "kind"), (row, want)
+
+
+def test_a_failed_start_names_the_missing_package_and_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    """--log tensorboard without tensorboard: one line naming tensorboard (it read "needs torch"), and nothing
+    written, so the same command runs once it is installed (issue 43: the folder with config.yaml refused the retry,
+    and --resume repeated the error). A logger that fails after the folder is written removes what the start wrote."""
+    import sys
+    from visionpe.cli import UserError
+    out = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "tensorboard", None)  # not installed
+        patch.delitem(sys.modules, "torch.utils.tensorboard", raising=False)
+        with pytest.raises(SystemExit):
+            train_main(TINY + ["--epochs", "1", "--log", "tensorboard", "--output", str(out)])
+    err = capsys.readouterr().err
+    assert err.startswith("visionpe train: error: --log tensorboard needs the package tensorboard, which cannot be "
+                          "imported") and "pip install 'visionpe[tensorboard]'" in err, err
+    assert not out.exists()
+
+    class Refusing:
+        module = "json"
+
+        def __init__(self, *args):
+            raise UserError("the logger's service is unreachable")
+
+    monkeypatch.setitem(metrics.LOGGER_CLASSES, "tensorboard", Refusing)
+    with pytest.raises(SystemExit):
+        train_main(TINY + ["--epochs", "1", "--log", "tensorboard", "--output", str(out)])
+    assert "unreachable" in capsys.readouterr().err and not out.exists()
+    monkeypatch.undo()
+    train_main(TINY + ["--epochs", "1", "--output", str(out)])  # the retry starts
+    assert (out / "results.json").is_file()

@@ -170,19 +170,32 @@ def test_sweep_evaluates_a_non_square_size(tiny_run, tmp_path, monkeypatch, caps
     assert (tmp_path / "sweep.png").stat().st_size > 1000  # the plot leaves the 8x16 rows out
 
 
-def test_plot_leaves_non_square_rows_out(tmp_path, monkeypatch):
+def test_plot_leaves_non_square_rows_out_and_says_which(tmp_path, monkeypatch):
+    """The plot's x-axis is the side of a square: 8x16 is not drawn, and both the figure and the sweep's output name
+    it (issue 43: it was dropped without a word)."""
     import matplotlib.axes
-    plotted, real = [], matplotlib.axes.Axes.plot
+    import matplotlib.figure
+    plotted, notes, real, real_text = [], [], matplotlib.axes.Axes.plot, matplotlib.figure.Figure.text
 
     def spy(ax, x, y, **kw):  # the x values of every line drawn
         plotted.append(list(x))
         return real(ax, x, y, **kw)
 
+    def text(fig, x, y, s, *args, **kw):  # the figure's own notes
+        notes.append(s)
+        return real_text(fig, x, y, s, *args, **kw)
+
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    monkeypatch.setattr(matplotlib.figure.Figure, "text", text)
     rows = [{"run": "r", "adaptation": "default", "res": res, "acc": 50.0, "train_res": 16}
-            for res in (8, "8x16", 16)]
-    sweep.plot(rows, tmp_path / "p.png")
+            for res in (8, "8x16", "16x8", 16)]
+    said = []
+    sweep.plot(rows, tmp_path / "p.png", log=said.append)
     assert plotted == [[8, 16]]
+    assert notes == ["not drawn (non-square, no place on the axis; in the table): 16x8, 8x16"]
+    assert said == ["p.png draws square sizes only: 16x8, 8x16 are in sweep.csv and the table above"]
+    sweep.plot([r for r in rows if isinstance(r["res"], int)], tmp_path / "q.png", log=said.append)
+    assert len(said) == 1 and len(notes) == 1
 
 
 @pytest.mark.parametrize("res, words", [("8x17", ["resolution 8x17", "patch_size 4"]),

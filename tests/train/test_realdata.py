@@ -102,6 +102,40 @@ def test_sweep_compares_protocols_on_the_same_weights(real_run, tmp_path):
     assert {r["protocol"] for r in default} == {"crop"}  # default: the run's own
 
 
+def test_a_folder_run_keeps_its_class_names_and_refuses_other_ones(real_run, jpeg_folder, tmp_path, capsys):
+    """config.yaml and results.json hold the class names that number a folder run's outputs (torchvision's
+    ImageFolder order); a sweep or a resume on a folder whose classes differ is one line naming them (issue 43: only
+    num_classes was kept, so a renamed class was scored under another's output)."""
+    import shutil
+    import yaml
+    assert yaml.safe_load((real_run / "config.yaml").read_text())["classes"] == ["c0", "c1", "c2"]
+    assert json.loads((real_run / "results.json").read_text())["classes"] == ["c0", "c1", "c2"]
+    other = tmp_path / "other"
+    shutil.copytree(jpeg_folder, other)
+    for split in ("train", "val"):
+        (other / split / "c0").rename(other / split / "c9")  # same count, another class
+    run = tmp_path / "run"
+    shutil.copytree(real_run, run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    (run / "config.yaml").write_text(yaml.safe_dump({**config, "data_dir": str(other)}))
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        run_script("resolution_sweep", [str(run), "--res", "16", "--out", str(tmp_path / "sw")])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has 3 classes that are not the 3 the run was trained on (the run's only: c0; " \
+        "the data's only: c9)" in err, err
+    stopped = tmp_path / "stopped"
+    args = REAL + SMALL + ["--data-dir", str(other), "--output", str(stopped), "--stop-after", "1"]
+    assert train_main(args) == {"stopped": 1}
+    for split in ("train", "val"):
+        (other / split / "c9").rename(other / split / "a0")  # renamed between the epochs
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        train_main(["--resume", str(stopped), "--no-progress"])
+    err = capsys.readouterr().err
+    assert "(the run's only: c9; the data's only: a0)" in err and "give the --data-dir it was trained on" in err, err
+
+
 def test_transform_settings_on_a_built_in_task_are_ignored_with_a_note():
     cfg = settings.resolve({"aa": "3a", "hflip": 0.0})
     notes = loop.data_notes(cfg)

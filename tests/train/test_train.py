@@ -210,6 +210,22 @@ def test_sweep_adaptations_per_encoding():
                    ("pi/bilinear", {"scaling": "pi", "interpolation": "bilinear"})]
 
 
+def test_sweep_defaults_to_the_runs_own_scaling(rope_run, tmp_path, capsys):
+    """Without --scaling the sweep measures what the run measured: its model's own scaling (RoPE in a model: pi),
+    named in the table and the CSV; an explicit --scaling still chooses (issue 43: the sweep extrapolated)."""
+    out, _ = rope_run
+    rows = run_script("resolution_sweep", [str(out), "--res", "16", "24", "--out", str(tmp_path / "own")])
+    assert {r["adaptation"] for r in rows} == {"pi"}
+    assert " pi " in capsys.readouterr().out
+    last24 = next(e for e in records(out / "metrics.jsonl", "eval_res") if e["model"] == "last" and e["res"] == 24)
+    assert next(r for r in rows if r["res"] == 24)["loss"] == pytest.approx(last24["loss"], rel=1e-5)
+    rows = run_script("resolution_sweep", [str(out), "--res", "24", "--scaling", "none", "--out", str(tmp_path)])
+    assert {r["adaptation"] for r in rows} == {"none"}
+    cfg = restore.load_run(out)
+    assert sweep.own_scalings({**cfg, "pe_kwargs": {"scaling": "ntk"}}) == ["ntk"]
+    assert sweep.own_scalings({**cfg, "pe": "learned"}) == []
+
+
 def test_adaptations_are_the_identity_at_the_training_size(rope_run):
     """resolution_sweep evaluates the training size once for all adaptations; that is only right if they agree."""
     out, _ = rope_run

@@ -225,3 +225,23 @@ def test_a_finished_run_with_non_finite_weights_reports_nothing(finished, tmp_pa
     err = refused(["--resume", out], capsys)
     assert f"weights file '{out / 'last.safetensors'}' holds 1 NaN or infinite value(s) in '{name}'" in err, err
     assert (out / "results.json").read_text() == results
+
+
+@pytest.mark.parametrize("part", ["model", "optimizer"])
+def test_non_finite_values_in_state_pt_are_named_as_the_checkpoints(plain, tmp_path, capsys, part):
+    """A NaN in state.pt's weights or optimizer state used to train on and be blamed on the learning rate and the
+    data; training never commits one, so it is a damaged or edited file, named with the tensor (issue 43)."""
+    out = copy_run(plain, tmp_path)
+    state = torch.load(out / "state.pt", weights_only=True)
+    if part == "model":
+        name = next(iter(state["model"]))
+        state["model"][name].view(-1)[0] = math.nan
+        shown = f"{out / 'state.pt'}'s model holds 1 NaN or infinite value(s) in '{name}'"
+    else:
+        param = next(iter(state["optimizer"]["state"]))
+        state["optimizer"]["state"][param]["exp_avg_sq"].view(-1)[0] = math.inf
+        shown = f"{out / 'state.pt'}'s optimizer state holds 1 NaN or infinite value(s) in '{param}.exp_avg_sq'"
+    torch.save(state, out / "state.pt")
+    err = refused(["--resume", out], capsys)
+    assert shown in err and "damaged or was edited (not a learning rate or data problem)" in err, err
+    assert "--lr" not in err

@@ -336,3 +336,12 @@ def test_cli_from_a_run_directory(run_dir, tmp_path, capsys):
         run_script("visualize", ["--run", str(directory), "--pe", "alibi", "--out", str(tmp_path / "x.png")])
     assert exit_info.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_visualize_prints_the_file_it_wrote(tmp_path, capsys):
+    """``visionpe visualize --out DIR`` (no suffix) writes ``DIR.png`` and prints that path, not ``DIR`` (issue 43)."""
+    from trainutil import run_script
+    run_script("visualize", ["--pe", "sincos", "--grid", "4", "4", "--out", str(tmp_path / "pictures")])
+    written = tmp_path / "pictures.png"
+    assert written.is_file() and not (tmp_path / "pictures").exists()
+    assert capsys.readouterr().out.strip() == str(written)

@@ -219,6 +219,21 @@ def patched_class(cls: type, config) -> tuple[type, Adapter]:
                      f"supported: {supported} (or an AutoModel class mapping the folder's config to one)")
 
 
+def check_local_folder(path) -> None:
+    """``path`` that can only be a local folder (a ``PathLike``, absolute, starting with ``.`` or ``~``, or with more
+    than one ``/``: no Hub id, ``name`` or ``owner/name``, looks so) is one: a ValueError saying it is not found,
+    where transformers would say "Repo id must be in the form 'repo_name' or 'namespace/repo_name'"."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if text is None or os.path.isdir(text):
+        return
+    local = isinstance(path, os.PathLike) or os.path.isabs(text) or text.startswith((".", "~")) \
+        or text.count("/") > 1 or os.path.exists(text)
+    if local:
+        what = "is a file, not a folder" if os.path.isfile(text) else "not found"
+        raise ValueError(f"pretrained_model_name_or_path {text!r}: folder {what} (a folder written by "
+                         f"save_pretrained, or a Hub id 'name' or 'owner/name')")
+
+
 def from_pretrained(cls: type, pretrained_model_name_or_path, *model_args, **kwargs) -> nn.Module:
     """A transformers model saved by ``save_pretrained`` after :func:`~visionpe.apply`, rebuilt with its encoding.
 
@@ -242,6 +257,7 @@ def from_pretrained(cls: type, pretrained_model_name_or_path, *model_args, **kwa
     if not isinstance(cls, type):
         raise TypeError(f"cls must be a transformers model class (e.g. ViTForImageClassification), got "
                         f"{type(cls).__name__}")
+    check_local_folder(pretrained_model_name_or_path)
     config = kwargs.pop("config", None)
     if config is None:
         config = AutoConfig.from_pretrained(pretrained_model_name_or_path,

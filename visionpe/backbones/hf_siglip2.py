@@ -126,14 +126,17 @@ class GridSiglip2Model(GridViTModel):
     def check_naflex(self, pixel_values: torch.Tensor, pixel_attention_mask: torch.Tensor | None,
                      spatial_shapes: torch.Tensor | None) -> None:
         """NaFlex's inputs fit together: ``spatial_shapes (B, 2)`` positive integers with ``h * w <= L``,
-        ``pixel_attention_mask`` None or ``(B, L)``."""
+        ``pixel_attention_mask`` None or ``(B, L)`` marking at most each image's ``h * w`` patches (more would let
+        padding attend as patches without a position)."""
         self.check_input(pixel_values)
         batch, length = pixel_values.shape[:2]
         if not isinstance(spatial_shapes, torch.Tensor) or tuple(spatial_shapes.shape) != (batch, 2) \
-                or spatial_shapes.is_floating_point() or spatial_shapes.is_complex():
-            got = tuple(spatial_shapes.shape) if isinstance(spatial_shapes, torch.Tensor) else spatial_shapes
+                or spatial_shapes.is_floating_point() or spatial_shapes.is_complex() \
+                or spatial_shapes.dtype == torch.bool:
+            got = (f"{spatial_shapes.dtype} of shape {tuple(spatial_shapes.shape)}"
+                   if isinstance(spatial_shapes, torch.Tensor) else repr(spatial_shapes))
             raise ValueError(f"spatial_shapes must be an integer (batch={batch}, 2) tensor of each image's patch grid "
-                             f"(h, w), got {got!r}")
+                             f"(h, w), got {got}")
         if bool((spatial_shapes < 1).any()) or bool((spatial_shapes.prod(-1) > length).any()):
             raise ValueError(f"spatial_shapes must hold positive (h, w) with h * w <= max_num_patches={length}, got "
                              f"{spatial_shapes.tolist()}")
@@ -141,6 +144,14 @@ class GridSiglip2Model(GridViTModel):
                                                  or tuple(pixel_attention_mask.shape) != (batch, length)):
             got = tuple(getattr(pixel_attention_mask, "shape", ()))
             raise ValueError(f"pixel_attention_mask must be (batch, max_num_patches) = {(batch, length)}, got {got}")
+        if pixel_attention_mask is not None:
+            marked, patches = (pixel_attention_mask != 0).sum(-1), spatial_shapes.prod(-1)
+            over = [b for b in range(batch) if int(marked[b]) > int(patches[b])]
+            if over:
+                b = over[0]
+                raise ValueError(f"pixel_attention_mask marks {int(marked[b])} tokens of image {b} as patches, more "
+                                 f"than its spatial_shapes {tuple(spatial_shapes[b].tolist())} = {int(patches[b])}: "
+                                 f"the padding after them would attend as patches without a position")
 
     def embed(self, pixel_values: torch.Tensor, spatial_shapes: torch.Tensor,
               grid_offset=None) -> tuple[torch.Tensor, Layout | MixedLayout]:

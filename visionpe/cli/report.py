@@ -39,10 +39,25 @@ def mean_std(values) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def beyond_spread(a, b) -> tuple[float, bool]:
-    """``(mean_a - mean_b, beyond)`` of two samples: beyond the seed spread when ``|gap| > std_a + std_b``."""
+def spread_text(values, digits: int = 1) -> str:
+    """``"mean ± std"`` of the values that are not None (:func:`mean_std`), the spread ``n/a`` over fewer than two:
+    one seed has no spread, and ``± 0.0`` would claim one."""
+    mean, std = mean_std(values)
+    known = sum(v is not None for v in values)
+    return f"{mean:.{digits}f} ± " + (f"{std:.{digits}f}" if known > 1 else "n/a")
+
+
+ONE_SEED = "one seed"  # spread_gap's word when a sample has no spread: neither within nor beyond it
+
+
+def spread_gap(a, b) -> tuple[float, str]:
+    """``(mean_a - mean_b, word)`` of two samples (values over seeds; None left out): ``"beyond"`` the seed spread
+    when ``|gap| > std_a + std_b``, ``"within"`` it otherwise, :data:`ONE_SEED` when either sample has fewer than two
+    values (no spread to compare with: a gap over one seed is never called beyond it)."""
     (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
-    return ma - mb, abs(ma - mb) > sa + sb
+    if min(sum(v is not None for v in a), sum(v is not None for v in b)) < 2:
+        return ma - mb, ONE_SEED
+    return ma - mb, "beyond" if abs(ma - mb) > sa + sb else "within"
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -124,14 +139,23 @@ def panels_of(curves: list[Curve], most: int = MAX_CURVES) -> list[list[Curve]]:
     return rows
 
 
+def off_axis(curves: list[Curve]) -> list[str]:
+    """The sizes of ``curves`` that :func:`accuracy_plot` cannot draw (non-square: not an ``int``), as text
+    (``"32x48"``: a ``(height, width)`` key or the text a CSV row holds)."""
+    return sorted({"x".join(map(str, r)) if isinstance(r, tuple) else str(r)
+                   for c in curves for r in c.acc if not isinstance(r, int)})
+
+
 def accuracy_plot(curves: list[Curve], path: Path, *, train_sizes, title: str) -> bool:
     """Accuracy vs test resolution, the one figure of the sweep and the accuracy benchmarks: top-1 (and, when the
     curves carry it, retention beside it), mean ± std over the values of each size, a dotted line at each training
     size (labelled in the legend). At most :data:`MAX_CURVES` curves a panel: more go to further rows of panels (same
     axes, same colours), each row's legend outside the data, on its right. Non-square sizes (anything but an ``int``)
-    have no place on the axis and are left out. Returns False (and writes nothing) when there is no curve."""
+    have no place on the axis: they are left out, and a line under the figure names them (:func:`off_axis`).
+    Returns False (and writes nothing) when there is no curve."""
     if not curves:
         return False
+    left_out = off_axis(curves)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -166,6 +190,9 @@ def accuracy_plot(curves: list[Curve], path: Path, *, train_sizes, title: str) -
         row[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     for i, row in enumerate(axes):
         row[0].set_title(title + (f" ({i + 1}/{len(parts)})" if len(parts) > 1 else ""))
+    if left_out:
+        fig.text(0.01, 0.0, f"not drawn (non-square, no place on the axis; in the table): {', '.join(left_out)}",
+                 fontsize=8, va="top")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")

@@ -53,6 +53,8 @@ RE_MODES = ("pixel", "rand", "const")
 AA_EXAMPLES = "rand-m9-mstd0.5-inc1, 3a (DeiT-III's 3-Augment), original, augmix-m5-w4-d2"
 MAX_COLOR_JITTER = 1.0  # factors in [0, 2] at 1; above it the lower factor stays 0 and only the upper one grows
 MAX_RECOUNT = 100  # timm shares 2-33 % of the image among the regions: at 100 they are 0.2-3 pixels of a 32 px image
+MAX_RATIO = 100.0  # a crop 100 times wider than tall (or the reverse) is a line of pixels; beyond it timm's
+# RandomResizedCrop finds no crop in 10 tries and falls back to a centre crop of height or width round(side / ratio)
 
 
 def _posterize(img, bits_to_keep, **__):
@@ -215,13 +217,15 @@ def seeded(key):
             torch.default_generator.set_state(saved[2])
 
 
-def _pair(name: str, value, low: float) -> tuple[float, float]:
+def _pair(name: str, value, low: float, high: float, why: str) -> tuple[float, float]:
+    """``(lo, hi)`` of a range setting with ``low < lo <= hi <= high``, or a ValueError naming ``name`` and ``why``
+    the bounds are what they are."""
     if (not isinstance(value, (tuple, list)) or len(value) != 2
             or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in value)):
         raise ValueError(f"{name} must be two numbers (low high), got {value!r}")
     lo, hi = float(value[0]), float(value[1])
-    if not low < lo <= hi:
-        raise ValueError(f"{name} must be two numbers with {low} < low <= high, got {lo} {hi}")
+    if not low < lo <= hi <= high:
+        raise ValueError(f"{name} must be two numbers with {low} < low <= high <= {high:g} ({why}), got {lo:g} {hi:g}")
     return lo, hi
 
 
@@ -241,9 +245,9 @@ class Transforms:
     """
 
     scale: tuple = setting((0.08, 1.0), "random-resized-crop area range (timm --scale): two numbers 0 < low <= "
-                           "high", metavar="PCT")
-    ratio: tuple = setting((3 / 4, 4 / 3), "random-resized-crop aspect-ratio range (timm --ratio): two numbers 0 < "
-                           "low <= high", metavar="RATIO")
+                           "high <= 1", metavar="PCT")
+    ratio: tuple = setting((3 / 4, 4 / 3), "random-resized-crop aspect-ratio range (timm --ratio): two numbers 0.01 "
+                           "< low <= high <= 100", metavar="RATIO")
     hflip: float | None = setting(None, "horizontal flip probability (timm --hflip), in [0, 1] (default: the data "
                                   "set's, 0.5; 0 for MNIST digits; video-files flips every frame of a clip alike, "
                                   "p 0.5). A set where left and right are the labels (Something-Something-style "
@@ -290,8 +294,10 @@ class Transforms:
     def __post_init__(self):
         if self.eval_protocol is None:
             object.__setattr__(self, "eval_protocol", default_protocol(self.max_patches))
-        object.__setattr__(self, "scale", _pair("scale", self.scale, 0.0))
-        object.__setattr__(self, "ratio", _pair("ratio", self.ratio, 0.0))
+        object.__setattr__(self, "scale", _pair("scale", self.scale, 0.0, 1.0, "fractions of the image's area; timm's "
+                                                "RandomResizedCrop centre-crops when a larger crop does not fit"))
+        object.__setattr__(self, "ratio", _pair("ratio", self.ratio, 1 / MAX_RATIO, MAX_RATIO,
+                                                "width / height of the crop; beyond it a crop is a line of pixels"))
         for name in ("reprob", "grayscale_prob", "gaussian_blur_prob") + (("hflip",) if self.hflip is not None else ()):
             _probability(name, getattr(self, name))
         if check_number("color_jitter", self.color_jitter, 0.0) > MAX_COLOR_JITTER:

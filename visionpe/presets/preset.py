@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .._checks import check_nonnegative_int, check_positive_int, to_shape
 from ..encoding import Encoding, ModelContext, constructor_keywords
 from ..grid import Grid, Layout, as_grid
 from ..registry import ENCODINGS
@@ -184,6 +185,27 @@ def preset_names(pe: str) -> PresetNames:
     return PresetNames(get_preset(name))
 
 
+def _check_sizes(record: Preset, sizes: Mapping) -> None:
+    """The size overrides of :func:`preset` are the model's words: positive integers (``num_prefix_tokens`` may be
+    0), ``grid_shape`` a tuple of as many positive integers as the preset's grid has axes; a ValueError naming the
+    word otherwise."""
+    for word in ("dim", "num_heads", "head_dim", "depth"):
+        if word in sizes:
+            check_positive_int(word, sizes[word])
+    if "num_prefix_tokens" in sizes:
+        check_nonnegative_int("num_prefix_tokens", sizes["num_prefix_tokens"])
+    if "grid_shape" in sizes:
+        value, axes = sizes["grid_shape"], len(record.native["grid_shape"])
+        if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+            raise ValueError(f"grid_shape must be a tuple of {axes} positive integers (e.g. "
+                             f"{tuple(record.native['grid_shape'])}), got {value!r}")
+        to_shape("grid_shape", value)
+        if len(value) != axes:
+            raise ValueError(f"grid_shape={tuple(value)!r} has {len(value)} axes; preset {record.name!r} is a "
+                             f"{axes}-axis scheme (its grid {tuple(record.native['grid_shape'])}): give {axes} "
+                             f"positive integers")
+
+
 def preset(name: str, **overrides) -> PresetScheme:
     """The positional scheme of the foundation model ``name`` (:func:`presets` lists them) as visionpe encodings with
     the model's exact conventions, built for the published model's sizes.
@@ -201,9 +223,13 @@ def preset(name: str, **overrides) -> PresetScheme:
     record = get_preset(name)
     native = dict(record.native)
     sizes = {k: v for k, v in overrides.items() if k in CONTEXT_WORDS}
+    _check_sizes(record, sizes)
     if "head_dim" not in sizes and {"dim", "num_heads"} & set(sizes):
         native.pop("head_dim", None)
     native.update(sizes)
+    if "head_dim" not in native and native["dim"] % native["num_heads"]:
+        raise ValueError(f"preset {name!r}: num_heads={native['num_heads']} does not divide dim={native['dim']}, so "
+                         f"head_dim = dim // num_heads is not whole; give a num_heads that divides dim, or head_dim")
     native.setdefault("head_dim", native["dim"] // native["num_heads"])
     context = ModelContext(**{k: (tuple(v) if k == "grid_shape" else v) for k, v in native.items()})
     conventions = {k for _, c in record.encodings.values() for k in c}

@@ -60,6 +60,17 @@ class RegisterRoPE(AxialRoPE):
                          rescale_coords, draw_coords)
         self.register_shape = register_shape(self.num_registers, self.ndim)
 
+    @classmethod
+    def for_model(cls, context, **kwargs) -> "RegisterRoPE":
+        """In a model ``num_registers`` defaults to the model's register tokens (:attr:`ModelContext.num_registers`);
+        more than the model has is a ValueError when the model is built, not at its first forward."""
+        wanted = kwargs.get("num_registers")
+        if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted > context.num_registers:
+            raise ValueError(f"pe keyword num_registers={wanted} for vit5_rope, but the model has "
+                             f"{context.num_registers} register tokens: give the model {wanted} (timm: "
+                             f"reg_tokens={wanted}) or leave num_registers out (the model gives it)")
+        return super().for_model(context, **kwargs)
+
     def register_rotations(self, device=None) -> torch.Tensor:
         """The registers' rotations ``(num_registers, 1, pairs, 2)`` float32 ``(cos, sin)``, row-major on their grid."""
         wide = angle_dtype(device)

@@ -35,7 +35,8 @@ class SpiralRoPE(AxialRoPE):
 
     Args:
         head_dim: channels per head, a multiple of 4 (two halves of whole pairs).
-        num_directions: ``K``, the even number of directions (official ``rotate = K / 2``).
+        num_directions: ``K``, the even number of directions (official ``rotate = K / 2``), at most the head's
+            ``head_dim // 2`` frequency pairs.
         theta, max_freq: the spectrum ``max_freq * theta^(-i / n)`` of each half (official ``theta``,
             ``max_freq_lang``).
         axis_order: ``"ij"`` (official: the y half first) or ``"xy"`` (the x half first).
@@ -65,6 +66,11 @@ class SpiralRoPE(AxialRoPE):
         super().__init__(head_dim, num_heads, ndim, theta, pairs, None, scaling, ref_shape, yarn_alpha, yarn_beta,
                          axis_order, "axial", coords, normalize_coords, None, None, shift_coords, jitter_coords,
                          rescale_coords, draw_coords, rotate_fraction=rotate_fraction)
+        if num_directions > self.head_dim // 2:
+            raise ValueError(f"num_directions={num_directions} must be at most the head's {self.head_dim // 2} "
+                             f"frequency pairs (head_dim={self.head_dim} // 2): each direction turns pairs of the "
+                             f"head, and more directions than pairs leave most unused (the turns shrink towards axial "
+                             f"RoPE)")
 
     def _frequencies(self, axis_order: str, dtype: torch.dtype) -> torch.Tensor:
         n = self.sections[0]

@@ -76,7 +76,24 @@ def dataset(cfg: dict, split: str, img_size, num_frames: int | None = None, prot
         raise UserError(one_line(err)) from None
     if len(ds) == 0:
         raise UserError(f"{cfg['data']}: the {split} split under {cfg['data_dir']!r} holds no images")
+    check_classes(cfg, getattr(ds, "classes", None))
     return ds
+
+
+def check_classes(cfg: dict, found) -> None:
+    """A folder's class names ``found`` (those that number its labels; None for a set without names) are the run's
+    own (``cfg['classes']``, recorded by :func:`datasets` when the run started): a :class:`UserError` naming the
+    classes on each side otherwise, since the run's output ``k`` means its ``k``-th class."""
+    known = cfg.get("classes")
+    if known is None or found is None or list(found) == list(known):
+        return
+    only_run, only_data = [c for c in known if c not in found], [c for c in found if c not in known]
+    shown = lambda names: ", ".join(map(str, names[:5])) + (f", ... {len(names) - 5} more" if len(names) > 5 else "")
+    what = (f"the run's only: {shown(only_run) or 'none'}; the data's only: {shown(only_data) or 'none'}"
+            if only_run or only_data else "the same names in another order")
+    raise UserError(f"{cfg['data']} under {cfg['data_dir']!r} has {len(found)} classes that are not the {len(known)} "
+                    f"the run was trained on ({what}): output k of the run is its k-th class; give the --data-dir it "
+                    f"was trained on")
 
 
 def time_options(cfg: dict) -> dict:
@@ -89,10 +106,14 @@ def time_options(cfg: dict) -> dict:
 
 def datasets(cfg: dict) -> tuple:
     """The run's training and validation sets at ``img_size`` (:func:`dataset`); the class count of an ImageFolder
-    run is set in ``cfg`` once its folders are read, any other must agree with the data's."""
+    run is set in ``cfg`` once its folders are read, with the class names that number its labels (``classes``:
+    config.yaml and results.json keep them, and every later read of the folder is checked against them); any other
+    must agree with the data's."""
     train_set, val_set = (dataset(cfg, split, cfg["img_size"]) for split in ("train", "val"))
     if cfg["num_classes"] is None:
         cfg["num_classes"] = train_set.num_classes
+        if getattr(train_set, "classes", None) is not None:
+            cfg["classes"] = [str(c) for c in train_set.classes]
     elif cfg["num_classes"] != train_set.num_classes:
         raise UserError(f"the {cfg['data']} data has {train_set.num_classes} classes, the run {cfg['num_classes']}")
     return train_set, val_set

@@ -24,6 +24,7 @@ import importlib
 import io as text_io
 import json
 import os
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +173,7 @@ def summary(cfg: dict, history: list[dict], results: dict, *, num_params: int, b
             "img_size": cfg["img_size"], "eval_protocol": protocol.eval_protocol,
             **({"crop_pct": protocol.crop_pct} if protocol.eval_protocol == "crop" else {}),
             **({"max_patches": cfg["max_patches"]} if cfg["max_patches"] else {}), **video,
+            **({"classes": cfg["classes"]} if cfg.get("classes") else {}),  # a folder run: output k is classes[k]
             "init_from": cfg["init_from"], "params": num_params, "epochs": cfg["epochs"], "best_epoch": best_epoch,
             "train_img_per_s": float(np.median([h["img_per_s"] for h in trained])) if trained else None,
             "final_train_loss": trained[-1]["train_loss"] if trained else None,
@@ -207,6 +209,28 @@ def start_line(cfg: dict, *, num_params: int, train_size: int, val_size: int, wo
             f"{' ' + cfg['amp'].replace('auto', 'bf16') if amp else ''}{recipe} | {out}")
 
 
+LEARNED_MARGIN = 5.0  # points above chance (100 / classes) that a top-1 at the training size must reach
+
+
+def did_not_learn(acc: float, num_classes: int) -> bool:
+    """A top-1 ``acc`` (%) at the training size below chance (``100 / num_classes``) + :data:`LEARNED_MARGIN`
+    points: the model did not learn its task. The one rule of ``visionpe train``'s note and the benchmark's "not
+    learned" rows."""
+    return acc < 100.0 / num_classes + LEARNED_MARGIN
+
+
+def learning_note(cfg: dict, results: dict, train_key) -> str | None:
+    """The note under the final table when the last weights did not learn (:func:`did_not_learn` at the training
+    size), else None."""
+    acc = results["last"][train_key]["acc"]
+    if not did_not_learn(acc, cfg["num_classes"]):
+        return None
+    return (f"note: not learned: the last weights' top-1 at the training size, {acc:.2f} %, is below chance "
+            f"({100 / cfg['num_classes']:.1f} %, {cfg['num_classes']} classes) + {LEARNED_MARGIN:.0f} points, so the "
+            f"table above says nothing about positions (the benchmark leaves such a row out); train longer or with "
+            f"another --lr")
+
+
 def resolution_table(cfg: dict, results: dict, best_epoch: int) -> str:
     """The console's last table: top-1 and retention of each weights at every test size (and frame count)."""
     video = bool(cfg["num_frames"])
@@ -229,19 +253,31 @@ def resolution_table(cfg: dict, results: dict, best_epoch: int) -> str:
 # -----------------------------------------------------------------------------------------------------
 # the console and the loggers
 def _needs(module: str, extra: str):
+    """``module`` imported for ``--log extra``, or a :class:`UserError` naming the package that is missing (the
+    import's own missing name: ``tensorboard`` for ``torch.utils.tensorboard``)."""
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise UserError(f"--log {extra} needs {module.split('.')[0]} ({one_line(err)}); install it with "
-                        f"pip install 'visionpe[{extra}]'") from None
+        missing = getattr(err, "name", None) or module.split(".")[0]
+        raise UserError(f"--log {extra} needs the package {missing}, which cannot be imported ({one_line(err)}); "
+                        f"install it with pip install 'visionpe[{extra}]'") from None
+
+
+def check_loggers(names) -> None:
+    """The packages of the ``--log`` loggers ``names`` import (checked before the run directory is written, so a
+    missing one leaves nothing behind)."""
+    for name in names:
+        _needs(LOGGER_CLASSES[name].module, name)
 
 
 class TensorBoardLogger:
     """Scalars in ``run/tensorboard/`` (``torch.utils.tensorboard.SummaryWriter``): each number of an epoch row under
     its ``metrics.jsonl`` name, at step = epoch. The event files are rewritten from the history at every start."""
 
+    module = "torch.utils.tensorboard"  # what it imports
+
     def __init__(self, out: Path, cfg: dict, history: list[dict], resume: bool):
-        writer = _needs("torch.utils.tensorboard", "tensorboard").SummaryWriter
+        writer = _needs(self.module, "tensorboard").SummaryWriter
         for path in sorted((Path(out) / TENSORBOARD).glob("events.out.tfevents.*")):
             path.unlink()
         self.writer = writer(log_dir=str(Path(out) / TENSORBOARD))
@@ -265,9 +301,10 @@ class WandbLogger:
     same W&B run with the epochs it has not seen."""
 
     active = None  # this process's last W&B run, finished before the next starts (one left open by an error)
+    module = "wandb"  # what it imports
 
     def __init__(self, out: Path, cfg: dict, history: list[dict], resume: bool):
-        wandb = _needs("wandb", "wandb")
+        wandb = _needs(self.module, "wandb")
         if WandbLogger.active is not None:
             WandbLogger.active.finish()
         self.state = Path(out) / WANDB_STATE
@@ -305,6 +342,12 @@ class Report:
     def __call__(self, text: str) -> None:
         if self.master:
             print(text, flush=True)
+
+    def warn(self, text: str) -> None:
+        """One line ``visionpe train: warning: ...`` on stderr: a setting the run takes but that likely defeats its
+        purpose."""
+        if self.master:
+            print(f"visionpe train: warning: {text}", file=sys.stderr, flush=True)
 
     def open_loggers(self, out: Path, cfg: dict, history: list[dict], resume: bool) -> None:
         """Start the loggers of ``cfg['log']``, brought in line with ``history`` (rank 0)."""

@@ -52,6 +52,11 @@ def load_run(path, require: tuple[str, ...] = ()) -> dict:
     num_classes = cfg["num_classes"]
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
         raise UserError(f"{run / CONFIG}: num_classes must be an integer >= 1, got {num_classes!r}")
+    classes = cfg.get("classes")
+    if classes is not None and (not isinstance(classes, list) or len(classes) != num_classes
+                                or not all(isinstance(c, str) for c in classes)):
+        raise UserError(f"{run / CONFIG}: classes must be a list of the {num_classes} class names that number the "
+                        f"outputs, got {str(classes)[:200]}")
     if cfg.get("in_chans") is None:
         cfg["in_chans"] = cfg["model_kwargs"].get("in_chans") or (
             settings.vdata.info(cfg["data"])["in_chans"] if "data" in raw else 3)
@@ -183,7 +188,7 @@ def init_weights(model: torch.nn.Module, cfg: dict) -> dict:
     with user_errors(f"--init-from {path}", (ValueError, OSError)):
         state = io.read_state_dict(path)
     report = _load_converted(model, state, cfg, f"--init-from {path}", source_cfg, head_reset=cfg["init_head_reset"],
-                             source_grid=init_grid(cfg, source_cfg))
+                             source_grid=init_grid(cfg, source_cfg, model, state))
     epoch = io.weights_metadata(path).get("epoch") if path.suffix == ".safetensors" else None
     return {"kind": "init", "source": str(path), "source_pe": source_cfg["pe"] if source_cfg else None,
             "source_epoch": int(epoch) if epoch is not None else None, "head_reset": cfg["init_head_reset"],
@@ -204,13 +209,20 @@ def pretrained_weights(model: torch.nn.Module, cfg: dict) -> dict:
             **report}
 
 
-def init_grid(cfg: dict, source_cfg: dict | None) -> tuple[int, int] | None:
-    """The patch grid of the ``pos_embed`` that ``--init-from`` reads: ``--init-grid H W``, else the source run's
-    image grid (its ``config.yaml``), else None (a checkpoint of no run: :func:`visionpe.load_timm_checkpoint`
-    assumes one and says so)."""
+def init_grid(cfg: dict, source_cfg: dict | None, model: torch.nn.Module, state: dict) -> tuple[int, int] | None:
+    """The patch grid of the ``pos_embed`` in ``state`` that ``--init-from`` reads into ``model``'s learned table:
+    ``--init-grid H W``, else the source run's image grid (its ``config.yaml``), else None (a checkpoint of no run:
+    :func:`visionpe.load_timm_checkpoint` assumes one and says so). ``--init-grid`` where nothing reads it (no
+    ``pos_embed`` in the source, no learned table in the new model) is a :class:`UserError`, never ignored."""
+    reads = "pos_embed" in state and convert.pos_embed_reader(model) is not None
     if cfg.get("init_grid"):
+        if not reads:
+            why = (f"the new model's pe={cfg['pe']} has no learned table" if "pos_embed" in state else
+                   f"{cfg['init_from']} holds no pos_embed (a visionpe table stores its grid, RoPE has none)")
+            raise UserError(f"--init-grid {' '.join(map(str, cfg['init_grid']))} is the patch grid of a timm "
+                            f"pos_embed read into a learned table, but {why}; leave out --init-grid")
         return tuple(int(v) for v in cfg["init_grid"])
-    if source_cfg is not None and not source_cfg.get("num_frames"):
+    if reads and source_cfg is not None and not source_cfg.get("num_frames"):
         return models.run_grid(source_cfg)
     return None
 

@@ -2,7 +2,8 @@
 
     config.yaml         the resolved settings (model, pe, pe_kwargs, img_size, patch_size, num_classes, in_chans,
                         model_kwargs: everything visionpe.create_model(model, pe, pe_kwargs=..., **model_kwargs)
-                        needs), written when the run starts
+                        needs; a folder run's classes, the names of its outputs in order), written when the run
+                        starts
     state.pt            THE CHECKPOINT: model weights, optimizer, scheduler, epoch, best_acc, best_epoch, history,
                         the settings it was trained with (config, as config.yaml holds them); the EMA weights (ema)
                         and the float16 gradient scaler (scaler) of runs that have them; and in a commit within an
@@ -72,6 +73,7 @@ weights that are not finite (:func:`read_weights`) are each one line naming the 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -151,6 +153,14 @@ def check_fresh(out: Path, overwrite: bool) -> None:
     if found and not overwrite:
         raise UserError(f"run directory {str(out)!r} already holds a run ({', '.join(found)}); pass --resume to "
                         "continue it or --overwrite to delete it and start again")
+
+
+def undo_start(out: Path) -> None:
+    """Remove what :func:`prepare` wrote for a new run (config.yaml, and what the loggers began) when its start
+    failed before the first epoch, and ``out`` itself when that leaves it empty: the same command can run again."""
+    clear(out)
+    with contextlib.suppress(OSError):
+        Path(out).rmdir()  # only if empty
 
 
 def no_run_message(out: Path) -> str:
@@ -331,6 +341,7 @@ def load_checkpoint(out: Path) -> dict | None:
     except (TypeError, ValueError):
         raise UserError(f"{path} holds a damaged history") from None
     check_commit(state, path)
+    check_finite_commit(state, path)
     if "model" not in state:  # written by an older train_vit.py: the weights live in last.safetensors
         if weights_epoch(out / LAST) != state["epoch"]:
             raise UserError(f"{out / LAST} and {STATE} are from different epochs; cannot resume exactly")
@@ -380,6 +391,27 @@ def resume_point(out: Path) -> dict | Path | None:
                     f"{commit_order(own)[0]}), yet {out / CONFIG} says parallel: {'fsdp' if sharded else 'ddp'}, which "
                     f"commits {CHECKPOINT + '/' if sharded else STATE}: a file planted or left from another run, not resumed; remove it, or "
                     f"{RESTART}")
+
+
+def check_finite_commit(state: dict, path: Path) -> None:
+    """Every tensor of a commit's model, EMA and optimizer state is finite: training never commits a non-finite
+    epoch (:func:`visionpe.train.loop.check_finite`), so a NaN or inf there is a damaged or edited file, a
+    :class:`UserError` naming it and the tensor (not a divergence blamed on the learning rate or the data)."""
+    optimizer = state.get("optimizer")
+    slots = optimizer.get("state", {}) if isinstance(optimizer, dict) else {}
+    parts = {"model": state.get("model"), "ema": state.get("ema"),
+             "optimizer state": {f"{param}.{name}": value for param, entry in slots.items()
+                                 if isinstance(entry, dict) for name, value in entry.items()}}
+    for part, tensors in parts.items():
+        if not isinstance(tensors, dict):
+            continue
+        tensors = {k: v for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+        try:
+            io.check_finite(tensors, f"{path}'s {part}")
+        except ValueError as err:
+            raise UserError(f"{str(err).split('; a checkpoint')[0]}: training never commits non-finite values, so "
+                            f"the file is damaged or was edited (not a learning rate or data problem); {RESTART}"
+                            ) from None
 
 
 def check_commit(commit: dict, path: Path) -> None:

@@ -30,7 +30,7 @@ AMP = ("auto", "bf16", "fp16", "none")
 DEVICES = ("auto", "cpu", "cuda")
 PARALLEL = ("ddp", "fsdp")  # visionpe.train.parallel.MODES
 SIZE_KEYS = ("embed_dim", "depth", "num_heads")  # command-line shortcuts into model_kwargs
-RUN_KEYS = ("num_classes", "in_chans")  # written to / read from config.yaml only
+RUN_KEYS = ("num_classes", "in_chans", "classes")  # written to / read from config.yaml only (classes: a folder's)
 NOT_SAVED = ("overwrite", "stop_after")  # how to run, not what the run is
 REPORTED = ("sizes_from",)  # what resolve found out about the settings: in the run's header, not in config.yaml
 # settings a resumed run may change: they do not change what is trained (the rest is refused on --resume)
@@ -166,7 +166,7 @@ SETTINGS: dict[str, Setting] = {
                      "rendered at their aspect ratio), batches of mixed grids through the model's forward_batch; the "
                      "budget of img_size under the native evaluation protocol (the default protocol then). A ViT "
                      "with a visionpe encoding (global_pool token or avg); images only; not with mixup, cutmix or "
-                     "train_res; an integer >= 1 (default: square images at img_size)", metavar="N"),
+                     "train_res; an integer in [1, 65536] (default: square images at img_size)", metavar="N"),
     **transform_settings("both"),  # interpolation
     # optimizer
     "opt": S("adamw", OPTIM, "str", "timm optimizer name (timm.optim.list_optimizers()), e.g. adamw, sgd, lamb",
@@ -212,7 +212,7 @@ SETTINGS: dict[str, Setting] = {
     "aug_repeats": S(0, SCHED, "int", "repeated augmentation (DeiT; timm RepeatAugSampler): each image appears N times "
                      "per epoch with its own augmentation, on different processes under torchrun; an epoch keeps "
                      "timm's length (about the data set's size in total, so about 1/N of the images each epoch); 0 "
-                     "= off, else an integer >= 2", metavar="N"),
+                     "= off, else an integer in [2, 32]", metavar="N"),
     # augmentation and regularization
     "train_res": S([], AUG, "ints", "multi-resolution training (ResFormer / FlexiViT): each step's batch is resized "
                    "(bicubic, antialias) to one of these sizes, drawn from (seed, epoch, step), so every process "
@@ -242,7 +242,8 @@ SETTINGS: dict[str, Setting] = {
     "seed": S(0, RUN, "int", "seed of the model, data order, synthetic scenes and augmentation; an integer >= 0",
               metavar="N"),
     "device": S("auto", RUN, "choice", "auto = CUDA if available, else CPU", choices=DEVICES),
-    "threads": S(0, RUN, "int", "torch.set_num_threads; an integer >= 0 (0 = torch's default)", metavar="N"),
+    "threads": S(0, RUN, "int", "torch.set_num_threads; an integer in [0, 4096] (0 = torch's default; more than "
+                 "the machine's CPU cores is warned about: they oversubscribe)", metavar="N"),
     "output": S(None, RUN, "str?", "run directory (default runs/<data>_<pe>_s<seed>)", metavar="DIR"),
     "overwrite": S(False, RUN, "bool", "delete the previous run's files in the run directory and start again"),
     "stop_after": S(0, RUN, "int", "stop after this many epochs as if interrupted (0 = never); --resume continues; "
@@ -449,6 +450,7 @@ def resolve(args: dict, base: dict | None = None, origin: str = "the run's confi
     if base is None or cfg["data"] != base.get("data") or base.get("num_classes") is None:
         info = vdata.info(cfg["data"])
         cfg["num_classes"], cfg["in_chans"] = info["num_classes"], info["in_chans"]
+        cfg.pop("classes", None)  # a folder's names: read again with its data
     if cfg["output"] is None:
         cfg["output"] = f"runs/{cfg['data']}_{cfg['pe'].replace('+', '-')}_s{cfg['seed']}"
     cfg["sizes_from"] = " + ".join([origin, *given])
@@ -495,6 +497,16 @@ def copied(value):
 MAX_PATCHES = 65536  # patches per image (a 256 x 256 grid; 1024 px at patch 4, 4096 px at patch 16): attention
 # over more tokens does not fit memory (the (heads, T, T) bias and score tables of one image alone exceed 17 GB)
 BATCH_MEMORY_SHARE = 0.5  # one float32 input batch may take at most this share of the machine's memory
+MAX_AUG_REPEATS = 32  # repeated augmentation: an epoch keeps its length, so it sees about 1/N of the images
+MAX_THREADS = 4096  # torch.set_num_threads: more than any machine's cores (beyond the cores a run is warned)
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the system says, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def machine_memory() -> int:
@@ -540,16 +552,25 @@ def check_memory(cfg: dict, memory: int | None = None) -> None:
              f"{key} {batch} at {math.isqrt(pixels)} px is {gib(batch * chans * pixels * frames * 4)} of float32 input "
              f"alone; at most {gib(memory * BATCH_MEMORY_SHARE)} (half of this machine's {gib(memory)}): give a smaller "
              f"{key} or size")
-    if not spec.synthetic:
-        return  # real sets are read at their own size, a sample at a time (or once, at native size)
-    sizes = vdata.scenes.DEFAULT_SIZES
-    for key, split, areas in (("train_samples", "train", [area(cfg["img_size"])]),
-                              ("val_samples", "val", [area(s) for s in {cfg["img_size"], *cfg["eval_res"]}])):
-        count = cfg[key] if cfg[key] is not None else sizes[split]
-        per_sample = chans * frames * sum(areas)
-        most = memory // per_sample
-        need(count <= most, f"{key} {count}: the rendered {split} scenes of {cfg['data']} would take "
-             f"{gib(count * per_sample)} in memory, more than this machine's {gib(memory)}; at most {most} fit")
+    defaults = vdata.scenes.DEFAULT_SIZES
+    for key, split, sizes in (("train_samples", "train", [cfg["img_size"]]),
+                              ("val_samples", "val", {cfg["img_size"], *cfg["eval_res"]})):
+        check_rendered(key, cfg[key] if cfg[key] is not None else defaults[split], cfg, split, sizes, memory)
+
+
+def check_rendered(what: str, count: int, cfg: dict, split: str, sizes, memory: int | None = None) -> None:
+    """A built-in task's ``count`` scenes of ``split`` rendered at each of ``sizes`` (uint8, held in memory) fit this
+    machine's memory (``memory`` bytes, default :func:`machine_memory`); a :class:`UserError` naming ``what``, the
+    size and how many fit otherwise. Real sets are read at their own size, a sample at a time: nothing to check."""
+    memory = machine_memory() if memory is None else memory
+    spec = vdata.get_spec(cfg["data"])
+    if memory <= 0 or not spec.synthetic:
+        return
+    area = lambda size: size * size if isinstance(size, int) else size[0] * size[1]
+    per_sample = (cfg.get("in_chans") or spec.in_chans) * (cfg["num_frames"] or 1) * sum(map(area, set(sizes)))
+    most = memory // per_sample
+    need(count <= most, f"{what} {count}: the rendered {split} scenes of {cfg['data']} would take "
+         f"{gib(count * per_sample)} in memory, more than this machine's {gib(memory)}; at most {most} fit")
 
 
 def need(ok, message: str) -> None:
@@ -670,7 +691,8 @@ def check_data(cfg: dict) -> None:
         need(cfg[key] is None or cfg[key] >= 1, f"{key} must be an integer >= 1, got {cfg[key]}")
     need(cfg["workers"] >= 0, f"workers must be an integer >= 0, got {cfg['workers']}")
     if cfg["max_patches"] is not None:
-        need(cfg["max_patches"] >= 1, f"max_patches must be an integer >= 1, got {cfg['max_patches']}")
+        need(1 <= cfg["max_patches"] <= MAX_PATCHES, f"max_patches must be an integer in [1, {MAX_PATCHES}] (the "
+             f"patches of one image; more do not fit attention in memory), got {cfg['max_patches']}")
         reason = mixed_sizes_refused(cfg)
         need(reason is None, f"--max-patches trains batches of mixed sizes: {reason}")
 
@@ -778,8 +800,9 @@ def check_schedule(cfg: dict) -> None:
          "decays from lr to min_lr)")
     need(0 <= cfg["warmup_epochs"] <= cfg["epochs"],
          f"warmup_epochs must be in [0, epochs={cfg['epochs']}], got {cfg['warmup_epochs']}")
-    need(cfg["aug_repeats"] == 0 or cfg["aug_repeats"] >= 2,
-         f"aug_repeats must be 0 (off) or an integer >= 2, got {cfg['aug_repeats']}")
+    need(cfg["aug_repeats"] == 0 or 2 <= cfg["aug_repeats"] <= MAX_AUG_REPEATS,
+         f"aug_repeats must be 0 (off) or an integer in [2, {MAX_AUG_REPEATS}] (an epoch keeps its length, so it "
+         f"sees about 1/aug_repeats of the images; DeiT uses 3), got {cfg['aug_repeats']}")
 
 
 def check_augmentation(cfg: dict) -> None:
@@ -825,6 +848,8 @@ def check_sizes(cfg: dict, training: bool = True) -> None:
     frames = max([cfg["num_frames"] or 1, *cfg["eval_frames"]])
     t = tubelet(cfg)[0] if cfg.get("num_frames") else 1
     check_patches("img_size", cfg["img_size"], cfg["patch_size"], (cfg["num_frames"] or 1) // t)
+    for f in cfg["eval_frames"]:  # each is evaluated at img_size too
+        check_patches(f"eval_frames {f} at img_size", cfg["img_size"], cfg["patch_size"], f // t)
     for key in ("train_res", "eval_res"):
         for size in cfg[key]:
             check_patches(key, size, cfg["patch_size"], frames // t)
@@ -836,6 +861,8 @@ def check_run(cfg: dict, training: bool) -> None:
     """Seed, threads, early stop, checkpoint intervals; the device (and what needs CUDA) when training here."""
     for key in ("threads", "stop_after", "seed", "checkpoint_every_steps"):
         need(cfg[key] >= 0, f"{key} must be an integer >= 0, got {cfg[key]}")
+    need(cfg["threads"] <= MAX_THREADS, f"threads must be an integer in [0, {MAX_THREADS}] (0 = torch's default; "
+         f"this machine has {cpu_cores()} CPU cores), got {cfg['threads']}")
     need(cfg["checkpoint_every_minutes"] >= 0,
          f"checkpoint_every_minutes must be a number >= 0, got {cfg['checkpoint_every_minutes']}")
     if training:
@@ -846,6 +873,23 @@ def check_run(cfg: dict, training: bool) -> None:
              "amp=fp16 needs a CUDA device (float16 autocast with a gradient scaler); on the CPU use --amp bf16 or "
              "none")
     check_parallel(cfg, training)
+
+
+def run_warnings(cfg: dict, updates: int) -> list[str]:
+    """Settings a run takes but that likely defeat their purpose, one line each (the run goes on): ``threads``
+    beyond this machine's cores, and an EMA whose decay leaves its weights mostly at their initial values over the
+    run's ``updates`` optimizer steps (``decay ** updates > 1/2``) without timm's warmup."""
+    lines = []
+    cores = cpu_cores()
+    if cfg["threads"] > cores:
+        lines.append(f"--threads {cfg['threads']} is more than the {cores} CPU cores this process may use: threads "
+                     f"beyond the cores oversubscribe them and slow every step (0 lets torch choose)")
+    decay = cfg["model_ema_decay"]
+    if cfg["model_ema"] and not cfg["model_ema_warmup"] and decay ** updates > 0.5:
+        lines.append(f"--model-ema-decay {decay:g} averages over about {1 / (1 - decay):.0f} optimizer steps "
+                     f"(1 / (1 - decay)) but this run makes {updates}: the EMA weights end {decay ** updates:.0%} "
+                     f"their initial values; add --model-ema-warmup (timm's warmup) or lower the decay")
+    return lines
 
 
 def check_parallel(cfg: dict, training: bool) -> None:

@@ -10,7 +10,9 @@ For every run directory (as written by ``visionpe train``) the model is rebuilt 
 adaptation and the weights loaded (strictly: adaptations change no parameter):
 
 - RoPE (``rope_axial``, ``rope_mixed``, and combinations holding them): one model per ``--scaling``
-  (``none`` extrapolates, ``pi``/``ntk``/``yarn`` scale relative to ``ref_shape`` = the training grid);
+  (``none`` extrapolates, ``pi``/``ntk``/``yarn`` scale relative to ``ref_shape`` = the training grid); without
+  ``--scaling``, the run's own (the ``scaling`` its model was built with), so that the sweep measures what the run
+  measured; the ``adaptation`` column names the scaling of every row;
 - ``learned`` (and combinations): one model per ``--interpolation`` (table resampling mode, default bicubic);
 - every other encoding: as trained (``default``).
 
@@ -22,8 +24,8 @@ training pair. ``--frames`` with an image run is an error.
 
 An image run also takes non-square sizes ``HxW`` (height x width, e.g. ``32x48``; ``32x32`` is ``32``): the
 synthetic scenes are rendered stretched to that aspect, real images resized to it. Their rows read ``res`` =
-``32x48`` in the CSV and are left out of the plot (its x-axis is the side of a square). A video run takes square
-sizes only.
+``32x48`` in the CSV and are left out of the plot (its x-axis is the side of a square), which names them, as the
+sweep's output does. A video run takes square sizes only.
 
 The validation images are the run's own, shown at each size under an evaluation protocol (``--eval-protocol``,
 default the run's own; several compare them on the same weights): ``resize`` (the whole image at the size; synthetic
@@ -48,9 +50,9 @@ from pathlib import Path
 import torch
 
 from .. import cli
-from ..backbones import parse_pe
+from ..backbones import encodings_of, parse_pe
 from ..cli import UserError
-from ..cli.report import Curve, accuracy_plot
+from ..cli.report import Curve, accuracy_plot, off_axis
 from ..coords import NORMALIZED_COORDS
 from ..data import PROTOCOLS
 from ..registry import ENCODINGS
@@ -70,6 +72,17 @@ def coordinates_of(cls, pe_kwargs: dict) -> str | None:
         return pe_kwargs["coords"]
     parameter = inspect.signature(cls).parameters.get("coords")
     return None if parameter is None else parameter.default
+
+
+def own_scalings(cfg: dict) -> list[str]:
+    """The resolution scaling a run's model was built with (``[]`` without a rotary encoding that has one): the
+    model's own, which ``for_model`` may choose (RoPE on integer positions: ``pi`` unless ``pe_kwargs`` say
+    otherwise), read from the rebuilt model rather than guessed from the settings."""
+    if cfg["pe"] == models.TIMM_NATIVE:
+        return []
+    rotary = encodings_of(models.build_model(cfg))["rotary"]
+    scaling = getattr(rotary[0], "scaling", None) if rotary else None
+    return [scaling] if scaling is not None else []
 
 
 def adaptations(pe: str, scalings, interpolations, pe_kwargs=None) -> list[tuple[str, dict]]:
@@ -141,12 +154,13 @@ def res_cell(key, video: bool) -> int | str:
     return key if isinstance(key, int) else key_text(key)
 
 
-def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), weights="last", val_samples=None,
+def sweep_run(run: Path, resolutions, scalings=None, interpolations=(), weights="last", val_samples=None,
               device="cpu", batch_size=256, log=print, frames=(), protocols=None, crop_pct=None, tune=False,
               holdout=None) -> list[dict]:
     """Rows of the sweep for one run directory (a video run: at every ``frames`` x ``resolutions`` pair), under each
     of ``protocols`` (default: the run's own) with ``crop_pct`` (default: the run's); ``tune``: with the untuned and
-    tuned rows of LookHere's protocol on ``holdout`` held-out training images (:mod:`.tuning`)."""
+    tuned rows of LookHere's protocol on ``holdout`` held-out training images (:mod:`.tuning`); ``scalings=None``:
+    the run's own (:func:`own_scalings`)."""
     run = Path(run)
     cfg = restore.load_run(run, require=("data",))
     check_frames(run, cfg, frames)
@@ -159,7 +173,9 @@ def sweep_run(run: Path, resolutions, scalings=("none",), interpolations=(), wei
     protocols = list(protocols or [settings.eval_protocol(cfg)])
     check_protocols(run, cfg, protocols)
     if tune:
-        tuning.check_run(run, cfg, holdout)
+        tuning.check_run(run, cfg, holdout, resolutions)
+    if scalings is None:
+        scalings = own_scalings(cfg)
     rows = []
     for protocol in protocols:
         rows += _sweep_protocol(run, cfg, protocol, resolutions, scalings, interpolations, weights, device,
@@ -219,7 +235,7 @@ def check_out(out: Path) -> None:
             raise UserError(f"--out {str(out)!r}: {name} there is a directory")
 
 
-def sweep_runs(runs, resolutions, scalings=("none",), interpolations=(), weights="last", val_samples=None,
+def sweep_runs(runs, resolutions, scalings=None, interpolations=(), weights="last", val_samples=None,
                device="cpu", batch_size=256, frames=(), out: Path | None = None, log=print, protocols=None,
                crop_pct=None, tune=False, holdout=None) -> list[dict]:
     """Rows of the sweep for every run (all of them checked before the first is evaluated); with ``out``, written
@@ -232,7 +248,7 @@ def sweep_runs(runs, resolutions, scalings=("none",), interpolations=(), weights
         check_sizes(run, cfg, resolutions)
         check_protocols(run, cfg, protocols)
         if tune:
-            tuning.check_run(run, cfg, holdout)
+            tuning.check_run(run, cfg, holdout, resolutions)
     rows = []
     for run in runs:
         rows += sweep_run(run, resolutions, scalings, interpolations, weights, val_samples, device, batch_size,
@@ -240,7 +256,7 @@ def sweep_runs(runs, resolutions, scalings=("none",), interpolations=(), weights
                           holdout=holdout)
     if out is not None:
         write_csv(rows, Path(out) / "sweep.csv")
-        plot(rows, Path(out) / "sweep.png")
+        plot(rows, Path(out) / "sweep.png", log=log)
     return rows
 
 
@@ -253,9 +269,10 @@ def write_csv(rows, path: Path) -> None:
     write_text(path, buffer.getvalue())
 
 
-def plot(rows, path: Path, title: str = "") -> None:
+def plot(rows, path: Path, title: str = "", log=print) -> None:
     """Accuracy vs resolution (:func:`visionpe.cli.report.accuracy_plot`), one line per (run, adaptation, protocol);
-    a dotted line marks each training size. Rows of non-square sizes (``res`` = ``HxW``) stay in the CSV only."""
+    a dotted line marks each training size. Rows of non-square sizes (``res`` = ``HxW``) stay in the CSV only: the
+    figure names them under its panels, and ``log`` says so."""
     curves = {}
     for r in rows:
         label = r["adaptation"] if r.get("protocol") in (None, "", "resize") else f"{r['adaptation']}, {r['protocol']}"
@@ -267,6 +284,9 @@ def plot(rows, path: Path, title: str = "") -> None:
             curve.retention[r["res"]] = [r["retention"]]
     accuracy_plot(list(curves.values()), path, train_sizes={r["train_res"] for r in rows},
                   title=title or "accuracy vs test resolution")
+    left_out = off_axis(list(curves.values()))
+    if left_out:
+        log(f"{path.name} draws square sizes only: {', '.join(left_out)} are in sweep.csv and the table above")
 
 
 def build_parser() -> cli.Parser:
@@ -283,8 +303,9 @@ def build_parser() -> cli.Parser:
     ev.add_argument("--frames", nargs="+", type=int, default=[], metavar="T",
                     help="video runs: test frame counts, crossed with --res; each a positive multiple of the runs' "
                          "tubelet frames (default: the training frame count only)")
-    ev.add_argument("--scaling", nargs="+", default=["none"], choices=SCALINGS, metavar="NAME",
-                    help=f"RoPE adaptations to compare: {', '.join(SCALINGS)} (default: none)")
+    ev.add_argument("--scaling", nargs="+", default=None, choices=SCALINGS, metavar="NAME",
+                    help=f"RoPE adaptations to compare: {', '.join(SCALINGS)} (default: each run's own, the scaling "
+                         "its model was built with; the table's adaptation column names it)")
     ev.add_argument("--interpolation", nargs="*", default=[], choices=INTERPOLATIONS, metavar="MODE",
                     help=f"learned-table resampling modes to compare: {', '.join(INTERPOLATIONS)} "
                          "(default: the run's own)")

@@ -54,6 +54,7 @@ def main(argv: list[str]) -> dict:
     resume = bool(args.get("resume"))
     cfg, changed = restore.resume_config(args) if resume else (restore.new_config(args), [])
     out = Path(cfg["output"])
+    metrics.check_loggers(cfg["log"])  # a missing package, before anything is written
     if not resume:
         rundir.check_fresh(out, cfg["overwrite"])  # an existing run needs --resume or --overwrite
 
@@ -84,6 +85,8 @@ def main(argv: list[str]) -> dict:
                               world=world, device=device, amp=amp_dtype is not None, out=out))  # the first line
     for note in loop.data_notes(cfg):  # transform settings the data set does not take
         report(note)
+    for warning in settings.run_warnings(cfg, updates_per_epoch * cfg["epochs"]):  # threads, a slow EMA
+        report.warn(warning)
     init = None
     if state is None and cfg["init_from"]:  # a new run from another model's weights (or one resumed before epoch 1)
         init = restore.init_weights(raw_model, cfg)
@@ -102,7 +105,12 @@ def main(argv: list[str]) -> dict:
     if procs.master:
         for note in rundir.prepare(out, cfg, resume=resume, state=run.saved, changed=changed):
             report(note)
-    report.open_loggers(out, cfg, run.history, resume)
+    try:
+        report.open_loggers(out, cfg, run.history, resume)
+    except BaseException:
+        if procs.master and not resume:  # a start that failed: no folder left that refuses the retry
+            rundir.undo_start(out)
+        raise
     if resume:
         within = run.within
         report(f"resuming {out} " + (f"at batch {within['step']}/{steps_per_epoch} of epoch {start_epoch + 1}"
@@ -172,6 +180,9 @@ def main(argv: list[str]) -> dict:
     if procs.master:
         rundir.finish(out, run.history, summary)  # metrics.jsonl, summary.csv, then results.json: finished
     report(metrics.resolution_table(cfg, results, run.best_epoch))
+    note = metrics.learning_note(cfg, results, train_key)  # at chance: the benchmark's "not learned" rule
+    if note:
+        report(note)
     report(rundir.files_line(out, exported))
     report.close()
     del model  # DDP's reducer holds the process group: freed first, the group is destroyed in leave()

@@ -89,14 +89,23 @@ def default_holdout(cfg: dict) -> int:
     return max(100, training_count(cfg) // 100)
 
 
-def check_run(run, cfg: dict, holdout: int | None) -> None:
+def check_run(run, cfg: dict, holdout: int | None, sizes=()) -> None:
     """The run can be tuned: an image run with training images left over to hold out (checked before any
-    evaluation)."""
+    evaluation), :func:`check_holdout`."""
     if cfg.get("num_frames"):
         raise UserError(f"--tune is for image runs; {run} is a video run ({cfg['data']})")
-    training_count(cfg)
+    check_holdout(cfg, holdout, sizes)
+
+
+def check_holdout(cfg: dict, holdout: int | None, sizes=()) -> None:
+    """``--holdout`` (None: :func:`default_holdout`) fits the run: an integer >= 1, after the images it trained on
+    (:func:`training_count`), and for a built-in task its scenes, rendered at the training size and each of ``sizes``,
+    within this machine's memory (:func:`~visionpe.train.settings.check_rendered`)."""
+    training_count(cfg)  # a run on a whole real set leaves nothing to hold out
     if holdout is not None and (isinstance(holdout, bool) or not isinstance(holdout, int) or holdout < 1):
         raise UserError(f"--holdout must be an integer >= 1, got {holdout!r}")
+    count = default_holdout(cfg) if holdout is None else holdout
+    settings.check_rendered("--holdout", count, cfg, "held-out training", [cfg["img_size"], *sizes])
 
 
 def tune_rows(run, cfg: dict, protocol: str, state, path, keys, wanted, train_key, val_sets: dict, eval_kw: dict,

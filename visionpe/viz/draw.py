@@ -163,8 +163,11 @@ def draw_frequencies(freqs: torch.Tensor, reference: torch.Tensor | None, title:
 
 
 def save(fig, path, dpi: int = 90) -> Path:
-    """Write ``fig`` as a PNG (parent folders created) and return the path."""
+    """Write ``fig`` as a PNG (parent folders created) and return the path written: ``path``, with ``.png`` added
+    when it has no suffix (as matplotlib adds it, so that the path returned is the file's)."""
     path = Path(path)
+    if not path.suffix:
+        path = path.with_name(path.name + ".png")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     return path

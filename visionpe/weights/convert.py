@@ -171,7 +171,9 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
 
     ``source_grid``: ``(height, width)`` of the checkpoint's ``pos_embed`` patch grid. A state dict does not store
     it: by default the model's grid when the counts agree, else square, and the report says so with the other grids
-    the count fits (:func:`pos_embed_grid`); from a timm model (``source`` an ``nn.Module``) it is that model's.
+    the count fits (:func:`pos_embed_grid`); from a timm model (``source`` an ``nn.Module``) it is that model's. Given
+    where nothing reads it (no ``pos_embed`` in the checkpoint, or no ``learned`` table in the model) it is a
+    ``ValueError``.
     ``table_resize``: how a relative position table of another window is resized: None (default) as its source
     does it, timm's geometric ``resize_rel_pos_bias_table`` for a timm (BEiT, Swin) checkpoint and the table's own
     interpolation for a visionpe one; ``"geometric"``, or an interpolation (``"bicubic"``, ...) for every table. A
@@ -181,12 +183,20 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     A NaN or infinite value in any tensor of the checkpoint is a ``ValueError`` naming it, as in
     :func:`~visionpe.weights.load_weights`, unless ``allow_nonfinite=True``; so is a converted tensor of another
     shape than the model's (a ``pos_embed`` of another width).
+
+    timm's feature wrappers (``features_only=True``): the intermediate-layer getter of a ViT, DeiT or Eva
+    (``FeatureGetterNet``, the model under ``model.``) is seen through, the checkpoint loading into the model it wraps
+    (the report names that model's keys); a stage list or hook wrapper (Swin's ``FeatureListNet``), whose keys timm
+    renames, is a ``ValueError``: load the checkpoint while timm builds it (``pretrained=True`` with
+    ``pretrained_cfg_overlay=dict(file=...)``) or into the model before wrapping it.
     """
     check_module("model", model)
+    model = _unwrap_features(model)
     check_strict(strict)
     check_bool("allow_nonfinite", allow_nonfinite)
     if table_resize is not None:
         check_choice("table_resize", table_resize, TABLE_RESIZES)
+    given_grid = source_grid
     if isinstance(source, nn.Module):
         grid = getattr(getattr(source, "patch_embed", None), "grid_size", None)
         source_grid = tuple(grid) if source_grid is None and grid is not None else source_grid
@@ -201,8 +211,12 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
         state = hook(state, report)
     target = model.state_dict()
     mismatched: dict[str, str] = {}
-    tokens = getattr(model, "pe_tokens", None)
-    learned = tokens if hasattr(tokens, "factor_tables") else None
+    learned = pos_embed_reader(model)
+    if given_grid is not None and (learned is None or "pos_embed" not in state):
+        raise ValueError(f"load_timm_checkpoint: source_grid={given_grid} is the grid of a timm pos_embed read into "
+                         f"a learned table, but " + ("the model has no learned table" if learned is None else
+                                                     f"{where} holds no pos_embed (a visionpe table stores its grid)")
+                         + "; leave out source_grid")
     timm_tables = []  # the bias modules that take a timm relative position table
     for key, value in state.items():
         tables = None
@@ -252,6 +266,28 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
         model.get_submodule(name).interpolation = table_resize or "geometric"
     _log_report(report, mismatched, f"{where} into {type(model).__name__}")
     return report
+
+
+def pos_embed_reader(model: nn.Module) -> nn.Module | None:
+    """The ``learned`` table of ``model`` that a timm ``pos_embed`` loads into, None when it has none."""
+    tokens = getattr(model, "pe_tokens", None)
+    return tokens if hasattr(tokens, "factor_tables") else None
+
+
+def _unwrap_features(model: nn.Module) -> nn.Module:
+    """The model a timm feature wrapper holds (``FeatureGetterNet.model``), ``model`` itself when it is none; a
+    ValueError for the wrappers whose keys timm renames (``FeatureDictNet``, ``FeatureListNet``, ``FeatureHookNet``,
+    ``FeatureGraphNet``), where the positional tables would silently stay at their initial values."""
+    from timm.models._features import FeatureGetterNet
+    if isinstance(model, FeatureGetterNet):
+        return _unwrap_features(model.model)
+    if type(model).__module__.startswith("timm.models._features"):
+        raise ValueError(f"load_timm_checkpoint: model is timm's feature wrapper {type(model).__name__}, whose keys "
+                         f"timm renamed from the model's ('layers.0' -> 'layers_0'), so the checkpoint's position "
+                         f"tables would not load; load it while timm builds the model (timm.create_model('vpe_<name>', "
+                         f"features_only=True, pretrained=True, pretrained_cfg_overlay=dict(file=PATH))) or into the "
+                         f"model before wrapping it")
+    return model
 
 
 def _log_report(report: LoadReport, mismatched: dict[str, str], what: str) -> None:

@@ -63,7 +63,7 @@ def check(args) -> int | None:
         if cfg["num_frames"] and not all(isinstance(r, int) for r in args.res):
             raise UserError("--res HxW (non-square) is for image recipes; video sizes are square")
         if args.tune and not cfg["num_frames"]:
-            tuning.training_count(cfg)  # a run on a whole real set leaves nothing to hold out
+            tuning.check_holdout(cfg, args.holdout, args.res)  # something to hold out, within memory
         frames.add(cfg["num_frames"])
         t = models.tubelet(cfg)[0] if cfg["num_frames"] else 1
         bad = [f for f in args.frames if f < 1 or f % t]

@@ -35,7 +35,7 @@ from ...backbones import parse_pe
 from ...cli import UserError, user_errors
 from ...cli.recipes import recipe_path, shown
 from ...cli.report import markdown_table as report_table
-from ...cli.report import mean_std, write_section
+from ...cli.report import ONE_SEED, mean_std, spread_gap, spread_text, write_section
 from ...rotary.scaling import SCALINGS
 from ...train import metrics, restore, settings
 from .cli import add_recipe_and_data
@@ -145,24 +145,30 @@ def markdown_table(table: dict, data: str, args) -> str:
     return report_table(head, body) + "\n"
 
 
-def compare(a: dict, b: dict, res: list[int]) -> tuple[str, list[int], list[int]]:
-    """Per resolution ``mean_a - mean_b`` and whether it is beyond the seed spread (|gap| > std_a + std_b)."""
-    parts, beyond_pos, beyond_neg = [], [], []
+def compare(a: dict, b: dict, res: list[int]) -> tuple[str, list[int], list[int], list[int]]:
+    """Per resolution ``mean_a - mean_b`` and whether it is beyond the seed spread (|gap| > std_a + std_b): the text,
+    the sizes ahead and behind beyond it, and those over one seed (no spread: neither)."""
+    parts, beyond_pos, beyond_neg, single = [], [], [], []
     for r in res:
-        (ma, sa), (mb, sb) = mean_std(a["acc"].get(r, [])), mean_std(b["acc"].get(r, []))
-        gap = ma - mb
-        beyond = abs(gap) > sa + sb
-        if beyond:
+        gap, word = spread_gap(a["acc"].get(r, []), b["acc"].get(r, []))
+        spread = mean_std(a["acc"].get(r, []))[1] + mean_std(b["acc"].get(r, []))[1]
+        if word == "beyond":
             (beyond_pos if gap > 0 else beyond_neg).append(r)
-        d = 2 if sa + sb < 0.5 or f"{abs(gap):.1f}" == f"{sa + sb:.1f}" else 1  # enough digits to see it
-        parts.append(f"{r}px {gap:+.{d}f} ({'beyond' if beyond else 'within'} ±{sa + sb:.{d}f})")
-    return ", ".join(parts), beyond_pos, beyond_neg
+        if word == ONE_SEED:
+            single.append(r)
+            parts.append(f"{r}px {gap:+.1f} ({ONE_SEED})")
+            continue
+        d = 2 if spread < 0.5 or f"{abs(gap):.1f}" == f"{spread:.1f}" else 1  # enough digits to see it
+        parts.append(f"{r}px {gap:+.{d}f} ({word} ±{spread:.{d}f})")
+    return ", ".join(parts), beyond_pos, beyond_neg, single
 
 
 def sentence(name_a: str, name_b: str, a: dict, b: dict, res: list[int]) -> str:
-    detail, ahead, behind = compare(a, b, res)
+    detail, ahead, behind, single = compare(a, b, res)
     px = lambda rs: ", ".join(f"{r}" for r in rs) + " px"
-    if not ahead and not behind:
+    if single:
+        verdict = f"one seed at {px(single)}: no spread to tell a gap from noise"
+    elif not ahead and not behind:
         verdict = "within the seed spread (noise) at every resolution"
     else:
         verdict = "; ".join(([f"**ahead beyond the seed spread at {px(ahead)}**"] if ahead else [])
@@ -228,9 +234,8 @@ def section(args, table: dict, runs: list[dict], command: str, wall: float) -> s
         source = table.get((data, "source", SOURCE_PE, "default"))
         if source:
             classes = restore.load_run(next(r["run"] for r in runs if r["data"] == data and r["kind"] == "source"))
-            mean, std = mean_std(source["acc"][source["train_res"]])
-            lines += [f"The {SOURCE_PE} source reaches {mean:.1f} ± {std:.1f} % at its training resolution after {n} "
-                      f"epochs (chance: {100 / classes['num_classes']:.1f} %).", ""]
+            lines += [f"The {SOURCE_PE} source reaches {spread_text(source['acc'][source['train_res']])} % at its "
+                      f"training resolution after {n} epochs (chance: {100 / classes['num_classes']:.1f} %).", ""]
         lines += [markdown_table(table, data, args), ""]
         v = verdicts(table, data, args)
         if v:

@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from ...cli.recipes import shown
-from ...cli.report import Curve, accuracy_plot, mean_std, write_document, write_section
+from ...cli.report import Curve, accuracy_plot, mean_std, spread_text, write_document, write_section
 from ...cli.report import markdown_table as report_table
 from ...data import info
 from ...train.metrics import key_text
@@ -107,11 +107,11 @@ def machines_table(table: dict) -> list[str]:
 def accuracy_cells(entry: dict, res, train_res: int) -> list[str]:
     """``mean ± std`` of top-1 at every resolution, then of the retention at every other resolution over the seeds
     where it is defined (``n/a`` where it is for none: every seed's training-size accuracy was 0)."""
-    cells = ["{:.1f} ± {:.1f}".format(*mean_std(entry["acc"].get(r, []))) for r in res]
+    cells = [spread_text(entry["acc"].get(r, [])) for r in res]
     for r in (r for r in res if r != train_res):
         values = entry["ret"].get(r, [])  # None: undefined for that seed, left out of the mean (mean_std)
         undefined = bool(values) and all(v is None for v in values)
-        cells.append("n/a" if undefined else "{:.3f} ± {:.3f}".format(*mean_std(values)))
+        cells.append("n/a" if undefined else spread_text(values, 3))
     return cells
 
 
@@ -189,7 +189,7 @@ def tune_table(table: dict, family: str, data: str, res: list) -> str:
     for (_, _, pe, adaptation), v in sorted(rows, key=lambda kv: (order.index(kv[0][2]), kv[0][3].partition("/")[2],
                                                                   tune_of(kv[0][3]) == "tuned")):
         tuned, knob = tune_of(adaptation) == "tuned", v.get("knob", "")
-        cells = ["{:.1f} ± {:.1f}".format(*mean_std(v["acc"].get(r, []))) for r in res]
+        cells = [spread_text(v["acc"].get(r, [])) for r in res]
         if tuned:
             cells = [f"{c} ({choice_text(v['choice'][r])})" if knob and v.get("choice", {}).get(r) else c
                      for c, r in zip(cells, res)]
@@ -264,7 +264,7 @@ def video_table(table: dict, data: str, cols: list) -> str:
     head = ["encoding"] + [f"{f}f {r}px{' (train)' if (f, r) == train else ''}" for f, r in cols]
     head += ["params", "train clips/s", "seeds", "made by"]
     labels = machine_labels(table)
-    body = [[label(pe, adaptation), *["{:.1f} ± {:.1f}".format(*mean_std(v["acc"].get(c, []))) for c in cols],
+    body = [[label(pe, adaptation), *[spread_text(v["acc"].get(c, [])) for c in cols],
              f"{v['params'] / 1e3:.1f}k", f"{mean_std(v['img_s'])[0]:.0f}", str(len(v["seeds"])),
              made_by_cell(v, labels)] for (_, _, pe, adaptation), v in rows]
     return report_table(head, body) + "\n"

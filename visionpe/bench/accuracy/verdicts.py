@@ -8,27 +8,31 @@ from __future__ import annotations
 import math
 import statistics
 
-from ...cli.report import mean_std
+from ...cli.report import ONE_SEED, mean_std, spread_gap, spread_text
 from ...data import DATASETS, info
-from ...train.metrics import key_text
+from ...train.metrics import LEARNED_MARGIN, did_not_learn, key_text
 from .collect import label, tune_label, tune_of
 
-LEARNED_MARGIN = 5.0  # points above chance (100 / classes) that a row's training-size top-1 must reach
 PLATEAU_MARGIN = 1.0  # points a row's training-size top-1 may rise over its last epoch and count as a plateau
 
 
+def classes_of(entry: dict, data: str) -> int | None:
+    """The class count of a table entry: its runs' (else the named data set's), None when unknown."""
+    return entry.get("num_classes") or (info(data)["num_classes"] if data in DATASETS else None)
+
+
 def chance(entry: dict, data: str) -> float | None:
-    """Chance top-1 (%) of a table entry: 100 / its runs' class count (else the named data set's), None when
-    unknown."""
-    classes = entry.get("num_classes") or (info(data)["num_classes"] if data in DATASETS else None)
+    """Chance top-1 (%) of a table entry: 100 / its class count, None when unknown."""
+    classes = classes_of(entry, data)
     return 100.0 / classes if classes else None
 
 
 def not_learned(entry: dict, data: str) -> bool:
     """The entry did not learn: its mean top-1 over the seeds at the training size is below chance +
-    :data:`LEARNED_MARGIN` points (False where chance or that size is unknown)."""
-    floor, (mean, _) = chance(entry, data), mean_std(entry["acc"].get(entry["train_res"], []))
-    return floor is not None and not math.isnan(mean) and mean < floor + LEARNED_MARGIN
+    :data:`~visionpe.train.metrics.LEARNED_MARGIN` points (:func:`~visionpe.train.metrics.did_not_learn`; False
+    where the classes or that size are unknown)."""
+    classes, (mean, _) = classes_of(entry, data), mean_std(entry["acc"].get(entry["train_res"], []))
+    return bool(classes) and not math.isnan(mean) and did_not_learn(mean, classes)
 
 
 def rising(entry: dict) -> bool:
@@ -67,8 +71,8 @@ def verdict(table: dict, family: str, data: str, res: list[int]) -> str:
         return left_out(out, data)
 
     def gap(a, b, r):
-        (ma, sa), (mb, sb) = mean_std(a["acc"][r]), mean_std(b["acc"][r])
-        return f"{ma - mb:+.1f} ({'within' if abs(ma - mb) <= sa + sb else 'beyond'} spread)", ma >= mb
+        d, word = spread_gap(a["acc"][r], b["acc"][r])
+        return f"{d:+.1f} ({spread_phrase(word, 'spread')})", d >= 0
 
     lines = []
     for ad in ("none", "pi", "ntk", "yarn"):
@@ -97,10 +101,8 @@ def video_verdict(table: dict, data: str, cols: list, chance: float) -> str:
     train = next(iter(rows.values()))["train_res"]
 
     def gap(a, b, c):
-        (ma, sa), (mb, sb) = mean_std(rows[a]["acc"].get(c, [])), mean_std(rows[b]["acc"].get(c, []))
-        if min(len(rows[a]["acc"].get(c, [])), len(rows[b]["acc"].get(c, []))) < 2:
-            return f"{ma - mb:+.1f} points (one seed: no spread to compare with)"
-        return f"{ma - mb:+.1f} points ({'within' if abs(ma - mb) <= sa + sb else 'beyond'} the seed spread)"
+        d, word = spread_gap(rows[a]["acc"].get(c, []), rows[b]["acc"].get(c, []))
+        return f"{d:+.1f} points ({spread_phrase(word)})"
 
     lines = []
     m = {n: mean_std(v["acc"].get(train, [])) for n, v in rows.items()}
@@ -126,10 +128,15 @@ def video_verdict(table: dict, data: str, cols: list, chance: float) -> str:
 
 
 def compare_text(a: dict, b: dict, r) -> tuple[float, str]:
-    """``(mean_a - mean_b, 'within' | 'beyond')`` at size ``r``: beyond the seed spread when the gap exceeds
-    std_a + std_b."""
-    (ma, sa), (mb, sb) = mean_std(a["acc"].get(r, [])), mean_std(b["acc"].get(r, []))
-    return ma - mb, ("within" if abs(ma - mb) <= sa + sb else "beyond")
+    """``(mean_a - mean_b, 'within' | 'beyond' | 'one seed')`` at size ``r`` (:func:`~visionpe.cli.report.spread_gap`:
+    beyond the seed spread when the gap exceeds std_a + std_b; over one seed, neither)."""
+    return spread_gap(a["acc"].get(r, []), b["acc"].get(r, []))
+
+
+def spread_phrase(word: str, spread: str = "the seed spread") -> str:
+    """A :func:`~visionpe.cli.report.spread_gap` word as a phrase: ``"beyond the seed spread"``, or ``"one seed: no
+    spread to compare with"``."""
+    return "one seed: no spread to compare with" if word == ONE_SEED else f"{word} {spread}"
 
 
 def rows_verdict(table: dict, data: str, rows: list[dict], res: list) -> str:
@@ -163,7 +170,7 @@ def rows_verdict(table: dict, data: str, rows: list[dict], res: list) -> str:
         b = max(ref, key=lambda n: mean_std(ref[n]["acc"].get(r, []))[0])
         gap, spread = compare_text(ours[a], ref[b], r)
         lines.append(f"- {key_text(r)} px: best visionpe `{a}` {mean_std(ours[a]['acc'][r])[0]:.1f} %, best timm "
-                     f"`{b}` {mean_std(ref[b]['acc'][r])[0]:.1f} %: {gap:+.1f} points ({spread} the seed spread).")
+                     f"`{b}` {mean_std(ref[b]['acc'][r])[0]:.1f} %: {gap:+.1f} points ({spread_phrase(spread)}).")
     return "\n".join(lines) + "\n" + left_out(out, data)
 
 
@@ -224,11 +231,10 @@ def pick_verdict(table: dict, family: str, data: str, res: list) -> str:
             continue
         best = max(have, key=lambda n: mean_std(have[n]["acc"][r])[0])
         tied = [n for n in have if n != best and compare_text(have[best], have[n], r)[1] == "within"]
-        mean, std = mean_std(have[best]["acc"][r])
         train = have[best]["train_res"]
         scale = f" ({r / train:g}x)" if isinstance(r, int) and isinstance(train, int) else ""
         lines.append(f"- {key_text(r)} px{scale}{' (training size)' if r == train else ''}: `{best}` "
-                     f"{mean:.1f} ± {std:.1f} %; within its seed spread: "
+                     f"{spread_text(have[best]['acc'][r])} %; within its seed spread: "
                      + (", ".join(f"`{n}` {mean_std(have[n]['acc'][r])[0]:.1f}" for n in tied) if tied else "none")
                      + ".")
     return ("\n".join(lines) + "\n" if lines else "") + left_out(out, data)
