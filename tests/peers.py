@@ -49,3 +49,23 @@ def peer_sdist(package: str) -> Path:
             if not target.is_dir():
                 raise
     return target
+
+
+def junit_outcomes(report: Path) -> list[tuple[str, str, str, str]]:
+    """A pytest junit XML report -> ``(class name, test name, outcome, message)`` per test, outcome ``passed``,
+    ``failed`` (a failure or an error) or ``skipped``; a test reported twice (a teardown error) keeps its worst
+    outcome."""
+    import xml.etree.ElementTree as ET
+    worst: dict[tuple[str, str], tuple[str, str]] = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        outcome, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome, message = "failed", (child.get("message") or "")[:300]
+                break
+            if child.tag == "skipped":
+                outcome, message = "skipped", (child.get("message") or "")[:300]
+        key = (case.get("classname").rsplit(".", 1)[-1], case.get("name"))
+        if worst.get(key, ("",))[0] != "failed":
+            worst[key] = (outcome, message)
+    return [(*key, *result) for key, result in worst.items()]

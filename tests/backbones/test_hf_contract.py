@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ if int(transformers.__version__.split(".")[0]) < 5:
                 "harness; SigLIP 2 and Qwen3-VL towers are transformers 5's)", allow_module_level=True)
 pytest.importorskip("parameterized", reason="transformers' test_modeling_common imports parameterized (the dev extra)")
 
-from peers import peer_sdist  # noqa: E402
+from peers import junit_outcomes, peer_sdist  # noqa: E402
 
 CASES = Path(__file__).with_name("hf_contract_cases.py")
 ROOT = CASES.parents[2]
@@ -55,18 +54,8 @@ def label(pe: str | None) -> str:
 def outcomes(report: Path) -> dict[str, dict[str, tuple[str, str]]]:
     """junit XML -> ``{case class: {test: (outcome, message)}}``, outcome ``passed``, ``failed`` or ``skipped``."""
     found: dict[str, dict[str, tuple[str, str]]] = {}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        outcome, message = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error"):
-                outcome, message = "failed", (child.get("message") or "")[:300]
-                break
-            if child.tag == "skipped":
-                outcome, message = "skipped", (child.get("message") or "")[:300]
-        test = case.get("name")
-        previous = found.setdefault(case.get("classname").rsplit(".", 1)[-1], {}).get(test)
-        if previous is None or previous[0] != "failed":  # a test reported twice (teardown error): its worst outcome
-            found[case.get("classname").rsplit(".", 1)[-1]][test] = (outcome, message)
+    for case_class, test, outcome, message in junit_outcomes(report):
+        found.setdefault(case_class, {})[test] = (outcome, message)
     return found
 
 

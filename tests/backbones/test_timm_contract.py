@@ -21,13 +21,12 @@ import os
 import shutil
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
-from peers import peer_sdist
+from peers import junit_outcomes, peer_sdist
 
 HARNESS = Path(__file__).with_name("timm_contract_harness.py")
 ROOT = HARNESS.parents[2]
@@ -58,19 +57,7 @@ KNOWN = {"test_model_forward_torchscript": "TorchScript cannot compile visionpe'
 
 def outcomes(report: Path) -> dict[str, tuple[str, str]]:
     """junit XML -> ``{test id with the vpe_ prefix dropped: (outcome, message)}``."""
-    found = {}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        outcome, message = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error"):
-                outcome, message = "failed", (child.get("message") or "")[:300]
-                break
-            if child.tag == "skipped":
-                outcome, message = "skipped", (child.get("message") or "")[:300]
-        test = case.get("name").replace("vpe_", "")
-        if found.get(test, ("",))[0] != "failed":  # a test reported twice (a teardown error): its worst outcome
-            found[test] = (outcome, message)
-    return found
+    return {test.replace("vpe_", ""): (outcome, message) for _, test, outcome, message in junit_outcomes(report)}
 
 
 def run_side(side: str, cases: dict, folder: Path) -> dict[str, tuple[str, str]]:
