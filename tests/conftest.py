@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from visionpe import ModelContext, encodings_of
+from visionpe import ModelContext, apply, encodings_of
 from visionpe import data as vdata
 from visionpe.registry import ENCODINGS
 
@@ -191,3 +191,21 @@ def compiled_matches_eager_and_trains(model, x: torch.Tensor, output=lambda out:
     output(compiled(x)).sum().backward()
     return [name for enc in encodings_of(model)["rotary"] for name, p in enc.named_parameters()
             if p.grad is None or not p.grad.abs().sum() > 0]
+
+
+def assert_swapped_encoding_works(model: torch.nn.Module, source: dict, sizes) -> None:
+    """A model whose encoding was swapped by ``vpe.apply``: its other weights are ``source``'s (``{name: tensor}``),
+    it runs at each of ``sizes`` (finite ``(1, 3)`` logits), every encoding parameter gets a finite gradient, and a
+    window encoding is refused on it."""
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in source.items())
+    for size in sizes:
+        with torch.no_grad():
+            out = model.eval()(torch.randn(1, 3, *size))
+        assert out.shape == (1, 3) and torch.isfinite(out).all()
+    model.train()
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    found = [p for family in encodings_of(model).values() for e in family for p in e.parameters()]
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in found)
+    with pytest.raises(ValueError, match="swin_bias needs window attention"):
+        apply(model, "swin_bias")

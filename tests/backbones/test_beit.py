@@ -7,6 +7,7 @@ import copy
 import pytest
 import timm
 import torch
+from conftest import assert_swapped_encoding_works
 
 import visionpe as vpe
 from visionpe.backbones import BeitPE, PositionalModel
@@ -95,18 +96,7 @@ def test_any_other_encoding_keeps_every_non_positional_weight(pe):
     beit = _timm_beit("beit_base_patch16_224", use_abs_pos_emb=True)
     source = {k: v.clone() for k, v in beit.state_dict().items() if not any(p in k for p in POSITIONAL)}
     ours = vpe.apply(beit, pe).train()
-    state = ours.state_dict()
-    assert all(torch.equal(state[k], v) for k, v in source.items())
-    for size in ((32, 32), (48, 40), (16, 24)):
-        with torch.no_grad():
-            out = ours.eval()(torch.randn(1, 3, *size))
-        assert out.shape == (1, 3) and torch.isfinite(out).all()
-    ours.train()
-    ours(torch.randn(2, 3, 32, 32)).sum().backward()
-    found = [p for family in vpe.encodings_of(ours).values() for e in family for p in e.parameters()]
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in found)
-    with pytest.raises(ValueError, match="swin_bias needs window attention"):
-        vpe.apply(ours, "swin_bias")
+    assert_swapped_encoding_works(ours, source, ((32, 32), (48, 40), (16, 24)))
 
 
 def test_a_shared_table_is_refused_as_native_and_replaced_by_another():

@@ -6,6 +6,7 @@ import copy
 import pytest
 import timm
 import torch
+from conftest import assert_swapped_encoding_works
 
 import visionpe as vpe
 from visionpe.attention import Attention
@@ -100,18 +101,7 @@ def test_any_other_encoding_keeps_every_non_positional_weight(pe):
     model = _timm_relpos("vit_relpos_medium_patch16_cls_224")
     source = {k: v.clone() for k, v in model.state_dict().items() if not any(p in k for p in POSITIONAL)}
     ours = vpe.apply(model, pe)
-    state = ours.state_dict()
-    assert all(torch.equal(state[k], v) for k, v in source.items())
-    for size in ((32, 32), (48, 40), (16, 24)):
-        with torch.no_grad():
-            out = ours.eval()(torch.randn(1, 3, *size))
-        assert out.shape == (1, 3) and torch.isfinite(out).all()
-    ours.train()
-    ours(torch.randn(2, 3, 32, 32)).sum().backward()
-    found = [p for family in vpe.encodings_of(ours).values() for e in family for p in e.parameters()]
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in found)
-    with pytest.raises(ValueError, match="swin_bias needs window attention"):
-        vpe.apply(ours, "swin_bias")
+    assert_swapped_encoding_works(ours, source, ((32, 32), (48, 40), (16, 24)))
 
 
 def test_what_has_no_native_equivalent_is_refused_with_the_reason():
