@@ -157,12 +157,12 @@ def verdict(table: dict, folder: str, size: int) -> str:
         theirs = table[folder, row]["acc"][size]
         if not ours or not theirs:
             continue
-        gap, beyond = report.beyond_spread(ours, theirs)
-        if min(len(ours), len(theirs)) < 2:
+        gap, word = report.spread_gap(ours, theirs)
+        if word == report.ONE_SEED:
             how = "one seed: no spread to judge by"
         else:
-            how = ("better beyond the seed spread" if gap > 0 else "worse beyond the seed spread") if beyond else \
-                "within the seed spread"
+            how = ("better beyond the seed spread" if gap > 0 else "worse beyond the seed spread") \
+                if word == "beyond" else "within the seed spread"
         words.append(f"{gap:+.1f} points vs {row} ({how})")
     return f"{folder} at {size} px: small_folder " + "; ".join(words) if words else ""
 

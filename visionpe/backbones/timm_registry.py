@@ -44,7 +44,7 @@ from timm.models import (
 )
 from torch import nn
 
-from ..weights.convert import load_timm_checkpoint
+from ..weights.convert import load_timm_checkpoint, pos_embed_reader
 from .adapter import ADAPTERS, NATIVE, Adapter
 
 PREFIX = "vpe_"
@@ -145,7 +145,8 @@ def create_registered(timm_name: str, name: str, pe: str, pe_kwargs: dict | None
     model = create_model(timm_name, pe=pe, pe_kwargs=pe_kwargs, pretrained=False, pretrained_cfg=cfg, **timm_kwargs)
     if pretrained:
         state, grid = timm_pretrained_state(timm_name, cfg, timm_kwargs)
-        load_timm_checkpoint(model, state, source_grid=grid)
+        reads_grid = pos_embed_reader(model) is not None and "pos_embed" in state  # a pos_embed into a learned table
+        load_timm_checkpoint(model, state, source_grid=grid if reads_grid else None)
     return features_model(model, name, features) if features.pop("features_only", False) else model
 
 

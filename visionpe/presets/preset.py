@@ -227,7 +227,8 @@ def preset(name: str, **overrides) -> PresetScheme:
     if "head_dim" not in sizes and {"dim", "num_heads"} & set(sizes):
         native.pop("head_dim", None)
     native.update(sizes)
-    if "head_dim" not in native and native["dim"] % native["num_heads"]:
+    uses_heads = bool({"rotary", "bias"} & set(record.encodings))  # a tokens-only scheme reads no head width
+    if uses_heads and "head_dim" not in native and native["dim"] % native["num_heads"]:
         raise ValueError(f"preset {name!r}: num_heads={native['num_heads']} does not divide dim={native['dim']}, so "
                          f"head_dim = dim // num_heads is not whole; give a num_heads that divides dim, or head_dim")
     native.setdefault("head_dim", native["dim"] // native["num_heads"])
