@@ -1,5 +1,6 @@
 """timm's own model tests as a contract (DESIGN.md section 10): ``tests/test_models.py`` from the installed timm
-release's sdist (``tests/peers.py``) runs on timm's models of every family visionpe's registry covers and on their
+release's sdist (``tests/peers.py``) runs on timm's models of every family visionpe's registry covers (ViT, DeiT,
+distilled DeiT, DeiT-III, Eva and its RoPE port, DINOv2, DINOv3, BEiT, the RelPos ViT, Swin, Swin-V2) and on their
 ``vpe_`` twins, each twin with the registry default (``native``) and a tokens, a rotary, a bias and a frontier
 encoding (:data:`MODELS`). Every test that timm gives a model through ``timm.list_models`` (the generic ones:
 forward, backward, the cfg checks, features, forward_intermediates, FX, TorchScript), the harness
@@ -43,6 +44,8 @@ MODELS = {
     "vit_small_patch16_rope_224": (NARROW, ("native", "peg", "rope_mixed", "fire", "spiral_rope")),
     "vit_small_patch14_reg4_dinov2": (NARROW, ("native", "sincos", "rope_mixed", "rel_bias", "pape")),
     "vit_small_patch16_dinov3": (NARROW, ("native", "learned", "rope_axial", "cpb", "harope")),
+    "beit_base_patch16_224": (NARROW, ("native", "learned", "rope_mixed", "alibi", "fire")),
+    "vit_relpos_small_patch16_224": (NARROW, ("native", "sincos", "rope_axial", "rel_bias", "comrope")),
     "swin_tiny_patch4_window7_224": (SWIN, ("native", "rope_mixed", "cpb", "string")),
     "swinv2_tiny_window8_256": (SWIN, ("native", "rope_axial", "swin_bias", "comrope")),
 }

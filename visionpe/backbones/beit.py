@@ -25,7 +25,7 @@ from ..bias import RelBias
 from ..grid import Layout
 from .adapter import GLOBAL_REFUSES, Adapter, register_adapter
 from .eva import EvaAttentionPE
-from .vit import GridTransformer, any_size_checked, put_block_encodings, vit_features
+from .vit import GridTransformer, TablesFromEachGrid, any_size_checked, put_block_encodings, vit_features
 
 
 class GridBeitBlock(Block):
@@ -39,7 +39,7 @@ class GridBeitBlock(Block):
         return x + self.drop_path2(mlp if self.gamma_2 is None else self.gamma_2 * mlp)
 
 
-class BeitPE(GridTransformer, Beit):
+class BeitPE(TablesFromEachGrid, GridTransformer, Beit):
     """timm ``Beit`` whose position comes from visionpe encodings, at any input size (:class:`GridTransformer`:
     ``forward(x, grid_offset=None)``, ``forward_intermediates``, ``forward_masked``, ``forward_batch``); ``beit_native``
     records the model's own encoding as timm built it (``(pe, pe_kwargs)``, or why visionpe cannot reproduce it)."""

@@ -34,6 +34,11 @@ from ..weights.convert import LoadReport
 from .adapter import (GLOBAL_REFUSES, Adapter, EncodingSet, PositionalModel, build_tokens, check_img_size,
                       check_model_sizes, register_adapter)
 
+try:  # timm >= 1.0.2x: the pretrained cfg follows set_input_size; the floor's timm has none
+    from timm.models._input import update_model_input_size
+except ImportError:
+    update_model_input_size = None
+
 
 class GridBlock(Block):
     """timm ``Block`` whose forward takes the token layout: ``block(x, layout, attn_mask=None)``."""
@@ -240,6 +245,18 @@ class GridTransformer(PositionalModel):
         if return_prefix_tokens and prefix_tokens is not None:
             intermediates = list(zip(intermediates, prefix_tokens))
         return intermediates if intermediates_only else (self.norm(x), intermediates)
+
+
+class TablesFromEachGrid:
+    """Mixin of the patched models whose timm twin resizes its position tables in ``set_input_size`` (BEiT, the
+    RelPos ViT): visionpe's encodings compute their positions from each input's grid, so a new input size changes
+    the patch embedding's size and the pretrained cfg's (timm's ``update_model_input_size``, where the timm release
+    has it), and no table."""
+
+    def set_input_size(self, img_size=None, patch_size=None) -> None:
+        self.patch_embed.set_input_size(img_size=img_size, patch_size=patch_size)
+        if update_model_input_size is not None:
+            update_model_input_size(self, self.patch_embed.img_size, patch_size=patch_size)
 
 
 def check_block_indices(indices, depth: int) -> None:

@@ -29,7 +29,7 @@ from ..bias import ContinuousPositionBias, RelBias
 from ..grid import Layout
 from ..weights.convert import LoadReport
 from .adapter import GLOBAL_REFUSES, Adapter, register_adapter
-from .vit import GridTransformer, any_size_checked, put_block_encodings, vit_features
+from .vit import GridTransformer, TablesFromEachGrid, any_size_checked, put_block_encodings, vit_features
 
 
 class GridRelPosBlock(RelPosBlock):
@@ -51,7 +51,7 @@ class GridResPostRelPosBlock(ResPostRelPosBlock):
 GRID_BLOCKS = {RelPosBlock: GridRelPosBlock, ResPostRelPosBlock: GridResPostRelPosBlock}
 
 
-class VisionTransformerRelPosPE(GridTransformer, VisionTransformerRelPos):
+class VisionTransformerRelPosPE(TablesFromEachGrid, GridTransformer, VisionTransformerRelPos):
     """timm ``VisionTransformerRelPos`` whose position comes from visionpe encodings, at any input size
     (:class:`GridTransformer`); ``relpos_native`` records the model's own encoding as timm built it (``(pe,
     pe_kwargs)``, or why visionpe cannot reproduce it)."""
