@@ -209,3 +209,11 @@ def assert_swapped_encoding_works(model: torch.nn.Module, source: dict, sizes) -
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in found)
     with pytest.raises(ValueError, match="swin_bias needs window attention"):
         apply(model, "swin_bias")
+
+
+def max_logit_diff(ours: torch.nn.Module, theirs: torch.nn.Module, size) -> float:
+    """Largest logit difference at ``size`` (a ``(H, W)``) between ``ours`` and a reference model ``theirs`` (built
+    for that size), on a batch of two drawn from a seed of the size."""
+    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(sum(size)))
+    with torch.no_grad():
+        return (ours(x) - theirs.eval()(x)).abs().max().item()

@@ -7,7 +7,7 @@ import copy
 import pytest
 import timm
 import torch
-from conftest import assert_swapped_encoding_works
+from conftest import assert_swapped_encoding_works, max_logit_diff
 
 import visionpe as vpe
 from visionpe.backbones import BeitPE, PositionalModel
@@ -44,13 +44,6 @@ def _timm_at(beit, size, name, **extra):
     return other
 
 
-def _max_diff(ours, theirs, size):
-    """Largest logit difference at ``size`` between ``ours`` and timm's model ``theirs`` (built for that size)."""
-    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(sum(size)))
-    with torch.no_grad():
-        return (ours(x) - theirs.eval()(x)).abs().max().item()
-
-
 @pytest.mark.parametrize("name,extra", VARIANTS)
 def test_native_encoding_is_timms_beit_at_every_size(name, extra):
     """``apply(beit, pe="native")``: each block's relative table becomes a ``rel_bias`` (BEiT's class-token entries,
@@ -66,7 +59,7 @@ def test_native_encoding_is_timms_beit_at_every_size(name, extra):
                                         ("learned", extra.get("use_abs_pos_emb", False))) if on)
     assert ours.pe == expected and vpe.backbones.adapter_for(ours).native_pe(ours) == (expected, {})
     for size in SIZES:
-        assert _max_diff(ours, _timm_at(before, size, name, **extra), size) < 1e-6, size
+        assert max_logit_diff(ours, _timm_at(before, size, name, **extra), size) < 1e-6, size
     if "rel_bias" in expected:
         assert all((b.attn.bias.interpolation, b.attn.bias.grow) == ("geometric", "fit") for b in ours.blocks)
 
@@ -82,7 +75,7 @@ def test_registry_name_loads_timms_state_dict_and_is_timms_model():
         in report.converted
     assert ours.pretrained_cfg["fixed_input_size"] is False
     for size in ((32, 32), (48, 40), (16, 24)):
-        assert _max_diff(ours, _timm_at(beit, size, "beitv2_base_patch16_224"), size) < 1e-6, size
+        assert max_logit_diff(ours, _timm_at(beit, size, "beitv2_base_patch16_224"), size) < 1e-6, size
 
 
 POSITIONAL = ("pos_embed", "rel_pos_bias", "relative_position")

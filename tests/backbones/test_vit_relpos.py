@@ -6,7 +6,7 @@ import copy
 import pytest
 import timm
 import torch
-from conftest import assert_swapped_encoding_works
+from conftest import assert_swapped_encoding_works, max_logit_diff
 
 import visionpe as vpe
 from visionpe.attention import Attention
@@ -51,13 +51,6 @@ def _timm_at(model, size, name, **extra):
     return other
 
 
-def _max_diff(ours, theirs, size):
-    """Largest logit difference at ``size`` between ``ours`` and timm's model ``theirs`` (built for that size)."""
-    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(sum(size)))
-    with torch.no_grad():
-        return (ours(x) - theirs.eval()(x)).abs().max().item()
-
-
 @pytest.mark.parametrize("name,extra", VARIANTS)
 def test_native_encoding_is_timms_model_at_every_size(name, extra):
     """``apply(model, pe="native")``: each block's ``RelPosMlp(mode="cr")`` becomes ``cpb(mode="cr")`` with its MLP,
@@ -74,7 +67,7 @@ def test_native_encoding_is_timms_model_at_every_size(name, extra):
         expected = ("cpb", {"mode": "cr", "hidden_dim": before.blocks[0].attn.rel_pos.mlp.fc1.out_features})
     assert vpe.backbones.adapter_for(ours).native_pe(ours) == expected
     for size in SIZES:
-        assert _max_diff(ours, _timm_at(before, size, name, **extra), size) < 1e-6, size
+        assert max_logit_diff(ours, _timm_at(before, size, name, **extra), size) < 1e-6, size
 
 
 @pytest.mark.parametrize("extra", [{}, dict(rel_pos_type="bias")])
@@ -90,7 +83,7 @@ def test_registry_name_loads_timms_state_dict_and_is_timms_model(extra):
                 if extra else "blocks.1.attn.rel_pos.mlp.fc2.bias -> blocks.1.attn.cpb_mlp.2.bias")
     assert expected in report.converted
     for size in ((32, 32), (48, 40)):
-        assert _max_diff(ours, _timm_at(model, size, name, **extra), size) < 1e-6, size
+        assert max_logit_diff(ours, _timm_at(model, size, name, **extra), size) < 1e-6, size
 
 
 POSITIONAL = ("rel_pos",)
