@@ -194,12 +194,16 @@ def rotate_real(x: torch.Tensor, rotations: torch.Tensor, pairs: str = "interlea
     expression that inductor compiles to one pass writing each output once."""
     cos, sin = rotations.float().unbind(-1)  # (..., pairs)
     sign = torch.tensor([-1.0, 1.0], device=x.device)
-    if pairs == "interleaved":  # (..., pairs, 2)
-        x_pairs, cos, sin, partner_dim = x.float().unflatten(-1, (-1, 2)), cos[..., None], sin[..., None] * sign, -1
-    else:  # (..., 2, pairs)
-        x_pairs, cos, sin = x.float().unflatten(-1, (2, -1)), cos[..., None, :], sin[..., None, :] * sign[:, None]
-        partner_dim = -2
-    return (x_pairs * cos + x_pairs.flip(partner_dim) * sin).flatten(-2).type_as(x)
+    if pairs == "interleaved":
+        # tables as wide as x, (..., head_dim): a product that broadcasts a trailing size-1 axis is slow in
+        # onnxruntime (3 ms of a 10 ms ViT-Ti forward, against 0.25 ms for timm's rotate-half form)
+        cos, sin = cos.repeat_interleave(2, -1), (sin[..., None] * sign).flatten(-2)  # (..., head_dim)
+        wide = x.float()
+        partner = wide.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (b, a) of each pair (a, b)
+        return (wide * cos + partner * sin).type_as(x)
+    x_pairs = x.float().unflatten(-1, (2, -1))  # (..., 2, pairs)
+    cos, sin = cos[..., None, :], sin[..., None, :] * sign[:, None]
+    return (x_pairs * cos + x_pairs.flip(-2) * sin).flatten(-2).type_as(x)
 
 
 def rotate_channels(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
