@@ -191,6 +191,15 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     return blocks
 
 
+def recorded_native(model: nn.Module, attr: str) -> tuple[str, dict] | None:
+    """What a patched model recorded in ``attr`` of its own encoding when it was patched: ``(pe, pe_kwargs)``, None
+    for a model not patched yet; a ``ValueError`` with the recorded reason where visionpe has no equivalent."""
+    recorded = getattr(model, attr, None)
+    if isinstance(recorded, str):
+        raise ValueError(recorded)
+    return recorded
+
+
 def named_constructor(name: str) -> tuple[Adapter, Callable[..., nn.Module]] | None:
     """``(adapter, build)`` of a model name that an adapter constructs itself (not a timm name), else None."""
     for adapter in ADAPTERS.values():

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..bias import RelBias
 from ..grid import Layout
-from .adapter import GLOBAL_REFUSES, Adapter, register_adapter
+from .adapter import GLOBAL_REFUSES, Adapter, recorded_native, register_adapter
 from .eva import EvaAttentionPE
 from .vit import GridTransformer, TablesFromEachGrid, any_size_checked, put_block_encodings, vit_features
 
@@ -57,9 +57,7 @@ def native_beit(model: Beit) -> tuple[str, dict]:
     tables, resized geometrically to each grid once taken over: :func:`take_over_table`) and/or ``learned`` (its
     ``pos_embed``), or ``none``; a ``ValueError`` for a shared table. A patched model answers with what it had when
     it was patched."""
-    recorded = getattr(model, "beit_native", None)
-    if isinstance(recorded, str):
-        raise ValueError(recorded)
+    recorded = recorded_native(model, "beit_native")
     if recorded is not None:
         return recorded
     if getattr(model, "rel_pos_bias", None) is not None:

@@ -33,7 +33,7 @@ from torch import nn
 from ..attention import attend, merge_heads, split_heads, split_qkv
 from ..rotary import MixedRoPE
 from ..weights.convert import LoadReport
-from .adapter import GLOBAL_REFUSES, Adapter, register_adapter
+from .adapter import GLOBAL_REFUSES, Adapter, recorded_native, register_adapter
 from .vit import (GridTransformer, any_size_vit, check_not_causal, head_dim_of, put_block_encodings, split_layer_freqs,
                   vit_features)
 
@@ -125,9 +125,7 @@ def native_eva(model: Eva) -> tuple[str, dict]:
     """``(pe, pe_kwargs)`` reproducing timm's position encoding of the Eva ``model`` exactly: its RoPE
     (:func:`native_rope`) and its learned ``pos_embed`` (``learned``), or ``none``. A patched model answers with what
     it had when it was patched (or why it had none visionpe reproduces)."""
-    recorded = getattr(model, "eva_native", None)
-    if isinstance(recorded, str):
-        raise ValueError(recorded)
+    recorded = recorded_native(model, "eva_native")
     if recorded is not None:
         return recorded
     names, kwargs = [], {}

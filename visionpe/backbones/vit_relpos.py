@@ -28,7 +28,7 @@ from ..attention import Attention
 from ..bias import ContinuousPositionBias, RelBias
 from ..grid import Layout
 from ..weights.convert import LoadReport
-from .adapter import GLOBAL_REFUSES, Adapter, register_adapter
+from .adapter import GLOBAL_REFUSES, Adapter, recorded_native, register_adapter
 from .vit import GridTransformer, TablesFromEachGrid, any_size_checked, put_block_encodings, vit_features
 
 
@@ -71,9 +71,7 @@ def native_relpos(model: VisionTransformerRelPos) -> tuple[str, dict]:
     (``RelPosMlp``, its hidden width), ``rel_bias`` (``RelPosBias``, resized to each grid once taken over:
     :func:`take_over`), or ``none``; a ``ValueError`` saying why for one visionpe cannot reproduce. A patched model
     answers with what it had when it was patched."""
-    recorded = getattr(model, "relpos_native", None)
-    if isinstance(recorded, str):
-        raise ValueError(recorded)
+    recorded = recorded_native(model, "relpos_native")
     if recorded is not None:
         return recorded
     if getattr(model, "shared_rel_pos", None) is not None:
