@@ -1,6 +1,6 @@
 """The options foundation models' schemes needed (visionpe.presets composes them), each on its own encoding and
-against an oracle: ``learned``'s ``align_corners``, ``fit="window"`` and ``rms_norm``; ``rope_axial``'s section
-rules, ``grid_offset``, ``ntk_factor``, ``pair_order`` and ``channel_frequencies="repeated"``."""
+against an oracle: ``learned``'s ``align_corners``, ``fit="window"``, ``fit="tile"`` and ``rms_norm``;
+``rope_axial``'s section rules, ``grid_offset``, ``ntk_factor``, ``pair_order`` and ``channel_frequencies="repeated"``."""
 import inspect
 
 import pytest
@@ -56,6 +56,27 @@ def test_window_fit_cuts_the_table_and_never_resizes():
     pe(x, Grid((2, 3, 4))).sum().backward()  # gradients reach the rows the window read
     assert pe.axis_tables[0].grad[:2].abs().sum() > 0 and pe.axis_tables[0].grad[2:].abs().sum() == 0
 
+
+
+# -- learned: fit="tile" -------------------------------------------------------------------------------------------
+def test_tile_fit_repeats_the_table_and_never_resizes():
+    """Every grid reads the table repeated along each axis (``Tensor.tile``, cut to the grid): SAM 3's tiling."""
+    pe = vpe.build("learned", dim=3, grid_shape=(3, 4), fit="tile")
+    table = pe.table.detach()
+    for shape in [(3, 4), (2, 3), (7, 5), (3, 9)]:  # the table itself, a window of it, larger on one or both axes
+        expected = table.tile(shape[0] // 3 + 1, shape[1] // 4 + 1, 1)[:shape[0], :shape[1]]
+        torch.testing.assert_close(pe.position_vectors(Grid(shape)).reshape(*shape, 3), expected, rtol=0, atol=0)
+    shifted = pe.position_vectors(Grid((2, 6), offset=(2, 3))).reshape(2, 6, 3)
+    torch.testing.assert_close(shifted, table.tile(2, 3, 1)[2:4, 3:9], rtol=0, atol=0)
+    factorized = vpe.build("learned", dim=2, ndim=3, grid_shape=(2, 3, 2), factorized=True, fit="tile")
+    t, h, w = (a.detach() for a in factorized.axis_tables)
+    expected = t[[0, 1, 0], None, None] + h[None, [0, 1, 2, 0], None] + w[None, None, [0, 1, 0]]
+    torch.testing.assert_close(factorized.position_vectors(Grid((3, 4, 3))).reshape(3, 4, 3, 2), expected)
+    assert pe.adaptation_label() == "table tiled" and "fit='tile'" in repr(pe)
+    with pytest.raises(ValueError, match="fit='tile' reads the table at index positions"):
+        vpe.build("learned", dim=2, fit="tile", coords="normalized")
+    with pytest.raises(ValueError, match=r"offset=\(-1.0, 0.0\) must be non-negative integers"):
+        pe.position_vectors(Grid((2, 2), offset=(-1, 0)))
 
 # -- learned: rms_norm ---------------------------------------------------------------------------------------------
 def test_rms_norm_divides_each_patch_by_its_rms():

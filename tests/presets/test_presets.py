@@ -18,12 +18,12 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "presets.md"
 IMAGE = [name for name, p in PRESETS.items() if all(c.get("ndim", 2) == 2 for _, c in p.encodings.values())]
 VIDEO = [name for name in PRESETS if name not in IMAGE]
 REQUIRED = ("siglip2", "qwen2_5_vl", "qwen3_vl", "perception_encoder", "aimv2", "dinov3", "vjepa2", "pixtral",
-            "llama4", "wan", "cosmos", "moonvit")
+            "llama4", "wan", "cosmos", "moonvit", "sam3", "glm4v")
 
 
 def test_catalogue_lists_every_preset_with_one_line():
     listed = vpe.presets()
-    assert set(REQUIRED) <= set(listed) and len(listed) >= 12
+    assert set(REQUIRED) <= set(listed) and len(listed) >= 15
     for name, line in listed.items():
         record = get_preset(name)
         assert line == f"{record.model}: {record.summary}" and "\n" not in line

@@ -236,3 +236,48 @@ add_preset(Preset(
            "limit."),
     architecture="the 2x2 patch merger after the encoder",
 ))
+
+add_preset(Preset(
+    name="sam3",
+    model="SAM 3 perception encoder",
+    summary="a learned 24x24 table tiled to the input, plus 2D RoPE on the 24x24 window's positions",
+    encodings={"tokens": ("learned", dict(ndim=2, grid_shape=(24, 24), fit="tile")),
+               "rotary": ("rope_axial", dict(ndim=2, theta=10000.0, axis_order="xy", scaling="pi",
+                                             ref_shape=(24, 24)))},
+    native=dict(grid_shape=(72, 72), dim=1024, num_heads=16),
+    reference="transformers.models.sam3.modeling_sam3.Sam3ViTEmbeddings._tile_position_embeddings, "
+              "Sam3ViTLayer.precompute_positions, Sam3ViTRotaryEmbedding and apply_rotary_pos_emb_2d",
+    patch_size=(14, 14),
+    notes=("The table is the 336-px pretraining grid's (24x24), repeated along each axis as far as the input goes "
+           "and cut there (fit='tile'), never resized; a smaller grid reads its first rows.",
+           "RoPE positions live on the 24x24 window: a windowed layer rotates each window's tokens at 0..23 "
+           "(rotary on Grid((24, 24))), a global layer scales the 72x72 grid's positions by 24/72 "
+           "(scaling='pi', ref_shape=(24, 24)); x pairs then y pairs, interleaved, 10000^(-i / (head_dim / 4)).",
+           "SAM 3 precomputes the global layers' positions for its one input size (1008 px, square, one factor "
+           "window / width for both axes); on another grid visionpe scales each axis by its own size."),
+    architecture="window attention (24x24 patches, the grid padded to whole windows) in every block but 7, 15, 23 "
+                 "and 31: architecture, not position (the windows' RoPE grid is stated above); the FPN neck and "
+                 "the DETR-style detector's sine positions are out of scope: this is the ViT backbone",
+))
+
+add_preset(Preset(
+    name="glm4v",
+    model="GLM-4.1V / GLM-4.5V vision tower",
+    summary="AIMv2's learned 24x24 table resampled bicubically to each grid, plus 2D RoPE",
+    encodings={"tokens": ("learned", dict(ndim=2, grid_shape=(24, 24), interpolation="bicubic", antialias=False,
+                                          align_corners=False)),
+               "rotary": ("rope_axial", QWEN_ROPE)},
+    native=dict(grid_shape=(24, 24), dim=1536, num_heads=12),
+    reference="transformers.models.glm4v.modeling_glm4v.Glm4vVisionEmbeddings and Glm4vVisionRotaryEmbedding "
+              "with apply_rotary_pos_emb_vision (GLM-4.5V: the same code in glm4v_moe)",
+    patch_size=(14, 14),
+    notes=("The 24x24 table (336-px images) is read at each grid's patch centres by F.grid_sample, bicubic, "
+           "align_corners=False, border padding: the same numbers as a bicubic resize without antialias "
+           "(visionpe's default has antialias).",
+           "RoPE as Qwen's vision towers: h pairs then w pairs, rotate-half layout, integer positions from 0 "
+           "(scaling='none').",
+           "Tokens come in 2x2 merge windows (token_order: orders.merge_windows); positions travel with them."),
+    architecture="the 2x2 downsampling convolution and patch merger; video frames in temporal patches of 2 share "
+                 "the spatial positions; the language model's 3D M-RoPE is out of scope: this is the vision tower",
+    token_order=merge_windows,
+))

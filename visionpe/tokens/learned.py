@@ -17,7 +17,7 @@ from ._base import TokenEncoding, check_tokens
 
 
 FACTORIZATIONS = (False, True, "space_time")
-FITS = ("resample", "window")
+FITS = ("resample", "window", "tile")
 RMS_EPS = 1e-6  # Cosmos' eps of the per-patch RMS normalisation (rms_norm=True)
 
 
@@ -39,10 +39,12 @@ class Learned(TokenEncoding):
         align_corners: ``F.interpolate``'s flag for that resampling (bicubic, bilinear): ``False`` (default, timm
             and PyTorch) samples at half-pixel centres, ``True`` maps the end patches onto the end patches (Qwen3-VL:
             bilinear, ``align_corners=True``, no antialias).
-        fit: how a grid of another shape meets the table: ``"resample"`` (default) or ``"window"``: the table is
-            never resampled, a grid reads the window ``[offset, offset + shape)`` of it (offset 0 without one), the
-            first rows of each axis (Cosmos' per-axis tables cut to the clip); a grid beyond the table is a
-            ``ValueError``.
+        fit: how a grid of another shape meets the table: ``"resample"`` (default), ``"window"`` or ``"tile"``.
+            ``"window"``: the table is never resampled, a grid reads the window ``[offset, offset + shape)`` of it
+            (offset 0 without one), the first rows of each axis (Cosmos' per-axis tables cut to the clip); a grid
+            beyond the table is a ``ValueError``. ``"tile"``: the table repeated along each axis as far as the grid
+            goes, patch ``i`` reading row ``(offset + i) mod size`` (SAM 3's ``_tile_position_embeddings``); a grid
+            within the table reads the same window as ``"window"``.
         rms_norm: each patch's position vector (the sum of the factor tables) divided by ``1e-6 + `` its root mean
             square over the ``dim`` channels, in float32 (Cosmos' ``CosmosLearnablePositionalEmbed``); prefix
             vectors are left as they are.
@@ -101,8 +103,8 @@ class Learned(TokenEncoding):
                              f"{coords!r}{', coordinate augmentation' if self.coordinates.augments else ''}); "
                              f"allowed values: {', '.join(map(repr, SAMPLING))}")
         check_choice("fit", fit, FITS)
-        if fit == "window" and self.coordinates.normalized:
-            raise ValueError(f"fit='window' reads the table at index positions; coords={self.coordinates.coords!r} "
+        if fit != "resample" and self.coordinates.normalized:
+            raise ValueError(f"fit={fit!r} reads the table at index positions; coords={self.coordinates.coords!r} "
                              "samples it at normalised coordinates instead: use fit='resample' or coords='index'")
         self.num_prefix_tokens = num_prefix_tokens
         self.factorized = factorized
@@ -196,9 +198,8 @@ class Learned(TokenEncoding):
             # the table's own patch i sits at its normalised coordinate on the training grid
             coords = self.coordinates
             return normalized_to_index(axes, self.grid_shape, coords.coords, coords.normalize_coords)
-        if self._reads_window(grid):  # a window of the table
-            offset = grid.offset or (0.0,) * self.ndim
-            axes = [torch.arange(n, device=device, dtype=torch.float64) + o for n, o in zip(grid.shape, offset)]
+        if self._reads_window(grid):  # a window of the table (tiled: modulo its size)
+            axes = [index.to(torch.float64) for index in self._window_rows(grid, device)]
         elif self.align_corners:  # F.interpolate's source positions with align_corners=True
             axes = [torch.arange(n, device=device, dtype=torch.float64) * ((m - 1) / max(n - 1, 1))
                     for n, m in zip(grid.shape, self.grid_shape)]
@@ -219,30 +220,39 @@ class Learned(TokenEncoding):
         return total
 
     def _reads_window(self, grid: Grid) -> bool:
-        """The grid reads a window of the table (an offset, or ``fit="window"`` on another shape), not a resampled
-        table."""
+        """The grid reads a window of the table (an offset, or ``fit="window"``/``"tile"`` on another shape), not a
+        resampled table."""
         if self.coordinates.normalized:
             return False
-        return grid.offset is not None or (self.fit == "window" and not same_shape(grid.shape, self.grid_shape))
+        return grid.offset is not None or (self.fit != "resample" and not same_shape(grid.shape, self.grid_shape))
 
     def _check_window(self, grid: Grid) -> None:
         offset = grid.offset or (0.0,) * self.ndim
         start = [int(o) for o in offset]
-        if any(o != int(o) or o < 0 for o in offset) or any(
-                s + n > m for s, n, m in zip(start, grid.shape, self.grid_shape)):
+        if any(o != int(o) or o < 0 for o in offset):
+            raise ValueError(f"grid window offset={grid.offset} must be non-negative integers (the first table row "
+                             f"each axis reads)")
+        if self.fit != "tile" and any(s + n > m for s, n, m in zip(start, grid.shape, self.grid_shape)):
             raise ValueError(f"grid window offset={grid.offset} shape={grid.shape} must lie inside the learned "
-                             f"grid {self.grid_shape} with non-negative integer offsets")
+                             f"grid {self.grid_shape} (fit='tile' repeats the table instead)")
+
+    def _window_rows(self, grid: Grid, device) -> list[torch.Tensor]:
+        """Per grid axis, the table row each patch reads: ``(size_a,)`` long, ``offset + i``, modulo the table's size
+        with ``fit="tile"``."""
+        start = [int(o) for o in grid.offset or (0.0,) * self.ndim]
+        rows = [torch.arange(s, s + n, device=device) for s, n in zip(start, grid.shape)]
+        return [r % m for r, m in zip(rows, self.grid_shape)] if self.fit == "tile" else rows
 
     def _window(self, grid: Grid) -> torch.Tensor:
-        """The window ``[offset, offset + shape)`` of each factor table, summed: ``(N, dim)``."""
-        start = [int(o) for o in grid.offset or (0.0,) * self.ndim]
+        """The rows :meth:`_window_rows` names of each factor table, summed: ``(N, dim)``."""
+        rows = self._window_rows(grid, next(self.parameters()).device)
         total = 0
         for axes, table in zip(self.factor_axes(), self.factor_tables()):
             view = [1] * self.ndim + [self.dim]
-            for a in axes:
+            for i, a in enumerate(axes):
                 view[a] = grid.shape[a]
-            window = table[tuple(slice(start[a], start[a] + grid.shape[a]) for a in axes)]
-            total = total + window.reshape(view)
+                table = table.index_select(i, rows[a])
+            total = total + table.reshape(view)
         return total.reshape(-1, self.dim)
 
     def forward(self, x: torch.Tensor, grid: Grid | Layout) -> torch.Tensor:
@@ -267,8 +277,8 @@ class Learned(TokenEncoding):
     def adaptation_label(self) -> str:
         if self.coordinates.normalized:
             return f"table sampled at {self.coordinates.label()} ({self.interpolation})"
-        if self.fit == "window":
-            return "window of the table"
+        if self.fit != "resample":
+            return "window of the table" if self.fit == "window" else "table tiled"
         return (f"table resampled ({self.interpolation}{', antialias' if self.antialias else ''}"
                 f"{', align_corners' if self.align_corners else ''})")
 
