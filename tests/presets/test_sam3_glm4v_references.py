@@ -67,6 +67,17 @@ def test_sam3_rope_windowed_layers_rotate_on_the_window(window):
     torch.testing.assert_close(integer.rotate(q, Grid((window, window))), sam3_rotated(layer, q), **TOL)
 
 
+
+def test_sam3_in_a_backbone_keeps_the_window_and_the_table():
+    """In a ViT of another grid the window (24x24) stays the RoPE reference and the table stays 24x24, tiled: the
+    backbone's grid replaces neither (every layer there is global, so it rotates as SAM 3's global layers)."""
+    model = vpe.create_model("vit_tiny_patch16_224", pe="preset:sam3", img_size=32, patch_size=8, embed_dim=32,
+                             num_heads=2, depth=1, num_classes=3)
+    found = vpe.encodings_of(model)
+    rotary, tokens = found["rotary"][0], found["tokens"][0]
+    assert (rotary.scaling, rotary.ref_shape) == ("pi", (24, 24))
+    assert (tokens.grid_shape, tokens.fit) == ((24, 24), "tile")
+
 # -- GLM-4.1V / GLM-4.5V -------------------------------------------------------------------------------------------
 GLM_TOWERS = ["glm4v", "glm4v_moe"]  # GLM-4.1V, GLM-4.5V: the same positional code in two modules
 
