@@ -174,3 +174,16 @@ def test_cayley_by_iteration_equals_the_linear_solve_far_from_identity():
         assert torch.allclose(iterated @ iterated.mT, eye.expand_as(iterated), rtol=0, atol=1e-12)
         assert torch.allclose(torch.linalg.det(iterated), torch.ones(2, dtype=torch.float64))
         assert torch.equal(cayley(skew), solved)  # eager keeps the solve
+
+
+@pytest.mark.parametrize("backbone", WINDOWED)
+def test_windowed_models_export_with_a_free_batch_at_a_fixed_size(backbone, tmp_path):
+    """Swin's other deployment shape: the batch free (1 included) at the traced size. With both free, timm's window
+    reversal infers the batch as ``windows // (H x W / window area)``, which torch.export guards ``!= 1``; timm's own
+    Swin exports neither free size (its grid is fixed at construction)."""
+    from torch.export import Dim
+    make, _, pes = BACKBONES[backbone]
+    model = make(pes[1]).eval()
+    name = "pixel_values" if backbone.startswith("hf_") else "x"
+    check_export(model, torch.randn(2, 3, 32, 32), {name: {0: Dim("batch", max=64)}},
+                 [(1, 3, 32, 32), (5, 3, 32, 32), (2, 3, 32, 32)], tmp_path, onnx=False)
