@@ -155,14 +155,35 @@ def test_export_with_dynamic_sizes_equals_eager_at_unseen_sizes(backbone, pe, tm
 
 @pytest.mark.parametrize("pe", FRONTIER)
 def test_frontier_encodings_export_with_dynamic_sizes(pe, tmp_path):
-    """The frontier encodings on the timm ViT; STRING's Cayley basis through torch.export only (below)."""
-    check_export(*exported("timm_vit", pe), tmp_path, onnx=HAS_ONNX and pe != "string")
+    """The frontier encodings on the timm ViT, STRING's Cayley basis included (by Newton-Schulz while exporting)."""
+    check_export(*exported("timm_vit", pe), tmp_path, onnx=HAS_ONNX)
 
 
-@ONNX
-def test_cayley_string_has_no_onnx_form_and_says_which_op():
-    """STRING's Cayley basis is a linear solve, which ONNX has no operator for: the exporter refuses it by name
-    (``docs/deploy.md`` says so); torch.export (pt2) above takes it."""
-    model, x, dynamic_shapes, _ = exported("timm_vit", "string")
-    with torch.no_grad(), pytest.raises(Exception, match="linalg_solve"):
-        torch.onnx.export(model, (x,), dynamo=True, dynamic_shapes=dynamic_shapes, verbose=False)
+def test_cayley_by_iteration_equals_the_linear_solve_far_from_identity():
+    """The exporter's Cayley transform (matrix products only) against ``torch.linalg.solve`` in float64, for skew
+    matrices from near zero to entries of 1e3: equal to 1e-12 and orthogonal with det 1."""
+    from visionpe.rotary.string_rope import CAYLEY_EXPORT_STEPS, cayley, cayley_by_iteration
+    generator = torch.Generator().manual_seed(0)
+    for scale in (1e-3, 1.0, 1e3):
+        upper = torch.randn(2, 8, 8, dtype=torch.float64, generator=generator) * scale
+        skew = upper - upper.mT
+        eye = torch.eye(8, dtype=torch.float64)
+        solved = torch.linalg.solve(eye + skew, eye - skew)
+        iterated = cayley_by_iteration(skew, steps=CAYLEY_EXPORT_STEPS)
+        assert torch.allclose(iterated, solved, rtol=0, atol=1e-12), scale
+        assert torch.allclose(iterated @ iterated.mT, eye.expand_as(iterated), rtol=0, atol=1e-12)
+        assert torch.allclose(torch.linalg.det(iterated), torch.ones(2, dtype=torch.float64))
+        assert torch.equal(cayley(skew), solved)  # eager keeps the solve
+
+
+@pytest.mark.parametrize("backbone", WINDOWED)
+def test_windowed_models_export_with_a_free_batch_at_a_fixed_size(backbone, tmp_path):
+    """Swin's other deployment shape: the batch free (1 included) at the traced size. With both free, timm's window
+    reversal infers the batch as ``windows // (H x W / window area)``, which torch.export guards ``!= 1``; timm's own
+    Swin exports neither free size (its grid is fixed at construction)."""
+    from torch.export import Dim
+    make, _, pes = BACKBONES[backbone]
+    model = make(pes[1]).eval()
+    name = "pixel_values" if backbone.startswith("hf_") else "x"
+    check_export(model, torch.randn(2, 3, 32, 32), {name: {0: Dim("batch", max=64)}},
+                 [(1, 3, 32, 32), (5, 3, 32, 32), (2, 3, 32, 32)], tmp_path, onnx=False)

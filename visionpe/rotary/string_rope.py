@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .._checks import check_choice, check_generator, check_number
-from .._compat import autocast_off
+from .._compat import autocast_off, is_exporting
 from ..coords import CoordinateSystem
 from ..sharding import full_tensor
 from ..grid import as_grid
@@ -20,11 +20,33 @@ from .rope import apply_rotary, mixed_frequencies, resolve_sections
 VARIANTS = ("cayley", "circulant")
 
 
+# Newton-Schulz steps of the Cayley transform while exporting: the residual squares each step from at most
+# 1 - 1/||I + S||_inf^2, so 40 steps reach float64's precision for every S with row sums below ~1e5.
+CAYLEY_EXPORT_STEPS = 40
+
+
 def cayley(skew_matrices: torch.Tensor) -> torch.Tensor:
     """Cayley transform ``P = (I - S)(I + S)^-1 = (I + S)^-1 (I - S)`` of skew-symmetric ``S (..., d, d)``: orthogonal,
-    ``det P = 1`` (``I + S`` is invertible for every skew ``S``); one linear solve."""
+    ``det P = 1`` (``I + S`` is invertible for every skew ``S``); one linear solve, or while exporting (ONNX has no
+    solve) ``cayley_by_iteration``."""
+    if is_exporting():
+        return cayley_by_iteration(skew_matrices, steps=CAYLEY_EXPORT_STEPS)
     eye = torch.eye(skew_matrices.shape[-1], dtype=skew_matrices.dtype, device=skew_matrices.device)
     return torch.linalg.solve(eye + skew_matrices, eye - skew_matrices)
+
+
+def cayley_by_iteration(skew_matrices: torch.Tensor, *, steps: int) -> torch.Tensor:
+    """The Cayley transform by matrix products only: ``P = (I + S)^-1 (I - S) = 2 (I + S)^-1 - I``, the inverse of
+    ``A = I + S`` by Newton-Schulz ``X <- X (2I - A X)`` from ``X = A^T / ||A||_inf^2`` (``||A||_1 = ||A||_inf`` for
+    a skew ``S``; the singular values of ``A`` are ``>= 1``), whose residual ``I - X A`` squares each step.
+    ``skew_matrices (..., d, d)`` -> ``(..., d, d)``."""
+    eye = torch.eye(skew_matrices.shape[-1], dtype=skew_matrices.dtype, device=skew_matrices.device)
+    matrix = eye + skew_matrices  # A  (..., d, d)
+    row_sums = matrix.abs().sum(-1).amax(-1)[..., None, None]  # ||A||_inf  (..., 1, 1)
+    inverse = matrix.mT / row_sums.square()
+    for _ in range(steps):
+        inverse = inverse @ (2 * eye - matrix @ inverse)
+    return 2 * inverse - eye
 
 
 def fourier_basis(size: int, dtype=torch.float64) -> torch.Tensor:
