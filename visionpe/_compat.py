@@ -72,3 +72,16 @@ def _provably_equal(x, y) -> bool:
 
 # True while torch.export traces a function (torch >= 2.5; before it, never): what timm's is_exporting answers
 is_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+
+
+TORCHSCRIPT_ROUTES = ("export the model with torch.export.export or to ONNX, which serve any resolution, or trace it "
+                      "with torch.fx (docs/deploy.md)")
+
+
+def refuse_torchscript(module: torch.nn.Module):
+    """``__prepare_scriptable__`` of visionpe's models and encodings: ``torch.jit.script`` calls it on every module
+    before compiling; it raises one clear error instead of TorchScript's first compile error deep in a forward."""
+    raise NotImplementedError(
+        f"torch.jit.script does not support {type(module).__name__}: visionpe computes positions from each input's "
+        f"token layout (a visionpe.Grid or Layout, a Python object TorchScript cannot carry) in encodings that are "
+        f"Python modules; {TORCHSCRIPT_ROUTES}")

@@ -22,7 +22,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ._checks import FITS_ANYWHERE, check_fits, check_vocabulary
-from ._compat import is_compiling
+from ._compat import is_compiling, refuse_torchscript
 from .grid import Grid, Layout, as_grid
 from .sharding import assign_, reset_module
 
@@ -86,6 +86,7 @@ class Encoding(nn.Module):
     reads_spacing: bool = True  # reads a grid's spacing (absolute time); False: indexes tables by integer positions
     initialised_by_backbone: bool = False  # its weights were taken over from the model (Swin-V2's CPB MLP)
     knob: Knob | None = None  # the keyword tuned per test size (visionpe sweep --tune); None: nothing to tune
+    __prepare_scriptable__ = refuse_torchscript  # torch.jit.script: one clear error (docs/deploy.md)
 
     def __init_subclass__(cls, **kwargs):
         """Every encoding's constructor checks the shared vocabulary and what it allocates

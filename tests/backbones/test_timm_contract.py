@@ -53,9 +53,10 @@ SLOTS = range(max(len(pes) for _, pes in MODELS.values()))
 MARKERS = "base or cfg or torchscript or features or fxforward or fxbackward or forward or backward"
 
 # The tests timm's model passes and its vpe_ twin does not, each with its reason (the contract's open items).
-KNOWN = {"test_model_forward_torchscript": "TorchScript cannot compile visionpe's forward: the token layout (a "
-         "visionpe.Grid or Layout, a Python object) travels with every call, and the encodings are Python modules "
-         "of many classes; torch.export and ONNX (docs/deploy.md) are the deployment routes, FX tracing works"}
+KNOWN = {"test_model_forward_torchscript": "torch.jit.script of a visionpe model raises NotImplementedError naming "
+         "torch.export, ONNX and FX (docs/deploy.md): the token layout (a visionpe.Grid or Layout, a Python object) "
+         "travels with every call, and the encodings are Python modules of many classes, neither scriptable; "
+         "torch.export and ONNX serve any resolution, FX tracing works"}
 
 
 def outcomes(report: Path) -> dict[str, tuple[str, str]]:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .._checks import check_divisible, check_positive_int, to_shape
-from .._compat import is_autocast_enabled
+from .._compat import is_autocast_enabled, refuse_torchscript
 from ..encoding import Encoding, ModelContext, constructor_keywords
 from ..presets import PRESET_PREFIX, conventions_of, preset_names
 from ..registry import ENCODINGS, FAMILIES, check_keywords, check_name
@@ -425,6 +425,7 @@ class PositionalModel:
     """Mixin of the patched model classes: encoding bookkeeping shared by every backbone."""
 
     pe: str = "none"
+    __prepare_scriptable__ = refuse_torchscript  # torch.jit.script: one clear error (docs/deploy.md)
 
     def applied(self, pe: str, pe_kwargs: dict) -> None:
         """What :func:`~visionpe.apply` calls once the encodings are in place: records ``pe`` (an adapter whose models
