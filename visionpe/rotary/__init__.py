@@ -1,5 +1,6 @@
 """Rotary family: rotations of queries and keys inside attention."""
 from ._base import RotaryEncoding, block_columns, rope_kernel, rotation_kernel
+from .circle_rope import CircleRoPE
 from .comrope import ComRoPE
 from .harope import HARoPE
 from .layouts import GOLDEN_ANGLE
@@ -12,8 +13,9 @@ from .scaling import SCALINGS
 from .sections import video_sections
 from .spiral import SpiralRoPE
 from .string_rope import StringRoPE
+from .v2pe import V2PE
 from .videorope import VideoRoPE
 
-__all__ = ["AxialRoPE", "ComRoPE", "GOLDEN_ANGLE", "HARoPE", "LearnedRotation", "LieRE", "MixedRoPE", "RIFLEx",
-           "RegisterRoPE", "RoPE", "RotaryEncoding", "SCALINGS", "SpiralRoPE", "StringRoPE", "VideoRoPE",
+__all__ = ["AxialRoPE", "CircleRoPE", "ComRoPE", "GOLDEN_ANGLE", "HARoPE", "LearnedRotation", "LieRE", "MixedRoPE", "RIFLEx",
+           "RegisterRoPE", "RoPE", "RotaryEncoding", "SCALINGS", "SpiralRoPE", "StringRoPE", "V2PE", "VideoRoPE",
            "apply_rotary", "block_columns", "rope_kernel", "rotation_kernel", "video_sections"]

@@ -1,0 +1,201 @@
+"""The late-2025 wave of encodings against their formulas (closed forms written here, in float64, from each paper and
+its official code's conventions) and their defining property: V2PE, Circle-RoPE; then everywhere the other encodings
+go (ViT at other sizes, kept tokens, mixed batches, Layout subsets, video where 3D, torch.compile); every
+visualization kind and the CLI come from the registry-wide tests (tests/viz, tests/cli/test_every_script.py)."""
+import math
+
+import pytest
+import torch
+from conftest import requires
+
+import visionpe as vpe
+from visionpe import Grid
+from visionpe.grid import Layout
+
+VIT = dict(img_size=16, patch_size=4, embed_dim=24, depth=2, num_heads=2, num_classes=3)
+VIDEO = dict(num_frames=4, img_size=16, tubelet_size=(2, 4, 4), embed_dim=24, num_heads=2, depth=1, num_classes=3)
+
+
+def pair_angles(pe, grid) -> torch.Tensor:
+    """The angle of each pair of each patch in a rotary module's table, ``(N, pairs)`` (heads shared)."""
+    rotations = pe.rotations(grid)[0, grid.prefix:].double()
+    return torch.atan2(rotations[..., 1], rotations[..., 0])
+
+
+def assert_same_turns(got: torch.Tensor, expected: torch.Tensor, atol: float = 2e-5) -> None:
+    """Equal rotations: the same cos and sin (angles equal modulo 2 pi)."""
+    torch.testing.assert_close(got.cos(), expected.cos(), atol=atol, rtol=0)
+    torch.testing.assert_close(got.sin(), expected.sin(), atol=atol, rtol=0)
+
+
+def scores(pe, grid, seed: int = 0) -> torch.Tensor:
+    """``q_i . k_j`` of one random q and k (the same vector at every token) rotated by ``pe``: ``(N, N)``."""
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(2, 1, 1, 1, pe.head_dim, generator=g).expand(-1, 1, 1, grid.num_tokens, -1).unbind(0)
+    q, k = pe(q.contiguous(), k.contiguous(), grid)
+    return (q @ k.transpose(-1, -2))[0, 0, grid.prefix:, grid.prefix:]
+
+
+# -- V2PE --------------------------------------------------------------------------------------------------------------
+
+def v2pe_angles(shape, head_dim: int, step: float, theta: float) -> torch.Tensor:
+    """The paper's positions: patch ``n`` of the raster order at ``step * n``; 1D RoPE ``theta^(-p/P)``."""
+    n = torch.arange(math.prod(shape), dtype=torch.float64)
+    pairs = head_dim // 2
+    return step * n[:, None] * theta ** -(torch.arange(pairs, dtype=torch.float64) / pairs)
+
+
+@pytest.mark.parametrize("shape,step", [((3, 5), 1 / 16), ((4, 4), 1.0), ((2, 3, 4), 1 / 256)])
+def test_v2pe_is_its_formula(shape, step):
+    pe = vpe.build("v2pe", head_dim=12, ndim=len(shape), step=step)
+    assert_same_turns(pair_angles(pe, Grid(shape, prefix=1)), v2pe_angles(shape, 12, step, 10000.0))
+    assert torch.equal(pe.rotations(Grid(shape, prefix=1))[0, 0], torch.tensor([[1.0, 0.0]] * 6))  # prefix: identity
+
+
+def test_v2pe_is_relative_in_the_raster_index():
+    """A grid shifted by any offset moves every patch's raster index by one constant: scores unchanged; and a score
+    depends on the offset only through ``dy W + dx`` (one row down is ``W`` columns on)."""
+    pe = vpe.build("v2pe", head_dim=16, step=0.25, theta=100.0)
+    base = scores(pe, Grid((3, 5), prefix=1))
+    torch.testing.assert_close(scores(pe, Grid((3, 5), prefix=1, offset=(2.0, 7.0))), base, atol=1e-5, rtol=1e-5)
+    index = lambda y, x: 5 * y + x  # noqa: E731
+    torch.testing.assert_close(base[index(0, 0), index(1, 0)], base[index(1, 3), index(2, 3)])  # one row down
+    torch.testing.assert_close(base[index(0, 4), index(1, 0)], base[index(0, 0), index(0, 1)])  # dy W + dx = 1
+    assert not torch.allclose(base[index(0, 0), index(1, 0)], base[index(0, 0), index(0, 1)])
+
+
+def test_v2pe_refuses_a_step_outside_zero_to_one():
+    for step in (0.0, 1.5, -0.25):
+        with pytest.raises(ValueError, match="step"):
+            vpe.build("v2pe", head_dim=8, step=step)
+
+
+# -- Circle-RoPE -------------------------------------------------------------------------------------------------------
+
+def circle_points(shape, radius: float, alpha: float) -> torch.Tensor:
+    """The paper's circular image token projection, patch by patch: ``(N, 3)`` as (t, h, w) components."""
+    rows, cols = shape
+    points = []
+    angles = [math.atan2(y - (rows - 1) / 2, x - (cols - 1) / 2) for y in range(rows) for x in range(cols)]
+    low, high = min(angles), max(angles)
+    u = (-1 / math.sqrt(2), 1 / math.sqrt(2), 0.0)
+    v = (-1 / math.sqrt(6), -1 / math.sqrt(6), 2 / math.sqrt(6))
+    for n, angle in enumerate(angles):
+        phi = alpha * (angle - low) / (high - low) * 2 * math.pi + (1 - alpha) * 2 * math.pi * n / (rows * cols)
+        a, b = radius * math.cos(phi), radius * math.sin(phi)
+        w, h, t = (a * u[i] + b * v[i] for i in range(3))
+        points.append((t, h, w))
+    return torch.tensor(points, dtype=torch.float64)
+
+
+def mrope_angles(points: torch.Tensor, sections, theta: float) -> torch.Tensor:
+    """M-RoPE's chunks of one spectrum: pair ``p`` turns with the component whose chunk holds it."""
+    pairs = sum(sections)
+    component = torch.repeat_interleave(torch.arange(3), torch.tensor(sections))
+    w = theta ** -(torch.arange(pairs, dtype=torch.float64) / pairs)
+    return points[:, component] * w
+
+
+@pytest.mark.parametrize("shape,radius,alpha,sections", [((3, 4), 10.0, 0.5, (2, 2, 2)), ((4, 4), 3.0, 0.0, (2, 2, 2)),
+                                                         ((2, 5), 10.0, 1.0, (4, 1, 1))])
+def test_circle_rope_is_its_formula(shape, radius, alpha, sections):
+    pe = vpe.build("circle_rope", head_dim=12, radius=radius, alpha=alpha, sections=sections)
+    expected = mrope_angles(circle_points(shape, radius, alpha), sections, 100.0)
+    assert_same_turns(pair_angles(pe, Grid(shape, prefix=1)), expected)
+
+
+def test_circle_rope_puts_every_patch_on_a_ring_orthogonal_to_the_text_axis():
+    """The defining property: all patches at distance ``R`` from the text axis's origin, in the plane orthogonal to
+    ``(1, 1, 1)``, so every text position ``(p, p, p)`` is equidistant from all of them (per-token distance 0)."""
+    pe = vpe.build("circle_rope", head_dim=12, radius="auto")
+    grid = Grid((5, 7))
+    points = pe.place(grid.coords(dtype=torch.float64), grid, None)
+    torch.testing.assert_close(points.norm(dim=-1), torch.full((35,), 3.0, dtype=torch.float64))  # auto: (7 - 1) / 2
+    torch.testing.assert_close(points.sum(-1), torch.zeros(35, dtype=torch.float64), atol=1e-12, rtol=0)
+    for p in (-2.0, 0.0, 5.0):
+        distance = (points - p).norm(dim=-1)
+        torch.testing.assert_close(distance, distance[:1].expand(35))
+
+
+def test_circle_rope_is_not_relative():
+    """Two patch pairs with the same grid offset get different scores (the ring is spread over the grid), and a
+    shifted grid keeps its scores (the ring is centred on the grid's own patches)."""
+    pe = vpe.build("circle_rope", head_dim=12)
+    base = scores(pe, Grid((4, 4), prefix=1))
+    assert not torch.allclose(base[0, 1], base[5, 6], atol=1e-3)
+    torch.testing.assert_close(scores(pe, Grid((4, 4), prefix=1, offset=(3.0, 1.0))), base)
+
+
+def test_circle_rope_refuses_what_it_does_not_define():
+    with pytest.raises(ValueError, match="circle_rope places the patches of an image grid on a ring"):
+        vpe.build("circle_rope", head_dim=12, ndim=3)
+    with pytest.raises(ValueError, match="radius='big'"):
+        vpe.build("circle_rope", head_dim=12, radius="big")
+    with pytest.raises(ValueError, match="sections"):
+        vpe.build("circle_rope", head_dim=12, sections=(1, 1, 1))
+
+
+# -- everywhere the others go ------------------------------------------------------------------------------------------
+
+IMAGE = [("v2pe", {}), ("circle_rope", {})]
+CLIPS = [("v2pe", {})]
+
+
+@pytest.mark.parametrize("pe,kw", IMAGE)
+def test_vit_runs_at_other_sizes_with_kept_tokens_and_mixed_batches(pe, kw):
+    torch.manual_seed(0)
+    model = vpe.create_model("vit_tiny_patch16_224", pe=pe, pe_kwargs=kw, **VIT)
+    model(torch.randn(2, 3, 16, 16)).sum().backward()
+    model.eval()
+    images = [torch.randn(3, 16, 24), torch.randn(3, 24, 16), torch.randn(3, 32, 32)]
+    with torch.no_grad():
+        together = model.forward_batch(images)
+        alone = torch.cat([model(image[None]) for image in images])
+        torch.testing.assert_close(together, alone, atol=2e-5, rtol=2e-5)
+        x = torch.randn(2, 3, 16, 16)
+        torch.testing.assert_close(model.forward_masked(x, keep=torch.arange(16).expand(2, -1))[0],
+                                   model.forward_features(x))
+
+
+@pytest.mark.parametrize("pe,kw,shape", [(p, k, (3, 4)) for p, k in IMAGE] + [(p, k, (2, 3, 3)) for p, k in CLIPS])
+def test_layout_subsets_attend_as_the_full_grid_restricted(pe, kw, shape):
+    rotary = vpe.registry.ENCODINGS[pe].for_model(vpe.ModelContext(shape, 24, 2, 12), **kw)
+    grid = Grid(shape, prefix=1)
+    g = torch.Generator().manual_seed(0)
+    keep = torch.stack([torch.randperm(grid.num_patches, generator=g)[:5] for _ in range(2)])
+    layout = Layout(grid, keep)
+    q, k, v = torch.randn(3, 2, 2, grid.num_tokens, 12, generator=g).unbind(0)
+    index = layout.token_index()
+    gather = lambda t: t.gather(2, index[:, None, :, None].expand(-1, 2, -1, 12))  # noqa: E731
+    out = vpe.attend(gather(q), gather(k), gather(v), layout, rotary)
+    for b in range(2):
+        allowed = torch.zeros(grid.num_tokens, dtype=torch.bool)
+        allowed[index[b]] = True
+        full = vpe.attend(q[b:b + 1], k[b:b + 1], v[b:b + 1], grid, rotary,
+                          attn_mask=allowed[None].expand(grid.num_tokens, -1))
+        torch.testing.assert_close(out[b], full[0][:, index[b]], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pe,kw", CLIPS)
+def test_video_models(pe, kw):
+    torch.manual_seed(0)
+    model = vpe.create_video_model("vit_tiny_patch16_224", pe=pe, pe_kwargs=kw, **VIDEO)
+    for clip in [(4, 16, 16), (8, 24, 16)]:
+        out = model(torch.randn(1, 3, *clip))
+        assert out.shape == (1, 3) and torch.isfinite(out).all()
+
+
+def test_image_only_encodings_refuse_video():
+    with pytest.raises(ValueError, match="circle_rope places the patches of an image grid on a ring"):
+        vpe.create_video_model("vit_tiny_patch16_224", pe="circle_rope", **VIDEO)
+
+
+@requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
+def test_fullgraph_compile_matches_eager():
+    """One of them (their placements share PlacedRoPE's path; the ring's is the longer one): no graph break."""
+    torch._dynamo.reset()
+    model = vpe.create_model("vit_tiny_patch16_224", pe="circle_rope", **{**VIT, "depth": 1}).eval()
+    x = torch.randn(2, 3, 16, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, fullgraph=True, backend="eager")(x), model(x),
+                                   atol=1e-5, rtol=1e-5)
