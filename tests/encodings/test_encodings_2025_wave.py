@@ -135,10 +135,131 @@ def test_circle_rope_refuses_what_it_does_not_define():
         vpe.build("circle_rope", head_dim=12, sections=(1, 1, 1))
 
 
+# -- HoPE --------------------------------------------------------------------------------------------------------------
+
+def hope_angles(shape, head_dim: int, gamma: float = 1.0, theta: float = 10000.0) -> torch.Tensor:
+    """The paper's hybrid allocation on VideoRoPE's diagonal layout with stride ``gamma``: one spectrum, h and w
+    alternating from the highest frequency over all but the last quarter of the pairs (rounded down), which stay at
+    zero frequency; patch ``(t, h, w)`` at ``(gamma t, h + gamma t, w + gamma t)``; ``(N, pairs)``."""
+    pairs = head_dim // 2
+    coords = Grid(tuple(shape)).coords(dtype=torch.float64)
+    shift = gamma * coords[:, 0] if len(shape) == 3 else 0.0
+    h, w = coords[:, -2] + shift, coords[:, -1] + shift
+    angles = torch.zeros(coords.shape[0], pairs, dtype=torch.float64)
+    for p in range(pairs - pairs // 4):
+        angles[:, p] = (h if p % 2 == 0 else w) * theta ** -(p / pairs)
+    return angles
+
+
+@pytest.mark.parametrize("shape,head_dim,gamma", [((3, 4, 5), 16, 1.0), ((2, 3, 3), 12, 0.75), ((4, 6), 24, 1.5)])
+def test_hope_is_its_formula(shape, head_dim, gamma):
+    pe = vpe.build("hope", head_dim=head_dim, ndim=len(shape), temporal_scale=gamma)
+    assert_same_turns(pair_angles(pe, Grid(shape, prefix=1)), hope_angles(shape, head_dim, gamma))
+
+
+def test_hope_time_turns_nothing_but_shifts_space_along_the_diagonal():
+    """The defining property: the temporal pairs never turn (zero frequency), so time reaches a score only through
+    the diagonal layout: with gamma = 1 a key one frame later at (h - 1, w - 1) scores as the same-frame key at
+    (h, w); and shifting the clip keeps every score (relative)."""
+    pe = vpe.build("hope", head_dim=16)
+    grid = Grid((2, 3, 3), prefix=1)
+    assert torch.equal(pe.rotations(grid)[0, :, 6:], torch.tensor([1.0, 0.0]).expand(grid.num_tokens, 2, 2))
+    base = scores(pe, grid).reshape(2, 3, 3, 2, 3, 3)  # (query t, h, w, key t, h, w)
+    torch.testing.assert_close(base[0, 0, 0, 1, :2, :2], base[0, 0, 0, 0, 1:, 1:])
+    torch.testing.assert_close(scores(pe, Grid((2, 3, 3), prefix=1, offset=(5.0, 1.0, 2.0))), scores(pe, grid))
+    slower = vpe.build("hope", head_dim=16, temporal_scale=0.5)
+    assert not torch.allclose(scores(slower, grid), scores(pe, grid))
+
+
+# -- DyPE --------------------------------------------------------------------------------------------------------------
+
+def axial_xy_angles(shape, bands: int, theta: float, freqs_scale=None, positions_scale=(1.0, 1.0)) -> torch.Tensor:
+    """2D axial RoPE, x pairs first: ``(N, 2 bands)``; ``freqs_scale (2, bands)`` multiplies the frequencies,
+    ``positions_scale`` divides x and y."""
+    coords = Grid(tuple(shape)).coords(dtype=torch.float64)
+    w = theta ** -(torch.arange(bands, dtype=torch.float64) / bands)
+    scale = torch.ones(2, bands, dtype=torch.float64) if freqs_scale is None else freqs_scale
+    x, y = coords[:, 1] / positions_scale[0], coords[:, 0] / positions_scale[1]
+    return torch.cat([x[:, None] * w * scale[0], y[:, None] * w * scale[1]], -1)
+
+
+@pytest.mark.parametrize("t", [0.0, 0.3, 0.7, 1.0])
+def test_dype_schedule_is_the_papers_formula(t):
+    """Eq. 13: kappa(t) = lambda_s t^lambda_t (1 at the noise end for lambda_s = 1, 0 at the clean end); Dy-YaRN
+    uses lambda_s = 1 (Eq. 17)."""
+    assert vpe.rotary.dype.dype_schedule(t, 2.0, 2.0) == pytest.approx(2.0 * t ** 2)
+    assert vpe.rotary.dype.dype_schedule(t, 1.5, 0.5) == pytest.approx(1.5 * math.sqrt(t))
+    for method, kappa in [("pi", 2.0 * t ** 2), ("ntk", 2.0 * t ** 2), ("yarn", t ** 2)]:
+        assert vpe.build("dype", head_dim=8, scaling=method, ref_shape=(2, 2), timestep=t).kappa() == \
+            pytest.approx(kappa)
+
+
+@pytest.mark.parametrize("t", [0.0, 0.5, 1.0])
+def test_dype_pi_and_ntk_are_their_formulas(t):
+    """Eq. 14: positions m / s^kappa; Eq. 15: band i of n at w_i s^(-kappa i / (n - 1)); s per axis."""
+    shape, ref, bands = (8, 6), (4, 4), 4
+    kappa = 2.0 * t ** 2
+    sx, sy = 6 / 4, 8 / 4
+    pi = vpe.build("dype", head_dim=16, scaling="pi", ref_shape=ref, timestep=t)
+    expected = axial_xy_angles(shape, bands, 100.0, positions_scale=(sx ** kappa, sy ** kappa))
+    assert_same_turns(pair_angles(pi, Grid(shape, prefix=1)), expected)
+    ntk = vpe.build("dype", head_dim=16, scaling="ntk", ref_shape=ref, timestep=t)
+    fraction = torch.arange(bands, dtype=torch.float64) / (bands - 1)
+    scale = torch.stack([sx ** (-kappa * fraction), sy ** (-kappa * fraction)])
+    assert_same_turns(pair_angles(ntk, Grid(shape, prefix=1)), axial_xy_angles(shape, bands, 100.0, scale))
+
+
+@pytest.mark.parametrize("t", [0.0, 0.4, 1.0])
+def test_dype_yarn_is_its_formula(t):
+    """Eq. 16-17: YaRN's ramp over r = L w / (2 pi) with thresholds alpha t^lambda_t, beta t^lambda_t; the attention
+    factor 0.1 ln s + 1 (s the geometric mean of the axes' ratios) on every rotation."""
+    shape, ref, bands, alpha, beta = (16, 12), (4, 4), 4, 1.0, 32.0
+    kappa = t ** 2
+    pe = vpe.build("dype", head_dim=16, scaling="yarn", ref_shape=ref, timestep=t, theta=10.0)
+    w = 10.0 ** -(torch.arange(bands, dtype=torch.float64) / bands)
+    scale = []
+    for s in (12 / 4, 16 / 4):
+        r = 4 * w / (2 * math.pi)
+        keep = torch.ones_like(r) if kappa == 0 else ((r - alpha * kappa) / (beta * kappa - alpha * kappa)).clamp(0, 1)
+        scale.append((1 - keep) / s + keep)
+    assert_same_turns(pair_angles(pe, Grid(shape, prefix=1)), axial_xy_angles(shape, bands, 10.0, torch.stack(scale)))
+    magnitude = pe.rotations(Grid(shape)).norm(dim=-1)
+    torch.testing.assert_close(magnitude, torch.full_like(magnitude, 0.1 * math.log(math.sqrt(3 * 4)) + 1))
+
+
+@pytest.mark.parametrize("method", ["pi", "ntk", "yarn"])
+def test_dype_is_the_static_scaling_at_kappa_one_and_none_at_kappa_zero(method):
+    """At kappa = 1 (t = 1, lambda_s = 1) each Dy- method is the package's static one (rope_axial's ``scaling``);
+    at t = 0 the frequencies and positions are unscaled."""
+    grid, ref = Grid((10, 6), prefix=1), (4, 4)
+    dy = vpe.build("dype", head_dim=16, scaling=method, ref_shape=ref, timestep=1.0, lambda_s=1.0)
+    static = vpe.build("rope_axial", head_dim=16, scaling=method, ref_shape=ref)
+    torch.testing.assert_close(dy.rotations(grid), static.rotations(grid))
+    dy.timestep = 0.0
+    plain = vpe.build("rope_axial", head_dim=16).rotations(grid)
+    factor = dy.rotations(grid).norm(dim=-1, keepdim=True)  # Dy-YaRN keeps YaRN's attention factor
+    torch.testing.assert_close(dy.rotations(grid) / factor, plain)
+
+
+def test_dype_follows_the_step_set_on_a_model():
+    model = vpe.create_model("vit_tiny_patch16_224", pe="dype", **VIT).eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert vpe.rotary.dype.set_timestep(model, 1.0) == 1  # one rotary module shared by the blocks
+        noisy = model(x)
+        vpe.rotary.dype.set_timestep(model, 0.0)
+        clean = model(x)
+        vpe.rotary.dype.set_timestep(model, 1.0)
+        torch.testing.assert_close(model(x), noisy)
+    assert not torch.allclose(noisy, clean)
+    with pytest.raises(ValueError, match="timestep"):
+        vpe.rotary.dype.set_timestep(model, 1.5)
+
+
 # -- everywhere the others go ------------------------------------------------------------------------------------------
 
-IMAGE = [("v2pe", {}), ("circle_rope", {})]
-CLIPS = [("v2pe", {})]
+IMAGE = [("v2pe", {}), ("circle_rope", {}), ("hope", {}), ("dype", {})]
+CLIPS = [("v2pe", {}), ("hope", {}), ("dype", {})]
 
 
 @pytest.mark.parametrize("pe,kw", IMAGE)

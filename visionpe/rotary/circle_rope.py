@@ -33,10 +33,10 @@ import math
 
 import torch
 
-from .._checks import check_number
+from .._checks import check_number, to_shape
 from ..grid import Grid
 from .placed import PlacedRoPE
-from .rope import mrope_axes, section_rule, to_shape
+from .rope import mrope_axes, section_rule
 
 TEXT_PLANE = torch.tensor([[-1.0 / math.sqrt(2), 1.0 / math.sqrt(2), 0.0],  # u, then v, in (w, h, t) components
                            [-1.0 / math.sqrt(6), -1.0 / math.sqrt(6), 2.0 / math.sqrt(6)]])
