@@ -256,6 +256,37 @@ def test_dype_follows_the_step_set_on_a_model():
         vpe.rotary.dype.set_timestep(model, 1.5)
 
 
+# -- MRoPE-Interleave (arXiv 2510.23095) and the qwen3_vl preset ---------------------------------------------------
+
+def test_mrope_interleave_is_qwen3_vl_language_models_rotation():
+    """MRoPE-I deals the pairs of one spectrum to t, h, w in turn (Qwen3-VL's sections (24, 20, 20) of 64 pairs: h
+    and w on pairs 1 and 2 mod 3 below 60, t on the rest): ``rope_axial(spectrum="mrope_interleaved")`` on a
+    (t, h, w) grid is transformers' Qwen3VLTextRotaryEmbedding at those positions (here 16 pairs, (6, 5, 5))."""
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
+    config = Qwen3VLTextConfig(hidden_size=64, num_attention_heads=2, head_dim=32, num_hidden_layers=1,
+                               num_key_value_heads=2, intermediate_size=64, vocab_size=8,
+                               rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5]})
+    grid = Grid((2, 3, 4))
+    cos, sin = Qwen3VLTextRotaryEmbedding(config)(torch.zeros(1), grid.coords().long().T[:, None, :])
+    pe = vpe.build("rope_axial", head_dim=32, ndim=3, theta=5e6, pairs="half", spectrum="mrope_interleaved",
+                   sections=(6, 5, 5), axis_order="ij")
+    rotations = pe.rotations(grid)[0]
+    torch.testing.assert_close(rotations[..., 0], cos[0, :, :16], atol=1e-6, rtol=0)
+    torch.testing.assert_close(rotations[..., 1], sin[0, :, :16], atol=1e-6, rtol=0)
+
+
+def test_qwen3_vl_preset_is_the_towers_axial_rope_not_mrope_interleave():
+    """What docs/presets.md states: the preset's rotary is the vision tower's 2D RoPE (a spectrum per axis, h pairs
+    then w pairs), not the language model's MRoPE-I (one spectrum dealt in turn)."""
+    rotary = vpe.preset("qwen3_vl", dim=64, num_heads=2).rotary
+    assert rotary.spectrum == "axial" and rotary.sections == (8, 8) and rotary.axis_order == "ij"
+    interleaved = vpe.build("rope_axial", head_dim=32, ndim=2, theta=rotary.theta, pairs="half",
+                            spectrum="mrope_interleaved", sections=(6, 5, 5), inert_axes=1, axis_order="ij")
+    grid = Grid((3, 4))
+    assert not torch.allclose(rotary.rotations(grid), interleaved.rotations(grid), atol=1e-3)
+
+
 # -- everywhere the others go ------------------------------------------------------------------------------------------
 
 IMAGE = [("v2pe", {}), ("circle_rope", {}), ("hope", {}), ("dype", {})]
