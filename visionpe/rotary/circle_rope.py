@@ -44,7 +44,9 @@ TEXT_PLANE = torch.tensor([[-1.0 / math.sqrt(2), 1.0 / math.sqrt(2), 0.0],  # u,
 
 def stretched_angles(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``atan2(y, x)`` mapped linearly from its range onto ``[0, 2 pi]`` (unchanged when it has none)."""
-    angle = torch.atan2(y, x)
+    angle = torch.atan2(y.float(), x.float()).to(y.dtype)  # float32: onnxruntime has no float64 Atan
+    # on the negative x axis (y = +0, as centring gives) torch's atan2 is pi and onnxruntime's -pi: pin torch's
+    angle = torch.where((y == 0) & (x < 0), torch.full_like(angle, math.pi), angle)
     low, span = angle.min(), angle.max() - angle.min()
     return torch.where(span > 0, (angle - low) / torch.where(span > 0, span, 1.0) * (2 * math.pi), angle)
 
