@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from .bias import FIRE, ALiBi, BucketedBias, ContinuousPositionBias, LookHere, PaPE, PaPERI, RelBias, SwinBias
 from .encoding import Encoding, constructor_keywords
-from .rotary import (AxialRoPE, ComRoPE, HARoPE, LieRE, MixedRoPE, RegisterRoPE, RIFLEx, SpiralRoPE, StringRoPE,
-                     VideoRoPE)
+from .rotary import (AxialRoPE, CircleRoPE, ComRoPE, DyPE, HARoPE, HoPE, LieRE, MixedRoPE, RegisterRoPE,
+                     RIFLEx, SpiralRoPE, StringRoPE, V2PE, VideoRoPE)
 from .tokens import PEG, Learned, SinCos
 
 FAMILIES = ("tokens", "rotary", "bias")
@@ -23,6 +23,10 @@ ENCODINGS: dict[str, type[Encoding]] = {
     "harope": HARoPE,
     "vit5_rope": RegisterRoPE,
     "riflex": RIFLEx,
+    "v2pe": V2PE,
+    "circle_rope": CircleRoPE,
+    "hope": HoPE,
+    "dype": DyPE,
     "swin_bias": SwinBias,
     "rel_bias": RelBias,
     "cpb": ContinuousPositionBias,

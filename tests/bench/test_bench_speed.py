@@ -261,7 +261,8 @@ def test_video_setups_are_the_video_benchmark_recipe_and_cover_every_3d_encoding
     from visionpe.bench.speed.video import video_encodings
     every = video_encodings(cli.PES + cli.FRONTIER)
     assert "lookhere" not in every and every[-2:] == ["videorope", "riflex"]
-    two_d_only = {"lookhere", "spiral_rope"}  # defined on 2D grids (LookHere's directions, Spiral RoPE's turns)
+    two_d_only = {"lookhere", "spiral_rope", "circle_rope"}  # 2D by definition (LookHere's directions, Spiral
+    # RoPE's turns, Circle-RoPE's ring)
     assert set(every) == (set(cli.PES + cli.FRONTIER) - two_d_only) | {"videorope", "riflex"}
 
 

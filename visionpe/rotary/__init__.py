@@ -1,7 +1,10 @@
 """Rotary family: rotations of queries and keys inside attention."""
 from ._base import RotaryEncoding, block_columns, rope_kernel, rotation_kernel
+from .circle_rope import CircleRoPE
 from .comrope import ComRoPE
+from .dype import DyPE
 from .harope import HARoPE
+from .hope import HoPE
 from .layouts import GOLDEN_ANGLE
 from .learned import LearnedRotation
 from .liere import LieRE
@@ -12,8 +15,9 @@ from .scaling import SCALINGS
 from .sections import video_sections
 from .spiral import SpiralRoPE
 from .string_rope import StringRoPE
+from .v2pe import V2PE
 from .videorope import VideoRoPE
 
-__all__ = ["AxialRoPE", "ComRoPE", "GOLDEN_ANGLE", "HARoPE", "LearnedRotation", "LieRE", "MixedRoPE", "RIFLEx",
-           "RegisterRoPE", "RoPE", "RotaryEncoding", "SCALINGS", "SpiralRoPE", "StringRoPE", "VideoRoPE",
-           "apply_rotary", "block_columns", "rope_kernel", "rotation_kernel", "video_sections"]
+__all__ = ["AxialRoPE", "CircleRoPE", "ComRoPE", "DyPE", "GOLDEN_ANGLE", "HARoPE", "HoPE", "LearnedRotation", "LieRE",
+           "MixedRoPE", "RIFLEx", "RegisterRoPE", "RoPE", "RotaryEncoding", "SCALINGS", "SpiralRoPE", "StringRoPE",
+           "V2PE", "VideoRoPE", "apply_rotary", "block_columns", "rope_kernel", "rotation_kernel", "video_sections"]
