@@ -82,6 +82,8 @@ def test_registry_name_loads_timms_state_dict_and_trains():
     report = vpe.load_timm_checkpoint(ours, model, strict=True)
     assert any(line.endswith(".rel_pos.bias.relative_position_bias_table") for line in report.converted)
     assert max_logit_diff(ours, model, (64, 64)) < 1e-5
+    features = timm.create_model("vpe_maxvit_tiny_tf_224", features_only=True, **KW)  # timm's stage list
+    assert [f.shape[-1] for f in features(torch.randn(1, 3, 64, 64))] == [32, 16, 8, 4, 2]
     other = vpe.apply(ours.train(), pe="alibi")
     other(torch.randn(2, 3, 64, 64)).sum().backward()
     assert all(p.grad is not None for b in vpe.encodings_of(other)["bias"] for p in b.parameters())

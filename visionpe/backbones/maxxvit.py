@@ -162,5 +162,6 @@ def maxxvit_keys(state: dict, report: LoadReport) -> dict:
 
 
 register_adapter(Adapter(MaxxVit, MaxxVitPE, apply_maxxvit, (PartitionBias,), timm_modules=("maxxvit",),
-                         native=native_maxxvit, families=("bias",), checkpoint_hooks=(maxxvit_keys,), refuses={**WINDOW_REFUSES, **TOKENS_REFUSES},
+                         native=native_maxxvit, families=("bias",), checkpoint_hooks=(maxxvit_keys,),
+                         feature_cfg=lambda model: {"flatten_sequential": True},  # timm's: the stem and every stage refuses={**WINDOW_REFUSES, **TOKENS_REFUSES},
                          examples=("maxvit_tiny_tf_224", "coatnet_0_rw_224", "maxxvit_rmlp_nano_rw_256")))
