@@ -45,7 +45,7 @@ class PartitionBias(nn.Module):
     ``rel_pos(attn)`` adds it to the logits ``attn: (B, heads, N, N)`` (timm's unfused attention)."""
 
     rotary = None  # the attention takes no rotary encoding (encodings_of reads this slot)
-    attention: str = "auto"  # visionpe.set_attention's slot: timm's attention adds the materialised bias whatever it says
+    attention: str = "auto"  # set_attention's slot: timm's attention adds the materialised bias whatever it says
 
     def __init__(self, bias: nn.Module | None, grid_shape: tuple[int, int]):
         super().__init__()
@@ -138,7 +138,8 @@ def apply_maxxvit(model: MaxxVit, names: dict, kwargs: dict) -> None:
     model.maxxvit_native = native
 
 
-REL_POS = re.compile(r"^(.*\.attn(?:_block|_grid)?\.rel_pos)\.(relative_position_bias_table|mlp\.fc([12])\.(weight|bias))$")
+REL_POS = re.compile(r"^(.*\.attn(?:_block|_grid)?\.rel_pos)\."
+                     r"(relative_position_bias_table|mlp\.fc([12])\.(weight|bias))$")
 
 
 def maxxvit_keys(state: dict, report: LoadReport) -> dict:
@@ -161,7 +162,12 @@ def maxxvit_keys(state: dict, report: LoadReport) -> dict:
     return out
 
 
+def maxxvit_features(model: nn.Module) -> dict:
+    """timm's ``feature_cfg`` of a MaxxVit: its stem and stages as a feature list."""
+    return {"flatten_sequential": True}
+
+
 register_adapter(Adapter(MaxxVit, MaxxVitPE, apply_maxxvit, (PartitionBias,), timm_modules=("maxxvit",),
-                         native=native_maxxvit, families=("bias",), checkpoint_hooks=(maxxvit_keys,),
-                         feature_cfg=lambda model: {"flatten_sequential": True},  # timm's: the stem and every stage refuses={**WINDOW_REFUSES, **TOKENS_REFUSES},
+                         native=native_maxxvit, families=("bias",), refuses={**WINDOW_REFUSES, **TOKENS_REFUSES},
+                         checkpoint_hooks=(maxxvit_keys,), feature_cfg=maxxvit_features,
                          examples=("maxvit_tiny_tf_224", "coatnet_0_rw_224", "maxxvit_rmlp_nano_rw_256")))

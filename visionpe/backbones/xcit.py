@@ -128,4 +128,5 @@ def apply_xcit(model: Xcit, names: dict, kwargs: dict) -> None:
 
 
 register_adapter(Adapter(Xcit, XcitPE, apply_xcit, (), timm_modules=("xcit",), native=native_xcit,
-                         families=("tokens",), feature_cfg=vit_features, examples=("xcit_tiny_12_p16_224", "xcit_nano_12_p8_224")))
+                         families=("tokens",), feature_cfg=vit_features,
+                         examples=("xcit_tiny_12_p16_224", "xcit_nano_12_p8_224")))
