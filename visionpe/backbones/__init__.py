@@ -4,8 +4,9 @@
 timm ``NaFlexVit`` (``naflex.py``), timm ``MaxxVit`` (``maxxvit.py``), timm ``Xcit`` (``xcit.py``), torchvision Video
 Swin (``video_swin.py``) and image ViT (``torchvision_vit.py``), and, once transformers is imported, Hugging Face
 ViT/DeiT/DINOv2/Swin (``hf.py``; DINOv3: ``hf_dinov3.py``; SigLIP 2's vision tower: ``hf_siglip2.py``; Qwen3-VL's
-vision tower: ``hf_qwen3_vl.py``; ``save_pretrained`` / ``from_pretrained``: ``hf_pretrained.py``), sharing ``adapter.py`` (and ``windows.py``: the
-shifted-window mask); the tubelet video ViT (``video.py``) builds on the ViT adapter. :func:`apply`,
+vision tower: ``hf_qwen3_vl.py``; ``save_pretrained`` / ``from_pretrained``: ``hf_pretrained.py``), sharing
+``adapter.py`` (and ``windows.py``: the shifted-window mask); the tubelet video ViT (``video.py``) builds on the ViT
+adapter. :func:`apply`,
 :func:`create_model`, :func:`encodings_of`, :func:`~visionpe.load_timm_checkpoint`, timm's ``vpe_*`` registry
 (``timm_registry.py``) and the training CLI ask the registry."""
 import importlib
