@@ -1,10 +1,12 @@
 """Backbone adapters, one module a model family, each registered once (:func:`register_adapter`): timm ViT/DeiT
 (``vit.py``), timm Swin v1/v2 (``swin.py``), timm's distilled DeiT (``deit.py``), timm Eva (``eva.py``), timm BEiT
-(``beit.py``), timm ``VisionTransformerRelPos`` (``vit_relpos.py``), torchvision Video Swin (``video_swin.py``) and
-image ViT (``torchvision_vit.py``), and, once transformers is imported, Hugging Face ViT/DeiT/DINOv2/Swin (``hf.py``;
-DINOv3: ``hf_dinov3.py``; SigLIP 2's vision tower: ``hf_siglip2.py``; Qwen3-VL's vision tower: ``hf_qwen3_vl.py``;
-``save_pretrained`` / ``from_pretrained``: ``hf_pretrained.py``), sharing ``adapter.py`` (and ``windows.py``: the
-shifted-window mask); the tubelet video ViT (``video.py``) builds on the ViT adapter. :func:`apply`,
+(``beit.py``), timm ``VisionTransformerRelPos`` (``vit_relpos.py``), timm ``VisionTransformerSAM`` (``sam.py``),
+timm ``NaFlexVit`` (``naflex.py``), timm ``MaxxVit`` (``maxxvit.py``), timm ``Xcit`` (``xcit.py``), torchvision Video
+Swin (``video_swin.py``) and image ViT (``torchvision_vit.py``), and, once transformers is imported, Hugging Face
+ViT/DeiT/DINOv2/Swin (``hf.py``; DINOv3: ``hf_dinov3.py``; SigLIP 2's vision tower: ``hf_siglip2.py``; Qwen3-VL's
+vision tower: ``hf_qwen3_vl.py``; ``save_pretrained`` / ``from_pretrained``: ``hf_pretrained.py``), sharing
+``adapter.py`` (and ``windows.py``: the shifted-window mask); the tubelet video ViT (``video.py``) builds on the ViT
+adapter. :func:`apply`,
 :func:`create_model`, :func:`encodings_of`, :func:`~visionpe.load_timm_checkpoint`, timm's ``vpe_*`` registry
 (``timm_registry.py``) and the training CLI ask the registry."""
 import importlib
@@ -13,6 +15,7 @@ import importlib.util
 from .._import_hook import when_imported
 # each registers its adapter
 from . import vit, swin, deit, eva, beit, vit_relpos, video_swin, torchvision_vit  # noqa: F401, I001
+from . import maxxvit, naflex, sam, xcit  # noqa: F401, I001
 from .adapter import (ADAPTERS, UNAVAILABLE, Adapter, PositionalModel, adapter_for, named_constructor, parse_pe,
                       register_adapter, repeated_blocks)
 from .api import apply, create_model, encodings_of

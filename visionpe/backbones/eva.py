@@ -222,6 +222,14 @@ def cat_bands(rope: RotaryEmbeddingCat) -> dict:
     return {"min_period": 2 * math.pi, "max_period": 2 * math.pi * theta ** ((n - 1) / n)}
 
 
+@torch.no_grad()
+def take_over_mixed(rotary: nn.Module | None, freqs: torch.Tensor, grid_indexing: str) -> None:
+    """One block's learned frequencies ``(2, heads, head_dim // 2)`` of timm's mixed RoPE go into the block's
+    ``rope_mixed`` of the same shape and axis order."""
+    if isinstance(rotary, MixedRoPE) and rotary.freqs.shape == freqs.shape and rotary.axis_order == grid_indexing:
+        rotary.freqs.copy_(freqs)
+
+
 def apply_eva(model: Eva, names: dict, kwargs: dict) -> None:
     """Put the encodings ``names`` (family -> name) into a timm Eva in place: timm's RoPE module and ``pos_embed``
     give way (a ``learned`` table takes over ``pos_embed``, a ``rope_mixed`` each block's frequencies of timm's mixed
@@ -236,10 +244,8 @@ def apply_eva(model: Eva, names: dict, kwargs: dict) -> None:
 
     def patch_block(block: nn.Module, rotary, bias) -> None:
         layer = next(layers)
-        if mixed is not None and isinstance(rotary, MixedRoPE) and rotary.freqs.shape == mixed[:, layer].shape \
-                and rotary.axis_order == rope.grid_indexing:
-            with torch.no_grad():
-                rotary.freqs.copy_(mixed[:, layer])
+        if mixed is not None:
+            take_over_mixed(rotary, mixed[:, layer], rope.grid_indexing)
         block.attn = EvaAttentionPE(block.attn, rotary, bias)
 
     put_block_encodings(model, names, kwargs, patch_block)

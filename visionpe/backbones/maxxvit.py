@@ -1,0 +1,173 @@
+"""timm ``MaxxVit`` (MaxViT, MaxxViT, CoAtNet, CoAtNeXt: ``maxvit_*``, ``maxxvit*``, ``coatnet*``) with visionpe bias
+encodings in its attention.
+
+timm's model is kept whole (stem, MBConv/ConvNeXt blocks, block and grid partitions, attention in both layouts, heads):
+only each attention's relative position module (``attn.rel_pos``, which timm's attention asks for its bias with
+``get_bias()``) becomes a :class:`PartitionBias` holding a visionpe bias encoding built for the attention's fixed grid:
+the partition (``window_size`` for block attention, ``grid_size`` for grid attention, as timm's own tables) or, in
+CoAtNet's transformer stages, the feature map timm built its table for. So the bias family fits (the window biases,
+as in Swin: ``swin_bias``, ``cpb``, ``alibi``, ...); the tokens and rotary families do not: MaxxVit has no token
+sequence to add a table to before its blocks (convolutions first), and timm's attention computes its logits itself in
+two layouts (channels-first and channels-last, head-first or not) with no place for a rotation of q and k.
+Biases that read the attention's input tokens (PaPE) are refused: timm's attention does not pass them.
+
+The architecture's own encoding (``pe="native"``; :func:`native_maxxvit`): timm's ``RelPosBias`` (``rel_pos_type=
+"bias"``) and TensorFlow's ``RelPosBiasTf`` (``"bias_tf"``, the ``*.tf_*`` ports) are ``swin_bias`` taking over the
+table (the TF table ``(heads, 2H - 1, 2W - 1)``, indexed by key minus query, holds Swin's ``((2H - 1)(2W - 1), heads)``
+entries flipped on both axes);
+``RelPosMlp`` (``"mlp"``, the ``*_rmlp_*`` names) in its ``cr`` mode is ``cpb(mode="cr")`` with the block's MLP.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+from timm.layers import RelPosBias, RelPosBiasTf, RelPosMlp
+from timm.models.maxxvit import Attention2d, AttentionCl, MaxxVit, TransformerBlock2d
+from torch import nn
+
+from ..bias import SwinBias
+from ..encoding import ModelContext
+from ..grid import Grid
+from ..registry import ENCODINGS
+from ..weights.convert import LoadReport
+from .adapter import WINDOW_REFUSES, Adapter, EncodingSet, PositionalModel, recorded_native, register_adapter
+from .vit_relpos import mlp_mode, take_over
+
+TOKENS_REFUSES = {name: "reads the attention's input tokens, which timm's MaxxVit attention does not pass to its "
+                        "relative position module; use swin_bias, cpb or alibi"
+                  for name, cls in ENCODINGS.items() if getattr(cls, "reads_tokens", False)}
+
+
+class PartitionBias(nn.Module):
+    """Takes the place of timm's relative position module in a MaxxVit attention: ``get_bias()`` is the visionpe
+    ``bias`` on the attention's fixed grid, ``(1, heads, N, N)`` (timm's fused attention adds it as the mask), and
+    ``rel_pos(attn)`` adds it to the logits ``attn: (B, heads, N, N)`` (timm's unfused attention)."""
+
+    rotary = None  # the attention takes no rotary encoding (encodings_of reads this slot)
+    attention: str = "auto"  # set_attention's slot: timm's attention adds the materialised bias whatever it says
+
+    def __init__(self, bias: nn.Module | None, grid_shape: tuple[int, int]):
+        super().__init__()
+        self.bias, self.grid_shape = bias, tuple(grid_shape)
+
+    def get_bias(self) -> torch.Tensor | None:
+        return None if self.bias is None else self.bias(Grid(self.grid_shape))[None]
+
+    def forward(self, attn: torch.Tensor, shared_rel_pos: torch.Tensor | None = None) -> torch.Tensor:
+        bias = self.get_bias()
+        return attn if bias is None else attn + bias.to(attn.dtype)
+
+
+class MaxxVitPE(PositionalModel, MaxxVit):
+    """timm ``MaxxVit`` whose attention biases are visionpe encodings (:class:`PartitionBias`); timm's forward is
+    unchanged. ``maxxvit_native`` records the model's own encoding as timm built it."""
+
+    maxxvit_native: tuple[str, dict] | str | None = None
+
+
+def attentions(model: MaxxVit) -> list[tuple[nn.Module, tuple[int, int] | None]]:
+    """Every attention of the model with the grid it attends over: its partition (block or grid attention), or the
+    feature map timm built its table for (CoAtNet's transformer blocks; None without a table)."""
+    found = []
+    for module in model.modules():
+        if isinstance(module, TransformerBlock2d):
+            rel_pos = module.attn.rel_pos
+            found.append((module.attn, getattr(rel_pos, "grid_shape", getattr(rel_pos, "window_size", None))))
+        elif hasattr(module, "partition_size"):
+            found += [(attn, tuple(module.partition_size)) for attn in module.children()  # attn, or the parallel
+                      if isinstance(attn, (AttentionCl, Attention2d))]  # attn_block and attn_grid
+    return found
+
+
+def native_maxxvit(model: MaxxVit) -> tuple[str, dict]:
+    """``(pe, pe_kwargs)`` reproducing timm's relative position modules of the model: ``swin_bias`` (``RelPosBias``,
+    ``RelPosBiasTf``), ``cpb(mode="cr")`` (``RelPosMlp`` with its hidden width), or ``none``; a ``ValueError`` for one
+    visionpe cannot reproduce. A patched model answers with what it had when it was patched."""
+    recorded = recorded_native(model, "maxxvit_native")
+    if recorded is not None:
+        return recorded
+    rel_pos = next((attn.rel_pos for attn, _ in attentions(model) if attn.rel_pos is not None), None)
+    if rel_pos is None:
+        return "none", {}
+    if isinstance(rel_pos, (RelPosBias, RelPosBiasTf)):
+        return "swin_bias", {}
+    if isinstance(rel_pos, RelPosMlp) and mlp_mode(rel_pos) == "cr":
+        return "cpb", {"mode": "cr", "hidden_dim": rel_pos.mlp.fc1.out_features}
+    raise ValueError(f"timm's {type(rel_pos).__name__} in a MaxxVit has no visionpe equivalent; use --pe timm, or "
+                     "another pe")
+
+
+@torch.no_grad()
+def take_over_table(bias: nn.Module | None, rel_pos: nn.Module | None) -> None:
+    """A timm ``RelPosBias`` table ``((2H - 1)(2W - 1), heads)`` or TF's ``RelPosBiasTf`` table ``(heads, 2H - 1,
+    2W - 1)`` (offsets key minus query: flipped) of the same window goes into a ``swin_bias`` (Swin's order: query minus
+    key, the first axis slowest); a ``RelPosMlp`` into a
+    ``cpb`` of the same mode and widths."""
+    if isinstance(bias, SwinBias) and isinstance(rel_pos, (RelPosBias, RelPosBiasTf)) \
+            and tuple(bias.window_size) == tuple(rel_pos.window_size):
+        table = rel_pos.relative_position_bias_table
+        if isinstance(rel_pos, RelPosBiasTf):
+            table = table.flip(1, 2).permute(1, 2, 0).flatten(0, 1)  # TF indexes key - query, Swin query - key
+        if table.shape == bias.relative_position_bias_table.shape:
+            bias.relative_position_bias_table.copy_(table)
+    else:
+        take_over(bias, rel_pos)
+
+
+def apply_maxxvit(model: MaxxVit, names: dict, kwargs: dict) -> None:
+    """Put the bias encoding of ``names`` into every attention of a timm ``MaxxVit`` in place (:class:`PartitionBias`;
+    a matching ``swin_bias`` or ``cpb`` takes timm's table or MLP over); every other weight is kept."""
+    try:  # what timm built, recorded before its modules go
+        native = native_maxxvit(model)
+    except ValueError as err:
+        native = str(err)
+    encodings = EncodingSet(names, kwargs)
+    for attn, grid_shape in attentions(model):
+        if grid_shape is None and "bias" in names:
+            raise ValueError("a MaxxVit transformer block without a relative position table (rel_pos_type='') does "
+                             "not record the feature map it attends over; build it with rel_pos_type='bias'")
+        current = attn.rel_pos  # timm's module, or a PartitionBias on a re-apply
+        ours = isinstance(current, PartitionBias)
+        bias = None
+        if grid_shape is not None:
+            context = ModelContext(grid_shape, attn.qkv.weight.shape[1], attn.num_heads, attn.dim_head)
+            bias = encodings.block("bias", context, current.bias if ours else None)
+            take_over_table(bias, None if ours else current)
+        attn.rel_pos = PartitionBias(bias, grid_shape or (1, 1))
+    model.maxxvit_native = native
+
+
+REL_POS = re.compile(r"^(.*\.attn(?:_block|_grid)?\.rel_pos)\."
+                     r"(relative_position_bias_table|mlp\.fc([12])\.(weight|bias))$")
+
+
+def maxxvit_keys(state: dict, report: LoadReport) -> dict:
+    """timm ``MaxxVit`` checkpoints: each attention's ``rel_pos.relative_position_bias_table`` -> its
+    :class:`PartitionBias`'s ``swin_bias`` table (TensorFlow's ``(heads, 2H - 1, 2W - 1)`` flipped into Swin's order),
+    ``rel_pos.mlp.fc1``/``fc2`` -> its ``cpb``'s ``cpb_mlp.0``/``cpb_mlp.2``."""
+    out = {}
+    for key, value in state.items():
+        match = REL_POS.match(key)
+        if not match:
+            out[key] = value
+            continue
+        if match.group(3) is None:
+            new_key = f"{match.group(1)}.bias.relative_position_bias_table"
+            value = value.flip(1, 2).permute(1, 2, 0).flatten(0, 1) if value.ndim == 3 else value
+        else:
+            new_key = f"{match.group(1)}.bias.cpb_mlp.{0 if match.group(3) == '1' else 2}.{match.group(4)}"
+        report.converted.append(f"{key} -> {new_key}")
+        out[new_key] = value
+    return out
+
+
+def maxxvit_features(model: nn.Module) -> dict:
+    """timm's ``feature_cfg`` of a MaxxVit: its stem and stages as a feature list."""
+    return {"flatten_sequential": True}
+
+
+register_adapter(Adapter(MaxxVit, MaxxVitPE, apply_maxxvit, (PartitionBias,), timm_modules=("maxxvit",),
+                         native=native_maxxvit, families=("bias",), refuses={**WINDOW_REFUSES, **TOKENS_REFUSES},
+                         checkpoint_hooks=(maxxvit_keys,), feature_cfg=maxxvit_features,
+                         examples=("maxvit_tiny_tf_224", "coatnet_0_rw_224", "maxxvit_rmlp_nano_rw_256")))
