@@ -4,7 +4,7 @@ from __future__ import annotations
 from .bias import FIRE, ALiBi, BucketedBias, ContinuousPositionBias, LookHere, PaPE, PaPERI, RelBias, SwinBias
 from .encoding import Encoding, constructor_keywords
 from .rotary import (AxialRoPE, CircleRoPE, ComRoPE, DyPE, HARoPE, HoPE, LieRE, MixedRoPE, RegisterRoPE,
-                     RIFLEx, SpiralRoPE, StringRoPE, V2PE, VideoRoPE)
+                     RIFLEx, SphericalRoPE, SpiralRoPE, StringRoPE, V2PE, VideoRoPE)
 from .tokens import PEG, Learned, SinCos
 
 FAMILIES = ("tokens", "rotary", "bias")
@@ -27,6 +27,7 @@ ENCODINGS: dict[str, type[Encoding]] = {
     "circle_rope": CircleRoPE,
     "hope": HoPE,
     "dype": DyPE,
+    "spherical_rope": SphericalRoPE,
     "swin_bias": SwinBias,
     "rel_bias": RelBias,
     "cpb": ContinuousPositionBias,

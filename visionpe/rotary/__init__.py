@@ -13,11 +13,12 @@ from .riflex import RIFLEx
 from .rope import AxialRoPE, MixedRoPE, RoPE, apply_rotary
 from .scaling import SCALINGS
 from .sections import video_sections
+from .spherical import SphericalRoPE
 from .spiral import SpiralRoPE
 from .string_rope import StringRoPE
 from .v2pe import V2PE
 from .videorope import VideoRoPE
 
 __all__ = ["AxialRoPE", "CircleRoPE", "ComRoPE", "DyPE", "GOLDEN_ANGLE", "HARoPE", "HoPE", "LearnedRotation", "LieRE",
-           "MixedRoPE", "RIFLEx", "RegisterRoPE", "RoPE", "RotaryEncoding", "SCALINGS", "SpiralRoPE", "StringRoPE",
+           "MixedRoPE", "RIFLEx", "RegisterRoPE", "RoPE", "RotaryEncoding", "SCALINGS", "SphericalRoPE", "SpiralRoPE", "StringRoPE",
            "V2PE", "VideoRoPE", "apply_rotary", "block_columns", "rope_kernel", "rotation_kernel", "video_sections"]
