@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .bias import FIRE, ALiBi, BucketedBias, ContinuousPositionBias, LookHere, PaPE, PaPERI, RelBias, SwinBias
 from .encoding import Encoding, constructor_keywords
-from .rotary import (AxialRoPE, CircleRoPE, ComRoPE, DyPE, HARoPE, HoPE, LieRE, MixedRoPE, RegisterRoPE,
+from .rotary import (AxialRoPE, CircleRoPE, ComRoPE, DyPE, GeoPE, HARoPE, HoPE, LieRE, MixedRoPE, RegisterRoPE,
                      RIFLEx, SphericalRoPE, SpiralRoPE, StringRoPE, V2PE, VideoRoPE)
 from .tokens import PEG, Learned, SinCos
 
@@ -28,6 +28,7 @@ ENCODINGS: dict[str, type[Encoding]] = {
     "hope": HoPE,
     "dype": DyPE,
     "spherical_rope": SphericalRoPE,
+    "geope": GeoPE,
     "swin_bias": SwinBias,
     "rel_bias": RelBias,
     "cpb": ContinuousPositionBias,

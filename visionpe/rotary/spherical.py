@@ -14,7 +14,8 @@ YAW_AXIS, ROLL_AXIS = 2, 0  # yaw: about the triplet's third axis (turns channel
 
 
 class SphericalRoPE(TripletRotation):
-    """Spherical RoPE (arXiv 2511.08368, Sec. 4, its Eq. for "Spherical RoPE embeds position as"; Fig. 2; App. F, G):
+    """Spherical RoPE (arXiv 2511.08368: Sec. 4's equation "Spherical RoPE embeds position as", with Fig. 2's caption
+    and App. F, G, which fix its order and frequencies):
     ``q_d -> R(omega_d p_y) Y(omega_d p_x) q_d`` for every triplet ``q_d = q[3 d : 3 d + 3]``: first the yaw
     (``Y``, about the triplet's third axis) by the ``x`` position, then the roll (``R``, about its first axis) by the
     ``y`` position ("the triplet is first rotated around the axis associated with p_x and then rotated around the axis
@@ -26,8 +27,9 @@ class SphericalRoPE(TripletRotation):
     (App. G): the training grid's patches evenly spread over ``[-pi, pi]`` per axis, the top-left patch at
     ``-pi``, the bottom-right at ``pi``: here ``coords="pixel"`` (``linspace(-1, 1, n)`` per axis) times ``scale=pi``,
     exactly the paper's training positions. On another grid ``"pixel"`` spans ``[-pi, pi]`` again; the paper instead
-    extrapolates (the range grows by the size ratio, the patch spacing nearly kept): ``coords="index"`` with
-    ``scale=2 pi / (n - 1)`` keeps the training spacing exactly (``scaling="pi"`` against ``ref_shape`` interpolates).
+    extrapolates, centred, the range grown by the size ratio (not a coordinate system here: ``coords="index"`` with
+    ``scale=2 pi / (n - 1)`` keeps the training spacing but counts from the corner, which matters to a non-relative
+    encoding).
 
     The paper's head dimensions are multiples of 3 (60 and 63 per head); with ``head_dim mod 3 = r > 0`` the last
     ``r`` channels stay unrotated. Which of the triplet's axes are yaw's and roll's is immaterial: another pair of
@@ -35,14 +37,17 @@ class SphericalRoPE(TripletRotation):
     and key projections absorb. The class token is not rotated (the paper's, and visionpe's rule). The paper's learned
     variant ("Learned Spherical RoPE", an ablation) is not included. 2D grids only; ``num_heads``: every head
     shares the rotations.
+
+    Call: ``pe(q, k, grid) -> (q, k)``, ``q, k: (B, heads, P + N, head_dim)``; ``pe.rotation_blocks(grid)``: the
+    patches' rotations ``(1, N, head_dim // 3, 3, 3)``.
     """
 
     ndims = (2,)
 
-    def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, base: float = 100.0, scale: float = math.pi,
-                 scaling: str = "none", ref_shape=None, coords: str = "pixel", normalize_coords: str = "separate",
-                 shift_coords: float | None = None, jitter_coords: float | None = None,
-                 rescale_coords: float | None = None, draw_coords: str = "forward"):
+    def __init__(self, head_dim: int, *, num_heads: int = 1, ndim: int = 2, base: float = 100.0,
+                 scale: float = math.pi, scaling: str = "none", ref_shape=None, coords: str = "pixel",
+                 normalize_coords: str = "separate", shift_coords: float | None = None,
+                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward"):
         if ndim != 2:
             raise ValueError(f"spherical_rope turns each triplet by two Euler angles (yaw by x, roll by y): ndim must "
                              f"be 2, got ndim={ndim!r}")
