@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from .bias import FIRE, ALiBi, BucketedBias, ContinuousPositionBias, LookHere, PaPE, PaPERI, RelBias, SwinBias
 from .encoding import Encoding, constructor_keywords
-from .rotary import (AxialRoPE, CircleRoPE, ComRoPE, DyPE, HARoPE, HoPE, LieRE, MixedRoPE, RegisterRoPE,
-                     RIFLEx, SpiralRoPE, StringRoPE, V2PE, VideoRoPE)
+from .rotary import (AxialRoPE, CircleRoPE, ComRoPE, DyPE, GeoPE, HARoPE, HoPE, LieRE, MixedRoPE, RegisterRoPE,
+                     RIFLEx, SphericalRoPE, SpiralRoPE, StringRoPE, V2PE, VideoRoPE)
 from .tokens import PEG, Learned, SinCos
 
 FAMILIES = ("tokens", "rotary", "bias")
@@ -27,6 +27,8 @@ ENCODINGS: dict[str, type[Encoding]] = {
     "circle_rope": CircleRoPE,
     "hope": HoPE,
     "dype": DyPE,
+    "spherical_rope": SphericalRoPE,
+    "geope": GeoPE,
     "swin_bias": SwinBias,
     "rel_bias": RelBias,
     "cpb": ContinuousPositionBias,

@@ -212,7 +212,7 @@ def test_similarity_png_for_every_encoding(tmp_path, name, ndim):
 @pytest.mark.parametrize("name", [n for n, family in visionpe.available().items() if family == "rotary"])
 def test_freqs_applies_to_every_rotary_encoding_with_frequency_vectors(tmp_path, name):
     """``--kind freqs`` is offered (and drawn) exactly where the encoding's rotations have frequency vectors: ComRoPE's
-    eigenfrequencies included, LieRE's non-commuting rotations not."""
+    eigenfrequencies included, LieRE's, Spherical RoPE's and GeoPE's non-commuting rotations not."""
     shape = SHAPES[2] if 2 in ENCODINGS[name].ndims else SHAPES[3]
     pe = make(name, shape)
     try:
@@ -221,7 +221,7 @@ def test_freqs_applies_to_every_rotary_encoding_with_frequency_vectors(tmp_path,
     except ValueError:
         has = False
     assert ("freqs" in viz.kinds_for(pe)) == has
-    assert has == (name != "liere")
+    assert has == (name not in ("liere", "spherical_rope", "geope"))
     if has:
         out = viz.save(viz.render(pe, "freqs", shape), tmp_path / f"{name}.png", dpi=40)
         assert out.stat().st_size > 1000
