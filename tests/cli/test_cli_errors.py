@@ -23,9 +23,10 @@ from visionpe.train import settings
 
 
 SCRIPTS = {"sweep": "resolution_sweep", "visualize": "visualize", "benchmark": "benchmark", "speed": "bench_speed",
-           "export": "export"}
+           "export": "export", "predict": "predict"}
 PROG = {"train": "visionpe train", "sweep": "visionpe sweep", "visualize": "visionpe visualize",
-        "benchmark": "visionpe benchmark", "speed": "visionpe bench-speed", "export": "visionpe export"}
+        "benchmark": "visionpe benchmark", "speed": "visionpe bench-speed", "export": "visionpe export",
+        "predict": "visionpe predict"}
 PYTHON_TAG = '!!python/object/apply:os.system ["touch {tmp}/pwned"]'
 
 
@@ -692,6 +693,51 @@ ROWS += [
 ]
 
 
+def image_file(tmp, run, name="image.png", data=None):
+    """``tmp/name``: a small PNG, or ``data`` (bytes) under that name."""
+    from PIL import Image
+    if data is None:
+        Image.new("RGB", (20, 12), (200, 40, 90)).save(tmp / name)
+    else:
+        (tmp / name).write_bytes(data)
+    return tmp / name
+
+
+SETUPS.update({
+    "image": image_file,
+    "image_nan_last": lambda tmp, run: (nan_weights(run), image_file(tmp, run))[1],
+    "image_damaged": lambda tmp, run: image_file(tmp, run, "damaged.png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 40),
+    "image_python_tag_config": lambda tmp, run: (SETUPS["python_tag_config"](tmp, run), image_file(tmp, run))[1],
+    "image_text": lambda tmp, run: image_file(tmp, run, "notes.jpg", b"not an image at all"),
+})
+P = "predict"
+ROWS += [
+    # -- visionpe predict (issue 43: class names used by a command that prints predictions) ------------------------
+    (P, ["{run}"], ["IMAGE", "required"]),
+    (P, ["{run}", "{tmp}/missing.jpg"], ["IMAGE '{tmp}/missing.jpg' not found"]),
+    (P, ["{run}", "{tmp}"], ["IMAGE '{tmp}' not found", "a directory: give image files"]),
+    (P, ["{run}", "{yaml}"], ["cannot read the image {tmp}/damaged.png"], "image_damaged"),
+    (P, ["{run}", "{yaml}"], ["cannot read the image {tmp}/notes.jpg", "UnidentifiedImageError"], "image_text"),
+    (P, ["{tmp}/nowhere", "{yaml}"], ["{tmp}/nowhere", "not found"], "image"),
+    (P, ["{run}", "{yaml}"], ["shapes-position", "rendered", "imagefolder"], "image"),
+    (P, ["{run}", "{yaml}", "--top-k", "0"], ["--top-k must be an integer >= 1", "got 0"], "image"),
+    (P, ["{run}", "{yaml}", "--top-k", "-3"], ["--top-k must be an integer >= 1", "got -3"], "image"),
+    (P, ["{run}", "{yaml}", "--top-k", str(10**18)], [f"--top-k {10**18}", "has 9 classes", "at most"], "image"),
+    (P, ["{run}", "{yaml}", "--top-k", "two"], ["--top-k", "'two'"], "image"),
+    (P, ["{run}", "{yaml}", "--weights", "middle"], ["--weights", "middle", "best"], "image"),
+    (P, ["{run}", "{yaml}", "--weights", "ema"], ["has no EMA weights", "--model-ema"], "image"),
+    (P, ["{run}", "{yaml}", "--weights", "last"], ["last.safetensors", "holds 1 NaN or infinite value"],
+     "image_nan_last"),
+    (P, ["{run}", "{yaml}", "--img-size", "18"], ["--img-size 18", "positive multiple", "patch_size 4"], "image"),
+    (P, ["{run}", "{yaml}", "--img-size", "16x2"], ["--img-size 16x2", "positive multiple"], "image"),
+    (P, ["{run}", "{yaml}", "--img-size", "0"], ["--img-size", "'0'", "positive"], "image"),
+    (P, ["{run}", "{yaml}", "--img-size", "16y16"], ["--img-size", "'16y16'", "HxW"], "image"),
+    (P, ["{run}", "{yaml}", "--img-size", str(4 * 10**18)], [f"--img-size {4 * 10**18}", "at most 65536"], "image"),
+    (P, ["{run}", "{yaml}"], ["config.yaml", "not plain YAML"], "image_python_tag_config"),
+    (P, ["{run}", "{yaml}", "--import", "no_such_module_for_visionpe"], ["cannot import"], "image"),
+]
+
+
 def invoke(script, argv):
     if script == T:
         return train_main(TINY + argv)
@@ -751,17 +797,17 @@ def test_debug_shows_the_traceback(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["train_vit.py", "scripts/resolution_sweep.py", "scripts/visualize.py",
-                                    "scripts/benchmark.py", "scripts/export.py"])
+                                    "scripts/benchmark.py", "scripts/export.py", "scripts/predict.py"])
 def test_help_groups_flags_and_explains_each(script, capsys):
     parser = parser_of({"train_vit.py": "train", "scripts/resolution_sweep.py": "sweep",
                         "scripts/visualize.py": "visualize", "scripts/benchmark.py": "benchmark",
-                        "scripts/export.py": "export"}[script])
+                        "scripts/export.py": "export", "scripts/predict.py": "predict"}[script])
     undocumented = [a.dest for a in parser._actions if not a.help]
     assert not undocumented
     assert len([g for g in parser._action_groups if g._group_actions]) >= 3
     with pytest.raises(SystemExit) as exit_info:
         invoke({"train_vit.py": T, "scripts/resolution_sweep.py": S, "scripts/visualize.py": V,
-                "scripts/benchmark.py": B, "scripts/export.py": E}[script], ["--help"])
+                "scripts/benchmark.py": B, "scripts/export.py": E, "scripts/predict.py": P}[script], ["--help"])
     assert exit_info.value.code == 0
     assert "settings:" in capsys.readouterr().out or script != "train_vit.py"
 
