@@ -228,7 +228,10 @@ ROWS = [
     (T, ["--train-samples", "0"], ["train_samples", ">= 1"]),
     (T, ["--val-samples", "-3"], ["val_samples", ">= 1"]),
     (T, ["--train-samples", "many"], ["--train-samples", "many"]),
-    (T, ["--workers", "-1"], ["workers", ">= 0"]),
+    (T, ["--workers", "-1"], ["workers must be an integer in [0, 256]", "got -1"]),
+    (T, ["--workers", str(10**18)], ["workers must be an integer in [0, 256]", "each is a process"]),
+    (T, ["--data-dir", "{tmp}"], ["--data-dir is for data read from files", "--data shapes-position is rendered"]),
+    (T, ["--download"], ["--download is for data read from files", "leave it out"]),
     (T, ["--data", "video-files", "--num-frames", "4"], ["video-files", "--data-dir"]),
     (T, ["--data", "video-files", "--num-frames", "4", "--data-dir", "{tmp}/nowhere"],
      ["video-files", "{tmp}/nowhere/train", "does not exist"]),
@@ -507,10 +510,10 @@ ROWS = [
     (T, ["--data", "videofolder", "--num-frames", "2", "--data-dir", "{tmp}/folder", "--batch-size", "2"],
      ["videofolder", "clip folder", "{tmp}/folder/train/b/c2", "holds no frames"], "videofolder_empty_clip"),
     (V, ["--run", "{run}", "--pe", "rope_mixed", "--layer", "99"], ["layer=99 is out of range", "layers 0..0"]),
-    (Q, ["--threads", "-2"], ["--threads must be an integer >= 1"]),
-    (Q, ["--repeats", "0"], ["--repeats must be an integer >= 1"]),
-    (Q, ["--batch", "0"], ["--batch must be an integer >= 1"]),
-    (Q, ["--min-run-time", "-1"], ["--min-run-time must be a number of seconds > 0"]),
+    (Q, ["--threads", "-2"], ["--threads must be an integer in [1, 4096]"]),
+    (Q, ["--repeats", "0"], ["--repeats must be an integer in [1, 1000]"]),
+    (Q, ["--batch", "0"], ["--batch must be an integer in [1, 4096]"]),
+    (Q, ["--min-run-time", "-1"], ["--min-run-time must be a number of seconds in (0, 3600.0]"]),
     (Q, ["--quick", "--out", "{tmp}"], ["is a directory"]),
     # -- visionpe export (scripts/export.py) ---------------------------------------------------------------------
     (E, ["{tmp}/nowhere", "--format", "pt2"], ["{tmp}/nowhere", "not found"]),
@@ -738,6 +741,30 @@ ROWS += [
 ]
 
 
+ROWS += [
+    # -- issue 43: the fresh probe's cases (visualize: flags of another kind ignored, matplotlib's errors) -------------
+    (V, ["--run", "{run}", "--new-grid", "8", "8"], ["--new-grid is for --kind resolution or explore",
+                                                      "not --kind similarity"]),
+    (V, ["--run", "{run}", "--query", "1", "1"], ["--query is for --kind video", "leave it out"]),
+    (V, ["--pe", "sincos", "--head", "1"], ["--head picks a head of a rotary or bias encoding", "sincos",
+                                            "tokens encoding"]),
+    (V, ["--pe", "sincos", "--dpi", str(10**18)], ["--dpi must be an integer in [1, 1200]", str(10**18)]),
+    (V, ["--pe", "sincos", "--out", "{tmp}/x.yaml"], ["--out {tmp}/x.yaml", "a figure is written as one of", "png",
+                                                      "svg"]),
+    (V, ["--pe", "sincos", "--kind", "explore", "--out", "{tmp}/x.png"], ["--kind explore writes an HTML page"]),
+    (V, ["--run", "{run}", "--dim", str(10**18)], ["--dim builds a fresh encoding", "--run/--checkpoint shows the "
+                                                    "trained one"]),
+    (V, ["--run", "{run}", "--theta", "inf", "--seed", "3"], ["--theta, --seed build a fresh encoding"]),
+    # bench-speed: counts and times that never end
+    (Q, ["--batch", str(10**18)], ["--batch must be an integer in [1, 4096]", str(10**18)]),
+    (Q, ["--repeats", str(10**18)], ["--repeats must be an integer in [1, 1000]"]),
+    (Q, ["--slow-repeats", str(10**18)], ["--slow-repeats must be an integer in [1, 1000]"]),
+    (Q, ["--scale-repeats", str(10**18)], ["--scale-repeats must be an integer in [1, 1000]"]),
+    (Q, ["--min-run-time", "inf"], ["--min-run-time must be a number of seconds in (0, 3600.0]", "got inf"]),
+    (Q, ["--threads", str(10**18)], ["--threads must be an integer in [1, 4096]", str(10**18)]),
+]
+
+
 def invoke(script, argv):
     if script == T:
         return train_main(TINY + argv)
@@ -766,7 +793,7 @@ def test_mistake_is_one_line_and_exit_2(script, args, words, setup, finished_run
     argv = [fill(a) for a in args]
     if script == T and "--output" not in argv and "--resume" not in argv:
         argv += ["--output", str(tmp_path / "out")]
-    if script == V:
+    if script == V and "--out" not in argv:
         argv += ["--out", str(tmp_path / "x.png")]
     if script == B:
         argv = ["--out", str(tmp_path / "bench"), "--doc", str(tmp_path / "B.md"), *argv]

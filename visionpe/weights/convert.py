@@ -260,6 +260,14 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     if strict and (report.new or report.dropped):
         raise ValueError(f"load_timm_checkpoint(strict=True): {where} does not fit {type(model).__name__} "
                          f"(nothing was loaded):\n" + _summary(report, mismatched, limit=None))
+    if state and all(k.startswith("head.") for k in load):  # another model's or size's checkpoint (its classifier
+        # head aside): the model would keep its initial weights
+        first = next(iter(mismatched.items()), None)
+        shown = (f"{first[0]} is {first[1]}" + (f" (and {len(mismatched) - 1} more of another shape)"
+                                                if len(mismatched) > 1 else "")) if first else \
+            f"none of its {len(state)} keys is the model's (e.g. {next(iter(state))})"
+        raise ValueError(f"load_timm_checkpoint: nothing of {where} fits {type(model).__name__}: {shown}; the model "
+                         "would keep its initial weights")
     check_shapes(load, target, f"{where} does not fit {type(model).__name__}", report.converted)
     model.load_state_dict(load, strict=False)
     for name in timm_tables:  # a larger grid later grows the table as timm would build its model there
