@@ -23,10 +23,10 @@ from visionpe.train import settings
 
 
 SCRIPTS = {"sweep": "resolution_sweep", "visualize": "visualize", "benchmark": "benchmark", "speed": "bench_speed",
-           "export": "export", "predict": "predict"}
+           "export": "export", "predict": "predict", "convert": "convert_benchmark"}
 PROG = {"train": "visionpe train", "sweep": "visionpe sweep", "visualize": "visionpe visualize",
         "benchmark": "visionpe benchmark", "speed": "visionpe bench-speed", "export": "visionpe export",
-        "predict": "visionpe predict"}
+        "predict": "visionpe predict", "convert": "visionpe convert-benchmark"}
 PYTHON_TAG = '!!python/object/apply:os.system ["touch {tmp}/pwned"]'
 
 
@@ -762,6 +762,9 @@ ROWS += [
     (Q, ["--scale-repeats", str(10**18)], ["--scale-repeats must be an integer in [1, 1000]"]),
     (Q, ["--min-run-time", "inf"], ["--min-run-time must be a number of seconds in (0, 3600.0]", "got inf"]),
     (Q, ["--threads", str(10**18)], ["--threads must be an integer in [1, 4096]", str(10**18)]),
+    # convert-benchmark: --to checked before the recipe is resolved with it (the message named "pe")
+    ("convert", ["--to", "abc", "--report-only", "--out", "{tmp}/c", "--doc", "{tmp}/C.md"],
+     ["--to abc", "is not a known encoding"]),
 ]
 
 
