@@ -95,8 +95,8 @@ def check_applies(args, parser) -> None:
         if value is not None and args.kind not in kinds:
             parser.error(f"{flag} is for --kind {' or '.join(kinds)}, not --kind {args.kind}: leave it out")
     if args.run or args.checkpoint:
-        fresh = [f"--{name.replace('_', '-')}" for name in ("dim", "head_dim", "num_heads", "theta", "factorized", "seed")
-                 if getattr(args, name) != parser.get_default(name)]
+        fresh = [f"--{name.replace('_', '-')}" for name in ("dim", "head_dim", "num_heads", "theta", "factorized",
+                                                            "seed") if getattr(args, name) != parser.get_default(name)]
         if fresh:
             one = len(fresh) == 1
             parser.error(f"{', '.join(fresh)} {'builds' if one else 'build'} a fresh encoding; --run/--checkpoint "
@@ -127,8 +127,8 @@ def trained_encoding(args):
     name = args.pe or str(cfg["pe"]).split("+")[0]
     pe = viz.pick_encoding(model, name, args.layer)
     if args.layer and viz.family_of(pe) == "tokens":
-        raise UserError(f"--layer {args.layer} picks a block's encoding; {name} is a tokens encoding (one for the whole "
-                        "model): leave out --layer")
+        raise UserError(f"--layer {args.layer} picks a block's encoding; {name} is a tokens encoding (one for the "
+                        "whole model): leave out --layer")
     where = f"layer {args.layer}" if viz.family_of(pe) != "tokens" else "tokens"
     native = viz.native_grid(pe, models.run_grid(cfg))
     return pe, native, f"{name} ({Path(args.run or args.checkpoint).name}, {where})"
