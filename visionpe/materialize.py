@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ._checks import check_module
 from .encoding import Encoding
 from .sharding import built_class, reset_module
 
@@ -22,6 +23,7 @@ def reset_parameters(model: nn.Module) -> nn.Module:
     (a user's own) gets the module rules and the encodings'.
     """
     from .backbones.adapter import ADAPTERS  # noqa: PLC0415  (the backbones import this module's package)
+    check_module("model", model)
     adapter = next((a for a in ADAPTERS.values() if built_class(model) in (a.base, a.patched)), None)
     if adapter is not None and adapter.init_weights is None:
         supported = ", ".join(a.name for a in ADAPTERS.values() if a.init_weights is not None)

@@ -890,6 +890,26 @@ ROWS += [
 ]
 
 
+# -- issue 43: the fresh probe's cases (unclear: an allocator error, torch's dtype message, an AttributeError) -----------
+ROWS += [
+    ("attend-dtypes-differ", lambda: vpe.attend(qk(dtype=torch.float16), qk(), qk(), G), VE,
+     "q, k, v must share one dtype", "torch.float16, torch.float32, torch.float32"),
+    ("reset_parameters-not-a-module", lambda: vpe.reset_parameters("m"), TypeError, "model must be a torch.nn.Module",
+     "str"),
+    ("create-img-size-past-memory", lambda: vpe.create_model(VIT, pe="rope_mixed", **{**VIT_KW, "img_size": 10**9}),
+     VE, "img_size=1000000000", "tokens", "more than the", "give a smaller img_size"),
+    ("create_video-num-frames-past-memory", lambda: vpe.create_video_model(VIT, pe="rope_axial", **{
+        **VIDEO_KW, "num_frames": 10**18}), VE, f"img_size=16 with num_frames={10**18}", "give a smaller img_size or "
+     "num_frames"),
+    *[(f"build-rope_axial-{k}-negative", (lambda k=k: vpe.build("rope_axial", head_dim=8, scaling="yarn",
+                                                                 ref_shape=(4, 4), **{k: -1.0})), VE, f"{k} must be",
+       ">= 0.0", "-1.0") for k in ("yarn_alpha", "yarn_beta")],
+    ("load_timm-nothing-fits", lambda: vpe.load_timm_checkpoint(vit("rope_mixed"), vpe.create_model(
+        VIT, pe="rope_mixed", **{**VIT_KW, "embed_dim": 32}).state_dict()), VE, "nothing of", "fits",
+     "is (1, 1, 32) in the checkpoint, (1, 1, 16) in the model", "would keep its initial weights"),
+]
+
+
 @pytest.mark.parametrize("call,exc,words", [pytest.param(c, e, w, id=i) for i, c, e, *w in ROWS])
 def test_bad_input_is_named(call, exc, words, tmp_path):
     _TMP[:] = [tmp_path]

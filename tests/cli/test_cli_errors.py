@@ -23,9 +23,10 @@ from visionpe.train import settings
 
 
 SCRIPTS = {"sweep": "resolution_sweep", "visualize": "visualize", "benchmark": "benchmark", "speed": "bench_speed",
-           "export": "export"}
+           "export": "export", "predict": "predict", "convert": "convert_benchmark"}
 PROG = {"train": "visionpe train", "sweep": "visionpe sweep", "visualize": "visionpe visualize",
-        "benchmark": "visionpe benchmark", "speed": "visionpe bench-speed", "export": "visionpe export"}
+        "benchmark": "visionpe benchmark", "speed": "visionpe bench-speed", "export": "visionpe export",
+        "predict": "visionpe predict", "convert": "visionpe convert-benchmark"}
 PYTHON_TAG = '!!python/object/apply:os.system ["touch {tmp}/pwned"]'
 
 
@@ -227,7 +228,10 @@ ROWS = [
     (T, ["--train-samples", "0"], ["train_samples", ">= 1"]),
     (T, ["--val-samples", "-3"], ["val_samples", ">= 1"]),
     (T, ["--train-samples", "many"], ["--train-samples", "many"]),
-    (T, ["--workers", "-1"], ["workers", ">= 0"]),
+    (T, ["--workers", "-1"], ["workers must be an integer in [0, 256]", "got -1"]),
+    (T, ["--workers", str(10**18)], ["workers must be an integer in [0, 256]", "each is a process"]),
+    (T, ["--data-dir", "{tmp}"], ["--data-dir is for data read from files", "--data shapes-position is rendered"]),
+    (T, ["--download"], ["--download is for data read from files", "leave it out"]),
     (T, ["--data", "video-files", "--num-frames", "4"], ["video-files", "--data-dir"]),
     (T, ["--data", "video-files", "--num-frames", "4", "--data-dir", "{tmp}/nowhere"],
      ["video-files", "{tmp}/nowhere/train", "does not exist"]),
@@ -506,10 +510,10 @@ ROWS = [
     (T, ["--data", "videofolder", "--num-frames", "2", "--data-dir", "{tmp}/folder", "--batch-size", "2"],
      ["videofolder", "clip folder", "{tmp}/folder/train/b/c2", "holds no frames"], "videofolder_empty_clip"),
     (V, ["--run", "{run}", "--pe", "rope_mixed", "--layer", "99"], ["layer=99 is out of range", "layers 0..0"]),
-    (Q, ["--threads", "-2"], ["--threads must be an integer >= 1"]),
-    (Q, ["--repeats", "0"], ["--repeats must be an integer >= 1"]),
-    (Q, ["--batch", "0"], ["--batch must be an integer >= 1"]),
-    (Q, ["--min-run-time", "-1"], ["--min-run-time must be a number of seconds > 0"]),
+    (Q, ["--threads", "-2"], ["--threads must be an integer in [1, 4096]"]),
+    (Q, ["--repeats", "0"], ["--repeats must be an integer in [1, 1000]"]),
+    (Q, ["--batch", "0"], ["--batch must be an integer in [1, 4096]"]),
+    (Q, ["--min-run-time", "-1"], ["--min-run-time must be a number of seconds in (0, 3600.0]"]),
     (Q, ["--quick", "--out", "{tmp}"], ["is a directory"]),
     # -- visionpe export (scripts/export.py) ---------------------------------------------------------------------
     (E, ["{tmp}/nowhere", "--format", "pt2"], ["{tmp}/nowhere", "not found"]),
@@ -692,6 +696,78 @@ ROWS += [
 ]
 
 
+def image_file(tmp, run, name="image.png", data=None):
+    """``tmp/name``: a small PNG, or ``data`` (bytes) under that name."""
+    from PIL import Image
+    if data is None:
+        Image.new("RGB", (20, 12), (200, 40, 90)).save(tmp / name)
+    else:
+        (tmp / name).write_bytes(data)
+    return tmp / name
+
+
+SETUPS.update({
+    "image": image_file,
+    "image_nan_last": lambda tmp, run: (nan_weights(run), image_file(tmp, run))[1],
+    "image_damaged": lambda tmp, run: image_file(tmp, run, "damaged.png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 40),
+    "image_python_tag_config": lambda tmp, run: (SETUPS["python_tag_config"](tmp, run), image_file(tmp, run))[1],
+    "image_text": lambda tmp, run: image_file(tmp, run, "notes.jpg", b"not an image at all"),
+})
+P = "predict"
+ROWS += [
+    # -- visionpe predict (issue 43: class names used by a command that prints predictions) ------------------------
+    (P, ["{run}"], ["IMAGE", "required"]),
+    (P, ["{run}", "{tmp}/missing.jpg"], ["IMAGE '{tmp}/missing.jpg' not found"]),
+    (P, ["{run}", "{tmp}"], ["IMAGE '{tmp}' not found", "a directory: give image files"]),
+    (P, ["{run}", "{yaml}"], ["cannot read the image {tmp}/damaged.png"], "image_damaged"),
+    (P, ["{run}", "{yaml}"], ["cannot read the image {tmp}/notes.jpg", "UnidentifiedImageError"], "image_text"),
+    (P, ["{tmp}/nowhere", "{yaml}"], ["{tmp}/nowhere", "not found"], "image"),
+    (P, ["{run}", "{yaml}"], ["shapes-position", "rendered", "imagefolder"], "image"),
+    (P, ["{run}", "{yaml}", "--top-k", "0"], ["--top-k must be an integer >= 1", "got 0"], "image"),
+    (P, ["{run}", "{yaml}", "--top-k", "-3"], ["--top-k must be an integer >= 1", "got -3"], "image"),
+    (P, ["{run}", "{yaml}", "--top-k", str(10**18)], [f"--top-k {10**18}", "has 9 classes", "at most"], "image"),
+    (P, ["{run}", "{yaml}", "--top-k", "two"], ["--top-k", "'two'"], "image"),
+    (P, ["{run}", "{yaml}", "--weights", "middle"], ["--weights", "middle", "best"], "image"),
+    (P, ["{run}", "{yaml}", "--weights", "ema"], ["has no EMA weights", "--model-ema"], "image"),
+    (P, ["{run}", "{yaml}", "--weights", "last"], ["last.safetensors", "holds 1 NaN or infinite value"],
+     "image_nan_last"),
+    (P, ["{run}", "{yaml}", "--img-size", "18"], ["--img-size 18", "positive multiple", "patch_size 4"], "image"),
+    (P, ["{run}", "{yaml}", "--img-size", "16x2"], ["--img-size 16x2", "positive multiple"], "image"),
+    (P, ["{run}", "{yaml}", "--img-size", "0"], ["--img-size", "'0'", "positive"], "image"),
+    (P, ["{run}", "{yaml}", "--img-size", "16y16"], ["--img-size", "'16y16'", "HxW"], "image"),
+    (P, ["{run}", "{yaml}", "--img-size", str(4 * 10**18)], [f"--img-size {4 * 10**18}", "at most 65536"], "image"),
+    (P, ["{run}", "{yaml}"], ["config.yaml", "not plain YAML"], "image_python_tag_config"),
+    (P, ["{run}", "{yaml}", "--import", "no_such_module_for_visionpe"], ["cannot import"], "image"),
+]
+
+
+ROWS += [
+    # -- issue 43: the fresh probe's cases (visualize: flags of another kind ignored, matplotlib's errors) -------------
+    (V, ["--run", "{run}", "--new-grid", "8", "8"], ["--new-grid is for --kind resolution or explore",
+                                                      "not --kind similarity"]),
+    (V, ["--run", "{run}", "--query", "1", "1"], ["--query is for --kind video", "leave it out"]),
+    (V, ["--pe", "sincos", "--head", "1"], ["--head picks a head of a rotary or bias encoding", "sincos",
+                                            "tokens encoding"]),
+    (V, ["--pe", "sincos", "--dpi", str(10**18)], ["--dpi must be an integer in [1, 1200]", str(10**18)]),
+    (V, ["--pe", "sincos", "--out", "{tmp}/x.yaml"], ["--out {tmp}/x.yaml", "a figure is written as one of", "png",
+                                                      "svg"]),
+    (V, ["--pe", "sincos", "--kind", "explore", "--out", "{tmp}/x.png"], ["--kind explore writes an HTML page"]),
+    (V, ["--run", "{run}", "--dim", str(10**18)], ["--dim builds a fresh encoding", "--run/--checkpoint shows the "
+                                                    "trained one"]),
+    (V, ["--run", "{run}", "--theta", "inf", "--seed", "3"], ["--theta, --seed build a fresh encoding"]),
+    # bench-speed: counts and times that never end
+    (Q, ["--batch", str(10**18)], ["--batch must be an integer in [1, 4096]", str(10**18)]),
+    (Q, ["--repeats", str(10**18)], ["--repeats must be an integer in [1, 1000]"]),
+    (Q, ["--slow-repeats", str(10**18)], ["--slow-repeats must be an integer in [1, 1000]"]),
+    (Q, ["--scale-repeats", str(10**18)], ["--scale-repeats must be an integer in [1, 1000]"]),
+    (Q, ["--min-run-time", "inf"], ["--min-run-time must be a number of seconds in (0, 3600.0]", "got inf"]),
+    (Q, ["--threads", str(10**18)], ["--threads must be an integer in [1, 4096]", str(10**18)]),
+    # convert-benchmark: --to checked before the recipe is resolved with it (the message named "pe")
+    ("convert", ["--to", "abc", "--report-only", "--out", "{tmp}/c", "--doc", "{tmp}/C.md"],
+     ["--to abc", "is not a known encoding"]),
+]
+
+
 def invoke(script, argv):
     if script == T:
         return train_main(TINY + argv)
@@ -720,7 +796,7 @@ def test_mistake_is_one_line_and_exit_2(script, args, words, setup, finished_run
     argv = [fill(a) for a in args]
     if script == T and "--output" not in argv and "--resume" not in argv:
         argv += ["--output", str(tmp_path / "out")]
-    if script == V:
+    if script == V and "--out" not in argv:
         argv += ["--out", str(tmp_path / "x.png")]
     if script == B:
         argv = ["--out", str(tmp_path / "bench"), "--doc", str(tmp_path / "B.md"), *argv]
@@ -751,17 +827,17 @@ def test_debug_shows_the_traceback(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["train_vit.py", "scripts/resolution_sweep.py", "scripts/visualize.py",
-                                    "scripts/benchmark.py", "scripts/export.py"])
+                                    "scripts/benchmark.py", "scripts/export.py", "scripts/predict.py"])
 def test_help_groups_flags_and_explains_each(script, capsys):
     parser = parser_of({"train_vit.py": "train", "scripts/resolution_sweep.py": "sweep",
                         "scripts/visualize.py": "visualize", "scripts/benchmark.py": "benchmark",
-                        "scripts/export.py": "export"}[script])
+                        "scripts/export.py": "export", "scripts/predict.py": "predict"}[script])
     undocumented = [a.dest for a in parser._actions if not a.help]
     assert not undocumented
     assert len([g for g in parser._action_groups if g._group_actions]) >= 3
     with pytest.raises(SystemExit) as exit_info:
         invoke({"train_vit.py": T, "scripts/resolution_sweep.py": S, "scripts/visualize.py": V,
-                "scripts/benchmark.py": B, "scripts/export.py": E}[script], ["--help"])
+                "scripts/benchmark.py": B, "scripts/export.py": E, "scripts/predict.py": P}[script], ["--help"])
     assert exit_info.value.code == 0
     assert "settings:" in capsys.readouterr().out or script != "train_vit.py"
 

@@ -26,7 +26,8 @@ def test_pyproject_entry_point_is_the_dispatcher_of_the_table():
 
 
 def test_the_table_names_every_workbench_entry_point():
-    assert list(COMMANDS) == ["train", "sweep", "benchmark", "convert-benchmark", "visualize", "bench-speed", "export"]
+    assert list(COMMANDS) == ["train", "sweep", "benchmark", "convert-benchmark", "visualize", "bench-speed", "export",
+                             "predict"]
     wrappers = {"train": ROOT / "train_vit.py", **{c: ROOT / "scripts" / f"{c.replace('-', '_')}.py"
                                                   for c in COMMANDS if c not in ("train", "sweep")},
                 "sweep": ROOT / "scripts" / "resolution_sweep.py"}

@@ -245,3 +245,41 @@ def test_non_finite_values_in_state_pt_are_named_as_the_checkpoints(plain, tmp_p
     err = refused(["--resume", out], capsys)
     assert shown in err and "damaged or was edited (not a learning rate or data problem)" in err, err
     assert "--lr" not in err
+
+
+def plant_nan(folder: Path, fqn: str, index: int) -> None:
+    """A NaN at flat ``index`` of the tensor ``fqn`` of the distributed checkpoint ``folder``, the rest zeros."""
+    value = torch.zeros(parallel.read_metadata(folder).state_dict_metadata[fqn].size)
+    value.view(-1)[index] = math.nan
+    plant_value(folder, fqn, value)
+
+
+@FSDP
+@pytest.mark.parametrize("fqn, shown", [("model.cls_token", "model holds 1 NaN or infinite value(s) in 'cls_token'"),
+                                        ("optimizer.state.cls_token.exp_avg_sq",
+                                         "optimizer state holds 1 NaN or infinite value(s) in 'cls_token.exp_avg_sq'")])
+def test_non_finite_values_in_a_distributed_checkpoint_are_named_as_the_checkpoints(sharded, tmp_path, capsys, fqn,
+                                                                                   shown):
+    """As in state.pt: a NaN in a --parallel fsdp commit's weights or optimizer state used to train on and be blamed on
+    the learning rate and the data (issue 43)."""
+    out = copy_run(sharded, tmp_path)
+    plant_nan(commit_of(out), fqn, 0)
+    err = refused(["--resume", out], capsys)
+    assert f"{commit_of(out)}'s {shown}" in err and "damaged or was edited (not a learning rate" in err, err
+    assert "--lr" not in err
+
+
+@FSDP
+def test_a_non_finite_value_in_another_processs_shard_is_refused_by_every_process(sharded, tmp_path):
+    """2 processes resume a commit of 1; the NaN lands in rank 1's shard (the last row of fc1.weight), and rank 0
+    names it too: every process counts its own shards and the counts are summed, so all refuse together."""
+    out = copy_run(sharded, tmp_path)
+    plant_nan(commit_of(out), "model.blocks.0.mlp.fc1.weight", -1)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(ROOT / "train_vit.py"), "--resume", str(out)],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=ROOT,
+                          timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("visionpe train: error:")]
+    assert proc.returncode != 0 and lines, proc.stderr[-3000:]
+    assert all(f"{commit_of(out)}'s model holds 1 NaN or infinite value(s) in 'blocks.0.mlp.fc1.weight' (64, 16)"
+               in line for line in lines), lines

@@ -336,6 +336,11 @@ def test_cli_from_a_run_directory(run_dir, tmp_path, capsys):
         run_script("visualize", ["--run", str(directory), "--pe", "alibi", "--out", str(tmp_path / "x.png")])
     assert exit_info.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as exit_info:  # a tokens table is one for the whole model: no layer (issue 43)
+        run_script("visualize", ["--run", str(directory), "--pe", "learned", "--layer", "1", "--out",
+                                 str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--layer 1 picks a block's encoding; learned is a tokens encoding" in err, err
 
 
 def test_visualize_prints_the_file_it_wrote(tmp_path, capsys):

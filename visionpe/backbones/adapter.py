@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .._checks import check_divisible, check_positive_int, to_shape
+from .._checks import check_divisible, check_fits, check_positive_int, to_shape
 from .._compat import is_autocast_enabled, refuse_torchscript
 from ..encoding import Encoding, ModelContext, constructor_keywords
 from ..presets import PRESET_PREFIX, conventions_of, preset_names
@@ -354,6 +354,26 @@ def check_img_size(timm_kwargs: dict) -> None:
     if any(i % p for i, p in zip(img, patch)):
         raise ValueError(f"img_size={timm_kwargs['img_size']!r} must be a multiple of "
                          f"patch_size={timm_kwargs['patch_size']!r}")
+
+
+def check_grid_fits(timm_kwargs: dict, num_frames: int = 1, frames_per_token: int = 1) -> None:
+    """The token grid of ``img_size`` (a clip's: ``num_frames`` frames in tubelets of ``frames_per_token``) fits in
+    memory at one float32 value per token and channel (``embed_dim`` where given, else 1), the least a position table
+    allocates; checked before timm builds the model, so an ``img_size`` past memory is one line naming it, not an
+    allocator error. The patch is ``patch_size`` where given, else 64 px, more than any timm ViT's: a lower bound.
+    Sizes of another type are left to timm's checks."""
+    def sides(value):
+        pair = (value, value) if isinstance(value, int) else tuple(value) if isinstance(value, (tuple, list)) else ()
+        return pair if len(pair) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                              for v in pair) else None
+    size, patch = sides(timm_kwargs.get("img_size")), sides(timm_kwargs.get("patch_size", 64))
+    if size is None or patch is None:
+        return
+    tokens = math.prod(max(1, s // p) for s, p in zip(size, patch)) * max(1, num_frames // frames_per_token)
+    clip = f" with num_frames={num_frames}" if num_frames > 1 else ""
+    width = timm_kwargs.get("embed_dim") if isinstance(timm_kwargs.get("embed_dim"), int) else 1
+    check_fits(f"img_size={timm_kwargs['img_size']!r}{clip} ({tokens} tokens)", 4 * tokens * max(1, width),
+               f"give a smaller img_size{' or num_frames' if clip else ''}")
 
 
 def check_model_sizes(timm_kwargs: dict, stages: bool = False) -> None:

@@ -23,7 +23,8 @@ from torch import nn
 from .._checks import check_bool, check_choice
 from ..attention import ATTENTIONS, set_attention
 from ..encoding import Encoding
-from .adapter import ADAPTERS, NATIVE, adapter_for, check_encodings, parse_pe, route_kwargs, timm_adapter
+from .adapter import (ADAPTERS, NATIVE, adapter_for, check_encodings, check_grid_fits, parse_pe, route_kwargs,
+                      timm_adapter)
 
 
 FEATURE_KEYWORDS = ("features_only", "out_indices", "feature_cls")  # timm's feature extraction keywords
@@ -95,6 +96,7 @@ def create_model(model_name: str, pe: str = "learned", pretrained: bool = False,
     if reason is not None:
         raise ValueError(f"model_name={model_name!r}: {reason}")
     check_bool("pretrained", pretrained)
+    check_grid_fits(timm_kwargs)
     features = {k: timm_kwargs.pop(k) for k in FEATURE_KEYWORDS if k in timm_kwargs}
     model = timm.create_model(model_name, pretrained=pretrained, **any_size_kwargs(model_name, timm_kwargs))
     model = apply(model, pe, attention, **(pe_kwargs or {}))

@@ -15,7 +15,7 @@ from torch import nn
 from .._checks import check_divisible, check_positive_int, to_shape
 from ..weights.convert import inflate_patch_weight
 from ..presets import conventions_of
-from .adapter import check_model_sizes, default_sections, parse_pe, route_kwargs
+from .adapter import check_grid_fits, check_model_sizes, default_sections, parse_pe, route_kwargs
 from .api import apply
 
 
@@ -74,6 +74,7 @@ def create_video_model(model_name: str, pe: str = "rope_axial", num_frames: int 
     check_positive_int("num_frames", num_frames)
     check_model_sizes(timm_kwargs)
     check_divisible("num_frames", num_frames, tubelet_size[0], f"whole tubelets of tubelet_size={tubelet_size}")
+    check_grid_fits({**timm_kwargs, "patch_size": tubelet_size[1:]}, num_frames, tubelet_size[0])
     if "img_size" in timm_kwargs:
         img_size = to_shape("img_size", timm_kwargs["img_size"], 2)
         if any(s % t for s, t in zip(img_size, tubelet_size[1:])):

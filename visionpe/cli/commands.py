@@ -53,6 +53,8 @@ COMMANDS = {c.name: c for c in (
             "speed and memory of the encodings as ratios measured side by side (docs/PERFORMANCE.md)"),
     Command("export", "visionpe.train.export_run:main",
             "export a trained run's model (torch.export .pt2 or ONNX, any input size), checked against eager"),
+    Command("predict", "visionpe.train.predict:main",
+            "classify image files with a trained run: the top-k classes of each, by the run's class names"),
 )}
 
 

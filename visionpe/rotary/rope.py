@@ -262,7 +262,8 @@ class RoPE(RotaryEncoding):
         self.ref_shape = None if ref_shape is None else to_shape("ref_shape", ref_shape, ndim)
         if scaling != "none" and self.ref_shape is None:
             raise ValueError(f"scaling={scaling!r} needs ref_shape, the training grid (e.g. ref_shape=(14, 14))")
-        self.yarn_alpha, self.yarn_beta = check_number("yarn_alpha", yarn_alpha), check_number("yarn_beta", yarn_beta)
+        self.yarn_alpha = check_number("yarn_alpha", yarn_alpha, 0.0)
+        self.yarn_beta = check_number("yarn_beta", yarn_beta, 0.0)
         if self.yarn_alpha >= self.yarn_beta:
             raise ValueError(f"yarn_alpha={yarn_alpha!r} must be smaller than yarn_beta={yarn_beta!r} (YaRN keeps "
                              "bands above beta rotations and interpolates those below alpha)")

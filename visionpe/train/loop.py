@@ -28,16 +28,25 @@ class NonFiniteLoss(UserError):
     (its last checkpoint stays), so a diverged model is never committed, exported or reported with an accuracy."""
 
 
+def nonfinite_counts(state: dict) -> dict[str, int]:
+    """How many NaN or infinite values each floating-point tensor of ``state`` holds, of those that hold any (name ->
+    count). A sharded tensor (FSDP's DTensor) is counted on every process, each its own shard, and the counts summed
+    (a tensor every process holds whole, on the first process alone), so every process gets the same answer: a
+    collective where any tensor is sharded (every process calls it, with the same names in the same order)."""
+    state = {name: t for name, t in state.items() if isinstance(t, torch.Tensor) and torch.is_floating_point(t)}
+    sharded = [parallel.is_sharded(t) for t in state.values()]
+    counts = [float((~torch.isfinite(t.to_local() if s else t)).sum()) for t, s in zip(state.values(), sharded)]
+    if any(sharded):
+        device = next(t.to_local().device for t, s in zip(state.values(), sharded) if s)
+        counts = distributed.all_sum([c if s or parallel.rank() == 0 else 0.0 for c, s in zip(counts, sharded)],
+                                     device)
+    return {name: int(count) for name, count in zip(state, counts) if count}
+
+
 def nonfinite_tensors(module) -> list[str]:
-    """The names of ``module``'s floating-point parameters and buffers that hold a NaN or an infinity. Of a sharded
-    module (FSDP) each process checks its own shards and the flags are summed over the processes, so every process
-    names the same tensors (a collective: every process calls it)."""
-    state = {name: t for name, t in module.state_dict().items() if torch.is_floating_point(t)}
-    local = [t.to_local() if parallel.is_sharded(t) else t for t in state.values()]
-    flags = [float(not bool(torch.isfinite(t).all())) for t in local]
-    if local and any(parallel.is_sharded(t) for t in state.values()):
-        flags = distributed.all_sum(flags, local[0].device)
-    return [name for name, flag in zip(state, flags) if flag]
+    """The names of ``module``'s floating-point parameters and buffers that hold a NaN or an infinity, the same on
+    every process (:func:`nonfinite_counts`: a collective of a sharded module)."""
+    return list(nonfinite_counts(module.state_dict()))
 
 
 def check_finite(model, *, epoch: int, kept_epoch: int, val_loss: float | None = None, ema=None,

@@ -207,6 +207,7 @@ def _resume_sharded(recipe: Recipe, model: torch.nn.Module, folder: Path, world:
             raise UserError(f"{folder} is damaged or was edited: its extra holds no history; {rundir.RESTART}")
         history = json.loads(extra["history"])
         rundir.check_commit({**extra, "history": history}, folder)
+        check_finite_loaded(folder, model, recipe.optimizer, recipe.ema_module)
         if rundir.commit_order(extra) != order:
             raise UserError(f"{folder} is damaged or was edited: it holds epoch {extra['epoch']}, step "
                             f"{rundir.commit_order(extra)[1]}, not what its name says; {rundir.RESTART}")
@@ -219,6 +220,23 @@ def _resume_sharded(recipe: Recipe, model: torch.nn.Module, folder: Path, world:
     progress = Progress(extra["epoch"], extra["best_acc"], extra["best_epoch"], history, extra.get("progress"), saved,
                         extended)
     return _checked_progress(progress, folder, world)
+
+
+def check_finite_loaded(folder: Path, model: torch.nn.Module, optimizer, ema: torch.nn.Module | None) -> None:
+    """The weights, EMA and optimizer state just loaded from the distributed checkpoint ``folder`` are finite, checked
+    as state.pt's are (:func:`visionpe.train.rundir.check_finite_commit`): a NaN or inf is a damaged or edited file,
+    a :class:`UserError` naming it and the tensor. Every process calls it and each counts its own shards
+    (:func:`visionpe.train.loop.nonfinite_counts`), so every process refuses together."""
+    names = {p: n for n, p in parallel.unwrap(model).named_parameters()}
+    slots = {f"{names[p]}.{k}": v for p, entry in optimizer.state.items() for k, v in entry.items()}
+    parts = {"model": parallel.unwrap(model).state_dict(), "ema": {} if ema is None else ema.state_dict(),
+             "optimizer state": dict(sorted(slots.items()))}
+    for part, state in parts.items():
+        bad = loop.nonfinite_counts(state)
+        if bad:
+            name, count = next(iter(bad.items()))
+            raise UserError(f"{folder}'s {part} holds {count} NaN or infinite value(s) in {name!r} "
+                            f"{tuple(state[name].shape)}: {rundir.NONFINITE}; {rundir.RESTART}")
 
 
 def check_length(recipe: Recipe, state: dict, run) -> None:

@@ -242,7 +242,10 @@ def _load_converted(model: torch.nn.Module, state: dict, cfg: dict, what: str, s
     was_disabled, quiet.disabled = quiet.disabled, True  # the report is printed by the caller
     try:
         with user_errors(what):  # a source grid that does not fit the pos_embed
-            report = convert.load_timm_checkpoint(model, state, source_grid=source_grid)
+            try:
+                report = convert.load_timm_checkpoint(model, state, source_grid=source_grid)
+            except convert.NothingFits as err:  # nothing loaded: named below with the runs' sizes
+                report = err.report
     finally:
         quiet.disabled = was_disabled
     order = {k: i for i, k in enumerate(target)}

@@ -94,6 +94,8 @@ ARTIFACTS = (RESULTS, CONFIG, STATE, CHECKPOINT, METRICS, SUMMARY, BEST, LAST, E
 WEIGHTS = {"last": LAST, "best": BEST, "ema": EMA}  # the exported weights, by the name the scripts give them
 STATE_KEYS = ("epoch", "best_acc", "best_epoch", "history", "optimizer", "scheduler")
 RESTART = "restart the run with --overwrite"  # what is left to do with a damaged or edited commit
+NONFINITE = ("training never commits non-finite values, so the file is damaged or was edited (not a learning rate or "
+             "data problem)")  # what a commit holding a NaN or inf is
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -409,9 +411,7 @@ def check_finite_commit(state: dict, path: Path) -> None:
         try:
             io.check_finite(tensors, f"{path}'s {part}")
         except ValueError as err:
-            raise UserError(f"{str(err).split('; a checkpoint')[0]}: training never commits non-finite values, so "
-                            f"the file is damaged or was edited (not a learning rate or data problem); {RESTART}"
-                            ) from None
+            raise UserError(f"{str(err).split('; a checkpoint')[0]}: {NONFINITE}; {RESTART}") from None
 
 
 def check_commit(commit: dict, path: Path) -> None:

@@ -159,7 +159,7 @@ SETTINGS: dict[str, Setting] = {
                        "an integer >= 1", metavar="N"),
     "val_samples": S(None, DATA, "int?", "validation images (synthetic default 2000, rendered in memory at each "
                      "eval_res: at most what memory holds; real default all); an integer >= 1", metavar="N"),
-    "workers": S(0, DATA, "int", "DataLoader worker processes; an integer >= 0 (0 = load in the main process)",
+    "workers": S(0, DATA, "int", "DataLoader worker processes; an integer in [0, 256] (0 = load in the main process)",
                  metavar="N"),
     "max_patches": S(None, DATA, "int?", "train each image at its native aspect ratio within this many patches "
                      "(NaFlex's token budget: timm's RandomResizedCropToSequence for real images, the built-in tasks "
@@ -499,6 +499,7 @@ MAX_PATCHES = 65536  # patches per image (a 256 x 256 grid; 1024 px at patch 4, 
 BATCH_MEMORY_SHARE = 0.5  # one float32 input batch may take at most this share of the machine's memory
 MAX_AUG_REPEATS = 32  # repeated augmentation: an epoch keeps its length, so it sees about 1/N of the images
 MAX_THREADS = 4096  # torch.set_num_threads: more than any machine's cores (beyond the cores a run is warned)
+MAX_WORKERS = 256  # DataLoader worker processes: each is a process holding a copy of the data set's state
 
 
 def cpu_cores() -> int:
@@ -689,7 +690,12 @@ def check_data(cfg: dict) -> None:
          f"{', '.join(vdata.DATASETS)} (or register one with --import)")
     for key in ("train_samples", "val_samples"):
         need(cfg[key] is None or cfg[key] >= 1, f"{key} must be an integer >= 1, got {cfg[key]}")
-    need(cfg["workers"] >= 0, f"workers must be an integer >= 0, got {cfg['workers']}")
+    spec = vdata.get_spec(cfg["data"])
+    for key, given in (("data_dir", cfg["data_dir"] is not None), ("download", bool(cfg["download"]))):
+        need(not given or vdata.takes_option(spec, key), f"--{key.replace('_', '-')} is for data read from files; "
+             f"--data {cfg['data']} is rendered and reads none: leave it out")
+    need(0 <= cfg["workers"] <= MAX_WORKERS, f"workers must be an integer in [0, {MAX_WORKERS}] (each is a process), "
+         f"got {cfg['workers']}")
     if cfg["max_patches"] is not None:
         need(1 <= cfg["max_patches"] <= MAX_PATCHES, f"max_patches must be an integer in [1, {MAX_PATCHES}] (the "
              f"patches of one image; more do not fit attention in memory), got {cfg['max_patches']}")

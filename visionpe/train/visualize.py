@@ -31,6 +31,7 @@ from ..rotary.scaling import SCALINGS
 from . import models, restore
 
 KINDS = (*viz.KINDS, "explore")
+MAX_DPI = 1200  # a 6.4-inch figure at 1200 dpi is 7680 px wide; matplotlib's renderer refuses far larger ones
 
 
 def build_parser() -> cli.Parser:
@@ -87,6 +88,30 @@ def check_shape(parser, name: str, values):
     return tuple(values)
 
 
+def check_applies(args, parser) -> None:
+    """Flags of another kind than ``--kind`` are refused, never ignored; ``--out`` names a format the kind writes."""
+    for flag, value, kinds in (("--new-grid", args.new_grid, ("resolution", "explore")), ("--query", args.query,
+                                                                                           ("video",))):
+        if value is not None and args.kind not in kinds:
+            parser.error(f"{flag} is for --kind {' or '.join(kinds)}, not --kind {args.kind}: leave it out")
+    if args.run or args.checkpoint:
+        fresh = [f"--{name.replace('_', '-')}" for name in ("dim", "head_dim", "num_heads", "theta", "factorized",
+                                                            "seed") if getattr(args, name) != parser.get_default(name)]
+        if fresh:
+            one = len(fresh) == 1
+            parser.error(f"{', '.join(fresh)} {'builds' if one else 'build'} a fresh encoding; --run/--checkpoint "
+                         f"shows the trained one: leave {'it' if one else 'them'} out")
+    suffix = Path(args.out).suffix.lstrip(".").lower() if args.out else ""
+    if suffix and args.kind == "explore" and suffix not in ("html", "htm"):
+        parser.error(f"--out {args.out}: --kind explore writes an HTML page (.html)")
+    if suffix and args.kind != "explore":
+        from matplotlib.figure import Figure  # noqa: PLC0415  (matplotlib is imported when a figure is drawn)
+        formats = sorted(Figure().canvas.get_supported_filetypes())
+        if suffix not in formats:
+            parser.error(f"--out {args.out}: a figure is written as one of {', '.join(formats)} (the suffix names the "
+                         "format)")
+
+
 def fresh_encoding(args, shape):
     """Build ``args.pe`` for the grid ``shape`` as a model of the CLI's sizes would (any registered encoding)."""
     kwargs = {"theta": args.theta} if args.theta is not None else {}
@@ -101,6 +126,9 @@ def trained_encoding(args):
     model, cfg = restore.load_model(args.run or args.checkpoint, args.which)
     name = args.pe or str(cfg["pe"]).split("+")[0]
     pe = viz.pick_encoding(model, name, args.layer)
+    if args.layer and viz.family_of(pe) == "tokens":
+        raise UserError(f"--layer {args.layer} picks a block's encoding; {name} is a tokens encoding (one for the "
+                        "whole model): leave out --layer")
     where = f"layer {args.layer}" if viz.family_of(pe) != "tokens" else "tokens"
     native = viz.native_grid(pe, models.run_grid(cfg))
     return pe, native, f"{name} ({Path(args.run or args.checkpoint).name}, {where})"
@@ -133,6 +161,7 @@ def run(args, parser) -> Path:
         parser.error(f"unknown --scaling {args.scaling!r}; choose from {', '.join(SCALINGS)}")
     shape = check_shape(parser, "--grid", args.grid)
     new_shape = check_shape(parser, "--new-grid", args.new_grid)
+    check_applies(args, parser)
     if args.kind == "explore":
         return explore(args, parser, shape, new_shape)
     if args.run or args.checkpoint:
@@ -144,6 +173,9 @@ def run(args, parser) -> Path:
             parser.error("--pe is required for a fresh encoding (or give --run/--checkpoint)")
         native = shape or (14, 14)
         pe, title = fresh_encoding(args, native), args.pe
+    if args.head is not None and viz.family_of(pe) == "tokens":
+        parser.error(f"--head picks a head of a rotary or bias encoding; {viz.name_of(pe)} is a tokens encoding (one "
+                     "table for every head): leave out --head")
     if args.kind not in viz.kinds_for(pe):
         parser.error(f"--kind {args.kind} does not apply to {viz.name_of(pe)} ({viz.family_of(pe)}); kinds for it: "
                      f"{', '.join(viz.kinds_for(pe))}")
@@ -163,6 +195,8 @@ def main(argv) -> int:
     for name in ("dim", "num_heads", "dpi"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(args, name)}")
+    if args.dpi > MAX_DPI:
+        parser.error(f"--dpi must be an integer in [1, {MAX_DPI}], got {args.dpi}")
     if args.head_dim is not None and args.head_dim < 1:
         parser.error(f"--head-dim must be an integer >= 1, got {args.head_dim}")
     if args.theta is not None and not args.theta > 0:

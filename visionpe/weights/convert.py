@@ -260,12 +260,29 @@ def load_timm_checkpoint(model: nn.Module, source, strict: bool = False, source_
     if strict and (report.new or report.dropped):
         raise ValueError(f"load_timm_checkpoint(strict=True): {where} does not fit {type(model).__name__} "
                          f"(nothing was loaded):\n" + _summary(report, mismatched, limit=None))
+    if state and all(k.startswith("head.") for k in load):  # another model's or size's checkpoint (its classifier
+        # head aside): the model would keep its initial weights
+        first = next(iter(mismatched.items()), None)
+        shown = (f"{first[0]} is {first[1]}" + (f" (and {len(mismatched) - 1} more of another shape)"
+                                                if len(mismatched) > 1 else "")) if first else \
+            f"none of its {len(state)} keys is the model's (e.g. {next(iter(state))})"
+        raise NothingFits(f"load_timm_checkpoint: nothing of {where} fits {type(model).__name__}: {shown}; the "
+                          "model would keep its initial weights", report)
     check_shapes(load, target, f"{where} does not fit {type(model).__name__}", report.converted)
     model.load_state_dict(load, strict=False)
     for name in timm_tables:  # a larger grid later grows the table as timm would build its model there
         model.get_submodule(name).interpolation = table_resize or "geometric"
     _log_report(report, mismatched, f"{where} into {type(model).__name__}")
     return report
+
+
+class NothingFits(ValueError):
+    """:func:`load_timm_checkpoint` of a checkpoint of which nothing but the classifier head fits the model (another
+    model's, or another size's); ``report``: what was found, nothing loaded."""
+
+    def __init__(self, message: str, report: LoadReport):
+        super().__init__(message)
+        self.report = report
 
 
 def pos_embed_reader(model: nn.Module) -> nn.Module | None:

@@ -251,6 +251,10 @@ def check(args) -> None:
         raise UserError("--pretrain-epochs and --finetune-epochs must be integers >= 1")
     if any(s < 0 for s in args.seeds):
         raise UserError(f"--seeds must be integers >= 0, got {' '.join(map(str, args.seeds))}")
+    for pe in args.to:  # first: the recipe is resolved with each of them below
+        with user_errors(f"--to {pe}"):
+            if "rotary" not in parse_pe(pe):
+                raise UserError(f"--to {pe}: not a RoPE encoding (rope_axial, rope_mixed, or a combination)")
     for data in args.data:
         for pe in [SOURCE_PE, *args.to]:
             cfg = settings.resolve({"config": str(args.config), "data": data, "pe": pe,
@@ -261,10 +265,6 @@ def check(args) -> None:
                                 f"{cfg['patch_size']}")
             if cfg["warmup_epochs"] > args.finetune_epochs:
                 raise UserError(f"the recipe's warmup_epochs {cfg['warmup_epochs']} exceeds --finetune-epochs")
-        for pe in args.to:
-            with user_errors(f"--to {pe}"):
-                if "rotary" not in parse_pe(pe):
-                    raise UserError(f"--to {pe}: not a RoPE encoding (rope_axial, rope_mixed, or a combination)")
 
 
 def run(args, command: str) -> int:

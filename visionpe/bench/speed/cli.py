@@ -88,15 +88,20 @@ def build_parser() -> cli.Parser:
     return p
 
 
+MAX_BATCH, MAX_REPEATS = 4096, 1000  # upper bounds: a benchmark that ends (a larger batch or count never would)
+MAX_RUN_TIME = 3600.0  # seconds of calls per row and round
+MAX_THREADS = 4096  # as visionpe train's --threads
+
 def parse_args(argv: list[str]):
     args = build_parser().parse_args(argv)
-    for name in ("batch", "repeats", "slow_repeats", "scale_repeats"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(args, name)}")
-    if not args.min_run_time > 0:
-        raise UserError(f"--min-run-time must be a number of seconds > 0, got {args.min_run_time}")
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be an integer >= 1, got {args.threads}")
+    for name, most in (("batch", MAX_BATCH), ("repeats", MAX_REPEATS), ("slow_repeats", MAX_REPEATS),
+                       ("scale_repeats", MAX_REPEATS)):
+        if not 1 <= getattr(args, name) <= most:
+            raise UserError(f"--{name.replace('_', '-')} must be an integer in [1, {most}], got {getattr(args, name)}")
+    if not 0 < args.min_run_time <= MAX_RUN_TIME:
+        raise UserError(f"--min-run-time must be a number of seconds in (0, {MAX_RUN_TIME}], got {args.min_run_time}")
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise UserError(f"--threads must be an integer in [1, {MAX_THREADS}], got {args.threads}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is available")
     if "onnx" in args.sections and (export.missing_onnx_packages() or not export.torch_supports_export()):
