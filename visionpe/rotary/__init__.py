@@ -1,6 +1,7 @@
 """Rotary family: rotations of queries and keys inside attention."""
 from ._base import RotaryEncoding, block_columns, rope_kernel, rotation_kernel
 from .comrope import ComRoPE
+from .conventions import ChannelLayout, FrequencyBands, ResolutionScaling
 from .harope import HARoPE
 from .layouts import GOLDEN_ANGLE
 from .learned import LearnedRotation
@@ -14,6 +15,7 @@ from .spiral import SpiralRoPE
 from .string_rope import StringRoPE
 from .videorope import VideoRoPE
 
-__all__ = ["AxialRoPE", "ComRoPE", "GOLDEN_ANGLE", "HARoPE", "LearnedRotation", "LieRE", "MixedRoPE", "RIFLEx",
-           "RegisterRoPE", "RoPE", "RotaryEncoding", "SCALINGS", "SpiralRoPE", "StringRoPE", "VideoRoPE",
-           "apply_rotary", "block_columns", "rope_kernel", "rotation_kernel", "video_sections"]
+__all__ = ["AxialRoPE", "ChannelLayout", "ComRoPE", "FrequencyBands", "GOLDEN_ANGLE", "HARoPE", "LearnedRotation",
+           "LieRE", "MixedRoPE", "RIFLEx", "RegisterRoPE", "ResolutionScaling", "RoPE", "RotaryEncoding", "SCALINGS",
+           "SpiralRoPE", "StringRoPE", "VideoRoPE", "apply_rotary", "block_columns", "rope_kernel", "rotation_kernel",
+           "video_sections"]
