@@ -119,7 +119,7 @@ class Encoding(nn.Module):
     def keywords(cls) -> tuple[str, ...]:
         """The keywords this encoding is built with by name (``build``, :meth:`for_model`, presets, ``pe_kwargs``):
         its constructor's. A class whose constructor takes records (RoPE's conventions) lists their fields too."""
-        return tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")
+        return init_keywords(cls)
 
     @classmethod
     def from_keywords(cls, **kwargs) -> "Encoding":
@@ -245,8 +245,11 @@ class Encoding(nn.Module):
 def constructor_keywords(cls: type) -> tuple[str, ...]:
     """The keywords an encoding class is built with by name (:meth:`Encoding.keywords`; for any other class, those
     of ``cls.__init__`` without ``self``)."""
-    if isinstance(cls, type) and issubclass(cls, Encoding):
-        return cls.keywords()
+    return cls.keywords() if isinstance(cls, type) and issubclass(cls, Encoding) else init_keywords(cls)
+
+
+def init_keywords(cls: type) -> tuple[str, ...]:
+    """The parameter names of ``cls.__init__`` without ``self``."""
     return tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")
 
 
