@@ -114,7 +114,18 @@ class Encoding(nn.Module):
                 raise ValueError(f"pe keyword {key}={kwargs[key]!r} contradicts the model, whose {key} is "
                                  f"{words[key]}{axes}: leave it out (the model gives it)"
                                  f"{', or pass 1 for one set shared by the heads' if key == 'num_heads' else ''}")
-        return cls(**{**cls.model_defaults(context), **kwargs})
+        return cls.from_keywords(**{**cls.model_defaults(context), **kwargs})
+
+    @classmethod
+    def keywords(cls) -> tuple[str, ...]:
+        """The keywords this encoding is built with by name (``build``, :meth:`for_model`, presets, ``pe_kwargs``):
+        its constructor's. A class whose constructor takes records (RoPE's conventions) lists their fields too."""
+        return init_keywords(cls)
+
+    @classmethod
+    def from_keywords(cls, **kwargs) -> "Encoding":
+        """The encoding built from :meth:`keywords` (the registry's and :meth:`for_model`'s one way in)."""
+        return cls(**kwargs)
 
     # -- initialising itself (meta-device builds, sharded models) ------------------------------------
     def derived_buffers(self) -> dict:
@@ -233,7 +244,13 @@ class Encoding(nn.Module):
 
 
 def constructor_keywords(cls: type) -> tuple[str, ...]:
-    """Keyword names of ``cls.__init__`` (without ``self``)."""
+    """The keywords an encoding class is built with by name (:meth:`Encoding.keywords`; for any other class, those
+    of ``cls.__init__`` without ``self``)."""
+    return cls.keywords() if isinstance(cls, type) and issubclass(cls, Encoding) else init_keywords(cls)
+
+
+def init_keywords(cls: type) -> tuple[str, ...]:
+    """The parameter names of ``cls.__init__`` without ``self``."""
     return tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")
 
 

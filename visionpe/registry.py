@@ -105,4 +105,4 @@ def build(name: str, **kwargs) -> Encoding:
     """
     cls = check_name(name)
     check_keywords(name, kwargs)
-    return cls(**kwargs)
+    return cls.from_keywords(**kwargs)

@@ -2,6 +2,7 @@
 from ._base import RotaryEncoding, block_columns, rope_kernel, rotation_kernel
 from .circle_rope import CircleRoPE
 from .comrope import ComRoPE
+from .conventions import ChannelLayout, FrequencyBands, ResolutionScaling
 from .dype import DyPE
 from .geope import GeoPE
 from .harope import HARoPE
@@ -20,7 +21,7 @@ from .string_rope import StringRoPE
 from .v2pe import V2PE
 from .videorope import VideoRoPE
 
-__all__ = ["AxialRoPE", "CircleRoPE", "ComRoPE", "DyPE", "GOLDEN_ANGLE", "GeoPE", "HARoPE", "HoPE", "LearnedRotation",
-           "LieRE", "MixedRoPE", "RIFLEx", "RegisterRoPE", "RoPE", "RotaryEncoding", "SCALINGS", "SphericalRoPE",
-           "SpiralRoPE", "StringRoPE", "V2PE", "VideoRoPE", "apply_rotary", "block_columns", "rope_kernel",
-           "rotation_kernel", "video_sections"]
+__all__ = ["AxialRoPE", "ChannelLayout", "CircleRoPE", "ComRoPE", "DyPE", "FrequencyBands", "GOLDEN_ANGLE", "GeoPE",
+           "HARoPE", "HoPE", "LearnedRotation", "LieRE", "MixedRoPE", "RIFLEx", "RegisterRoPE", "ResolutionScaling",
+           "RoPE", "RotaryEncoding", "SCALINGS", "SphericalRoPE", "SpiralRoPE", "StringRoPE", "V2PE", "VideoRoPE",
+           "apply_rotary", "block_columns", "rope_kernel", "rotation_kernel", "video_sections"]

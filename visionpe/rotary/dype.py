@@ -34,6 +34,8 @@ from torch import nn
 from .._checks import check_choice, check_number, check_positive_int, to_shape
 from ..cache import TableCache
 from ..grid import Grid
+from ..coords import CoordinateSystem
+from .conventions import ChannelLayout, ResolutionScaling
 from .rope import RoPE, axial_frequencies, band_fractions, resolve_sections
 from .scaling import axis_scales, scale_frequencies, scale_positions
 
@@ -74,9 +76,9 @@ class DyPE(RoPE):
         self.axis_order = axis_order
         freqs, fraction, _ = self.initial_state()
         super().__init__(head_dim=head_dim, num_heads=num_heads, ndim=ndim, freqs=freqs, band_fraction=fraction,
-                         learnable=False, pairs=pairs, scaling=scaling,
                          ref_shape=to_shape("ref_shape", ref_shape, ndim),
-                         yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order)
+                         channels=ChannelLayout(pairs=pairs, axis_order=axis_order), coordinates=CoordinateSystem(),
+                         resolution=ResolutionScaling(scaling=scaling, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta))
         self.timestep = timestep
 
     @property

@@ -28,8 +28,10 @@ from torch import nn
 from .._checks import angle_dtype, check_choice
 from .._compat import autocast_off
 from ..cache import TableCache
+from ..coords import CoordinateSystem
 from ..grid import Grid, Layout, as_layout
 from .blocks import change_basis, matrix_exp
+from .conventions import AXIAL_CONVENTIONS, PER_HEAD_LAYOUTS, ChannelLayout, ResolutionScaling, check_records
 from .rope import AxialRoPE
 
 SIDES = ("query", "key")
@@ -44,14 +46,15 @@ class HARoPE(AxialRoPE):
     :class:`~visionpe.rotary.rope.AxialRoPE`'s.
     """
 
-    def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, theta: float = 10000.0,
-                 pairs: str = "interleaved", sections=None, scaling: str = "none", ref_shape=None,
-                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0, axis_order: str = "ij", coords: str = "index",
-                 normalize_coords: str = "separate", shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward"):
-        super().__init__(head_dim, num_heads, ndim, theta, pairs, sections, scaling, ref_shape, yarn_alpha, yarn_beta,
-                         axis_order, "axial", coords, normalize_coords, None, None, shift_coords, jitter_coords,
-                         rescale_coords, draw_coords)
+    refused = AXIAL_CONVENTIONS + PER_HEAD_LAYOUTS  # the official DiT's axial RoPE
+
+    def __init__(self, *, head_dim: int, num_heads: int = 1, ndim: int = 2, theta: float = 10000.0, ref_shape=None,
+                 channels: ChannelLayout = ChannelLayout(axis_order="ij"),
+                 coordinates: CoordinateSystem = CoordinateSystem(),
+                 resolution: ResolutionScaling = ResolutionScaling()):
+        check_records("HARoPE", HARoPE.refused, channels=channels, coordinates=coordinates, resolution=resolution)
+        super().__init__(head_dim=head_dim, num_heads=num_heads, ndim=ndim, theta=theta, ref_shape=ref_shape,
+                         channels=channels, coordinates=coordinates, resolution=resolution)
         identity = self.identity_map()
         self.A_u, self.A_v, self.sigma = (nn.Parameter(identity[name]) for name in ("A_u", "A_v", "sigma"))
         self._maps = TableCache(maxsize=4)

@@ -17,6 +17,8 @@ import torch
 
 from .._checks import check_number, check_positive_int, check_divisible
 from ..grid import Grid
+from ..coords import CoordinateSystem
+from .conventions import ChannelLayout, ResolutionScaling
 from .rope import RoPE, band_fractions, spectrum_frequencies
 
 
@@ -35,8 +37,8 @@ class PlacedRoPE(RoPE):
         self.num_pairs = head_dim // 2
         freqs, fraction, _ = self.initial_state()
         super().__init__(head_dim=head_dim, num_heads=num_heads, ndim=ndim, freqs=freqs, band_fraction=fraction,
-                         learnable=False, pairs=pairs, scaling="none", ref_shape=None, yarn_alpha=1.0,
-                         yarn_beta=32.0, axis_order="ij")
+                         ref_shape=None, channels=ChannelLayout(pairs=pairs, axis_order="ij"),
+                         coordinates=CoordinateSystem(), resolution=ResolutionScaling())
 
     def pair_components(self) -> list[int]:
         """The position component (a column of :meth:`place`) each of the ``head_dim / 2`` pairs turns with."""

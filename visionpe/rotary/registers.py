@@ -25,7 +25,9 @@ import math
 import torch
 
 from .._checks import angle_dtype, check_nonnegative_int, check_number
+from ..coords import CoordinateSystem
 from ..grid import Grid
+from .conventions import AXIAL_CONVENTIONS, PER_HEAD_LAYOUTS, ChannelLayout, ResolutionScaling, check_records
 from .rope import AxialRoPE, axial_frequencies
 
 
@@ -47,17 +49,19 @@ class RegisterRoPE(AxialRoPE):
     by their place on the register grid (``register_theta``), the patches as :class:`~visionpe.rotary.rope.AxialRoPE`
     (``theta``, ``axis_order``, ``scaling``, coordinates and their augmentation: the registers take none of those)."""
 
-    def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, theta: float = 10000.0,
-                 num_registers: int = 4, register_theta: float = 100.0, pairs: str = "interleaved", sections=None,
-                 scaling: str = "none", ref_shape=None, yarn_alpha: float = 1.0, yarn_beta: float = 32.0,
-                 axis_order: str = "ij", coords: str = "index", normalize_coords: str = "separate",
-                 shift_coords: float | None = None, jitter_coords: float | None = None,
-                 rescale_coords: float | None = None, draw_coords: str = "forward"):
+    refused = AXIAL_CONVENTIONS + PER_HEAD_LAYOUTS  # ViT-5's axial RoPE
+
+    def __init__(self, *, head_dim: int, num_heads: int = 1, ndim: int = 2, theta: float = 10000.0,
+                 num_registers: int = 4, register_theta: float = 100.0, ref_shape=None,
+                 channels: ChannelLayout = ChannelLayout(axis_order="ij"),
+                 coordinates: CoordinateSystem = CoordinateSystem(),
+                 resolution: ResolutionScaling = ResolutionScaling()):
+        check_records("RegisterRoPE", RegisterRoPE.refused, channels=channels, coordinates=coordinates,
+                      resolution=resolution)
         self.num_registers = check_nonnegative_int("num_registers", num_registers)
         self.register_theta = check_number("register_theta", register_theta, minimum=1.0, inclusive=False)
-        super().__init__(head_dim, num_heads, ndim, theta, pairs, sections, scaling, ref_shape, yarn_alpha, yarn_beta,
-                         axis_order, "axial", coords, normalize_coords, None, None, shift_coords, jitter_coords,
-                         rescale_coords, draw_coords)
+        super().__init__(head_dim=head_dim, num_heads=num_heads, ndim=ndim, theta=theta, ref_shape=ref_shape,
+                         channels=channels, coordinates=coordinates, resolution=resolution)
         self.register_shape = register_shape(self.num_registers, self.ndim)
 
     @classmethod

@@ -29,6 +29,8 @@ import torch
 
 from .._checks import check_number, check_positive_int
 from ..grid import Grid
+from .conventions import (AXIAL_CONVENTIONS, PER_HEAD_LAYOUTS, PERIODS, ChannelLayout, FrequencyBands,
+                          ResolutionScaling, check_records)
 from .layouts import rotated_count
 from .rope import AxialRoPE
 
@@ -74,16 +76,18 @@ class RIFLEx(AxialRoPE):
 
     ndims = (3,)
 
-    def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 3, theta: float = 10000.0,
-                 pairs: str = "interleaved", sections=None, scaling: str = "none", ref_shape=None,
-                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0, axis_order: str = "xy",
+    refused = AXIAL_CONVENTIONS + PER_HEAD_LAYOUTS + PERIODS  # index coordinates, theta's spectrum per axis
+
+    def __init__(self, *, head_dim: int, num_heads: int = 1, ndim: int = 3, theta: float = 10000.0, ref_shape=None,
                  intrinsic_index: int | None = None, repetition_frame: float | None = None,
-                 period_margin: float = 0.9, rotate_fraction: float = 1.0):
+                 period_margin: float = 0.9, bands: FrequencyBands = FrequencyBands(),
+                 channels: ChannelLayout = ChannelLayout(), resolution: ResolutionScaling = ResolutionScaling()):
         if ndim != 3:
             raise ValueError(f"riflex is defined on (T, H, W) grids (it lowers a temporal frequency): ndim must be 3, "
                              f"got ndim={ndim!r} (for images use rope_axial or rope_mixed)")
-        super().__init__(head_dim, num_heads, ndim, theta, pairs, sections, scaling, ref_shape, yarn_alpha, yarn_beta,
-                         axis_order, rotate_fraction=rotate_fraction)
+        check_records("RIFLEx", RIFLEx.refused, bands=bands, channels=channels, resolution=resolution)
+        super().__init__(head_dim=head_dim, num_heads=num_heads, ndim=ndim, theta=theta, ref_shape=ref_shape,
+                         bands=bands, channels=channels, resolution=resolution)
         self.period_margin = check_number("period_margin", period_margin, minimum=0.0, inclusive=False, maximum=1.0)
         if repetition_frame is not None:
             check_number("repetition_frame", repetition_frame, minimum=0.0, inclusive=False)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import math
-from numbers import Real
 
 import torch
 from einops import rearrange
@@ -28,16 +27,11 @@ from ..grid import Grid, Layout, as_grid, as_layout
 from ..sharding import full_tensor
 from ..encoding import Knob
 from ._base import RotaryEncoding
-from .layouts import (AXIS_LETTERS, DIRECTIONS, band_frequencies, check_rotate_fraction, golden_directions,
-                      head_axes_layout, parse_head_axes, rotated_count, rotated_pairs)
+from .conventions import (AXIAL_CONVENTIONS, SECTION_RULES, ChannelLayout, FlatKeywords, FrequencyBands,
+                          ResolutionScaling, check_records)
+from .layouts import (AXIS_LETTERS, DIRECTIONS, band_frequencies, golden_directions, head_axes_layout, parse_head_axes,
+                      rotated_count, rotated_pairs)
 from .scaling import SCALINGS, attention_factor, axis_scales, scale_frequencies, scale_positions
-
-PAIRS = ("interleaved", "half")
-AXIS_ORDERS = ("xy", "ij")
-SPECTRA = ("axial", "mrope", "mrope_interleaved", "videorope")
-SECTION_RULES = ("rest_first", "rest_unrotated")  # sections by rule: floor(pairs / ndim) per axis, the rest ...
-PAIR_ORDERS = ("spectrum", "by_axis", "alternate")
-CHANNEL_FREQUENCIES = ("paired", "repeated")
 
 
 def band_fractions(sizes) -> torch.Tensor:
@@ -217,7 +211,7 @@ def rotate_channels(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     return (x_pairs * cos + x_pairs.flip(-1) * sin * sign).flatten(-2).type_as(x)
 
 
-class RoPE(RotaryEncoding):
+class RoPE(FlatKeywords, RotaryEncoding):
     """Rotary embedding from frequency vectors; use :class:`AxialRoPE` or :class:`MixedRoPE`.
 
     Call: ``pe(q, k, grid) -> (q, k)`` with ``q, k: (B, num_heads, P + N, head_dim)``; the ``P`` prefix
@@ -246,38 +240,32 @@ class RoPE(RotaryEncoding):
 
     scalings = SCALINGS  # the adaptations to a new grid it takes (the sweep reads them)
 
-    def __init__(self, head_dim: int, num_heads: int, ndim: int, freqs: torch.Tensor, band_fraction: torch.Tensor,
-                 learnable: bool, pairs: str, scaling: str, ref_shape, yarn_alpha: float, yarn_beta: float,
-                 axis_order: str = "xy", coordinates: CoordinateSystem | None = None,
-                 freq_mask: torch.Tensor | None = None, grid_offset: float = 0.0,
-                 channel_index: torch.Tensor | None = None):
+    def __init__(self, *, head_dim: int, num_heads: int, ndim: int, freqs: torch.Tensor, band_fraction: torch.Tensor,
+                 ref_shape, channels: ChannelLayout, coordinates: CoordinateSystem, resolution: ResolutionScaling,
+                 grid_offset: float = 0.0):
+        """``freqs: (ndim, heads or 1, pairs)``, an ``nn.Parameter`` when learned (else a buffer); ``band_fraction``:
+        NTK's exponent of each pair ``(pairs,)`` (or ``(heads, pairs)``); ``channels`` gives ``pairs`` and
+        ``axis_order``. ``freq_mask`` and ``channel_index`` start as None (a subclass registers its own)."""
         super().__init__()
-        check_choice("pairs", pairs, PAIRS)
-        check_choice("scaling", scaling, SCALINGS)
-        check_choice("axis_order", axis_order, AXIS_ORDERS)
-        self.head_dim, self.num_heads, self.ndim, self.axis_order = head_dim, num_heads, ndim, axis_order
-        self.pairs, self.scaling = pairs, scaling
-        self.coordinates = coordinates or CoordinateSystem()
-        check_scaling(scaling, self.coordinates)
+        self.head_dim, self.num_heads, self.ndim, self.axis_order = head_dim, num_heads, ndim, channels.axis_order
+        self.pairs, self.scaling = channels.pairs, resolution.scaling
+        self.coordinates = coordinates
+        check_scaling(self.scaling, self.coordinates)
         self.ref_shape = None if ref_shape is None else to_shape("ref_shape", ref_shape, ndim)
-        if scaling != "none" and self.ref_shape is None:
-            raise ValueError(f"scaling={scaling!r} needs ref_shape, the training grid (e.g. ref_shape=(14, 14))")
-        self.yarn_alpha = check_number("yarn_alpha", yarn_alpha, 0.0)
-        self.yarn_beta = check_number("yarn_beta", yarn_beta, 0.0)
-        if self.yarn_alpha >= self.yarn_beta:
-            raise ValueError(f"yarn_alpha={yarn_alpha!r} must be smaller than yarn_beta={yarn_beta!r} (YaRN keeps "
-                             "bands above beta rotations and interpolates those below alpha)")
-        if learnable:
-            self.freqs = nn.Parameter(freqs.contiguous())  # FSDP shards contiguous parameters only
+        if self.scaling != "none" and self.ref_shape is None:
+            raise ValueError(f"scaling={self.scaling!r} needs ref_shape, the training grid (e.g. ref_shape=(14, 14))")
+        self.yarn_alpha, self.yarn_beta = resolution.yarn_alpha, resolution.yarn_beta
+        if isinstance(freqs, nn.Parameter):
+            self.freqs = freqs
         else:
             self.register_buffer("freqs", freqs, persistent=False)
         self.register_buffer("band_fraction", band_fraction, persistent=False)
-        self.register_buffer("freq_mask", freq_mask, persistent=False)
+        self.register_buffer("freq_mask", None, persistent=False)
         self.grid_offset = check_number("grid_offset", grid_offset)
         if self.grid_offset and self.coordinates.normalized:
             raise ValueError(f"grid_offset={grid_offset!r} shifts index coordinates; "
                              f"coords={self.coordinates.coords!r} puts every grid on [-1, 1]: use grid_offset=0")
-        self.register_buffer("channel_index", channel_index, persistent=False)
+        self.register_buffer("channel_index", None, persistent=False)
         self._cache = TableCache(maxsize=16)
 
     def initial_state(self, generator=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -449,7 +437,8 @@ class RoPE(RotaryEncoding):
         """In a model, RoPE on integer positions interpolates to the model's grid by default (``scaling="pi"``: the
         adaptation that holds best in docs/BENCHMARK.md; at the model's own grid it is the identity);
         ``scaling="none"`` extrapolates. Normalised coordinates take no scaling."""
-        if kwargs.get("coords", "index") == "index":
+        coords = kwargs.get("coords", getattr(kwargs.get("coordinates"), "coords", "index"))
+        if coords == "index" and "resolution" not in kwargs:  # a ResolutionScaling given says its own scaling
             kwargs = {"scaling": "pi", **kwargs}
         return super().for_model(context, **kwargs)
 
@@ -488,18 +477,6 @@ def check_scaling(scaling: str, coordinates: CoordinateSystem) -> None:
     if coordinates.normalized and scaling != "none":
         raise ValueError(f"scaling={scaling!r} applies to coords='index'; coords={coordinates.coords!r} maps every "
                          "grid onto [-1, 1] already (a form of interpolation): use scaling='none'")
-
-
-def check_periods(min_period, max_period) -> tuple[float, float] | None:
-    """DINOv3's period range: both or neither, ``0 < min_period <= max_period``."""
-    if min_period is None and max_period is None:
-        return None
-    if min_period is None or max_period is None:
-        raise ValueError(f"min_period and max_period go together (DINOv3's periods min * (max/min)^(i/(n-1))), got "
-                         f"min_period={min_period!r}, max_period={max_period!r}")
-    low = check_number("min_period", min_period, minimum=0.0, inclusive=False)
-    high = check_number("max_period", max_period, minimum=low)
-    return low, high
 
 
 def resolve_sections(head_dim: int, ndim: int, sections, who: str) -> tuple[int, ...]:
@@ -586,6 +563,16 @@ class AxialRoPE(RoPE):
     (``theta=100`` is rope-vit's default). ``sections`` gives the pairs per axis in grid order
     (``(T, H, W)``); they must sum to ``head_dim / 2``.
 
+    The constructor takes the sizes (``head_dim``, ``num_heads``, ``ndim``), ``theta``, ``ref_shape`` and
+    ``grid_offset`` directly and the conventions as records (:mod:`visionpe.rotary.conventions`): ``bands``
+    (:class:`FrequencyBands`: ``spectrum``, ``min_period``/``max_period``, ``max_res``/``linear_bands``,
+    ``ntk_factor``, ``rotate_fraction``), ``channels`` (:class:`ChannelLayout`: ``pairs``, ``sections``,
+    ``axis_order``, ``pair_order``, ``channel_frequencies``, ``inert_axes``, ``directions``, ``head_axes``),
+    ``coordinates`` (:class:`~visionpe.coords.CoordinateSystem`: ``coords``, ``normalize_coords``, the augmentation)
+    and ``resolution`` (:class:`ResolutionScaling`: ``scaling``, ``yarn_alpha``, ``yarn_beta``). Built by name
+    (``vpe.build("rope_axial", ...)``, :meth:`for_model`, presets) it takes every field as a flat keyword of the same
+    name (:meth:`~visionpe.rotary.conventions.FlatKeywords.from_keywords`); the keywords below are those fields.
+
     ``axis_order``: which axis owns the first block of pairs: ``"xy"`` (the last grid axis, x: rope-vit, timm
     ``grid_indexing="xy"``) or ``"ij"`` (grid order, y first: timm Eva's default ``grid_indexing="ij"``).
 
@@ -610,8 +597,8 @@ class AxialRoPE(RoPE):
     ``min_period``/``max_period`` (both or neither) give DINOv3's geometric periods instead,
     ``w_i = 2 pi / (min_period (max_period/min_period)^(i/(n-1)))``, in the units of ``coords``.
     ``shift_coords``, ``jitter_coords``, ``rescale_coords``: timm's train-time augmentation (see :class:`RoPE`).
-    ``AxialRoPE(head_dim, theta=T, coords="normalized", axis_order="ij", pairs="half")`` is timm's
-    ``RotaryEmbeddingDinoV3(head_dim, temperature=T)`` (its ``rotate_half`` layout, y pairs first).
+    ``build("rope_axial", head_dim=d, theta=T, coords="normalized", axis_order="ij", pairs="half")`` is timm's
+    ``RotaryEmbeddingDinoV3(d, temperature=T)`` (its ``rotate_half`` layout, y pairs first).
     A grid's ``spacing`` (e.g. Qwen2.5-VL's absolute time) is read with the coordinates (``coords="index"``); an
     axis with a spacing is absolute, so resolution scaling leaves it alone (the others are scaled as usual).
 
@@ -650,33 +637,26 @@ class AxialRoPE(RoPE):
 
     knob = Knob("theta", (0.5, 1.0, 2.0, 4.0, 8.0, 16.0), relative=True)
 
-    def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, theta: float = 100.0,
-                 pairs: str = "interleaved", sections=None, scaling: str = "none", ref_shape=None,
-                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0, axis_order: str = "xy", spectrum: str = "axial",
-                 coords: str = "index", normalize_coords: str = "separate", min_period: float | None = None,
-                 max_period: float | None = None, shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward",
-                 directions: str = "axial", rotate_fraction: float = 1.0, head_axes=None, grid_offset: float = 0.0,
-                 ntk_factor=None, pair_order: str = "spectrum", channel_frequencies: str = "paired",
-                 inert_axes: int = 0, max_res: float | None = None, linear_bands: bool = False):
+    def __init__(self, *, head_dim: int, num_heads: int = 1, ndim: int = 2, theta: float = 100.0, ref_shape=None,
+                 grid_offset: float = 0.0, bands: FrequencyBands = FrequencyBands(),
+                 channels: ChannelLayout = ChannelLayout(), coordinates: CoordinateSystem = CoordinateSystem(),
+                 resolution: ResolutionScaling = ResolutionScaling()):
+        check_records("AxialRoPE", AxialRoPE.refused, bands=bands, channels=channels, coordinates=coordinates,
+                      resolution=resolution)
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
         check_number("theta", theta, minimum=1.0, inclusive=False)
-        check_choice("axis_order", axis_order, AXIS_ORDERS)
-        check_choice("spectrum", spectrum, SPECTRA)
-        check_layout(ndim, directions, ("axial", "golden"), head_axes, spectrum)
-        check_choice("pair_order", pair_order, PAIR_ORDERS)
-        check_choice("channel_frequencies", channel_frequencies, CHANNEL_FREQUENCIES)
+        spectrum, sections = bands.spectrum, channels.sections
+        check_layout(ndim, channels.directions, ("axial", "golden"), channels.head_axes, spectrum)
         self.unrotated_pairs = 0
         if isinstance(sections, str):
             sections, self.unrotated_pairs = section_rule(sections, head_dim, ndim)
-        check_model_conventions(directions, head_axes, spectrum, pairs, self.unrotated_pairs, ntk_factor, pair_order,
-                                channel_frequencies)
-        self.ntk_factor = None if ntk_factor is None else check_ntk_factor(ntk_factor, ndim)
-        self.pair_order, self.channel_frequencies = pair_order, channel_frequencies
-        self.head_axes = parse_head_axes(head_axes, ndim, num_heads)
-        self.directions, self.rotate_fraction = directions, check_rotate_fraction(rotate_fraction)
-        self.inert_axes = check_inert_axes(inert_axes, spectrum, pair_order)
+        check_model_conventions(bands, channels, self.unrotated_pairs)
+        self.ntk_factor = None if bands.ntk_factor is None else check_ntk_factor(bands.ntk_factor, ndim)
+        self.pair_order, self.channel_frequencies = channels.pair_order, channels.channel_frequencies
+        self.head_axes = parse_head_axes(channels.head_axes, ndim, num_heads)
+        self.directions, self.rotate_fraction = channels.directions, bands.rotate_fraction
+        self.inert_axes = check_inert_axes(channels.inert_axes, spectrum, channels.pair_order)
         layout_ndim = ndim + self.inert_axes  # the axes the spectrum's layout deals pairs to
         if spectrum == "videorope" and ndim != 3:
             raise ValueError(f"spectrum='videorope' gives time (axis 0 of a (T, H, W) grid) the lowest frequencies; "
@@ -693,19 +673,17 @@ class AxialRoPE(RoPE):
                                  f"head_dim / 2 (pairs left over turn with axis 0)")
         else:
             sections = resolve_sections(head_dim - 2 * self.unrotated_pairs, layout_ndim, sections, "rope_axial")
-        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
-                                       draw_coords)
         self.theta, self.sections, self.spectrum, self.num_pairs = float(theta), sections, spectrum, head_dim // 2
-        periods = check_periods(min_period, max_period)
-        pixel = check_pixel_bands(max_res, linear_bands, periods, scaling, self.rotate_fraction)
+        pixel = check_pixel_bands(bands, resolution.scaling)
         self.max_res, self.linear_bands = (None, False) if pixel is None else pixel
-        self.bands = dict(per_turn=coordinates.normalized, periods=periods, pixel=pixel)
+        self.band_options = dict(per_turn=coordinates.normalized, periods=bands.periods, pixel=pixel)
         self.num_heads, self.ndim = num_heads, ndim  # the golden and per-head layouts build a table per head
-        self.axis_order = axis_order
-        freqs, fraction, _ = self.initial_state()
-        super().__init__(head_dim, num_heads, ndim, freqs, fraction, learnable=False, pairs=pairs, scaling=scaling,
-                         ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta, axis_order=axis_order,
-                         coordinates=coordinates, grid_offset=grid_offset, channel_index=self._channel_index())
+        self.axis_order = channels.axis_order
+        freqs, fraction, _ = self.initial_state()  # (ndim, heads or 1, pairs), (pairs,) or (heads, pairs)
+        super().__init__(head_dim=head_dim, num_heads=num_heads, ndim=ndim, freqs=freqs, band_fraction=fraction,
+                         ref_shape=ref_shape, channels=channels, coordinates=coordinates, resolution=resolution,
+                         grid_offset=grid_offset)
+        self.register_buffer("channel_index", self._channel_index(), persistent=False)  # (head_dim/2, 2) or None
 
     def initial_state(self, generator=None) -> tuple[torch.Tensor, torch.Tensor, None]:
         """The fixed frequencies ``(ndim, heads or 1, pairs)`` float32 and band fractions (see :meth:`RoPE.initial_state`);
@@ -727,7 +705,7 @@ class AxialRoPE(RoPE):
 
     def _head_layout(self, axis_order: str, dtype: torch.dtype):
         return head_axes_layout(self.head_axes, self.num_pairs, self.ndim, axis_order, self.theta,
-                                self.rotate_fraction, self.sections, dtype, bands=self.bands)
+                                self.rotate_fraction, self.sections, dtype, bands=self.band_options)
 
     def _pair_components(self, axis_order: str) -> list[int | None]:
         """The coordinate component each rotated pair turns along, in the spectrum's own order (before
@@ -764,10 +742,11 @@ class AxialRoPE(RoPE):
         ndim = self.ndim
         if self.spectrum == "axial":
             order = self.sections[::-1] if axis_order == "xy" else self.sections
-            freqs, bands = axial_frequencies(order, self.theta, dtype, **self.bands), order
+            freqs, bands = axial_frequencies(order, self.theta, dtype, **self.band_options), order
         else:
             components = self._pair_components(axis_order)
-            freqs, bands = spectrum_frequencies(components, ndim, self.theta, dtype, **self.bands), [self.num_pairs]
+            freqs = spectrum_frequencies(components, ndim, self.theta, dtype, **self.band_options)
+            bands = [self.num_pairs]
         if self.directions == "golden":
             freqs = golden_directions(freqs.abs().sum(0)[0], self.num_heads)
         freqs = freqs * rotated_pairs(bands, self.rotate_fraction).to(dtype)
@@ -794,32 +773,23 @@ class AxialRoPE(RoPE):
         return super().extra_repr() + layout_repr(self) + "".join(", " + p for p in parts)
 
 
-def check_pixel_bands(max_res, linear_bands, periods, scaling: str, rotate_fraction: float):
+def check_pixel_bands(bands: FrequencyBands, scaling: str) -> tuple[float, bool] | None:
     """timm's pixel-frequency bands ``(max_res, linear_bands)``, or None without ``max_res``. Their bands go from the
     lowest frequency up, so NTK's and YaRN's per-band rules and p-RoPE's (which read bands from the highest down) do
     not apply; DINOv3's periods are another spectrum."""
-    if not isinstance(linear_bands, bool):
-        raise ValueError(f"linear_bands={linear_bands!r} must be True or False")
-    if max_res is None:
-        if linear_bands:
-            raise ValueError("linear_bands=True spaces timm's pixel-frequency bands, which need max_res (e.g. 224)")
+    if bands.pixel is None:
         return None
-    max_res = check_number("max_res", max_res, minimum=2.0)
-    clash = [name for name, on in (("min_period/max_period", periods is not None),
+    clash = [name for name, on in (("min_period/max_period", bands.periods is not None),
                                    (f"scaling={scaling!r}", scaling not in ("none", "pi")),
-                                   (f"rotate_fraction={rotate_fraction}", rotate_fraction != 1.0)) if on]
+                                   (f"rotate_fraction={bands.rotate_fraction}", bands.rotate_fraction != 1.0)) if on]
     if clash:
-        raise ValueError(f"max_res={max_res} gives timm's pixel-frequency bands (lowest first); it does not combine "
-                         f"with {', '.join(clash)} (use scaling 'none' or 'pi', every pair rotating)")
-    return max_res, linear_bands
+        raise ValueError(f"max_res={bands.max_res} gives timm's pixel-frequency bands (lowest first); it does not "
+                         f"combine with {', '.join(clash)} (use scaling 'none' or 'pi', every pair rotating)")
+    return bands.pixel
 
 
-def check_inert_axes(inert_axes, spectrum: str, pair_order: str) -> int:
-    """Inert leading axes of an M-RoPE layout (``inert_axes >= 0``): only on M-RoPE's one spectrum, in its own pair
-    order."""
-    if isinstance(inert_axes, bool) or not isinstance(inert_axes, int) or inert_axes < 0:
-        raise ValueError(f"inert_axes={inert_axes!r} must be an integer >= 0 (leading M-RoPE axes the grid does not "
-                         "have, e.g. 1 for time on an image)")
+def check_inert_axes(inert_axes: int, spectrum: str, pair_order: str) -> int:
+    """Inert leading axes of an M-RoPE layout: only on M-RoPE's one spectrum, in its own pair order."""
     if inert_axes and spectrum not in ("mrope", "mrope_interleaved"):
         raise ValueError(f"inert_axes={inert_axes} deals M-RoPE's pairs to axes the grid does not have; it needs "
                          f"spectrum='mrope' or 'mrope_interleaved', got spectrum={spectrum!r}")
@@ -829,18 +799,21 @@ def check_inert_axes(inert_axes, spectrum: str, pair_order: str) -> int:
 
 
 def check_ntk_factor(ntk_factor, ndim: int) -> tuple[float, ...]:
-    """One NTK factor ``>= 1`` per grid axis (a single number for all)."""
-    values = (ntk_factor,) * ndim if isinstance(ntk_factor, Real) and not isinstance(ntk_factor, bool) else ntk_factor
-    if not isinstance(values, (tuple, list)) or len(values) != ndim:
+    """One NTK factor per grid axis (a single number for all; each checked ``>= 1`` by :class:`FrequencyBands`)."""
+    values = ntk_factor if isinstance(ntk_factor, tuple) else (ntk_factor,) * ndim
+    if len(values) != ndim:
         raise ValueError(f"ntk_factor={ntk_factor!r} must be one number >= 1 or one per grid axis ({ndim})")
-    return tuple(check_number("ntk_factor", v, minimum=1.0) for v in values)
+    return values
 
 
-def check_model_conventions(directions: str, head_axes, spectrum: str, pairs: str, unrotated: int, ntk_factor,
-                            pair_order: str, channel_frequencies: str) -> None:
+def check_model_conventions(bands: FrequencyBands, channels: ChannelLayout, unrotated: int) -> None:
     """The foundation-model conventions of :class:`AxialRoPE` are defined on axis-aligned frequencies shared by the
-    heads; the repeated channel frequencies also on per-axis bands of interleaved pairs in the spectrum's order."""
-    chosen = [name for name, on in (("sections='rest_unrotated'", unrotated), ("ntk_factor", ntk_factor is not None),
+    heads; the repeated channel frequencies also on per-axis bands of interleaved pairs in the spectrum's order
+    (``unrotated``: the pairs ``sections="rest_unrotated"`` leaves unrotated)."""
+    spectrum, pairs, pair_order = bands.spectrum, channels.pairs, channels.pair_order
+    directions, head_axes, channel_frequencies = channels.directions, channels.head_axes, channels.channel_frequencies
+    chosen = [name for name, on in (("sections='rest_unrotated'", unrotated),
+                                    ("ntk_factor", bands.ntk_factor is not None),
                                     (f"pair_order={pair_order!r}", pair_order != "spectrum"),
                                     ("channel_frequencies='repeated'", channel_frequencies != "paired")) if on]
     if chosen and (directions != "axial" or head_axes is not None):
@@ -862,6 +835,11 @@ class MixedRoPE(RoPE):
     rotation per head; ``sections`` sets the bands per direction group (grid order), as for ``rope_axial``.
     ``freqs`` (timm's ``RotaryEmbeddingMixed.freqs[:, layer]``) is excluded from weight decay through
     ``no_weight_decay()``.
+
+    The constructor takes ``head_dim``, ``num_heads`` (positionally too), then keywords: ``ndim``, ``theta``,
+    ``ref_shape``, ``generator`` and the records of :class:`AxialRoPE` but the fields of fixed axial frequencies
+    (:data:`refused`); the default ``channels`` is ``ChannelLayout(directions="random")``. By name it takes their
+    fields as flat keywords.
 
     Frequency layouts of the initialisation (:mod:`visionpe.rotary.layouts`): ``directions="random"`` (default,
     rope-vit), ``"axial"`` (start as ``rope_axial``) or ``"golden"`` (2D golden-angle directions);
@@ -886,41 +864,41 @@ class MixedRoPE(RoPE):
     def knob(self) -> Knob | None:
         return None if self.coordinates.normalized else Knob("scaling", tuple(self.scalings))
 
-    def __init__(self, head_dim: int, num_heads: int, ndim: int = 2, theta: float = 10.0,
-                 pairs: str = "interleaved", sections=None, scaling: str = "none", ref_shape=None,
-                 yarn_alpha: float = 1.0, yarn_beta: float = 32.0, generator=None, axis_order: str = "xy",
-                 coords: str = "index", normalize_coords: str = "separate", min_period: float | None = None,
-                 max_period: float | None = None, shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward",
-                 directions: str = "random", rotate_fraction: float = 1.0, head_axes=None):
+    refused = AXIAL_CONVENTIONS
+
+    def __init__(self, head_dim: int, num_heads: int, *, ndim: int = 2, theta: float = 10.0, ref_shape=None,
+                 generator=None, bands: FrequencyBands = FrequencyBands(),
+                 channels: ChannelLayout = ChannelLayout(directions="random"),
+                 coordinates: CoordinateSystem = CoordinateSystem(),
+                 resolution: ResolutionScaling = ResolutionScaling()):
+        check_records("MixedRoPE", MixedRoPE.refused, bands=bands, channels=channels, coordinates=coordinates,
+                      resolution=resolution)
         check_ndim(ndim)
         check_positive_int("num_heads", num_heads)
         check_generator(generator)
-        check_layout(ndim, directions, DIRECTIONS, head_axes)
-        head_axes = parse_head_axes(head_axes, ndim, num_heads)
-        fraction = check_rotate_fraction(rotate_fraction)
+        check_layout(ndim, channels.directions, DIRECTIONS, channels.head_axes)
+        head_axes, sections = parse_head_axes(channels.head_axes, ndim, num_heads), channels.sections
         if head_axes is not None and sections is None:
             check_positive_int("head_dim", head_dim)
             check_divisible("head_dim", head_dim, 2, "rotation pairs")
         else:
             sections = resolve_sections(head_dim, ndim, sections, "rope_mixed")
         check_number("theta", theta, minimum=1.0, inclusive=False)
-        check_choice("axis_order", axis_order, AXIS_ORDERS)
-        coordinates = CoordinateSystem(coords, normalize_coords, shift_coords, jitter_coords, rescale_coords,
-                                       draw_coords)
-        bands = dict(per_turn=coordinates.normalized, periods=check_periods(min_period, max_period))
-        self.head_dim, self.num_heads, self.ndim, self.axis_order = head_dim, num_heads, ndim, axis_order
-        self.theta, self.sections, self.bands = float(theta), sections, bands
-        self.directions, self.rotate_fraction, self.head_axes = directions, fraction, head_axes
-        freqs, band_fraction, free = self.initial_state(generator)
-        super().__init__(head_dim, num_heads, ndim, freqs, band_fraction, learnable=True, pairs=pairs,
-                         scaling=scaling, ref_shape=ref_shape, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta,
-                         axis_order=axis_order, coordinates=coordinates, freq_mask=free)
+        self.head_dim, self.num_heads, self.ndim, self.axis_order = head_dim, num_heads, ndim, channels.axis_order
+        self.theta, self.sections = float(theta), sections
+        self.band_options = dict(per_turn=coordinates.normalized, periods=bands.periods)
+        self.directions, self.rotate_fraction, self.head_axes = channels.directions, bands.rotate_fraction, head_axes
+        freqs, band_fraction, free = self.initial_state(generator)  # (ndim, heads, pairs), (pairs,), mask or None
+        super().__init__(head_dim=head_dim, num_heads=num_heads, ndim=ndim,
+                         freqs=nn.Parameter(freqs.contiguous()),  # FSDP shards contiguous parameters only
+                         band_fraction=band_fraction, ref_shape=ref_shape, channels=channels, coordinates=coordinates,
+                         resolution=resolution)
+        self.register_buffer("freq_mask", free, persistent=False)  # (ndim, heads, pairs) or None
 
     def initial_state(self, generator=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """rope-vit's random initial frequencies drawn from ``generator`` (see :meth:`RoPE.initial_state`), the band
         fractions and the mask of frequencies that may move (None: all)."""
-        head_axes, directions, sections, bands = self.head_axes, self.directions, self.sections, self.bands
+        head_axes, directions, sections, bands = self.head_axes, self.directions, self.sections, self.band_options
         if head_axes is not None:
             def rotations(k):
                 return random_rotations(1, k, generator)[0] if directions == "random" else torch.eye(k)

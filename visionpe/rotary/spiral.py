@@ -26,6 +26,9 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_number, check_positive_int
+from ..coords import CoordinateSystem
+from .conventions import (AXIAL_CONVENTIONS, PER_HEAD_LAYOUTS, PERIODS, ChannelLayout, FrequencyBands,
+                          ResolutionScaling, check_records)
 from .layouts import band_frequencies, rotated_pairs, spiral_directions
 from .rope import AxialRoPE
 
@@ -48,24 +51,26 @@ class SpiralRoPE(AxialRoPE):
 
     ndims = (2,)
 
-    def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, num_directions: int = 4,
-                 theta: float = 10000.0, max_freq: float = 1.5, pairs: str = "interleaved", scaling: str = "none",
-                 ref_shape=None, yarn_alpha: float = 1.0, yarn_beta: float = 32.0, axis_order: str = "ij",
-                 coords: str = "index", normalize_coords: str = "separate", shift_coords: float | None = None,
-                 jitter_coords: float | None = None, rescale_coords: float | None = None, draw_coords: str = "forward",
-                 rotate_fraction: float = 1.0):
+    refused = AXIAL_CONVENTIONS + PER_HEAD_LAYOUTS + PERIODS + ("sections",)  # two halves turned to K directions
+
+    def __init__(self, *, head_dim: int, num_heads: int = 1, ndim: int = 2, num_directions: int = 4,
+                 theta: float = 10000.0, max_freq: float = 1.5, ref_shape=None,
+                 bands: FrequencyBands = FrequencyBands(), channels: ChannelLayout = ChannelLayout(axis_order="ij"),
+                 coordinates: CoordinateSystem = CoordinateSystem(),
+                 resolution: ResolutionScaling = ResolutionScaling()):
         if ndim != 2:
             raise ValueError(f"spiral_rope turns frequency directions in the image plane: ndim must be 2, got "
                              f"ndim={ndim!r} (for video use rope_axial, rope_mixed or videorope)")
+        check_records("SpiralRoPE", SpiralRoPE.refused, bands=bands, channels=channels, coordinates=coordinates,
+                      resolution=resolution)
         check_positive_int("num_directions", num_directions)
         if num_directions % 2:
             raise ValueError(f"num_directions={num_directions} must be even: the y and x halves turn together "
                              "(official rotate = num_directions / 2)")
         self.num_directions = num_directions
         self.max_freq = check_number("max_freq", max_freq, minimum=0.0, inclusive=False)
-        super().__init__(head_dim, num_heads, ndim, theta, pairs, None, scaling, ref_shape, yarn_alpha, yarn_beta,
-                         axis_order, "axial", coords, normalize_coords, None, None, shift_coords, jitter_coords,
-                         rescale_coords, draw_coords, rotate_fraction=rotate_fraction)
+        super().__init__(head_dim=head_dim, num_heads=num_heads, ndim=ndim, theta=theta, ref_shape=ref_shape,
+                         bands=bands, channels=channels, coordinates=coordinates, resolution=resolution)
         if num_directions > self.head_dim // 2:
             raise ValueError(f"num_directions={num_directions} must be at most the head's {self.head_dim // 2} "
                              f"frequency pairs (head_dim={self.head_dim} // 2): each direction turns pairs of the "
@@ -74,7 +79,7 @@ class SpiralRoPE(AxialRoPE):
 
     def _frequencies(self, axis_order: str, dtype: torch.dtype) -> torch.Tensor:
         n = self.sections[0]
-        freqs = spiral_directions(self.max_freq * band_frequencies(n, self.theta, dtype, **self.bands),
+        freqs = spiral_directions(self.max_freq * band_frequencies(n, self.theta, dtype, **self.band_options),
                                   self.num_directions)  # (y, x) components, the y half first
         if axis_order == "xy":
             freqs = torch.cat([freqs[..., n:], freqs[..., :n]], dim=-1).flip(0)

@@ -21,10 +21,15 @@ default here is the rest of the package's (interleaved pairs, ``theta=100`` for 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .._checks import check_bool, check_number
+from ..coords import CoordinateSystem
 from ..grid import Grid
+from .conventions import (AXIAL_CONVENTIONS, PER_HEAD_LAYOUTS, ChannelLayout, FrequencyBands, ResolutionScaling,
+                          check_records)
 from .rope import AxialRoPE
 from .scaling import scale_positions
 
@@ -42,21 +47,22 @@ class VideoRoPE(AxialRoPE):
 
     ndims = (3,)
 
-    def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 3, theta: float = 100.0,
-                 pairs: str = "interleaved", sections=None, temporal_spacing: float = 2.0, diagonal: bool = True,
-                 scaling: str = "none", ref_shape=None, yarn_alpha: float = 1.0, yarn_beta: float = 32.0,
-                 axis_order: str = "xy", coords: str = "index", normalize_coords: str = "separate",
-                 min_period: float | None = None, max_period: float | None = None,
-                 shift_coords: float | None = None, jitter_coords: float | None = None,
-                 rescale_coords: float | None = None, rotate_fraction: float = 1.0, draw_coords: str = "forward"):
+    refused = AXIAL_CONVENTIONS + PER_HEAD_LAYOUTS  # its spectrum is "videorope"
+
+    def __init__(self, *, head_dim: int, num_heads: int = 1, ndim: int = 3, theta: float = 100.0, ref_shape=None,
+                 temporal_spacing: float = 2.0, diagonal: bool = True, bands: FrequencyBands = FrequencyBands(),
+                 channels: ChannelLayout = ChannelLayout(), coordinates: CoordinateSystem = CoordinateSystem(),
+                 resolution: ResolutionScaling = ResolutionScaling()):
         if ndim != 3:
             raise ValueError(f"videorope is defined on (T, H, W) grids: ndim must be 3, got ndim={ndim!r} (for images "
                              "use rope_axial or rope_mixed)")
+        check_records("VideoRoPE", VideoRoPE.refused, bands=bands, channels=channels, coordinates=coordinates,
+                      resolution=resolution)
         self.temporal_spacing = check_number("temporal_spacing", temporal_spacing, minimum=0.0, inclusive=False)
         self.diagonal = check_bool("diagonal", diagonal)
-        super().__init__(head_dim, num_heads, ndim, theta, pairs, sections, scaling, ref_shape, yarn_alpha, yarn_beta,
-                         axis_order, "videorope", coords, normalize_coords, min_period, max_period, shift_coords,
-                         jitter_coords, rescale_coords, draw_coords, rotate_fraction=rotate_fraction)
+        super().__init__(head_dim=head_dim, num_heads=num_heads, ndim=ndim, theta=theta, ref_shape=ref_shape,
+                         bands=replace(bands, spectrum="videorope"), channels=channels, coordinates=coordinates,
+                         resolution=resolution)
 
     def place(self, coords: torch.Tensor, grid: Grid, scales: torch.Tensor) -> torch.Tensor:
         """The diagonal layout with temporal spacing on ``coords (N, 3)`` in component order (after PI)."""
