@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from trainutil import ROOT, run_script
+from trainutil import run_script
 
 from visionpe.bench.accuracy import collect, sections, verdicts
 from visionpe.bench.accuracy.rows import read_rows, runs_on
 from visionpe.cli import UserError
+from visionpe.cli.recipes import recipe_path
 from visionpe.train import restore
 
 TINY = {"img_size": 16, "patch_size": 4, "batch_size": 16, "val_samples": 16, "warmup_epochs": 0,
@@ -29,7 +30,7 @@ def test_recipes_and_row_data_sets_are_read_and_resolved(tmp_path):
                                          "rows:\n  - {label: a, args: --pe learned, data: [shapes-relation]}\n"
                                          "  - {label: b, args: --pe rope_mixed}\n"))
     assert spec["recipes"] == {"shapes-relation": (tmp_path / "long.yaml").resolve(),
-                               "fashion-mnist": (ROOT / "configs" / "bench_fashion_mnist.yaml").resolve()}
+                               "fashion-mnist": recipe_path("bench_fashion_mnist").resolve()}
     a, b = spec["rows"]
     assert (a["data"], b["data"]) == (["shapes-relation"], [])
     assert runs_on(a, "shapes-relation") and not runs_on(a, "shapes-position")
@@ -132,7 +133,7 @@ def test_a_benchmark_trains_each_task_with_its_recipe_and_each_row_where_it_runs
 
 def test_the_committed_comparison_gives_each_task_its_budget():
     """The comparison's rows file names a recipe for each of its tasks, and every row runs on at least one."""
-    spec = read_rows(ROOT / "configs" / "bench_rows_comparison.yaml")
+    spec = read_rows(recipe_path("bench_rows_comparison"))
     assert set(spec["recipes"]) == {"clutter-relation", "fashion-mnist"}
     assert all(path.is_file() for path in spec["recipes"].values())
     assert all(set(r["data"]) <= set(spec["recipes"]) for r in spec["rows"])
@@ -143,14 +144,14 @@ def test_the_committed_comparison_gives_each_task_its_budget():
 def test_the_comparisons_second_part_shares_the_first_parts_budget_and_row():
     """The frontier part trains clutter-relation with the first part's recipe, and has the first part's RoPE-Mixed row
     with the same arguments and adaptations (its runs are the same in one --out), beside every frontier encoding."""
-    first = read_rows(ROOT / "configs" / "bench_rows_comparison.yaml")
-    second = read_rows(ROOT / "configs" / "bench_rows_comparison_frontier.yaml")
+    first = read_rows(recipe_path("bench_rows_comparison"))
+    second = read_rows(recipe_path("bench_rows_comparison_frontier"))
     assert second["section"] != first["section"]
     assert second["recipes"] == {"clutter-relation": first["recipes"]["clutter-relation"]}
     shared = {r["label"]: r for r in first["rows"]}["rope_mixed"]
     row = {r["label"]: r for r in second["rows"]}["rope_mixed"]
     assert (row["slug"], row["train"], row["scaling"]) == (shared["slug"], shared["train"], shared["scaling"])
-    frontier = {r["label"] for r in read_rows(ROOT / "configs" / "bench_rows_frontier.yaml")["rows"]}
+    frontier = {r["label"] for r in read_rows(recipe_path("bench_rows_frontier"))["rows"]}
     covered = {r["label"] for r in first["rows"] + second["rows"]}
     # the frontier section's variants beyond one row each (circulant STRING, ComRoPE AP) and the older rows that
     # did not learn clutter-relation in one seed (the first part's header) are the ones left out

@@ -20,7 +20,7 @@ TINY = ["--epochs", "2", "--train-samples", "32", "--val-samples", "16", "--batc
         "--depth", "1", "--num-heads", "2", "--img-size", "16", "--patch-size", "4"]
 ROWS = "section: rec\ntitle: Records\nrows:\n  - {label: learned, args: --pe learned}\n" \
        "  - {label: rope, args: --pe rope_axial, scaling: [none, pi]}\n"
-RECORDS = ("reports", "data", "doc", "rec", "shapes-position")  # the default records folder of DOC.md's section
+RECORDS = ("data", "doc", "rec", "shapes-position")  # the default records folder of DOC.md's section
 
 
 def argv(folder, *extra):
@@ -52,7 +52,7 @@ def fresh(made, tmp_path):
     folder = tmp_path / "fresh"
     folder.mkdir()
     shutil.copy(made / "rows.yaml", folder)
-    shutil.copytree(made / "reports", folder / "reports")
+    shutil.copytree(made / "data", folder / "data")
     return folder
 
 
@@ -92,7 +92,7 @@ def test_an_edited_row_makes_its_record_stale_named_and_left_out(made, tmp_path,
     assert f"stale record {record_of(folder, 'rope')} (left out): drop_path (0.0 -> 0.1)" in err, err
     text = section(folder)
     assert "**1 of them have a stale record**" in text and "drop_path (0.0 -> 0.1)" in text
-    assert "`reports/data/doc/rec/shapes-position/rope/s0.json`" in text
+    assert "`data/doc/rec/shapes-position/rope/s0.json`" in text
     numbers = [line for line in text.splitlines() if line.startswith("| ") and "±" in line]
     assert any(line.startswith("| learned |") for line in numbers)
     assert not any(line.startswith("| rope") for line in numbers)  # never mixed in

@@ -9,9 +9,10 @@ import shutil
 
 import pytest
 import yaml
-from trainutil import ROOT, run_script
+from trainutil import run_script
 
 from visionpe.bench.accuracy import sections, verdicts
+from visionpe.cli.recipes import recipe_path
 from visionpe.cli.report import Curve, panels_of
 
 RECIPE = {"data": "shapes-position", "img_size": 16, "patch_size": 4, "epochs": 1, "batch_size": 16,
@@ -206,7 +207,7 @@ def test_a_rows_section_with_tuned_rows_has_its_side_by_side_part(tmp_path):
              ("rows", "shapes-position", "weak", "untuned"): entry(GOOD, knob="theta"),
              ("rows", "shapes-position", "weak", "tuned"): entry(GOOD, knob="theta",
                                                                  choice={r: ["x2"] * 3 for r in GOOD})}
-    args = argparse.Namespace(config=ROOT / "configs" / "bench_vit_tiny.yaml", extra=[], note="", jobs=1,
+    args = argparse.Namespace(config=recipe_path("bench_vit_tiny"), extra=[], note="", jobs=1,
                               report_only=False, data=["shapes-position"], res=[16, 24, 32], tune=False)
     doc = tmp_path / "B.md"
     sections.rows_section(doc, args, spec, table, [1], "visionpe benchmark --rows ...", 1.0)

@@ -1,5 +1,5 @@
 """scripts/gpu_check.sh: on a machine without CUDA one line and exit 0; its report writer (visionpe.bench.speed.gpu) reads
-pytest's JUnit XML and puts the CUDA part into docs/PERFORMANCE.md's GPU section, leaving the rest of the file."""
+pytest's JUnit XML and puts the CUDA part into docs/reports/PERFORMANCE.md's GPU section, leaving the rest of the file."""
 import os
 import re
 import subprocess
@@ -84,7 +84,7 @@ def test_the_check_runs_every_file_of_tests_cuda():
 def test_the_comparison_step_writes_the_committed_reports_records():
     """The GPU's runs join the committed comparison: the check's benchmark command asks for the report's seeds, sizes
     and tuning (so its records' hashes are the ones the report asks for) and writes them where the report's records
-    live (the default beside docs/BENCHMARK_COMPARISON.md for the rows file's section)."""
+    live (the default beside docs/reports/BENCHMARK_COMPARISON.md for the rows file's section)."""
     from visionpe.bench.accuracy.benchmark import default_records
     from visionpe.bench.accuracy.rows import read_rows
 
@@ -97,5 +97,5 @@ def test_the_comparison_step_writes_the_committed_reports_records():
     assert re.search(r"PROTOCOL_ROWS=\$\{PROTOCOL_ROWS:-bench_rows_comparison\}", text)
     section = read_rows("bench_rows_comparison")["section"]
     records = re.search(r'--records "(.*?)"', step).group(1).replace("$section", section)
-    assert Path(records) == default_records(Path("docs/BENCHMARK_COMPARISON.md"), section)
+    assert Path(records) == default_records(Path("docs/reports/BENCHMARK_COMPARISON.md"), section)
     assert "-- --device cuda" in step and 'cp -r docs/reports/data "$OUT/records"' in text

@@ -9,14 +9,16 @@ import pytest
 import timm
 import torch
 from conftest import requires_that
-from trainutil import ROOT, TINY, run_script, train_main
+from trainutil import TINY, run_script, train_main
 
 from visionpe.bench.accuracy.rows import read_rows
 from visionpe.bench.accuracy.verdicts import rows_verdict
+from visionpe.cli import recipes
+from visionpe.cli.recipes import recipe_path
 from visionpe.train import models, restore, settings
 
-ROWS_FILE = ROOT / "configs" / "bench_rows_resolution.yaml"
-RECIPE = ROOT / "configs" / "bench_vit_tiny.yaml"
+ROWS_FILE = recipe_path("bench_rows_resolution")
+RECIPE = recipe_path("bench_vit_tiny")
 
 
 def row_config(row: dict, data="shapes-position") -> dict:
@@ -28,7 +30,7 @@ def row_config(row: dict, data="shapes-position") -> dict:
 EVA_ROPE_TYPE = requires_that("rope_type" in inspect.signature(timm.models.eva.Eva).parameters,
                               "a timm whose Eva takes rope_type (the rows file's DINOv3 reference rows)")
 ROWS_FILES = [pytest.param(path, id=path.stem, marks=[EVA_ROPE_TYPE] if "rope_type" in path.read_text() else [])
-              for path in sorted((ROOT / "configs").glob("bench_rows_*.yaml"))]
+              for path in sorted(recipes.bench_folder().glob("bench_rows_*.yaml"))]
 
 
 @pytest.mark.parametrize("rows_file", ROWS_FILES)

@@ -511,7 +511,7 @@ ROWS = [
     (Q, ["--batch", "0"], ["--batch must be an integer >= 1"]),
     (Q, ["--min-run-time", "-1"], ["--min-run-time must be a number of seconds > 0"]),
     (Q, ["--quick", "--out", "{tmp}"], ["is a directory"]),
-    # -- visionpe export (scripts/export.py) ---------------------------------------------------------------------
+    # -- visionpe export ---------------------------------------------------------------------
     (E, ["{tmp}/nowhere", "--format", "pt2"], ["{tmp}/nowhere", "not found"]),
     (E, ["{tmp}", "--format", "pt2"], ["config.yaml", "not found"]),
     (E, ["{run}"], ["--format", "required"]),
@@ -750,20 +750,16 @@ def test_debug_shows_the_traceback(tmp_path):
         train_main(TINY + ["--depth", "-1", "--output", str(tmp_path / "r"), "--debug"])
 
 
-@pytest.mark.parametrize("script", ["train_vit.py", "scripts/resolution_sweep.py", "scripts/visualize.py",
-                                    "scripts/benchmark.py", "scripts/export.py"])
-def test_help_groups_flags_and_explains_each(script, capsys):
-    parser = parser_of({"train_vit.py": "train", "scripts/resolution_sweep.py": "sweep",
-                        "scripts/visualize.py": "visualize", "scripts/benchmark.py": "benchmark",
-                        "scripts/export.py": "export"}[script])
+@pytest.mark.parametrize("command", [T, S, V, B, E])
+def test_help_groups_flags_and_explains_each(command, capsys):
+    parser = parser_of(command)
     undocumented = [a.dest for a in parser._actions if not a.help]
     assert not undocumented
     assert len([g for g in parser._action_groups if g._group_actions]) >= 3
     with pytest.raises(SystemExit) as exit_info:
-        invoke({"train_vit.py": T, "scripts/resolution_sweep.py": S, "scripts/visualize.py": V,
-                "scripts/benchmark.py": B, "scripts/export.py": E}[script], ["--help"])
+        invoke(command, ["--help"])
     assert exit_info.value.code == 0
-    assert "settings:" in capsys.readouterr().out or script != "train_vit.py"
+    assert "settings:" in capsys.readouterr().out or command != T
 
 
 def test_nothing_imports_train_vit():

@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainutil import ROOT, run_script, train_main
+from trainutil import run_script, train_main
+from visionpe.cli.recipes import recipe_path
 from visionpe.train import models, restore
 
 
@@ -144,7 +145,7 @@ def test_benchmark_writes_its_video_section_and_keeps_the_rest(tmp_path):
     doc.write_text("# Image benchmark\n\nkept text\n\n<!-- BEGIN convert_benchmark -->\nconverted\n"
                    "<!-- END convert_benchmark -->\n")
     args = argparse.Namespace(jobs=2, report_only=False, extra=[], note="", data=["moving-shapes"])
-    cfg = ROOT / "configs" / "bench_video_tiny.yaml"
+    cfg = recipe_path("bench_video_tiny")
     for _ in range(2):  # the second write replaces the section
         bench.write_video_section(doc, args, table, [1, 2], "visionpe benchmark ...", 60.0, {"vit": cfg},
                                   cols)

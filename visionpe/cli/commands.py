@@ -44,15 +44,21 @@ COMMANDS = {c.name: c for c in (
     Command("sweep", "visionpe.train.sweep:main",
             "evaluate trained runs at several resolutions with each encoding's resolution adaptation"),
     Command("benchmark", "visionpe.bench.accuracy.cli:main",
-            "the accuracy benchmark: every encoding trained over seeds, swept, reported in docs/BENCHMARK.md"),
+            "the accuracy benchmark: every encoding trained over seeds, swept, reported (OUT/BENCHMARK.md)"),
     Command("convert-benchmark", "visionpe.bench.accuracy.convert:main",
             "a trained learned-APE model converted to RoPE and fine-tuned, against RoPE from scratch"),
     Command("visualize", "visionpe.train.visualize:main",
             "draw what an encoding knows about space (PNG figures or an HTML explorer), fresh or from a run"),
     Command("bench-speed", "visionpe.bench.speed.cli:main",
-            "speed and memory of the encodings as ratios measured side by side (docs/PERFORMANCE.md)"),
+            "speed and memory of the encodings as ratios measured side by side"),
     Command("export", "visionpe.train.export_run:main",
             "export a trained run's model (torch.export .pt2 or ONNX, any input size), checked against eager"),
+    Command("small-folder-benchmark", "visionpe.bench.accuracy.small_folder:main",
+            "the small-folder recipe against timm's augmentation and resize+flip, on generated image folders"),
+    Command("make-image-folders", "visionpe.bench.image_folders:main",
+            "write a small image folder (procedural objects or photo crops) to measure training recipes on"),
+    Command("scaling-memory", "visionpe.bench.scaling_memory:main",
+            "memory per rank of data-parallel training, DDP against FSDP2, under torchrun"),
 )}
 
 

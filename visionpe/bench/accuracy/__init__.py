@@ -1,5 +1,5 @@
 """The accuracy benchmarks: every encoding (or every labelled row) trained with one recipe over seeds, swept over
-test resolutions and reported in docs/BENCHMARK.md (``visionpe benchmark``), and a trained learned-APE model
+test resolutions and reported in docs/reports/BENCHMARK.md (``visionpe benchmark``), and a trained learned-APE model
 converted to RoPE against RoPE from scratch (``visionpe convert-benchmark``).
 
 One module a step, each using only those before it:

@@ -23,6 +23,7 @@ from .rows import read_rows, recipe_of, trained_pairs
 from .sections import TABLE_CSV, VIDEO_SECTION, rows_section, write_csv, write_report, write_video_section
 from .staleness import stale_record
 
+REPORT = "BENCHMARK.md"  # the report's file in --out unless --doc names one
 MAIN_SECTION = "benchmark"  # the records' folder of a whole report (the encoding lists)
 INVOCATION = "invocation.json"  # in the records' folder: the command and wall time of the invocation that ran last
 VIT_LIST = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rope_mixed+learned", "rel_bias", "alibi"]
@@ -85,10 +86,10 @@ def check(args) -> int | None:
 
 
 def default_records(doc: Path, section: str) -> Path:
-    """Where the records of a report's ``section`` live by default: ``reports/data/<doc's name>/<section>`` beside
-    the doc (``docs/BENCHMARK_COMPARISON.md``, section ``comparison``:
+    """Where the records of a report's ``section`` live by default: ``data/<doc's name>/<section>`` beside the doc
+    (``docs/reports/BENCHMARK_COMPARISON.md``, section ``comparison``:
     ``docs/reports/data/benchmark_comparison/comparison``)."""
-    return doc.parent / "reports" / "data" / doc.stem.lower() / section
+    return doc.parent / "data" / doc.stem.lower() / section
 
 
 def record_state(path: Path, train: list[str], sweep: list[str], run: Path) -> dict | list[str] | None:
@@ -103,7 +104,8 @@ def record_state(path: Path, train: list[str], sweep: list[str], run: Path) -> d
 def run(args, command: str) -> int:
     """Train and sweep every run of ``args`` (the parsed ``visionpe benchmark`` command line, ``command`` its text)
     that is not finished, then write the report; returns 0."""
-    args.out, args.doc = args.out.resolve(), args.doc.resolve()  # the same folders for every run's processes
+    args.out = args.out.resolve()  # the same folders for every run's processes
+    args.doc = (args.doc or args.out / REPORT).resolve()
     args.config = recipe_path(args.config).resolve()  # a file, or the name of a shipped recipe
     args.swin_config = recipe_path(args.swin_config).resolve()
     imported = import_user_code(getattr(args, "imports", None))

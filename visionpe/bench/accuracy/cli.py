@@ -1,4 +1,4 @@
-"""Train every encoding with one recipe, sweep test resolutions, write docs/BENCHMARK.md and plots.
+"""Train every encoding with one recipe, sweep test resolutions, write a report (OUT/BENCHMARK.md) and plots.
 
     visionpe benchmark --config bench_vit_tiny \\
         --data shapes-position shapes-relation fashion-mnist --seeds 0 1 2 --res 24 32 48 64 --jobs 2
@@ -12,9 +12,9 @@ A run whose record is current is not run again, whatever machine made it, so the
 last one stopped; a record made with other settings than asked for now is stale, named in the output and the
 report and left out. A finished run (a ``sweep.csv`` made with the arguments asked for) is not trained again either,
 so an interrupted benchmark continues where it stopped. The runs and logs go to ``--out``, the records to
-``--records`` and the report to ``--doc``, relative to the working directory. The report holds, per data set, top-1
-mean +- std over seeds at every resolution, the retention acc(res)/acc(train res), parameters and training images/s,
-plus a plot, the recipe and the exact command.
+``--records`` and the report to ``--doc`` (default ``OUT/BENCHMARK.md``), relative to the working directory. The
+report holds, per data set, top-1 mean +- std over seeds at every resolution, the retention acc(res)/acc(train res),
+parameters and training images/s, plus a plot, the recipe and the exact command.
 
 ``--swin`` adds the Swin list (swin_bias, cpb, rope_mixed, alibi) with ``--swin-config``.
 
@@ -118,11 +118,11 @@ def build_parser() -> cli.Parser:
                      help="runs in parallel, one thread each; an integer >= 1 (default: 2)")
     run.add_argument("--out", type=Path, default=Path("runs/benchmark"), metavar="DIR",
                      help="folder of the runs and logs (default: runs/benchmark)")
-    run.add_argument("--doc", type=Path, default=Path("docs/BENCHMARK.md"), metavar="MD",
-                     help="report to write (default: docs/BENCHMARK.md)")
+    run.add_argument("--doc", type=Path, default=None, metavar="MD",
+                     help=f"report to write (default: {benchmark.REPORT} in --out)")
     run.add_argument("--note", default="", help="free text added to the report (e.g. what was left out)")
     run.add_argument("--records", type=Path, default=None, metavar="DIR",
-                     help="folder of the runs' records, one JSON file a run (default: reports/data/<doc's name, "
+                     help="folder of the runs' records, one JSON file a run (default: data/<doc's name, "
                           "lower case>/<section> beside --doc, the section being the rows file's, video_benchmark or "
                           "benchmark)")
     run.add_argument("--report-only", action="store_true",

@@ -33,8 +33,11 @@ def asked_settings(train: list[str], run: Path) -> dict:
 
 
 def changed_settings(old: dict, new: dict) -> list[str]:
-    """The settings that differ from ``old`` to ``new`` and change what is trained, as ``setting (old -> new)``."""
-    return [f"{key} ({a!r} -> {b!r})" for key, a, b in settings.refused_changes(old, new)]
+    """The settings that differ from ``old`` to ``new`` and change what is trained, as ``setting (old -> new)``; an
+    image folder's class count is read from the data when a run starts (``None`` before), so it differs only when
+    both are known."""
+    return [f"{key} ({a!r} -> {b!r})" for key, a, b in settings.refused_changes(old, new)
+            if not (key == "num_classes" and None in (a, b))]
 
 
 def defining_settings(cfg: dict) -> dict:
