@@ -75,12 +75,12 @@ PROTOCOL_ROWS=${PROTOCOL_ROWS:-bench_rows_comparison}
 PROTOCOL_DATA=${PROTOCOL_DATA:-clutter-relation}
 if [ "$PROTOCOL_SECONDS" -gt 0 ]; then
     echo "gpu_check: the comparison's runs ($PROTOCOL_ROWS on $PROTOCOL_DATA, at most ${PROTOCOL_SECONDS} s)"
-    # the records go where the committed report's are (docs/reports/data/benchmark_comparison/<section>, its
+    # the records go where the committed report's are (docs/reports/data/benchmark_comparison/<part>, its
     # default), so the runs recorded there are skipped; the report of this part goes to $work, the doc is left alone
-    section=$("$PY" -c "import sys; from visionpe.bench.accuracy.rows import read_rows; print(read_rows(sys.argv[1])['section'])" "$PROTOCOL_ROWS")
+    part=$("$PY" -c "import sys; from visionpe.bench.accuracy.rows import read_rows; print(read_rows(sys.argv[1])['part'])" "$PROTOCOL_ROWS")
     timeout -s INT -k 10 "$PROTOCOL_SECONDS" "$PY" -m visionpe benchmark --rows "$PROTOCOL_ROWS" \
         --data $PROTOCOL_DATA --seeds 0 1 2 --res 32 64 128 --tune --holdout 100 --jobs 1 --out "$work/protocol" \
-        --doc "$work/BENCHMARK_COMPARISON.md" --records "docs/reports/data/benchmark_comparison/$section" \
+        --doc "$work/BENCHMARK_COMPARISON.md" --records "docs/reports/data/benchmark_comparison/$part" \
         -- --device cuda > "$work/protocol.txt" 2>&1
     echo "gpu_check: comparison exit $?"; tail -n 6 "$work/protocol.txt"
 fi

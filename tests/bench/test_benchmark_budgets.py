@@ -7,7 +7,7 @@ import pytest
 import yaml
 from trainutil import run_script
 
-from visionpe.bench.accuracy import collect, sections, verdicts
+from visionpe.bench.accuracy import collect, parts, verdicts
 from visionpe.bench.accuracy.rows import read_rows, runs_on
 from visionpe.cli import UserError
 from visionpe.cli.recipes import recipe_path
@@ -19,7 +19,7 @@ TINY = {"img_size": 16, "patch_size": 4, "batch_size": 16, "val_samples": 16, "w
 
 def rows_file(tmp_path, text: str):
     path = tmp_path / "rows.yaml"
-    path.write_text("section: budgets\ntitle: Budgets\n" + text)
+    path.write_text("part: budgets\ntitle: Budgets\n" + text)
     return path
 
 
@@ -35,6 +35,17 @@ def test_recipes_and_row_data_sets_are_read_and_resolved(tmp_path):
     assert (a["data"], b["data"]) == (["shapes-relation"], [])
     assert runs_on(a, "shapes-relation") and not runs_on(a, "shapes-position")
     assert runs_on(b, "shapes-position") and runs_on(b, "shapes-relation")
+
+
+def test_a_rows_file_of_before_the_rename_is_read_its_section_as_part(tmp_path):
+    """``section`` is the old name of a rows file's ``part`` (the marked part of the report): read as ``part``;
+    both at once is a mistake."""
+    path = tmp_path / "old.yaml"
+    path.write_text("section: old\ntitle: t\nrows:\n  - {label: a, args: --pe learned}\n")
+    assert read_rows(path)["part"] == "old"
+    path.write_text("section: old\npart: new\ntitle: t\nrows:\n  - {label: a, args: --pe learned}\n")
+    with pytest.raises(UserError, match="'section' is the old name of 'part'"):
+        read_rows(path)
 
 
 @pytest.mark.parametrize("text, words", [
@@ -71,14 +82,14 @@ def entry(acc: dict, last_two=(), seeds=3, classes=4) -> dict:
 def test_a_row_still_rising_over_its_last_epoch_is_marked(pairs, still_rising):
     e = entry({32: [80.0]}, pairs)
     assert verdicts.rising(e) is still_rising
-    cell = sections.last_two_cell(e)
+    cell = parts.last_two_cell(e)
     if not pairs:
         assert cell == "n/a"
         return
     before = sum(p[0] for p in pairs) / len(pairs)
     last = sum(p[1] for p in pairs) / len(pairs)
     assert cell.startswith(f"{before:.1f} → {last:.1f}")
-    assert (sections.RISING in cell) is still_rising
+    assert (parts.RISING in cell) is still_rising
 
 
 def test_last_two_epochs_are_read_from_the_runs_metrics():
@@ -126,7 +137,7 @@ def test_a_benchmark_trains_each_task_with_its_recipe_and_each_row_where_it_runs
     relation = text[text.index("### shapes-relation"):]
     assert "last two epochs" in relation and " → " in relation  # two epochs: their top-1 shown
     pick = relation[relation.index("#### shapes-relation: the row to pick at each size"):]
-    assert sections.PICK_TEXT in pick and ("- 32 px (2x)" in pick or "Left out as not learned" in pick)
+    assert parts.PICK_TEXT in pick and ("- 32 px (2x)" in pick or "Left out as not learned" in pick)
     position = text[text.index("### shapes-position"):text.index("### shapes-relation")]
     assert "relation only" not in position and "| n/a |" in position  # one epoch: no plateau to show
 
@@ -146,7 +157,7 @@ def test_the_comparisons_second_part_shares_the_first_parts_budget_and_row():
     with the same arguments and adaptations (its runs are the same in one --out), beside every frontier encoding."""
     first = read_rows(recipe_path("bench_rows_comparison"))
     second = read_rows(recipe_path("bench_rows_comparison_frontier"))
-    assert second["section"] != first["section"]
+    assert second["part"] != first["part"]
     assert second["recipes"] == {"clutter-relation": first["recipes"]["clutter-relation"]}
     shared = {r["label"]: r for r in first["rows"]}["rope_mixed"]
     row = {r["label"]: r for r in second["rows"]}["rope_mixed"]

@@ -98,14 +98,14 @@ def test_a_sweep_is_redone_when_its_results_or_arguments_changed(finished, tmp_p
 @pytest.mark.parametrize("label, slug", [("../up", "up"), ("a b+c", "a-b-c"), (".hidden", "hidden")])
 def test_row_labels_stay_inside_their_folder(tmp_path, label, slug):
     rows = tmp_path / "rows.yaml"
-    rows.write_text(yaml.safe_dump({"section": "s", "title": "t", "rows": [{"label": label, "args": "--pe learned"}]}))
+    rows.write_text(yaml.safe_dump({"part": "s", "title": "t", "rows": [{"label": label, "args": "--pe learned"}]}))
     assert read_rows(rows)["rows"][0]["slug"] == slug
 
 
 @pytest.mark.parametrize("label", ["..", ".", "/"])
 def test_a_row_label_without_a_name_is_refused(tmp_path, label):
     rows = tmp_path / "rows.yaml"
-    rows.write_text(yaml.safe_dump({"section": "s", "title": "t", "rows": [{"label": label, "args": "--pe learned"}]}))
+    rows.write_text(yaml.safe_dump({"part": "s", "title": "t", "rows": [{"label": label, "args": "--pe learned"}]}))
     with pytest.raises(UserError, match="no letters or digits"):
         read_rows(rows)
 

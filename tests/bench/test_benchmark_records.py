@@ -18,7 +18,7 @@ from visionpe.cli.recipes import recipe_path
 
 TINY = ["--epochs", "2", "--train-samples", "32", "--val-samples", "16", "--batch-size", "16", "--embed-dim", "16",
         "--depth", "1", "--num-heads", "2", "--img-size", "16", "--patch-size", "4"]
-ROWS = "section: rec\ntitle: Records\nrows:\n  - {label: learned, args: --pe learned}\n" \
+ROWS = "part: rec\ntitle: Records\nrows:\n  - {label: learned, args: --pe learned}\n" \
        "  - {label: rope, args: --pe rope_axial, scaling: [none, pi]}\n"
 RECORDS = ("data", "doc", "rec", "shapes-position")  # the default records folder of DOC.md's section
 
@@ -61,7 +61,7 @@ def test_every_run_writes_a_small_record_of_what_made_its_numbers(made):
         path = record_of(made, row)
         record = read_record(path)
         assert record["format"] == FORMAT and path.stat().st_size < 16_000  # a few KB, never weights
-        assert (record["section"], record["data"], record["row"], record["seed"]) == ("rec", "shapes-position", row, 0)
+        assert (record["part"], record["data"], record["row"], record["seed"]) == ("rec", "shapes-position", row, 0)
         assert record["settings"]["pe"] == pe and record["settings"]["epochs"] == 2
         assert "output" not in record["settings"] and len(record["settings_sha256"]) == 64
         assert record["sweep"][:3] == ["--res", "16", "24"] and "--tune" in record["sweep"]
@@ -168,17 +168,17 @@ def test_the_made_by_cell_names_each_seeds_machines():
     different machines are named per seed; a run made before records (no machine noted) is ``?``, and said so."""
     from types import SimpleNamespace
 
-    from visionpe.bench.accuracy import sections
+    from visionpe.bench.accuracy import parts
     a, b = json.dumps({"device": "cpu a"}), json.dumps({"device": "gpu b"})
     table = {("rows", "d", "same", "default"): {"made_by": {0: (a, a), 1: (a, a)}},
              ("rows", "d", "swept", "default"): {"made_by": {0: (a, b)}},
              ("rows", "d", "mixed", "default"): {"made_by": {0: (a, a), 1: (b, b)}},
              ("rows", "d", "old", "default"): {"made_by": {0: (None, None)}}}
-    labels = sections.machine_labels(table)
+    labels = parts.machine_labels(table)
     assert labels == {a: "M1", b: "M2"}
-    cells = {k[2]: sections.made_by_cell(v, labels) for k, v in table.items()}
+    cells = {k[2]: parts.made_by_cell(v, labels) for k, v in table.items()}
     assert cells == {"same": "M1", "swept": "M1/M2", "mixed": "s0 M1, s1 M2", "old": "?"}
     args = SimpleNamespace(report_only=False, unfinished=[], stale=[], records=None)
-    text = "\n".join(sections.provenance_lines(args, {k: {**v, "wall_s": {}} for k, v in table.items()
+    text = "\n".join(parts.provenance_lines(args, {k: {**v, "wall_s": {}} for k, v in table.items()
                                                        if k[2] == "old"}, [1], "visionpe benchmark ...", 60.0))
     assert "`?`: a step whose machine no record names" in text and "| machine |" not in text

@@ -122,7 +122,7 @@ def test_rows_verdict_compares_best_against_timm_best_with_the_spread(ours, word
 
 def test_rows_benchmark_end_to_end_writes_its_section_and_keeps_the_doc(tmp_path):
     rows = tmp_path / "rows.yaml"
-    rows.write_text("section: rows_test\ntitle: Rows test\nrows:\n  - {label: learned, args: --pe learned}\n"
+    rows.write_text("part: rows_test\ntitle: Rows test\nrows:\n  - {label: learned, args: --pe learned}\n"
                     "  - {label: rope, args: --pe rope_mixed, scaling: [none, pi]}\n"
                     "  - {label: timm learned, args: --pe timm --model vit_tiny_patch16_224}\n")
     doc = tmp_path / "DOC.md"
@@ -147,7 +147,7 @@ def section_of(text: str, name: str) -> str:
     return text[text.index(f"<!-- BEGIN {name} -->"):text.index(f"<!-- END {name} -->")]
 
 
-def test_rows_sections_sharing_a_folder_each_keep_their_own_command_and_wall_time(tmp_path):
+def test_rows_parts_sharing_a_folder_each_keep_their_own_command_and_wall_time(tmp_path):
     """Two rows files run into one --out share a row's runs (the second trains nothing), and --report-only of the
     first rebuilds it with its own command and wall time, not those of the invocation that ran last."""
     tiny = ["--epochs", "1", "--train-samples", "32", "--val-samples", "16", "--batch-size", "16", "--embed-dim",
@@ -156,7 +156,7 @@ def test_rows_sections_sharing_a_folder_each_keep_their_own_command_and_wall_tim
     rows = {}
     for name, extra in (("first", "  - {label: sincos, args: --pe sincos}\n"), ("second", "")):
         rows[name] = tmp_path / f"rows_{name}.yaml"
-        rows[name].write_text(f"section: {name}\ntitle: {name}\nrows:\n  - {{label: rope, args: --pe rope_mixed}}\n"
+        rows[name].write_text(f"part: {name}\ntitle: {name}\nrows:\n  - {{label: rope, args: --pe rope_mixed}}\n"
                               + extra)
     argv = lambda name: ["--rows", str(rows[name]), "--data", "shapes-position", "--seeds", "0", "--res", "16",
                          "--jobs", "1", "--out", str(out), "--doc", str(doc)]

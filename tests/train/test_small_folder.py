@@ -214,7 +214,7 @@ def test_benchmark_table_and_verdict_follow_the_seed_spread():
     table = {("small_folder", folder, row, "default"): fabricated(values)
              for folder in bench["FOLDERS"] for row, values in accs.items()}
     plan, recipe = {row: [0, 1] for row in accs}, {"img_size": 32, "patch_size": 8, "epochs": 10}
-    text = bench["section"](table, plan, [32, 48], recipe, "visionpe x", ["photos/timm_s2"])
+    text = bench["part"](table, plan, [32, 48], recipe, "visionpe x", ["photos/timm_s2"])
     assert "Not finished, so not in the table (1 runs): photos/timm_s2." in text
     retention = statistics.fmean([51 / 52, 52 / 53])
     assert f"| objects | small_folder | 52.5 ± 0.7 | 51.5 ± 0.7 | {retention:.3f} ± 0.000 | 0 1 | 10 | 1.5 |" in text
@@ -222,7 +222,7 @@ def test_benchmark_table_and_verdict_follow_the_seed_spread():
     assert "- photos: `small_folder` − `timm`: 32px +11.5 (beyond); 48px +11.5 (beyond)" in text
     assert "- photos: `small_folder` − `resize+flip`: 32px +0.5 (within); 48px +0.5 (within)" in text
     table["small_folder", "objects", "timm", "default"] = fabricated([41.0])  # one seed has no spread to judge by
-    one = bench["section"](table, plan, [32], recipe, "visionpe x")
+    one = bench["part"](table, plan, [32], recipe, "visionpe x")
     assert "- objects: `small_folder` − `timm`: 32px +11.5 (one seed)" in one
 
 

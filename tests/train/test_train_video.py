@@ -134,7 +134,7 @@ def test_sweep_frames_refused_for_an_image_run(tmp_path, capsys):
 
 def test_benchmark_writes_its_video_section_and_keeps_the_rest(tmp_path):
     import argparse
-    from visionpe.bench.accuracy import sections as bench
+    from visionpe.bench.accuracy import parts as bench
     cols = [(f, r) for f in (4, 8) for r in (16, 24)]
     entry = lambda accs: {"acc": {c: list(a) for c, a in zip(cols, accs)}, "ret": {}, "params": 1000, "img_s": [5.0],
                           "train_res": (8, 16), "seeds": {0, 1}}
@@ -147,7 +147,7 @@ def test_benchmark_writes_its_video_section_and_keeps_the_rest(tmp_path):
     args = argparse.Namespace(jobs=2, report_only=False, extra=[], note="", data=["moving-shapes"])
     cfg = recipe_path("bench_video_tiny")
     for _ in range(2):  # the second write replaces the section
-        bench.write_video_section(doc, args, table, [1, 2], "visionpe benchmark ...", 60.0, {"vit": cfg},
+        bench.write_video_part(doc, args, table, [1, 2], "visionpe benchmark ...", 60.0, {"vit": cfg},
                                   cols)
     text = doc.read_text()
     assert text.startswith("# Image benchmark\n\nkept text\n") and "converted" in text

@@ -45,7 +45,7 @@ COMMANDS = {c.name: c for c in (
             "evaluate trained runs at several resolutions with each encoding's resolution adaptation"),
     Command("benchmark", "visionpe.bench.accuracy.cli:main",
             "the accuracy benchmark: every encoding trained over seeds, swept, reported (OUT/BENCHMARK.md)"),
-    Command("convert-benchmark", "visionpe.bench.accuracy.convert:main",
+    Command("convert-benchmark", "visionpe.bench.accuracy.conversion:main",
             "a trained learned-APE model converted to RoPE and fine-tuned, against RoPE from scratch"),
     Command("visualize", "visionpe.train.visualize:main",
             "draw what an encoding knows about space (PNG figures or an HTML explorer), fresh or from a run"),

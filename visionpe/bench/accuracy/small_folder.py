@@ -1,6 +1,6 @@
 """Measure the small-folder recipe (the shipped recipe ``small_folder``) against timm's ImageNet augmentation and
 against plain resize + flip, on the two folders of ``visionpe make-image-folders``, and write the table as a marked
-section of a document.
+part of a document.
 
     visionpe small-folder-benchmark --seeds 0 1 2 --jobs 2
     visionpe small-folder-benchmark --folders /tmp/folders --out runs/small_folder --seeds 0 1 2 --jobs 2
@@ -36,13 +36,13 @@ import yaml
 from ... import cli
 from ...cli import UserError
 from ...cli.recipes import recipe_path
-from ...cli.report import markdown_table, markers, write_section
+from ...cli.report import markdown_table, markers, write_part
 from ...train import settings
 from ..image_folders import FOLDER_KINDS, write_folder
 from .collect import collect, label
 from .jobs import plan_run, run_logged, sweep_command
 from .records import make_record
-from .sections import accuracy_cells
+from .parts import accuracy_cells
 from .staleness import stale_settings, sweep_is_current
 from .verdicts import compare_verdict
 
@@ -65,7 +65,7 @@ CANDIDATES = {
     "epochs20": ({"epochs": 20}, [0]),
     "img48": ({"img_size": 48}, [0]),
 }
-SECTION = "small_folder_benchmark"
+PART = "small_folder_benchmark"
 REPORT = "small_folder.md"  # the document in --out unless --doc names one
 
 
@@ -117,7 +117,7 @@ def entries(jobs: list[tuple], sizes: list[int]) -> list[tuple]:
     for run, config, folder, seed in jobs:
         train, sweep = train_args(run, config, folder, seed), sweep_command(run, sizes, [])
         if sweep_is_current(run, sweep):
-            identity = {"benchmark": FAMILY, "section": SECTION, "family": FAMILY, "data": run.parent.name,
+            identity = {"benchmark": FAMILY, "part": PART, "family": FAMILY, "data": run.parent.name,
                         "row": run.name.rpartition("_s")[0], "seed": seed}
             found.append((FAMILY, run.parent.name, identity["row"], seed, make_record(run, identity, train, sweep)))
     return found
@@ -133,9 +133,9 @@ def changes_text(changes: dict) -> str:
     return ", ".join(f"{k} {' '.join(map(word, v)) if isinstance(v, list) else word(v)}" for k, v in changes.items())
 
 
-def section(table: dict, plan: dict, sizes: list[int], recipe: dict, command: str, missing=()) -> str:
-    """The marked section of the document: per folder and row (``plan``: ``{row: seeds}``), top-1 at ``sizes`` and
-    the retention, mean ± std over the seeds (:func:`.sections.accuracy_cells`), the seeds, epochs and wall time of a
+def part(table: dict, plan: dict, sizes: list[int], recipe: dict, command: str, missing=()) -> str:
+    """The marked part of the document: per folder and row (``plan``: ``{row: seeds}``), top-1 at ``sizes`` and
+    the retention, mean ± std over the seeds (:func:`.parts.accuracy_cells`), the seeds, epochs and wall time of a
     run; then the recipe against each baseline per folder (:func:`.verdicts.compare_verdict`)."""
     train = sizes[0]
     header = ["folder", "recipe", *(f"top-1 % at {s} px" + (" (training size)" if s == train else "") for s in sizes),
@@ -158,7 +158,7 @@ def section(table: dict, plan: dict, sizes: list[int], recipe: dict, command: st
             verdict = compare_verdict(table, folder, pairs, sizes)
             lines += [f"{folder}: {line[2:]}" for line in verdict.splitlines()]
     tried = [f"- `{row}`: the recipe with {changes_text(CANDIDATES[row][0])}" for row in plan if row in CANDIDATES]
-    begin, end = markers(SECTION)
+    begin, end = markers(PART)
     return "\n".join([
         begin,
         "Top-1 of the last epoch on the held-out val split (mean ± std over the seeds listed) and its retention "
@@ -196,7 +196,7 @@ def build_parser() -> cli.Parser:
     p.add_argument("--out", type=Path, default=Path("runs/small_folder"), metavar="DIR",
                    help="run directories (default runs/small_folder)")
     p.add_argument("--doc", type=Path, default=None, metavar="MD",
-                   help=f"the document whose marked section gets the table (default: {REPORT} in --out)")
+                   help=f"the document whose marked part gets the table (default: {REPORT} in --out)")
     p.add_debug()
     return p
 
@@ -209,7 +209,7 @@ def main(argv) -> dict:
         raise UserError(f"--jobs must be an integer >= 1, got {args.jobs}")
     if any(s < 0 for s in args.seeds):
         raise UserError(f"--seeds must be integers >= 0, got {' '.join(map(str, args.seeds))}")
-    args.out = args.out.resolve()
+    args.out, args.folders = args.out.resolve(), args.folders.resolve()  # the same folders for every run's processes
     doc = (args.doc or args.out / REPORT).resolve()
     recipe = settings.read_yaml(recipe_path(args.recipe, "--recipe"), "recipe")
     size = recipe.get("img_size", settings.DEFAULTS["img_size"])
@@ -243,7 +243,7 @@ def main(argv) -> dict:
     done = {(folder, f"{row}_s{seed}") for _, folder, row, seed, _ in found}
     missing = [f"{run.parent.name}/{run.name}" for run, *_ in jobs if (run.parent.name, run.name) not in done]
     command = shlex.join(["visionpe", "small-folder-benchmark", *map(str, argv)])
-    write_section(doc, SECTION, section(table, plan, sizes, recipe, command, missing))
+    write_part(doc, PART, part(table, plan, sizes, recipe, command, missing))
     print(f"wrote the table to {doc} ({len(found)} of {len(jobs)} runs finished)")
     if missing and not args.collect_only:
         raise UserError(f"{len(missing)} runs failed; their logs are in {args.out}")

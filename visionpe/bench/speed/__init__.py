@@ -58,7 +58,7 @@ measurement. ``--out`` rewrites the file's tables and keeps its hand-written "Re
 Targets (printed with each ratio): time and memory of an encoding <= 1.05x none (``peg`` <= 1.10x).
 
 Modules: :mod:`.plan` (which model, which batch), :mod:`.timing` (interleaved rounds), :mod:`.tables` (ratio
-tables), one module per section (:mod:`.rope`, :mod:`.models`, :mod:`.memory`, :mod:`.versus_timm`, :mod:`.scale`,
-:mod:`.flex`, :mod:`.flex_models`, :mod:`.profile`, :mod:`.data`, :mod:`.video`, :mod:`.onnx_latency`) and :mod:`.cli` (``visionpe bench-speed``). A new section is a function
+tables), one module per section (:mod:`.rope`, :mod:`.steps`, :mod:`.memory`, :mod:`.versus_timm`, :mod:`.scale`,
+:mod:`.flex`, :mod:`.flex_models`, :mod:`.profile`, :mod:`.loader`, :mod:`.video`, :mod:`.onnx_latency`) and :mod:`.cli` (``visionpe bench-speed``). A new section is a function
 ``section(run) -> list[Table]`` in its own module and one entry in :data:`visionpe.bench.speed.cli.RUNNERS`.
 """

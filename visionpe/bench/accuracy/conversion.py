@@ -16,7 +16,7 @@ Every run is ``visionpe train ...`` in its own process (``--jobs`` at a time, on
 ``visionpe sweep RUN --res ... --scaling ...`` on its last weights (RoPE rows once per
 scaling). Finished runs (with ``sweep/sweep.csv``) are skipped and interrupted ones resumed, so an interrupted
 benchmark continues where it stopped. The report (mean ± std over seeds per resolution, retention, the command,
-the machine and a verdict that compares every gap with the seed spread) replaces the section "Converting a
+the machine and a verdict that compares every gap with the seed spread) replaces the part "Converting a
 trained APE model to RoPE" of --doc (between its markers; appended when absent).
 """
 from __future__ import annotations
@@ -35,17 +35,17 @@ from ...backbones import parse_pe
 from ...cli import UserError, user_errors
 from ...cli.recipes import recipe_path, shown
 from ...cli.report import markdown_table as report_table
-from ...cli.report import ONE_SEED, mean_std, spread_gap, spread_text, write_section
+from ...cli.report import ONE_SEED, mean_std, spread_gap, spread_text, write_part
 from ...rotary.scaling import SCALINGS
 from ...train import metrics, restore, settings
 from .benchmark import REPORT
 from .cli import add_recipe_and_data
 from .collect import finished_runs_or_refuse
 from .jobs import plan_run, run_logged, sweep_command
-from .sections import accuracy_cells
+from .parts import accuracy_cells
 
-SECTION = "convert_benchmark"
-BEGIN, END = f"<!-- BEGIN {SECTION} -->", f"<!-- END {SECTION} -->"
+PART = "convert_benchmark"
+BEGIN, END = f"<!-- BEGIN {PART} -->", f"<!-- END {PART} -->"
 TITLE = "## Converting a trained APE model to RoPE"
 SOURCE_PE = "learned"
 
@@ -205,7 +205,7 @@ def verdicts(table: dict, data: str, args) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def section(args, table: dict, runs: list[dict], command: str, wall: float) -> str:
+def part(args, table: dict, runs: list[dict], command: str, wall: float) -> str:
     import torch
     n, m = args.pretrain_epochs, args.finetune_epochs
     recipe = f"`{shown(args.config)}`"
@@ -269,7 +269,7 @@ def check(args) -> None:
 
 def run(args, command: str) -> int:
     """Train, convert, fine-tune and sweep every run of ``args`` (the parsed ``visionpe convert-benchmark`` command
-    line, ``command`` its text) that is not finished, then rewrite the report's section; returns 0."""
+    line, ``command`` its text) that is not finished, then rewrite the report's part; returns 0."""
     args.config, args.out = recipe_path(args.config).resolve(), args.out.resolve()
     args.doc = (args.doc or args.out / REPORT).resolve()
     check(args)
@@ -299,8 +299,8 @@ def run(args, command: str) -> int:
     previous = json.loads(wall_file.read_text())["wall_s"] if wall_file.is_file() else 0.0
     wall = previous + (0.0 if args.report_only else time.time() - t0)  # summed over the invocations that ran
     wall_file.write_text(json.dumps({"wall_s": wall}))
-    write_section(args.doc, SECTION, section(args, collect(runs), runs, command, wall))
-    print(f"wrote the section '{TITLE[3:]}' of {args.doc}")
+    write_part(args.doc, PART, part(args, collect(runs), runs, command, wall))
+    print(f"wrote the part '{TITLE[3:]}' of {args.doc}")
     return 0
 
 
@@ -326,10 +326,10 @@ def build_parser() -> cli.Parser:
     run.add_argument("--out", type=Path, default=Path("runs/convert_benchmark"), metavar="DIR",
                      help="folder of the runs and logs (default: runs/convert_benchmark)")
     run.add_argument("--doc", type=Path, default=None, metavar="MD",
-                     help="report whose section 'Converting a trained APE model to RoPE' is (re)written "
+                     help="report whose part 'Converting a trained APE model to RoPE' is (re)written "
                           f"(default: {REPORT} in --out)")
-    run.add_argument("--note", default="", help="free text added to the section (e.g. what shared the machine)")
-    run.add_argument("--report-only", action="store_true", help="only rebuild the section from finished runs")
+    run.add_argument("--note", default="", help="free text added to the part (e.g. what shared the machine)")
+    run.add_argument("--report-only", action="store_true", help="only rebuild the part from finished runs")
     p.add_debug(run)
     return p
 
