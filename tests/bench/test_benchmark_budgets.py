@@ -167,3 +167,17 @@ def test_the_comparisons_second_part_shares_the_first_parts_budget_and_row():
     # the frontier section's variants beyond one row each (circulant STRING, ComRoPE AP) and the older rows that
     # did not learn clutter-relation in one seed (the first part's header) are the ones left out
     assert frontier - covered == {"learned", "lookhere", "string circulant", "comrope ap"}
+
+
+def test_the_benchmarks_files_live_apart_from_the_user_recipes_and_are_found_by_name(tmp_path):
+    """``configs/`` (package data) holds only user recipes; the benchmark's recipes and rows files are in
+    ``visionpe/bench/configs/``, found by the same ``--config NAME`` and shown in a report by that name."""
+    from visionpe.cli import recipes
+    assert not list(recipes.folder().glob("bench_*.yaml")) and recipes.names() == recipes.names(recipes.folder())
+    assert {p.stem for p in recipes.bench_folder().glob("*.yaml")} >= {"bench_vit_tiny", "bench_rows_resolution"}
+    assert recipe_path("bench_vit_tiny") == recipes.bench_folder() / "bench_vit_tiny.yaml"
+    assert recipe_path("shapes_tiny.yaml") == recipes.folder() / "shapes_tiny.yaml"
+    own = tmp_path / "bench_vit_tiny.yaml"  # a file of the same name elsewhere is shown by its path
+    own.write_text("epochs: 1\n")
+    assert [recipes.shown(p) for p in (recipe_path("bench_vit_tiny"), recipe_path("shapes_tiny"), own)] == \
+        ["bench_vit_tiny", "shapes_tiny", str(own)]
