@@ -91,7 +91,7 @@ def test_the_comparison_step_writes_the_committed_reports_records():
     text = SCRIPT.read_text()
     step = re.search(r'"\$PY" -m visionpe benchmark (.*?)> "\$work/protocol.txt"', text, re.S).group(1)
     committed = re.search(r"^visionpe benchmark --rows bench_rows_comparison (.*)$",
-                          (ROOT / "docs" / "BENCHMARK_COMPARISON.md").read_text(), re.M).group(1)
+                          (ROOT / "docs" / "reports" / "BENCHMARK_COMPARISON.md").read_text(), re.M).group(1)
     flags = lambda line: re.search(r"(--seeds .*?) --jobs", line).group(1)
     assert flags(" ".join(step.split())) == flags(committed) == "--seeds 0 1 2 --res 32 64 128 --tune --holdout 100"
     assert re.search(r"PROTOCOL_ROWS=\$\{PROTOCOL_ROWS:-bench_rows_comparison\}", text)
