@@ -132,7 +132,7 @@ def test_sweep_frames_refused_for_an_image_run(tmp_path, capsys):
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "--frames is for video runs" in err, err
 
 
-def test_benchmark_writes_its_video_section_and_keeps_the_rest(tmp_path):
+def test_benchmark_writes_its_video_part_and_keeps_the_rest(tmp_path):
     import argparse
     from visionpe.bench.accuracy import parts as bench
     cols = [(f, r) for f in (4, 8) for r in (16, 24)]
