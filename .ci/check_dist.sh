@@ -71,11 +71,11 @@ printf '%s\n' "data: shapes-position" "img_size: 16" "patch_size: 4" "epochs: 1"
     > recipe.yaml
 "$visionpe" benchmark --config recipe.yaml --data shapes-position --pe learned rope_axial --scaling none --seeds 0 \
     --res 16 24 --jobs 1 > benchmark.log
-for file in runs/tiny/results.json runs/tiny/summary.csv runs/sweep/sweep.csv docs/BENCHMARK.md \
+for file in runs/tiny/results.json runs/tiny/summary.csv runs/sweep/sweep.csv runs/benchmark/BENCHMARK.md \
         runs/benchmark/vit/shapes-position/learned/s0/sweep/sweep.csv \
         runs/benchmark/vit/shapes-position/rope_axial/s0/sweep/sweep.csv; do
     [ -s "$file" ] || { echo "check_dist: $file was not written in $work/use"; exit 1; }
 done
-grep -q "^| learned |" docs/BENCHMARK.md && grep -q "^| rope_axial \[none\] |" docs/BENCHMARK.md \
-    || { echo "check_dist: docs/BENCHMARK.md lacks a row"; cat docs/BENCHMARK.md; exit 1; }
+grep -q "^| learned |" runs/benchmark/BENCHMARK.md && grep -q "^| rope_axial \[none\] |" runs/benchmark/BENCHMARK.md \
+    || { echo "check_dist: runs/benchmark/BENCHMARK.md lacks a row"; cat runs/benchmark/BENCHMARK.md; exit 1; }
 echo "check_dist: the wheel's visionpe command answers --help for $commands; trained, swept and benchmarked in $PWD"

@@ -11,7 +11,7 @@
 The same by hand:
     python train_vit.py --config configs/shapes_tiny.yaml --data shapes-relation --pe rope_mixed \
         --output runs/demo/rope_mixed
-    python scripts/resolution_sweep.py runs/demo/* --res 24 32 48 64 --scaling none pi --out runs/demo
+    visionpe sweep runs/demo/* --res 24 32 48 64 --scaling none pi --out runs/demo
 """
 from __future__ import annotations
 

@@ -2,17 +2,17 @@
 # One prepared check for a GPU machine that reaches no package registry, in about 8 minutes:
 #   1. the CUDA tests: pytest --device cuda tests/cuda (at most TESTS_SECONDS, default 270), FSDP2 with nccl and the
 #      bf16 policy included (test_cuda_parallel.py: torchrun on up to 2 GPUs, `visionpe train --parallel fsdp` too);
-#   2. the GPU benchmark: scripts/bench_speed.py --device cuda, the flex-models section first (bf16: eval, training
+#   2. the GPU benchmark: visionpe bench-speed --device cuda, the flex-models section first (bf16: eval, training
 #      step, memory, compiled, flex vs SDPA at 4097 and 16385 tokens), then forward, train, memory, scale and flex
 #      (what time is left, less a margin for the report), its tables also as data (bench_speed.json: the machine,
 #      the versions, the settings and each section's tables and wall time);
 #   2b. the comparison's runs on the GPU (PROTOCOL_SECONDS, default 100; 0 skips it): visionpe benchmark --rows
 #      PROTOCOL_ROWS (default bench_rows_comparison) --data PROTOCOL_DATA (default clutter-relation; no download
-#      here) with docs/BENCHMARK_COMPARISON.md's seeds, sizes and LookHere's protocol, -- --device cuda. A run whose
+#      here) with docs/reports/BENCHMARK_COMPARISON.md's seeds, sizes and LookHere's protocol, -- --device cuda. A run whose
 #      record under docs/reports/data/ is current is not run again, so each check goes on where the last one (on any
 #      machine) stopped; each run it finishes writes its record there, the same records the CPU machines write;
 #   3. the report: the machine, the test results and the tables, written as the "### CUDA" part of
-#      docs/PERFORMANCE.md's GPU section; with $OUT set, copies of everything under $OUT, the records in
+#      docs/reports/PERFORMANCE.md's GPU section; with $OUT set, copies of everything under $OUT, the records in
 #      $OUT/records (copy them into docs/reports/data/ and commit them: `visionpe benchmark ... --report-only`
 #      then puts them in the comparison's report beside the CPU machines' runs, each machine named).
 # It runs under the machine's own python3 (PYTHON=... to choose another) with visionpe from this working tree
@@ -41,7 +41,7 @@ tests=(tests/cuda/test_device_parity.py tests/cuda/test_device_training.py tests
        tests/cuda/test_device_subsets.py tests/cuda/test_device_concurrency.py tests/cuda/test_cuda_parallel.py
        tests/cuda/test_cuda_kernels.py tests/cuda/test_device_compile_ddp.py tests/cuda/test_cuda_recipe.py)
 tests_cmd=("$PY" -m pytest --device cuda "${tests[@]}" -q -rfE -p no:cacheprovider --junitxml="$work/cuda_tests.xml")
-bench_cmd=("$PY" scripts/bench_speed.py --device cuda --sections flex-models forward train memory scale flex
+bench_cmd=("$PY" -m visionpe bench-speed --device cuda --sections flex-models forward train memory scale flex
            --repeats 3 --slow-repeats 3 --min-run-time 0.1 --record "$work/bench_speed.json")
 
 {
@@ -75,12 +75,12 @@ PROTOCOL_ROWS=${PROTOCOL_ROWS:-bench_rows_comparison}
 PROTOCOL_DATA=${PROTOCOL_DATA:-clutter-relation}
 if [ "$PROTOCOL_SECONDS" -gt 0 ]; then
     echo "gpu_check: the comparison's runs ($PROTOCOL_ROWS on $PROTOCOL_DATA, at most ${PROTOCOL_SECONDS} s)"
-    # the records go where the committed report's are (docs/reports/data/benchmark_comparison/<section>, its
+    # the records go where the committed report's are (docs/reports/data/benchmark_comparison/<part>, its
     # default), so the runs recorded there are skipped; the report of this part goes to $work, the doc is left alone
-    section=$("$PY" -c "import sys; from visionpe.bench.accuracy.rows import read_rows; print(read_rows(sys.argv[1])['section'])" "$PROTOCOL_ROWS")
+    part=$("$PY" -c "import sys; from visionpe.bench.accuracy.rows import read_rows; print(read_rows(sys.argv[1])['part'])" "$PROTOCOL_ROWS")
     timeout -s INT -k 10 "$PROTOCOL_SECONDS" "$PY" -m visionpe benchmark --rows "$PROTOCOL_ROWS" \
         --data $PROTOCOL_DATA --seeds 0 1 2 --res 32 64 128 --tune --holdout 100 --jobs 1 --out "$work/protocol" \
-        --doc "$work/BENCHMARK_COMPARISON.md" --records "docs/reports/data/benchmark_comparison/$section" \
+        --doc "$work/BENCHMARK_COMPARISON.md" --records "docs/reports/data/benchmark_comparison/$part" \
         -- --device cuda > "$work/protocol.txt" 2>&1
     echo "gpu_check: comparison exit $?"; tail -n 6 "$work/protocol.txt"
 fi
@@ -95,15 +95,15 @@ else
     bench_status=124
 fi
 
-"$PY" -m visionpe.bench.speed.gpu --doc docs/PERFORMANCE.md --env "$work/env.txt" --junit "$work/cuda_tests.xml" \
+"$PY" -m visionpe.bench.speed.gpu --doc docs/reports/PERFORMANCE.md --env "$work/env.txt" --junit "$work/cuda_tests.xml" \
     --bench "$work/bench.md" --tests-status "$tests_status" --bench-status "$bench_status" \
     --seconds "$((SECONDS - start))"
 report_status=$?
 if [ -n "${OUT:-}" ]; then
-    mkdir -p "$OUT" && cp "$work"/*.* docs/PERFORMANCE.md "$OUT"/
+    mkdir -p "$OUT" && cp "$work"/*.* docs/reports/PERFORMANCE.md "$OUT"/
     [ -d docs/reports/data ] && cp -r docs/reports/data "$OUT/records"
 fi
 echo "gpu_check: tests exit $tests_status, benchmark exit $bench_status, report exit $report_status," \
-     "$((SECONDS - start)) s; docs/PERFORMANCE.md '### CUDA' written${OUT:+, copies in $OUT}"
+     "$((SECONDS - start)) s; docs/reports/PERFORMANCE.md '### CUDA' written${OUT:+, copies in $OUT}"
 [ "$report_status" -ne 0 ] && exit "$report_status"
 exit "$tests_status"

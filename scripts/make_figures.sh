@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Render the docs figures of fresh encodings into docs/figures/ (small PNGs, dpi 90).
 # Usage, from the repository root:  bash scripts/make_figures.sh  [PYTHON]   (default .venv/bin/python)
-# Every figure is one scripts/visualize.py command; figures of a trained run (--run runs/NAME) go at the end.
+# Every figure is one `visionpe visualize` command (PYTHON -m visionpe visualize); figures of a trained run
+# (--run runs/NAME) go at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${1:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 OUT=docs/figures
 export MPLBACKEND=Agg
-viz() { "$PY" scripts/visualize.py --dpi 90 "$@"; }
+viz() { "$PY" -m visionpe visualize --dpi 90 "$@"; }
 
 # similarity grids (ViT paper figure), 14x14 patches as ViT-B/16 at 224 px; ViT-S sizes (dim 384, 6 heads of 64)
 viz --pe sincos     --grid 14 14 --kind similarity --out $OUT/similarity_sincos.png
@@ -33,7 +34,7 @@ for task in clutter.CLUTTER:
         img.save(f"docs/figures/task_{task}_{size}px.png", optimize=True)
 PY
 
-# figures of trained runs: the runs of docs/BENCHMARK_8EPOCHS.md (its command makes runs/benchmark_8ep first)
+# figures of trained runs: the runs of docs/reports/BENCHMARK_8EPOCHS.md (its command makes runs/benchmark_8ep first)
 RUNS=runs/benchmark_8ep/vit/shapes-position
 if [ -d $RUNS/learned/s0 ] && [ -d $RUNS/rope_mixed/s0 ]; then
     viz --run $RUNS/learned/s0 --kind similarity --out $OUT/trained_similarity_learned.png
@@ -42,12 +43,12 @@ if [ -d $RUNS/learned/s0 ] && [ -d $RUNS/rope_mixed/s0 ]; then
     viz --run $RUNS/rope_mixed/s0 --layer 0 --kind similarity --out $OUT/trained_similarity_rope_mixed.png
     viz --run $RUNS/rope_mixed/s0 --layer 0 --kind resolution --scaling pi --out $OUT/trained_resolution_rope_mixed_pi.png
 else
-    echo "skipping trained-run figures: run the command in docs/BENCHMARK_8EPOCHS.md first" >&2
+    echo "skipping trained-run figures: run the command in docs/reports/BENCHMARK_8EPOCHS.md first" >&2
 fi
 VIDEO_RUN=runs/bench_video/vit/moving-shapes/rope_mixed/s0
-if [ -f "$VIDEO_RUN/config.yaml" ]; then  # the video section of docs/BENCHMARK.md
+if [ -f "$VIDEO_RUN/config.yaml" ]; then  # the video section of docs/reports/BENCHMARK.md
     viz --run $VIDEO_RUN --pe rope_mixed --layer 0 --kind video --out $OUT/trained_video_rope_mixed.png
 else
-    echo "skipping the trained video figure: run the video command in docs/BENCHMARK.md first" >&2
+    echo "skipping the trained video figure: run the video command in docs/reports/BENCHMARK.md first" >&2
 fi
 ls -l $OUT

@@ -1,7 +1,6 @@
-"""Helpers for the tests of the command lines: run train_vit.py or a script in this process, exactly as
-`python train_vit.py ARGV` or `python scripts/NAME.py ARGV` would run it (nothing imports them; runpy executes the
-file as __main__: the checkout's thin wrapper over the `visionpe` command, so the package's command runs through it),
-or build a command's parser without running it."""
+"""Helpers for the tests of the command lines: run train_vit.py or a `visionpe` command in this process, exactly as
+`python train_vit.py ARGV` (runpy executes the checkout's thin wrapper as __main__) or `visionpe NAME ARGV` would run
+it, or build a command's parser without running it."""
 from __future__ import annotations
 
 import contextlib
@@ -32,16 +31,15 @@ def train_main(argv):
         return runpy.run_path(str(TRAIN), run_name="__main__")["result"]
 
 
-def script_path(name: str) -> Path:
-    return ROOT / "scripts" / f"{name}.py"
+COMMAND_OF = {"resolution_sweep": "sweep"}  # a test's name of a command that is not its own with "_" for "-"
 
 
 def run_script(name: str, argv):
-    """``python scripts/NAME.py *argv`` in this process; returns what its ``main`` returned (the script keeps it in
-    ``result``). A user mistake raises ``SystemExit(2)`` after printing one line on stderr."""
-    path = script_path(name)
-    with mock.patch.object(sys, "argv", [str(path), *map(str, argv)]):
-        return runpy.run_path(str(path), run_name="__main__")["result"]
+    """``visionpe NAME *argv`` in this process (``name`` with ``_`` for ``-``, or ``resolution_sweep`` for
+    ``sweep``); returns what the command's function returned. A user mistake raises ``SystemExit(2)`` after printing
+    one line on stderr."""
+    from visionpe.cli.commands import main
+    return main([COMMAND_OF.get(name, name.replace("_", "-")), *map(str, argv)])
 
 
 def parser_of(command: str):

@@ -12,7 +12,7 @@ from .flex import flex_attend, flex_available, pair_scores
 from .grid import Grid, Layout, MixedLayout, as_layout
 
 ATTENTIONS = ("auto", "sdpa", "flex")
-# What attention="auto" takes per device type for a bias with a pair form, by measurement (docs/PERFORMANCE.md, GPU
+# What attention="auto" takes per device type for a bias with a pair form, by measurement (docs/reports/PERFORMANCE.md, GPU
 # section): on CPU flex was never faster than SDPA with the materialised bias, and CPU FlexAttention has no backward;
 # on CUDA, SDPA until the GPU check (scripts/gpu_check.sh) has measured flex against it.
 AUTO_ATTENTION = {"cpu": "sdpa", "cuda": "sdpa"}
@@ -194,7 +194,7 @@ class _FusedBiasAttention(torch.autograd.Function):
     ``(T, T)`` tensor. Backward: for a chunk of the batch at a time (:func:`batch_chunks`) the probabilities are
     recomputed from the log-sum-exp and the gradients of q, k, v and mask follow in closed form
     (``dS = P * (dO @ v^T - rowsum(dO * O))``), the mask's summed to its broadcast shape. Keeps no softmax from
-    forward to backward (training memory in docs/PERFORMANCE.md); differentiable once (a second derivative raises).
+    forward to backward (training memory in docs/reports/PERFORMANCE.md); differentiable once (a second derivative raises).
     """
 
     @staticmethod
@@ -240,7 +240,7 @@ class _FusedBiasAttention(torch.autograd.Function):
 # probabilities and logit gradients then take about BACKWARD_CHUNK_BYTES instead of the whole batch's (training-step
 # peak memory of rel_bias at the small config 1.105x -> 1.048x no position) at the same speed (1.21-1.36x either way,
 # side by side). Larger maps keep the whole batch, whose batched matmuls do better (ViT-S/16 training step: 1.01x
-# whole, 1.07x in chunks of 4 samples, 1.11x of 1). Measured in one process each; docs/PERFORMANCE.md.
+# whole, 1.07x in chunks of 4 samples, 1.11x of 1). Measured in one process each; docs/reports/PERFORMANCE.md.
 BACKWARD_CHUNK_BYTES = 2**20
 CHUNKED_SAMPLE_BYTES = 2**18
 

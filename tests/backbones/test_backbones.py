@@ -498,7 +498,7 @@ def test_timm_rope_vit_ports_load_with_identical_logits(eva_name, pe):
 
 @pytest.mark.parametrize("pe", ["rope_axial", "rope_mixed", "rope_mixed+learned"])
 def test_rope_in_a_model_interpolates_by_default(pe):
-    """The model default is position interpolation to the model's grid (docs/BENCHMARK.md); scaling="none"
+    """The model default is position interpolation to the model's grid (docs/reports/BENCHMARK.md); scaling="none"
     extrapolates when asked; normalised coordinates take no scaling."""
     default = vpe.encodings_of(vpe.create_model(VIT, pe=pe, **VIT_KW))["rotary"][0]
     assert (default.scaling, default.ref_shape) == ("pi", (4, 4))

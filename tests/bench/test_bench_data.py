@@ -6,19 +6,19 @@ import math
 
 import torch
 
-from visionpe.bench.speed import cli, data
+from visionpe.bench.speed import cli, loader
 
 
 def test_both_loaders_read_the_folder_the_benchmark_writes(tmp_path):
-    train = data.write_jpeg_folder(tmp_path, 8)
+    train = loader.write_jpeg_folder(tmp_path, 8)
     assert len(list(train.rglob("*.jpg"))) == 8
     for max_patches in (None, 49):
-        ours = [(x, y) for x, y in data.ours(train, 4, 0, max_patches)]
-        timms = list(data.timms(train, 4, 0, max_patches))
+        ours = [(x, y) for x, y in loader.ours(train, 4, 0, max_patches)]
+        timms = list(loader.timms(train, 4, 0, max_patches))
         assert sum(len(y) for _, y in ours) == sum(len(y) for _, y in timms) == 8
-    square = next(iter(data.ours(train, 4, 0)))[0]
+    square = next(iter(loader.ours(train, 4, 0)))[0]
     assert isinstance(square, torch.Tensor) and square.shape == (4, 3, 224, 224)
-    native = next(iter(data.ours(train, 4, 0, 49)))[0]  # 7 x 7 patches of 16 px at most, each at its aspect
+    native = next(iter(loader.ours(train, 4, 0, 49)))[0]  # 7 x 7 patches of 16 px at most, each at its aspect
     assert isinstance(native, (list, torch.Tensor))
     assert all(x.shape[1] * x.shape[2] <= 49 * 256 and x.shape[1] % 16 == x.shape[2] % 16 == 0 for x in native)
 

@@ -1,5 +1,5 @@
-"""visionpe.bench (scripts/bench_speed.py): a ``--quick`` run writes every section's table with finite ratios (to a temporary file,
-never docs/PERFORMANCE.md), the opt-in flex section included; the CPU memory tracker and the table census count what
+"""visionpe.bench (visionpe bench-speed): a ``--quick`` run writes every section's table with finite ratios (to a temporary file,
+never docs/reports/PERFORMANCE.md), the opt-in flex section included; the CPU memory tracker and the table census count what
 they claim."""
 from __future__ import annotations
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from trainutil import ROOT, run_script
+from trainutil import run_script
 
-from visionpe.bench.accuracy import collect, sections, verdicts
+from visionpe.bench.accuracy import collect, parts, verdicts
 from visionpe.bench.accuracy.rows import read_rows, runs_on
 from visionpe.cli import UserError
+from visionpe.cli.recipes import recipe_path
 from visionpe.train import restore
 
 TINY = {"img_size": 16, "patch_size": 4, "batch_size": 16, "val_samples": 16, "warmup_epochs": 0,
@@ -18,7 +19,7 @@ TINY = {"img_size": 16, "patch_size": 4, "batch_size": 16, "val_samples": 16, "w
 
 def rows_file(tmp_path, text: str):
     path = tmp_path / "rows.yaml"
-    path.write_text("section: budgets\ntitle: Budgets\n" + text)
+    path.write_text("part: budgets\ntitle: Budgets\n" + text)
     return path
 
 
@@ -29,11 +30,22 @@ def test_recipes_and_row_data_sets_are_read_and_resolved(tmp_path):
                                          "rows:\n  - {label: a, args: --pe learned, data: [shapes-relation]}\n"
                                          "  - {label: b, args: --pe rope_mixed}\n"))
     assert spec["recipes"] == {"shapes-relation": (tmp_path / "long.yaml").resolve(),
-                               "fashion-mnist": (ROOT / "configs" / "bench_fashion_mnist.yaml").resolve()}
+                               "fashion-mnist": recipe_path("bench_fashion_mnist").resolve()}
     a, b = spec["rows"]
     assert (a["data"], b["data"]) == (["shapes-relation"], [])
     assert runs_on(a, "shapes-relation") and not runs_on(a, "shapes-position")
     assert runs_on(b, "shapes-position") and runs_on(b, "shapes-relation")
+
+
+def test_a_rows_file_of_before_the_rename_is_read_its_section_as_part(tmp_path):
+    """``section`` is the old name of a rows file's ``part`` (the marked part of the report): read as ``part``;
+    both at once is a mistake."""
+    path = tmp_path / "old.yaml"
+    path.write_text("section: old\ntitle: t\nrows:\n  - {label: a, args: --pe learned}\n")
+    assert read_rows(path)["part"] == "old"
+    path.write_text("section: old\npart: new\ntitle: t\nrows:\n  - {label: a, args: --pe learned}\n")
+    with pytest.raises(UserError, match="'section' is the old name of 'part'"):
+        read_rows(path)
 
 
 @pytest.mark.parametrize("text, words", [
@@ -70,14 +82,14 @@ def entry(acc: dict, last_two=(), seeds=3, classes=4) -> dict:
 def test_a_row_still_rising_over_its_last_epoch_is_marked(pairs, still_rising):
     e = entry({32: [80.0]}, pairs)
     assert verdicts.rising(e) is still_rising
-    cell = sections.last_two_cell(e)
+    cell = parts.last_two_cell(e)
     if not pairs:
         assert cell == "n/a"
         return
     before = sum(p[0] for p in pairs) / len(pairs)
     last = sum(p[1] for p in pairs) / len(pairs)
     assert cell.startswith(f"{before:.1f} → {last:.1f}")
-    assert (sections.RISING in cell) is still_rising
+    assert (parts.RISING in cell) is still_rising
 
 
 def test_last_two_epochs_are_read_from_the_runs_metrics():
@@ -125,14 +137,14 @@ def test_a_benchmark_trains_each_task_with_its_recipe_and_each_row_where_it_runs
     relation = text[text.index("### shapes-relation"):]
     assert "last two epochs" in relation and " → " in relation  # two epochs: their top-1 shown
     pick = relation[relation.index("#### shapes-relation: the row to pick at each size"):]
-    assert sections.PICK_TEXT in pick and ("- 32 px (2x)" in pick or "Left out as not learned" in pick)
+    assert parts.PICK_TEXT in pick and ("- 32 px (2x)" in pick or "Left out as not learned" in pick)
     position = text[text.index("### shapes-position"):text.index("### shapes-relation")]
     assert "relation only" not in position and "| n/a |" in position  # one epoch: no plateau to show
 
 
 def test_the_committed_comparison_gives_each_task_its_budget():
     """The comparison's rows file names a recipe for each of its tasks, and every row runs on at least one."""
-    spec = read_rows(ROOT / "configs" / "bench_rows_comparison.yaml")
+    spec = read_rows(recipe_path("bench_rows_comparison"))
     assert set(spec["recipes"]) == {"clutter-relation", "fashion-mnist"}
     assert all(path.is_file() for path in spec["recipes"].values())
     assert all(set(r["data"]) <= set(spec["recipes"]) for r in spec["rows"])
@@ -143,15 +155,29 @@ def test_the_committed_comparison_gives_each_task_its_budget():
 def test_the_comparisons_second_part_shares_the_first_parts_budget_and_row():
     """The frontier part trains clutter-relation with the first part's recipe, and has the first part's RoPE-Mixed row
     with the same arguments and adaptations (its runs are the same in one --out), beside every frontier encoding."""
-    first = read_rows(ROOT / "configs" / "bench_rows_comparison.yaml")
-    second = read_rows(ROOT / "configs" / "bench_rows_comparison_frontier.yaml")
-    assert second["section"] != first["section"]
+    first = read_rows(recipe_path("bench_rows_comparison"))
+    second = read_rows(recipe_path("bench_rows_comparison_frontier"))
+    assert second["part"] != first["part"]
     assert second["recipes"] == {"clutter-relation": first["recipes"]["clutter-relation"]}
     shared = {r["label"]: r for r in first["rows"]}["rope_mixed"]
     row = {r["label"]: r for r in second["rows"]}["rope_mixed"]
     assert (row["slug"], row["train"], row["scaling"]) == (shared["slug"], shared["train"], shared["scaling"])
-    frontier = {r["label"] for r in read_rows(ROOT / "configs" / "bench_rows_frontier.yaml")["rows"]}
+    frontier = {r["label"] for r in read_rows(recipe_path("bench_rows_frontier"))["rows"]}
     covered = {r["label"] for r in first["rows"] + second["rows"]}
     # the frontier section's variants beyond one row each (circulant STRING, ComRoPE AP) and the older rows that
     # did not learn clutter-relation in one seed (the first part's header) are the ones left out
     assert frontier - covered == {"learned", "lookhere", "string circulant", "comrope ap"}
+
+
+def test_the_benchmarks_files_live_apart_from_the_user_recipes_and_are_found_by_name(tmp_path):
+    """``configs/`` (package data) holds only user recipes; the benchmark's recipes and rows files are in
+    ``visionpe/bench/configs/``, found by the same ``--config NAME`` and shown in a report by that name."""
+    from visionpe.cli import recipes
+    assert not list(recipes.folder().glob("bench_*.yaml")) and recipes.names() == recipes.names(recipes.folder())
+    assert {p.stem for p in recipes.bench_folder().glob("*.yaml")} >= {"bench_vit_tiny", "bench_rows_resolution"}
+    assert recipe_path("bench_vit_tiny") == recipes.bench_folder() / "bench_vit_tiny.yaml"
+    assert recipe_path("shapes_tiny.yaml") == recipes.folder() / "shapes_tiny.yaml"
+    own = tmp_path / "bench_vit_tiny.yaml"  # a file of the same name elsewhere is shown by its path
+    own.write_text("epochs: 1\n")
+    assert [recipes.shown(p) for p in (recipe_path("bench_vit_tiny"), recipe_path("shapes_tiny"), own)] == \
+        ["bench_vit_tiny", "shapes_tiny", str(own)]

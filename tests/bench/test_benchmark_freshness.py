@@ -98,14 +98,14 @@ def test_a_sweep_is_redone_when_its_results_or_arguments_changed(finished, tmp_p
 @pytest.mark.parametrize("label, slug", [("../up", "up"), ("a b+c", "a-b-c"), (".hidden", "hidden")])
 def test_row_labels_stay_inside_their_folder(tmp_path, label, slug):
     rows = tmp_path / "rows.yaml"
-    rows.write_text(yaml.safe_dump({"section": "s", "title": "t", "rows": [{"label": label, "args": "--pe learned"}]}))
+    rows.write_text(yaml.safe_dump({"part": "s", "title": "t", "rows": [{"label": label, "args": "--pe learned"}]}))
     assert read_rows(rows)["rows"][0]["slug"] == slug
 
 
 @pytest.mark.parametrize("label", ["..", ".", "/"])
 def test_a_row_label_without_a_name_is_refused(tmp_path, label):
     rows = tmp_path / "rows.yaml"
-    rows.write_text(yaml.safe_dump({"section": "s", "title": "t", "rows": [{"label": label, "args": "--pe learned"}]}))
+    rows.write_text(yaml.safe_dump({"part": "s", "title": "t", "rows": [{"label": label, "args": "--pe learned"}]}))
     with pytest.raises(UserError, match="no letters or digits"):
         read_rows(rows)
 
@@ -121,3 +121,14 @@ def test_convert_benchmark_report_only_without_runs_leaves_the_doc(tmp_path, cap
                                          "--out", tmp_path / "empty", "--doc", doc, "--report-only"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "no finished runs under --out" in err and doc.read_text() == "# kept\n"
+
+
+def test_a_folders_classes_read_when_a_run_starts_are_no_difference_until_both_are_known():
+    """A finished image-folder run saved its classes and their count; the settings asked for now have neither yet
+    (``None``, read from the data when a run starts), which is no reason to retrain; two known, different ones are."""
+    from visionpe.train import settings
+    asked = settings.resolve(settings.parse_args(["--data", "imagefolder", "--data-dir", "/folder"]))
+    finished = {**asked, "num_classes": 8, "classes": ["a", "b"]}
+    assert staleness.changed_settings(finished, {**asked, "num_classes": None, "classes": None}) == []
+    assert staleness.changed_settings(finished, {**asked, "num_classes": 9, "classes": ["a", "c"]}) == [
+        "num_classes (8 -> 9)", "classes (['a', 'b'] -> ['a', 'c'])"]

@@ -18,9 +18,9 @@ from visionpe.cli.recipes import recipe_path
 
 TINY = ["--epochs", "2", "--train-samples", "32", "--val-samples", "16", "--batch-size", "16", "--embed-dim", "16",
         "--depth", "1", "--num-heads", "2", "--img-size", "16", "--patch-size", "4"]
-ROWS = "section: rec\ntitle: Records\nrows:\n  - {label: learned, args: --pe learned}\n" \
+ROWS = "part: rec\ntitle: Records\nrows:\n  - {label: learned, args: --pe learned}\n" \
        "  - {label: rope, args: --pe rope_axial, scaling: [none, pi]}\n"
-RECORDS = ("reports", "data", "doc", "rec", "shapes-position")  # the default records folder of DOC.md's section
+RECORDS = ("data", "doc", "rec", "shapes-position")  # the default records folder of DOC.md's section
 
 
 def argv(folder, *extra):
@@ -52,7 +52,7 @@ def fresh(made, tmp_path):
     folder = tmp_path / "fresh"
     folder.mkdir()
     shutil.copy(made / "rows.yaml", folder)
-    shutil.copytree(made / "reports", folder / "reports")
+    shutil.copytree(made / "data", folder / "data")
     return folder
 
 
@@ -61,7 +61,7 @@ def test_every_run_writes_a_small_record_of_what_made_its_numbers(made):
         path = record_of(made, row)
         record = read_record(path)
         assert record["format"] == FORMAT and path.stat().st_size < 16_000  # a few KB, never weights
-        assert (record["section"], record["data"], record["row"], record["seed"]) == ("rec", "shapes-position", row, 0)
+        assert (record["part"], record["data"], record["row"], record["seed"]) == ("rec", "shapes-position", row, 0)
         assert record["settings"]["pe"] == pe and record["settings"]["epochs"] == 2
         assert "output" not in record["settings"] and len(record["settings_sha256"]) == 64
         assert record["sweep"][:3] == ["--res", "16", "24"] and "--tune" in record["sweep"]
@@ -92,7 +92,7 @@ def test_an_edited_row_makes_its_record_stale_named_and_left_out(made, tmp_path,
     assert f"stale record {record_of(folder, 'rope')} (left out): drop_path (0.0 -> 0.1)" in err, err
     text = section(folder)
     assert "**1 of them have a stale record**" in text and "drop_path (0.0 -> 0.1)" in text
-    assert "`reports/data/doc/rec/shapes-position/rope/s0.json`" in text
+    assert "`data/doc/rec/shapes-position/rope/s0.json`" in text
     numbers = [line for line in text.splitlines() if line.startswith("| ") and "±" in line]
     assert any(line.startswith("| learned |") for line in numbers)
     assert not any(line.startswith("| rope") for line in numbers)  # never mixed in
@@ -168,17 +168,17 @@ def test_the_made_by_cell_names_each_seeds_machines():
     different machines are named per seed; a run made before records (no machine noted) is ``?``, and said so."""
     from types import SimpleNamespace
 
-    from visionpe.bench.accuracy import sections
+    from visionpe.bench.accuracy import parts
     a, b = json.dumps({"device": "cpu a"}), json.dumps({"device": "gpu b"})
     table = {("rows", "d", "same", "default"): {"made_by": {0: (a, a), 1: (a, a)}},
              ("rows", "d", "swept", "default"): {"made_by": {0: (a, b)}},
              ("rows", "d", "mixed", "default"): {"made_by": {0: (a, a), 1: (b, b)}},
              ("rows", "d", "old", "default"): {"made_by": {0: (None, None)}}}
-    labels = sections.machine_labels(table)
+    labels = parts.machine_labels(table)
     assert labels == {a: "M1", b: "M2"}
-    cells = {k[2]: sections.made_by_cell(v, labels) for k, v in table.items()}
+    cells = {k[2]: parts.made_by_cell(v, labels) for k, v in table.items()}
     assert cells == {"same": "M1", "swept": "M1/M2", "mixed": "s0 M1, s1 M2", "old": "?"}
     args = SimpleNamespace(report_only=False, unfinished=[], stale=[], records=None)
-    text = "\n".join(sections.provenance_lines(args, {k: {**v, "wall_s": {}} for k, v in table.items()
+    text = "\n".join(parts.provenance_lines(args, {k: {**v, "wall_s": {}} for k, v in table.items()
                                                        if k[2] == "old"}, [1], "visionpe benchmark ...", 60.0))
     assert "`?`: a step whose machine no record names" in text and "| machine |" not in text

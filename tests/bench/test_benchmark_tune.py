@@ -9,9 +9,10 @@ import shutil
 
 import pytest
 import yaml
-from trainutil import ROOT, run_script
+from trainutil import run_script
 
-from visionpe.bench.accuracy import sections, verdicts
+from visionpe.bench.accuracy import parts, verdicts
+from visionpe.cli.recipes import recipe_path
 from visionpe.cli.report import Curve, panels_of
 
 RECIPE = {"data": "shapes-position", "img_size": 16, "patch_size": 4, "epochs": 1, "batch_size": 16,
@@ -66,7 +67,7 @@ def test_the_report_shows_untuned_and_tuned_side_by_side(tuned):
     assert tuned_row.count(" 1/1)") == 2  # the chosen factor at each size: (x1 1/1), (x4 1/1), ...
     assert "`rope_axial [tuned]` (`theta`) − untuned: 24px" in text
     assert (folder / "b_vit_shapes-position_tuned.png").is_file()
-    with open(folder / "out" / sections.TABLE_CSV) as f:
+    with open(folder / "out" / parts.TABLE_CSV) as f:
         cells = list(csv.DictReader(f))
     chosen = [c for c in cells if c["adaptation"] == "tuned"]
     assert {c["size"] for c in chosen} == {"16", "24"} and all(c["knob_chosen"].startswith("x") for c in chosen)
@@ -123,7 +124,7 @@ def test_a_row_that_did_not_learn_is_marked_and_left_out_of_the_ordering():
              ("vit", "d", "rope_mixed", "none"): entry(GOOD),
              ("vit", "d", "rope_axial", "pi"): entry(GOOD),
              ("vit", "d", "rope_mixed", "pi"): entry(GOOD)}
-    text = sections.markdown_table(table, "vit", "d", [16, 24, 32])
+    text = parts.markdown_table(table, "vit", "d", [16, 24, 32])
     assert "| rope_axial [none] | 13.0 ± 1.0 *not learned* | 11.0 ± 0.0 |" in text
     assert text.count("*not learned*") == 2  # the row's mark and the note under the table
     assert "below chance (11.1 %) + 5 points" in text
@@ -133,7 +134,7 @@ def test_a_row_that_did_not_learn_is_marked_and_left_out_of_the_ordering():
     assert not verdicts.not_learned(entry({16: [17, 17, 17]}), "d")  # above chance + 5 points
     assert verdicts.not_learned(entry({16: [29, 29]}, num_classes=4), "d")  # chance 25 %, floor 30 %
     learned_only = {k: v for k, v in table.items() if k[2] != "rope_axial" or k[3] != "none"}
-    assert "not learned" not in sections.markdown_table(learned_only, "vit", "d", [16, 24, 32])
+    assert "not learned" not in parts.markdown_table(learned_only, "vit", "d", [16, 24, 32])
 
 
 def test_one_seed_has_no_spread():
@@ -141,10 +142,10 @@ def test_one_seed_has_no_spread():
     equal seeds are a spread of 0.0."""
     one = {("vit", "d", "learned", "default"): entry({16: [90.0], 24: [9.6], 32: [40.0]}, seeds={0},
                                                      ret={24: [0.107], 32: [0.444]})}
-    text = sections.markdown_table(one, "vit", "d", [16, 24, 32])
+    text = parts.markdown_table(one, "vit", "d", [16, 24, 32])
     assert "| 9.6 ± n/a |" in text and "0.107 ± n/a" in text and "± 0.0" not in text
     assert "`learned` 90.0 ± n/a %" in verdicts.pick_verdict(one, "vit", "d", [16, 24, 32])
-    assert "11.0 ± 0.0" in sections.markdown_table({("vit", "d", "learned", "default"): entry(CHANCE)}, "vit", "d",
+    assert "11.0 ± 0.0" in parts.markdown_table({("vit", "d", "learned", "default"): entry(CHANCE)}, "vit", "d",
                                                    [16, 24, 32])
     # nor is a gap over one seed called beyond the spread (a spread of 0 made every gap "beyond")
     pair = {("rows", "d", "a", "default"): entry({16: [90.0], 24: [60.0]}, seeds={0}),
@@ -177,7 +178,7 @@ def test_rows_compare_and_tune_verdicts_leave_out_what_did_not_learn():
     assert "- `weak [tuned]` (`theta`) − untuned: 24px +10.0 (beyond); 32px +0.0 (within). Ahead beyond the seed " \
            "spread at 24 px." in tune
     assert "`ours [tuned]`" in tune.splitlines()[-1] and "Left out as not learned" in tune
-    side = sections.tune_table(table, "rows", "d", [16, 24, 32])
+    side = parts.tune_table(table, "rows", "d", [16, 24, 32])
     lines = [line for line in side.splitlines() if line.startswith("| ")][1:]
     assert [line.split(" | ")[0] for line in lines] == ["| ours", "| ours [tuned]", "| weak", "| weak [tuned]"]
     assert "| 71.0 ± 1.0 (x4 2/3, x2 1/3) |" in side and "12.0 ± 0.0" not in side
@@ -195,21 +196,21 @@ def test_plots_keep_at_most_eight_curves_a_panel_and_a_group_together(tmp_path):
         if n <= 8:
             assert sum(any(c.group == g for c in p) for p in panels) == 1, g
     table = {("vit", "d", c.label, "default"): entry({16: [50.0], 24: [40.0]}) for c in curves}
-    assert sections.plot(table, "vit", "d", [16, 24], tmp_path / "p.png") and (tmp_path / "p.png").is_file()
+    assert parts.plot(table, "vit", "d", [16, 24], tmp_path / "p.png") and (tmp_path / "p.png").is_file()
 
 
-def test_a_rows_section_with_tuned_rows_has_its_side_by_side_part(tmp_path):
-    spec = {"section": "rows_tune", "title": "Rows", "compare": [], "recipes": {},
+def test_a_rows_part_with_tuned_rows_has_its_side_by_side_table(tmp_path):
+    spec = {"part": "rows_tune", "title": "Rows", "compare": [], "recipes": {},
             "rows": [{"label": "weak", "train": ["--pe", "rope_axial"], "scaling": ["none"], "protocol": [],
                       "data": [], "timm": False}]}
     table = {("rows", "shapes-position", "weak", "default"): entry(GOOD),
              ("rows", "shapes-position", "weak", "untuned"): entry(GOOD, knob="theta"),
              ("rows", "shapes-position", "weak", "tuned"): entry(GOOD, knob="theta",
                                                                  choice={r: ["x2"] * 3 for r in GOOD})}
-    args = argparse.Namespace(config=ROOT / "configs" / "bench_vit_tiny.yaml", extra=[], note="", jobs=1,
+    args = argparse.Namespace(config=recipe_path("bench_vit_tiny"), extra=[], note="", jobs=1,
                               report_only=False, data=["shapes-position"], res=[16, 24, 32], tune=False)
     doc = tmp_path / "B.md"
-    sections.rows_section(doc, args, spec, table, [1], "visionpe benchmark --rows ...", 1.0)
+    parts.write_rows_part(doc, args, spec, table, [1], "visionpe benchmark --rows ...", 1.0)
     text = doc.read_text()
     assert "#### shapes-position: LookHere's protocol (untuned and tuned)" in text
     assert "LookHere's protocol (`--tune`" in text  # what the side-by-side rows are, once

@@ -1,5 +1,5 @@
 """scripts/gpu_check.sh: on a machine without CUDA one line and exit 0; its report writer (visionpe.bench.speed.gpu) reads
-pytest's JUnit XML and puts the CUDA part into docs/PERFORMANCE.md's GPU section, leaving the rest of the file."""
+pytest's JUnit XML and puts the CUDA part into docs/reports/PERFORMANCE.md's GPU section, leaving the rest of the file."""
 import os
 import re
 import subprocess
@@ -84,18 +84,18 @@ def test_the_check_runs_every_file_of_tests_cuda():
 def test_the_comparison_step_writes_the_committed_reports_records():
     """The GPU's runs join the committed comparison: the check's benchmark command asks for the report's seeds, sizes
     and tuning (so its records' hashes are the ones the report asks for) and writes them where the report's records
-    live (the default beside docs/BENCHMARK_COMPARISON.md for the rows file's section)."""
+    live (the default beside docs/reports/BENCHMARK_COMPARISON.md for the rows file's part)."""
     from visionpe.bench.accuracy.benchmark import default_records
     from visionpe.bench.accuracy.rows import read_rows
 
     text = SCRIPT.read_text()
     step = re.search(r'"\$PY" -m visionpe benchmark (.*?)> "\$work/protocol.txt"', text, re.S).group(1)
     committed = re.search(r"^visionpe benchmark --rows bench_rows_comparison (.*)$",
-                          (ROOT / "docs" / "BENCHMARK_COMPARISON.md").read_text(), re.M).group(1)
+                          (ROOT / "docs" / "reports" / "BENCHMARK_COMPARISON.md").read_text(), re.M).group(1)
     flags = lambda line: re.search(r"(--seeds .*?) --jobs", line).group(1)
     assert flags(" ".join(step.split())) == flags(committed) == "--seeds 0 1 2 --res 32 64 128 --tune --holdout 100"
     assert re.search(r"PROTOCOL_ROWS=\$\{PROTOCOL_ROWS:-bench_rows_comparison\}", text)
-    section = read_rows("bench_rows_comparison")["section"]
-    records = re.search(r'--records "(.*?)"', step).group(1).replace("$section", section)
-    assert Path(records) == default_records(Path("docs/BENCHMARK_COMPARISON.md"), section)
+    part = read_rows("bench_rows_comparison")["part"]
+    records = re.search(r'--records "(.*?)"', step).group(1).replace("$part", part)
+    assert Path(records) == default_records(Path("docs/reports/BENCHMARK_COMPARISON.md"), part)
     assert "-- --device cuda" in step and 'cp -r docs/reports/data "$OUT/records"' in text

@@ -9,14 +9,16 @@ import pytest
 import timm
 import torch
 from conftest import requires_that
-from trainutil import ROOT, TINY, run_script, train_main
+from trainutil import TINY, run_script, train_main
 
 from visionpe.bench.accuracy.rows import read_rows
 from visionpe.bench.accuracy.verdicts import rows_verdict
+from visionpe.cli import recipes
+from visionpe.cli.recipes import recipe_path
 from visionpe.train import models, restore, settings
 
-ROWS_FILE = ROOT / "configs" / "bench_rows_resolution.yaml"
-RECIPE = ROOT / "configs" / "bench_vit_tiny.yaml"
+ROWS_FILE = recipe_path("bench_rows_resolution")
+RECIPE = recipe_path("bench_vit_tiny")
 
 
 def row_config(row: dict, data="shapes-position") -> dict:
@@ -28,7 +30,7 @@ def row_config(row: dict, data="shapes-position") -> dict:
 EVA_ROPE_TYPE = requires_that("rope_type" in inspect.signature(timm.models.eva.Eva).parameters,
                               "a timm whose Eva takes rope_type (the rows file's DINOv3 reference rows)")
 ROWS_FILES = [pytest.param(path, id=path.stem, marks=[EVA_ROPE_TYPE] if "rope_type" in path.read_text() else [])
-              for path in sorted((ROOT / "configs").glob("bench_rows_*.yaml"))]
+              for path in sorted(recipes.bench_folder().glob("bench_rows_*.yaml"))]
 
 
 @pytest.mark.parametrize("rows_file", ROWS_FILES)
@@ -120,7 +122,7 @@ def test_rows_verdict_compares_best_against_timm_best_with_the_spread(ours, word
 
 def test_rows_benchmark_end_to_end_writes_its_section_and_keeps_the_doc(tmp_path):
     rows = tmp_path / "rows.yaml"
-    rows.write_text("section: rows_test\ntitle: Rows test\nrows:\n  - {label: learned, args: --pe learned}\n"
+    rows.write_text("part: rows_test\ntitle: Rows test\nrows:\n  - {label: learned, args: --pe learned}\n"
                     "  - {label: rope, args: --pe rope_mixed, scaling: [none, pi]}\n"
                     "  - {label: timm learned, args: --pe timm --model vit_tiny_patch16_224}\n")
     doc = tmp_path / "DOC.md"
@@ -145,7 +147,7 @@ def section_of(text: str, name: str) -> str:
     return text[text.index(f"<!-- BEGIN {name} -->"):text.index(f"<!-- END {name} -->")]
 
 
-def test_rows_sections_sharing_a_folder_each_keep_their_own_command_and_wall_time(tmp_path):
+def test_rows_parts_sharing_a_folder_each_keep_their_own_command_and_wall_time(tmp_path):
     """Two rows files run into one --out share a row's runs (the second trains nothing), and --report-only of the
     first rebuilds it with its own command and wall time, not those of the invocation that ran last."""
     tiny = ["--epochs", "1", "--train-samples", "32", "--val-samples", "16", "--batch-size", "16", "--embed-dim",
@@ -154,7 +156,7 @@ def test_rows_sections_sharing_a_folder_each_keep_their_own_command_and_wall_tim
     rows = {}
     for name, extra in (("first", "  - {label: sincos, args: --pe sincos}\n"), ("second", "")):
         rows[name] = tmp_path / f"rows_{name}.yaml"
-        rows[name].write_text(f"section: {name}\ntitle: {name}\nrows:\n  - {{label: rope, args: --pe rope_mixed}}\n"
+        rows[name].write_text(f"part: {name}\ntitle: {name}\nrows:\n  - {{label: rope, args: --pe rope_mixed}}\n"
                               + extra)
     argv = lambda name: ["--rows", str(rows[name]), "--data", "shapes-position", "--seeds", "0", "--res", "16",
                          "--jobs", "1", "--out", str(out), "--doc", str(doc)]

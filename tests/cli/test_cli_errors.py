@@ -78,25 +78,25 @@ SETUPS = {
     "config_other_size": lambda tmp, run: run_config(run, model_kwargs={"embed_dim": 32, "depth": 1,
                                                                          "num_heads": 2}),
     "no_config": lambda tmp, run: (run / "config.yaml").unlink(),
-    "rows_missing_title": lambda tmp, run: rows_file(tmp, "section: s\nrows: [{label: a, args: --pe learned}]\n"),
-    "rows_bad_section": lambda tmp, run: rows_file(tmp, "section: a b\ntitle: t\nrows: [{label: a, args: --pe learned}]\n"),
-    "rows_empty": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: []\n"),
-    "rows_no_args": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a}]\n"),
-    "rows_unknown_key": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: x, "
+    "rows_missing_title": lambda tmp, run: rows_file(tmp, "part: s\nrows: [{label: a, args: --pe learned}]\n"),
+    "rows_bad_part": lambda tmp, run: rows_file(tmp, "part: a b\ntitle: t\nrows: [{label: a, args: --pe learned}]\n"),
+    "rows_empty": lambda tmp, run: rows_file(tmp, "part: s\ntitle: t\nrows: []\n"),
+    "rows_no_args": lambda tmp, run: rows_file(tmp, "part: s\ntitle: t\nrows: [{label: a}]\n"),
+    "rows_unknown_key": lambda tmp, run: rows_file(tmp, "part: s\ntitle: t\nrows: [{label: a, args: x, "
                                                         "colour: red}]\n"),
-    "rows_sets_seed": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --seed 3}]\n"),
-    "rows_bad_scaling": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe "
+    "rows_sets_seed": lambda tmp, run: rows_file(tmp, "part: s\ntitle: t\nrows: [{label: a, args: --seed 3}]\n"),
+    "rows_bad_scaling": lambda tmp, run: rows_file(tmp, "part: s\ntitle: t\nrows: [{label: a, args: --pe "
                                                         "rope_mixed, scaling: [linear]}]\n"),
-    "rows_same_label": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a b, args: --pe learned}, "
+    "rows_same_label": lambda tmp, run: rows_file(tmp, "part: s\ntitle: t\nrows: [{label: a b, args: --pe learned}, "
                                                        "{label: a-b, args: --pe sincos}]\n"),
-    "rows_bad_pe": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe rope_bogus}]\n"),
-    "rows_empty_ok": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe learned}]\n"),
-    "rows_bad_flag": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --bogus-flag 1}]\n"),
-    "rows_bad_protocol": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe learned, "
+    "rows_bad_pe": lambda tmp, run: rows_file(tmp, "part: s\ntitle: t\nrows: [{label: a, args: --pe rope_bogus}]\n"),
+    "rows_empty_ok": lambda tmp, run: rows_file(tmp, "part: s\ntitle: t\nrows: [{label: a, args: --pe learned}]\n"),
+    "rows_bad_flag": lambda tmp, run: rows_file(tmp, "part: s\ntitle: t\nrows: [{label: a, args: --bogus-flag 1}]\n"),
+    "rows_bad_protocol": lambda tmp, run: rows_file(tmp, "part: s\ntitle: t\nrows: [{label: a, args: --pe learned, "
                                                          "protocol: [squash]}]\n"),
-    "rows_bad_compare": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --pe learned}]\n"
+    "rows_bad_compare": lambda tmp, run: rows_file(tmp, "part: s\ntitle: t\nrows: [{label: a, args: --pe learned}]\n"
                                                         "compare: [a]\n"),
-    "rows_native_swin": lambda tmp, run: rows_file(tmp, "section: s\ntitle: t\nrows: [{label: a, args: --model "
+    "rows_native_swin": lambda tmp, run: rows_file(tmp, "part: s\ntitle: t\nrows: [{label: a, args: --model "
                                                         "swin_tiny_patch4_window7_224 --pe swin_bias, "
                                                         "protocol: [native]}]\n"),
     "config_swin": lambda tmp, run: run_config(run, model="swin_tiny_patch4_window7_224", pe="swin_bias",
@@ -455,7 +455,7 @@ ROWS = [
     (B, ["--res", "32xx", "--data", "shapes-position", "--pe", "learned"], ["--res", "32xx", "HxW"]),
     (B, ["--rows", "{tmp}/nowhere.yaml", "--data", "shapes-position"], ["{tmp}/nowhere.yaml"]),
     (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["missing 'title'"], "rows_missing_title"),
-    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["section must be"], "rows_bad_section"),
+    (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["part must be"], "rows_bad_part"),
     (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["non-empty list"], "rows_empty"),
     (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["row 0", "label, args"], "rows_no_args"),
     (B, ["--rows", "{yaml}", "--data", "shapes-position"], ["row 0", "colour"], "rows_unknown_key"),
@@ -515,7 +515,7 @@ ROWS = [
     (Q, ["--batch", "0"], ["--batch must be an integer in [1, 4096]"]),
     (Q, ["--min-run-time", "-1"], ["--min-run-time must be a number of seconds in (0, 3600.0]"]),
     (Q, ["--quick", "--out", "{tmp}"], ["is a directory"]),
-    # -- visionpe export (scripts/export.py) ---------------------------------------------------------------------
+    # -- visionpe export ---------------------------------------------------------------------
     (E, ["{tmp}/nowhere", "--format", "pt2"], ["{tmp}/nowhere", "not found"]),
     (E, ["{tmp}", "--format", "pt2"], ["config.yaml", "not found"]),
     (E, ["{run}"], ["--format", "required"]),
@@ -826,20 +826,16 @@ def test_debug_shows_the_traceback(tmp_path):
         train_main(TINY + ["--depth", "-1", "--output", str(tmp_path / "r"), "--debug"])
 
 
-@pytest.mark.parametrize("script", ["train_vit.py", "scripts/resolution_sweep.py", "scripts/visualize.py",
-                                    "scripts/benchmark.py", "scripts/export.py", "scripts/predict.py"])
-def test_help_groups_flags_and_explains_each(script, capsys):
-    parser = parser_of({"train_vit.py": "train", "scripts/resolution_sweep.py": "sweep",
-                        "scripts/visualize.py": "visualize", "scripts/benchmark.py": "benchmark",
-                        "scripts/export.py": "export", "scripts/predict.py": "predict"}[script])
+@pytest.mark.parametrize("command", [T, S, V, B, E, P])
+def test_help_groups_flags_and_explains_each(command, capsys):
+    parser = parser_of(command)
     undocumented = [a.dest for a in parser._actions if not a.help]
     assert not undocumented
     assert len([g for g in parser._action_groups if g._group_actions]) >= 3
     with pytest.raises(SystemExit) as exit_info:
-        invoke({"train_vit.py": T, "scripts/resolution_sweep.py": S, "scripts/visualize.py": V,
-                "scripts/benchmark.py": B, "scripts/export.py": E, "scripts/predict.py": P}[script], ["--help"])
+        invoke(command, ["--help"])
     assert exit_info.value.code == 0
-    assert "settings:" in capsys.readouterr().out or script != "train_vit.py"
+    assert "settings:" in capsys.readouterr().out or command != T
 
 
 def test_nothing_imports_train_vit():

@@ -1,5 +1,5 @@
-"""Every script with every encoding: scripts/visualize.py draws each kind that applies to an encoding (and refuses the
-others in one line), from a fresh encoding and from a trained run, scripts/resolution_sweep.py sweeps a trained
+"""Every command with every encoding: visionpe visualize draws each kind that applies to an encoding (and refuses the
+others in one line), from a fresh encoding and from a trained run, visionpe sweep sweeps a trained
 run of it, and ``visionpe export --dynamic`` exports it; for every name in visionpe.available() and one registered by
 a user's module through --import. A rename in an encoding's keywords cannot break one of these paths unseen."""
 from __future__ import annotations

@@ -35,11 +35,11 @@ def test_a_user_data_set_and_encoding_train_resume_sweep_and_draw(tmp_path):
     # a fresh process knows neither name: the run's config.yaml brings them back
     resumed = python("train_vit.py", "--resume", out, "--no-progress")
     assert resumed.returncode == 0 and "resuming" in resumed.stdout, resumed.stderr
-    swept = python("scripts/resolution_sweep.py", out, "--res", "16", "24", "--out", tmp_path / "sweep")
+    swept = python("-m", "visionpe", "sweep", out, "--res", "16", "24", "--out", tmp_path / "sweep")
     assert swept.returncode == 0 and (tmp_path / "sweep" / "sweep.csv").is_file(), swept.stderr
-    drawn = python("scripts/visualize.py", "--run", out, "--pe", "checker", "--out", tmp_path / "c.png")
+    drawn = python("-m", "visionpe", "visualize", "--run", out, "--pe", "checker", "--out", tmp_path / "c.png")
     assert drawn.returncode == 0 and (tmp_path / "c.png").stat().st_size > 0, drawn.stderr
-    fresh = python("scripts/visualize.py", "--import", enc, "--pe", "checker", "--grid", "6", "6", "--out",
+    fresh = python("-m", "visionpe", "visualize", "--import", enc, "--pe", "checker", "--grid", "6", "6", "--out",
                    tmp_path / "f.png")
     assert fresh.returncode == 0 and (tmp_path / "f.png").is_file(), fresh.stderr
 

@@ -22,7 +22,8 @@ except ImportError:
     pass
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+GUIDES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # what a user of the wheel reads
+PAGES = [*GUIDES, ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs" / "reports").glob("*.md"))]
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[ \t]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
 SKIP = re.compile(r"<!--\s*skip:\s*(?P<reason>.*?)\s*-->\s*$")
 
@@ -131,6 +132,22 @@ def test_shell_blocks_name_existing_commands(page):
             if not (ROOT / script).exists():
                 wrong.append(f"line {line}: python {script}: no such file")
     assert not wrong, f"{page.relative_to(ROOT)}: " + "; ".join(wrong)
+
+
+@pytest.mark.parametrize("page", GUIDES, ids=[str(p.relative_to(ROOT)) for p in GUIDES])
+def test_guides_name_commands_not_checkout_paths(page):
+    """A wheel user has no checkout: a guide names ``visionpe ...`` commands and modules, never a Python file of
+    ``scripts/`` or of the package's source (``visionpe/train/sweep.py``)."""
+    text = page.read_text()
+    assert not re.findall(r"(?:scripts|visionpe)/[\w/]*\.py\b", text), page
+
+
+def test_docs_top_holds_the_guides_and_reports_hold_the_reports():
+    """``ls docs`` shows guides: the reports (upper-case names: BENCHMARK*.md, PERFORMANCE.md) and their figures
+    live in docs/reports/."""
+    top = [p.name for p in (ROOT / "docs").iterdir() if p.is_file()]
+    assert not [n for n in top if n.endswith(".png") or Path(n).stem.isupper()], top
+    assert {"BENCHMARK.md", "PERFORMANCE.md"} <= {p.name for p in (ROOT / "docs" / "reports").glob("*.md")}
 
 
 def test_a_skip_marker_is_read():

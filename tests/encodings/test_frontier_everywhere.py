@@ -140,7 +140,7 @@ def test_video_models(pe, kw):
 @pytest.mark.parametrize("pe", ["videorope", "rope_axial", "string", "comrope", "liere"])
 def test_video_rotation_tables_are_built_once_then_served_from_the_cache(pe):
     """In evaluation a video model's rotary tables are built in the first forward at a clip size and only read in
-    the next one (docs/PERFORMANCE.md's video section)."""
+    the next one (docs/reports/PERFORMANCE.md's video section)."""
     from visionpe.bench.speed.scale import TableCensus
     model = vpe.create_video_model("vit_tiny_patch16_224", pe=pe, **VIDEO).eval()
     census, clip = TableCensus(), torch.randn(1, 3, 4, 16, 16)

@@ -72,8 +72,9 @@ def test_wheel_holds_every_module_py_typed_and_the_license(dists):
     assert "visionpe/py.typed" in names
     assert assets == {f"visionpe/viz/assets/{name}": (ROOT / "visionpe" / "viz" / "assets" / name).read_bytes()
                       for name in explorer.ASSETS}, sorted(assets)  # the explorer page's files, as in the tree
-    recipes = {p.relative_to(ROOT).as_posix() for p in (ROOT / "visionpe" / "configs").glob("*.yaml")}
-    assert len(recipes) >= 10 and recipes == {n for n in names if n.startswith("visionpe/configs/")}
+    for shipped, least in (("configs", 5), ("bench/configs", 10)):  # the user recipes; the benchmark's own files
+        files = {p.relative_to(ROOT).as_posix() for p in (ROOT / "visionpe" / shipped).glob("*.yaml")}
+        assert len(files) >= least and files == {n for n in names if n.startswith(f"visionpe/{shipped}/")}
     assert not [n for n in names if n.startswith(("tests/", "scripts/", "configs/", "docs/"))]
     assert f"{info}/licenses/LICENSE" in names
     assert "[console_scripts]\nvisionpe = visionpe.cli.commands:console" in entry_points

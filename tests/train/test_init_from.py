@@ -255,13 +255,13 @@ def test_errors(source, tmp_path, capsys, case, words):
     assert (source / "results.json").is_file()  # the source run is never touched
 
 
-def test_benchmark_section_replaced_in_place(tmp_path):
-    """The conversion benchmark writes its section between markers: appended once, then replaced; the rest of
+def test_benchmark_part_replaced_in_place(tmp_path):
+    """The conversion benchmark writes its part between markers: appended once, then replaced; the rest of
     the report is left as it is."""
-    from visionpe.bench.accuracy import convert as bench
+    from visionpe.bench.accuracy import conversion as bench
     doc = tmp_path / "BENCHMARK.md"
     doc.write_text("# Benchmark\n\ntable\n")
-    section = lambda text: f"{bench.BEGIN}\n{bench.TITLE}\n\n{text}\n{bench.END}\n"
-    bench.write_section(doc, bench.SECTION, section("first"))
-    bench.write_section(doc, bench.SECTION, section("second"))
-    assert doc.read_text() == "# Benchmark\n\ntable\n\n" + section("second")
+    part = lambda text: f"{bench.BEGIN}\n{bench.TITLE}\n\n{text}\n{bench.END}\n"
+    bench.write_part(doc, bench.PART, part("first"))
+    bench.write_part(doc, bench.PART, part("second"))
+    assert doc.read_text() == "# Benchmark\n\ntable\n\n" + part("second")

@@ -82,7 +82,7 @@ def test_evaluate_returns_a_named_record():
 def test_retention_is_undefined_when_the_training_size_accuracy_is_0(tmp_path):
     """acc(res) / acc(train res) with acc(train res) = 0 is 0/0: None in results.json, an empty sweep.csv cell, n/a
     in the console's table and the benchmark's cells, and left out of a cell's mean over seeds (not averaged as 0)."""
-    from visionpe.bench.accuracy.sections import accuracy_cells
+    from visionpe.bench.accuracy.parts import accuracy_cells
     from visionpe.train import settings
     measured = {16: metrics.Evaluation(acc=0.0, loss=1.1, count=8), 24: metrics.Evaluation(acc=25.0, loss=1.0, count=8)}
     table = metrics.retention_table(measured, 16)

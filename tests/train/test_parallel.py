@@ -11,12 +11,10 @@ import os
 import pickle
 import shutil
 import signal
-import runpy
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -325,14 +323,15 @@ def test_memory_per_rank_counts_the_bytes_each_rank_holds(group, mode):
 
 
 def test_scaling_memory_table_and_bad_arguments(capsys):
-    scaling_memory = SimpleNamespace(**runpy.run_path(str(ROOT / "scripts" / "scaling_memory.py")))  # not imported
+    from visionpe.bench import scaling_memory
+    from visionpe.cli.commands import main
     rank = {"parameters": 2**30, "gradients": 2**30, "optimizer": 2**31, "peak_rss": 5 * 2**30, "rss_before": 2**29}
     text = scaling_memory.table([{"model": "vit_x", "mode": "fsdp", "ranks": [rank, {**rank, "peak_rss": 1}]}], 2, 4,
                                 224)
     assert "| vit_x | fsdp | 1.00 GiB | 1.00 GiB | 2.00 GiB | 4.00 GiB | 5.00 GiB | 0.50 GiB |" in text
     assert text.endswith("per rank, 2 processes, batch 4 per rank at 224 px, one AdamW step")
     with pytest.raises(SystemExit) as exit_:
-        scaling_memory.main(["--batch-size", "0"])
+        main(["scaling-memory", "--batch-size", "0"])
     assert exit_.value.code == 2 and capsys.readouterr().err.count("\n") == 1
 
 

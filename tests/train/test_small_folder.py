@@ -1,12 +1,12 @@
 """The small-folder recipe (visionpe/configs/small_folder.yaml) trains on a tiny folder written by
-scripts/make_image_folders.py; the generator is deterministic, writes the sizes and classes it says and holds the
+``visionpe make-image-folders``; the generator is deterministic, writes the sizes and classes it says and holds the
 photos' val crops out of the training part; the benchmark's rows are timm's defaults, plain resize + flip and the
 recipe, checked against timm's own transforms."""
 from __future__ import annotations
 
 import json
 import math
-import runpy
+import statistics
 
 import numpy as np
 import pytest
@@ -15,8 +15,10 @@ import torch
 import yaml
 from PIL import Image
 from timm.data import create_transform
-from trainutil import run_script, script_path, train_main
+from trainutil import run_script, train_main
 
+from visionpe.bench import image_folders
+from visionpe.bench.accuracy import small_folder
 from visionpe.data.folders import IMAGENET_MEAN, IMAGENET_STD
 from visionpe.data.transforms import Transforms, seeded
 from visionpe.cli.recipes import recipe_path
@@ -24,8 +26,8 @@ from visionpe.train import settings
 
 RECIPE = recipe_path("small_folder")
 TINY_SIDES = ("--sides", "20", "40")
-gen = runpy.run_path(str(script_path("make_image_folders")))  # the scripts' functions, nothing run
-bench = runpy.run_path(str(script_path("small_folder_benchmark")))
+gen = vars(image_folders)  # the generator's functions and constants, by name
+bench = vars(small_folder)
 
 
 def files(root):
@@ -198,26 +200,30 @@ def test_benchmark_rows_are_timm_defaults_resize_flip_and_the_recipe(objects):
     assert lost == {0, 1}  # both happen on these images and seeds, and nothing else
 
 
-def test_benchmark_table_and_verdict_follow_the_seed_spread(tmp_path):
-    """Fabricated finished runs: the table's mean ± std and the verdict by the seed-spread rule."""
+def fabricated(accs: list[float]) -> dict:
+    """An accuracy-table entry (:func:`visionpe.bench.accuracy.collect.collect`'s form) of runs at 32 px, tested at
+    32 and 48 px (one point lower there), 90 s each."""
+    seeds = range(len(accs))
+    return {"acc": {32: list(accs), 48: [a - 1 for a in accs]}, "ret": {48: [(a - 1) / a for a in accs]},
+            "seeds": set(seeds), "wall_s": {s: 90.0 for s in seeds}, "train_res": 32, "num_classes": None}
+
+
+def test_benchmark_table_and_verdict_follow_the_seed_spread():
+    """A fabricated accuracy table: the section's mean ± std, retention and the verdict by the seed-spread rule."""
     accs = {"timm": [40.0, 42.0], "resize+flip": [50.0, 54.0], "small_folder": [52.0, 53.0]}
-    for folder in bench["FOLDERS"]:
-        for row, values in accs.items():
-            for seed, acc in enumerate(values):
-                run = tmp_path / folder / f"{row}_s{seed}"
-                run.mkdir(parents=True)
-                (run / "results.json").write_text(json.dumps(
-                    {"epochs": 3, "results": {"last": {"32": {"acc": acc}, "48": {"acc": acc - 1}}}}))
-                run.with_suffix(".wall").write_text("90\n")
-    table = bench["collect"](tmp_path, {row: [0, 1] for row in accs}, [32, 48])
-    text = bench["section"](table, [32, 48], {"img_size": 32, "patch_size": 8}, "python x", ["photos/timm_s2"])
+    table = {("small_folder", folder, row, "default"): fabricated(values)
+             for folder in bench["FOLDERS"] for row, values in accs.items()}
+    plan, recipe = {row: [0, 1] for row in accs}, {"img_size": 32, "patch_size": 8, "epochs": 10}
+    text = bench["part"](table, plan, [32, 48], recipe, "visionpe x", ["photos/timm_s2"])
     assert "Not finished, so not in the table (1 runs): photos/timm_s2." in text
-    table["objects", "timm"]["acc"][32] = [41.0]  # one seed has no spread: no verdict by it
-    assert "+11.5 points vs timm (one seed: no spread to judge by)" in bench["section"](table, [32], {}, "python x")
-    assert "| objects | small_folder | 52.5 ± 0.7 | 51.5 ± 0.7 | 0 1 | 3 | 1.5 |" in text
-    # 52.5 - 41 = 11.5 > 0.71 + 1.41; 52.5 - 52 = 0.5 < 0.71 + 2.83
-    assert "photos at 32 px: small_folder +11.5 points vs timm (better beyond the seed spread); +0.5 points vs " \
-           "resize+flip (within the seed spread)" in text
+    retention = statistics.fmean([51 / 52, 52 / 53])
+    assert f"| objects | small_folder | 52.5 ± 0.7 | 51.5 ± 0.7 | {retention:.3f} ± 0.000 | 0 1 | 10 | 1.5 |" in text
+    # 52.5 - 41 = 11.5 > 1.41 + 0.71 (beyond); 52.5 - 52 = 0.5 < 2.83 + 0.71 (within)
+    assert "- photos: `small_folder` − `timm`: 32px +11.5 (beyond); 48px +11.5 (beyond)" in text
+    assert "- photos: `small_folder` − `resize+flip`: 32px +0.5 (within); 48px +0.5 (within)" in text
+    table["small_folder", "objects", "timm", "default"] = fabricated([41.0])  # one seed has no spread to judge by
+    one = bench["part"](table, plan, [32], recipe, "visionpe x")
+    assert "- objects: `small_folder` − `timm`: 32px +11.5 (one seed)" in one
 
 
 def test_collect_only_trains_nothing_and_names_the_runs_not_finished(tmp_path):
@@ -227,8 +233,9 @@ def test_collect_only_trains_nothing_and_names_the_runs_not_finished(tmp_path):
     doc.write_text("# t\n")
     table = run_script("small_folder_benchmark", ["--folders", folders, "--out", tmp_path / "runs", "--doc", doc,
                                                   "--seeds", "0", "--collect-only"])
-    assert all(not entry["seeds"] for entry in table.values())
+    assert table == {}
     assert not list((tmp_path / "runs" / "objects").iterdir())  # no run started
     text = doc.read_text()
     assert "Not finished, so not in the table (6 runs): objects/timm_s0, objects/resize+flip_s0" in text
-    assert "| objects | small_folder | - | - | - | - | - |" in text
+    epochs = yaml.safe_load(RECIPE.read_text())["epochs"]
+    assert f"| objects | small_folder | - | - | - | - | {epochs} | - |" in text

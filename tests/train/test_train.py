@@ -245,16 +245,16 @@ def test_adaptations_are_the_identity_at_the_training_size(rope_run):
 
 
 def test_visualize_reads_a_real_run_directory(rope_run, tmp_path):
-    """scripts/visualize.py and visionpe.viz rebuild the model from the config.yaml train_vit.py writes."""
+    """visionpe visualize and visionpe.viz rebuild the model from the config.yaml train_vit.py writes."""
     from visionpe import viz
     out, _ = rope_run
     model, cfg = restore.load_model(out)
     assert torch.equal(viz.pick_encoding(model, "rope_mixed", layer=0).freqs,
                        load_file(out / "best.safetensors")["blocks.0.attn.rotary.freqs"])
     png = tmp_path / "freqs.png"
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "visualize.py"), "--run", str(out),
+    result = subprocess.run([sys.executable, "-m", "visionpe", "visualize", "--run", str(out),
                              "--kind", "freqs", "--out", str(png)], capture_output=True, text=True,
-                            env={**os.environ, "MPLBACKEND": "Agg"})
+                            env={**os.environ, "MPLBACKEND": "Agg"}, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert png.stat().st_size > 1000
 

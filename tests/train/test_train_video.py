@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainutil import ROOT, run_script, train_main
+from trainutil import run_script, train_main
+from visionpe.cli.recipes import recipe_path
 from visionpe.train import models, restore
 
 
@@ -131,9 +132,9 @@ def test_sweep_frames_refused_for_an_image_run(tmp_path, capsys):
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "--frames is for video runs" in err, err
 
 
-def test_benchmark_writes_its_video_section_and_keeps_the_rest(tmp_path):
+def test_benchmark_writes_its_video_part_and_keeps_the_rest(tmp_path):
     import argparse
-    from visionpe.bench.accuracy import sections as bench
+    from visionpe.bench.accuracy import parts as bench
     cols = [(f, r) for f in (4, 8) for r in (16, 24)]
     entry = lambda accs: {"acc": {c: list(a) for c, a in zip(cols, accs)}, "ret": {}, "params": 1000, "img_s": [5.0],
                           "train_res": (8, 16), "seeds": {0, 1}}
@@ -144,9 +145,9 @@ def test_benchmark_writes_its_video_section_and_keeps_the_rest(tmp_path):
     doc.write_text("# Image benchmark\n\nkept text\n\n<!-- BEGIN convert_benchmark -->\nconverted\n"
                    "<!-- END convert_benchmark -->\n")
     args = argparse.Namespace(jobs=2, report_only=False, extra=[], note="", data=["moving-shapes"])
-    cfg = ROOT / "configs" / "bench_video_tiny.yaml"
+    cfg = recipe_path("bench_video_tiny")
     for _ in range(2):  # the second write replaces the section
-        bench.write_video_section(doc, args, table, [1, 2], "visionpe benchmark ...", 60.0, {"vit": cfg},
+        bench.write_video_part(doc, args, table, [1, 2], "visionpe benchmark ...", 60.0, {"vit": cfg},
                                   cols)
     text = doc.read_text()
     assert text.startswith("# Image benchmark\n\nkept text\n") and "converted" in text

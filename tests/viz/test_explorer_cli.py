@@ -1,4 +1,4 @@
-"""scripts/visualize.py --kind explore: the page of a fresh encoding, and of every encoding of a run that a tiny
+"""visionpe visualize --kind explore: the page of a fresh encoding, and of every encoding of a run that a tiny
 train_vit.py run wrote; user mistakes exit with status 2 and one line."""
 from __future__ import annotations
 

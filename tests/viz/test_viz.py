@@ -1,4 +1,4 @@
-"""visionpe.viz and scripts/visualize.py: the numbers behind the pictures, the PNGs, the CLI."""
+"""visionpe.viz and visionpe visualize: the numbers behind the pictures, the PNGs, the CLI."""
 from __future__ import annotations
 
 import math
@@ -254,7 +254,7 @@ def test_cli_draws_comrope_frequencies(tmp_path, capsys):
 
 # -- command line -------------------------------------------------------------------------------------
 def test_cli_bad_pe_exits_2_with_one_line():
-    result = subprocess.run([sys.executable, "scripts/visualize.py", "--pe", "nope", "--grid", "4", "4"],
+    result = subprocess.run([sys.executable, "-m", "visionpe", "visualize", "--pe", "nope", "--grid", "4", "4"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

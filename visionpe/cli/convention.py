@@ -1,5 +1,5 @@
-"""One command-line convention for every script (train_vit.py, scripts/resolution_sweep.py, scripts/visualize.py,
-scripts/benchmark.py).
+"""One command-line convention for every script (train_vit.py, visionpe sweep, visionpe visualize,
+visionpe benchmark).
 
 - A user mistake (a bad flag or value, a missing file, data that is not there, a damaged run directory) is a
   :class:`UserError`. :func:`run` prints it as ONE line ``prog: error: ...`` on stderr and exits with status 2;

@@ -1,9 +1,9 @@
 """The one writer of result tables, figures and report documents: markdown and plain-text tables, the accuracy vs
-resolution figure, marked sections of a document, mean ± std over seeds and the seed-spread rule, shared by training,
+resolution figure, marked parts of a document, mean ± std over seeds and the seed-spread rule, shared by training,
 the sweep, the accuracy benchmarks and the speed benchmark.
 
-A document section written by a command sits between ``<!-- BEGIN name -->`` and ``<!-- END name -->``; writing a
-section replaces only that section (or appends it), so several commands share one document. Every write is atomic
+A document part written by a command sits between ``<!-- BEGIN name -->`` and ``<!-- END name -->``; writing a
+part replaces only that part (or appends it), so several commands share one document. Every write is atomic
 (:func:`visionpe.weights.write_text`).
 """
 from __future__ import annotations
@@ -61,18 +61,18 @@ def spread_gap(a, b) -> tuple[float, str]:
 
 
 def markers(name: str) -> tuple[str, str]:
-    """The lines that open and close the section ``name`` of a document."""
+    """The lines that open and close the part ``name`` of a document."""
     if not re.fullmatch(r"[\w.-]+", str(name)):
-        raise ValueError(f"section name must be letters, digits, '_', '.', '-', got {name!r}")
+        raise ValueError(f"part name must be letters, digits, '_', '.', '-', got {name!r}")
     return f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
 
 
-def write_section(doc: Path, name: str, text: str) -> None:
+def write_part(doc: Path, name: str, text: str) -> None:
     """Put ``text`` (which starts with ``<!-- BEGIN name -->`` and ends with ``<!-- END name -->``) in place of that
-    marked section of ``doc``, or append it when absent; the rest of the file is left as it is."""
+    marked part of ``doc``, or append it when absent; the rest of the file is left as it is."""
     begin, end = markers(name)
     if not (text.startswith(begin) and text.rstrip("\n").endswith(end)):
-        raise ValueError(f"section text must start with {begin!r} and end with {end!r}")
+        raise ValueError(f"part text must start with {begin!r} and end with {end!r}")
     doc = Path(doc)
     old = doc.read_text() if doc.is_file() else ""
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.S)
@@ -82,7 +82,7 @@ def write_section(doc: Path, name: str, text: str) -> None:
 
 
 def marked_sections(doc: Path) -> list[str]:
-    """Every marked section of ``doc`` (with its markers), in order; none when the file does not exist."""
+    """Every marked part of ``doc`` (with its markers), in order; none when the file does not exist."""
     doc = Path(doc)
     if not doc.is_file():
         return []
@@ -90,7 +90,7 @@ def marked_sections(doc: Path) -> list[str]:
 
 
 def write_document(doc: Path, text: str) -> None:
-    """Write ``text`` as ``doc``, keeping the marked sections that other commands wrote into the old file (at the
+    """Write ``text`` as ``doc``, keeping the marked parts that other commands wrote into the old file (at the
     end, in their order)."""
     kept = marked_sections(doc)
     for block in kept:

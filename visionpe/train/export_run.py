@@ -57,8 +57,8 @@ def parse_size(text: str) -> tuple[int, ...]:
 def build_parser() -> cli.Parser:
     head, examples = __doc__.split("\n\n")[:2]
     p = cli.Parser(prog="visionpe export", description=head,
-                   epilog=examples + "\n\nWhat is checked, the tolerance and what is written: visionpe/train/"
-                   "export_run.py. Errors in the arguments exit with status 2 and one line; an export that fails or "
+                   epilog=examples + "\n\nWhat is checked, the tolerance and what is written: python -m pydoc "
+                   "visionpe.train.export_run. Errors in the arguments exit with status 2 and one line; an export that fails or "
                    "differs from the eager model exits with status 1 and one line.")
     p.add_argument("run", type=Path, metavar="RUN",
                    help="a run directory written by visionpe train (or a .safetensors weights file inside one)")

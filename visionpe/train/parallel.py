@@ -21,7 +21,7 @@ shard of every parameter, gradient and optimizer state), with distributed checkp
   reshard on another one (2 processes -> 1), DDP or no group at all included. :func:`export_weights` writes one
   safetensors file (``visionpe.save_weights``) that ``visionpe.load_weights`` and ``load_timm_checkpoint`` read.
 - :func:`memory_per_rank`: what one rank holds (parameters, gradients, optimizer state) and its peak RSS
-  (``scripts/scaling_memory.py`` measures docs/scaling.md's table with it).
+  (``visionpe scaling-memory`` measures docs/scaling.md's table with it).
 """
 from __future__ import annotations
 

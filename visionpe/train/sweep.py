@@ -293,7 +293,7 @@ def build_parser() -> cli.Parser:
     head, examples = __doc__.split("\n\n")[:2]
     p = cli.Parser(prog="visionpe sweep", description=head,
                    epilog=examples + "\n\nWhat each adaptation and protocol is, how video and non-square sizes are "
-                   "swept, and what OUT/sweep.csv and OUT/sweep.png hold: visionpe/train/sweep.py. Errors in the "
+                   "swept, and what OUT/sweep.csv and OUT/sweep.png hold: python -m pydoc visionpe.train.sweep. Errors in the "
                    "arguments exit with status 2 and one line.")
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directories written by visionpe train")
     ev = p.add_argument_group("evaluation")
@@ -324,14 +324,13 @@ def build_parser() -> cli.Parser:
     ev.add_argument("--batch-size", type=int, default=256, metavar="N",
                     help="evaluation batch size, an integer >= 1 (default: 256)")
     ev.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu or cuda (default: cpu)")
-    ev.add_argument("--tune", action="store_true",
-                    help="LookHere's protocol (image runs): also report each run untuned and with its encoding's "
-                         "declared knob (RoPE theta or scaling, ALiBi/LookHere slopes, FIRE's threshold, the learned "
-                         "table's interpolation) chosen per test size on held-out training images, never on the "
-                         "validation set (visionpe/train/tuning.py)")
-    ev.add_argument("--holdout", type=int, default=None, metavar="N",
-                    help="with --tune: held-out training images (the N after the run's train_samples), an integer "
-                         ">= 1 (default: 1%% of the training images, at least 100)")
+    tuning.add_arguments(
+        ev, tune="LookHere's protocol (image runs): also report each run untuned and with its encoding's declared knob "
+        "(RoPE theta or scaling, ALiBi/LookHere slopes, FIRE's threshold, the learned table's interpolation) chosen "
+        "per test size on held-out training images, never on the validation set (python -m pydoc "
+        "visionpe.train.tuning)",
+        holdout="with --tune: held-out training images (the N after the run's train_samples), an integer >= 1 "
+        "(default: 1%% of the training images, at least 100)")
     out = p.add_argument_group("output and misc")
     cli.add_import(p, out)
     out.add_argument("--out", type=Path, default=Path("runs/sweep"), metavar="DIR",

@@ -33,6 +33,13 @@ from . import loop, metrics, models, restore, settings
 FAMILIES = ("tokens", "rotary", "bias")  # the order in which a combination's knob is looked for
 
 
+def add_arguments(group, *, tune: str, holdout: str) -> None:
+    """``--tune`` and ``--holdout N`` on an argparse group, as ``visionpe sweep`` and ``visionpe benchmark`` take them
+    (``tune``, ``holdout``: their help texts)."""
+    group.add_argument("--tune", action="store_true", help=tune)
+    group.add_argument("--holdout", type=int, default=None, metavar="N", help=holdout)
+
+
 def model_knob(model) -> tuple[object, Knob] | None:
     """``(encoding, knob)`` of the first encoding of ``model`` (tokens, rotary, bias) that declares a knob its
     constructor takes, or None."""

@@ -1,4 +1,4 @@
-"""An encoding built on its own for a grid, the way a model would build it: what ``scripts/visualize.py`` draws
+"""An encoding built on its own for a grid, the way a model would build it: what ``visionpe visualize`` draws
 when no trained run is given."""
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The accuracy benchmarks: every encoding (or every labelled row) trained with one recipe over seeds, swept over
-test resolutions and reported in docs/BENCHMARK.md (``visionpe benchmark``), and a trained learned-APE model
-converted to RoPE against RoPE from scratch (``visionpe convert-benchmark``).
+test resolutions and reported (``visionpe benchmark``; the repository's report is docs/reports/BENCHMARK.md), a trained
+learned-APE model converted to RoPE against RoPE from scratch (``visionpe convert-benchmark``), and the small-folder
+recipe against timm's augmentation (``visionpe small-folder-benchmark``).
 
 One module a step, each using only those before it:
 
@@ -13,7 +14,9 @@ One module a step, each using only those before it:
 - :mod:`.rows`: a rows file (``--rows``: labelled rows, each with its own training arguments);
 - :mod:`.collect`: the current records gathered into one table;
 - :mod:`.verdicts`: plain statements on that table, every gap against the seed spread;
-- :mod:`.sections`: the report's tables and marked document sections;
+- :mod:`.parts`: the report's tables and marked document parts;
 - :mod:`.benchmark` and :mod:`.cli`: the accuracy benchmark's plan and its command line;
-- :mod:`.convert`: the conversion benchmark, command line included.
+- :mod:`.conversion`: the conversion benchmark (``visionpe convert-benchmark``), command line included;
+- :mod:`.small_folder`: the small-folder comparison, on the same jobs, staleness, collection, verdicts and table
+  cells, command line included.
 """

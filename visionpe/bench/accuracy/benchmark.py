@@ -1,6 +1,6 @@
 """The accuracy benchmark's plan: every run's settings checked as ``visionpe train`` will resolve them, the runs
 without a current record trained and swept in parallel (:mod:`.jobs`), each one's record written (:mod:`.records`),
-then the report from the current records (:mod:`.sections`); ``visionpe benchmark`` is its command line
+then the report from the current records (:mod:`.parts`); ``visionpe benchmark`` is its command line
 (:mod:`.cli`)."""
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ from .collect import collect
 from .jobs import job, sweep_command, train_command
 from .records import make_record, read_record, record_path, write_record
 from .rows import read_rows, recipe_of, trained_pairs
-from .sections import TABLE_CSV, VIDEO_SECTION, rows_section, write_csv, write_report, write_video_section
+from .parts import TABLE_CSV, VIDEO_PART, write_rows_part, write_csv, write_report, write_video_part
 from .staleness import stale_record
 
-MAIN_SECTION = "benchmark"  # the records' folder of a whole report (the encoding lists)
+REPORT = "BENCHMARK.md"  # the report's file in --out unless --doc names one
+MAIN_PART = "benchmark"  # the records' folder of a whole report (the encoding lists)
 INVOCATION = "invocation.json"  # in the records' folder: the command and wall time of the invocation that ran last
 VIT_LIST = ["none", "sincos", "learned", "peg", "rope_axial", "rope_mixed", "rope_mixed+learned", "rel_bias", "alibi"]
 SWIN_LIST = ["swin_bias", "cpb", "rope_mixed", "alibi"]
@@ -84,11 +85,11 @@ def check(args) -> int | None:
     return video
 
 
-def default_records(doc: Path, section: str) -> Path:
-    """Where the records of a report's ``section`` live by default: ``reports/data/<doc's name>/<section>`` beside
-    the doc (``docs/BENCHMARK_COMPARISON.md``, section ``comparison``:
+def default_records(doc: Path, part: str) -> Path:
+    """Where the records of a report's ``part`` live by default: ``data/<doc's name>/<part>`` beside the doc
+    (``docs/reports/BENCHMARK_COMPARISON.md``, part ``comparison``:
     ``docs/reports/data/benchmark_comparison/comparison``)."""
-    return doc.parent / "reports" / "data" / doc.stem.lower() / section
+    return doc.parent / "data" / doc.stem.lower() / part
 
 
 def record_state(path: Path, train: list[str], sweep: list[str], run: Path) -> dict | list[str] | None:
@@ -103,7 +104,8 @@ def record_state(path: Path, train: list[str], sweep: list[str], run: Path) -> d
 def run(args, command: str) -> int:
     """Train and sweep every run of ``args`` (the parsed ``visionpe benchmark`` command line, ``command`` its text)
     that is not finished, then write the report; returns 0."""
-    args.out, args.doc = args.out.resolve(), args.doc.resolve()  # the same folders for every run's processes
+    args.out = args.out.resolve()  # the same folders for every run's processes
+    args.doc = (args.doc or args.out / REPORT).resolve()
     args.config = recipe_path(args.config).resolve()  # a file, or the name of a shipped recipe
     args.swin_config = recipe_path(args.swin_config).resolve()
     imported = import_user_code(getattr(args, "imports", None))
@@ -129,12 +131,12 @@ def run(args, command: str) -> int:
     # order: seed-major, so that an early stop leaves every encoding with the same number of seeds
     runs.sort(key=lambda r: (r[3], list(configs).index(r[0]), args.data.index(r[1])))
     tune = (["--tune"] + (["--holdout", str(args.holdout)] if args.holdout is not None else [])) if args.tune else []
-    section = spec["section"] if spec else (VIDEO_SECTION if video else MAIN_SECTION)
-    args.records = (args.records or default_records(args.doc, section)).resolve()
+    part = spec["part"] if spec else (VIDEO_PART if video else MAIN_PART)
+    args.records = (args.records or default_records(args.doc, part)).resolve()
     commands = {r[4]: (train_command(recipe(r[0], r[1]), r[1], r[3], r[4], plan(r[2])[0]),
                        sweep_command(r[4], args.res, plan(r[2])[1], args.frames, plan(r[2])[2], tune)) for r in runs}
     path = lambda run: record_path(args.records, args.out, run)
-    # the invocation's command and wall time, one pair per report (rows sections may share a folder and their runs)
+    # the invocation's command and wall time, one pair per report (rows parts may share a folder and their runs)
     invocation = args.records / INVOCATION
     t0 = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -151,7 +153,7 @@ def run(args, command: str) -> int:
             for i, ((f, d, pe, s, run), fut) in enumerate(zip(todo, futures), 1):
                 r = fut.result()
                 if r["ok"]:
-                    identity = {"benchmark": args.doc.name, "section": section, "family": f, "data": d, "row": pe,
+                    identity = {"benchmark": args.doc.name, "part": part, "family": f, "data": d, "row": pe,
                                 "seed": s, "run": run.relative_to(args.out).as_posix()}
                     write_record(path(run), make_record(run, identity, *commands[run]))
                 status = "ok" if r["ok"] else f"FAILED (see {r['log']})"
@@ -180,10 +182,10 @@ def run(args, command: str) -> int:
     table = collect(current)
     write_csv(args.out / TABLE_CSV, table)
     if spec:
-        rows_section(args.doc, args, spec, table, runs, command, wall)
+        write_rows_part(args.doc, args, spec, table, runs, command, wall)
     elif video:
         cols = [(f, r) for f in sorted(set(args.frames) | {video}) for r in sorted(args.res)]
-        write_video_section(args.doc, args, table, runs, command, wall, configs, cols)
+        write_video_part(args.doc, args, table, runs, command, wall, configs, cols)
     else:
         write_report(args.doc, args, table, runs, command, wall, configs)
     print(f"wrote {args.doc}")

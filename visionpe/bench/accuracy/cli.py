@@ -1,4 +1,4 @@
-"""Train every encoding with one recipe, sweep test resolutions, write docs/BENCHMARK.md and plots.
+"""Train every encoding with one recipe, sweep test resolutions, write a report (OUT/BENCHMARK.md) and plots.
 
     visionpe benchmark --config bench_vit_tiny \\
         --data shapes-position shapes-relation fashion-mnist --seeds 0 1 2 --res 24 32 48 64 --jobs 2
@@ -12,9 +12,9 @@ A run whose record is current is not run again, whatever machine made it, so the
 last one stopped; a record made with other settings than asked for now is stale, named in the output and the
 report and left out. A finished run (a ``sweep.csv`` made with the arguments asked for) is not trained again either,
 so an interrupted benchmark continues where it stopped. The runs and logs go to ``--out``, the records to
-``--records`` and the report to ``--doc``, relative to the working directory. The report holds, per data set, top-1
-mean +- std over seeds at every resolution, the retention acc(res)/acc(train res), parameters and training images/s,
-plus a plot, the recipe and the exact command.
+``--records`` and the report to ``--doc`` (default ``OUT/BENCHMARK.md``), relative to the working directory. The
+report holds, per data set, top-1 mean +- std over seeds at every resolution, the retention acc(res)/acc(train res),
+parameters and training images/s, plus a plot, the recipe and the exact command.
 
 ``--swin`` adds the Swin list (swin_bias, cpb, rope_mixed, alibi) with ``--swin-config``.
 
@@ -22,7 +22,7 @@ Rows (``--rows FILE``, a file or a shipped one by name, e.g. ``bench_rows_resolu
 lists, labelled rows each with its own ``visionpe train`` arguments and swept RoPE adaptations; rows with ``--pe
 timm`` are timm's own models (reference rows). A rows file can give each data set its own recipe (``recipes:
 {fashion-mnist: bench_fashion_mnist}``: each task its own budget; the others take ``--config``) and a row the data
-sets it runs on (``data: [clutter-relation]``; default every ``--data``). The report is its own marked section of
+sets it runs on (``data: [clutter-relation]``; default every ``--data``). The report is its own marked part of
 the doc with a verdict against timm's best row and, per data set, the row to pick at each size (the best learned
 row and those within its seed spread):
 
@@ -48,7 +48,7 @@ the per-seed values, the knob choices).
 
 Video: a recipe with ``num_frames`` (or ``-- --num-frames T`` in the extra arguments) on a video data set trains
 tubelet video ViTs; ``--frames`` gives the test frame counts, crossed with ``--res`` in the sweep. The report of a
-video benchmark is its own marked section of the doc (``<!-- BEGIN video_benchmark -->``), so the image sections
+video benchmark is its own marked part of the doc (``<!-- BEGIN video_benchmark -->``), so the image parts
 are left as they are:
 
     visionpe benchmark --config bench_video_tiny --data moving-shapes \\
@@ -62,6 +62,7 @@ from pathlib import Path
 from ... import cli
 from ...data import DATASETS
 from ...rotary.scaling import SCALINGS
+from ...train import tuning
 from ...train.loop import parse_size
 from . import benchmark
 from .benchmark import SWIN_LIST, VIT_LIST
@@ -92,7 +93,7 @@ def build_parser() -> cli.Parser:
     what.add_argument("--rows", default=None, metavar="YAML|NAME",
                       help="a rows file (or a shipped one's name) instead of --pe/--swin: each row a label and its own "
                            "visionpe train arguments, "
-                           "timm's own models (--pe timm) as reference rows; its report is a marked section of --doc "
+                           "timm's own models (--pe timm) as reference rows; its report is a marked part of --doc "
                            "(e.g. bench_rows_resolution)")
     what.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], metavar="N",
                       help="seeds, integers >= 0 (default: 0 1 2)")
@@ -106,24 +107,23 @@ def build_parser() -> cli.Parser:
                          "count only)")
     ev.add_argument("--scaling", nargs="+", default=["none", "pi", "ntk", "yarn"], choices=SCALINGS, metavar="NAME",
                     help=f"RoPE adaptations, of {', '.join(SCALINGS)} (default: all)")
-    ev.add_argument("--tune", action="store_true",
-                    help="LookHere's protocol (image recipes): sweep every run with visionpe sweep --tune and report "
-                         "each row untuned (its own settings) and tuned (its encoding's knob chosen per test size on "
-                         "held-out training images) side by side; adding or dropping it re-sweeps, never retrains")
-    ev.add_argument("--holdout", type=int, default=None, metavar="N",
-                    help="with --tune: held-out training images per run, an integer >= 1 (default: the sweep's, "
-                         "1%% of the run's training images, at least 100)")
+    tuning.add_arguments(
+        ev, tune="LookHere's protocol (image recipes): sweep every run with visionpe sweep --tune and report each row "
+        "untuned (its own settings) and tuned (its encoding's knob chosen per test size on held-out training images) "
+        "side by side; adding or dropping it re-sweeps, never retrains",
+        holdout="with --tune: held-out training images per run, an integer >= 1 (default: the sweep's, 1%% of the "
+        "run's training images, at least 100)")
     run = p.add_argument_group("run and report")
     run.add_argument("--jobs", type=int, default=2, metavar="N",
                      help="runs in parallel, one thread each; an integer >= 1 (default: 2)")
     run.add_argument("--out", type=Path, default=Path("runs/benchmark"), metavar="DIR",
                      help="folder of the runs and logs (default: runs/benchmark)")
-    run.add_argument("--doc", type=Path, default=Path("docs/BENCHMARK.md"), metavar="MD",
-                     help="report to write (default: docs/BENCHMARK.md)")
+    run.add_argument("--doc", type=Path, default=None, metavar="MD",
+                     help=f"report to write (default: {benchmark.REPORT} in --out)")
     run.add_argument("--note", default="", help="free text added to the report (e.g. what was left out)")
     run.add_argument("--records", type=Path, default=None, metavar="DIR",
-                     help="folder of the runs' records, one JSON file a run (default: reports/data/<doc's name, "
-                          "lower case>/<section> beside --doc, the section being the rows file's, video_benchmark or "
+                     help="folder of the runs' records, one JSON file a run (default: data/<doc's name, "
+                          "lower case>/<part> beside --doc, the part being the rows file's, video_benchmark or "
                           "benchmark)")
     run.add_argument("--report-only", action="store_true",
                      help="only rebuild the report, from the current records alone (no run, no --out needed)")

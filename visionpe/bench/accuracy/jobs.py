@@ -61,10 +61,10 @@ def plan_run(run: Path, train: list[str], sweep: list[str], log: Path) -> list[l
 
 
 def sweep_command(run: Path, res, scalings, frames=(), protocols=(), tune=(), device: str = "cpu") -> list[str]:
-    """``visionpe sweep`` of a run's last weights, writing ``run/sweep/`` (``frames``: a video run's test frame
-    counts; ``protocols``: evaluation protocols, default the run's own; ``tune``: the sweep's arguments of LookHere's
+    """``visionpe sweep`` of a run's last weights, writing ``run/sweep/`` (``scalings``: RoPE's adaptations, none
+    for the run's own; ``frames``: a video run's test frame counts; ``protocols``: evaluation protocols, default the run's own; ``tune``: the sweep's arguments of LookHere's
     protocol, ``["--tune"]`` or ``["--tune", "--holdout", N]``, none without it; ``device``: ``cpu`` or ``cuda``)."""
-    return ["sweep", str(run), "--res", *map(key_text, res), "--scaling", *scalings,
+    return ["sweep", str(run), "--res", *map(key_text, res), *(["--scaling", *scalings] if scalings else []),
             *(["--frames", *map(str, frames)] if frames else []),
             *(["--eval-protocol", *protocols] if protocols else []), *tune,
             *(["--device", device] if device != "cpu" else []), "--out", str(run / "sweep")]

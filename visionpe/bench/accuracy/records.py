@@ -2,7 +2,7 @@
 up to date and kept in the repository, so that a report is rebuilt from records alone (``--report-only``) whatever
 machine made each, and the next machine goes on where the last one stopped.
 
-A record holds the run's identity (benchmark, section, family, data set, row, seed), its exact settings (as
+A record holds the run's identity (benchmark, part, family, data set, row, seed), its exact settings (as
 ``config.yaml`` saves them, without the run's folder) and the sweep's arguments, their hash
 (:func:`.staleness.settings_sha256`: a record whose hash is not the one the rows file asks for now is stale), the
 machine and versions that trained and swept it (:func:`visionpe.bench.machine.environment`), their wall times, the
@@ -52,7 +52,7 @@ def record_path(records: Path, out: Path, run: Path) -> Path:
 
 
 def make_record(run: Path, identity: dict, train: list[str], sweep: list[str]) -> dict:
-    """The record of the finished, swept ``run``: ``identity`` (benchmark, section, family, data, row, seed) and what
+    """The record of the finished, swept ``run``: ``identity`` (benchmark, part, family, data, row, seed) and what
     the run's folder holds, checked against the settings asked for now (``visionpe train TRAIN``, then ``sweep``)."""
     cfg = restore.load_run(run)
     with open(run / "sweep" / "sweep.csv") as f:

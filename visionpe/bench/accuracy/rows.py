@@ -1,4 +1,4 @@
-"""A rows file (``visionpe benchmark --rows``): a marked section of the report whose rows are labelled, each with its
+"""A rows file (``visionpe benchmark --rows``): a marked part of the report whose rows are labelled, each with its
 own ``visionpe train`` arguments, RoPE adaptations, evaluation protocols and data sets; timm's own models (``--pe
 timm``) as reference rows; a recipe per data set (``recipes``: each task its own budget)."""
 from __future__ import annotations
@@ -17,27 +17,33 @@ ROW_KEYS = {"label": "the row's name in the table", "args": "visionpe train argu
             "scaling": "RoPE adaptations to sweep (default: none)",
             "protocol": "evaluation protocols to sweep (default: the run's own)",
             "data": "data sets the row is trained on (default: every --data)"}
-SPEC_KEYS = ("section", "title", "note", "rows", "compare", "recipes")
+SPEC_KEYS = ("part", "title", "note", "rows", "compare", "recipes")
+OLD_KEYS = {"section": "part"}  # the name a key had before (rows files written then still read)
 
 
 OWN_KEYS = ("config", "data", "seed", "output", "resume", "overwrite")  # set by the benchmark for every run
 
 
 def read_rows(path: Path) -> dict:
-    """A rows file (``--rows``: a path or the name of a shipped one, e.g. ``bench_rows_resolution``): ``{section,
+    """A rows file (``--rows``: a path or the name of a shipped one, e.g. ``bench_rows_resolution``): ``{part,
     title, note?, recipes?: {data set: recipe}, rows: [{label, args, scaling?, protocol?, data?}]}``, checked; each
     row gets ``train`` (its arguments as a list), ``parsed`` (those arguments parsed as ``visionpe train`` parses
     them), ``timm`` (True for a ``--pe timm`` reference row), ``slug`` (its
     folder) and ``data`` (its data sets, empty for every one); ``recipes`` becomes ``{data set: recipe path}`` (the
-    data sets it does not name take ``--config``)."""
+    data sets it does not name take ``--config``); ``section``, the old name of ``part``, is read as ``part``."""
     path = recipe_path(path, "rows file")
     spec = settings.read_yaml(path, "rows file")
     where = f"rows file {str(path)!r}"
-    for key in ("section", "title", "rows"):
+    for old, new in OLD_KEYS.items():
+        if old in spec and new in spec:
+            raise UserError(f"{where}: {old!r} is the old name of {new!r}; give one of them")
+        if old in spec:
+            spec[new] = spec.pop(old)
+    for key in ("part", "title", "rows"):
         if key not in spec:
-            raise UserError(f"{where}: missing {key!r} (keys: section, title, note, rows)")
-    if not re.fullmatch(r"[\w.-]+", str(spec["section"])):
-        raise UserError(f"{where}: section must be letters, digits, '_', '.', '-', got {spec['section']!r}")
+            raise UserError(f"{where}: missing {key!r} (keys: part, title, note, rows)")
+    if not re.fullmatch(r"[\w.-]+", str(spec["part"])):
+        raise UserError(f"{where}: part must be letters, digits, '_', '.', '-', got {spec['part']!r}")
     if not isinstance(spec["rows"], list) or not spec["rows"]:
         raise UserError(f"{where}: rows must be a non-empty list of mappings with keys {', '.join(ROW_KEYS)}")
     rows, slugs = [], set()

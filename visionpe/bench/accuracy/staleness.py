@@ -12,6 +12,7 @@ from ...cli import UserError
 from ...train import models, restore, rundir, settings
 from ...weights import write_text
 
+READ_FROM_DATA = ("num_classes", "classes")  # settings a run reads from its data when it starts (None before)
 SWEEP_SOURCE = "made_by.json"  # in run/sweep/: the results file and the arguments the sweep was made from
 
 
@@ -33,8 +34,11 @@ def asked_settings(train: list[str], run: Path) -> dict:
 
 
 def changed_settings(old: dict, new: dict) -> list[str]:
-    """The settings that differ from ``old`` to ``new`` and change what is trained, as ``setting (old -> new)``."""
-    return [f"{key} ({a!r} -> {b!r})" for key, a, b in settings.refused_changes(old, new)]
+    """The settings that differ from ``old`` to ``new`` and change what is trained, as ``setting (old -> new)``; an
+    image folder's classes and their count (:data:`READ_FROM_DATA`) are read from the data when a run starts
+    (``None`` before), so they differ only when both are known."""
+    return [f"{key} ({a!r} -> {b!r})" for key, a, b in settings.refused_changes(old, new)
+            if not (key in READ_FROM_DATA and None in (a, b))]
 
 
 def defining_settings(cfg: dict) -> dict:

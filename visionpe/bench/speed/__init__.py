@@ -1,7 +1,7 @@
 """Speed and memory benchmarks of visionpe encodings, as ratios measured side by side in one run
-(docs/PERFORMANCE.md holds the results and, under "Reading these numbers", how to read them).
+(docs/reports/PERFORMANCE.md holds the results and, under "Reading these numbers", how to read them).
 
-    python scripts/bench_speed.py [--device cpu|cuda] [--sections rope forward ...] [--pes rope_mixed ...]
+    visionpe bench-speed [--device cpu|cuda] [--sections rope forward ...] [--pes rope_mixed ...]
                                   [--repeats 5] [--slow-repeats 5] [--min-run-time 0.25] [--scale-repeats 1]
                                   [--threads N] [--compile-pairs learned swin_bias ...] [--quick] [--out PATH]
 
@@ -16,7 +16,7 @@ op: their gap to the baseline is the noise of the run. Sections (``--sections``,
 - ``rope``: RoPE apply on q and k of ViT-S/16 shape sliced from a fused qkv at batch 8 and 64, eager and compiled,
   vs a copy of q and k (the memory floor) and timm's ``apply_rot_embed_cat``.
 - ``forward``: eval forward of each encoding vs the same model without position, at ViT-S/16 224 px and at the
-  small training config (``configs/bench_vit_tiny.yaml``).
+  small training config (``bench_vit_tiny``).
 - ``train``: a training step (forward, backward, AdamW step; train mode, same batch, fixed seed), same models.
 - ``memory``: peak memory of that training step per encoding vs none (CUDA: ``max_memory_allocated``; CPU: the
   peak of live tensor storages allocated in the step, tracked per operator by :class:`LiveTensorBytes`).
@@ -39,7 +39,7 @@ op: their gap to the baseline is the noise of the run. Sections (``--sections``,
   ``alibi``: eval forward, training step and (CUDA) its peak memory at 197 and 4097 tokens (CPU, 2 of the 12 blocks,
   float32) or 4097 and 16385 tokens (CUDA, bf16 autocast), and (CUDA) the compiled eval forward.
 - ``profile`` (opt-in): the training step of each encoding under ``torch.profiler`` at ViT-S/16 and the small config:
-  the operators where its time over ``none`` goes (the evidence behind "Not met, and why" in docs/PERFORMANCE.md).
+  the operators where its time over ``none`` goes (the evidence behind "Not met, and why" in docs/reports/PERFORMANCE.md).
 
 - ``data`` (opt-in: it writes a folder of JPEGs and decodes it many times): visionpe's training loader (timm's
   transforms, seeded per sample) vs timm's ``create_loader`` on the same JPEG folder at 224 px, same transforms and
@@ -47,7 +47,7 @@ op: their gap to the baseline is the noise of the run. Sections (``--sections``,
   data.
 - ``video`` (opt-in): eval forward and training step of each encoding of ``--pes`` that is defined on 3D grids, and
   of the video-only ``videorope`` and ``riflex``, vs the same tubelet video ViT without position: the video
-  benchmark's recipe (``configs/bench_video_tiny.yaml``) and ViT-S/16 on 8 frames of 224 px (tubelets 2x16x16, batch 2).
+  benchmark's recipe (``bench_video_tiny``) and ViT-S/16 on 8 frames of 224 px (tubelets 2x16x16, batch 2).
 - ``onnx`` (opt-in; needs ``pip install 'visionpe[export]'``): onnxruntime CPU latency of exported visionpe models
   against timm's exported twins holding the same weights (learned ViT vs timm's ViT with ``dynamic_img_size``, the
   native axial-RoPE Eva vs timm's rope-vit port), each exported with a free height and width and checked against
@@ -58,7 +58,7 @@ measurement. ``--out`` rewrites the file's tables and keeps its hand-written "Re
 Targets (printed with each ratio): time and memory of an encoding <= 1.05x none (``peg`` <= 1.10x).
 
 Modules: :mod:`.plan` (which model, which batch), :mod:`.timing` (interleaved rounds), :mod:`.tables` (ratio
-tables), one module per section (:mod:`.rope`, :mod:`.models`, :mod:`.memory`, :mod:`.versus_timm`, :mod:`.scale`,
-:mod:`.flex`, :mod:`.flex_models`, :mod:`.profile`, :mod:`.data`, :mod:`.video`, :mod:`.onnx_latency`) and :mod:`.cli` (``scripts/bench_speed.py``). A new section is a function
+tables), one module per section (:mod:`.rope`, :mod:`.steps`, :mod:`.memory`, :mod:`.versus_timm`, :mod:`.scale`,
+:mod:`.flex`, :mod:`.flex_models`, :mod:`.profile`, :mod:`.loader`, :mod:`.video`, :mod:`.onnx_latency`) and :mod:`.cli` (``visionpe bench-speed``). A new section is a function
 ``section(run) -> list[Table]`` in its own module and one entry in :data:`visionpe.bench.speed.cli.RUNNERS`.
 """

@@ -18,11 +18,11 @@ from ...cli.report import keep_hand_written
 from ...weights import write_text
 from ..machine import environment
 from . import __doc__ as DOC
-from .data import data_loader
+from .loader import data_loader
 from .flex import flex_cost
 from .flex_models import flex_models
 from .memory import memory_cost
-from .models import cache_hits, compiled_cost, compiled_train_cost, forward_cost, train_cost
+from .steps import cache_hits, compiled_cost, compiled_train_cost, forward_cost, train_cost
 from .onnx_latency import onnx_latency
 from .plan import make_plan
 from .profile import profile_cost

@@ -1,7 +1,7 @@
 """The GPU check's report (``scripts/gpu_check.sh``): the machine, the CUDA test results and the benchmark tables,
-written as the ``### CUDA`` part of docs/PERFORMANCE.md's GPU section (the rest of the file is left as it is).
+written as the ``### CUDA`` part of docs/reports/PERFORMANCE.md's GPU section (the rest of the file is left as it is).
 
-    python3 -m visionpe.bench.speed.gpu --doc docs/PERFORMANCE.md --env ENV.txt --junit TESTS.xml --bench BENCH.md \\
+    python3 -m visionpe.bench.speed.gpu --doc docs/reports/PERFORMANCE.md --env ENV.txt --junit TESTS.xml --bench BENCH.md \\
         [--tests-status N] [--bench-status N] [--seconds S]
 
 A status of 124 is a step that ``timeout`` stopped: its partial results are reported as partial.

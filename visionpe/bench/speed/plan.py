@@ -66,7 +66,7 @@ class Plan:
 
 
 def tiny_recipe(batch: int | None = None) -> Setup:
-    """The model of ``configs/bench_vit_tiny.yaml`` (the CPU training benchmark's recipe) at its batch size."""
+    """The model of ``bench_vit_tiny`` (the CPU training benchmark's recipe) at its batch size."""
     cfg = yaml.safe_load(TINY_RECIPE.read_text())
     size = cfg["img_size"]
     kwargs = dict(cfg.get("model_kwargs", {}), img_size=size, patch_size=cfg["patch_size"])
@@ -75,7 +75,7 @@ def tiny_recipe(batch: int | None = None) -> Setup:
 
 
 def video_recipe() -> Setup:
-    """The tubelet video ViT of ``configs/bench_video_tiny.yaml`` (the CPU video benchmark's recipe) at its batch
+    """The tubelet video ViT of ``bench_video_tiny`` (the CPU video benchmark's recipe) at its batch
     size, clips of its frame count and size."""
     cfg = yaml.safe_load(VIDEO_RECIPE.read_text())
     size, patch, frames = cfg["img_size"], cfg["patch_size"], cfg["num_frames"]

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Write a small image folder (DIR/train/<class>/*.jpg, DIR/val/<class>/*.jpg) to measure training recipes on:
 nothing is downloaded, and the same arguments write the same files.
 
@@ -20,8 +19,10 @@ nothing is downloaded, and the same arguments write the same files.
 Both write JPEGs of random sizes (the longer side 48-256 px, aspect ratio 0.5-2, either orientation). Each image
 is drawn from NumPy's generator seeded by (seed, split, class, index), so a file does not depend on the others.
 
-  python scripts/make_image_folders.py objects --out /tmp/folders/objects --seed 0
-  python scripts/make_image_folders.py photos --src /usr/share/backgrounds/mate/nature --out /tmp/folders/photos
+  visionpe make-image-folders objects --out /tmp/folders/objects --seed 0
+  visionpe make-image-folders photos --src /usr/share/backgrounds/mate/nature --out /tmp/folders/photos
+
+The small-folder benchmark (``visionpe small-folder-benchmark``) writes them itself where they are missing.
 """
 from __future__ import annotations
 
@@ -32,9 +33,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from visionpe import cli
-from visionpe.cli import UserError
+from .. import cli
+from ..cli import UserError
 
+FOLDER_KINDS = ("objects", "photos")  # what write_folder writes
 OBJECTS = ("circle", "triangle", "square", "star", "cross", "ring", "crescent", "arrow")
 TEXTURES = ("noise", "stripes", "checks", "dots", "wood", "gradient")
 SIDES = (48, 256)  # the longer side of a written image, in pixels
@@ -314,8 +316,8 @@ def write_folder(kind: str, out: Path, seed: int = 0, train_per_class: int = 375
 
 def build_parser() -> cli.Parser:
     head, _, tail = __doc__.partition("\n\n")
-    p = cli.Parser(prog="make_image_folders", description=head, epilog=tail)
-    p.add_argument("kind", choices=("objects", "photos"), help="objects: procedural scenes; photos: crops of --src")
+    p = cli.Parser(prog="visionpe make-image-folders", description=head, epilog=tail)
+    p.add_argument("kind", choices=FOLDER_KINDS, help="objects: procedural scenes; photos: crops of --src")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="the folder to write (train/ and val/)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of every image (default 0)")
     p.add_argument("--src", type=Path, metavar="DIR", help="photos: the folder of photographs, one class each")
@@ -330,7 +332,9 @@ def build_parser() -> cli.Parser:
     return p
 
 
-def run(argv) -> dict[str, int]:
+def main(argv) -> dict[str, int]:
+    """``visionpe make-image-folders ARGV``: the images written per split; a user mistake is a
+    :class:`~visionpe.cli.UserError`."""
     args = build_parser().parse_args(argv)
     if args.kind == "photos" and args.src is None:
         raise UserError("photos needs --src DIR, a folder of photographs (e.g. /usr/share/backgrounds/mate/nature "
@@ -351,10 +355,3 @@ def run(argv) -> dict[str, int]:
     print(f"wrote {written['train']} training and {written['val']} validation images to {args.out}")
     return written
 
-
-def main(argv=None) -> dict[str, int]:
-    return cli.run(run, prog="make_image_folders", argv=argv)
-
-
-if __name__ == "__main__":
-    result = main()  # what main returned, for callers that use runpy

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Memory per rank of data-parallel training, DDP against FSDP2, for docs/scaling.md's table.
 
-    python scripts/scaling_memory.py --models vit_small_patch16_224 vit_base_patch16_224 --modes ddp fsdp
-    python scripts/scaling_memory.py --processes 2 --batch-size 8 --img-size 224 --out memory.json
+    visionpe scaling-memory --models vit_small_patch16_224 vit_base_patch16_224 --modes ddp fsdp
+    visionpe scaling-memory --processes 2 --batch-size 8 --img-size 224 --out memory.json
 
 Each (model, mode) runs once under ``torchrun --standalone --nproc_per_node PROCESSES`` (gloo on the CPU, nccl with
 --device cuda): one AdamW step on random images (visionpe.train.parallel.measure_memory), then rank 0 prints a
@@ -18,15 +17,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from visionpe import cli
-from visionpe.train import parallel
+from .. import cli
+from ..train import distributed, parallel
 
 MODELS = ("vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224")
 
 
 def build_parser() -> cli.Parser:
     head, _, tail = __doc__.partition("\n\n")
-    p = cli.Parser(prog="scaling_memory", description=head, epilog=tail)
+    p = cli.Parser(prog="visionpe scaling-memory", description=head, epilog=tail)
     p.add_argument("--models", nargs="+", default=list(MODELS), help="timm ViT names (default: ViT-S/B/L 16)")
     p.add_argument("--modes", nargs="+", default=list(parallel.MODES), choices=parallel.MODES)
     p.add_argument("--processes", type=int, default=2, help="processes (ranks) per run (default 2)")
@@ -42,7 +41,6 @@ def build_parser() -> cli.Parser:
 def worker(args) -> None:
     import torch
     import torch.distributed as dist
-    from visionpe.train import distributed
     torch.set_num_threads(1)
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -72,7 +70,9 @@ def table(results: list[dict], processes: int, batch: int, img: int) -> str:
     return "\n".join(lines) + f"\n\nper rank, {processes} processes, batch {batch} per rank at {img} px, one AdamW step"
 
 
-def run(argv) -> int:
+def main(argv) -> int:
+    """``visionpe scaling-memory ARGV`` (also each torchrun process, ``--worker``): returns 0; a user mistake is a
+    :class:`~visionpe.cli.UserError`."""
     args = build_parser().parse_args(argv)
     if args.processes < 1 or args.batch_size < 1 or args.img_size < 16:
         raise cli.UserError(f"--processes and --batch-size must be positive and --img-size at least 16, got "
@@ -84,8 +84,9 @@ def run(argv) -> int:
     for model in args.models:
         for mode in args.modes:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                   str(args.processes), __file__, "--worker", model, mode, "--batch-size", str(args.batch_size),
-                   "--img-size", str(args.img_size), "--pe", args.pe, "--device", args.device]
+                   str(args.processes), "-m", "visionpe", "scaling-memory", "--worker", model, mode,
+                   "--batch-size", str(args.batch_size), "--img-size", str(args.img_size), "--pe", args.pe,
+                   "--device", args.device]
             proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
             if proc.returncode != 0:
                 raise cli.UserError(f"{model} {mode}: torchrun failed: {cli.one_line(proc.stderr[-400:])}")
@@ -96,10 +97,3 @@ def run(argv) -> int:
     print(table(results, args.processes, args.batch_size, args.img_size))
     return 0
 
-
-def main(argv=None) -> int:
-    return cli.run(run, prog="scaling_memory", argv=argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
