@@ -27,7 +27,7 @@ depend on the others.
   python scripts/make_image_folders.py objects --out /tmp/folders/objects --seed 0
   python scripts/make_image_folders.py photos --src /usr/share/backgrounds/mate/nature --out /tmp/folders/photos
 
-  python scripts/make_image_folders.py fashion-mnist --out /tmp/folders/fashion --train-per-class 300 --val-per-class 100
+  python scripts/make_image_folders.py fashion-mnist --out /tmp/folders/fashion
 """
 from __future__ import annotations
 
@@ -319,7 +319,8 @@ def write_folder(kind: str, out: Path, seed: int = 0, train_per_class: int = 375
     return written
 
 
-def write_fashion_mnist(out: Path, seed: int = 0, train_per_class: int = 300, val_per_class: int = 100) -> dict[str, int]:
+def write_fashion_mnist(out: Path, seed: int = 0, train_per_class: int = 300,
+                        val_per_class: int = 100) -> dict[str, int]:
     """Write Fashion-MNIST's images (train/ from its training split, val/ from its test split) to ``out`` as PNGs,
     ``*_per_class`` of each class drawn without replacement by ``seed``; returns the images written per split."""
     from visionpe.data.torchvision_sets import _native

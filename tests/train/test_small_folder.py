@@ -170,7 +170,7 @@ def test_fashion_mnist_folder_holds_the_split_images_as_they_are(tmp_path):
     (["photos", "--src", "{tmp}/none", "--out", "{tmp}/x"], "is not a folder"),
     (["objects", "--out", "{tmp}"], "is not empty"),
     pytest.param(["fashion-mnist", "--out", "{tmp}/x", "--train-per-class", "6001"], "holds 6000 images of a class",
-                 marks=pytest.mark.skipif(not FASHION.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")),
+                 marks=pytest.mark.skipif(not FASHION.is_dir(), reason="no Debian dataset-fashion-mnist")),
 ])
 def test_generator_mistakes_are_one_line(argv, message, tmp_path, capsys):
     (tmp_path / "occupied").write_text("")
