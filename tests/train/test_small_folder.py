@@ -4,9 +4,12 @@ photos' val crops out of the training part; the benchmark's rows are timm's defa
 recipe, checked against timm's own transforms."""
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import re
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +29,7 @@ from visionpe.train import settings
 
 RECIPE = recipe_path("small_folder")
 TINY_SIDES = ("--sides", "20", "40")
+FASHION = Path("/usr/share/datasets/fashion-mnist")
 gen = vars(image_folders)  # the generator's functions and constants, by name
 bench = vars(small_folder)
 
@@ -124,6 +128,42 @@ def test_photos_folder_has_a_class_per_photograph(photo_src, tmp_path):
     assert sorted(p.name for p in (out / "val").iterdir()) == ["alpha", "beta", "gamma"]
 
 
+def idx_images(path):
+    """The uint8 arrays of an idx file (LeCun's format, gzipped): the test's own reader, the oracle of the loader's."""
+    data = gzip.decompress(path.read_bytes())
+    dims = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+@pytest.mark.skipif(not FASHION.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
+def test_fashion_mnist_folder_holds_the_split_images_as_they_are(tmp_path):
+    """train/ holds images of Fashion-MNIST's training split and val/ of its test split, each in its class's folder,
+    pixel for pixel, none twice; the same seed picks the same images and another seed others."""
+    written = run_script("make_image_folders", ["fashion-mnist", "--out", tmp_path / "a", "--train-per-class", "2",
+                                                "--val-per-class", "1"])
+    assert written == {"train": 20, "val": 10}
+    for split, stem in (("train", "train"), ("val", "t10k")):
+        images = idx_images(FASHION / f"{stem}-images-idx3-ubyte.gz")
+        labels = idx_images(FASHION / f"{stem}-labels-idx1-ubyte.gz")
+        by_bytes = {image.tobytes(): label for image, label in zip(images, labels)}
+        assert sorted(p.name for p in (tmp_path / "a" / split).iterdir()) == sorted(gen["FASHION_CLASSES"])
+        seen = set()
+        for path in sorted((tmp_path / "a" / split).rglob("*.png")):
+            with Image.open(path) as im:
+                assert (im.mode, im.size) == ("L", (28, 28))
+                pixels = np.asarray(im).tobytes()
+            assert gen["FASHION_CLASSES"][by_bytes[pixels]] == path.parent.name and pixels not in seen
+            seen.add(pixels)
+        assert len(seen) == written[split]
+    run_script("make_image_folders", ["fashion-mnist", "--out", tmp_path / "b", "--train-per-class", "2",
+                                      "--val-per-class", "1"])
+    run_script("make_image_folders", ["fashion-mnist", "--out", tmp_path / "c", "--seed", "1", "--train-per-class",
+                                      "2", "--val-per-class", "1"])
+    pngs = lambda root: {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.png"))}  # noqa: E731
+    assert pngs(tmp_path / "b") == pngs(tmp_path / "a") != pngs(tmp_path / "c")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["photos", "--out", "{tmp}/x"], "photos needs --src"),
     (["objects", "--out", "{tmp}/x", "--seed", "-1"], "--seed must be"),
@@ -131,6 +171,8 @@ def test_photos_folder_has_a_class_per_photograph(photo_src, tmp_path):
     (["objects", "--out", "{tmp}/x", "--train-per-class", "0"], "--train-per-class must be"),
     (["photos", "--src", "{tmp}/none", "--out", "{tmp}/x"], "is not a folder"),
     (["objects", "--out", "{tmp}"], "is not empty"),
+    pytest.param(["fashion-mnist", "--out", "{tmp}/x", "--train-per-class", "6001"], "holds 6000 images of a class",
+                 marks=pytest.mark.skipif(not FASHION.is_dir(), reason="no Debian dataset-fashion-mnist")),
 ])
 def test_generator_mistakes_are_one_line(argv, message, tmp_path, capsys):
     (tmp_path / "occupied").write_text("")
@@ -157,6 +199,25 @@ def test_recipe_trains_one_step_on_a_generated_folder(objects, tmp_path):
     timm_model = timm.create_model(recipe["model"], pretrained=False, num_classes=len(gen["OBJECTS"]),
                                    img_size=recipe["img_size"], patch_size=recipe["patch_size"], **recipe["model_kwargs"])
     assert summary["params"] == sum(p.numel() for p in timm_model.parameters())
+
+
+def test_recipe_is_the_shape_docs_small_folder_measured():
+    """The recipe trains the grid and schedule the guide's tables measured (an 8x8 grid or finer: the 4x4 grid of
+    8 px patches lost top-1 on every folder and kept 0.4 of it at 2x on Fashion-MNIST), reports the 2x size, and the
+    guide's setting table states its values."""
+    recipe = yaml.safe_load(RECIPE.read_text())
+    assert recipe["img_size"] % recipe["patch_size"] == 0 and recipe["img_size"] // recipe["patch_size"] >= 8
+    assert 2 * recipe["img_size"] in recipe["eval_res"]
+    guide = (Path(__file__).parents[2] / "docs" / "small_folder.md").read_text()
+    stated = {}  # the table's rows "| `key`, `key` | value, value | ...": a value per key, the last takes the rest
+    for keys, values in re.findall(r"^\| ((?:`\w+`(?:, )?)+) \| ([^|]+) \|", guide, re.M):
+        keys = re.findall(r"`(\w+)`", keys)
+        stated.update((k, v.strip(" `")) for k, v in zip(keys, values.split(",", len(keys) - 1)))
+    for key in ("img_size", "patch_size", "epochs", "batch_size", "lr", "warmup_epochs"):
+        assert float(stated[key]) == float(recipe[key]), (key, stated[key], recipe[key])
+    width, depth, heads = (int(n) for n in re.findall(r"\d+", stated["model_kwargs"]))
+    assert (stated["model"], recipe["model_kwargs"]) == (recipe["model"], {"embed_dim": width, "depth": depth,
+                                                                           "num_heads": heads})
 
 
 def test_benchmark_rows_are_timm_defaults_resize_flip_and_the_recipe(objects):

@@ -15,14 +15,19 @@ nothing is downloaded, and the same arguments write the same files.
            and a held-out part (HELD_OUT of the side, at the start or the end, drawn per photo; a gap between them),
            so no val crop shares a pixel with a training crop: val asks which scene an unseen part comes from.
            Crops are of a random scale (SCALE of the photo's shorter side) and aspect ratio.
+  fashion-mnist  real images: Fashion-MNIST's 28x28 grayscale PNGs as they are, train/ from its training split,
+           val/ from its test split, each class's images drawn by --seed (Debian's dataset-fashion-mnist idx files in
+           /usr/share/datasets/fashion-mnist/, read by visionpe's loader; --sides and --src do not apply).
 
-Both write JPEGs of random sizes (the longer side 48-256 px, aspect ratio 0.5-2, either orientation). Each image
-is drawn from NumPy's generator seeded by (seed, split, class, index), so a file does not depend on the others.
+objects and photos write JPEGs of random sizes (the longer side 48-256 px, aspect ratio 0.5-2, either
+orientation). Each image is drawn from NumPy's generator seeded by (seed, split, class, index), so a file does not
+depend on the others.
 
   visionpe make-image-folders objects --out /tmp/folders/objects --seed 0
   visionpe make-image-folders photos --src /usr/share/backgrounds/mate/nature --out /tmp/folders/photos
+  visionpe make-image-folders fashion-mnist --out /tmp/folders/fashion
 
-The small-folder benchmark (``visionpe small-folder-benchmark``) writes them itself where they are missing.
+The small-folder benchmark (``visionpe small-folder-benchmark``) writes the first two itself where they are missing.
 """
 from __future__ import annotations
 
@@ -48,7 +53,8 @@ HUE_SPREAD = 0.1  # an object's hue around its class's (classes 1 / 8 of the hue
 MIN_CONTRAST = 0.6  # an object's fill and the background under it differ by this much (L1 of mean RGB in [0, 1])
 SPLIT_IDS = {"train": 0, "val": 1, "layout": 2}  # layout: which end of a photo is held out
 PHOTO_SUFFIXES = (".jpg", ".jpeg", ".png")
-PER_CLASS = {"objects": (375, 75), "photos": (300, 50)}  # (train, val) images per class: 3000 + 600, 3600 + 600
+PER_CLASS = {"objects": (375, 75), "photos": (300, 50), "fashion-mnist": (300, 100)}  # (train, val) per class
+FASHION_CLASSES = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "boot")
 
 
 def image_rng(seed: int, split: str, label: int, index: int) -> np.random.Generator:
@@ -314,18 +320,44 @@ def write_folder(kind: str, out: Path, seed: int = 0, train_per_class: int = 375
     return written
 
 
+def write_fashion_mnist(out: Path, seed: int = 0, train_per_class: int = 300,
+                        val_per_class: int = 100) -> dict[str, int]:
+    """Write Fashion-MNIST's images (train/ from its training split, val/ from its test split) to ``out`` as PNGs,
+    ``*_per_class`` of each class drawn without replacement by ``seed``; returns the images written per split."""
+    from visionpe.data.torchvision_sets import _native
+
+    picks = {}
+    for split, count in (("train", train_per_class), ("val", val_per_class)):
+        images, labels = _native("fashion-mnist", split, None, False)  # uint8 (N, 1, 28, 28), int64 (N,)
+        order = np.random.default_rng([seed, SPLIT_IDS[split]]).permutation(len(labels))
+        picks[split] = images, [order[labels.numpy()[order] == label][:count] for label in range(len(FASHION_CLASSES))]
+        if min(map(len, picks[split][1])) < count:
+            raise UserError(f"--{split}-per-class {count}: Fashion-MNIST's {split} split holds "
+                            f"{min(map(len, picks[split][1]))} images of a class")
+    for split, (images, per_class) in picks.items():
+        for name, picked in zip(FASHION_CLASSES, per_class):
+            folder = out / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for index, i in enumerate(picked):
+                Image.fromarray(images[i, 0].numpy(), "L").save(folder / f"{index:05d}.png")
+    return {split: len(FASHION_CLASSES) * len(per_class[0]) for split, (_, per_class) in picks.items()}
+
+
 def build_parser() -> cli.Parser:
     head, _, tail = __doc__.partition("\n\n")
     p = cli.Parser(prog="visionpe make-image-folders", description=head, epilog=tail)
-    p.add_argument("kind", choices=FOLDER_KINDS, help="objects: procedural scenes; photos: crops of --src")
+    p.add_argument("kind", choices=(*FOLDER_KINDS, "fashion-mnist"),
+                   help="objects: procedural scenes; photos: crops of --src; fashion-mnist: real images")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="the folder to write (train/ and val/)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of every image (default 0)")
     p.add_argument("--src", type=Path, metavar="DIR", help="photos: the folder of photographs, one class each")
     (train, val), (photo_train, photo_val) = PER_CLASS["objects"], PER_CLASS["photos"]
     p.add_argument("--train-per-class", type=int, metavar="N",
-                   help=f"training images per class (default: objects {train}, photos {photo_train})")
+                   help=f"training images per class (default: objects {train}, photos {photo_train}, fashion-mnist "
+                        f"{PER_CLASS['fashion-mnist'][0]})")
     p.add_argument("--val-per-class", type=int, metavar="N",
-                   help=f"validation images per class (default: objects {val}, photos {photo_val})")
+                   help=f"validation images per class (default: objects {val}, photos {photo_val}, fashion-mnist "
+                        f"{PER_CLASS['fashion-mnist'][1]})")
     p.add_argument("--sides", type=int, nargs=2, default=list(SIDES), metavar=("MIN", "MAX"),
                    help=f"range of an image's longer side in pixels (default {SIDES[0]} {SIDES[1]})")
     p.add_debug()
@@ -350,8 +382,11 @@ def main(argv) -> dict[str, int]:
         raise UserError(f"--sides must be two integers 8 <= MIN <= MAX, got {args.sides[0]} {args.sides[1]}")
     if args.out.exists() and any(args.out.iterdir()):
         raise UserError(f"--out {args.out} is not empty; give a new folder")
-    written = write_folder(args.kind, args.out, args.seed, args.train_per_class, args.val_per_class, args.src,
-                           tuple(args.sides))
+    if args.kind == "fashion-mnist":
+        written = write_fashion_mnist(args.out, args.seed, args.train_per_class, args.val_per_class)
+    else:
+        written = write_folder(args.kind, args.out, args.seed, args.train_per_class, args.val_per_class, args.src,
+                               tuple(args.sides))
     print(f"wrote {written['train']} training and {written['val']} validation images to {args.out}")
     return written
 
