@@ -1,4 +1,4 @@
-"""timm's own models as reference rows (``--pe timm``) and ``visionpe benchmark --rows``: the rows file, the
+"""timm's own models as reference rows (``--pe timm_unpatched``) and ``visionpe benchmark --rows``: the rows file, the
 models it builds, the verdict against timm, and a tiny benchmark end to end."""
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_committed_rows_files_build_every_model_at_every_test_size(rows_file):
     spec = read_rows(rows_file)
     assert len({r["slug"] for r in spec["rows"]}) == len(spec["rows"])
     assert {r["label"] for r in spec["rows"] if r["timm"]} == {r["label"] for r in spec["rows"]
-                                                               if "--pe timm" in " ".join(r["train"])}
+                                                               if "--pe timm_unpatched" in " ".join(r["train"])}
     x = {size: torch.randn(2, 3, *size) for size in [(24, 24), (32, 32), (64, 64), (32, 48)]}
     for row in spec["rows"]:
         model = models.build_model(row_config(row)).eval()
@@ -64,7 +64,7 @@ def test_timm_rows_use_the_body_of_the_visionpe_rows():
 
 
 def test_timm_native_rope_follows_ref_feat_shape():
-    """pe=timm keeps timm's own resolution behaviour: Eva with ref_feat_shape interpolates positions (a 2x input
+    """pe=timm_unpatched keeps timm's own resolution behaviour: Eva with ref_feat_shape interpolates positions (a 2x input
     gets RoPE angles at half steps), so the model built with and without it differ only off the reference grid."""
     base = dict(model="vit_small_patch16_rope_224", pe="timm", model_kwargs={"embed_dim": 32, "depth": 1,
                 "num_heads": 2, "init_values": 1.0})
@@ -83,10 +83,10 @@ def test_timm_native_rope_follows_ref_feat_shape():
 
 
 def test_timm_run_trains_resumes_and_sweeps(tmp_path):
-    """A --pe timm run trains, is rebuilt from its config.yaml and sweeps with its own adaptation only."""
+    """A --pe timm_unpatched run trains, is rebuilt from its config.yaml and sweeps with its own adaptation only."""
     out = tmp_path / "run"
     kwargs = ["--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "init_values=null", "ref_feat_shape=4"]
-    train_main(TINY + ["--pe", "timm", "--model", "vit_small_patch16_rope_224", *kwargs, "--output", str(out)])
+    train_main(TINY + ["--pe", "timm_unpatched", "--model", "vit_small_patch16_rope_224", *kwargs, "--output", str(out)])
     model, cfg = restore.load_model(out)
     assert cfg["pe"] == "timm" and isinstance(model, timm.models.eva.Eva)
     rows = run_script("resolution_sweep", [str(out), "--res", "8", "16", "24", "8x16", "--scaling", "none", "pi", "--out",
@@ -122,7 +122,7 @@ def test_rows_benchmark_end_to_end_writes_its_section_and_keeps_the_doc(tmp_path
     rows = tmp_path / "rows.yaml"
     rows.write_text("section: rows_test\ntitle: Rows test\nrows:\n  - {label: learned, args: --pe learned}\n"
                     "  - {label: rope, args: --pe rope_mixed, scaling: [none, pi]}\n"
-                    "  - {label: timm learned, args: --pe timm --model vit_tiny_patch16_224}\n")
+                    "  - {label: timm learned, args: --pe timm_unpatched --model vit_tiny_patch16_224}\n")
     doc = tmp_path / "DOC.md"
     doc.write_text("# Kept\n\nkept text\n")
     tiny = ["--epochs", "1", "--train-samples", "32", "--val-samples", "16", "--batch-size", "16", "--embed-dim",

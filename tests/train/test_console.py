@@ -11,7 +11,7 @@ from timm.scheduler import CosineLRScheduler
 
 from trainutil import ROOT, TINY, train_main
 from visionpe.cli import UserError
-from visionpe.train import metrics, recipe, settings
+from visionpe.train import metrics, optimization, settings
 from visionpe.train.distributed import Processes
 
 COSINE_WARNING = "Cosine annealing scheduler will have no effect"
@@ -49,10 +49,10 @@ def test_the_cosine_warning_of_a_one_step_schedule_is_not_shown(caplog):
         CosineLRScheduler(torch.optim.SGD(model.parameters(), lr=0.1), t_initial=1)  # timm warns here
         assert COSINE_WARNING in caplog.text
         caplog.clear()
-        parts, _ = recipe.build(cfg, model, updates_per_epoch=1, procs=Processes(1, 0, 0, torch.device("cpu")),
+        parts, _ = optimization.build(cfg, model, updates_per_epoch=1, procs=Processes(1, 0, 0, torch.device("cpu")),
                                 amp_dtype=None)
         assert parts.scheduler.t_initial == 1 and COSINE_WARNING not in caplog.text
-    assert logging.getLogger(recipe.COSINE_LOG).level == logging.NOTSET  # put back as it was
+    assert logging.getLogger(optimization.COSINE_LOG).level == logging.NOTSET  # put back as it was
 
 
 def test_help_shows_the_examples_first_and_no_double_negation(capsys, tmp_path):

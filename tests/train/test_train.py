@@ -261,7 +261,7 @@ def test_visualize_reads_a_real_run_directory(rope_run, tmp_path):
 
 @pytest.mark.parametrize("pe", ["rope_mixed", "timm"])
 def test_deit_models_train(tmp_path, pe):
-    """timm's DeiT models (timm.models.deit) train with a visionpe encoding and natively (--pe timm): the config
+    """timm's DeiT models (timm.models.deit) train with a visionpe encoding and natively (--pe timm_unpatched): the config
     names the DeiT model and the exported weights load into it."""
     out = tmp_path / pe
     summary = run("--model", "deit_tiny_patch16_224", "--pe", pe, "--epochs", "1", out=out)
