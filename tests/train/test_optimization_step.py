@@ -159,7 +159,7 @@ def test_fp16_scaler_unscales_before_clipping_and_skips_overflowing_steps():
     (False, 0.0, False, None), (False, 0.1, False, None), (True, 0.1, False, None),
     (False, 0.0, True, None), (False, 0.1, True, 0.2), (True, 0.1, True, 0.0), (True, 0.1, True, None)])
 def test_loss_combines_mixup_smoothing_and_bce_as_timm(mixup, smoothing, bce, thresh):
-    cfg = {**settings.DEFAULTS, "label_smoothing": smoothing, "bce_loss": bce, "bce_target_thresh": thresh}
+    cfg = settings.TrainSettings(label_smoothing=smoothing, bce_loss=bce, bce_target_thresh=thresh)
     criterion = optimization.criterion_for(cfg, mixup)
     expected = (BinaryCrossEntropy if bce else SoftTargetCrossEntropy if mixup else
                 LabelSmoothingCrossEntropy if smoothing else torch.nn.CrossEntropyLoss)

@@ -13,10 +13,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import itertools
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
@@ -248,7 +251,8 @@ SETTINGS: dict[str, Setting] = {
     "device": S("auto", RUN, "choice", "auto = CUDA if available, else CPU", choices=DEVICES),
     "threads": S(0, RUN, "int", "torch.set_num_threads; an integer in [0, 4096] (0 = torch's default; more than "
                  "the machine's CPU cores is warned about: they oversubscribe)", metavar="N"),
-    "output": S(None, RUN, "str?", "run directory (default runs/<data>_<pe>_s<seed>)", metavar="DIR"),
+    "output": S(None, RUN, "str?", "run directory (default runs/YYYYMMDD-HHMMSS-<data>-<pe>-s<seed>: the start time, "
+                "then what is trained, with the data folder's name after <data> when --data-dir is given)", metavar="DIR"),
     "overwrite": S(False, RUN, "bool", "delete the previous run's files in the run directory and start again"),
     "stop_after": S(0, RUN, "int", "stop after this many epochs as if interrupted (0 = never); --resume continues; "
                     "an integer >= 0", metavar="N"),
@@ -509,11 +513,15 @@ def resolve(args: dict, base: TrainSettings | None = None, origin: str = "the ru
 
 
 def default_output(settings: TrainSettings, now: datetime.datetime | None = None) -> str:
-    """The run folder of a run given no ``--output``: ``runs/YYYYMMDD-HHMMSS-<data>-<pe>-s<seed>`` (timm's
-    train.py names its folders by the time and the model), so two runs started at different seconds never share
-    one, and the name still says what was trained. ``now``: the start time (default: the local time now)."""
+    """The run folder of a run given no ``--output``, as timm's train.py names its folders (the start time, then
+    what is trained): ``runs/YYYYMMDD-HHMMSS-<data>[-<data_dir's name>]-<pe>-s<seed>``, with ``-1``, ``-2``, ... added
+    when that folder exists already (two runs started in the same second). So a new run never lands in an older
+    run's folder by default, and the name still says what was trained. ``now``: the start time (default: now)."""
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
-    return f"runs/{stamp}-{settings.data}-{settings.pe.replace('+', '-')}-s{settings.seed}"
+    folder = [re.sub(r"[^\w.-]+", "_", Path(settings.data_dir).resolve().name)] if settings.data_dir else []
+    name = "-".join(["runs/" + stamp, settings.data, *folder, settings.pe.replace("+", "-"), f"s{settings.seed}"])
+    candidates = itertools.chain([name], (f"{name}-{i}" for i in itertools.count(1)))
+    return next(n for n in candidates if not Path(n).exists())
 
 
 def kwargs_added(values: dict, layer: dict) -> dict:

@@ -23,7 +23,8 @@ kept / converted / new / dropped report. The model and data settings default to 
 local file instead of the Hugging Face hub).
 
 Settings: defaults < YAML recipe (--config: a file, or a recipe shipped with visionpe by name) < command line
-(visionpe/train/settings.py lists every one). The run directory (--output, default runs/<data>_<pe>_s<seed>) holds
+(visionpe/train/settings.py lists every one). The run directory (--output, default
+runs/YYYYMMDD-HHMMSS-<data>-<pe>-s<seed>: the start time, then what is trained) holds
 config.yaml, state.pt (the checkpoint; under --parallel fsdp checkpoint/, each process's shards), last.safetensors,
 best.safetensors, ema.safetensors (--model-ema), metrics.jsonl, summary.csv and results.json
 (visionpe/train/rundir.py: what each holds, and why a kill at any instant, within an epoch too with
