@@ -542,9 +542,11 @@ ROWS = [
     (S, ["{run}", "--res", "16", "--import", "no_such_module_for_visionpe"], ["cannot import"]),
     (V, ["--pe", "sincos", "--import", "{tmp}/missing.py"], ["no such file"]),
     (B, ["--data", "shapes-position", "--import", "no_such_module_for_visionpe"], ["cannot import"]),
-    # -- pe=timm_unpatched (timm's own model, benchmark reference rows) -----------------------------------------------------
+    # -- pe=timm_unpatched (timm's own model, benchmark control rows); its old spelling names the new one ---------------
+    (T, ["--pe", "timm"], ["--pe timm is now --pe timm_unpatched"]),
     (T, ["--pe", "timm_unpatched", "--pe-kwargs", "theta=10"], ["pe=timm_unpatched", "--model-kwargs", "theta"]),
-    (T, ["--pe", "timm_unpatched", "--data", "moving-shapes", "--num-frames", "4"], ["pe=timm_unpatched", "--num-frames"]),
+    (T, ["--pe", "timm_unpatched", "--data", "moving-shapes", "--num-frames", "4"],
+     ["pe=timm_unpatched", "--num-frames"]),
     (T, ["--pe", "timm_unpatched", "--model", "resnet18"], ["pe=timm_unpatched", "resnet18", "vision_transformer"]),
 ]
 

@@ -50,10 +50,15 @@ def is_vit(name: str) -> bool:
 def model_kwargs(settings: TrainSettings) -> dict:
     """Everything the model's constructor needs besides the name, in timm's keyword names: the run's
     ``model_kwargs``, resolution, patch (a video adapter's named model: the tubelet), classes, channels, drop path."""
+    return constructor_kwargs(settings, named_constructor(settings.model))
+
+
+def constructor_kwargs(settings: TrainSettings, named: tuple | None) -> dict:
+    """:func:`model_kwargs` of a model whose adapter's named constructor is ``named`` (``(adapter, constructor)``,
+    or None for a timm model): asked once by :func:`build_model`."""
     kw = {k: v for k, v in dict(settings.model_kwargs or {}).items() if k != "drop_path_rate"}
     kw.update(img_size=settings.img_size, patch_size=settings.patch_size, num_classes=settings.num_classes,
               in_chans=settings.in_chans)
-    named = named_constructor(settings.model)
     if named is not None and named[0].video and settings.num_frames:
         kw["patch_size"] = tubelet(settings)
     if settings.drop_path or named is not None:
@@ -126,8 +131,8 @@ def build_model(settings: TrainSettings) -> torch.nn.Module:
     """The model of a run's settings, with its encoding: a timm model (:func:`visionpe.create_model`), an adapter's
     named model then :func:`visionpe.apply`, a tubelet video ViT, or timm's own model (``pe=timm_unpatched``)."""
     import visionpe
-    kwargs = model_kwargs(settings)
     named = named_constructor(settings.model)
+    kwargs = constructor_kwargs(settings, named)
     given = " ".join(f"{k}={v}" for k, v in dict(settings.model_kwargs or {}).items())
     what = f"cannot build {settings.model} with pe={settings.pe}" + (f" and --model-kwargs {given}" if given else "")
     # a constructor refuses bad keywords in many ways (a negative width: torch's RuntimeError, a failed assert)

@@ -181,9 +181,9 @@ def resume(optimization: Optimization, model: torch.nn.Module, state: dict | Pat
         return _resume_sharded(optimization, model, state, world, steps)
     path = Path(out) / rundir.STATE
     rundir.check_resume(state, path, Path(out), optimization.config, steps=steps)
-    restore.load_state(model, state["model"], path)
     check_length(optimization, state, path.parent)
     extended = extension_record(optimization, state)
+    restore.load_state(model, state["model"], path)
     with user_errors(f"{path} does not fit the optimizer, schedule, EMA or gradient scaler",
                      (ValueError, TypeError, RuntimeError, KeyError, IndexError)):
         parallel.load_full_optimizer_state(model, optimization.optimizer, state["optimizer"])

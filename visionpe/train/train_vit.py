@@ -68,8 +68,12 @@ def main(argv: list[str]) -> dict:
         rundir.check_fresh(out, settings.overwrite)  # an existing run needs --resume or --overwrite
     state = rundir.resume_point(out) if resume else None  # state.pt's contents, or a sharded run's DCP folder
 
-    # -- data: the training and validation sets, one process's share of each batch ---------------------------------
+    # -- data: the training and validation sets, one process's share of each batch; the precision of its steps -----
+    amp_dtype = loop.amp_dtype(settings.amp, device)  # fp16 only on CUDA (check_run)
+    policy = loop.fsdp_precision(settings, amp_dtype, device)  # FSDP2 on CUDA: bf16 parameters in place of autocast
+    autocast = loop.autocast_for(device, None if policy else amp_dtype)
     settings, train_set, val_set = loop.datasets(settings)  # an image folder's classes, once read
+    data_notes = loop.data_notes(settings)  # transform settings the data set does not take
     loader, loader_set, sampler = sampling.training_loader(train_set, settings, world=world, rank=rank,
                                                            pin_memory=device.type == "cuda")
     steps_per_epoch = len(loader)  # loader batches; an optimizer step every grad_accum_steps of them
@@ -85,26 +89,25 @@ def main(argv: list[str]) -> dict:
         init = restore.init_weights(raw_model, settings)
     elif state is None and settings.pretrained:  # from timm's pretrained weights
         init = restore.pretrained_weights(raw_model, settings)
+    init_note = restore.init_text(init) if init else None  # kept / converted / new / dropped
 
-    # -- optimization and parallel: precision; on the device; EMA; compile and DDP, or FSDP2 (sharded in place); the
+    # -- optimization and parallel: the model on the device; EMA; compile and DDP, or FSDP2 (sharded in place); the
     #    optimizer (timm's order); then the last commit restored into all of them -----------------------------------
-    amp_dtype = loop.amp_dtype(settings.amp, device)  # fp16 only on CUDA (check_run)
-    policy = loop.fsdp_precision(settings, amp_dtype, device)  # FSDP2 on CUDA: bf16 parameters in place of autocast
-    autocast = loop.autocast_for(device, None if policy else amp_dtype)
     parts, model = optimization.build(settings, raw_model, updates_per_epoch, procs, amp_dtype, policy)
     run = optimization.resume(parts, raw_model, state, out, world, init, steps=steps_per_epoch)  # or fresh
     start_epoch = run.epoch
+    extension = optimization.extension_text(run.extended, parts.scheduler) if run.extended else None  # --epochs N
 
     # -- report the start: the first line, notes and warnings; the run folder (fresh: config.yaml; or its exports
     #    repaired); then the loggers, in line with the history -------------------------------------------------------
     report(metrics.start_line(settings, num_params=num_params, train_size=len(train_set), val_size=len(val_set),
                               world=world, device=device, amp=amp_dtype is not None, out=out))  # the first line
-    for note in loop.data_notes(settings):  # transform settings the data set does not take
+    for note in data_notes:
         report(note)
     for warning in run_warnings(settings, updates_per_epoch * settings.epochs):  # threads, a slow EMA
         report.warn(warning)
-    if init:
-        report(restore.init_text(init))  # kept / converted / new / dropped
+    if init_note:
+        report(init_note)
     if world > 1:
         dist.barrier()  # every process has checked the run directory before rank 0 writes to it
     if procs.master:
@@ -120,8 +123,8 @@ def main(argv: list[str]) -> dict:
         within = run.within
         report(f"resuming {out} " + (f"at batch {within['step']}/{steps_per_epoch} of epoch {start_epoch + 1}"
                                      if within else f"after epoch {start_epoch}"))
-    if run.extended:
-        report(optimization.extension_text(run.extended, parts.scheduler))  # --resume --epochs N: what changes
+    if extension:
+        report(extension)  # --resume --epochs N: what changes
     eval_kw = dict(batch_size=settings.eval_batch_size, workers=settings.workers, device=device, autocast=autocast,
                    rank=rank, world=world)
 
