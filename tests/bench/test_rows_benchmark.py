@@ -19,10 +19,9 @@ ROWS_FILE = ROOT / "configs" / "bench_rows_resolution.yaml"
 RECIPE = ROOT / "configs" / "bench_vit_tiny.yaml"
 
 
-def row_config(row: dict, data="shapes-position") -> dict:
+def row_config(row: dict, data="shapes-position") -> settings.TrainSettings:
     cfg = settings.resolve({**settings.parse_args(row["train"]), "config": str(RECIPE), "data": data})
-    cfg.update(num_classes=9, in_chans=3)
-    return cfg
+    return cfg.replace(num_classes=9, in_chans=3)
 
 
 EVA_ROPE_TYPE = requires_that("rope_type" in inspect.signature(timm.models.eva.Eva).parameters,
@@ -72,9 +71,8 @@ def test_timm_native_rope_follows_ref_feat_shape():
             for extra in ({}, {"ref_feat_shape": 8})]
     built = []
     for cfg in cfgs:
-        cfg.update(num_classes=3, in_chans=3)
         torch.manual_seed(0)
-        built.append(models.build_model(cfg).eval())
+        built.append(models.build_model(cfg.replace(num_classes=3, in_chans=3)).eval())
     x32, x64 = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         same, other = [m(x32) for m in built], [m(x64) for m in built]

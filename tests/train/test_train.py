@@ -184,7 +184,7 @@ def test_resolution_sweep_writes_csv_and_png(rope_run, tmp_path):
     # attention nearly uniform, so its losses at 24 px agree to float rounding and cannot show it)
     cfg = restore.load_run(out)
     grid = visionpe.Grid((6, 6), prefix=1)
-    cis = {a: visionpe.encodings_of(models.build_model({**cfg, "pe_kwargs": kw}))["rotary"][0].cis(grid)
+    cis = {a: visionpe.encodings_of(models.build_model(cfg.replace(pe_kwargs=kw)))["rotary"][0].cis(grid)
            for a, kw in sweep.adaptations(cfg["pe"], ["none", "pi", "yarn"], [])}
     assert not torch.allclose(cis["none"], cis["pi"]) and not torch.allclose(cis["pi"], cis["yarn"])
     # the unadapted model reproduces train_vit's own evaluation of the last weights
@@ -222,8 +222,8 @@ def test_sweep_defaults_to_the_runs_own_scaling(rope_run, tmp_path, capsys):
     rows = run_script("resolution_sweep", [str(out), "--res", "24", "--scaling", "none", "--out", str(tmp_path)])
     assert {r["adaptation"] for r in rows} == {"none"}
     cfg = restore.load_run(out)
-    assert sweep.own_scalings({**cfg, "pe_kwargs": {"scaling": "ntk"}}) == ["ntk"]
-    assert sweep.own_scalings({**cfg, "pe": "learned"}) == []
+    assert sweep.own_scalings(cfg.replace(pe_kwargs={"scaling": "ntk"})) == ["ntk"]
+    assert sweep.own_scalings(cfg.replace(pe="learned")) == []
 
 
 def test_adaptations_are_the_identity_at_the_training_size(rope_run):
@@ -235,7 +235,7 @@ def test_adaptations_are_the_identity_at_the_training_size(rope_run):
     big = torch.randn(4, 3, 24, 24)
     logits = {}
     for scaling in ("none", "pi", "ntk", "yarn"):
-        model = models.build_model({**cfg, "pe_kwargs": {"scaling": scaling}})
+        model = models.build_model(cfg.replace(pe_kwargs={"scaling": scaling}))
         model.load_state_dict(state)
         with torch.no_grad():
             logits[scaling] = model.eval()(x), model(big)

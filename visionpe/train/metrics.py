@@ -193,8 +193,8 @@ def setup_text(settings: TrainSettings) -> str:
     return ", ".join(words + [f"augmentation {' '.join(changed) if changed else 'as the defaults'}"])
 
 
-def start_line(settings: TrainSettings, *, num_params: int, train_size: int, val_size: int, world: int, device, amp: bool,
-               out: Path) -> str:
+def start_line(settings: TrainSettings, *, num_params: int, train_size: int, val_size: int, world: int, device,
+               amp: bool, out: Path) -> str:
     """The console line a run starts with: model, encoding, size and where its sizes came from, what tells the run
     apart (:func:`setup_text`), data and evaluation protocol, processes, precision, recipe, folder."""
     clips = (f" clips of {settings.num_frames} frames, tubelet {'x'.join(map(str, models.tubelet(settings)))}"

@@ -92,8 +92,8 @@ def build(settings: TrainSettings, model: torch.nn.Module, updates_per_epoch: in
                                       t_in_epochs=False)  # per step: linear warmup, then cosine down to min_lr
     mixup = None
     if settings.mixup > 0 or settings.cutmix > 0:
-        mixup = Mixup(mixup_alpha=settings.mixup, cutmix_alpha=settings.cutmix, label_smoothing=settings.label_smoothing,
-                      num_classes=settings.num_classes)
+        mixup = Mixup(mixup_alpha=settings.mixup, cutmix_alpha=settings.cutmix,
+                      label_smoothing=settings.label_smoothing, num_classes=settings.num_classes)
     return Optimization(optimizer, scheduler, criterion_for(settings, mixup is not None), mixup,
                   NativeScaler(device=procs.device.type) if amp_dtype == torch.float16 else None, ema,
                   settings.epochs, saved_form(settings)), trained
@@ -127,7 +127,8 @@ def ema_of(settings: TrainSettings, model: torch.nn.Module, device: torch.device
     return ema
 
 
-def parallel_model(settings: TrainSettings, model: torch.nn.Module, procs, mixed_precision: torch.dtype | None) -> torch.nn.Module:
+def parallel_model(settings: TrainSettings, model: torch.nn.Module, procs,
+                   mixed_precision: torch.dtype | None) -> torch.nn.Module:
     """The module that trains ``model``: under ``parallel: fsdp`` the model itself, sharded in place per block and at
     the root (:func:`visionpe.train.parallel.parallelize`: activation checkpointing, compile per block, a meta-device
     build materialised), on any number of processes; else (DDP) the model, compiled with ``compile``, in a
@@ -198,7 +199,8 @@ def resume(optimization: Optimization, model: torch.nn.Module, state: dict | Pat
     return _checked_progress(progress, path, world)
 
 
-def _resume_sharded(optimization: Optimization, model: torch.nn.Module, folder: Path, world: int, steps: int) -> Progress:
+def _resume_sharded(optimization: Optimization, model: torch.nn.Module, folder: Path, world: int,
+                    steps: int) -> Progress:
     """:func:`resume` from a distributed checkpoint (every process calls it): DCP reshards it into the model, FSDP
     or not, on any process count; its extra holds the rest, checked as state.pt is, and to be of the epoch and step
     its folder's name says."""

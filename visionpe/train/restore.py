@@ -210,7 +210,8 @@ def pretrained_weights(model: torch.nn.Module, settings: TrainSettings) -> dict:
             **report}
 
 
-def init_grid(settings: TrainSettings, source_settings: TrainSettings | None, model: torch.nn.Module, state: dict) -> tuple[int, int] | None:
+def init_grid(settings: TrainSettings, source_settings: TrainSettings | None, model: torch.nn.Module,
+              state: dict) -> tuple[int, int] | None:
     """The patch grid of the ``pos_embed`` in ``state`` that ``--init-from`` reads into ``model``'s learned table:
     ``--init-grid H W``, else the source run's image grid (its ``config.yaml``), else None (a checkpoint of no run:
     :func:`visionpe.load_timm_checkpoint` assumes one and says so). ``--init-grid`` where nothing reads it (no
@@ -228,8 +229,8 @@ def init_grid(settings: TrainSettings, source_settings: TrainSettings | None, mo
     return None
 
 
-def _load_converted(model: torch.nn.Module, state: dict, settings: TrainSettings, what: str, source_settings: TrainSettings | None,
-                    head_reset: bool, source_grid=None) -> dict:
+def _load_converted(model: torch.nn.Module, state: dict, settings: TrainSettings, what: str,
+                    source_settings: TrainSettings | None, head_reset: bool, source_grid=None) -> dict:
     """``state`` into ``model`` by :func:`visionpe.load_timm_checkpoint` (without its classifier head when
     ``head_reset``; ``source_grid``: the grid of its ``pos_embed`` when known): ``{'kept', 'converted', 'new',
     'dropped', 'assumed'}``, or a :class:`UserError` when a non-positional weight does not fit (see

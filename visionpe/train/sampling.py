@@ -102,7 +102,8 @@ def training_loader(dataset, settings: TrainSettings, *, world: int, rank: int, 
     """``(loader, what it reads, its sampler)`` of one process's training batches: ``batch_size / world`` samples a
     batch in :func:`training_order`, whole batches only; lists of images of mixed sizes with ``--max-patches``
     (:func:`visionpe.data.collate_images`). A training set smaller than one global batch is a :class:`UserError`."""
-    loader_set, sampler = training_order(dataset, world=world, rank=rank, seed=settings.seed, repeats=settings.aug_repeats)
+    loader_set, sampler = training_order(dataset, world=world, rank=rank, seed=settings.seed,
+                                         repeats=settings.aug_repeats)
     loader = DataLoader(loader_set, batch_size=settings.batch_size // world, sampler=sampler,
                         num_workers=settings.workers, drop_last=True, pin_memory=pin_memory,
                         collate_fn=collate_images)

@@ -625,7 +625,8 @@ def check_memory(settings: TrainSettings, memory: int | None = None) -> None:
         check_rendered(key, getattr(settings, key) if getattr(settings, key) is not None else defaults[split], settings, split, sizes, memory)
 
 
-def check_rendered(what: str, count: int, settings: TrainSettings, split: str, sizes, memory: int | None = None) -> None:
+def check_rendered(what: str, count: int, settings: TrainSettings, split: str, sizes,
+                   memory: int | None = None) -> None:
     """A built-in task's ``count`` scenes of ``split`` rendered at each of ``sizes`` (uint8, held in memory) fit this
     machine's memory (``memory`` bytes, default :func:`machine_memory`); a :class:`UserError` naming ``what``, the
     size and how many fit otherwise. Real sets are read at their own size, a sample at a time: nothing to check."""

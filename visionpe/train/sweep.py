@@ -182,8 +182,8 @@ def sweep_run(run: Path, resolutions, scalings=None, interpolations=(), weights=
     return rows
 
 
-def _sweep_protocol(run: Path, settings: TrainSettings, protocol: str, resolutions, scalings, interpolations, weights, device,
-                    batch_size, log, frames, tune=False, holdout=None) -> list[dict]:
+def _sweep_protocol(run: Path, settings: TrainSettings, protocol: str, resolutions, scalings, interpolations,
+                    weights, device, batch_size, log, frames, tune=False, holdout=None) -> list[dict]:
     """The rows of one run under one protocol: every adaptation at every size."""
     path = rundir.weights_file(run, weights)
     state = rundir.read_weights(path)

@@ -109,8 +109,8 @@ def check_holdout(settings: TrainSettings, holdout: int | None, sizes=()) -> Non
     check_rendered("--holdout", count, settings, "held-out training", [settings.img_size, *sizes])
 
 
-def tune_rows(run, settings: TrainSettings, protocol: str, state, path, keys, wanted, train_key, val_sets: dict, eval_kw: dict,
-              holdout: int | None, base_row, log=print) -> list[dict]:
+def tune_rows(run, settings: TrainSettings, protocol: str, state, path, keys, wanted, train_key, val_sets: dict,
+              eval_kw: dict, holdout: int | None, base_row, log=print) -> list[dict]:
     """``untuned`` and ``tuned`` rows of one run under one protocol at every size of ``wanted`` (``keys``: those
     measured, the training size ``train_key`` among them): the run's own knob value, and the candidate of the best
     held-out top-1 at that size. ``base_row(key)``: the columns every row of that size shares."""
