@@ -62,10 +62,10 @@ def test_timm_rows_use_the_body_of_the_visionpe_rows():
     assert count("timm Eva RoPE-axial ref_feat_shape") == count("rope_axial index") + 2 * 64 * 4
 
 
-def test_timm_native_rope_follows_ref_feat_shape():
+def test_timm_unpatched_rope_follows_ref_feat_shape():
     """pe=timm_unpatched keeps timm's own resolution behaviour: Eva with ref_feat_shape interpolates positions (a 2x input
     gets RoPE angles at half steps), so the model built with and without it differ only off the reference grid."""
-    base = dict(model="vit_small_patch16_rope_224", pe="timm", model_kwargs={"embed_dim": 32, "depth": 1,
+    base = dict(model="vit_small_patch16_rope_224", pe="timm_unpatched", model_kwargs={"embed_dim": 32, "depth": 1,
                 "num_heads": 2, "init_values": 1.0})
     cfgs = [settings.resolve({**base, "model_kwargs": {**base["model_kwargs"], **extra}})
             for extra in ({}, {"ref_feat_shape": 8})]
@@ -86,7 +86,7 @@ def test_timm_run_trains_resumes_and_sweeps(tmp_path):
     kwargs = ["--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "init_values=null", "ref_feat_shape=4"]
     train_main(TINY + ["--pe", "timm_unpatched", "--model", "vit_small_patch16_rope_224", *kwargs, "--output", str(out)])
     model, cfg = restore.load_model(out)
-    assert cfg["pe"] == "timm" and isinstance(model, timm.models.eva.Eva)
+    assert cfg["pe"] == "timm_unpatched" and isinstance(model, timm.models.eva.Eva)
     rows = run_script("resolution_sweep", [str(out), "--res", "8", "16", "24", "8x16", "--scaling", "none", "pi", "--out",
                        str(tmp_path / "sweep")])
     assert {r["adaptation"] for r in rows} == {"default"}

@@ -68,3 +68,18 @@ def test_the_default_run_folder_holds_the_time_and_never_an_older_run(tmp_path, 
     resolved = settings.resolve({"data": "shapes-position", "pe": "learned"})
     assert resolved.output.startswith("runs/") and resolved.output.endswith("-shapes-position-learned-s0")
     assert settings.resolve({"data": "shapes-position", "output": "mine"}).output == "mine"  # --output as given
+
+
+def test_a_run_folder_of_the_old_pe_timm_loads_as_timm_unpatched(tmp_path):
+    """A config.yaml written before the rename (``pe: timm``) reads as ``timm_unpatched``, and a commit recording
+    the old name is no change of settings; typed on the command line, the old name is an error naming the new."""
+    saved = {"model": "vit_tiny_patch16_224", "pe": "timm", "img_size": 16, "patch_size": 4, "num_classes": 9,
+             "in_chans": 3, "data": "shapes-position", "eval_protocol": "resize",
+             "model_kwargs": {"embed_dim": 8, "depth": 1, "num_heads": 2}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    run = restore.load_run(tmp_path)
+    assert run.pe == "timm_unpatched"
+    assert settings.changes({**settings.saved_form(run), "pe": "timm"}, run) == []
+    with pytest.raises(settings.UserError, match="--pe timm is now --pe timm_unpatched"):
+        settings.resolve({"data": "shapes-position", "pe": "timm"})
+

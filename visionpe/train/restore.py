@@ -19,7 +19,7 @@ from .. import data as vdata
 from ..weights import convert, io
 from . import models, parallel, rundir
 from .settings import (DEFAULTS, EXTEND_ON_RESUME, RUN_KEYS, SAFE_ON_RESUME, TrainSettings, changes, check, copied,
-                       read_recipe, refused_changes, resolve)
+                       read_recipe, refused_changes, renamed, resolve)
 from ..cli import UserError, import_user_code, one_line, user_errors
 from .rundir import CONFIG, LAST
 
@@ -40,7 +40,7 @@ def load_run(path, require: tuple[str, ...] = ()) -> TrainSettings:
     unknown = sorted(set(raw) - set(DEFAULTS) - set(RUN_KEYS))
     if unknown:
         raise UserError(f"{run / CONFIG} has unknown setting(s) {', '.join(unknown)}")
-    values = {**copied(DEFAULTS), **copied(raw)}
+    values = {**copied(DEFAULTS), **renamed(copied(raw))}  # written before a rename: the name now
     for key in ("model_kwargs", "pe_kwargs", "imports"):
         if values[key] is None:
             values[key] = copied(DEFAULTS[key])

@@ -994,10 +994,19 @@ def saved_form(settings: TrainSettings) -> dict:
     return saved
 
 
+def renamed(saved: Mapping) -> dict:
+    """A run's saved settings with a name's old spelling replaced by its name now (:data:`RENAMED_PE`: ``pe: timm``
+    is ``timm_unpatched``), so a run folder written before the rename loads, resumes and compares unchanged."""
+    saved = dict(saved)
+    if saved.get("pe") in RENAMED_PE:
+        saved["pe"] = RENAMED_PE[saved["pe"]]
+    return saved
+
+
 def changes(old: Mapping, new: Mapping) -> list[tuple[str, object, object]]:
     """``[(setting, old value, new value)]`` between two resolved settings (``model_kwargs`` per key); each a
-    :class:`TrainSettings` or a mapping of its fields (a benchmark record's settings)."""
-    old, new = (x if isinstance(x, TrainSettings) else TrainSettings(**x) for x in (old, new))
+    :class:`TrainSettings` or a mapping of its fields (a commit's or a benchmark record's settings)."""
+    old, new = (x if isinstance(x, TrainSettings) else TrainSettings(**renamed(x)) for x in (old, new))
     a, b = saved_form(old), saved_form(new)
     out = []
     for key in dict.fromkeys([*a, *b]):
