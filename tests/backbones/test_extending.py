@@ -151,6 +151,7 @@ import visionpe as vpe
 from visionpe import cli
 from visionpe.cli import UserError
 from visionpe.train import models
+from visionpe.train.settings import TrainSettings
 
 cli.import_user_code([sys.argv[1]])
 # timm's registry: the supported name, with the native encoding by default; the unsupported one left out
@@ -173,11 +174,11 @@ with pytest.raises(ValueError, match="user ToyViT does not take it: too big for 
     vpe.create_model("toy_vit_huge", pe="alibi")
 # the training CLI: --model's help and its messages
 assert "user ToyViT (toy_vit_tiny)" in models.model_help()
-cfg = {"model": "toy_vit_huge", "pe": "rope_axial"}
+cfg = TrainSettings(model="toy_vit_huge", pe="rope_axial")
 with pytest.raises(UserError, match="--model toy_vit_huge: user ToyViT does not take it: too big for a toy"):
     models.check_model(cfg)
 with pytest.raises(UserError, match=r"unknown model 'toy_vit_small'; try e.g. .*user ToyViT \\(toy_vit_tiny\\)"):
-    models.check_model({**cfg, "model": "toy_vit_small"})
+    models.check_model(cfg.replace(model="toy_vit_small"))
 # load_timm_checkpoint runs the record's checkpoint hook: an older checkpoint's names are converted
 old = {k.replace("blocks.", "layers.", 1): v + 1 for k, v in model.state_dict().items()}
 report = vpe.load_timm_checkpoint(model, old, strict=True)

@@ -145,7 +145,7 @@ def test_the_hash_ignores_where_a_run_ran_and_names_what_changed(made, tmp_path)
                                   sweep_command(run, [16, 24], ["none"], tune=["--tune", "--holdout", "8"],
                                                 device="cuda"), run) == []
     cfg, arguments = staleness.asked_settings(train(), run), staleness.sweep_arguments(sweep)
-    assert staleness.settings_sha256({**cfg, "device": "cuda"}, arguments) == record["settings_sha256"]
+    assert staleness.settings_sha256(cfg.replace(device="cuda"), arguments) == record["settings_sha256"]
     lr = record["settings"]["lr"]
     assert staleness.stale_record(record, train("--lr", str(lr * 2)), sweep, run) == [f"lr ({lr!r} -> {lr * 2!r})"]
     assert staleness.stale_record(record, train(), sweep_command(run, [16], ["none"]), run) == [

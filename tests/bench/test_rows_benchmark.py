@@ -1,4 +1,4 @@
-"""timm's own models as reference rows (``--pe timm``) and ``visionpe benchmark --rows``: the rows file, the
+"""timm's own models as reference rows (``--pe timm_unpatched``) and ``visionpe benchmark --rows``: the rows file, the
 models it builds, the verdict against timm, and a tiny benchmark end to end."""
 from __future__ import annotations
 
@@ -21,10 +21,9 @@ ROWS_FILE = recipe_path("bench_rows_resolution")
 RECIPE = recipe_path("bench_vit_tiny")
 
 
-def row_config(row: dict, data="shapes-position") -> dict:
+def row_config(row: dict, data="shapes-position") -> settings.TrainSettings:
     cfg = settings.resolve({**settings.parse_args(row["train"]), "config": str(RECIPE), "data": data})
-    cfg.update(num_classes=9, in_chans=3)
-    return cfg
+    return cfg.replace(num_classes=9, in_chans=3)
 
 
 EVA_ROPE_TYPE = requires_that("rope_type" in inspect.signature(timm.models.eva.Eva).parameters,
@@ -40,7 +39,7 @@ def test_committed_rows_files_build_every_model_at_every_test_size(rows_file):
     spec = read_rows(rows_file)
     assert len({r["slug"] for r in spec["rows"]}) == len(spec["rows"])
     assert {r["label"] for r in spec["rows"] if r["timm"]} == {r["label"] for r in spec["rows"]
-                                                               if "--pe timm" in " ".join(r["train"])}
+                                                               if "--pe timm_unpatched" in " ".join(r["train"])}
     x = {size: torch.randn(2, 3, *size) for size in [(24, 24), (32, 32), (64, 64), (32, 48)]}
     for row in spec["rows"]:
         model = models.build_model(row_config(row)).eval()
@@ -65,18 +64,17 @@ def test_timm_rows_use_the_body_of_the_visionpe_rows():
     assert count("timm Eva RoPE-axial ref_feat_shape") == count("rope_axial index") + 2 * 64 * 4
 
 
-def test_timm_native_rope_follows_ref_feat_shape():
-    """pe=timm keeps timm's own resolution behaviour: Eva with ref_feat_shape interpolates positions (a 2x input
+def test_timm_unpatched_rope_follows_ref_feat_shape():
+    """pe=timm_unpatched keeps timm's own resolution behaviour: Eva with ref_feat_shape interpolates positions (a 2x input
     gets RoPE angles at half steps), so the model built with and without it differ only off the reference grid."""
-    base = dict(model="vit_small_patch16_rope_224", pe="timm", model_kwargs={"embed_dim": 32, "depth": 1,
+    base = dict(model="vit_small_patch16_rope_224", pe="timm_unpatched", model_kwargs={"embed_dim": 32, "depth": 1,
                 "num_heads": 2, "init_values": 1.0})
     cfgs = [settings.resolve({**base, "model_kwargs": {**base["model_kwargs"], **extra}})
             for extra in ({}, {"ref_feat_shape": 8})]
     built = []
     for cfg in cfgs:
-        cfg.update(num_classes=3, in_chans=3)
         torch.manual_seed(0)
-        built.append(models.build_model(cfg).eval())
+        built.append(models.build_model(cfg.replace(num_classes=3, in_chans=3)).eval())
     x32, x64 = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         same, other = [m(x32) for m in built], [m(x64) for m in built]
@@ -85,12 +83,12 @@ def test_timm_native_rope_follows_ref_feat_shape():
 
 
 def test_timm_run_trains_resumes_and_sweeps(tmp_path):
-    """A --pe timm run trains, is rebuilt from its config.yaml and sweeps with its own adaptation only."""
+    """A --pe timm_unpatched run trains, is rebuilt from its config.yaml and sweeps with its own adaptation only."""
     out = tmp_path / "run"
     kwargs = ["--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "init_values=null", "ref_feat_shape=4"]
-    train_main(TINY + ["--pe", "timm", "--model", "vit_small_patch16_rope_224", *kwargs, "--output", str(out)])
+    train_main(TINY + ["--pe", "timm_unpatched", "--model", "vit_small_patch16_rope_224", *kwargs, "--output", str(out)])
     model, cfg = restore.load_model(out)
-    assert cfg["pe"] == "timm" and isinstance(model, timm.models.eva.Eva)
+    assert cfg["pe"] == "timm_unpatched" and isinstance(model, timm.models.eva.Eva)
     rows = run_script("resolution_sweep", [str(out), "--res", "8", "16", "24", "8x16", "--scaling", "none", "pi", "--out",
                        str(tmp_path / "sweep")])
     assert {r["adaptation"] for r in rows} == {"default"}
@@ -124,7 +122,7 @@ def test_rows_benchmark_end_to_end_writes_its_section_and_keeps_the_doc(tmp_path
     rows = tmp_path / "rows.yaml"
     rows.write_text("part: rows_test\ntitle: Rows test\nrows:\n  - {label: learned, args: --pe learned}\n"
                     "  - {label: rope, args: --pe rope_mixed, scaling: [none, pi]}\n"
-                    "  - {label: timm learned, args: --pe timm --model vit_tiny_patch16_224}\n")
+                    "  - {label: timm learned, args: --pe timm_unpatched --model vit_tiny_patch16_224}\n")
     doc = tmp_path / "DOC.md"
     doc.write_text("# Kept\n\nkept text\n")
     tiny = ["--epochs", "1", "--train-samples", "32", "--val-samples", "16", "--batch-size", "16", "--embed-dim",

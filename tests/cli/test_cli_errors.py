@@ -243,7 +243,7 @@ ROWS = [
     (T, ["--data", "video-files", "--num-frames", "4", "--frame-stride", "0"], ["frame_stride", ">= 1"]),
     (T, ["--max-patches", "0"], ["max_patches", "[1, 65536]", "got 0"]),
     (T, ["--max-patches", "16", "--model", "swin_tiny_patch4_window7_224"], ["--max-patches", "ViT", "swin_tiny"]),
-    (T, ["--max-patches", "16", "--pe", "timm"], ["--max-patches", "pe=timm"]),
+    (T, ["--max-patches", "16", "--pe", "timm_unpatched"], ["--max-patches", "pe=timm_unpatched"]),
     (T, ["--max-patches", "16", "--data", "moving-shapes", "--num-frames", "4"], ["--max-patches", "video"]),
     (T, ["--max-patches", "16", "--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "global_pool=map"],
      ["--max-patches", "global_pool", "map"]),
@@ -347,7 +347,7 @@ ROWS = [
     (T, ["--checkpoint-every-minutes", "-5"], ["checkpoint_every_minutes", ">= 0"]),
     (T, ["--checkpoint-every-minutes", "soon"], ["--checkpoint-every-minutes", "soon"]),
     (T, ["--parallel", "zero3"], ["--parallel", "zero3", "ddp", "fsdp"]),
-    (T, ["--parallel", "fsdp", "--pe", "timm"], ["--parallel fsdp", "--pe timm", "--parallel ddp"]),
+    (T, ["--parallel", "fsdp", "--pe", "timm_unpatched"], ["--parallel fsdp", "--pe timm_unpatched", "--parallel ddp"]),
     (T, ["--meta-init"], ["--meta-init", "--parallel fsdp"]),
     (T, ["--no-fsdp-reshard-after-forward"], ["--no-fsdp-reshard-after-forward", "--parallel fsdp"]),
     (T, ["--parallel", "fsdp", "--meta-init", "--pretrained"], ["--meta-init", "--pretrained", "fresh"]),
@@ -473,7 +473,7 @@ ROWS = [
     (T, ["--lr", "1e-4", "--min-lr", "1.0"], ["min_lr 1.0 must not exceed lr 0.0001"]),
     (T, ["--model", "resnet18"], ["--model resnet18", "no adapter"]),
     (T, ["--model", "vit_base_patch16_18x2_224"], ["--model vit_base_patch16_18x2_224", "parallel blocks",
-                                                  "--pe timm"]),
+                                                  "--pe timm_unpatched"]),
     (T, ["--init-grid", "16", "4"], ["--init-grid needs --init-from"]),
     (S, ["{run}", "--res", "16", "--out", "{tmp}/afile"], ["--out", "is a file"], "output_is_a_file"),
     (T, ["--model-kwargs", "embed_dim=16", "depth=1", "num_heads=2", "mlp_ratio=-2"],
@@ -546,10 +546,12 @@ ROWS = [
     (S, ["{run}", "--res", "16", "--import", "no_such_module_for_visionpe"], ["cannot import"]),
     (V, ["--pe", "sincos", "--import", "{tmp}/missing.py"], ["no such file"]),
     (B, ["--data", "shapes-position", "--import", "no_such_module_for_visionpe"], ["cannot import"]),
-    # -- pe=timm (timm's own model, benchmark reference rows) -----------------------------------------------------
-    (T, ["--pe", "timm", "--pe-kwargs", "theta=10"], ["pe=timm", "--model-kwargs", "theta"]),
-    (T, ["--pe", "timm", "--data", "moving-shapes", "--num-frames", "4"], ["pe=timm", "--num-frames"]),
-    (T, ["--pe", "timm", "--model", "resnet18"], ["pe=timm", "resnet18", "vision_transformer"]),
+    # -- pe=timm_unpatched (timm's own model, benchmark control rows); its old spelling names the new one ---------------
+    (T, ["--pe", "timm"], ["--pe timm is now --pe timm_unpatched"]),
+    (T, ["--pe", "timm_unpatched", "--pe-kwargs", "theta=10"], ["pe=timm_unpatched", "--model-kwargs", "theta"]),
+    (T, ["--pe", "timm_unpatched", "--data", "moving-shapes", "--num-frames", "4"],
+     ["pe=timm_unpatched", "--num-frames"]),
+    (T, ["--pe", "timm_unpatched", "--model", "resnet18"], ["pe=timm_unpatched", "resnet18", "vision_transformer"]),
 ]
 
 

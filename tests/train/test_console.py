@@ -11,7 +11,7 @@ from timm.scheduler import CosineLRScheduler
 
 from trainutil import ROOT, TINY, train_main
 from visionpe.cli import UserError
-from visionpe.train import metrics, recipe, settings
+from visionpe.train import metrics, optimization, settings
 from visionpe.train.distributed import Processes
 
 COSINE_WARNING = "Cosine annealing scheduler will have no effect"
@@ -49,10 +49,10 @@ def test_the_cosine_warning_of_a_one_step_schedule_is_not_shown(caplog):
         CosineLRScheduler(torch.optim.SGD(model.parameters(), lr=0.1), t_initial=1)  # timm warns here
         assert COSINE_WARNING in caplog.text
         caplog.clear()
-        parts, _ = recipe.build(cfg, model, updates_per_epoch=1, procs=Processes(1, 0, 0, torch.device("cpu")),
+        parts, _ = optimization.build(cfg, model, updates_per_epoch=1, procs=Processes(1, 0, 0, torch.device("cpu")),
                                 amp_dtype=None)
         assert parts.scheduler.t_initial == 1 and COSINE_WARNING not in caplog.text
-    assert logging.getLogger(recipe.COSINE_LOG).level == logging.NOTSET  # put back as it was
+    assert logging.getLogger(optimization.COSINE_LOG).level == logging.NOTSET  # put back as it was
 
 
 def test_help_shows_the_examples_first_and_no_double_negation(capsys, tmp_path):
@@ -126,17 +126,17 @@ def test_warnings_name_threads_beyond_the_cores_and_a_slow_ema(tmp_path, capsys,
                    "visionpe train: warning: --model-ema-decay 0.9998 averages over about 5000 optimizer steps "
                    "(1 / (1 - decay)) but this run makes 4: the EMA weights end 100% their initial values; add "
                    "--model-ema-warmup (timm's warmup) or lower the decay"], err
-    cfg = {**settings.DEFAULTS, "model_ema": True, "model_ema_decay": 0.99}
-    assert settings.run_warnings(cfg, 300) == []  # 0.99 ** 300: 5 % of the initial weights left
-    assert settings.run_warnings({**cfg, "model_ema_decay": 0.9998, "model_ema_warmup": True}, 300) == []
-    assert "end 94% their initial values" in settings.run_warnings({**cfg, "model_ema_decay": 0.9998}, 300)[0]
+    run = settings.TrainSettings(model_ema=True, model_ema_decay=0.99)
+    assert settings.run_warnings(run, 300) == []  # 0.99 ** 300: 5 % of the initial weights left
+    assert settings.run_warnings(run.replace(model_ema_decay=0.9998, model_ema_warmup=True), 300) == []
+    assert "end 94% their initial values" in settings.run_warnings(run.replace(model_ema_decay=0.9998), 300)[0]
 
 
 def test_a_run_at_chance_says_it_did_not_learn(tmp_path, capsys):
     """Under the final table, the benchmark's "not learned" rule (metrics.did_not_learn: the last weights' top-1 at
     the training size below chance + 5 points) as a note (issue 43); none for a run that learned."""
     results = {"last": {16: {"acc": 14.0}}}
-    cfg = {"num_classes": 9}
+    cfg = settings.TrainSettings(num_classes=9)
     note = metrics.learning_note(cfg, results, 16)
     assert note.startswith("note: not learned: the last weights' top-1 at the training size, 14.00 %, is below "
                            "chance (11.1 %, 9 classes) + 5 points"), note

@@ -162,10 +162,10 @@ def test_an_ambiguous_grid_is_said_and_init_grid_gives_it(tmp_path, capsys):
 
 
 def test_a_source_runs_grid_is_known(tmp_path, capsys):
-    """From a run of timm's own model (``--pe timm``: its flat ``pos_embed``), the grid is the run's (config.yaml):
+    """From a run of timm's own model (``--pe timm_unpatched``: its flat ``pos_embed``), the grid is the run's (config.yaml):
     nothing is assumed, into a model of another size too."""
     source = tmp_path / "timm"
-    train_main(["--data", "shapes-position", "--pe", "timm", *SIZES, *RECIPE, "--output", source])
+    train_main(["--data", "shapes-position", "--pe", "timm_unpatched", *SIZES, *RECIPE, "--output", source])
     capsys.readouterr()
     train_main(["--init-from", source, "--pe", "learned", "--img-size", "24", *RECIPE,
                 "--output", tmp_path / "bigger"])

@@ -62,10 +62,9 @@ def assert_tensorboard_is_metrics(out):
 
 
 def test_evaluate_returns_a_named_record():
-    cfg = {"data": "shapes-position", "train_samples": 8, "val_samples": 12, "data_dir": None, "download": False,
-           "seed": 0, "num_frames": None, "img_size": 16}
     from visionpe.train import settings
-    val = loop.dataset({**settings.DEFAULTS, **cfg}, "val", 16)
+    run = settings.TrainSettings(data="shapes-position", train_samples=8, val_samples=12, seed=0, img_size=16)
+    val = loop.dataset(run, "val", 16)
     import torch
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, val.num_classes))
     got = loop.evaluate(model, val, batch_size=5, device=torch.device("cpu"), autocast=loop.autocast_for(
@@ -89,8 +88,8 @@ def test_retention_is_undefined_when_the_training_size_accuracy_is_0(tmp_path):
     assert table[16]["retention"] is None and table[24]["retention"] is None
     table = metrics.retention_table({**measured, 16: metrics.Evaluation(acc=50.0, loss=1.0, count=8)}, 16)
     assert table[24]["retention"] == 0.5 and table[16]["retention"] == 1.0
-    cfg = {**settings.DEFAULTS, "img_size": 16, "eval_res": [24]}
-    text = metrics.resolution_table(cfg, {"last": metrics.retention_table(measured, 16)}, best_epoch=1)
+    run = settings.TrainSettings(img_size=16, eval_res=[24])
+    text = metrics.resolution_table(run, {"last": metrics.retention_table(measured, 16)}, best_epoch=1)
     assert [line.split()[-2:] for line in text.splitlines() if "retention" in line] == [["n/a", "n/a"]]
     path = tmp_path / "sweep.csv"
     with open(path, "w", newline="") as f:

@@ -93,9 +93,9 @@ def test_video_data_takes_square_sizes_only():
 
 # -- loop: key order and text ----------------------------------------------------------------------------------------
 def test_eval_grid_orders_mixed_sizes_by_height_then_width():
-    keys, train = loop.eval_grid({"img_size": 16}, [(8, 16), 24, 8, (16, 8), (24, 8)])
+    keys, train = loop.eval_grid(settings.TrainSettings(img_size=16), [(8, 16), 24, 8, (16, 8), (24, 8)])
     assert keys == [8, (8, 16), (16, 8), 16, (24, 8), 24] and train == 16
-    keys, train = loop.eval_grid({"img_size": 16, "num_frames": 4}, [8], [2])
+    keys, train = loop.eval_grid(settings.TrainSettings(img_size=16, num_frames=4), [8], [2])
     assert keys == [(2, 8), (2, 16), (4, 8), (4, 16)] and train == (4, 16)
 
 
@@ -124,13 +124,13 @@ def test_parse_size_refuses_zero(text):
 
 
 def test_check_sizes():
-    image = {**settings.DEFAULTS, "data": "shapes-position", "patch_size": 4}  # a run's settings
+    image = settings.TrainSettings(data="shapes-position", patch_size=4)  # a run's settings
     sweep.check_sizes("r", image, [8, (8, 16), (16, 8)])
     with pytest.raises(UserError, match=r"resolution 8x18 .*patch_size 4"):
         sweep.check_sizes("r", image, [(8, 18)])
     with pytest.raises(UserError, match=r"resolution 0x8 "):
         sweep.check_sizes("r", image, [(0, 8)])
-    video = {**settings.DEFAULTS, "data": "moving-shapes", "patch_size": 4, "num_frames": 4, "img_size": 16}
+    video = settings.TrainSettings(data="moving-shapes", patch_size=4, num_frames=4, img_size=16)
     sweep.check_sizes("r", video, [8, 16])
     with pytest.raises(UserError, match=r"--res 8x16: .*image runs.*video run"):
         sweep.check_sizes("r", video, [(8, 16)])

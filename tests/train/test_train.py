@@ -184,7 +184,7 @@ def test_resolution_sweep_writes_csv_and_png(rope_run, tmp_path):
     # attention nearly uniform, so its losses at 24 px agree to float rounding and cannot show it)
     cfg = restore.load_run(out)
     grid = visionpe.Grid((6, 6), prefix=1)
-    cis = {a: visionpe.encodings_of(models.build_model({**cfg, "pe_kwargs": kw}))["rotary"][0].cis(grid)
+    cis = {a: visionpe.encodings_of(models.build_model(cfg.replace(pe_kwargs=kw)))["rotary"][0].cis(grid)
            for a, kw in sweep.adaptations(cfg["pe"], ["none", "pi", "yarn"], [])}
     assert not torch.allclose(cis["none"], cis["pi"]) and not torch.allclose(cis["pi"], cis["yarn"])
     # the unadapted model reproduces train_vit's own evaluation of the last weights
@@ -222,8 +222,8 @@ def test_sweep_defaults_to_the_runs_own_scaling(rope_run, tmp_path, capsys):
     rows = run_script("resolution_sweep", [str(out), "--res", "24", "--scaling", "none", "--out", str(tmp_path)])
     assert {r["adaptation"] for r in rows} == {"none"}
     cfg = restore.load_run(out)
-    assert sweep.own_scalings({**cfg, "pe_kwargs": {"scaling": "ntk"}}) == ["ntk"]
-    assert sweep.own_scalings({**cfg, "pe": "learned"}) == []
+    assert sweep.own_scalings(cfg.replace(pe_kwargs={"scaling": "ntk"})) == ["ntk"]
+    assert sweep.own_scalings(cfg.replace(pe="learned")) == []
 
 
 def test_adaptations_are_the_identity_at_the_training_size(rope_run):
@@ -235,7 +235,7 @@ def test_adaptations_are_the_identity_at_the_training_size(rope_run):
     big = torch.randn(4, 3, 24, 24)
     logits = {}
     for scaling in ("none", "pi", "ntk", "yarn"):
-        model = models.build_model({**cfg, "pe_kwargs": {"scaling": scaling}})
+        model = models.build_model(cfg.replace(pe_kwargs={"scaling": scaling}))
         model.load_state_dict(state)
         with torch.no_grad():
             logits[scaling] = model.eval()(x), model(big)
@@ -259,14 +259,14 @@ def test_visualize_reads_a_real_run_directory(rope_run, tmp_path):
     assert png.stat().st_size > 1000
 
 
-@pytest.mark.parametrize("pe", ["rope_mixed", "timm"])
+@pytest.mark.parametrize("pe", ["rope_mixed", "timm_unpatched"])
 def test_deit_models_train(tmp_path, pe):
-    """timm's DeiT models (timm.models.deit) train with a visionpe encoding and natively (--pe timm): the config
+    """timm's DeiT models (timm.models.deit) train with a visionpe encoding and natively (--pe timm_unpatched): the config
     names the DeiT model and the exported weights load into it."""
     out = tmp_path / pe
     summary = run("--model", "deit_tiny_patch16_224", "--pe", pe, "--epochs", "1", out=out)
     cfg = yaml.safe_load((out / "config.yaml").read_text())
     assert cfg["model"] == "deit_tiny_patch16_224" and cfg["pe"] == pe
     assert 0 <= summary["results"]["last"]["16"]["acc"] <= 100
-    model = models.build_model(cfg)
+    model = models.build_model(restore.load_run(out))
     model.load_state_dict(load_file(out / "last.safetensors"))

@@ -11,7 +11,7 @@ from trainutil import TINY, run_script, train_main
 from visionpe import data
 from visionpe.bias.alibi import alibi_slopes
 from visionpe.cli import UserError
-from visionpe.train import loop, models, restore, tuning
+from visionpe.train import loop, models, restore, settings, tuning
 from visionpe.train.metrics import Evaluation
 
 KNOBS = {"rope_axial": "theta", "rope_mixed": "scaling", "alibi": "slope_scale", "lookhere": "global_slope",
@@ -91,7 +91,7 @@ def test_holdout_is_unseen_training_images_and_no_validation_image(alibi_run):
     with pytest.raises(ValueError, match="first=3"):  # a real set holds out a subset's next images instead
         data.build_dataset("fashion-mnist", "train", 28, first=3)
     with pytest.raises(UserError, match="--train-samples"):
-        tuning.training_count({"data": "fashion-mnist", "train_samples": None})
+        tuning.training_count(settings.TrainSettings(data="fashion-mnist"))
 
 
 def test_knob_is_chosen_on_the_holdout_only(alibi_run, tmp_path, monkeypatch):

@@ -46,7 +46,7 @@ class Adapter:
         attention: the attention module classes that hold a block's ``rotary`` and ``bias`` encodings.
         library: where ``base`` comes from, for messages (``"timm"``, ``"torchvision"``, ``"transformers"``).
         timm_modules: timm modules whose registered models build ``base`` (``create_model`` takes their names,
-            ``train_vit.py --pe timm`` runs them natively).
+            ``train_vit.py --pe timm_unpatched`` runs them natively).
         any_size: ``any_size(timm_kwargs) -> timm_kwargs`` adding what makes such a timm model run at any input
             size the way timm does it (``dynamic_img_size``, ``strict_img_size=False``), checked.
         constructors: models by name that are not in timm's registry (e.g. torchvision's ``swin3d_t``): ``name ->

@@ -154,7 +154,7 @@ def native_rope(rope: nn.Module) -> tuple[str, dict]:
     if RotaryEmbeddingDinoV3 is not None and isinstance(rope, RotaryEmbeddingDinoV3):
         if getattr(rope, "grid_offset", 0.0):
             raise ValueError(f"timm's RotaryEmbeddingDinoV3 with grid_offset={rope.grid_offset}: visionpe's normalised "
-                             "coordinates take no constant offset; use --pe timm, or another pe")
+                             "coordinates take no constant offset; use --pe timm_unpatched, or another pe")
         periods = ({"min_period": rope.min_period, "max_period": rope.max_period}
                    if rope.min_period is not None and rope.max_period is not None else {"theta": rope.temperature})
         return "rope_axial", dict(coords="normalized", normalize_coords=rope.normalize_coords,
@@ -163,7 +163,7 @@ def native_rope(rope: nn.Module) -> tuple[str, dict]:
         return "rope_axial", dict(theta=float(rope.temperature), spectrum="mrope_interleaved", inert_axes=1,
                                   sections=mrope_pair_counts(rope.mrope_section, rope.dim // 2), axis_order="ij",
                                   pairs="half", scaling="none", **augment)
-    raise ValueError(f"timm's Eva RoPE {type(rope).__name__} has no visionpe equivalent; use --pe timm, or another "
+    raise ValueError(f"timm's Eva RoPE {type(rope).__name__} has no visionpe equivalent; use --pe timm_unpatched, or another "
                      "pe")
 
 
@@ -196,12 +196,12 @@ def cat_coordinates(rope: RotaryEmbeddingCat) -> dict:
     if ref is not None:
         raise ValueError(f"timm's RotaryEmbeddingCat on its {grid_type!r} grid with ref_feat_shape={tuple(ref)} "
                          "rescales [-1, 1] coordinates by ref / size, which visionpe's normalised coordinates do not "
-                         "take; use --pe timm, or another pe")
+                         "take; use --pe timm_unpatched, or another pe")
     if grid_type == "pixel":
         return {"coords": "pixel", "scaling": "none"}
     if offset:
         raise ValueError(f"timm's RotaryEmbeddingCat on its centred grid with grid_offset={offset}: visionpe's "
-                         "normalised coordinates take no constant offset; use --pe timm, or another pe")
+                         "normalised coordinates take no constant offset; use --pe timm_unpatched, or another pe")
     return {"coords": "normalized", "normalize_coords": rope.normalize_coords, "scaling": "none"}
 
 
@@ -213,7 +213,7 @@ def cat_bands(rope: RotaryEmbeddingCat) -> dict:
     if rope.in_pixels:
         if not hasattr(rope, "linear_bands"):
             raise ValueError("this timm's RotaryEmbeddingCat(in_pixels=True) does not record linear_bands (how its "
-                             "pixel-frequency bands are spaced); use --pe timm, or another pe")
+                             "pixel-frequency bands are spaced); use --pe timm_unpatched, or another pe")
         return {"max_res": float(rope.max_res), "linear_bands": bool(rope.linear_bands)}
     theta = float(rope.temperature)
     if cat_grid_type(rope) == "index":

@@ -94,7 +94,7 @@ def native_maxxvit(model: MaxxVit) -> tuple[str, dict]:
         return "swin_bias", {}
     if isinstance(rel_pos, RelPosMlp) and mlp_mode(rel_pos) == "cr":
         return "cpb", {"mode": "cr", "hidden_dim": rel_pos.mlp.fc1.out_features}
-    raise ValueError(f"timm's {type(rel_pos).__name__} in a MaxxVit has no visionpe equivalent; use --pe timm, or "
+    raise ValueError(f"timm's {type(rel_pos).__name__} in a MaxxVit has no visionpe equivalent; use --pe timm_unpatched, or "
                      "another pe")
 
 

@@ -37,7 +37,7 @@ NAFLEX_INPUT = ("the visionpe NaFlexVit takes image batches (B, C, H, W); for im
                 "ratios in one batch use model.forward_batch(list of (C, H, W) images), each on its own grid "
                 "(timm's NaFlex dict / patch_coord inputs are not taken)")
 AR_PRESERVING = ("timm's NaFlexVit with pos_embed_ar_preserving=True resamples its table to a square of the longer "
-                 "side and crops it, which visionpe's learned table does not; use --pe timm, or another pe")
+                 "side and crops it, which visionpe's learned table does not; use --pe timm_unpatched, or another pe")
 
 
 class NaFlexPatches:

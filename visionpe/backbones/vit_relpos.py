@@ -60,10 +60,10 @@ class VisionTransformerRelPosPE(TablesFromEachGrid, GridTransformer, VisionTrans
 
 
 SHARED = ("timm's VisionTransformerRelPos with one relative position module shared by all blocks (shared_rel_pos=True, "
-          "vit_srelpos_*): visionpe gives each block its own, so it has no native equivalent; use --pe timm, or "
+          "vit_srelpos_*): visionpe gives each block its own, so it has no native equivalent; use --pe timm_unpatched, or "
           "another pe")
 SWIN_MODE = ("timm's RelPosMlp(mode='swin') in a VisionTransformerRelPos normalises its offsets by each new grid, "
-             "visionpe's cpb by the training window: no native equivalent; use --pe timm, or another pe")
+             "visionpe's cpb by the training window: no native equivalent; use --pe timm_unpatched, or another pe")
 
 
 def native_relpos(model: VisionTransformerRelPos) -> tuple[str, dict]:
@@ -83,11 +83,11 @@ def native_relpos(model: VisionTransformerRelPos) -> tuple[str, dict]:
         mode = mlp_mode(rel_pos)
         if mode != "cr":
             raise ValueError(SWIN_MODE if mode == "swin" else
-                             f"timm's RelPosMlp(mode={mode!r}) has no visionpe equivalent; use --pe timm")
+                             f"timm's RelPosMlp(mode={mode!r}) has no visionpe equivalent; use --pe timm_unpatched")
         return "cpb", {"mode": "cr", "hidden_dim": rel_pos.mlp.fc1.out_features}
     if isinstance(rel_pos, RelPosBias):
         return "rel_bias", {"grow": "fit"}
-    raise ValueError(f"timm's {type(rel_pos).__name__} has no visionpe equivalent; use --pe timm, or another pe")
+    raise ValueError(f"timm's {type(rel_pos).__name__} has no visionpe equivalent; use --pe timm_unpatched, or another pe")
 
 
 def mlp_mode(rel_pos: RelPosMlp) -> str:

@@ -14,7 +14,7 @@ Layers, each using only those above it in this list (and :mod:`visionpe.cli`, th
 - :mod:`~visionpe.train.loop`: one epoch of training, evaluation, evaluation across resolutions;
 - :mod:`~visionpe.train.sampling`: the order of the training samples (repeated augmentation), resumable within an
   epoch, and the loader that reads them;
-- :mod:`~visionpe.train.recipe`: optimizer, schedule, loss, mixup, EMA and scaler as timm builds them, and where a run
+- :mod:`~visionpe.train.optimization`: optimizer, schedule, loss, mixup, EMA and scaler as timm builds them, and where a run
   stands;
 - :mod:`~visionpe.train.train_vit`: the training story; :mod:`~visionpe.train.sweep`: ``visionpe sweep``;
   :mod:`~visionpe.train.visualize`: ``visionpe visualize`` (:mod:`visionpe.viz` of a fresh encoding or of a run).

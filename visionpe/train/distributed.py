@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..cli import UserError
+from .settings import TrainSettings
 
 _kept: dict[tuple, torch.Tensor] = {}
 
@@ -45,25 +46,25 @@ class Processes:
         return self.rank == 0
 
 
-def start(cfg: dict) -> Processes:
+def start(settings: TrainSettings) -> Processes:
     """Join the torchrun group of a run (gloo on the CPU, nccl on CUDA; none for one process), pick this process's
     device (``device``: auto = CUDA when there is one) and set its threads (``threads``, 0 = torch's choice). The
     global ``batch_size`` must split evenly over the processes. ``parallel: fsdp`` on one process is a group of one
     (an in-memory store, or the group already there): the same sharded model and checkpoints as on several."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if cfg["batch_size"] % world:
-        raise UserError(f"batch_size {cfg['batch_size']} must be divisible by the {world} processes")
-    use_cuda = cfg["device"] == "cuda" or (cfg["device"] == "auto" and torch.cuda.is_available())
+    if settings.batch_size % world:
+        raise UserError(f"batch_size {settings.batch_size} must be divisible by the {world} processes")
+    use_cuda = settings.device == "cuda" or (settings.device == "auto" and torch.cuda.is_available())
     if world > 1:
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    elif cfg.get("parallel") == "fsdp" and not active():
+    elif settings.parallel == "fsdp" and not active():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    if cfg["threads"]:
-        torch.set_num_threads(cfg["threads"])
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
     return Processes(world, dist.get_rank() if world > 1 else 0, local_rank, device)
 
 
@@ -96,6 +97,16 @@ def all_gather(values, device) -> list[list[float]]:
     out = [_kept_buffer(f"gather from {rank}", t) for rank in range(dist.get_world_size())]
     dist.all_gather(out, mine)
     return [o.tolist() for o in out]
+
+
+def rank0_value(value):
+    """Rank 0's ``value`` (any picklable object: a run folder's name, say) on every process of the group (``value``
+    without one)."""
+    if not active():
+        return value
+    shared = [value]
+    dist.broadcast_object_list(shared, 0)
+    return shared[0]
 
 
 def rank0_flag(flag: bool, device) -> bool:

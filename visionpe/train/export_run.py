@@ -36,6 +36,7 @@ from .. import cli, export
 from ..cli import UserError
 from ..cli.report import markdown_table
 from . import models, restore
+from .settings import TrainSettings
 
 SUFFIX = {"pt2": ".pt2", "onnx": ".onnx"}
 SPECIALISED = "(the model's forward specialises on its size: export without --dynamic, at the size you serve; " \
@@ -85,15 +86,15 @@ def build_parser() -> cli.Parser:
     return p
 
 
-def run_geometry(cfg: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def run_geometry(settings: TrainSettings) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``(training input size, patch)`` of a run: ``(H, W)`` and ``(p_h, p_w)``, or a video run's ``(T, H, W)`` and
     tubelet."""
-    img = cfg["img_size"]
+    img = settings.img_size
     img = (img, img) if isinstance(img, int) else tuple(int(s) for s in img)
-    patch = cfg["patch_size"]
+    patch = settings.patch_size
     patch = (patch, patch) if isinstance(patch, int) else tuple(int(s) for s in patch)
-    if cfg.get("num_frames"):
-        return (int(cfg["num_frames"]), *img), models.tubelet(cfg)
+    if settings.num_frames:
+        return (int(settings.num_frames), *img), models.tubelet(settings)
     return img, patch
 
 
@@ -153,15 +154,15 @@ def main(argv) -> dict:
     check_args(args)
     cli.import_user_code(args.imports)
     out = args.out or default_out(args.run, args.format)
-    model, cfg = restore.load_model(args.run, args.weights)
+    model, settings = restore.load_model(args.run, args.weights)
     model = model.float().cpu().eval()
-    train, patch = run_geometry(cfg)
+    train, patch = run_geometry(settings)
     sizes = [check_size(s, train, patch) for s in args.sizes]
     if not export.torch_supports_export():
         raise UserError(f"visionpe export needs torch >= {'.'.join(map(str, export.MIN_TORCH))}, installed "
                         f"{torch.__version__}")
     try:
-        return export_checked(model, cfg, args, out, train, patch, sizes)
+        return export_checked(model, settings, args, out, train, patch, sizes)
     except export.ExportError as err:
         if args.debug:
             raise
@@ -169,7 +170,7 @@ def main(argv) -> dict:
         sys.exit(1)
 
 
-def export_checked(model, cfg: dict, args, out: Path, train, patch, sizes) -> dict:
+def export_checked(model, settings: TrainSettings, args, out: Path, train, patch, sizes) -> dict:
     """Export, read back from the bytes, check, then write ``out``; an :class:`~visionpe.export.ExportError` when the
     model does not export or a check fails (nothing written)."""
     # a dynamic trace needs >= 2 patches an axis (torch.export specialises 0 and 1); a static one takes the run's size
@@ -191,7 +192,7 @@ def export_checked(model, cfg: dict, args, out: Path, train, patch, sizes) -> di
     kind = "batch, frames, height and width" if len(patch) == 3 else "batch, height and width"
     what = f"dynamic {kind} (multiples of {'x'.join(map(str, patch))})" if args.dynamic else \
         f"static {'x'.join(map(str, traced))}, dynamic batch"
-    print(f"{cfg['pe']} model of {args.run} ({args.weights} weights) as {args.format}, {what}, exported in "
+    print(f"{settings.pe} model of {args.run} ({args.weights} weights) as {args.format}, {what}, exported in "
           f"{seconds:.1f} s; checked against eager ({'onnxruntime' if args.format == 'onnx' else 'torch.export.load'}"
           f", tolerance {export.ATOL:g} + {export.RTOL:g} x max |eager|):\n")
     print(checks_table(checks, traced) + "\n", flush=True)

@@ -17,7 +17,8 @@ from tqdm import tqdm
 
 from .. import data as vdata
 from ..data.transforms import default_protocol
-from . import distributed, parallel, rundir, settings
+from . import distributed, parallel, rundir
+from .settings import DEFAULTS, TRANSFORM_KEYS, TrainSettings, transforms_of
 from .models import tubelet
 from .metrics import Evaluation
 from ..cli import UserError, one_line
@@ -70,62 +71,62 @@ def check_finite(model, *, epoch: int, kept_epoch: int, val_loss: float | None =
                             f"stopped without saving ({kept}); lower --lr or check the data")
 
 
-def dataset(cfg: dict, split: str, img_size, num_frames: int | None = None, protocol: str | None = None):
+def dataset(settings: TrainSettings, split: str, img_size, num_frames: int | None = None, protocol: str | None = None):
     """The run's data set ``split`` at ``img_size`` pixels (an image run also takes ``(height, width)``; a video
     run's: clips of ``num_frames`` frames, default the run's ``num_frames``), through the run's transforms and
     evaluation protocol (``protocol``: another one); missing or empty data is a :class:`UserError`."""
-    num = cfg["train_samples"] if split == "train" else cfg["val_samples"]
-    frames = (num_frames or cfg["num_frames"]) if cfg.get("num_frames") else None
+    num = settings.train_samples if split == "train" else settings.val_samples
+    frames = (num_frames or settings.num_frames) if settings.num_frames else None
     try:
-        ds = vdata.build_dataset(cfg["data"], split, img_size, data_dir=cfg["data_dir"], download=cfg["download"],
-                                 seed=cfg["seed"], num_samples=num, num_frames=frames,
-                                 frame_stride=cfg.get("frame_stride"), transforms=settings.transforms_of(cfg, protocol),
-                                 **time_options(cfg))
+        ds = vdata.build_dataset(settings.data, split, img_size, data_dir=settings.data_dir, download=settings.download,
+                                 seed=settings.seed, num_samples=num, num_frames=frames,
+                                 frame_stride=settings.frame_stride, transforms=transforms_of(settings, protocol),
+                                 **time_options(settings))
     except (vdata.DataMissing, ValueError) as err:
         raise UserError(one_line(err)) from None
     if len(ds) == 0:
-        raise UserError(f"{cfg['data']}: the {split} split under {cfg['data_dir']!r} holds no images")
-    check_classes(cfg, getattr(ds, "classes", None))
+        raise UserError(f"{settings.data}: the {split} split under {settings.data_dir!r} holds no images")
+    check_classes(settings, getattr(ds, "classes", None))
     return ds
 
 
-def check_classes(cfg: dict, found) -> None:
+def check_classes(settings: TrainSettings, found) -> None:
     """A folder's class names ``found`` (those that number its labels; None for a set without names) are the run's
-    own (``cfg['classes']``, recorded by :func:`datasets` when the run started): a :class:`UserError` naming the
+    own (``settings.classes``, recorded by :func:`datasets` when the run started): a :class:`UserError` naming the
     classes on each side otherwise, since the run's output ``k`` means its ``k``-th class."""
-    known = cfg.get("classes")
+    known = settings.classes
     if known is None or found is None or list(found) == list(known):
         return
     only_run, only_data = [c for c in known if c not in found], [c for c in found if c not in known]
     shown = lambda names: ", ".join(map(str, names[:5])) + (f", ... {len(names) - 5} more" if len(names) > 5 else "")
     what = (f"the run's only: {shown(only_run) or 'none'}; the data's only: {shown(only_data) or 'none'}"
             if only_run or only_data else "the same names in another order")
-    raise UserError(f"{cfg['data']} under {cfg['data_dir']!r} has {len(found)} classes that are not the {len(known)} "
+    raise UserError(f"{settings.data} under {settings.data_dir!r} has {len(found)} classes that are not the {len(known)} "
                     f"the run was trained on ({what}): output k of the run is its k-th class; give the --data-dir it "
                     f"was trained on")
 
 
-def time_options(cfg: dict) -> dict:
+def time_options(settings: TrainSettings) -> dict:
     """The data set options of a run on an absolute time axis (``tokens_per_second``: every sample carries its
     clip's time step between tokens of the tubelet's frames); none for index time."""
-    if cfg.get("tokens_per_second") is None:
+    if settings.tokens_per_second is None:
         return {}
-    return {"tokens_per_second": cfg["tokens_per_second"], "tubelet_frames": tubelet(cfg)[0]}
+    return {"tokens_per_second": settings.tokens_per_second, "tubelet_frames": tubelet(settings)[0]}
 
 
-def datasets(cfg: dict) -> tuple:
-    """The run's training and validation sets at ``img_size`` (:func:`dataset`); the class count of an ImageFolder
-    run is set in ``cfg`` once its folders are read, with the class names that number its labels (``classes``:
-    config.yaml and results.json keep them, and every later read of the folder is checked against them); any other
-    must agree with the data's."""
-    train_set, val_set = (dataset(cfg, split, cfg["img_size"]) for split in ("train", "val"))
-    if cfg["num_classes"] is None:
-        cfg["num_classes"] = train_set.num_classes
-        if getattr(train_set, "classes", None) is not None:
-            cfg["classes"] = [str(c) for c in train_set.classes]
-    elif cfg["num_classes"] != train_set.num_classes:
-        raise UserError(f"the {cfg['data']} data has {train_set.num_classes} classes, the run {cfg['num_classes']}")
-    return train_set, val_set
+def datasets(settings: TrainSettings) -> tuple:
+    """``(settings, training set, validation set)``: the run's sets at ``img_size`` (:func:`dataset`); the class
+    count of an ImageFolder run is filled into the returned settings once its folders are read, with the class names
+    that number its labels (``classes``: config.yaml and results.json keep them, and every later read of the folder
+    is checked against them); any other must agree with the data's."""
+    train_set, val_set = (dataset(settings, split, settings.img_size) for split in ("train", "val"))
+    if settings.num_classes is None:
+        classes = getattr(train_set, "classes", None)
+        settings = settings.replace(num_classes=train_set.num_classes,
+                                    classes=None if classes is None else [str(c) for c in classes])
+    elif settings.num_classes != train_set.num_classes:
+        raise UserError(f"the {settings.data} data has {train_set.num_classes} classes, the run {settings.num_classes}")
+    return settings, train_set, val_set
 
 
 def read_samples(batches):
@@ -153,25 +154,25 @@ def worker_message(err: BaseException) -> str:
     return one_line(last.split(": ", 1)[1] if f"{type(err).__name__}: " in last else last)
 
 
-def data_notes(cfg: dict) -> list[str]:
+def data_notes(settings: TrainSettings) -> list[str]:
     """Lines that say which transform settings the run's data set does not take (a built-in task is rendered at each
     size, not augmented: a flip or a crop would change its labels; a set whose builder takes no ``transforms``), and
     a crop fraction that the evaluation protocol does not use: they are ignored, not refused, so one recipe serves
     every data set of a benchmark."""
-    spec = vdata.get_spec(cfg["data"])
+    spec = vdata.get_spec(settings.data)
     notes = []
-    protocol = cfg.get("eval_protocol") or default_protocol(cfg.get("max_patches"))
-    if cfg.get("crop_pct") != settings.DEFAULTS["crop_pct"] and protocol != "crop":
+    protocol = settings.eval_protocol or default_protocol(settings.max_patches)
+    if settings.crop_pct != DEFAULTS["crop_pct"] and protocol != "crop":
         notes.append(f"note: --crop-pct ignored: it is the crop protocol's fraction and the evaluation protocol is "
                      f"{protocol} (--eval-protocol crop to use it)")
-    changed = [key for key in settings.TRANSFORM_KEYS if cfg.get(key) != settings.DEFAULTS[key]
+    changed = [key for key in TRANSFORM_KEYS if getattr(settings, key) != DEFAULTS[key]
                and not (key == "hflip" and spec.video and vdata.takes_option(spec, "hflip"))]  # video-files flips
     flags = " ".join("--" + key.replace("_", "-") for key in changed)
     if changed and (spec.synthetic or spec.video):
         what = "a built-in task rendered at each size" if spec.synthetic else "a video data set"
-        notes.append(f"note: {flags} ignored: {cfg['data']} is {what}, not images through timm's transforms")
-    elif changed and not vdata.takes_transforms(cfg["data"]):
-        notes.append(f"note: {flags} ignored: the builder of {cfg['data']} takes no transforms")
+        notes.append(f"note: {flags} ignored: {settings.data} is {what}, not images through timm's transforms")
+    elif changed and not vdata.takes_transforms(settings.data):
+        notes.append(f"note: {flags} ignored: the builder of {settings.data} takes no transforms")
     return notes
 
 
@@ -237,15 +238,15 @@ def size_order(key) -> tuple[int, int]:
     return (key, key) if isinstance(key, int) else (int(key[0]), int(key[1]))
 
 
-def eval_grid(cfg: dict, resolutions=(), frames=()) -> tuple[list, object]:
+def eval_grid(settings: TrainSettings, resolutions=(), frames=()) -> tuple[list, object]:
     """The evaluation keys of a run and its training key: image sizes (image run: integers, or ``(height, width)``
     tuples for non-square sizes; ordered by :func:`size_order`) or ``(frames, res)`` pairs (video run: ``frames`` x
     ``resolutions``, integer resolutions only), the training size and frame count always among them."""
-    res = sorted(set(resolutions) | {cfg["img_size"]}, key=size_order)
-    if not cfg.get("num_frames"):
-        return res, cfg["img_size"]
-    counts = sorted(set(frames) | {cfg["num_frames"]})
-    return [(f, r) for f in counts for r in res], (cfg["num_frames"], cfg["img_size"])
+    res = sorted(set(resolutions) | {settings.img_size}, key=size_order)
+    if not settings.num_frames:
+        return res, settings.img_size
+    counts = sorted(set(frames) | {settings.num_frames})
+    return [(f, r) for f in counts for r in res], (settings.num_frames, settings.img_size)
 
 
 def seed_everything(seed: int, epoch: int, rank: int, step: int | None = None) -> None:
@@ -271,11 +272,11 @@ def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[amp]
 
 
-def fsdp_precision(cfg: dict, amp_dtype: torch.dtype | None, device: torch.device) -> torch.dtype | None:
+def fsdp_precision(settings: TrainSettings, amp_dtype: torch.dtype | None, device: torch.device) -> torch.dtype | None:
     """FSDP2's parameter dtype in the blocks (its mixed-precision policy; gradients reduced in float32, encodings'
     parameters float32): bfloat16 under ``parallel: fsdp`` with bf16 amp on CUDA, which then replaces autocast; None
     otherwise (autocast as ``amp`` says)."""
-    use = cfg["parallel"] == "fsdp" and amp_dtype == torch.bfloat16 and device.type == "cuda"
+    use = settings.parallel == "fsdp" and amp_dtype == torch.bfloat16 and device.type == "cuda"
     return torch.bfloat16 if use else None
 
 
@@ -333,7 +334,7 @@ class CheckpointClock:
 def commit_within(out, model, parts, run, epoch: int, clock: CheckpointClock, steps: int, procs):
     """``train_one_epoch``'s ``on_update`` for ``epoch``: after each optimizer step, commit ``out``'s state.pt when the
     clock says so (not after the last of ``steps`` batches: the epoch's own commit follows), with every process's loss
-    sums of the epoch so far. ``parts``: the :class:`~visionpe.train.recipe.Recipe`, ``run`` its ``Progress``,
+    sums of the epoch so far. ``parts``: the :class:`~visionpe.train.optimization.Optimization`, ``run`` its ``Progress``,
     ``procs`` the :class:`~visionpe.train.distributed.Processes`."""
     def on_update(progress: dict) -> None:
         if progress["step"] == steps or not clock.due(progress["update"]):
@@ -352,7 +353,7 @@ def commit(out, model, parts, run, procs, progress: dict | None = None) -> None:
     """Commit the run in ``out`` after ``run.epoch`` epochs (with ``progress``: within the next one, see
     :func:`commit_within`): a sharded model (FSDP) as a distributed checkpoint that every process writes
     (:func:`visionpe.train.rundir.save_sharded`), any other as state.pt, written by rank 0
-    (:func:`visionpe.train.rundir.save_checkpoint`). ``parts``: the :class:`~visionpe.train.recipe.Recipe`."""
+    (:func:`visionpe.train.rundir.save_checkpoint`). ``parts``: the :class:`~visionpe.train.optimization.Optimization`."""
     fields = dict(epoch=run.epoch, best_acc=run.best_acc, best_epoch=run.best_epoch, history=run.history,
                   config=parts.config, ema=parts.ema_module, progress=progress)
     if parallel.is_sharded_model(model):

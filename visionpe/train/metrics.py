@@ -34,7 +34,8 @@ import numpy as np
 from ..cli import UserError, one_line
 from ..cli.report import text_table
 from ..weights import io
-from . import models, settings
+from . import models
+from .settings import AUG, LOGGERS, SETTINGS, TrainSettings, saved_form, transforms_of
 
 METRICS, SUMMARY, RESULTS = "metrics.jsonl", "summary.csv", "results.json"
 TENSORBOARD = "tensorboard"  # the folder of TensorBoard's event files in the run directory
@@ -161,52 +162,52 @@ def logger_files(out: Path) -> list[Path]:
 
 # -----------------------------------------------------------------------------------------------------
 # a finished run
-def summary(cfg: dict, history: list[dict], results: dict, *, num_params: int, best_epoch: int) -> dict:
+def summary(settings: TrainSettings, history: list[dict], results: dict, *, num_params: int, best_epoch: int) -> dict:
     """``results.json``: what the run is, how it trained and ``results`` (``{weights: {key: {'acc', 'loss',
     'retention'}}}``, keys as :func:`key_text`)."""
     trained = epochs(history)
-    protocol = settings.transforms_of(cfg)
-    video = {"num_frames": cfg["num_frames"], "tubelet_size": list(models.tubelet(cfg))} if cfg["num_frames"] else {}
-    if cfg.get("tokens_per_second") is not None:
-        video["tokens_per_second"] = cfg["tokens_per_second"]  # absolute time: positions per second of each clip
-    return {"model": cfg["model"], "pe": cfg["pe"], "data": cfg["data"], "seed": cfg["seed"],
-            "img_size": cfg["img_size"], "eval_protocol": protocol.eval_protocol,
+    protocol = transforms_of(settings)
+    video = {"num_frames": settings.num_frames, "tubelet_size": list(models.tubelet(settings))} if settings.num_frames else {}
+    if settings.tokens_per_second is not None:
+        video["tokens_per_second"] = settings.tokens_per_second  # absolute time: positions per second of each clip
+    return {"model": settings.model, "pe": settings.pe, "data": settings.data, "seed": settings.seed,
+            "img_size": settings.img_size, "eval_protocol": protocol.eval_protocol,
             **({"crop_pct": protocol.crop_pct} if protocol.eval_protocol == "crop" else {}),
-            **({"max_patches": cfg["max_patches"]} if cfg["max_patches"] else {}), **video,
-            **({"classes": cfg["classes"]} if cfg.get("classes") else {}),  # a folder run: output k is classes[k]
-            "init_from": cfg["init_from"], "params": num_params, "epochs": cfg["epochs"], "best_epoch": best_epoch,
+            **({"max_patches": settings.max_patches} if settings.max_patches else {}), **video,
+            **({"classes": settings.classes} if settings.classes else {}),  # a folder run: output k is classes[k]
+            "init_from": settings.init_from, "params": num_params, "epochs": settings.epochs, "best_epoch": best_epoch,
             "train_img_per_s": float(np.median([h["img_per_s"] for h in trained])) if trained else None,
             "final_train_loss": trained[-1]["train_loss"] if trained else None,
             "results": {w: {key_text(k): m for k, m in rs.items()} for w, rs in results.items()}}
 
 
-def setup_text(cfg: dict) -> str:
+def setup_text(settings: TrainSettings) -> str:
     """What tells a run apart from another of the same model, encoding and data, for the first line and the final
     table: the encoding's keywords, the training resolutions, the augmentation and regularization settings that are
     not the defaults (:data:`visionpe.train.settings.AUG`)."""
-    changed = [f"{key}={cfg[key]}" for key, s in settings.SETTINGS.items()
-               if s.group == settings.AUG and key != "train_res" and cfg.get(key, s.default) != s.default]
-    words = [f"pe_kwargs {models.sizes_text(cfg['pe_kwargs'])}"] if cfg.get("pe_kwargs") else []
-    if cfg.get("train_res"):
-        words.append(f"train_res {' '.join(map(str, cfg['train_res']))} px")
+    changed = [f"{key}={getattr(settings, key)}" for key, s in SETTINGS.items()
+               if s.group == AUG and key != "train_res" and getattr(settings, key) != s.default]
+    words = [f"pe_kwargs {models.sizes_text(settings.pe_kwargs)}"] if settings.pe_kwargs else []
+    if settings.train_res:
+        words.append(f"train_res {' '.join(map(str, settings.train_res))} px")
     return ", ".join(words + [f"augmentation {' '.join(changed) if changed else 'as the defaults'}"])
 
 
-def start_line(cfg: dict, *, num_params: int, train_size: int, val_size: int, world: int, device, amp: bool,
-               out: Path) -> str:
+def start_line(settings: TrainSettings, *, num_params: int, train_size: int, val_size: int, world: int, device,
+               amp: bool, out: Path) -> str:
     """The console line a run starts with: model, encoding, size and where its sizes came from, what tells the run
     apart (:func:`setup_text`), data and evaluation protocol, processes, precision, recipe, folder."""
-    clips = (f" clips of {cfg['num_frames']} frames, tubelet {'x'.join(map(str, models.tubelet(cfg)))}"
-             if cfg["num_frames"] else "")
-    if cfg.get("tokens_per_second") is not None:
-        clips += f", time {cfg['tokens_per_second']:g} positions/s at each clip's frame rate"
-    recipe = "".join([f" | {cfg['grad_accum_steps']} batches a step" if cfg["grad_accum_steps"] > 1 else "",
-                      " | EMA" if cfg["model_ema"] else "", " | compiled" if cfg["compile"] else ""])
-    sizes = f" (sizes: {cfg['sizes_from']})" if cfg.get("sizes_from") else ""
-    return (f"{cfg['model']} pe={cfg['pe']} {num_params / 1e6:.3f}M params{sizes} | {setup_text(cfg)} | "
-            f"{cfg['data']} {train_size} train {val_size} val at {cfg['img_size']}px{clips}, evaluated under protocol "
-            f"{settings.transforms_of(cfg).eval_protocol} | {world} process(es) on {device.type}"
-            f"{' ' + cfg['amp'].replace('auto', 'bf16') if amp else ''}{recipe} | {out}")
+    clips = (f" clips of {settings.num_frames} frames, tubelet {'x'.join(map(str, models.tubelet(settings)))}"
+             if settings.num_frames else "")
+    if settings.tokens_per_second is not None:
+        clips += f", time {settings.tokens_per_second:g} positions/s at each clip's frame rate"
+    recipe = "".join([f" | {settings.grad_accum_steps} batches a step" if settings.grad_accum_steps > 1 else "",
+                      " | EMA" if settings.model_ema else "", " | compiled" if settings.compile else ""])
+    sizes = f" (sizes: {settings.sizes_from})" if settings.sizes_from else ""
+    return (f"{settings.model} pe={settings.pe} {num_params / 1e6:.3f}M params{sizes} | {setup_text(settings)} | "
+            f"{settings.data} {train_size} train {val_size} val at {settings.img_size}px{clips}, evaluated under protocol "
+            f"{transforms_of(settings).eval_protocol} | {world} process(es) on {device.type}"
+            f"{' ' + settings.amp.replace('auto', 'bf16') if amp else ''}{recipe} | {out}")
 
 
 LEARNED_MARGIN = 5.0  # points above chance (100 / classes) that a top-1 at the training size must reach
@@ -219,22 +220,22 @@ def did_not_learn(acc: float, num_classes: int) -> bool:
     return acc < 100.0 / num_classes + LEARNED_MARGIN
 
 
-def learning_note(cfg: dict, results: dict, train_key) -> str | None:
+def learning_note(settings: TrainSettings, results: dict, train_key) -> str | None:
     """The note under the final table when the last weights did not learn (:func:`did_not_learn` at the training
     size), else None."""
     acc = results["last"][train_key]["acc"]
-    if not did_not_learn(acc, cfg["num_classes"]):
+    if not did_not_learn(acc, settings.num_classes):
         return None
     return (f"note: not learned: the last weights' top-1 at the training size, {acc:.2f} %, is below chance "
-            f"({100 / cfg['num_classes']:.1f} %, {cfg['num_classes']} classes) + {LEARNED_MARGIN:.0f} points, so the "
+            f"({100 / settings.num_classes:.1f} %, {settings.num_classes} classes) + {LEARNED_MARGIN:.0f} points, so the "
             f"table above says nothing about positions (the benchmark leaves such a row out); train longer or with "
             f"another --lr")
 
 
-def resolution_table(cfg: dict, results: dict, best_epoch: int) -> str:
+def resolution_table(settings: TrainSettings, results: dict, best_epoch: int) -> str:
     """The console's last table: top-1 and retention of each weights at every test size (and frame count)."""
-    video = bool(cfg["num_frames"])
-    resolutions = sorted(set(cfg["eval_res"]) | {cfg["img_size"]})
+    video = bool(settings.num_frames)
+    resolutions = sorted(set(settings.eval_res) | {settings.img_size})
     rows = []
     for which, measured in results.items():
         for frames in (sorted({k[0] for k in measured}) if video else [None]):
@@ -242,11 +243,11 @@ def resolution_table(cfg: dict, results: dict, best_epoch: int) -> str:
             name = f"{which} {frames} frames" if video else which
             rows.append([f"{name} top-1 %"] + [f"{at(r)['acc']:.2f}" for r in resolutions])
             rows.append([f"{name} retention"] + [retention_text(at(r)["retention"]) for r in resolutions])
-    trained = f"{cfg['num_frames']} frames at {cfg['img_size']}px" if video else f"{cfg['img_size']}px"
-    if cfg["max_patches"]:
-        trained += f" (native aspect ratios within {cfg['max_patches']} patches)"
-    return (f"\n{cfg['data']}  {cfg['model']}  pe={cfg['pe']}  trained at {trained}, {setup_text(cfg)}, "
-            f"best epoch {best_epoch}, evaluated under protocol {settings.transforms_of(cfg).describe()}\n"
+    trained = f"{settings.num_frames} frames at {settings.img_size}px" if video else f"{settings.img_size}px"
+    if settings.max_patches:
+        trained += f" (native aspect ratios within {settings.max_patches} patches)"
+    return (f"\n{settings.data}  {settings.model}  pe={settings.pe}  trained at {trained}, {setup_text(settings)}, "
+            f"best epoch {best_epoch}, evaluated under protocol {transforms_of(settings).describe()}\n"
             + text_table(rows, ["frames x resolution" if video else "resolution"] + [f"{r}px" for r in resolutions]))
 
 
@@ -276,7 +277,7 @@ class TensorBoardLogger:
 
     module = "torch.utils.tensorboard"  # what it imports
 
-    def __init__(self, out: Path, cfg: dict, history: list[dict], resume: bool):
+    def __init__(self, out: Path, settings: TrainSettings, history: list[dict], resume: bool):
         writer = _needs(self.module, "tensorboard").SummaryWriter
         for path in sorted((Path(out) / TENSORBOARD).glob("events.out.tfevents.*")):
             path.unlink()
@@ -303,7 +304,7 @@ class WandbLogger:
     active = None  # this process's last W&B run, finished before the next starts (one left open by an error)
     module = "wandb"  # what it imports
 
-    def __init__(self, out: Path, cfg: dict, history: list[dict], resume: bool):
+    def __init__(self, out: Path, settings: TrainSettings, history: list[dict], resume: bool):
         wandb = _needs(self.module, "wandb")
         if WandbLogger.active is not None:
             WandbLogger.active.finish()
@@ -312,7 +313,7 @@ class WandbLogger:
         self.id = known["id"] if known else uuid.uuid4().hex[:12]  # a new W&B run
         self.sent = known["epochs"] if known else 0
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "visionpe"), name=Path(out).name, id=self.id,
-                              resume="allow", dir=str(out), config=settings.saved_form(cfg))
+                              resume="allow", dir=str(out), config=saved_form(settings))
         WandbLogger.active = self.run
         self.write(epochs(history))
 
@@ -328,7 +329,7 @@ class WandbLogger:
         WandbLogger.active = None
 
 
-LOGGER_CLASSES = {"tensorboard": TensorBoardLogger, "wandb": WandbLogger}  # by the names of settings.LOGGERS
+LOGGER_CLASSES = {"tensorboard": TensorBoardLogger, "wandb": WandbLogger}  # by the names of LOGGERS
 
 
 class Report:
@@ -349,10 +350,10 @@ class Report:
         if self.master:
             print(f"visionpe train: warning: {text}", file=sys.stderr, flush=True)
 
-    def open_loggers(self, out: Path, cfg: dict, history: list[dict], resume: bool) -> None:
-        """Start the loggers of ``cfg['log']``, brought in line with ``history`` (rank 0)."""
+    def open_loggers(self, out: Path, settings: TrainSettings, history: list[dict], resume: bool) -> None:
+        """Start the loggers of ``settings.log``, brought in line with ``history`` (rank 0)."""
         if self.master:
-            self.loggers = [LOGGER_CLASSES[name](out, cfg, history, resume) for name in cfg["log"]]
+            self.loggers = [LOGGER_CLASSES[name](out, settings, history, resume) for name in settings.log]
 
     def epoch(self, record: EpochRecord, epochs: int, improved: bool) -> None:
         """An epoch committed to ``state.pt``: its console line and its entry in every logger."""

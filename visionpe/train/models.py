@@ -10,6 +10,7 @@ timm ViT (:func:`visionpe.create_video_model`) or a video adapter's named model 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import timm
 import torch
@@ -20,18 +21,24 @@ from ..cli import UserError, user_errors
 from ..encoding import Encoding
 from ..registry import ENCODINGS
 
-TIMM_NATIVE = "timm"  # pe: the timm model with its own position encoding, untouched (benchmark reference rows)
+if TYPE_CHECKING:  # settings.py imports this module
+    from .settings import TrainSettings
+
+# pe: timm's model as timm builds it, no visionpe module in it (its own encoding: the benchmark's control rows). Not
+# pe="native", which is a visionpe adapter replaying a model's own encoding inside visionpe's attention.
+TIMM_UNPATCHED = "timm_unpatched"
+RENAMED_PE = {"timm": TIMM_UNPATCHED}  # an old spelling -> the name it has now (an error naming it)
 # the workbench's own model names: a timm architecture at the sizes given here (a named model keeps timm's sizes)
 PRESETS = {"tiny": ("vit_tiny_patch16_224", {"embed_dim": 64, "depth": 4, "num_heads": 4})}
 DEFAULT_MODEL = "tiny"  # the model when --model is not given: small enough to train in minutes on a CPU
 DERIVED_MODEL_KWARGS = ("img_size", "patch_size", "num_classes", "in_chans", "drop_path_rate")  # set from settings
 
 
-def tubelet(cfg: dict) -> tuple[int, int, int]:
+def tubelet(settings: TrainSettings) -> tuple[int, int, int]:
     """A video run's tubelet: ``tubelet_size`` if given, else ``(1, patch, patch)`` (see the --tubelet-size help)."""
-    if cfg.get("tubelet_size"):
-        return tuple(int(v) for v in cfg["tubelet_size"])
-    patch = cfg["patch_size"]
+    if settings.tubelet_size:
+        return tuple(int(v) for v in settings.tubelet_size)
+    patch = settings.patch_size
     return (1, *((patch, patch) if isinstance(patch, int) else tuple(patch)))
 
 
@@ -40,17 +47,22 @@ def is_vit(name: str) -> bool:
     return timm.is_model(name) and timm.models.is_model_in_modules(name, ["vision_transformer"])
 
 
-def model_kwargs(cfg: dict) -> dict:
+def model_kwargs(settings: TrainSettings) -> dict:
     """Everything the model's constructor needs besides the name, in timm's keyword names: the run's
     ``model_kwargs``, resolution, patch (a video adapter's named model: the tubelet), classes, channels, drop path."""
-    kw = {k: v for k, v in dict(cfg.get("model_kwargs") or {}).items() if k != "drop_path_rate"}
-    kw.update(img_size=cfg["img_size"], patch_size=cfg["patch_size"], num_classes=cfg["num_classes"],
-              in_chans=cfg["in_chans"])
-    named = named_constructor(cfg["model"])
-    if named is not None and named[0].video and cfg.get("num_frames"):
-        kw["patch_size"] = tubelet(cfg)
-    if cfg.get("drop_path") or named is not None:
-        kw["drop_path_rate"] = cfg.get("drop_path") or 0.0
+    return constructor_kwargs(settings, named_constructor(settings.model))
+
+
+def constructor_kwargs(settings: TrainSettings, named: tuple | None) -> dict:
+    """:func:`model_kwargs` of a model whose adapter's named constructor is ``named`` (``(adapter, constructor)``,
+    or None for a timm model): asked once by :func:`build_model`."""
+    kw = {k: v for k, v in dict(settings.model_kwargs or {}).items() if k != "drop_path_rate"}
+    kw.update(img_size=settings.img_size, patch_size=settings.patch_size, num_classes=settings.num_classes,
+              in_chans=settings.in_chans)
+    if named is not None and named[0].video and settings.num_frames:
+        kw["patch_size"] = tubelet(settings)
+    if settings.drop_path or named is not None:
+        kw["drop_path_rate"] = settings.drop_path or 0.0
     return kw
 
 
@@ -87,17 +99,17 @@ def model_help() -> str:
             f"window_size=[t,h,w] make a smaller one; its patch is --tubelet-size)")
 
 
-def check_model(cfg: dict) -> None:
-    """The model name and the run agree: a known name, a video model for video data and only then, ``pe=timm`` on a
+def check_model(settings: TrainSettings) -> None:
+    """The model name and the run agree: a known name, a video model for video data and only then, ``pe=timm_unpatched`` on a
     model timm runs natively; a :class:`UserError` naming what is allowed otherwise."""
-    name, video = cfg["model"], cfg.get("num_frames") is not None
+    name, video = settings.model, settings.num_frames is not None
     named = named_constructor(name)
     if named is None and not timm.is_model(name):
         raise UserError(f"unknown model {name!r}; try e.g. {supported_text()}, or a model registered by --import")
     adapter = named[0] if named is not None else timm_adapter(name)
-    if cfg["pe"] == TIMM_NATIVE:
+    if settings.pe == TIMM_UNPATCHED:
         if video or named is not None or adapter is None:
-            raise UserError(f"pe=timm trains one of timm's image models as timm builds it (modules "
+            raise UserError(f"pe=timm_unpatched trains one of timm's image models as timm builds it (modules "
                             f"{', '.join(native_timm_modules())}), got --model {name}"
                             + (" with --num-frames" if video else ""))
         return
@@ -106,7 +118,7 @@ def check_model(cfg: dict) -> None:
                         "backbone registered by --import)")
     reason = unsupported_reason(name) if named is None else None
     if reason is not None:
-        raise UserError(f"--model {name}: {reason}; or --pe timm to train {name} as timm builds it")
+        raise UserError(f"--model {name}: {reason}; or --pe timm_unpatched to train {name} as timm builds it")
     if named is not None and named[0].video != video:
         raise UserError(f"--model {name} is a video model ({named[0].name}): it needs video data and --num-frames"
                         if named[0].video else f"--model {name} takes images, not --num-frames")
@@ -115,28 +127,28 @@ def check_model(cfg: dict) -> None:
                         f"not a ViT (vit_*, deit_*) nor a video model ({supported_text(video=True)})")
 
 
-def build_model(cfg: dict) -> torch.nn.Module:
+def build_model(settings: TrainSettings) -> torch.nn.Module:
     """The model of a run's settings, with its encoding: a timm model (:func:`visionpe.create_model`), an adapter's
-    named model then :func:`visionpe.apply`, a tubelet video ViT, or timm's own model (``pe=timm``)."""
+    named model then :func:`visionpe.apply`, a tubelet video ViT, or timm's own model (``pe=timm_unpatched``)."""
     import visionpe
-    kwargs = model_kwargs(cfg)
-    named = named_constructor(cfg["model"])
-    given = " ".join(f"{k}={v}" for k, v in dict(cfg.get("model_kwargs") or {}).items())
-    what = f"cannot build {cfg['model']} with pe={cfg['pe']}" + (f" and --model-kwargs {given}" if given else "")
+    named = named_constructor(settings.model)
+    kwargs = constructor_kwargs(settings, named)
+    given = " ".join(f"{k}={v}" for k, v in dict(settings.model_kwargs or {}).items())
+    what = f"cannot build {settings.model} with pe={settings.pe}" + (f" and --model-kwargs {given}" if given else "")
     # a constructor refuses bad keywords in many ways (a negative width: torch's RuntimeError, a failed assert)
     with user_errors(what, (ValueError, TypeError, AssertionError, RuntimeError, ZeroDivisionError)):
         if named is not None:
-            model = visionpe.apply(named[1](**kwargs), cfg["pe"], **cfg["pe_kwargs"])
-        elif cfg.get("num_frames"):
+            model = visionpe.apply(named[1](**kwargs), settings.pe, **settings.pe_kwargs)
+        elif settings.num_frames:
             kwargs.pop("patch_size", None)
-            model = visionpe.create_video_model(cfg["model"], pe=cfg["pe"], num_frames=cfg["num_frames"],
-                                                tubelet_size=tubelet(cfg), pe_kwargs=cfg["pe_kwargs"], **kwargs)
-        elif cfg["pe"] == TIMM_NATIVE:
-            return timm_native(cfg["model"], kwargs)
+            model = visionpe.create_video_model(settings.model, pe=settings.pe, num_frames=settings.num_frames,
+                                                tubelet_size=tubelet(settings), pe_kwargs=settings.pe_kwargs, **kwargs)
+        elif settings.pe == TIMM_UNPATCHED:
+            return timm_unpatched(settings.model, kwargs)
         else:
-            return visionpe.create_model(cfg["model"], pe=cfg["pe"], pe_kwargs=cfg["pe_kwargs"], **kwargs)
-    if cfg.get("tokens_per_second") is not None:
-        check_time_axis(model, cfg["pe"])
+            return visionpe.create_model(settings.model, pe=settings.pe, pe_kwargs=settings.pe_kwargs, **kwargs)
+    if settings.tokens_per_second is not None:
+        check_time_axis(model, settings.pe)
     return model
 
 
@@ -156,14 +168,14 @@ def check_time_axis(model: torch.nn.Module, pe: str) -> None:
                             f"{type(encoding).__name__} {refusal}; encodings that read it: {readers}")
 
 
-def timm_native(name: str, kwargs: dict) -> torch.nn.Module:
-    """``pe=timm``: the model exactly as timm builds it, its own position encoding included, made to run at any
+def timm_unpatched(name: str, kwargs: dict) -> torch.nn.Module:
+    """``pe=timm_unpatched``: the model exactly as timm builds it, its own position encoding included, made to run at any
     input size the way timm does it (its adapter's any-size keywords: learned tables resampled bicubic and RoPE
     recomputed per grid for ViT/Eva, ``strict_img_size=False`` for Swin)."""
     return timm.create_model(name, pretrained=False, **any_size_kwargs(name, kwargs))
 
 
-def pretrained_source(cfg: dict) -> tuple[torch.nn.Module, str]:
+def pretrained_source(settings: TrainSettings) -> tuple[torch.nn.Module, str]:
     """``--pretrained``: timm's own model of the run (``--model``, its sizes, resolution, patch, channels and classes;
     a video run's image model) with timm's pretrained weights, and the name of their source. timm adapts them to the
     run as it does for fine-tuning (its pretrained filter resamples ``pos_embed`` and the patch embedding, the input
@@ -171,11 +183,11 @@ def pretrained_source(cfg: dict) -> tuple[torch.nn.Module, str]:
     from the Hugging Face hub, or from ``pretrained_path`` through ``pretrained_cfg_overlay=dict(file=...,
     num_classes=-1)`` as timm's train.py gives a local file (its head is always new). Any failure, a download
     included, is a :class:`UserError` naming the model."""
-    path = cfg.get("pretrained_path")
-    kwargs = model_kwargs(cfg)
+    path = settings.pretrained_path
+    kwargs = model_kwargs(settings)
     kwargs.pop("drop_path_rate", None)  # the source is only read
-    if cfg["pe"] == TIMM_NATIVE:
-        kwargs = any_size_kwargs(cfg["model"], kwargs)
+    if settings.pe == TIMM_UNPATCHED:
+        kwargs = any_size_kwargs(settings.model, kwargs)
     overlay = {}
     if path is not None:
         if not Path(path).is_file():
@@ -184,24 +196,24 @@ def pretrained_source(cfg: dict) -> tuple[torch.nn.Module, str]:
         # custom_load=True for a file too, and would read a PyTorch file as .npz)
         overlay = {"pretrained_cfg_overlay": {"file": str(path), "num_classes": -1,
                                               "custom_load": Path(path).suffix == ".npz"}}
-    source = f"timm:{cfg['model']}" + (f" from {path}" if path is not None else "")
+    source = f"timm:{settings.model}" + (f" from {path}" if path is not None else "")
     try:
-        return timm.create_model(cfg["model"], pretrained=True, **overlay, **kwargs), source
+        return timm.create_model(settings.model, pretrained=True, **overlay, **kwargs), source
     except Exception as err:  # timm and the hub raise many kinds (RuntimeError, OSError, HTTP errors, ...)
         where = f"the file {path}" if path is not None else "the Hugging Face hub (give --pretrained-path FILE offline)"
-        raise UserError(f"--pretrained {cfg['model']}: timm could not load its weights from {where} "
+        raise UserError(f"--pretrained {settings.model}: timm could not load its weights from {where} "
                         f"({type(err).__name__}: {' '.join(str(err).split())[:300]})") from None
 
 
-def run_grid(cfg: dict) -> tuple[int, ...]:
+def run_grid(settings: TrainSettings) -> tuple[int, ...]:
     """Patch grid of a trained model: ``img_size // patch_size`` per axis (either may be an int or a list);
     a video run (``num_frames`` set) adds ``num_frames // tubelet_size[0]`` in front."""
-    img = cfg["img_size"]
+    img = settings.img_size
     img = (img, img) if isinstance(img, int) else tuple(img)
-    patch = cfg["patch_size"]
+    patch = settings.patch_size
     patch = (patch,) * len(img) if isinstance(patch, int) else tuple(patch)
-    if cfg.get("num_frames"):
-        img, patch = (int(cfg["num_frames"]), *img), tubelet(cfg)
+    if settings.num_frames:
+        img, patch = (int(settings.num_frames), *img), tubelet(settings)
     if len(patch) != len(img):
-        raise UserError(f"img_size={cfg['img_size']!r} and patch_size={cfg['patch_size']!r} differ in axes")
+        raise UserError(f"img_size={settings.img_size!r} and patch_size={settings.patch_size!r} differ in axes")
     return tuple(int(i) // int(p) for i, p in zip(img, patch))

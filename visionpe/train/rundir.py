@@ -85,7 +85,8 @@ import yaml
 
 from ..cli import UserError, one_line, user_errors
 from ..weights import io
-from . import metrics, parallel, settings
+from . import metrics, parallel
+from .settings import EXTEND_ON_RESUME, SAFE_ON_RESUME, TrainSettings, changes, read_yaml, saved_form
 from .metrics import METRICS, RESULTS, SUMMARY
 
 CONFIG, STATE, LAST, BEST, EMA = ("config.yaml", "state.pt", "last.safetensors", "best.safetensors", "ema.safetensors")
@@ -188,11 +189,11 @@ def read_config(run) -> dict:
         raise UserError(f"run directory {str(run)!r} not found")
     if not path.is_file():
         raise UserError(f"{str(run)!r} is not a run directory: {CONFIG} not found")
-    return settings.read_yaml(path, what="run config")
+    return read_yaml(path, what="run config")
 
 
-def write_config(out: Path, cfg: dict) -> None:
-    write_text(Path(out) / CONFIG, yaml.safe_dump(settings.saved_form(cfg), sort_keys=False))
+def write_config(out: Path, settings: TrainSettings) -> None:
+    write_text(Path(out) / CONFIG, yaml.safe_dump(saved_form(settings), sort_keys=False))
 
 
 def weights_file(run, which: str) -> Path:
@@ -242,7 +243,7 @@ def save_checkpoint(out: Path, model, optimizer, scheduler, *, epoch: int, best_
                     history: list[dict], config: dict, ema=None, scaler=None, progress: dict | None = None) -> None:
     """Commit ``state.pt``: at the end of epoch ``epoch``, then export last/best/ema weights and metrics from it; or,
     with ``progress`` (see :func:`visionpe.train.loop.train_one_epoch`), within epoch ``epoch + 1``, ``state.pt``
-    alone. ``config``: the settings trained with, as config.yaml holds them (:func:`settings.saved_form`), which
+    alone. ``config``: the settings trained with, as config.yaml holds them (:func:`saved_form`), which
     resume checks config.yaml against (:func:`check_resume`); ``ema``: the EMA module (timm ``ModelEmaV3.module``);
     ``scaler``: timm's ``NativeScaler``."""
     bad = [k for k, t in model.state_dict().items() if torch.is_floating_point(t) and not bool(torch.isfinite(t).all())]
@@ -445,7 +446,7 @@ def check_commit(commit: dict, path: Path) -> None:
 def check_resume(commit: dict, path: Path, out: Path, config: dict, *, steps: int) -> None:
     """The commit resumed (``commit``, ``path``: as in :func:`check_commit`) against the run as resumed: a commit
     within an epoch at a batch before the epoch's last of ``steps``, and ``config`` (the settings resumed:
-    ``out``'s config.yaml with the changes ``--resume`` allows, :func:`settings.saved_form`) the settings the commit
+    ``out``'s config.yaml with the changes ``--resume`` allows, :func:`saved_form`) the settings the commit
     records (``config``), but for those a resume may change. A difference is a :class:`UserError` naming
     config.yaml and the settings (config.yaml edited: the optimizer, schedule and weights of the commit would
     continue under settings they were not made with). A commit of an earlier release records none."""
@@ -457,14 +458,14 @@ def check_resume(commit: dict, path: Path, out: Path, config: dict, *, steps: in
         return
     try:
         recorded = json.loads(commit["config"])
-        differ = [d for d in settings.changes(recorded, config)
-                  if d[0] not in settings.SAFE_ON_RESUME + settings.EXTEND_ON_RESUME]
+        differ = [d for d in changes(recorded, config)
+                  if d[0] not in SAFE_ON_RESUME + EXTEND_ON_RESUME]
     except (TypeError, ValueError, KeyError, AttributeError):
         raise UserError(f"{path} holds damaged settings (config); {RESTART}") from None
     if differ:
         shown = "; ".join(f"{key} ({old!r} in {path.name}, {new!r} in {CONFIG})" for key, old, new in differ)
         raise UserError(f"{out / CONFIG} differs from the settings {path} was trained with: {shown}; put them back "
-                        f"(only {', '.join(settings.SAFE_ON_RESUME + settings.EXTEND_ON_RESUME)} may change on "
+                        f"(only {', '.join(SAFE_ON_RESUME + EXTEND_ON_RESUME)} may change on "
                         "--resume), or start a new run with another --output")
 
 
@@ -481,7 +482,7 @@ def repair(out: Path, state: dict | None) -> list[str]:
     return notes + ([f"re-exported {', '.join(written)} from {STATE} (epoch {state['epoch']})"] if written else [])
 
 
-def prepare(out: Path, cfg: dict, *, resume: bool, state: dict | None, changed=()) -> list[str]:
+def prepare(out: Path, settings: TrainSettings, *, resume: bool, state: dict | None, changed=()) -> list[str]:
     """Ready the run directory for training (rank 0 only). A new run: delete the previous run's files (only with
     ``--overwrite`` can there be any), then write config.yaml. A resumed run: :func:`repair`, and record the
     settings changed on the command line (``changed``, from :func:`~visionpe.train.restore.resume_config`) in
@@ -489,14 +490,14 @@ def prepare(out: Path, cfg: dict, *, resume: bool, state: dict | None, changed=(
     an unfinished run. Returns what was done, for the log."""
     if not resume:
         clear(out)
-        write_config(out, cfg)
+        write_config(out, settings)
         return []
-    if any(key in settings.EXTEND_ON_RESUME for key, _, _ in changed):  # a new length: not finished any more
+    if any(key in EXTEND_ON_RESUME for key, _, _ in changed):  # a new length: not finished any more
         _unlink(out / RESULTS)
     notes = [f"resume: {note}" for note in repair(out, state)]
     notes += [f"resume: {key} changed from {old!r} to {new!r} (applied)" for key, old, new in changed]
-    if any(key in settings.saved_form(cfg) for key, _, _ in changed):
-        write_config(out, cfg)
+    if any(key in saved_form(settings) for key, _, _ in changed):
+        write_config(out, settings)
         notes.append(f"resume: {CONFIG} updated with the changed settings")
     return notes
 

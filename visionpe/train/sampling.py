@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from ..cli import UserError
 from ..data import collate_images
+from .settings import TrainSettings
 
 
 class RepeatAugSampler(TimmRepeatAugSampler):
@@ -97,14 +98,15 @@ def training_order(dataset, *, world: int, rank: int, seed: int, repeats: int = 
                                                   drop_last=True))
 
 
-def training_loader(dataset, cfg: dict, *, world: int, rank: int, pin_memory: bool = False):
+def training_loader(dataset, settings: TrainSettings, *, world: int, rank: int, pin_memory: bool = False):
     """``(loader, what it reads, its sampler)`` of one process's training batches: ``batch_size / world`` samples a
     batch in :func:`training_order`, whole batches only; lists of images of mixed sizes with ``--max-patches``
     (:func:`visionpe.data.collate_images`). A training set smaller than one global batch is a :class:`UserError`."""
-    loader_set, sampler = training_order(dataset, world=world, rank=rank, seed=cfg["seed"], repeats=cfg["aug_repeats"])
-    loader = DataLoader(loader_set, batch_size=cfg["batch_size"] // world, sampler=sampler,
-                        num_workers=cfg["workers"], drop_last=True, pin_memory=pin_memory,
+    loader_set, sampler = training_order(dataset, world=world, rank=rank, seed=settings.seed,
+                                         repeats=settings.aug_repeats)
+    loader = DataLoader(loader_set, batch_size=settings.batch_size // world, sampler=sampler,
+                        num_workers=settings.workers, drop_last=True, pin_memory=pin_memory,
                         collate_fn=collate_images)
     if len(loader) == 0:
-        raise UserError(f"batch_size {cfg['batch_size']} is larger than the training set ({len(dataset)} images)")
+        raise UserError(f"batch_size {settings.batch_size} is larger than the training set ({len(dataset)} images)")
     return loader, loader_set, sampler

@@ -11,17 +11,23 @@ is checked, so its encodings, data sets and backbones are known names.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
+import itertools
 import math
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
 from .. import data as vdata
 from ..cli import Parser, UserError, add_import, import_user_code, one_line
 from ..cli.recipes import recipe_path
-from .models import (DEFAULT_MODEL, DERIVED_MODEL_KWARGS, PRESETS, TIMM_NATIVE, check_model, is_vit, model_help,
-                     model_kwargs, named_constructor, preset_text, sizes_text, tubelet)
+from .models import (DEFAULT_MODEL, DERIVED_MODEL_KWARGS, PRESETS, RENAMED_PE, TIMM_UNPATCHED, check_model, is_vit,
+                     model_help, model_kwargs, named_constructor, preset_text, sizes_text, tubelet)
 
 MODEL, DATA, OPTIM, SCHED, AUG, EVAL, RUN = ("model", "data", "optimizer", "learning-rate schedule",
                                              "augmentation and regularization", "evaluation", "run and misc")
@@ -59,8 +65,9 @@ def _data_help() -> str:
 def _pe_help() -> str:
     import visionpe
     return (f"positional encoding: one of {', '.join(visionpe.available())}; a combination of one per family joined by '+' "
-            "(e.g. rope_mixed+learned); none; or timm: the model exactly as timm builds it, with its own position "
-            "encoding (a reference row: timm's learned ViT, an Eva RoPE ViT with its rope_* keywords in --model-kwargs)")
+            f"(e.g. rope_mixed+learned); none; or {TIMM_UNPATCHED}: timm's model exactly as timm builds it, no "
+            "visionpe module in it (a control row: timm's learned ViT, an Eva RoPE ViT with its rope_* keywords in "
+            "--model-kwargs; not visionpe.apply's pe='native', visionpe's adapter replaying a model's own encoding)")
 
 
 S = Setting
@@ -244,7 +251,8 @@ SETTINGS: dict[str, Setting] = {
     "device": S("auto", RUN, "choice", "auto = CUDA if available, else CPU", choices=DEVICES),
     "threads": S(0, RUN, "int", "torch.set_num_threads; an integer in [0, 4096] (0 = torch's default; more than "
                  "the machine's CPU cores is warned about: they oversubscribe)", metavar="N"),
-    "output": S(None, RUN, "str?", "run directory (default runs/<data>_<pe>_s<seed>)", metavar="DIR"),
+    "output": S(None, RUN, "str?", "run directory (default runs/YYYYMMDD-HHMMSS-<data>-<pe>-s<seed>: the start time, "
+                "then what is trained, with the data folder's name after <data> when --data-dir is given)", metavar="DIR"),
     "overwrite": S(False, RUN, "bool", "delete the previous run's files in the run directory and start again"),
     "stop_after": S(0, RUN, "int", "stop after this many epochs as if interrupted (0 = never); --resume continues; "
                     "an integer >= 0", metavar="N"),
@@ -261,7 +269,7 @@ SETTINGS: dict[str, Setting] = {
                   "root, encodings' parameters float32 (on CUDA with amp bf16/auto: bf16 parameters in the blocks "
                   "instead of autocast, gradients reduced in float32); commits are distributed checkpoints "
                   "(RUN/checkpoint/, each process writing its shards) that resume on another process count at an "
-                  "epoch's end; one process is a group of one. Not with amp fp16 or pe timm", choices=PARALLEL),
+                  "epoch's end; one process is a group of one. Not with amp fp16 or pe timm_unpatched", choices=PARALLEL),
     "fsdp_reshard_after_forward": S(True, RUN, "bool", "with --parallel fsdp: free each block's gathered parameters "
                                     "after its forward and gather them again for the backward (ZeRO-3); off keeps "
                                     "them until the backward (more memory, fewer all-gathers)"),
@@ -289,6 +297,55 @@ SETTINGS: dict[str, Setting] = {
 
 
 DEFAULTS = {key: s.default for key, s in SETTINGS.items()}
+KIND_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "choice": str, "ints": list[int],
+              "floats": list[float], "strs": list[str], "choices": list[str], "mapping": dict}  # a kind -> its type
+# fields beside the settings: derived from the data and the model (RUN_KEYS, in config.yaml), or what resolve found
+# out about the settings (REPORTED, in the run's header only)
+DERIVED = {"num_classes": int | None, "in_chans": int | None, "classes": list[str] | None, "sizes_from": str | None}
+
+
+class SettingsRecord(Mapping):
+    """What :class:`TrainSettings` adds to its fields: a read-only mapping view (``dict(settings)``, YAML, code that
+    reads settings by name), :meth:`replace` and :meth:`as_dict`."""
+
+    def __getitem__(self, key: str):
+        if key not in FIELDS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self):
+        return iter(FIELDS)
+
+    def __len__(self) -> int:
+        return len(FIELDS)
+
+    def replace(self, **changes) -> "TrainSettings":
+        """A copy with ``changes`` (setting=value) applied, unchecked: the caller checks what it changes."""
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        """Every field by name, values copied (:func:`copied`)."""
+        return {key: copied(getattr(self, key)) for key in FIELDS}
+
+
+def _field(key: str, s: Setting):
+    kind = s.kind.rstrip("?")
+    typ = KIND_TYPES[kind] | None if s.kind.endswith("?") else KIND_TYPES[kind]
+    if isinstance(s.default, (list, dict)):  # a fresh copy for each record
+        return key, typ, dataclasses.field(default_factory=lambda d=s.default: copied(d), metadata={"setting": s})
+    return key, typ, dataclasses.field(default=s.default, metadata={"setting": s})
+
+
+TrainSettings = dataclasses.make_dataclass(
+    "TrainSettings", [_field(k, s) for k, s in SETTINGS.items()] + [(k, t, None) for k, t in DERIVED.items()],
+    bases=(SettingsRecord,), frozen=True, kw_only=True)
+TrainSettings.__module__ = __name__
+TrainSettings.__doc__ = """The settings of one training run, typed and frozen: a field per :data:`SETTINGS` entry
+(its name, its kind's type from :data:`KIND_TYPES`, its default; ``dataclasses.fields(TrainSettings)[i].metadata
+["setting"]`` is the entry, with its help and choices), then the :data:`DERIVED` fields. Built once from the command
+line and the YAML recipe by :func:`resolve`, read from a run folder by :func:`visionpe.train.restore.load_run`;
+checked by :func:`check`. Code reads ``settings.lr``; a change is :meth:`~SettingsRecord.replace`."""
+FIELDS = tuple(f.name for f in dataclasses.fields(TrainSettings))
 # settings that only timm's transforms of real images read (a built-in task is rendered, not augmented)
 TRANSFORM_KEYS = tuple(f.name for f in vdata.transforms.setting_fields() if f.metadata["stage"] != "eval")
 
@@ -409,15 +466,16 @@ def read_recipe(spec) -> dict:
     return read_yaml(recipe_path(spec))
 
 
-def resolve(args: dict, base: dict | None = None, origin: str = "the run's config.yaml") -> dict:
-    """Defaults (or ``base``, a resumed run's config) < ``args['config']`` YAML < the other ``args``; checked.
-    ``model_kwargs`` add to those below them; a model preset (``--model tiny``, the default) becomes its timm model
-    and sizes. ``cfg['sizes_from']`` (reported, not saved) says where the model's sizes came from: the preset,
-    timm's model, ``origin`` for a ``base``, then the recipe's and the command line's keywords.
+def resolve(args: dict, base: TrainSettings | None = None, origin: str = "the run's config.yaml") -> TrainSettings:
+    """The run's settings, built once: defaults (or ``base``, a resumed run's) < ``args['config']`` YAML < the other
+    ``args``; checked (:func:`check`). ``model_kwargs`` add to those below them; a model preset (``--model tiny``,
+    the default) becomes its timm model and sizes. ``sizes_from`` (reported, not saved) says where the model's sizes
+    came from: the preset, timm's model, ``origin`` for a ``base``, then the recipe's and the command line's keywords.
 
-    Adds the derived ``num_classes`` and ``in_chans`` (kept from ``base`` when the data set is unchanged; an
-    ImageFolder's class count is ``None`` until its data is loaded)."""
-    cfg = copied(DEFAULTS if base is None else base)
+    Fills the derived ``num_classes`` and ``in_chans`` (kept from ``base`` when the data set is unchanged; an
+    ImageFolder's class count is ``None`` until its data is loaded) and the default ``output``
+    (:func:`default_output`)."""
+    values = copied(DEFAULTS) if base is None else {k: v for k, v in base.as_dict().items() if k not in REPORTED}
     recipe = {}
     if args.get("config"):
         recipe = read_recipe(args["config"])
@@ -428,60 +486,69 @@ def resolve(args: dict, base: dict | None = None, origin: str = "the run's confi
     given = [f"{what} {sizes_text(kw)}" for what, kw in ((f"recipe {args.get('config')}", recipe.get("model_kwargs")),
                                                        ("--model-kwargs", args.get("model_kwargs"))) if kw]
     given += [f"--{k.replace('_', '-')} {args[k]}" for k in SIZE_KEYS if k in args]  # what added to the sizes
-    cfg.update(copied(kwargs_added(cfg, recipe)))
-    cfg.update({k: copied(v) for k, v in kwargs_added(cfg, args).items() if k in DEFAULTS and k != "imports"})
-    imports = [*(cfg.get("imports") or []), *(args.get("imports") or [])]
+    values.update(copied(kwargs_added(values, recipe)))
+    values.update({k: copied(v) for k, v in kwargs_added(values, args).items() if k in DEFAULTS and k != "imports"})
+    imports = [*(values.get("imports") or []), *(args.get("imports") or [])]
     if not isinstance(imports, list) or not all(isinstance(v, str) for v in imports):
-        raise UserError(f"imports must be a list of module names or .py files, got {cfg.get('imports')!r}")
-    cfg["imports"] = list(dict.fromkeys(import_user_code(imports)))  # before any name is checked
+        raise UserError(f"imports must be a list of module names or .py files, got {values.get('imports')!r}")
+    values["imports"] = list(dict.fromkeys(import_user_code(imports)))  # before any name is checked
     for key in ("model_kwargs", "pe_kwargs"):
-        if cfg.get(key) is None:
-            cfg[key] = {}
+        if values.get(key) is None:
+            values[key] = {}
     for key in SIZE_KEYS:
-        if key in args and isinstance(cfg["model_kwargs"], dict):
-            cfg["model_kwargs"][key] = args[key]
-    if base is None or cfg["model"] in PRESETS:
-        origin = expand_preset(cfg, given="model" in args or "model" in recipe)
-    unknown = sorted(set(cfg) - set(DEFAULTS) - set(RUN_KEYS))
+        if key in args and isinstance(values["model_kwargs"], dict):
+            values["model_kwargs"][key] = args[key]
+    if base is None or values["model"] in PRESETS:
+        origin = expand_preset(values, given="model" in args or "model" in recipe)
+    unknown = sorted(set(values) - set(DEFAULTS) - set(RUN_KEYS))
     if unknown:
         raise UserError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
-    check(cfg)
-    cfg["eval_protocol"] = eval_protocol(cfg)  # recorded as the protocol the run uses
-    if base is None or cfg["data"] != base.get("data") or base.get("num_classes") is None:
-        info = vdata.info(cfg["data"])
-        cfg["num_classes"], cfg["in_chans"] = info["num_classes"], info["in_chans"]
-        cfg.pop("classes", None)  # a folder's names: read again with its data
-    if cfg["output"] is None:
-        cfg["output"] = f"runs/{cfg['data']}_{cfg['pe'].replace('+', '-')}_s{cfg['seed']}"
-    cfg["sizes_from"] = " + ".join([origin, *given])
-    return cfg
+    settings = check(values)
+    derived = {"eval_protocol": eval_protocol(settings), "sizes_from": " + ".join([origin, *given])}
+    if base is None or settings.data != base.data or base.num_classes is None:
+        info = vdata.info(settings.data)  # classes: a folder's names, read again with its data
+        derived.update(num_classes=info["num_classes"], in_chans=info["in_chans"], classes=None)
+    settings = settings.replace(**derived)
+    return settings if settings.output is not None else settings.replace(output=default_output(settings))
 
 
-def kwargs_added(cfg: dict, layer: dict) -> dict:
-    """A layer of settings (a recipe, the command line) with its ``model_kwargs`` added to those of ``cfg``, the
+def default_output(settings: TrainSettings, now: datetime.datetime | None = None) -> str:
+    """The run folder of a run given no ``--output``, as timm's train.py names its folders (the start time, then
+    what is trained): ``runs/YYYYMMDD-HHMMSS-<data>[-<data_dir's name>]-<pe>-s<seed>``, with ``-1``, ``-2``, ... added
+    when that folder exists already (two runs started in the same second). So a new run never lands in an older
+    run's folder by default, and the name still says what was trained. ``now``: the start time (default: now)."""
+    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    folder = [re.sub(r"[^\w.-]+", "_", Path(settings.data_dir).resolve().name)] if settings.data_dir else []
+    name = "-".join(["runs/" + stamp, settings.data, *folder, settings.pe.replace("+", "-"), f"s{settings.seed}"])
+    candidates = itertools.chain([name], (f"{name}-{i}" for i in itertools.count(1)))
+    return next(n for n in candidates if not Path(n).exists())
+
+
+def kwargs_added(values: dict, layer: dict) -> dict:
+    """A layer of settings (a recipe, the command line) with its ``model_kwargs`` added to those of ``values``, the
     layers below it (its other settings replace theirs)."""
-    if isinstance(layer.get("model_kwargs"), dict) and isinstance(cfg.get("model_kwargs"), dict):
-        return {**layer, "model_kwargs": {**cfg["model_kwargs"], **layer["model_kwargs"]}}
+    if isinstance(layer.get("model_kwargs"), dict) and isinstance(values.get("model_kwargs"), dict):
+        return {**layer, "model_kwargs": {**values["model_kwargs"], **layer["model_kwargs"]}}
     return layer
 
 
-def expand_preset(cfg: dict, given: bool) -> str:
-    """A model preset (:data:`~visionpe.train.models.PRESETS`, e.g. the default ``tiny``) in ``cfg`` replaced by its
+def expand_preset(values: dict, given: bool) -> str:
+    """A model preset (:data:`~visionpe.train.models.PRESETS`, e.g. the default ``tiny``) in ``values`` replaced by its
     timm model and sizes (the sizes given add to them); returns where the model's sizes come from, in words:
     ``"the tiny default (vit_tiny_patch16_224 at ...)"``, ``"--model tiny (...)"``, ``"timm's vit_small_patch16_224"``.
     """
-    name = cfg["model"]
+    name = values["model"]
     if name not in PRESETS:
         return f"{name}'s own" if named_constructor(name) else f"timm's {name}"
     model, kwargs = PRESETS[name]
-    if cfg.get("pretrained") is True:
+    if values.get("pretrained") is True:
         if given:
             raise UserError(f"--pretrained loads timm's weights of a timm model at timm's sizes; --model {name} is "
                             f"visionpe's {preset_text(name)}, which has none: give --model NAME (e.g. {model})")
-        cfg["model"] = model  # the default's architecture at the sizes of timm's weights
+        values["model"] = model  # the default's architecture at the sizes of timm's weights
         return f"timm's {model} (the default {name}'s architecture, at the sizes of its pretrained weights)"
-    if isinstance(cfg["model_kwargs"], dict):
-        cfg["model"], cfg["model_kwargs"] = model, {**kwargs, **cfg["model_kwargs"]}
+    if isinstance(values["model_kwargs"], dict):
+        values["model"], values["model_kwargs"] = model, {**kwargs, **values["model_kwargs"]}
     return ("--model " if given else "the default ") + preset_text(name)
 
 
@@ -533,7 +600,7 @@ def check_patches(what: str, size, patch_size: int, frames: int = 1) -> None:
          f"256x256 grid, e.g. {256 * patch_size} px) fit attention in memory")
 
 
-def check_memory(cfg: dict, memory: int | None = None) -> None:
+def check_memory(settings: TrainSettings, memory: int | None = None) -> None:
     """Sizes that fit this machine's memory (``memory`` bytes, default :func:`machine_memory`), checked before
     anything is allocated: one float32 input batch (training and evaluation) within :data:`BATCH_MEMORY_SHARE` of
     it, and a built-in task's rendered scenes (uint8, held in memory: the training set at img_size, the validation
@@ -541,36 +608,37 @@ def check_memory(cfg: dict, memory: int | None = None) -> None:
     memory = machine_memory() if memory is None else memory
     if memory <= 0:
         return
-    spec = vdata.get_spec(cfg["data"])
-    chans = cfg.get("in_chans") or spec.in_chans
-    frames = cfg["num_frames"] or 1
+    spec = vdata.get_spec(settings.data)
+    chans = settings.in_chans or spec.in_chans
+    frames = settings.num_frames or 1
     area = lambda size: size * size if isinstance(size, int) else size[0] * size[1]
-    train_area = max(area(s) for s in [cfg["img_size"], *cfg["train_res"]])
-    eval_area = max(area(s) for s in [cfg["img_size"], *cfg["eval_res"]])
-    for key, batch, pixels in (("batch_size", cfg["batch_size"], train_area),
-                               ("eval_batch_size", cfg["eval_batch_size"], eval_area)):
+    train_area = max(area(s) for s in [settings.img_size, *settings.train_res])
+    eval_area = max(area(s) for s in [settings.img_size, *settings.eval_res])
+    for key, batch, pixels in (("batch_size", settings.batch_size, train_area),
+                               ("eval_batch_size", settings.eval_batch_size, eval_area)):
         need(batch * chans * pixels * frames * 4 <= memory * BATCH_MEMORY_SHARE,
              f"{key} {batch} at {math.isqrt(pixels)} px is {gib(batch * chans * pixels * frames * 4)} of float32 input "
              f"alone; at most {gib(memory * BATCH_MEMORY_SHARE)} (half of this machine's {gib(memory)}): give a smaller "
              f"{key} or size")
     defaults = vdata.scenes.DEFAULT_SIZES
-    for key, split, sizes in (("train_samples", "train", [cfg["img_size"]]),
-                              ("val_samples", "val", {cfg["img_size"], *cfg["eval_res"]})):
-        check_rendered(key, cfg[key] if cfg[key] is not None else defaults[split], cfg, split, sizes, memory)
+    for key, split, sizes in (("train_samples", "train", [settings.img_size]),
+                              ("val_samples", "val", {settings.img_size, *settings.eval_res})):
+        check_rendered(key, getattr(settings, key) if getattr(settings, key) is not None else defaults[split], settings, split, sizes, memory)
 
 
-def check_rendered(what: str, count: int, cfg: dict, split: str, sizes, memory: int | None = None) -> None:
+def check_rendered(what: str, count: int, settings: TrainSettings, split: str, sizes,
+                   memory: int | None = None) -> None:
     """A built-in task's ``count`` scenes of ``split`` rendered at each of ``sizes`` (uint8, held in memory) fit this
     machine's memory (``memory`` bytes, default :func:`machine_memory`); a :class:`UserError` naming ``what``, the
     size and how many fit otherwise. Real sets are read at their own size, a sample at a time: nothing to check."""
     memory = machine_memory() if memory is None else memory
-    spec = vdata.get_spec(cfg["data"])
+    spec = vdata.get_spec(settings.data)
     if memory <= 0 or not spec.synthetic:
         return
     area = lambda size: size * size if isinstance(size, int) else size[0] * size[1]
-    per_sample = (cfg.get("in_chans") or spec.in_chans) * (cfg["num_frames"] or 1) * sum(map(area, set(sizes)))
+    per_sample = (settings.in_chans or spec.in_chans) * (settings.num_frames or 1) * sum(map(area, set(sizes)))
     most = memory // per_sample
-    need(count <= most, f"{what} {count}: the rendered {split} scenes of {cfg['data']} would take "
+    need(count <= most, f"{what} {count}: the rendered {split} scenes of {settings.data} would take "
          f"{gib(count * per_sample)} in memory, more than this machine's {gib(memory)}; at most {most} fit")
 
 
@@ -580,27 +648,30 @@ def need(ok, message: str) -> None:
         raise UserError(message)
 
 
-def check(cfg: dict, training: bool = True) -> None:
-    """Check every setting in ``cfg``: the kind of each value, then each group's ranges and names (model, data and
-    video, optimizer, schedule, augmentation, evaluation, run). ``training=False`` skips what only matters to
-    training on this machine (the CUDA device). Floats given as strings (YAML reads ``1e-3`` as a string) are
-    converted in place."""
-    check_kinds(cfg)
-    check_model_settings(cfg)
-    check_data(cfg)
-    check_video(cfg)
-    check_optimizer(cfg)
-    check_schedule(cfg)
-    check_augmentation(cfg)
-    check_evaluation(cfg)
-    check_run(cfg, training)
-    check_sizes(cfg, training)
+def check(values: Mapping, training: bool = True) -> TrainSettings:
+    """The :class:`TrainSettings` of ``values`` (every setting by name, and any :data:`DERIVED` field), checked: the
+    kind of each value, then each group's ranges and names (model, data and video, optimizer, schedule,
+    augmentation, evaluation, run). ``training=False`` skips what only matters to training on this machine (the
+    CUDA device). Floats given as strings (YAML reads ``1e-3`` as a string) become floats."""
+    values = dict(values)
+    check_kinds(values)
+    settings = TrainSettings(**values)
+    check_model_settings(settings)
+    check_data(settings)
+    check_video(settings)
+    check_optimizer(settings)
+    check_schedule(settings)
+    check_augmentation(settings)
+    check_evaluation(settings)
+    check_run(settings, training)
+    check_sizes(settings, training)
+    return settings
 
 
-def check_kinds(cfg: dict) -> None:
+def check_kinds(values: dict) -> None:
     """Each value is of its setting's kind (integer, number, true/false, name, choice, mapping, list)."""
     for key, s in SETTINGS.items():
-        value = cfg[key]
+        value = values[key]
         if s.kind in ("int", "int?"):
             if value is None and s.kind == "int?":
                 continue
@@ -610,7 +681,7 @@ def check_kinds(cfg: dict) -> None:
                 continue
             if isinstance(value, str):
                 try:
-                    value = cfg[key] = float(value)
+                    value = values[key] = float(value)
                 except ValueError:
                     pass
             need(isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value),
@@ -642,75 +713,78 @@ def check_kinds(cfg: dict) -> None:
                  f"{key} must be a list of {', '.join(s.choices)}, got {value!r}")
 
 
-def check_model_settings(cfg: dict) -> None:
+def check_model_settings(settings: TrainSettings) -> None:
     """The model name (a known backbone that fits the run), its sizes, the encoding, the patch and image sizes."""
     from ..backbones import parse_pe
-    check_model(cfg)
+    need(settings.pe not in RENAMED_PE, f"--pe {settings.pe} is now --pe {RENAMED_PE.get(settings.pe)} (timm's model as "
+         "timm builds it, with its own encoding)")
+    check_model(settings)
     for key in ("patch_size",):
-        need(cfg[key] >= 1, f"{key} must be an integer >= 1, got {cfg[key]}")
-    need(cfg["img_size"] >= cfg["patch_size"] and cfg["img_size"] % cfg["patch_size"] == 0,
-         f"img_size {cfg['img_size']} must be a positive multiple of patch_size {cfg['patch_size']}")
-    for key in SIZE_KEYS if is_vit(cfg["model"]) else ("embed_dim",):  # other models' depth and heads are per stage
-        value = cfg["model_kwargs"].get(key)
+        need(getattr(settings, key) >= 1, f"{key} must be an integer >= 1, got {getattr(settings, key)}")
+    need(settings.img_size >= settings.patch_size and settings.img_size % settings.patch_size == 0,
+         f"img_size {settings.img_size} must be a positive multiple of patch_size {settings.patch_size}")
+    for key in SIZE_KEYS if is_vit(settings.model) else ("embed_dim",):  # other models' depth and heads are per stage
+        value = settings.model_kwargs.get(key)
         need(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
              f"{key} (model_kwargs.{key}) must be an integer >= 1, got {value!r}")
-    ratio = cfg["model_kwargs"].get("mlp_ratio")
+    ratio = settings.model_kwargs.get("mlp_ratio")
     need(ratio is None or (isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and math.isfinite(ratio)
                            and ratio > 0),
          f"mlp_ratio (--model-kwargs mlp_ratio=) must be a number > 0 (the MLP's hidden width / embed_dim), got "
          f"{ratio!r}")
-    dim, heads = cfg["model_kwargs"].get("embed_dim"), cfg["model_kwargs"].get("num_heads")
+    dim, heads = settings.model_kwargs.get("embed_dim"), settings.model_kwargs.get("num_heads")
     need(not isinstance(heads, int) or dim is None or heads is None or dim % heads == 0,
          f"embed_dim {dim} must be divisible by num_heads {heads}")
-    if cfg["pe"] == TIMM_NATIVE:
-        need(not cfg["pe_kwargs"], f"pe=timm keeps timm's own encoding: give its keywords in --model-kwargs (e.g. "
-             f"ref_feat_shape=8, rope_type=dinov3), not --pe-kwargs {' '.join(cfg['pe_kwargs'])}")
+    if settings.pe == TIMM_UNPATCHED:
+        need(not settings.pe_kwargs, f"pe={TIMM_UNPATCHED} keeps timm's own encoding: give its keywords in "
+             f"--model-kwargs (e.g. ref_feat_shape=8, rope_type=dinov3), not --pe-kwargs {' '.join(settings.pe_kwargs)}")
     else:
         try:
-            parse_pe(cfg["pe"])
+            parse_pe(settings.pe)
         except ValueError as err:
-            raise UserError(f"pe: {one_line(err)} (or 'none', or 'timm')") from None
-    need(not cfg["init_head_reset"] or cfg["init_from"], "--init-head-reset needs --init-from PATH (it resets the "
+            raise UserError(f"pe: {one_line(err)} (or 'none', or '{TIMM_UNPATCHED}')") from None
+    need(not settings.init_head_reset or settings.init_from, "--init-head-reset needs --init-from PATH (it resets the "
          "classifier head of the weights taken from PATH)")
-    need(not cfg["init_grid"] or cfg["init_from"], "--init-grid needs --init-from PATH (it is the patch grid of the "
+    need(not settings.init_grid or settings.init_from, "--init-grid needs --init-from PATH (it is the patch grid of the "
          "pos_embed in PATH)")
-    need(not cfg["init_grid"] or (len(cfg["init_grid"]) == 2 and all(v >= 1 for v in cfg["init_grid"])),
-         f"init_grid must be 2 integers >= 1 (height width, in patches), got {' '.join(map(str, cfg['init_grid']))}")
-    need(not cfg["pretrained_path"] or cfg["pretrained"], "--pretrained-path FILE needs --pretrained (it names where "
+    need(not settings.init_grid or (len(settings.init_grid) == 2 and all(v >= 1 for v in settings.init_grid)),
+         f"init_grid must be 2 integers >= 1 (height width, in patches), got {' '.join(map(str, settings.init_grid))}")
+    need(not settings.pretrained_path or settings.pretrained, "--pretrained-path FILE needs --pretrained (it names where "
          "timm's pretrained weights come from)")
-    need(not (cfg["pretrained"] and cfg["init_from"]), "--pretrained and --init-from both give the starting weights; "
+    need(not (settings.pretrained and settings.init_from), "--pretrained and --init-from both give the starting weights; "
          "give one of them")
-    need(not cfg["pretrained"] or named_constructor(cfg["model"]) is None, f"--pretrained takes timm's weights of a "
-         f"timm model; --model {cfg['model']} is not one (use --init-from PATH for a checkpoint of it)")
+    need(not settings.pretrained or named_constructor(settings.model) is None, f"--pretrained takes timm's weights of a "
+         f"timm model; --model {settings.model} is not one (use --init-from PATH for a checkpoint of it)")
 
 
-def check_data(cfg: dict) -> None:
+def check_data(settings: TrainSettings) -> None:
     """A registered data set, sample counts, loader workers, the native-aspect token budget."""
-    need(cfg["data"] in vdata.DATASETS, f"unknown data set --data {cfg['data']!r}; choose from: "
+    need(settings.data in vdata.DATASETS, f"unknown data set --data {settings.data!r}; choose from: "
          f"{', '.join(vdata.DATASETS)} (or register one with --import)")
     for key in ("train_samples", "val_samples"):
-        need(cfg[key] is None or cfg[key] >= 1, f"{key} must be an integer >= 1, got {cfg[key]}")
-    spec = vdata.get_spec(cfg["data"])
-    for key, given in (("data_dir", cfg["data_dir"] is not None), ("download", bool(cfg["download"]))):
+        need(getattr(settings, key) is None or getattr(settings, key) >= 1,
+             f"{key} must be an integer >= 1, got {getattr(settings, key)}")
+    spec = vdata.get_spec(settings.data)
+    for key, given in (("data_dir", settings.data_dir is not None), ("download", bool(settings.download))):
         need(not given or vdata.takes_option(spec, key), f"--{key.replace('_', '-')} is for data read from files; "
-             f"--data {cfg['data']} is rendered and reads none: leave it out")
-    need(0 <= cfg["workers"] <= MAX_WORKERS, f"workers must be an integer in [0, {MAX_WORKERS}] (each is a process), "
-         f"got {cfg['workers']}")
-    if cfg["max_patches"] is not None:
-        need(1 <= cfg["max_patches"] <= MAX_PATCHES, f"max_patches must be an integer in [1, {MAX_PATCHES}] (the "
-             f"patches of one image; more do not fit attention in memory), got {cfg['max_patches']}")
-        reason = mixed_sizes_refused(cfg)
+             f"--data {settings.data} is rendered and reads none: leave it out")
+    need(0 <= settings.workers <= MAX_WORKERS, f"workers must be an integer in [0, {MAX_WORKERS}] (each is a process), "
+         f"got {settings.workers}")
+    if settings.max_patches is not None:
+        need(1 <= settings.max_patches <= MAX_PATCHES, f"max_patches must be an integer in [1, {MAX_PATCHES}] (the "
+             f"patches of one image; more do not fit attention in memory), got {settings.max_patches}")
+        reason = mixed_sizes_refused(settings)
         need(reason is None, f"--max-patches trains batches of mixed sizes: {reason}")
 
 
-def mixed_sizes_refused(cfg: dict) -> str | None:
+def mixed_sizes_refused(settings: TrainSettings) -> str | None:
     """Why the run's model cannot take batches of images of different sizes (``forward_batch``), or None."""
-    if cfg.get("num_frames") is not None or vdata.get_spec(cfg["data"]).video:
+    if settings.num_frames is not None or vdata.get_spec(settings.data).video:
         return "it is for images, not video runs"
-    if cfg["pe"] == TIMM_NATIVE or not is_vit(cfg["model"]):
-        return (f"it needs a ViT (vit_*, deit_*) with a visionpe encoding (forward_batch), not --model {cfg['model']} "
-                f"with pe={cfg['pe']}")
-    kwargs = cfg["model_kwargs"] if isinstance(cfg["model_kwargs"], dict) else {}
+    if settings.pe == TIMM_UNPATCHED or not is_vit(settings.model):
+        return (f"it needs a ViT (vit_*, deit_*) with a visionpe encoding (forward_batch), not --model {settings.model} "
+                f"with pe={settings.pe}")
+    kwargs = settings.model_kwargs if isinstance(settings.model_kwargs, dict) else {}
     if kwargs.get("global_pool", "token") not in ("token", "avg"):
         return f"pooling is over each image's own tokens: model_kwargs.global_pool token or avg, not " \
                f"{kwargs['global_pool']!r}"
@@ -719,198 +793,198 @@ def mixed_sizes_refused(cfg: dict) -> str | None:
     return None
 
 
-def eval_protocol(cfg: dict) -> str:
+def eval_protocol(settings: TrainSettings) -> str:
     """The run's evaluation protocol: ``eval_protocol``, or by default ``native`` with ``max_patches``, else
     ``resize`` (:func:`visionpe.data.transforms.default_protocol`)."""
-    if cfg.get("eval_protocol") is not None:
-        return cfg["eval_protocol"]
-    return vdata.transforms.default_protocol(cfg.get("max_patches"))
+    if settings.eval_protocol is not None:
+        return settings.eval_protocol
+    return vdata.transforms.default_protocol(settings.max_patches)
 
 
-def transforms_of(cfg: dict, protocol: str | None = None) -> vdata.Transforms:
+def transforms_of(settings: TrainSettings, protocol: str | None = None) -> vdata.Transforms:
     """The run's image transforms and protocol (``protocol`` overrides the run's), as
     :class:`visionpe.data.Transforms`; a bad value is a :class:`UserError` naming the setting."""
     try:
-        return vdata.Transforms.from_settings({**cfg, "eval_protocol": protocol or eval_protocol(cfg)})
+        return vdata.Transforms.from_settings({**settings, "eval_protocol": protocol or eval_protocol(settings)})
     except (ValueError, TypeError) as err:
         raise UserError(one_line(err)) from None
 
 
-def check_video(cfg: dict) -> None:
+def check_video(settings: TrainSettings) -> None:
     """Video settings: num_frames exactly for video data, tubelet and frame counts that fit each other."""
-    spec = vdata.get_spec(cfg["data"])
-    video, frames = spec.video, cfg["num_frames"]
+    spec = vdata.get_spec(settings.data)
+    video, frames = spec.video, settings.num_frames
     if frames is None:
-        need(not video, f"--data {cfg['data']} is a video data set: give --num-frames T (frames per clip)")
-        need(not cfg["tubelet_size"], "--tubelet-size is for video runs (video data and --num-frames)")
-        need(not cfg["eval_frames"], "--eval-frames is for video runs (video data and --num-frames)")
-        need(cfg["frame_stride"] is None, "--frame-stride is for video runs (video files and --num-frames)")
-        need(cfg["tokens_per_second"] is None, "--tokens-per-second is for video runs (video files and --num-frames)")
+        need(not video, f"--data {settings.data} is a video data set: give --num-frames T (frames per clip)")
+        need(not settings.tubelet_size, "--tubelet-size is for video runs (video data and --num-frames)")
+        need(not settings.eval_frames, "--eval-frames is for video runs (video data and --num-frames)")
+        need(settings.frame_stride is None, "--frame-stride is for video runs (video files and --num-frames)")
+        need(settings.tokens_per_second is None, "--tokens-per-second is for video runs (video files and --num-frames)")
         return
-    if cfg["tokens_per_second"] is not None:
-        need(vdata.takes_option(spec, "tokens_per_second"), f"--data {cfg['data']} does not take --tokens-per-second "
+    if settings.tokens_per_second is not None:
+        need(vdata.takes_option(spec, "tokens_per_second"), f"--data {settings.data} does not take --tokens-per-second "
              "(its clips state no frame rate; video-files reads it from each container)")
-        need(cfg["tokens_per_second"] > 0, f"tokens_per_second must be a number > 0, got {cfg['tokens_per_second']}")
+        need(settings.tokens_per_second > 0, f"tokens_per_second must be a number > 0, got {settings.tokens_per_second}")
         for key in ("mixup", "cutmix"):
-            need(not cfg[key], f"--{key} blends two clips, whose frame rates may differ, so the blend has no one time "
+            need(not getattr(settings, key), f"--{key} blends two clips, whose frame rates may differ, so the blend has no one time "
                  "step: it does not apply with --tokens-per-second")
-    if cfg["frame_stride"] is not None:
-        need(vdata.takes_option(spec, "frame_stride"), f"--data {cfg['data']} does not take --frame-stride (video-files "
+    if settings.frame_stride is not None:
+        need(vdata.takes_option(spec, "frame_stride"), f"--data {settings.data} does not take --frame-stride (video-files "
              "does)")
-        need(cfg["frame_stride"] >= 1, f"frame_stride must be an integer >= 1, got {cfg['frame_stride']}")
-    need(video, f"--num-frames is for video data ({', '.join(vdata.names('video'))}); --data {cfg['data']} is an "
+        need(settings.frame_stride >= 1, f"frame_stride must be an integer >= 1, got {settings.frame_stride}")
+    need(video, f"--num-frames is for video data ({', '.join(vdata.names('video'))}); --data {settings.data} is an "
          "image data set")
     need(frames >= 1, f"num_frames must be an integer >= 1, got {frames}")
-    need(not cfg["train_res"], "train_res is for image data; video runs train at img_size and num_frames (evaluate "
+    need(not settings.train_res, "train_res is for image data; video runs train at img_size and num_frames (evaluate "
          "other sizes with --eval-res / --eval-frames)")
-    tub = cfg["tubelet_size"]
+    tub = settings.tubelet_size
     if tub:
         need(len(tub) == 3 and all(v >= 1 for v in tub),
              f"tubelet_size must be 3 integers >= 1 (frames height width), got {' '.join(map(str, tub))}")
-        need(tub[1] == tub[2] == cfg["patch_size"], f"tubelet_size {' '.join(map(str, tub))}: its frame patch "
-             f"must be patch_size {cfg['patch_size']} (set --patch-size {tub[1]} for {tub[1]} px patches)")
-    t = tubelet(cfg)[0]
+        need(tub[1] == tub[2] == settings.patch_size, f"tubelet_size {' '.join(map(str, tub))}: its frame patch "
+             f"must be patch_size {settings.patch_size} (set --patch-size {tub[1]} for {tub[1]} px patches)")
+    t = tubelet(settings)[0]
     need(frames % t == 0, f"num_frames {frames} must be a multiple of the tubelet's {t} frames "
-         f"(tubelet_size {' '.join(map(str, tubelet(cfg)))})")
-    for f in cfg["eval_frames"]:
+         f"(tubelet_size {' '.join(map(str, tubelet(settings)))})")
+    for f in settings.eval_frames:
         need(f >= 1 and f % t == 0, f"eval_frames {f} must be a positive multiple of the tubelet's {t} frames")
 
 
-def check_optimizer(cfg: dict) -> None:
+def check_optimizer(settings: TrainSettings) -> None:
     """A timm optimizer, batch size, decay, clipping."""
     from timm.optim import list_optimizers
-    need(cfg["opt"].lower() in list_optimizers(),
-         f"unknown optimizer opt={cfg['opt']!r}; e.g. adamw, adam, sgd, lamb, lion (timm.optim.list_optimizers())")
-    need(cfg["batch_size"] >= 1, f"batch_size must be an integer >= 1, got {cfg['batch_size']}")
+    need(settings.opt.lower() in list_optimizers(),
+         f"unknown optimizer opt={settings.opt!r}; e.g. adamw, adam, sgd, lamb, lion (timm.optim.list_optimizers())")
+    need(settings.batch_size >= 1, f"batch_size must be an integer >= 1, got {settings.batch_size}")
     for key in ("weight_decay", "clip_grad"):
-        need(cfg[key] >= 0, f"{key} must be a number >= 0, got {cfg[key]}")
-    need(cfg["weight_decay"] == 0 or cfg["weight_decay"] * cfg["lr"] < 1, f"weight_decay {cfg['weight_decay']} with lr {cfg['lr']}: each step "
+        need(getattr(settings, key) >= 0, f"{key} must be a number >= 0, got {getattr(settings, key)}")
+    need(settings.weight_decay == 0 or settings.weight_decay * settings.lr < 1, f"weight_decay {settings.weight_decay} with lr {settings.lr}: each step "
          "shrinks the weights by lr x weight_decay, which must be < 1 (at 1 or more it zeroes or flips them)")
-    need(cfg["grad_accum_steps"] >= 1, f"grad_accum_steps must be an integer >= 1, got {cfg['grad_accum_steps']}")
-    decay = cfg["layer_decay"]
+    need(settings.grad_accum_steps >= 1, f"grad_accum_steps must be an integer >= 1, got {settings.grad_accum_steps}")
+    decay = settings.layer_decay
     need(decay is None or 0 < decay <= 1, f"layer_decay must be in (0, 1], got {decay}")
-    thresh = cfg["bce_target_thresh"]
-    need(thresh is None or cfg["bce_loss"], "--bce-target-thresh needs --bce-loss (it binarizes the BCE targets)")
+    thresh = settings.bce_target_thresh
+    need(thresh is None or settings.bce_loss, "--bce-target-thresh needs --bce-loss (it binarizes the BCE targets)")
     need(thresh is None or 0 <= thresh < 1, f"bce_target_thresh must be in [0, 1), got {thresh}")
-    need(0 <= cfg["model_ema_decay"] < 1, f"model_ema_decay must be in [0, 1), got {cfg['model_ema_decay']}")
-    need(not cfg["model_ema_warmup"] or cfg["model_ema"], "--model-ema-warmup needs --model-ema (it warms up the "
+    need(0 <= settings.model_ema_decay < 1, f"model_ema_decay must be in [0, 1), got {settings.model_ema_decay}")
+    need(not settings.model_ema_warmup or settings.model_ema, "--model-ema-warmup needs --model-ema (it warms up the "
          "EMA's decay)")
 
 
-def check_schedule(cfg: dict) -> None:
+def check_schedule(settings: TrainSettings) -> None:
     """Epochs, peak and final learning rates (the cosine decays: min_lr <= lr), warmup."""
-    need(cfg["epochs"] >= 1, f"epochs must be an integer >= 1, got {cfg['epochs']}")
-    need(cfg["lr"] > 0, f"lr must be a number > 0, got {cfg['lr']}")
-    need(cfg["min_lr"] >= 0, f"min_lr must be a number >= 0, got {cfg['min_lr']}")
-    need(cfg["min_lr"] <= cfg["lr"], f"min_lr {cfg['min_lr']} must not exceed lr {cfg['lr']} (the cosine schedule "
+    need(settings.epochs >= 1, f"epochs must be an integer >= 1, got {settings.epochs}")
+    need(settings.lr > 0, f"lr must be a number > 0, got {settings.lr}")
+    need(settings.min_lr >= 0, f"min_lr must be a number >= 0, got {settings.min_lr}")
+    need(settings.min_lr <= settings.lr, f"min_lr {settings.min_lr} must not exceed lr {settings.lr} (the cosine schedule "
          "decays from lr to min_lr)")
-    need(0 <= cfg["warmup_epochs"] <= cfg["epochs"],
-         f"warmup_epochs must be in [0, epochs={cfg['epochs']}], got {cfg['warmup_epochs']}")
-    need(cfg["aug_repeats"] == 0 or 2 <= cfg["aug_repeats"] <= MAX_AUG_REPEATS,
+    need(0 <= settings.warmup_epochs <= settings.epochs,
+         f"warmup_epochs must be in [0, epochs={settings.epochs}], got {settings.warmup_epochs}")
+    need(settings.aug_repeats == 0 or 2 <= settings.aug_repeats <= MAX_AUG_REPEATS,
          f"aug_repeats must be 0 (off) or an integer in [2, {MAX_AUG_REPEATS}] (an epoch keeps its length, so it "
-         f"sees about 1/aug_repeats of the images; DeiT uses 3), got {cfg['aug_repeats']}")
+         f"sees about 1/aug_repeats of the images; DeiT uses 3), got {settings.aug_repeats}")
 
 
-def check_augmentation(cfg: dict) -> None:
+def check_augmentation(settings: TrainSettings) -> None:
     """Regularization rates, mixup/cutmix, multi-resolution training sizes."""
-    need(0 <= cfg["label_smoothing"] < 1, f"label_smoothing must be in [0, 1), got {cfg['label_smoothing']}")
-    need(0 <= cfg["drop_path"] < 1, f"drop_path must be in [0, 1), got {cfg['drop_path']}")
+    need(0 <= settings.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {settings.label_smoothing}")
+    need(0 <= settings.drop_path < 1, f"drop_path must be in [0, 1), got {settings.drop_path}")
     for key in ("mixup", "cutmix"):
-        need(0 <= cfg[key] < math.inf, f"{key} must be a finite number >= 0 (the alpha of timm's Beta(alpha, alpha) "
-             f"mixing ratio), got {cfg[key]}")
-    if cfg["mixup"] > 0 or cfg["cutmix"] > 0:
-        need(cfg["batch_size"] % 2 == 0, f"mixup/cutmix need an even batch_size, got {cfg['batch_size']}")
-    for res in cfg["train_res"]:
-        need(res >= cfg["patch_size"] and res % cfg["patch_size"] == 0,
-             f"train_res {res} must be a positive multiple of patch_size {cfg['patch_size']}")
-    if cfg["max_patches"] is not None:
+        need(0 <= getattr(settings, key) < math.inf, f"{key} must be a finite number >= 0 (the alpha of timm's Beta(alpha, alpha) "
+             f"mixing ratio), got {getattr(settings, key)}")
+    if settings.mixup > 0 or settings.cutmix > 0:
+        need(settings.batch_size % 2 == 0, f"mixup/cutmix need an even batch_size, got {settings.batch_size}")
+    for res in settings.train_res:
+        need(res >= settings.patch_size and res % settings.patch_size == 0,
+             f"train_res {res} must be a positive multiple of patch_size {settings.patch_size}")
+    if settings.max_patches is not None:
         for key in ("mixup", "cutmix"):
-            need(not cfg[key], f"--{key} mixes images of one size; it does not apply with --max-patches (mixed "
+            need(not getattr(settings, key), f"--{key} mixes images of one size; it does not apply with --max-patches (mixed "
                  "sizes)")
-        need(not cfg["train_res"], "--train-res resizes each batch to one square size; --max-patches keeps each "
+        need(not settings.train_res, "--train-res resizes each batch to one square size; --max-patches keeps each "
              "image's own aspect ratio: give one of them")
-        need(not cfg["compile"], "--compile compiles the model's forward; --max-patches trains through its "
+        need(not settings.compile, "--compile compiles the model's forward; --max-patches trains through its "
              "forward_batch (lists of mixed sizes), which it would not compile: give one of them")
-    transforms_of(cfg)  # timm's transform settings: ranges, names, the auto-augment policy
+    transforms_of(settings)  # timm's transform settings: ranges, names, the auto-augment policy
 
 
-def check_evaluation(cfg: dict) -> None:
+def check_evaluation(settings: TrainSettings) -> None:
     """Test resolutions, the evaluation batch, the protocol and its crop fraction."""
-    need(cfg["eval_batch_size"] >= 1, f"eval_batch_size must be an integer >= 1, got {cfg['eval_batch_size']}")
-    protocol = eval_protocol(cfg)
+    need(settings.eval_batch_size >= 1, f"eval_batch_size must be an integer >= 1, got {settings.eval_batch_size}")
+    protocol = eval_protocol(settings)
     if protocol != "resize":
-        need(not cfg.get("num_frames"), f"eval_protocol {protocol} is for images; video runs evaluate with resize")
+        need(not settings.num_frames, f"eval_protocol {protocol} is for images; video runs evaluate with resize")
     if protocol == "native":
-        reason = mixed_sizes_refused(cfg)
+        reason = mixed_sizes_refused(settings)
         need(reason is None, f"eval_protocol native shows each image at its own size: {reason}")
-    for res in cfg["eval_res"]:
-        need(res >= cfg["patch_size"] and res % cfg["patch_size"] == 0,
-             f"eval_res {res} must be a positive multiple of patch_size {cfg['patch_size']}")
+    for res in settings.eval_res:
+        need(res >= settings.patch_size and res % settings.patch_size == 0,
+             f"eval_res {res} must be a positive multiple of patch_size {settings.patch_size}")
 
 
-def check_sizes(cfg: dict, training: bool = True) -> None:
+def check_sizes(settings: TrainSettings, training: bool = True) -> None:
     """Every image and clip size within :data:`MAX_PATCHES` patches; when training here, the batches and a built-in
     task's rendered scenes within this machine's memory (:func:`check_memory`)."""
-    frames = max([cfg["num_frames"] or 1, *cfg["eval_frames"]])
-    t = tubelet(cfg)[0] if cfg.get("num_frames") else 1
-    check_patches("img_size", cfg["img_size"], cfg["patch_size"], (cfg["num_frames"] or 1) // t)
-    for f in cfg["eval_frames"]:  # each is evaluated at img_size too
-        check_patches(f"eval_frames {f} at img_size", cfg["img_size"], cfg["patch_size"], f // t)
+    frames = max([settings.num_frames or 1, *settings.eval_frames])
+    t = tubelet(settings)[0] if settings.num_frames else 1
+    check_patches("img_size", settings.img_size, settings.patch_size, (settings.num_frames or 1) // t)
+    for f in settings.eval_frames:  # each is evaluated at img_size too
+        check_patches(f"eval_frames {f} at img_size", settings.img_size, settings.patch_size, f // t)
     for key in ("train_res", "eval_res"):
-        for size in cfg[key]:
-            check_patches(key, size, cfg["patch_size"], frames // t)
+        for size in getattr(settings, key):
+            check_patches(key, size, settings.patch_size, frames // t)
     if training:
-        check_memory(cfg)
+        check_memory(settings)
 
 
-def check_run(cfg: dict, training: bool) -> None:
+def check_run(settings: TrainSettings, training: bool) -> None:
     """Seed, threads, early stop, checkpoint intervals; the device (and what needs CUDA) when training here."""
     for key in ("threads", "stop_after", "seed", "checkpoint_every_steps"):
-        need(cfg[key] >= 0, f"{key} must be an integer >= 0, got {cfg[key]}")
-    need(cfg["threads"] <= MAX_THREADS, f"threads must be an integer in [0, {MAX_THREADS}] (0 = torch's default; "
-         f"this machine has {cpu_cores()} CPU cores), got {cfg['threads']}")
-    need(cfg["checkpoint_every_minutes"] >= 0,
-         f"checkpoint_every_minutes must be a number >= 0, got {cfg['checkpoint_every_minutes']}")
+        need(getattr(settings, key) >= 0, f"{key} must be an integer >= 0, got {getattr(settings, key)}")
+    need(settings.threads <= MAX_THREADS, f"threads must be an integer in [0, {MAX_THREADS}] (0 = torch's default; "
+         f"this machine has {cpu_cores()} CPU cores), got {settings.threads}")
+    need(settings.checkpoint_every_minutes >= 0,
+         f"checkpoint_every_minutes must be a number >= 0, got {settings.checkpoint_every_minutes}")
     if training:
         import torch
-        need(cfg["device"] != "cuda" or torch.cuda.is_available(),
+        need(settings.device != "cuda" or torch.cuda.is_available(),
              "device=cuda but no CUDA device is available (use --device cpu or auto)")
-        need(cfg["amp"] != "fp16" or (cfg["device"] != "cpu" and torch.cuda.is_available()),
+        need(settings.amp != "fp16" or (settings.device != "cpu" and torch.cuda.is_available()),
              "amp=fp16 needs a CUDA device (float16 autocast with a gradient scaler); on the CPU use --amp bf16 or "
              "none")
-    check_parallel(cfg, training)
+    check_parallel(settings, training)
 
 
-def run_warnings(cfg: dict, updates: int) -> list[str]:
+def run_warnings(settings: TrainSettings, updates: int) -> list[str]:
     """Settings a run takes but that likely defeat their purpose, one line each (the run goes on): ``threads``
     beyond this machine's cores, and an EMA whose decay leaves its weights mostly at their initial values over the
     run's ``updates`` optimizer steps (``decay ** updates > 1/2``) without timm's warmup."""
     lines = []
     cores = cpu_cores()
-    if cfg["threads"] > cores:
-        lines.append(f"--threads {cfg['threads']} is more than the {cores} CPU cores this process may use: threads "
+    if settings.threads > cores:
+        lines.append(f"--threads {settings.threads} is more than the {cores} CPU cores this process may use: threads "
                      f"beyond the cores oversubscribe them and slow every step (0 lets torch choose)")
-    decay = cfg["model_ema_decay"]
-    if cfg["model_ema"] and not cfg["model_ema_warmup"] and decay ** updates > 0.5:
+    decay = settings.model_ema_decay
+    if settings.model_ema and not settings.model_ema_warmup and decay ** updates > 0.5:
         lines.append(f"--model-ema-decay {decay:g} averages over about {1 / (1 - decay):.0f} optimizer steps "
                      f"(1 / (1 - decay)) but this run makes {updates}: the EMA weights end {decay ** updates:.0%} "
                      f"their initial values; add --model-ema-warmup (timm's warmup) or lower the decay")
     return lines
 
 
-def check_parallel(cfg: dict, training: bool) -> None:
+def check_parallel(settings: TrainSettings, training: bool) -> None:
     """FSDP2's settings: what it does not take, and on this machine the torch release it needs."""
-    fsdp = cfg["parallel"] == "fsdp"
-    need(not fsdp or cfg["amp"] != "fp16", "--parallel fsdp with --amp fp16 would need a sharded gradient scaler, "
+    fsdp = settings.parallel == "fsdp"
+    need(not fsdp or settings.amp != "fp16", "--parallel fsdp with --amp fp16 would need a sharded gradient scaler, "
          "which the workbench does not have: use --amp bf16 (on CUDA bf16 parameters in the blocks, gradients "
          "reduced in float32) or --parallel ddp")
-    need(not fsdp or cfg["pe"] != TIMM_NATIVE, "--parallel fsdp shards a visionpe model per transformer block (its "
-         "adapter names the blocks); --pe timm is timm's model as is: give a visionpe encoding or --parallel ddp")
-    need(fsdp or cfg["fsdp_reshard_after_forward"], f"--no-fsdp-reshard-after-forward is for --parallel fsdp (this "
-         f"run is {cfg['parallel']})")
-    need(fsdp or not cfg["meta_init"], f"--meta-init builds the model on the meta device for --parallel fsdp to shard "
-         f"(this run is {cfg['parallel']}): give --parallel fsdp")
-    need(not cfg["meta_init"] or not (cfg["init_from"] or cfg["pretrained"]), "--meta-init starts from a fresh "
+    need(not fsdp or settings.pe != TIMM_UNPATCHED, "--parallel fsdp shards a visionpe model per transformer block (its "
+         "adapter names the blocks); --pe timm_unpatched is timm's model as is: give a visionpe encoding or --parallel ddp")
+    need(fsdp or settings.fsdp_reshard_after_forward, f"--no-fsdp-reshard-after-forward is for --parallel fsdp (this "
+         f"run is {settings.parallel})")
+    need(fsdp or not settings.meta_init, f"--meta-init builds the model on the meta device for --parallel fsdp to shard "
+         f"(this run is {settings.parallel}): give --parallel fsdp")
+    need(not settings.meta_init or not (settings.init_from or settings.pretrained), "--meta-init starts from a fresh "
          "initialisation and --init-from / --pretrained load weights into the whole model: give one of them")
     if fsdp and training:
         from .parallel import unsupported
@@ -918,16 +992,28 @@ def check_parallel(cfg: dict, training: bool) -> None:
         need(reason is None, f"--parallel fsdp: {reason}; use --parallel ddp")
 
 
-def saved_form(cfg: dict) -> dict:
+def saved_form(settings: TrainSettings) -> dict:
     """What config.yaml holds: the settings that define the run, with ``model_kwargs`` complete (everything
     ``visionpe.create_model(model, pe, pe_kwargs=..., **model_kwargs)`` needs)."""
-    saved = {k: copied(v) for k, v in cfg.items() if k not in NOT_SAVED + REPORTED}
-    saved["model_kwargs"] = model_kwargs(cfg)
+    saved = {k: copied(v) for k, v in settings.items() if k not in NOT_SAVED + REPORTED
+             and not (k == "classes" and v is None)}  # classes: an image folder's only
+    saved["model_kwargs"] = model_kwargs(settings)
     return saved
 
 
-def changes(old: dict, new: dict) -> list[tuple[str, object, object]]:
-    """``[(setting, old value, new value)]`` between two resolved configs (``model_kwargs`` per key)."""
+def renamed(saved: Mapping) -> dict:
+    """A run's saved settings with a name's old spelling replaced by its name now (:data:`RENAMED_PE`: ``pe: timm``
+    is ``timm_unpatched``), so a run folder written before the rename loads, resumes and compares unchanged."""
+    saved = dict(saved)
+    if saved.get("pe") in RENAMED_PE:
+        saved["pe"] = RENAMED_PE[saved["pe"]]
+    return saved
+
+
+def changes(old: Mapping, new: Mapping) -> list[tuple[str, object, object]]:
+    """``[(setting, old value, new value)]`` between two resolved settings (``model_kwargs`` per key); each a
+    :class:`TrainSettings` or a mapping of its fields (a commit's or a benchmark record's settings)."""
+    old, new = (x if isinstance(x, TrainSettings) else TrainSettings(**renamed(x)) for x in (old, new))
     a, b = saved_form(old), saved_form(new)
     out = []
     for key in dict.fromkeys([*a, *b]):
@@ -940,12 +1026,12 @@ def changes(old: dict, new: dict) -> list[tuple[str, object, object]]:
         elif a.get(key) != b.get(key):
             out.append((key, a.get(key), b.get(key)))
     for key in NOT_SAVED:
-        if old.get(key, DEFAULTS[key]) != new.get(key, DEFAULTS[key]) and key != "overwrite":
-            out.append((key, old.get(key, DEFAULTS[key]), new.get(key, DEFAULTS[key])))
+        if getattr(old, key) != getattr(new, key) and key != "overwrite":
+            out.append((key, getattr(old, key), getattr(new, key)))
     return out
 
 
-def refused_changes(base: dict, cfg: dict) -> list[tuple[str, object, object]]:
-    """The changes from a run's settings ``base`` to ``cfg`` that ``--resume`` refuses: everything not in
+def refused_changes(base: Mapping, settings: Mapping) -> list[tuple[str, object, object]]:
+    """The changes from a run's settings ``base`` to ``settings`` that ``--resume`` refuses: everything not in
     :data:`SAFE_ON_RESUME` (they would change what is trained)."""
-    return [d for d in changes(base, cfg) if d[0] not in SAFE_ON_RESUME]
+    return [d for d in changes(base, settings) if d[0] not in SAFE_ON_RESUME]

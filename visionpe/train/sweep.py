@@ -59,7 +59,8 @@ from ..registry import ENCODINGS
 from ..resample import INTERPOLATIONS
 from ..rotary.scaling import SCALINGS
 from ..weights import write_text
-from . import loop, metrics, models, restore, rundir, settings, tuning
+from . import loop, metrics, models, restore, rundir, tuning
+from .settings import TrainSettings, check_evaluation, check_memory, check_patches, eval_protocol
 from .metrics import key_text
 
 FIELDS = ["run", "data", "model", "pe", "seed", "train_res", "adaptation", "weights", "res", "acc", "loss",
@@ -74,13 +75,13 @@ def coordinates_of(cls, pe_kwargs: dict) -> str | None:
     return None if parameter is None else parameter.default
 
 
-def own_scalings(cfg: dict) -> list[str]:
+def own_scalings(settings: TrainSettings) -> list[str]:
     """The resolution scaling a run's model was built with (``[]`` without a rotary encoding that has one): the
     model's own, which ``for_model`` may choose (RoPE on integer positions: ``pi`` unless ``pe_kwargs`` say
     otherwise), read from the rebuilt model rather than guessed from the settings."""
-    if cfg["pe"] == models.TIMM_NATIVE:
+    if settings.pe == models.TIMM_UNPATCHED:
         return []
-    rotary = encodings_of(models.build_model(cfg))["rotary"]
+    rotary = encodings_of(models.build_model(settings))["rotary"]
     scaling = getattr(rotary[0], "scaling", None) if rotary else None
     return [scaling] if scaling is not None else []
 
@@ -89,7 +90,7 @@ def adaptations(pe: str, scalings, interpolations, pe_kwargs=None) -> list[tuple
     """``[(label, pe_kwargs overrides)]`` for one encoding built with ``pe_kwargs``: the rotary encoding's scalings
     (those of ``scalings`` it takes: its class's ``scalings``, e.g. RoPE's none/pi/ntk/yarn, the learned rotations'
     none/pi; none on normalised coordinates, which map every grid onto [-1, 1] already) x learned interpolations."""
-    if pe == models.TIMM_NATIVE:  # timm's own model: it adapts to a new size its own way
+    if pe == models.TIMM_UNPATCHED:  # timm's own model: it adapts to a new size its own way
         return [("default", {})]
     with cli.user_errors("pe"):
         names = parse_pe(pe)
@@ -107,41 +108,41 @@ def adaptations(pe: str, scalings, interpolations, pe_kwargs=None) -> list[tuple
     return [(label or "default", kw) for label, kw in out]
 
 
-def check_sizes(run: Path, cfg: dict, sizes) -> None:
+def check_sizes(run: Path, settings: TrainSettings, sizes) -> None:
     """``--res`` fits the run: every side a positive multiple of its patch_size, at most
     :data:`~visionpe.train.settings.MAX_PATCHES` patches, ``HxW`` for image runs only; the rendered scenes and an
     evaluation batch within this machine's memory."""
-    video = bool(cfg.get("num_frames"))
+    video = bool(settings.num_frames)
     for size in sizes:
         if video and not isinstance(size, int):
             raise UserError(f"--res {key_text(size)}: non-square sizes (HxW) are for image runs; {run} is a "
-                            f"video run ({cfg['data']}), give square sizes in pixels")
+                            f"video run ({settings.data}), give square sizes in pixels")
         sides = (size,) if isinstance(size, int) else size
-        if any(s < cfg["patch_size"] or s % cfg["patch_size"] for s in sides):
+        if any(s < settings.patch_size or s % settings.patch_size for s in sides):
             raise UserError(f"resolution {key_text(size)} is not a positive multiple of {run}'s patch_size "
-                            f"{cfg['patch_size']}" + ("" if isinstance(size, int) else " on each side"))
-        settings.check_patches("--res", size, cfg["patch_size"])
-    settings.check_memory({**cfg, "eval_res": list(sizes), "train_res": []})  # the rendered scenes, one eval batch
+                            f"{settings.patch_size}" + ("" if isinstance(size, int) else " on each side"))
+        check_patches("--res", size, settings.patch_size)
+    check_memory(settings.replace(eval_res=list(sizes), train_res=[]))  # the rendered scenes, one eval batch
 
 
-def check_frames(run: Path, cfg: dict, frames) -> None:
+def check_frames(run: Path, settings: TrainSettings, frames) -> None:
     """``--frames`` fits the run: only for a video run, each a positive multiple of its tubelet's frames."""
     if not frames:
         return
-    if not cfg.get("num_frames"):
-        raise UserError(f"--frames is for video runs; {run} is an image run ({cfg['data']})")
-    t = models.tubelet(cfg)[0]
+    if not settings.num_frames:
+        raise UserError(f"--frames is for video runs; {run} is an image run ({settings.data})")
+    t = models.tubelet(settings)[0]
     bad = [f for f in frames if f < 1 or f % t]
     if bad:
         raise UserError(f"--frames {' '.join(map(str, bad))}: not a positive multiple of {run}'s tubelet frames {t}")
 
 
-def check_protocols(run: Path, cfg: dict, protocols) -> None:
+def check_protocols(run: Path, settings: TrainSettings, protocols) -> None:
     """``--eval-protocol`` fits the run: video runs take ``resize`` only, ``native`` needs a model that takes mixed
     sizes."""
     for protocol in protocols or ():
         try:
-            settings.check_evaluation({**cfg, "eval_protocol": protocol})
+            check_evaluation(settings.replace(eval_protocol=protocol))
         except UserError as err:
             raise UserError(f"--eval-protocol {protocol} for {run}: {err}") from None
 
@@ -162,50 +163,48 @@ def sweep_run(run: Path, resolutions, scalings=None, interpolations=(), weights=
     tuned rows of LookHere's protocol on ``holdout`` held-out training images (:mod:`.tuning`); ``scalings=None``:
     the run's own (:func:`own_scalings`)."""
     run = Path(run)
-    cfg = restore.load_run(run, require=("data",))
-    check_frames(run, cfg, frames)
-    cfg.update(workers=0, eval_batch_size=batch_size)
-    if val_samples is not None:
-        cfg["val_samples"] = val_samples
-    if crop_pct is not None:
-        cfg["crop_pct"] = crop_pct
-    check_sizes(run, cfg, resolutions)
-    protocols = list(protocols or [settings.eval_protocol(cfg)])
-    check_protocols(run, cfg, protocols)
+    settings = restore.load_run(run, require=("data",))
+    check_frames(run, settings, frames)
+    settings = settings.replace(workers=0, eval_batch_size=batch_size,
+                                val_samples=settings.val_samples if val_samples is None else val_samples,
+                                crop_pct=settings.crop_pct if crop_pct is None else crop_pct)
+    check_sizes(run, settings, resolutions)
+    protocols = list(protocols or [eval_protocol(settings)])
+    check_protocols(run, settings, protocols)
     if tune:
-        tuning.check_run(run, cfg, holdout, resolutions)
+        tuning.check_run(run, settings, holdout, resolutions)
     if scalings is None:
-        scalings = own_scalings(cfg)
+        scalings = own_scalings(settings)
     rows = []
     for protocol in protocols:
-        rows += _sweep_protocol(run, cfg, protocol, resolutions, scalings, interpolations, weights, device,
+        rows += _sweep_protocol(run, settings, protocol, resolutions, scalings, interpolations, weights, device,
                                 batch_size, log, frames, tune, holdout)
     return rows
 
 
-def _sweep_protocol(run: Path, cfg: dict, protocol: str, resolutions, scalings, interpolations, weights, device,
-                    batch_size, log, frames, tune=False, holdout=None) -> list[dict]:
+def _sweep_protocol(run: Path, settings: TrainSettings, protocol: str, resolutions, scalings, interpolations,
+                    weights, device, batch_size, log, frames, tune=False, holdout=None) -> list[dict]:
     """The rows of one run under one protocol: every adaptation at every size."""
     path = rundir.weights_file(run, weights)
     state = rundir.read_weights(path)
     device = torch.device(device)
     eval_kw = dict(batch_size=batch_size, device=device,
                    autocast=loop.autocast_for(device, loop.amp_dtype("auto", device)))
-    video = bool(cfg.get("num_frames"))
-    keys, train_key = loop.eval_grid(cfg, resolutions, frames)
-    sets = {k: loop.dataset(cfg, "val", k[1], k[0], protocol=protocol) if video else
-            loop.dataset(cfg, "val", k, protocol=protocol) for k in keys}
+    video = bool(settings.num_frames)
+    keys, train_key = loop.eval_grid(settings, resolutions, frames)
+    sets = {k: loop.dataset(settings, "val", k[1], k[0], protocol=protocol) if video else
+            loop.dataset(settings, "val", k, protocol=protocol) for k in keys}
     wanted = [k for k in keys if (k[1] if video else k) in resolutions]  # the training size only if asked for
     rows, known = [], {}
 
     def base_row(k):
-        return {"run": str(run), "data": cfg["data"], "model": cfg["model"], "pe": cfg["pe"], "seed": cfg["seed"],
-                "train_res": cfg["img_size"], "weights": weights, "res": res_cell(k, video),
-                "frames": k[0] if video else "", "train_frames": cfg["num_frames"] if video else "",
+        return {"run": str(run), "data": settings.data, "model": settings.model, "pe": settings.pe, "seed": settings.seed,
+                "train_res": settings.img_size, "weights": weights, "res": res_cell(k, video),
+                "frames": k[0] if video else "", "train_frames": settings.num_frames if video else "",
                 "protocol": protocol}
 
-    for label, kw in adaptations(cfg["pe"], scalings, interpolations, cfg["pe_kwargs"]):
-        model = models.build_model({**cfg, "pe_kwargs": {**cfg["pe_kwargs"], **kw}})
+    for label, kw in adaptations(settings.pe, scalings, interpolations, settings.pe_kwargs):
+        model = models.build_model(settings.replace(pe_kwargs={**settings.pe_kwargs, **kw}))
         restore.load_state(model, state, path)
         model.to(device)
         # at the training grid every adaptation is the identity (scale 1), so that size is evaluated once
@@ -220,7 +219,7 @@ def _sweep_protocol(run: Path, cfg: dict, protocol: str, resolutions, scalings, 
             f"{f'{k[0]}f ' if video else ''}{k[1] if video else key_text(k)}px {res[k]['acc']:6.2f}"
             for k in wanted))
     if tune:
-        rows += tuning.tune_rows(run, cfg, protocol, state, path, keys, wanted, train_key, sets, eval_kw, holdout,
+        rows += tuning.tune_rows(run, settings, protocol, state, path, keys, wanted, train_key, sets, eval_kw, holdout,
                                  base_row, log)
     return rows
 
@@ -243,12 +242,12 @@ def sweep_runs(runs, resolutions, scalings=None, interpolations=(), weights="las
     if out is not None:
         check_out(out)
     for run in runs:
-        cfg = restore.load_run(run, require=("data",))
-        check_frames(run, cfg, frames)
-        check_sizes(run, cfg, resolutions)
-        check_protocols(run, cfg, protocols)
+        settings = restore.load_run(run, require=("data",))
+        check_frames(run, settings, frames)
+        check_sizes(run, settings, resolutions)
+        check_protocols(run, settings, protocols)
         if tune:
-            tuning.check_run(run, cfg, holdout, resolutions)
+            tuning.check_run(run, settings, holdout, resolutions)
     rows = []
     for run in runs:
         rows += sweep_run(run, resolutions, scalings, interpolations, weights, val_samples, device, batch_size,

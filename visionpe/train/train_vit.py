@@ -23,7 +23,8 @@ kept / converted / new / dropped report. The model and data settings default to 
 local file instead of the Hugging Face hub).
 
 Settings: defaults < YAML recipe (--config: a file, or a recipe shipped with visionpe by name) < command line
-(visionpe/train/settings.py lists every one). The run directory (--output, default runs/<data>_<pe>_s<seed>) holds
+(visionpe/train/settings.py lists every one). The run directory (--output, default
+runs/YYYYMMDD-HHMMSS-<data>-<pe>-s<seed>: the start time, then what is trained) holds
 config.yaml, state.pt (the checkpoint; under --parallel fsdp checkpoint/, each process's shards), last.safetensors,
 best.safetensors, ema.safetensors (--model-ema), metrics.jsonl, summary.csv and results.json
 (visionpe/train/rundir.py: what each holds, and why a kill at any instant, within an epoch too with
@@ -43,70 +44,77 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import distributed, loop, metrics, models, recipe, restore, rundir, sampling, settings
+from . import distributed, loop, metrics, models, optimization, restore, rundir, sampling
+from .settings import parse_args, run_warnings
 
 
 def main(argv: list[str]) -> dict:
-    # -- settings: defaults < recipe < command line; --resume: the run's own config.yaml, safe changes only ------
+    # -- parse and settings: defaults < recipe < command line, one typed record; --resume: the run's own config.yaml,
+    #    safe changes only --------------------------------------------------------------------------------------------
     head, examples, tail = __doc__.split("\n\n", 2)  # --help: what it does, the examples, then the flags
-    args = settings.parse_args(argv, prog="visionpe train", description=f"{head}\n\nexamples:\n{examples}",
-                               epilog=tail.split("\n\nSettings")[0])
+    args = parse_args(argv, prog="visionpe train", description=f"{head}\n\nexamples:\n{examples}",
+                      epilog=tail.split("\n\nSettings")[0])
     resume = bool(args.get("resume"))
-    cfg, changed = restore.resume_config(args) if resume else (restore.new_config(args), [])
-    out = Path(cfg["output"])
-    metrics.check_loggers(cfg["log"])  # a missing package, before anything is written
-    if not resume:
-        rundir.check_fresh(out, cfg["overwrite"])  # an existing run needs --resume or --overwrite
+    settings, changed = restore.resume_config(args) if resume else (restore.new_config(args), [])
 
-    # -- processes and device: one per torchrun rank; rank 0 writes and reports -----------------------------------
-    procs = distributed.start(cfg)
+    # -- processes and device: one per torchrun rank; rank 0 names the run folder, writes it and reports -----------
+    procs = distributed.start(settings)
     device, world, rank = procs.device, procs.world, procs.rank
-    report = metrics.Report(procs.master, video=bool(cfg["num_frames"]))  # rank 0's console, then --log's loggers
-    amp_dtype = loop.amp_dtype(cfg["amp"], device)  # fp16 only on CUDA (settings.check_run)
-    policy = loop.fsdp_precision(cfg, amp_dtype, device)  # FSDP2 on CUDA: bf16 parameters in place of autocast
-    autocast = loop.autocast_for(device, None if policy else amp_dtype)
-    eval_kw = dict(batch_size=cfg["eval_batch_size"], workers=cfg["workers"], device=device, autocast=autocast,
-                   rank=rank, world=world)
+    settings = settings.replace(output=distributed.rank0_value(settings.output))  # a default name holds the time
+    out = Path(settings.output)
+    metrics.check_loggers(settings.log)  # a missing package, before anything is written
+    report = metrics.Report(procs.master, video=bool(settings.num_frames))  # rank 0's console, then --log's loggers
+    if not resume:
+        rundir.check_fresh(out, settings.overwrite)  # an existing run needs --resume or --overwrite
+    state = rundir.resume_point(out) if resume else None  # state.pt's contents, or a sharded run's DCP folder
 
-    # -- data: the training and validation sets, one process's share of each batch ---------------------------------
-    train_set, val_set = loop.datasets(cfg)
-    loader, loader_set, sampler = sampling.training_loader(train_set, cfg, world=world, rank=rank,
+    # -- data: the training and validation sets, one process's share of each batch; the precision of its steps -----
+    amp_dtype = loop.amp_dtype(settings.amp, device)  # fp16 only on CUDA (check_run)
+    policy = loop.fsdp_precision(settings, amp_dtype, device)  # FSDP2 on CUDA: bf16 parameters in place of autocast
+    autocast = loop.autocast_for(device, None if policy else amp_dtype)
+    settings, train_set, val_set = loop.datasets(settings)  # an image folder's classes, once read
+    data_notes = loop.data_notes(settings)  # transform settings the data set does not take
+    loader, loader_set, sampler = sampling.training_loader(train_set, settings, world=world, rank=rank,
                                                            pin_memory=device.type == "cuda")
     steps_per_epoch = len(loader)  # loader batches; an optimizer step every grad_accum_steps of them
-    updates_per_epoch = math.ceil(steps_per_epoch / cfg["grad_accum_steps"])
+    updates_per_epoch = math.ceil(steps_per_epoch / settings.grad_accum_steps)
 
-    # -- model (its weights: fresh, converted, pretrained or resumed), optimizer, schedule, loss -------------------
-    state = rundir.resume_point(out) if resume else None  # state.pt's contents, or a sharded run's DCP folder
-    torch.manual_seed(cfg["seed"])
-    with torch.device("meta") if cfg["meta_init"] else contextlib.nullcontext():  # --meta-init: FSDP materialises
-        raw_model = models.build_model(cfg)
+    # -- model: its weights fresh, converted, pretrained (or resumed below, with the optimization) -------------------
+    torch.manual_seed(settings.seed)
+    with torch.device("meta") if settings.meta_init else contextlib.nullcontext():  # --meta-init: FSDP materialises
+        raw_model = models.build_model(settings)
     num_params = sum(p.numel() for p in raw_model.parameters())
-    report(metrics.start_line(cfg, num_params=num_params, train_size=len(train_set), val_size=len(val_set),
-                              world=world, device=device, amp=amp_dtype is not None, out=out))  # the first line
-    for note in loop.data_notes(cfg):  # transform settings the data set does not take
-        report(note)
-    for warning in settings.run_warnings(cfg, updates_per_epoch * cfg["epochs"]):  # threads, a slow EMA
-        report.warn(warning)
     init = None
-    if state is None and cfg["init_from"]:  # a new run from another model's weights (or one resumed before epoch 1)
-        init = restore.init_weights(raw_model, cfg)
-    elif state is None and cfg["pretrained"]:  # from timm's pretrained weights
-        init = restore.pretrained_weights(raw_model, cfg)
-    if init:
-        report(restore.init_text(init))  # kept / converted / new / dropped
-    # on the device; EMA; then compile and DDP, or FSDP2 (sharded in place); then the optimizer (timm's order)
-    parts, model = recipe.build(cfg, raw_model, updates_per_epoch, procs, amp_dtype, policy)
-    run = recipe.resume(parts, raw_model, state, out, world, init, steps=steps_per_epoch)  # fresh, or the last commit
-    start_epoch = run.epoch
+    if state is None and settings.init_from:  # a new run from another model's weights (or one resumed before epoch 1)
+        init = restore.init_weights(raw_model, settings)
+    elif state is None and settings.pretrained:  # from timm's pretrained weights
+        init = restore.pretrained_weights(raw_model, settings)
+    init_note = restore.init_text(init) if init else None  # kept / converted / new / dropped
 
-    # -- run directory: fresh (config.yaml), or its exports repaired; then the loggers, in line with the history ---
+    # -- optimization and parallel: the model on the device; EMA; compile and DDP, or FSDP2 (sharded in place); the
+    #    optimizer (timm's order); then the last commit restored into all of them -----------------------------------
+    parts, model = optimization.build(settings, raw_model, updates_per_epoch, procs, amp_dtype, policy)
+    run = optimization.resume(parts, raw_model, state, out, world, init, steps=steps_per_epoch)  # or fresh
+    start_epoch = run.epoch
+    extension = optimization.extension_text(run.extended, parts.scheduler) if run.extended else None  # --epochs N
+
+    # -- report the start: the first line, notes and warnings; the run folder (fresh: config.yaml; or its exports
+    #    repaired); then the loggers, in line with the history -------------------------------------------------------
+    report(metrics.start_line(settings, num_params=num_params, train_size=len(train_set), val_size=len(val_set),
+                              world=world, device=device, amp=amp_dtype is not None, out=out))  # the first line
+    for note in data_notes:
+        report(note)
+    for warning in run_warnings(settings, updates_per_epoch * settings.epochs):  # threads, a slow EMA
+        report.warn(warning)
+    if init_note:
+        report(init_note)
     if world > 1:
         dist.barrier()  # every process has checked the run directory before rank 0 writes to it
     if procs.master:
-        for note in rundir.prepare(out, cfg, resume=resume, state=run.saved, changed=changed):
+        for note in rundir.prepare(out, settings, resume=resume, state=run.saved, changed=changed):
             report(note)
     try:
-        report.open_loggers(out, cfg, run.history, resume)
+        report.open_loggers(out, settings, run.history, resume)
     except BaseException:
         if procs.master and not resume:  # a start that failed: no folder left that refuses the retry
             rundir.undo_start(out)
@@ -115,26 +123,28 @@ def main(argv: list[str]) -> dict:
         within = run.within
         report(f"resuming {out} " + (f"at batch {within['step']}/{steps_per_epoch} of epoch {start_epoch + 1}"
                                      if within else f"after epoch {start_epoch}"))
-    if run.extended:
-        report(recipe.extension_text(run.extended, parts.scheduler))  # --resume --epochs N: what changes
+    if extension:
+        report(extension)  # --resume --epochs N: what changes
+    eval_kw = dict(batch_size=settings.eval_batch_size, workers=settings.workers, device=device, autocast=autocast,
+                   rank=rank, world=world)
 
     # -- training: an epoch, its validation, a commit of state.pt (and within the epoch, when the clock says so) ---
-    clock = loop.CheckpointClock(cfg["checkpoint_every_steps"], cfg["checkpoint_every_minutes"], device)
+    clock = loop.CheckpointClock(settings.checkpoint_every_steps, settings.checkpoint_every_minutes, device)
     last_finite = None
-    for epoch in range(start_epoch, cfg["epochs"]):
-        loop.seed_everything(cfg["seed"], epoch, rank)
+    for epoch in range(start_epoch, settings.epochs):
+        loop.seed_everything(settings.seed, epoch, rank)
         resumed = None  # the part of this epoch done before a commit within it
         if run.within is not None and epoch == start_epoch:
             sums = run.within["sums"][rank]
             resumed = {**run.within, "loss_sum": sums[0], "seen": sums[1]}
-        sampler.set_epoch(epoch, skip=resumed["step"] * (cfg["batch_size"] // world) if resumed else 0)
+        sampler.set_epoch(epoch, skip=resumed["step"] * (settings.batch_size // world) if resumed else 0)
         loader_set.set_epoch(epoch)
         stats = loop.train_one_epoch(model, loader, parts.optimizer, parts.scheduler, parts.criterion, epoch=epoch,
-                                     epochs=cfg["epochs"], device=device, autocast=autocast, mixup=parts.mixup,
-                                     clip_grad=cfg["clip_grad"], world=world, progress=procs.master and cfg["progress"],
-                                     last_finite=last_finite, train_res=cfg["train_res"], seed=cfg["seed"], rank=rank,
-                                     accum_steps=cfg["grad_accum_steps"], ema=parts.ema, scaler=parts.scaler,
-                                     channels_last=cfg["channels_last"], resume=resumed,
+                                     epochs=settings.epochs, device=device, autocast=autocast, mixup=parts.mixup,
+                                     clip_grad=settings.clip_grad, world=world, progress=procs.master and settings.progress,
+                                     last_finite=last_finite, train_res=settings.train_res, seed=settings.seed, rank=rank,
+                                     accum_steps=settings.grad_accum_steps, ema=parts.ema, scaler=parts.scaler,
+                                     channels_last=settings.channels_last, resume=resumed,
                                      on_update=loop.commit_within(out, raw_model, parts, run, epoch, clock,
                                                                   steps_per_epoch, procs))
         last_finite = stats["last_finite"]
@@ -151,8 +161,8 @@ def main(argv: list[str]) -> dict:
         run.epoch, run.within = epoch + 1, None
         loop.commit(out, raw_model, parts, run, procs)  # state.pt by rank 0, or every process's shards (FSDP)
         clock.reset()
-        report.epoch(record, cfg["epochs"], improved)  # committed first: a logger never holds an unsaved epoch
-        if cfg["stop_after"] and epoch + 1 - start_epoch >= cfg["stop_after"] and epoch + 1 < cfg["epochs"]:
+        report.epoch(record, settings.epochs, improved)  # committed first: a logger never holds an unsaved epoch
+        if settings.stop_after and epoch + 1 - start_epoch >= settings.stop_after and epoch + 1 < settings.epochs:
             report(f"stopping after epoch {epoch + 1} (stop_after); continue with --resume {out}")
             report.close()
             del model  # DDP's reducer freed while the group stands, as at the end of the run
@@ -160,10 +170,10 @@ def main(argv: list[str]) -> dict:
             return {"stopped": epoch + 1}
 
     # -- resolution evaluation: last, best (and EMA) weights, same scenes at every resolution (and frame count) -----
-    video = bool(cfg["num_frames"])  # keys (frames, res) of clips, else image sizes
-    keys, train_key = loop.eval_grid(cfg, cfg["eval_res"], cfg["eval_frames"])
+    video = bool(settings.num_frames)  # keys (frames, res) of clips, else image sizes
+    keys, train_key = loop.eval_grid(settings, settings.eval_res, settings.eval_frames)
     eval_sets = {k: (val_set if k == train_key else
-                     loop.dataset(cfg, "val", k[1], k[0]) if video else loop.dataset(cfg, "val", k)) for k in keys}
+                     loop.dataset(settings, "val", k[1], k[0]) if video else loop.dataset(settings, "val", k)) for k in keys}
     results, exported = {}, ("last", "best") + (("ema",) if parts.ema is not None else ())
     for which in exported:
         report(f"evaluating the {which} weights at {' '.join(metrics.key_text(k) for k in keys)}"
@@ -176,11 +186,11 @@ def main(argv: list[str]) -> dict:
         results[which] = metrics.retention_table(measured, train_key)
         run.history += [{"kind": "eval_res", "model": which, **({"res": k[1], "frames": k[0]} if video else {"res": k}),
                          **m} for k, m in results[which].items()]
-    summary = metrics.summary(cfg, run.history, results, num_params=num_params, best_epoch=run.best_epoch)
+    summary = metrics.summary(settings, run.history, results, num_params=num_params, best_epoch=run.best_epoch)
     if procs.master:
         rundir.finish(out, run.history, summary)  # metrics.jsonl, summary.csv, then results.json: finished
-    report(metrics.resolution_table(cfg, results, run.best_epoch))
-    note = metrics.learning_note(cfg, results, train_key)  # at chance: the benchmark's "not learned" rule
+    report(metrics.resolution_table(settings, results, run.best_epoch))
+    note = metrics.learning_note(settings, results, train_key)  # at chance: the benchmark's "not learned" rule
     if note:
         report(note)
     report(rundir.files_line(out, exported))

@@ -28,7 +28,8 @@ from ..backbones import encodings_of
 from ..cli import UserError
 from ..data.scenes import num_scenes
 from ..encoding import Knob, constructor_keywords
-from . import loop, metrics, models, restore, settings
+from . import loop, metrics, models, restore
+from .settings import TrainSettings, check_rendered, transforms_of
 
 FAMILIES = ("tokens", "rotary", "bias")  # the order in which a combination's knob is looked for
 
@@ -62,76 +63,76 @@ def candidates(enc, knob: Knob) -> tuple[object, list]:
     return trained, values
 
 
-def training_count(cfg: dict) -> int:
+def training_count(settings: TrainSettings) -> int:
     """How many training images the run trained on: ``train_samples``, a built-in task's default, else an error."""
-    if cfg.get("train_samples") is not None:
-        return int(cfg["train_samples"])
-    if vdata.get_spec(cfg["data"]).synthetic:
+    if settings.train_samples is not None:
+        return int(settings.train_samples)
+    if vdata.get_spec(settings.data).synthetic:
         return num_scenes("train", None)
     raise UserError(f"--tune holds out training images the run never saw, but the run trained on the whole "
-                    f"{cfg['data']} training set: train it with --train-samples below the set's size")
+                    f"{settings.data} training set: train it with --train-samples below the set's size")
 
 
-def holdout_set(cfg: dict, size, protocol: str, holdout: int) -> Subset:
+def holdout_set(settings: TrainSettings, size, protocol: str, holdout: int) -> Subset:
     """The held-out training images at ``size`` under ``protocol``: indices ``n .. n + holdout - 1`` of the
     training split, without augmentation (``n``: :func:`training_count`)."""
-    n = training_count(cfg)
-    rendered = vdata.takes_option(vdata.get_spec(cfg["data"]), "first")  # a built-in task renders those scenes only
+    n = training_count(settings)
+    rendered = vdata.takes_option(vdata.get_spec(settings.data), "first")  # a built-in task renders those scenes only
     try:
-        ds = vdata.build_dataset(cfg["data"], "train", size, data_dir=cfg["data_dir"], download=cfg["download"],
-                                 seed=cfg["seed"], num_samples=holdout if rendered else n + holdout, augment=False,
-                                 transforms=settings.transforms_of(cfg, protocol), first=n if rendered else 0)
+        ds = vdata.build_dataset(settings.data, "train", size, data_dir=settings.data_dir, download=settings.download,
+                                 seed=settings.seed, num_samples=holdout if rendered else n + holdout, augment=False,
+                                 transforms=transforms_of(settings, protocol), first=n if rendered else 0)
     except (vdata.DataMissing, ValueError) as err:
         raise UserError(loop.one_line(err)) from None
     if rendered:
         return Subset(ds, range(holdout))
     if len(ds) < n + holdout:
-        raise UserError(f"--holdout {holdout}: the {cfg['data']} training split holds {len(ds)} images, the run "
+        raise UserError(f"--holdout {holdout}: the {settings.data} training split holds {len(ds)} images, the run "
                         f"trained on {n}; train with fewer --train-samples or give a smaller --holdout")
     return Subset(ds, range(n, n + holdout))
 
 
-def default_holdout(cfg: dict) -> int:
+def default_holdout(settings: TrainSettings) -> int:
     """LookHere's 1 % of the training images, at least 100."""
-    return max(100, training_count(cfg) // 100)
+    return max(100, training_count(settings) // 100)
 
 
-def check_run(run, cfg: dict, holdout: int | None, sizes=()) -> None:
+def check_run(run, settings: TrainSettings, holdout: int | None, sizes=()) -> None:
     """The run can be tuned: an image run with training images left over to hold out (checked before any
     evaluation), :func:`check_holdout`."""
-    if cfg.get("num_frames"):
-        raise UserError(f"--tune is for image runs; {run} is a video run ({cfg['data']})")
-    check_holdout(cfg, holdout, sizes)
+    if settings.num_frames:
+        raise UserError(f"--tune is for image runs; {run} is a video run ({settings.data})")
+    check_holdout(settings, holdout, sizes)
 
 
-def check_holdout(cfg: dict, holdout: int | None, sizes=()) -> None:
+def check_holdout(settings: TrainSettings, holdout: int | None, sizes=()) -> None:
     """``--holdout`` (None: :func:`default_holdout`) fits the run: an integer >= 1, after the images it trained on
     (:func:`training_count`), and for a built-in task its scenes, rendered at the training size and each of ``sizes``,
     within this machine's memory (:func:`~visionpe.train.settings.check_rendered`)."""
-    training_count(cfg)  # a run on a whole real set leaves nothing to hold out
+    training_count(settings)  # a run on a whole real set leaves nothing to hold out
     if holdout is not None and (isinstance(holdout, bool) or not isinstance(holdout, int) or holdout < 1):
         raise UserError(f"--holdout must be an integer >= 1, got {holdout!r}")
-    count = default_holdout(cfg) if holdout is None else holdout
-    settings.check_rendered("--holdout", count, cfg, "held-out training", [cfg["img_size"], *sizes])
+    count = default_holdout(settings) if holdout is None else holdout
+    check_rendered("--holdout", count, settings, "held-out training", [settings.img_size, *sizes])
 
 
-def tune_rows(run, cfg: dict, protocol: str, state, path, keys, wanted, train_key, val_sets: dict, eval_kw: dict,
-              holdout: int | None, base_row, log=print) -> list[dict]:
+def tune_rows(run, settings: TrainSettings, protocol: str, state, path, keys, wanted, train_key, val_sets: dict,
+              eval_kw: dict, holdout: int | None, base_row, log=print) -> list[dict]:
     """``untuned`` and ``tuned`` rows of one run under one protocol at every size of ``wanted`` (``keys``: those
     measured, the training size ``train_key`` among them): the run's own knob value, and the candidate of the best
     held-out top-1 at that size. ``base_row(key)``: the columns every row of that size shares."""
-    check_run(run, cfg, holdout)
-    holdout = default_holdout(cfg) if holdout is None else holdout
-    found = model_knob(models.build_model(cfg))
+    check_run(run, settings, holdout)
+    holdout = default_holdout(settings) if holdout is None else holdout
+    found = model_knob(models.build_model(settings))
     if found is None:
         knob, trained, values = None, "", [""]
     else:
         knob, (trained, values) = found[1], candidates(*found)
-    held = {k: holdout_set(cfg, k, protocol, holdout) for k in keys}
+    held = {k: holdout_set(settings, k, protocol, holdout) for k in keys}
 
     def model_with(value):
         kwargs = {} if knob is None else {knob.name: value}
-        model = models.build_model({**cfg, "pe_kwargs": {**cfg["pe_kwargs"], **kwargs}})
+        model = models.build_model(settings.replace(pe_kwargs={**settings.pe_kwargs, **kwargs}))
         restore.load_state(model, state, path)
         return model.to(eval_kw["device"])
 

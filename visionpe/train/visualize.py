@@ -123,14 +123,14 @@ def fresh_encoding(args, shape):
 
 def trained_encoding(args):
     """``(encoding, trained grid, label)`` from --run/--checkpoint."""
-    model, cfg = restore.load_model(args.run or args.checkpoint, args.which)
-    name = args.pe or str(cfg["pe"]).split("+")[0]
+    model, settings = restore.load_model(args.run or args.checkpoint, args.which)
+    name = args.pe or str(settings.pe).split("+")[0]
     pe = viz.pick_encoding(model, name, args.layer)
     if args.layer and viz.family_of(pe) == "tokens":
         raise UserError(f"--layer {args.layer} picks a block's encoding; {name} is a tokens encoding (one for the "
                         "whole model): leave out --layer")
     where = f"layer {args.layer}" if viz.family_of(pe) != "tokens" else "tokens"
-    native = viz.native_grid(pe, models.run_grid(cfg))
+    native = viz.native_grid(pe, models.run_grid(settings))
     return pe, native, f"{name} ({Path(args.run or args.checkpoint).name}, {where})"
 
 
@@ -142,9 +142,9 @@ def explore(args, parser, shape, new_shape) -> Path:
         if shape is not None:
             parser.error("--grid does not apply to --kind explore of a run: the page starts from the trained grid "
                          "(the larger grid is --new-grid)")
-        model, cfg = restore.load_model(args.run or args.checkpoint, args.which)
-        return viz.write_explorer(model, out, models.run_grid(cfg), new_shape=new_shape, scalings=scalings,
-                                  title=f"{cfg['pe']} ({Path(args.run or args.checkpoint).name})")
+        model, settings = restore.load_model(args.run or args.checkpoint, args.which)
+        return viz.write_explorer(model, out, models.run_grid(settings), new_shape=new_shape, scalings=scalings,
+                                  title=f"{settings.pe} ({Path(args.run or args.checkpoint).name})")
     if args.pe is None:
         parser.error("--pe is required for a fresh encoding (or give --run/--checkpoint)")
     if args.pe not in available():

@@ -56,7 +56,7 @@ def check(args) -> int | None:
     for cfg_path, data, own, protocols in plans:
         cfg = settings.resolve({**extra, **own, "config": str(cfg_path), "data": data})
         for protocol in protocols:
-            settings.check_evaluation({**cfg, "eval_protocol": protocol})
+            settings.check_evaluation(cfg.replace(eval_protocol=protocol))
         bad = [r for r in args.res if any(side % cfg["patch_size"] for side in size_order(r))]
         if bad:
             raise UserError(f"--res {' '.join(map(key_text, bad))}: not a multiple of {cfg_path.name}'s "

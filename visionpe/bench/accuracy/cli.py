@@ -93,7 +93,7 @@ def build_parser() -> cli.Parser:
     what.add_argument("--rows", default=None, metavar="YAML|NAME",
                       help="a rows file (or a shipped one's name) instead of --pe/--swin: each row a label and its own "
                            "visionpe train arguments, "
-                           "timm's own models (--pe timm) as reference rows; its report is a marked part of --doc "
+                           "timm's own models (--pe timm_unpatched) as reference rows; its report is a marked part of --doc "
                            "(e.g. bench_rows_resolution)")
     what.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], metavar="N",
                       help="seeds, integers >= 0 (default: 0 1 2)")

@@ -28,7 +28,7 @@ def read_rows(path: Path) -> dict:
     """A rows file (``--rows``: a path or the name of a shipped one, e.g. ``bench_rows_resolution``): ``{part,
     title, note?, recipes?: {data set: recipe}, rows: [{label, args, scaling?, protocol?, data?}]}``, checked; each
     row gets ``train`` (its arguments as a list), ``parsed`` (those arguments parsed as ``visionpe train`` parses
-    them), ``timm`` (True for a ``--pe timm`` reference row), ``slug`` (its
+    them), ``timm`` (True for a ``--pe timm_unpatched`` reference row), ``slug`` (its
     folder) and ``data`` (its data sets, empty for every one); ``recipes`` becomes ``{data set: recipe path}`` (the
     data sets it does not name take ``--config``); ``section``, the old name of ``part``, is read as ``part``."""
     path = recipe_path(path, "rows file")
@@ -73,7 +73,7 @@ def read_rows(path: Path) -> dict:
             raise UserError(f"{where}: two rows share the label {row['label']!r} (or its folder name {slug!r})")
         slugs.add(slug)
         rows.append({"label": str(row["label"]), "train": train, "parsed": parsed, "scaling": scaling,
-                     "protocol": protocols, "slug": slug, "data": data, "timm": parsed.get("pe") == models.TIMM_NATIVE})
+                     "protocol": protocols, "slug": slug, "data": data, "timm": parsed.get("pe") == models.TIMM_UNPATCHED})
     compare = spec.get("compare", [])
     if not isinstance(compare, list) or not all(isinstance(pair, list) and len(pair) == 2
                                                 and all(isinstance(v, str) for v in pair) for pair in compare):

@@ -19,7 +19,7 @@ from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTarget
 from timm.utils import ModelEmaV3, NativeScaler
 
 from visionpe import data as vdata
-from visionpe.train import loop, recipe, sampling, settings
+from visionpe.train import loop, optimization, sampling, settings
 
 
 def batches(count: int, size: int = 3, seed: int = 0):
@@ -159,8 +159,8 @@ def test_fp16_scaler_unscales_before_clipping_and_skips_overflowing_steps():
     (False, 0.0, False, None), (False, 0.1, False, None), (True, 0.1, False, None),
     (False, 0.0, True, None), (False, 0.1, True, 0.2), (True, 0.1, True, 0.0), (True, 0.1, True, None)])
 def test_loss_combines_mixup_smoothing_and_bce_as_timm(mixup, smoothing, bce, thresh):
-    cfg = {**settings.DEFAULTS, "label_smoothing": smoothing, "bce_loss": bce, "bce_target_thresh": thresh}
-    criterion = recipe.criterion_for(cfg, mixup)
+    cfg = settings.TrainSettings(label_smoothing=smoothing, bce_loss=bce, bce_target_thresh=thresh)
+    criterion = optimization.criterion_for(cfg, mixup)
     expected = (BinaryCrossEntropy if bce else SoftTargetCrossEntropy if mixup else
                 LabelSmoothingCrossEntropy if smoothing else torch.nn.CrossEntropyLoss)
     assert type(criterion) is expected

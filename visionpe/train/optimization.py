@@ -21,11 +21,17 @@ from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3, NativeScaler
 
 from ..cli import UserError, one_line, user_errors
-from . import loop, parallel, restore, rundir, settings
+from . import loop, parallel, restore, rundir
+from .settings import TrainSettings, saved_form
 
 
 @dataclass
-class Recipe:
+class Optimization:
+    """What trains a model besides its data: the optimizer, its learning-rate schedule and loss, mixup/cutmix, the
+    float16 gradient scaler and the EMA weights, built by :func:`build` from the run's settings (``config``: as
+    config.yaml holds them, committed with the state). Not a "recipe": that is the YAML file of settings a user
+    trains with (``--config``, :mod:`visionpe.cli.recipes`)."""
+
     optimizer: torch.optim.Optimizer
     scheduler: CosineLRScheduler
     criterion: torch.nn.Module
@@ -60,37 +66,37 @@ class Progress:
     extended: dict | None = None  # --resume --epochs N: the history's record of the new length (extension_record)
 
 
-def build(cfg: dict, model: torch.nn.Module, updates_per_epoch: int, procs, amp_dtype: torch.dtype | None,
-          mixed_precision: torch.dtype | None = None) -> tuple[Recipe, torch.nn.Module]:
-    """The recipe of ``model`` (its weights final; built on the meta device with ``meta_init``) for ``cfg['epochs']``
+def build(settings: TrainSettings, model: torch.nn.Module, updates_per_epoch: int, procs, amp_dtype: torch.dtype | None,
+          mixed_precision: torch.dtype | None = None) -> tuple[Optimization, torch.nn.Module]:
+    """The optimization of ``model`` (its weights final; built on the meta device with ``meta_init``) for ``settings.epochs``
     epochs of ``updates_per_epoch`` optimizer steps, and the module that trains (:func:`parallel_model`), in timm's
     order: the model on this process's device (``procs``: :class:`~visionpe.train.distributed.Processes`), its EMA
     copy, then the data-parallel model (under FSDP the EMA sharded alike), then the optimizer over its parameters
     (FSDP's shards). ``mixed_precision``: FSDP's parameter dtype in the blocks (None: float32)."""
-    if not cfg["meta_init"]:  # a meta-device build is materialised on the device by parallelize
+    if not settings.meta_init:  # a meta-device build is materialised on the device by parallelize
         model.to(procs.device)
-    if cfg["channels_last"] and cfg["parallel"] != "fsdp":  # FSDP2 shards contiguous parameters: the batches only
+    if settings.channels_last and settings.parallel != "fsdp":  # FSDP2 shards contiguous parameters: the batches only
         loop.channels_last_(model)
-    ema = ema_of(cfg, model, procs.device) if cfg["model_ema"] else None
-    trained = parallel_model(cfg, model, procs, mixed_precision)
-    if ema is not None and cfg["parallel"] == "fsdp":
+    ema = ema_of(settings, model, procs.device) if settings.model_ema else None
+    trained = parallel_model(settings, model, procs, mixed_precision)
+    if ema is not None and settings.parallel == "fsdp":
         ema.module = parallel.parallelize_ema(ema.module, model, "fsdp", procs.device, mixed_precision=mixed_precision)
-    with user_errors(f"opt={cfg['opt']}", (ValueError, TypeError, ImportError)):
-        optimizer = create_optimizer_v2(model, opt=cfg["opt"], lr=cfg["lr"], weight_decay=cfg["weight_decay"],
-                                        layer_decay=cfg["layer_decay"])  # position parameters: no weight decay
-    total_steps = cfg["epochs"] * updates_per_epoch  # optimizer steps
-    warmup_steps = min(round(cfg["warmup_epochs"] * updates_per_epoch), total_steps - 1)
+    with user_errors(f"opt={settings.opt}", (ValueError, TypeError, ImportError)):
+        optimizer = create_optimizer_v2(model, opt=settings.opt, lr=settings.lr, weight_decay=settings.weight_decay,
+                                        layer_decay=settings.layer_decay)  # position parameters: no weight decay
+    total_steps = settings.epochs * updates_per_epoch  # optimizer steps
+    warmup_steps = min(round(settings.warmup_epochs * updates_per_epoch), total_steps - 1)
     with timm_log_quiet(COSINE_LOG):  # one step after warmup: its "will have no effect" warning is the run asked for
-        scheduler = CosineLRScheduler(optimizer, t_initial=total_steps - warmup_steps, lr_min=cfg["min_lr"],
-                                      warmup_t=warmup_steps, warmup_lr_init=cfg["lr"] * 1e-3, warmup_prefix=True,
+        scheduler = CosineLRScheduler(optimizer, t_initial=total_steps - warmup_steps, lr_min=settings.min_lr,
+                                      warmup_t=warmup_steps, warmup_lr_init=settings.lr * 1e-3, warmup_prefix=True,
                                       t_in_epochs=False)  # per step: linear warmup, then cosine down to min_lr
     mixup = None
-    if cfg["mixup"] > 0 or cfg["cutmix"] > 0:
-        mixup = Mixup(mixup_alpha=cfg["mixup"], cutmix_alpha=cfg["cutmix"], label_smoothing=cfg["label_smoothing"],
-                      num_classes=cfg["num_classes"])
-    return Recipe(optimizer, scheduler, criterion_for(cfg, mixup is not None), mixup,
+    if settings.mixup > 0 or settings.cutmix > 0:
+        mixup = Mixup(mixup_alpha=settings.mixup, cutmix_alpha=settings.cutmix,
+                      label_smoothing=settings.label_smoothing, num_classes=settings.num_classes)
+    return Optimization(optimizer, scheduler, criterion_for(settings, mixup is not None), mixup,
                   NativeScaler(device=procs.device.type) if amp_dtype == torch.float16 else None, ema,
-                  cfg["epochs"], settings.saved_form(cfg)), trained
+                  settings.epochs, saved_form(settings)), trained
 
 
 COSINE_LOG = "timm.scheduler.cosine_lr"  # the logger of timm's cosine schedule
@@ -108,52 +114,53 @@ def timm_log_quiet(name: str):
         log.setLevel(level)
 
 
-def ema_of(cfg: dict, model: torch.nn.Module, device: torch.device) -> ModelEmaV3:
+def ema_of(settings: TrainSettings, model: torch.nn.Module, device: torch.device) -> ModelEmaV3:
     """timm's ``ModelEmaV3`` of ``model``: a copy made before the model is sharded or wrapped (FSDP modules cannot be
     copied). Of a meta-device build (``meta_init``) it holds a meta copy, which
     :func:`visionpe.train.parallel.parallelize_ema` materialises; the EMA itself is then made of a stand-in on
     ``device``, as timm makes its rounding generator on the device of the module's parameters."""
-    kwargs = dict(decay=cfg["model_ema_decay"], use_warmup=cfg["model_ema_warmup"])
-    if not cfg["meta_init"]:
+    kwargs = dict(decay=settings.model_ema_decay, use_warmup=settings.model_ema_warmup)
+    if not settings.meta_init:
         return ModelEmaV3(model, **kwargs)
     ema = ModelEmaV3(torch.nn.Linear(1, 1, device=device), **kwargs)
     ema.module = copy.deepcopy(model).eval()
     return ema
 
 
-def parallel_model(cfg: dict, model: torch.nn.Module, procs, mixed_precision: torch.dtype | None) -> torch.nn.Module:
+def parallel_model(settings: TrainSettings, model: torch.nn.Module, procs,
+                   mixed_precision: torch.dtype | None) -> torch.nn.Module:
     """The module that trains ``model``: under ``parallel: fsdp`` the model itself, sharded in place per block and at
     the root (:func:`visionpe.train.parallel.parallelize`: activation checkpointing, compile per block, a meta-device
     build materialised), on any number of processes; else (DDP) the model, compiled with ``compile``, in a
     ``DistributedDataParallel`` wrapper under torchrun. With ``max_patches`` it takes lists of images of mixed sizes
     (:class:`~visionpe.train.loop.MixedSizes`)."""
-    if cfg["parallel"] == "fsdp":
-        with user_errors(f"--parallel fsdp of {cfg['model']} pe={cfg['pe']}", (ValueError,)):
+    if settings.parallel == "fsdp":
+        with user_errors(f"--parallel fsdp of {settings.model} pe={settings.pe}", (ValueError,)):
             model = parallel.parallelize(model, "fsdp", procs.device, mixed_precision=mixed_precision,
-                                         grad_checkpointing=cfg["grad_checkpointing"], compile=cfg["compile"],
-                                         reshard_after_forward=cfg["fsdp_reshard_after_forward"])
-        return loop.MixedSizes(model) if cfg["max_patches"] else model
-    if cfg["grad_checkpointing"]:
+                                         grad_checkpointing=settings.grad_checkpointing, compile=settings.compile,
+                                         reshard_after_forward=settings.fsdp_reshard_after_forward)
+        return loop.MixedSizes(model) if settings.max_patches else model
+    if settings.grad_checkpointing:
         if not hasattr(model, "set_grad_checkpointing"):
-            raise UserError(f"--grad-checkpointing: {type(model).__name__} (--model {cfg['model']}) has no "
+            raise UserError(f"--grad-checkpointing: {type(model).__name__} (--model {settings.model}) has no "
                             "set_grad_checkpointing; run without it")
         model.set_grad_checkpointing(True)
-    train_model = torch.compile(model) if cfg["compile"] else model
-    net = loop.MixedSizes(train_model) if cfg["max_patches"] else train_model  # takes lists of images of mixed sizes
+    train_model = torch.compile(model) if settings.compile else model
+    net = loop.MixedSizes(train_model) if settings.max_patches else train_model  # takes lists of images of mixed sizes
     if procs.world == 1:
         return net
     return DDP(net, device_ids=[procs.local_rank] if procs.device.type == "cuda" else None)
 
 
-def criterion_for(cfg: dict, mixup: bool) -> torch.nn.Module:
+def criterion_for(settings: TrainSettings, mixup: bool) -> torch.nn.Module:
     """The training loss of a run's settings, as timm's train.py combines them: with mixup/cutmix (``mixup``) the
     targets arrive soft and smoothed (timm's ``Mixup``), so the loss is ``SoftTargetCrossEntropy`` or, with
     ``bce_loss``, ``BinaryCrossEntropy(target_threshold)``; without, label smoothing goes to
     ``LabelSmoothingCrossEntropy`` or ``BinaryCrossEntropy(smoothing)``; plain cross-entropy otherwise (BCE stays
     BCE here, where timm's train.py falls back to cross-entropy)."""
-    smoothing = cfg["label_smoothing"]
-    if cfg["bce_loss"]:
-        return BinaryCrossEntropy(smoothing=0.0 if mixup else smoothing, target_threshold=cfg["bce_target_thresh"])
+    smoothing = settings.label_smoothing
+    if settings.bce_loss:
+        return BinaryCrossEntropy(smoothing=0.0 if mixup else smoothing, target_threshold=settings.bce_target_thresh)
     if mixup:
         return SoftTargetCrossEntropy()
     if smoothing > 0:
@@ -161,7 +168,7 @@ def criterion_for(cfg: dict, mixup: bool) -> torch.nn.Module:
     return torch.nn.CrossEntropyLoss()
 
 
-def resume(recipe: Recipe, model: torch.nn.Module, state: dict | Path | None, out, world: int, init=None, *,
+def resume(optimization: Optimization, model: torch.nn.Module, state: dict | Path | None, out, world: int, init=None, *,
            steps: int) -> Progress:
     """Where the run in ``out`` stands: fresh (the ``--init-from`` / ``--pretrained`` record first in its history),
     or continued from ``state`` (:func:`visionpe.train.rundir.resume_point`: state.pt's contents, or the folder of a
@@ -172,27 +179,28 @@ def resume(recipe: Recipe, model: torch.nn.Module, state: dict | Path | None, ou
     if state is None:
         return Progress(history=[init] if init else [])
     if isinstance(state, Path):
-        return _resume_sharded(recipe, model, state, world, steps)
+        return _resume_sharded(optimization, model, state, world, steps)
     path = Path(out) / rundir.STATE
-    rundir.check_resume(state, path, Path(out), recipe.config, steps=steps)
+    rundir.check_resume(state, path, Path(out), optimization.config, steps=steps)
+    check_length(optimization, state, path.parent)
+    extended = extension_record(optimization, state)
     restore.load_state(model, state["model"], path)
-    check_length(recipe, state, path.parent)
-    extended = extension_record(recipe, state)
     with user_errors(f"{path} does not fit the optimizer, schedule, EMA or gradient scaler",
                      (ValueError, TypeError, RuntimeError, KeyError, IndexError)):
-        parallel.load_full_optimizer_state(model, recipe.optimizer, state["optimizer"])
+        parallel.load_full_optimizer_state(model, optimization.optimizer, state["optimizer"])
         if extended is None:
-            recipe.scheduler.load_state_dict(state["scheduler"])
-        if recipe.ema is not None:
-            parallel.load_full_state(recipe.ema_module, state["ema"])
-        if recipe.scaler is not None:
-            recipe.scaler.load_state_dict(state["scaler"])
+            optimization.scheduler.load_state_dict(state["scheduler"])
+        if optimization.ema is not None:
+            parallel.load_full_state(optimization.ema_module, state["ema"])
+        if optimization.scaler is not None:
+            optimization.scaler.load_state_dict(state["scaler"])
     progress = Progress(state["epoch"], state["best_acc"], state["best_epoch"], state["history"],
                         state.get("progress"), saved=state, extended=extended)
     return _checked_progress(progress, path, world)
 
 
-def _resume_sharded(recipe: Recipe, model: torch.nn.Module, folder: Path, world: int, steps: int) -> Progress:
+def _resume_sharded(optimization: Optimization, model: torch.nn.Module, folder: Path, world: int,
+                    steps: int) -> Progress:
     """:func:`resume` from a distributed checkpoint (every process calls it): DCP reshards it into the model, FSDP
     or not, on any process count; its extra holds the rest, checked as state.pt is, and to be of the epoch and step
     its folder's name says."""
@@ -200,23 +208,23 @@ def _resume_sharded(recipe: Recipe, model: torch.nn.Module, folder: Path, world:
     with user_errors(f"{folder} does not fit the model, optimizer, schedule or EMA",
                      (ValueError, TypeError, RuntimeError, KeyError)):
         try:
-            extra = parallel.load_checkpoint(folder, model, recipe.optimizer, ema=recipe.ema_module)
+            extra = parallel.load_checkpoint(folder, model, optimization.optimizer, ema=optimization.ema_module)
         except parallel.RefusedCheckpoint as err:  # a file that would run code, or that DCP does not write
             raise UserError(f"{one_line(err)}; {rundir.RESTART}") from None
         if not isinstance(extra, dict) or not isinstance(extra.get("history"), str):
             raise UserError(f"{folder} is damaged or was edited: its extra holds no history; {rundir.RESTART}")
         history = json.loads(extra["history"])
         rundir.check_commit({**extra, "history": history}, folder)
-        check_finite_loaded(folder, model, recipe.optimizer, recipe.ema_module)
+        check_finite_loaded(folder, model, optimization.optimizer, optimization.ema_module)
         if rundir.commit_order(extra) != order:
             raise UserError(f"{folder} is damaged or was edited: it holds epoch {extra['epoch']}, step "
                             f"{rundir.commit_order(extra)[1]}, not what its name says; {rundir.RESTART}")
-        rundir.check_resume(extra, folder, out, recipe.config, steps=steps)
-        check_length(recipe, extra, out)
-        extended = extension_record(recipe, extra)
+        rundir.check_resume(extra, folder, out, optimization.config, steps=steps)
+        check_length(optimization, extra, out)
+        extended = extension_record(optimization, extra)
         if extended is None:
-            recipe.scheduler.load_state_dict(extra["scheduler"])
-    saved = {**rundir.exported_state(model, recipe.ema_module, extra), "history": history}
+            optimization.scheduler.load_state_dict(extra["scheduler"])
+    saved = {**rundir.exported_state(model, optimization.ema_module, extra), "history": history}
     progress = Progress(extra["epoch"], extra["best_acc"], extra["best_epoch"], history, extra.get("progress"), saved,
                         extended)
     return _checked_progress(progress, folder, world)
@@ -239,11 +247,11 @@ def check_finite_loaded(folder: Path, model: torch.nn.Module, optimizer, ema: to
                             f"{tuple(state[name].shape)}: {rundir.NONFINITE}; {rundir.RESTART}")
 
 
-def check_length(recipe: Recipe, state: dict, run) -> None:
+def check_length(optimization: Optimization, state: dict, run) -> None:
     """``--epochs`` of a resumed run (``state``: its commit's ``epoch`` and ``progress``) covers the epochs begun."""
     done = state["epoch"] + (state.get("progress") is not None)  # epochs begun
-    if recipe.epochs < done:
-        raise UserError(f"--resume {run} --epochs {recipe.epochs}: the run has trained "
+    if optimization.epochs < done:
+        raise UserError(f"--resume {run} --epochs {optimization.epochs}: the run has trained "
                         f"{state['epoch']} epoch(s){' and part of the next' if done > state['epoch'] else ''}; give "
                         f"--epochs >= {done} (the schedule continues to the new length)")
 
@@ -264,17 +272,17 @@ def schedule_steps(schedule: dict) -> int:
     return int(schedule["t_initial"]) + int(schedule["warmup_t"])
 
 
-def extension_record(recipe: Recipe, state: dict) -> dict | None:
+def extension_record(optimization: Optimization, state: dict) -> dict | None:
     """``--resume DIR --epochs N`` with a new N: the history's record of it (``{'kind': 'extend', 'after_epoch',
     'from_epochs', 'epochs'}``), else None. As timm's train.py does on ``--resume`` with a new ``--epochs``, the
     schedule is the one built for the new length (warmup, then cosine down to ``min_lr`` over all N epochs), read at
     the run's step: the saved schedule (of the old length) is not loaded. The record is made while ``state.pt`` holds
     the old schedule, so a run killed before its next commit records its extension when it resumes again."""
-    old, new = schedule_steps(state["scheduler"]), schedule_steps(recipe.scheduler.state_dict())
+    old, new = schedule_steps(state["scheduler"]), schedule_steps(optimization.scheduler.state_dict())
     if old == new:
         return None
-    return {"kind": "extend", "after_epoch": state["epoch"], "from_epochs": old * recipe.epochs // new,
-            "epochs": recipe.epochs}
+    return {"kind": "extend", "after_epoch": state["epoch"], "from_epochs": old * optimization.epochs // new,
+            "epochs": optimization.epochs}
 
 
 def extension_text(record: dict, scheduler: CosineLRScheduler) -> str:
