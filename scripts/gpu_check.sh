@@ -2,10 +2,10 @@
 # One prepared check for a GPU machine that reaches no package registry, in about 8 minutes:
 #   1. the CUDA tests: pytest --device cuda tests/cuda (at most TESTS_SECONDS, default 270), FSDP2 with nccl and the
 #      bf16 policy included (test_cuda_parallel.py: torchrun on up to 2 GPUs, `visionpe train --parallel fsdp` too);
-#   2. the GPU benchmark: visionpe bench-speed --device cuda, the flex-models section first (bf16: eval, training
+#   2. the GPU benchmark: visionpe bench-speed --device cuda, the flex-models part first (bf16: eval, training
 #      step, memory, compiled, flex vs SDPA at 4097 and 16385 tokens), then forward, train, memory, scale and flex
 #      (what time is left, less a margin for the report), its tables also as data (bench_speed.json: the machine,
-#      the versions, the settings and each section's tables and wall time);
+#      the versions, the settings and each part's tables and wall time);
 #   2b. the comparison's runs on the GPU (PROTOCOL_SECONDS, default 100; 0 skips it): visionpe benchmark --rows
 #      PROTOCOL_ROWS (default bench_rows_comparison) --data PROTOCOL_DATA (default clutter-relation; no download
 #      here) with docs/reports/BENCHMARK_COMPARISON.md's seeds, sizes and LookHere's protocol, -- --device cuda. A run whose
@@ -41,7 +41,7 @@ tests=(tests/cuda/test_device_parity.py tests/cuda/test_device_training.py tests
        tests/cuda/test_device_subsets.py tests/cuda/test_device_concurrency.py tests/cuda/test_cuda_parallel.py
        tests/cuda/test_cuda_kernels.py tests/cuda/test_device_compile_ddp.py tests/cuda/test_cuda_recipe.py)
 tests_cmd=("$PY" -m pytest --device cuda "${tests[@]}" -q -rfE -p no:cacheprovider --junitxml="$work/cuda_tests.xml")
-bench_cmd=("$PY" -m visionpe bench-speed --device cuda --sections flex-models forward train memory scale flex
+bench_cmd=("$PY" -m visionpe bench-speed --device cuda --parts flex-models forward train memory scale flex
            --repeats 3 --slow-repeats 3 --min-run-time 0.1 --record "$work/bench_speed.json")
 
 {

@@ -1,4 +1,4 @@
-"""The speed benchmark's opt-in ``data`` section: visionpe's training loader and timm's read the same JPEG folder with
+"""The speed benchmark's opt-in ``data`` part: visionpe's training loader and timm's read the same JPEG folder with
 the same transforms and deliver the same images per pass; a ``--quick`` run writes both tables with finite ratios."""
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def test_both_loaders_read_the_folder_the_benchmark_writes(tmp_path):
     assert all(x.shape[1] * x.shape[2] <= 49 * 256 and x.shape[1] % 16 == x.shape[2] % 16 == 0 for x in native)
 
 
-def test_quick_data_section_writes_its_tables(tmp_path):
+def test_quick_data_part_writes_its_tables(tmp_path):
     out = tmp_path / "perf.md"
-    report = cli.main(["--quick", "--sections", "data", "--out", str(out)])
+    report = cli.main(["--quick", "--parts", "data", "--out", str(out)])
     assert "**Training loader: images/s" in report and "**Training step on visionpe's loader" in report
     rows = [line for line in report.splitlines() if line.startswith("| square") or line.startswith("| native")]
     assert len(rows) == 2

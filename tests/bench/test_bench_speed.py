@@ -1,5 +1,5 @@
-"""visionpe.bench (visionpe bench-speed): a ``--quick`` run writes every section's table with finite ratios (to a temporary file,
-never docs/reports/PERFORMANCE.md), the opt-in flex section included; the CPU memory tracker and the table census count what
+"""visionpe.bench (visionpe bench-speed): a ``--quick`` run writes every part's table with finite ratios (to a temporary file,
+never docs/reports/PERFORMANCE.md), the opt-in flex part included; the CPU memory tracker and the table census count what
 they claim."""
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import torch
 from conftest import requires
 
 from visionpe.bench.speed import cli, flex, memory, plan, profile, timing
+from visionpe.cli import UserError
 from visionpe.cli.report import keep_hand_written
 
-# section -> (tables it writes under --quick, start of their titles)
+# part -> (tables it writes under --quick, start of their titles)
 TITLES = {"rope": (2, "RoPE apply"), "forward": (2, "Eval forward"), "train": (2, "Training step (forward"),
           "memory": (2, "Training step peak memory"), "timm": (1, "visionpe vs timm native"),
           "cache": (1, "Alternating resolutions"), "scale": (2, "Large grid"), "compile": (1, "Compiled eval forward")}
@@ -57,10 +58,10 @@ def ratio(cell: str) -> float:
     return float(cell[:-1])
 
 
-def check_section(tables: dict, section: str) -> list:
-    count, start = TITLES[section]
+def check_part(tables: dict, part: str) -> list:
+    count, start = TITLES[part]
     found = {title: rows for title, rows in tables.items() if title.startswith(start)}
-    assert len(found) == count, (section, list(tables))
+    assert len(found) == count, (part, list(tables))
     for title, rows in found.items():
         assert rows, title
         for row in rows:
@@ -75,43 +76,44 @@ def check_section(tables: dict, section: str) -> list:
     return list(found.items())
 
 
-def test_quick_run_writes_every_section(tmp_path, one_thread):
-    sections = [s for s in cli.SECTIONS if s != "compile"]  # compiling ten encodings: the test below, one encoding
+def test_quick_run_writes_every_part(tmp_path, one_thread):
+    parts = [s for s in cli.PARTS if s != "compile"]  # compiling ten encodings: the test below, one encoding
     out, record = tmp_path / "PERFORMANCE.md", tmp_path / "speed.json"
-    report = cli.main(["--quick", "--threads", "1", "--sections", *sections, "--out", str(out), "--record",
+    report = cli.main(["--quick", "--threads", "1", "--parts", *parts, "--out", str(out), "--record",
                        str(record)])
     assert out.read_text() == report
     assert report.startswith("# Performance\n\nMade by `visionpe bench-speed --quick")
-    # the same results as data: settings and their hash, the machine, every section's tables and wall time
+    # the same results as data: settings and their hash, the machine, every part's tables and wall time
     data = json.loads(record.read_text())
+    assert cli.read_speed_record(record) == data
     assert data["format"] == cli.RECORD_FORMAT and data["command"].startswith("visionpe bench-speed --quick")
-    assert data["settings"]["sections"] == sections and "out" not in data["settings"]
+    assert data["settings"]["parts"] == parts and "out" not in data["settings"]
     assert len(data["settings_sha256"]) == 64 and data["made_by"]["torch"] and data["made_by"]["device"] == "cpu"
-    assert [s["name"] for s in data["sections"]] == sections and all(s["seconds"] > 0 for s in data["sections"])
-    assert all(f"**{t['title']}**" in report for s in data["sections"] for t in s["tables"])
-    assert data["wall_s"] >= sum(s["seconds"] for s in data["sections"])
+    assert [s["name"] for s in data["parts"]] == parts and all(s["seconds"] > 0 for s in data["parts"])
+    assert all(f"**{t['title']}**" in report for s in data["parts"] for t in s["tables"])
+    assert data["wall_s"] >= sum(s["seconds"] for s in data["parts"])
     tables = parse_tables(report)
-    for section in sections:
-        check_section(tables, section)
+    for part in parts:
+        check_part(tables, part)
     # the census: ALiBi is one module shared by both blocks: one table, built in the first forward only
-    for _, rows in check_section(tables, "scale"):
+    for _, rows in check_part(tables, "scale"):
         alibi = next(row for row in rows if row["pe"] == "alibi")
         assert (alibi["encoding calls"], alibi["tables (1st / next forward)"], alibi["built (1st / next)"]) == \
                ("2", "1 / 1", "1 / 0")
         assert all(row["built once"] == "met" for row in rows)
     # memory is deterministic: the control model's peak equals none's
-    memory = check_section(tables, "memory")
+    memory = check_part(tables, "memory")
     for _, rows in memory:
         assert rows[1]["vs none"] == "1.000x"
-    # ... and the same whether its steps follow the train section's (shared) or are its own (after a warm-up step)
-    alone = cli.main(["--quick", "--threads", "1", "--sections", "memory"])
-    assert check_section(parse_tables(alone), "memory") == memory
+    # ... and the same whether its steps follow the train part's (shared) or are its own (after a warm-up step)
+    alone = cli.main(["--quick", "--threads", "1", "--parts", "memory"])
+    assert check_part(parse_tables(alone), "memory") == memory
 
 
 @requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
-def test_quick_compile_section(tmp_path, one_thread):
+def test_quick_compile_part(tmp_path, one_thread):
     out = tmp_path / "compiled.md"
-    report = cli.main(["--quick", "--threads", "1", "--sections", "compile", "--pes", "alibi", "--compile-pairs",
+    report = cli.main(["--quick", "--threads", "1", "--parts", "compile", "--pes", "alibi", "--compile-pairs",
                          "control", "--out", str(out)])
     tables = parse_tables(report)
     [(title, rows)] = [(t, r) for t, r in tables.items() if t.startswith("Compiled eval forward")]
@@ -123,7 +125,7 @@ def test_quick_compile_section(tmp_path, one_thread):
     assert [row["pair"] for row in pairs] == ["control: timm ViT vs an identical timm ViT"]
     assert math.isfinite(ratio(pairs[0]["ours / timm"])), pairs
     assert cli.parse_args([]).compile_pairs == ["learned", "swin_bias"]
-    assert not cli.main(["--quick", "--sections", "compile", "--pes", "alibi", "--compile-pairs"]).count(
+    assert not cli.main(["--quick", "--parts", "compile", "--pes", "alibi", "--compile-pairs"]).count(
         "visionpe vs timm native, compiled")
 
 
@@ -139,6 +141,24 @@ def test_live_tensor_bytes_tracks_the_peak_of_live_storages():
     assert tracker.live == 0
 
 
+def test_old_speed_record_is_read_with_parts(tmp_path):
+    """A record written before ``sections`` was renamed ``parts`` (at the top and in its settings) reads as one
+    written now; a record giving both names, or another format, is an error naming the file."""
+    part = {"name": "rope", "seconds": 1.5, "tables": []}
+    old = {"format": cli.RECORD_FORMAT, "settings": {"sections": ["rope"], "batch": 8}, "sections": [part]}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    record = cli.read_speed_record(path)
+    assert record["parts"] == [part] and record["settings"] == {"parts": ["rope"], "batch": 8}
+    assert "sections" not in record
+    path.write_text(json.dumps({**old, "parts": [part]}))
+    with pytest.raises(UserError, match="'sections' is the old name of 'parts'; give one of them"):
+        cli.read_speed_record(path)
+    path.write_text(json.dumps({**old, "format": "something else"}))
+    with pytest.raises(UserError, match=f"{path}.*not a visionpe.bench.speed.record/1 record"):
+        cli.read_speed_record(path)
+
+
 def test_report_keeps_the_hand_written_reading_section(tmp_path):
     path = tmp_path / "PERFORMANCE.md"
     path.write_text("# Performance\n\nold tables\n\n## Reading these numbers\n\nBy hand.\n")
@@ -147,9 +167,9 @@ def test_report_keeps_the_hand_written_reading_section(tmp_path):
 
 
 @requires("torch", "2.5", "torch.nn.attention.flex_attention")
-def test_quick_flex_section(one_thread):
-    assert "flex" not in cli.SECTIONS and cli.parse_args([]).sections == cli.SECTIONS  # opt-in
-    report = cli.main(["--quick", "--threads", "1", "--sections", "flex"])
+def test_quick_flex_part(one_thread):
+    assert "flex" not in cli.PARTS and cli.parse_args([]).parts == cli.PARTS  # opt-in
+    report = cli.main(["--quick", "--threads", "1", "--parts", "flex"])
     tables = parse_tables(report)
     [(title, rows)] = [(t, r) for t, r in tables.items() if t.startswith("FlexAttention vs SDPA")]
     assert "16 tokens (4x4 grid)" in title
@@ -169,7 +189,7 @@ def test_quick_flex_section(one_thread):
 
 
 def test_dense_biases_match_their_definitions():
-    """The SDPA masks of the flex section: ALiBi-2D is -slope x grid distance, the Swin bias a gather by offset."""
+    """The SDPA masks of the flex part: ALiBi-2D is -slope x grid distance, the Swin bias a gather by offset."""
     side, heads = 3, 2
     alibi = flex.dense_bias(flex.alibi_2d_bias(heads, side, "cpu"), heads, side * side, "cpu")
     assert alibi.shape == (1, heads, 9, 9)
@@ -181,9 +201,9 @@ def test_dense_biases_match_their_definitions():
     assert torch.equal(swin[0, :, 0, 4], swin[0, :, 4, 8]) and not torch.equal(swin[0, :, 0, 4], swin[0, :, 4, 0])
 
 
-def test_quick_profile_section(one_thread):
-    assert "profile" not in cli.SECTIONS  # opt-in
-    report = cli.main(["--quick", "--threads", "1", "--sections", "profile", "--pes", "rope_mixed", "rel_bias"])
+def test_quick_profile_part(one_thread):
+    assert "profile" not in cli.PARTS  # opt-in
+    report = cli.main(["--quick", "--threads", "1", "--parts", "profile", "--pes", "rope_mixed", "rel_bias"])
     tables = {t: r for t, r in parse_tables(report).items() if t.startswith("Where the training step's time goes")}
     assert len(tables) == 2, list(parse_tables(report))
     for title, rows in tables.items():
@@ -207,7 +227,7 @@ def test_profiled_learned_bias_trains_through_the_fused_bias_attention(one_threa
     calls: which operators rank among the largest by time depends on the machine's load)."""
     run = timing.Run(torch.device("cpu"), 1, 0.01, plan.make_plan(True, 2), ["rel_bias"])
     steps = run.train_steps(run.plan.tiny)
-    steps["rel_bias"]()  # warm-up, as the section does
+    steps["rel_bias"]()  # warm-up, as the part does
     _, counts = profile.operator_times(run, steps["rel_bias"])
     _, none_counts = profile.operator_times(run, steps["none"])
     assert counts["_FusedBiasAttentionBackward"] == run.plan.tiny.kwargs["depth"] and not none_counts[
@@ -228,18 +248,18 @@ def test_operator_times_counts_calls_and_self_time():
 
 
 @requires("torch", "2.4", "torch.compile(fullgraph=True) through a Grid")
-def test_quick_compiled_training_section(one_thread):
-    assert "compile-train" not in cli.SECTIONS  # opt-in
-    report = cli.main(["--quick", "--threads", "1", "--sections", "compile-train", "--pes", "rope_mixed"])
+def test_quick_compiled_training_part(one_thread):
+    assert "compile-train" not in cli.PARTS  # opt-in
+    report = cli.main(["--quick", "--threads", "1", "--parts", "compile-train", "--pes", "rope_mixed"])
     [(title, rows)] = [(t, r) for t, r in parse_tables(report).items() if t.startswith("Compiled training step")]
     assert [row["pe"] for row in rows] == ["none", "none (control)", "rope_mixed"]
     assert all(math.isfinite(ratio(row["vs none"])) for row in rows), rows
     assert not any(row["ms"].startswith("error") for row in rows), rows
 
 
-def test_quick_video_section(one_thread):
-    assert "video" not in cli.SECTIONS  # opt-in
-    report = cli.main(["--quick", "--threads", "1", "--sections", "video", "--pes", "learned", "lookhere",
+def test_quick_video_part(one_thread):
+    assert "video" not in cli.PARTS  # opt-in
+    report = cli.main(["--quick", "--threads", "1", "--parts", "video", "--pes", "learned", "lookhere",
                        "rope_mixed", "fire"])
     tables = {t: r for t, r in parse_tables(report).items() if t.startswith("Video ")}
     assert [t.split(":")[0] for t in tables] == ["Video eval forward", "Video training step (forward + backward + AdamW)"]
@@ -269,11 +289,11 @@ def test_video_setups_are_the_video_benchmark_recipe_and_cover_every_3d_encoding
 @pytest.mark.skipif(bool(__import__("visionpe.export").export.missing_onnx_packages()) or
                     not __import__("visionpe.export").export.torch_supports_export(),
                     reason="needs the export extra (onnx, onnxscript, onnxruntime) and torch >= 2.6")
-def test_quick_onnx_section(one_thread):
+def test_quick_onnx_part(one_thread):
     """The exported visionpe models against timm's exported twins in onnxruntime, at the training size and twice it;
     a visionpe export that refuses a size is timed as static exports, and says so."""
-    assert "onnx" not in cli.SECTIONS  # opt-in
-    report = cli.main(["--quick", "--threads", "1", "--sections", "onnx"])
+    assert "onnx" not in cli.PARTS  # opt-in
+    report = cli.main(["--quick", "--threads", "1", "--parts", "onnx"])
     (title, rows), = parse_tables(report).items()
     assert title.startswith("Exported models in onnxruntime")
     assert [(row["pair"].split(" ")[0], row["size"]) for row in rows] == [

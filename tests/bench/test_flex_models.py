@@ -1,4 +1,4 @@
-"""The opt-in flex-models section: visionpe's attention="flex" vs "sdpa" in a ViT per bias encoding. Under --quick on
+"""The opt-in flex-models part: visionpe's attention="flex" vs "sdpa" in a ViT per bias encoding. Under --quick on
 CPU: every eval cell is a time, every flex training cell the clear error of CPU FlexAttention, every ratio the quotient
 of the cells it names."""
 import pytest
@@ -18,9 +18,9 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_quick_flex_models_section(one_thread):
-    assert "flex-models" in cli.OPT_IN and "flex-models" not in cli.SECTIONS
-    tables = parse_tables(cli.main(["--quick", "--threads", "1", "--sections", "flex-models"]))
+def test_quick_flex_models_part(one_thread):
+    assert "flex-models" in cli.OPT_IN and "flex-models" not in cli.PARTS
+    tables = parse_tables(cli.main(["--quick", "--threads", "1", "--parts", "flex-models"]))
     assert [t.split(":")[1].split(",")[0].strip() for t in tables] == ["quick ViT (32 px / 8)", "quick ViT (64 px / 8)"]
     for title, rows in tables.items():
         assert title.endswith("float32") and ("17 tokens" in title or "65 tokens" in title)

@@ -764,6 +764,9 @@ ROWS += [
     (Q, ["--scale-repeats", str(10**18)], ["--scale-repeats must be an integer in [1, 1000]"]),
     (Q, ["--min-run-time", "inf"], ["--min-run-time must be a number of seconds in (0, 3600.0]", "got inf"]),
     (Q, ["--threads", str(10**18)], ["--threads must be an integer in [1, 4096]", str(10**18)]),
+    # bench-speed: the old spelling of --parts names the new one
+    (Q, ["--sections", "rope"], ["--sections is now --parts", "default rope forward"]),
+    (Q, ["--sections=rope"], ["--sections is now --parts"]),
     # convert-benchmark: --to checked before the recipe is resolved with it (the message named "pe")
     ("convert", ["--to", "abc", "--report-only", "--out", "{tmp}/c", "--doc", "{tmp}/C.md"],
      ["--to abc", "is not a known encoding"]),

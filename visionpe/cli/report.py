@@ -81,7 +81,7 @@ def write_part(doc: Path, name: str, text: str) -> None:
     write_text(doc, new)
 
 
-def marked_sections(doc: Path) -> list[str]:
+def marked_parts(doc: Path) -> list[str]:
     """Every marked part of ``doc`` (with its markers), in order; none when the file does not exist."""
     doc = Path(doc)
     if not doc.is_file():
@@ -92,7 +92,7 @@ def marked_sections(doc: Path) -> list[str]:
 def write_document(doc: Path, text: str) -> None:
     """Write ``text`` as ``doc``, keeping the marked parts that other commands wrote into the old file (at the
     end, in their order)."""
-    kept = marked_sections(doc)
+    kept = marked_parts(doc)
     for block in kept:
         text = text.rstrip("\n") + "\n\n" + block.rstrip("\n") + "\n"
     write_text(doc, text)

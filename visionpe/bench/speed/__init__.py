@@ -1,7 +1,7 @@
 """Speed and memory benchmarks of visionpe encodings, as ratios measured side by side in one run
 (docs/reports/PERFORMANCE.md holds the results and, under "Reading these numbers", how to read them).
 
-    visionpe bench-speed [--device cpu|cuda] [--sections rope forward ...] [--pes rope_mixed ...]
+    visionpe bench-speed [--device cpu|cuda] [--parts rope forward ...] [--pes rope_mixed ...]
                                   [--repeats 5] [--slow-repeats 5] [--min-run-time 0.25] [--scale-repeats 1]
                                   [--threads N] [--compile-pairs learned swin_bias ...] [--quick] [--out PATH]
 
@@ -10,7 +10,7 @@ function in turn for a block of calls lasting at least ``--min-run-time`` second
 per-call times is reported. The tables of the ViT-S/16 and Swin models at ``--batch`` 8 (ViT-S/16 eval forward and
 training step, timm, cache), whose calls take 0.5 to 2.5 s on CPU (a round is one call, 2-10x ``--min-run-time``),
 use ``--slow-repeats`` rounds. Rows named ``... (control)`` repeat the baseline with a second, identical model or
-op: their gap to the baseline is the noise of the run. Sections (``--sections``, default all but the opt-in
+op: their gap to the baseline is the noise of the run. Parts (``--parts``, default all but the opt-in
 ``compile-train``, ``flex``, ``flex-models``, ``profile``, ``data``, ``video`` and ``onnx``, in this order):
 
 - ``rope``: RoPE apply on q and k of ViT-S/16 shape sliced from a fused qkv at batch 8 and 64, eager and compiled,
@@ -32,7 +32,7 @@ op: their gap to the baseline is the noise of the run. Sections (``--sections``,
 - ``cache``: alternating resolutions (224/256) vs fixed ones: the table caches at work.
 - ``scale``: large grids, batch 1 (ViT-S/16 at 1024 px, a 16-frame video): forward time and the position tables
   each encoding uses per forward.
-- ``flex`` (opt-in, not in the default list: ``--sections flex``): compiled FlexAttention with a ``score_mod`` vs SDPA
+- ``flex`` (opt-in, not in the default list: ``--parts flex``): compiled FlexAttention with a ``score_mod`` vs SDPA
   with the same bias materialised, for biases computed from token coordinates (ALiBi-2D, a Swin table), at ViT-S/16
   shape and at 4096 tokens; and whether training through FlexAttention works on the device.
 - ``flex-models`` (opt-in): visionpe's ``attention="flex"`` vs ``"sdpa"`` in a ViT-S/16 with ``rel_bias`` and
@@ -58,7 +58,7 @@ measurement. ``--out`` rewrites the file's tables and keeps its hand-written "Re
 Targets (printed with each ratio): time and memory of an encoding <= 1.05x none (``peg`` <= 1.10x).
 
 Modules: :mod:`.plan` (which model, which batch), :mod:`.timing` (interleaved rounds), :mod:`.tables` (ratio
-tables), one module per section (:mod:`.rope`, :mod:`.steps`, :mod:`.memory`, :mod:`.versus_timm`, :mod:`.scale`,
-:mod:`.flex`, :mod:`.flex_models`, :mod:`.profile`, :mod:`.loader`, :mod:`.video`, :mod:`.onnx_latency`) and :mod:`.cli` (``visionpe bench-speed``). A new section is a function
-``section(run) -> list[Table]`` in its own module and one entry in :data:`visionpe.bench.speed.cli.RUNNERS`.
+tables), one module per part (:mod:`.rope`, :mod:`.steps`, :mod:`.memory`, :mod:`.versus_timm`, :mod:`.scale`,
+:mod:`.flex`, :mod:`.flex_models`, :mod:`.profile`, :mod:`.loader`, :mod:`.video`, :mod:`.onnx_latency`) and :mod:`.cli` (``visionpe bench-speed``). A new part is a function
+``part(run) -> list[Table]`` in its own module and one entry in :data:`visionpe.bench.speed.cli.RUNNERS`.
 """

@@ -1,4 +1,4 @@
-"""The command line of the speed benchmark (``visionpe bench-speed``): parse, run the sections, write the report."""
+"""The command line of the speed benchmark (``visionpe bench-speed``): parse, run the parts, write the report."""
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +32,8 @@ from .timing import Run, allow_recompiles
 from .video import video_cost
 from .versus_timm import versus_timm
 
-SECTIONS = ["rope", "forward", "train", "memory", "compile", "timm", "cache", "scale"]  # the default run
-OPT_IN = ["compile-train", "flex", "flex-models", "profile", "data", "video",  # run only when named in --sections
+PARTS = ["rope", "forward", "train", "memory", "compile", "timm", "cache", "scale"]  # the default run
+OPT_IN = ["compile-train", "flex", "flex-models", "profile", "data", "video",  # run only when named in --parts
           "onnx"]
 COMPILED_PAIRS = ("learned", "swin_bias", "control", "rope_axial", "rope_mixed")  # --compile-pairs: first two default
 PES = ["learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]  # the default rows
@@ -46,6 +46,8 @@ RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "me
 READING = "## Reading these numbers"
 RECORD_FORMAT = "visionpe.bench.speed.record/1"
 NOT_SETTINGS = ("out", "record", "debug")  # where the results go, not what is measured
+OLD_FLAGS = {"--sections": "--parts"}  # a flag's old spelling -> its name now (an error naming it)
+OLD_KEYS = {"sections": "parts"}  # a record key's old name -> its name now (records written then still read)
 
 
 def header(run: Run, argv: list[str]) -> list[str]:
@@ -63,19 +65,19 @@ def build_parser() -> cli.Parser:
     head, _, tail = DOC.partition("\n\n")
     p = cli.Parser(prog="visionpe bench-speed", description=head, epilog=tail)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--batch", type=int, default=8, help="batch of the ViT-S/16 sections, an integer >= 1 (default 8)")
+    p.add_argument("--batch", type=int, default=8, help="batch of the ViT-S/16 parts, an integer >= 1 (default 8)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved rounds per measurement, an integer >= 1")
     p.add_argument("--slow-repeats", type=int, default=5,
                    help="interleaved rounds of the ViT-S/16 and Swin tables (forward, train, timm, cache), whose rows "
                         "are single calls of 0.5-2.5 s on CPU; an integer >= 1 (default 5; fewer shortens the run)")
     p.add_argument("--min-run-time", type=float, default=0.25, help="seconds of calls per row and round, > 0")
-    p.add_argument("--scale-repeats", type=int, default=1, help="timed rounds of the large-grid section, >= 1")
-    p.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS + OPT_IN,
-                   help=f"default: {' '.join(SECTIONS)}; opt-in: {' '.join(OPT_IN)}")
+    p.add_argument("--scale-repeats", type=int, default=1, help="timed rounds of the large-grid part, >= 1")
+    p.add_argument("--parts", nargs="+", default=PARTS, choices=PARTS + OPT_IN,
+                   help=f"default: {' '.join(PARTS)}; opt-in: {' '.join(OPT_IN)}")
     p.add_argument("--pes", nargs="+", default=PES, choices=PES + FRONTIER,
                    help=f"encodings compared with none (default: {' '.join(PES)}; also {' '.join(FRONTIER)})")
     p.add_argument("--compile-pairs", nargs="*", default=list(COMPILED_PAIRS[:2]), choices=COMPILED_PAIRS,
-                   metavar="PAIR", help="compile section: the visionpe-vs-timm pairs compiled at full size, of "
+                   metavar="PAIR", help="compile part: the visionpe-vs-timm pairs compiled at full size, of "
                    f"{' '.join(COMPILED_PAIRS)} (default: learned swin_bias; each pair takes 1-1.5 min of "
                    "compilation on 2 cores with an empty inductor cache; no names: none)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads, an integer >= 1 (default: torch's choice)")
@@ -83,7 +85,7 @@ def build_parser() -> cli.Parser:
     p.add_argument("--out", type=Path, help="write the tables as markdown to this file")
     p.add_argument("--record", type=Path, metavar="JSON",
                    help="also write the results as data to this file: the settings and their hash, the machine and "
-                        "versions, each section's tables and wall time")
+                        "versions, each part's tables and wall time")
     p.add_debug()
     return p
 
@@ -93,6 +95,11 @@ MAX_RUN_TIME = 3600.0  # seconds of calls per row and round
 MAX_THREADS = 4096  # as visionpe train's --threads
 
 def parse_args(argv: list[str]):
+    for arg in argv:
+        flag = arg.partition("=")[0]
+        if flag in OLD_FLAGS:
+            raise UserError(f"{flag} is now {OLD_FLAGS[flag]} (the speed report's parts: default "
+                            f"{' '.join(PARTS)}; opt-in {' '.join(OPT_IN)})")
     args = build_parser().parse_args(argv)
     for name, most in (("batch", MAX_BATCH), ("repeats", MAX_REPEATS), ("slow_repeats", MAX_REPEATS),
                        ("scale_repeats", MAX_REPEATS)):
@@ -104,9 +111,9 @@ def parse_args(argv: list[str]):
         raise UserError(f"--threads must be an integer in [1, {MAX_THREADS}], got {args.threads}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is available")
-    if "onnx" in args.sections and (export.missing_onnx_packages() or not export.torch_supports_export()):
+    if "onnx" in args.parts and (export.missing_onnx_packages() or not export.torch_supports_export()):
         missing = export.missing_onnx_packages()
-        raise UserError("--sections onnx needs " + (f"the export extra: pip install 'visionpe[export]' (missing: "
+        raise UserError("--parts onnx needs " + (f"the export extra: pip install 'visionpe[export]' (missing: "
                                                     f"{', '.join(missing)})" if missing else
                                                     f"torch >= {'.'.join(map(str, export.MIN_TORCH))}"))
     for flag, path, what in (("--out", args.out, "a markdown file"), ("--record", args.record, "a JSON file")):
@@ -115,21 +122,42 @@ def parse_args(argv: list[str]):
     return args
 
 
-def speed_record(args, argv: list[str], sections: list[dict], seconds: float) -> dict:
+def speed_record(args, argv: list[str], parts: list[dict], seconds: float) -> dict:
     """The results of ``visionpe bench-speed ARGV`` as data: the command, the settings (the parsed arguments less
     where the results go) and their sha256, the machine and versions (:func:`visionpe.bench.machine.environment`)
-    with the device measured, every section (``{name, seconds, tables: [{title, header, rows, note}]}``) and the
+    with the device measured, every part (``{name, seconds, tables: [{title, header, rows, note}]}``) and the
     wall time."""
     measured = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_SETTINGS}
     return {"format": RECORD_FORMAT, "command": " ".join(["visionpe bench-speed", shlex.join(argv)]),
             "settings": measured,
             "settings_sha256": hashlib.sha256(json.dumps(measured, sort_keys=True).encode()).hexdigest(),
-            "made_by": {**environment(), "device": args.device}, "sections": sections, "wall_s": seconds,
+            "made_by": {**environment(), "device": args.device}, "parts": parts, "wall_s": seconds,
             "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
+def read_speed_record(path: Path) -> dict:
+    """The speed record in ``path`` (written by ``--record``, layout of :func:`speed_record`); a record written
+    before a key's rename (:data:`OLD_KEYS`: ``sections`` is now ``parts``, at the top and in ``settings``) is read
+    with the key's name now. A file that is not such a record, or one giving a key under both names, is a
+    :class:`~visionpe.cli.UserError` naming it."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"speed record {path} cannot be read ({err})") from None
+    found = record.get("format") if isinstance(record, dict) else None
+    if found != RECORD_FORMAT:
+        raise UserError(f"speed record {path} is not a {RECORD_FORMAT} record (format {found!r})")
+    for mapping in (record, record.get("settings")):
+        for old, new in OLD_KEYS.items() if isinstance(mapping, dict) else ():
+            if old in mapping and new in mapping:
+                raise UserError(f"speed record {path}: {old!r} is the old name of {new!r}; give one of them")
+            if old in mapping:
+                mapping[new] = mapping.pop(old)
+    return record
+
+
 def main(argv: list[str]) -> str:
-    """``visionpe bench-speed ARGV``: run the sections, print each table as it is done, write the report to ``--out``;
+    """``visionpe bench-speed ARGV``: run the parts, print each table as it is done, write the report to ``--out``;
     returns the report. A user mistake is a :class:`~visionpe.cli.UserError`."""
     args = parse_args(argv)
     if args.quick:
@@ -141,21 +169,21 @@ def main(argv: list[str]) -> str:
     run = Run(torch.device(args.device), args.repeats, args.min_run_time, plan,
               args.pes, args.scale_repeats, tuple(args.compile_pairs), args.slow_repeats)
     out = header(run, [a for a in argv if a != "--debug"])
-    sections, t0 = [], time.perf_counter()
-    for i, key in enumerate(args.sections):
+    parts, t0 = [], time.perf_counter()
+    for i, key in enumerate(args.parts):
         start, tables = time.perf_counter(), []
         for table in RUNNERS[key](run):
             print(table.markdown() + "\n", flush=True)
             out += [table.markdown(), ""]
             tables.append({"title": table.title, "header": table.header, "rows": table.rows, "note": table.note})
-        if not {"train", "memory"} & set(args.sections[i + 1:]):
+        if not {"train", "memory"} & set(args.parts[i + 1:]):
             run.steps.clear()  # the training steps shared by train and memory: models and optimizer state
-        sections.append({"name": key, "seconds": time.perf_counter() - start, "tables": tables})
-        print(f"[{key}: {sections[-1]['seconds']:.0f} s]\n", file=sys.stderr, flush=True)
+        parts.append({"name": key, "seconds": time.perf_counter() - start, "tables": tables})
+        print(f"[{key}: {parts[-1]['seconds']:.0f} s]\n", file=sys.stderr, flush=True)
     report = "\n".join(out)
     if args.out:
         keep_hand_written(args.out, report, READING)
     if args.record:
-        record = speed_record(args, [a for a in argv if a != "--debug"], sections, time.perf_counter() - t0)
+        record = speed_record(args, [a for a in argv if a != "--debug"], parts, time.perf_counter() - t0)
         write_text(args.record, json.dumps(record, indent=1, default=str) + "\n")
     return report

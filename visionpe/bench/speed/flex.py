@@ -1,4 +1,4 @@
-"""Section ``flex`` (opt-in): compiled FlexAttention with a ``score_mod`` vs SDPA with the same bias materialised."""
+"""Part ``flex`` (opt-in): compiled FlexAttention with a ``score_mod`` vs SDPA with the same bias materialised."""
 from __future__ import annotations
 
 import torch
@@ -69,7 +69,7 @@ def qkv(run: Run, batch: int, tokens: int, heads: int, head_dim: int) -> list[to
 def flex_table(run: Run, batch: int, side: int, heads: int, head_dim: int) -> Table:
     """SDPA without a mask (the floor), with each bias precomputed or built in each call, and compiled
     ``flex_attention`` computing the bias in its ``score_mod``, all timed side by side."""
-    from torch.nn.attention.flex_attention import flex_attention  # torch >= 2.5; the other sections run without it
+    from torch.nn.attention.flex_attention import flex_attention  # torch >= 2.5; the other parts run without it
     tokens, device, sdpa = side * side, run.device, F.scaled_dot_product_attention
     q, k, v = qkv(run, batch, tokens, heads, head_dim)
     fns = {"SDPA, no mask": lambda: sdpa(q, k, v), "SDPA, no mask" + CONTROL: lambda: sdpa(q, k, v)}

@@ -1,4 +1,4 @@
-"""Section ``flex-models`` (opt-in): visionpe's ``attention="flex"`` against ``attention="sdpa"`` in a ViT-S/16 with
+"""Part ``flex-models`` (opt-in): visionpe's ``attention="flex"`` against ``attention="sdpa"`` in a ViT-S/16 with
 each kind of bias pair function (``rel_bias``: a learned per-offset table, the form ``swin_bias``, ``cpb`` and
 ``bucket_bias`` share; ``alibi``: a function of coordinates), at the plan's token counts. Per size: the eval
 forward, the training step (forward, backward, AdamW) and, on CUDA, its peak memory; then the compiled eval forward

@@ -60,7 +60,7 @@ def cuda_part(env: str, junit: Path, bench: str, tests_status: int | None, bench
              + (f" in {seconds:.0f} s" if seconds is not None else "") + ".", "", "```", env.strip(), "```", ""]
     lines += tests_part(junit, tests_status) + [""]
     if bench_status == TIMED_OUT:
-        lines += ["The benchmark was stopped by the time limit: the tables below are the sections it finished.", ""]
+        lines += ["The benchmark was stopped by the time limit: the tables below are the parts it finished.", ""]
     elif bench_status:
         lines += [f"The benchmark exited with status {bench_status}: the tables below are what it printed.", ""]
     lines += [bench.strip() or "(no benchmark tables)", ""]

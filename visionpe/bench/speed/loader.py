@@ -1,4 +1,4 @@
-"""Section ``data`` (opt-in): the training loader of real images, visionpe's against timm's, on one JPEG folder.
+"""Part ``data`` (opt-in): the training loader of real images, visionpe's against timm's, on one JPEG folder.
 
 The benchmark writes its own folder of JPEGs (varied sizes and aspect ratios around ImageNet's 500 x 375, two
 classes) in a temporary directory, then times, side by side in interleaved rounds, one pass over it by

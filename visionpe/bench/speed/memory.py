@@ -1,4 +1,4 @@
-"""Section ``memory``: peak memory of the training step per encoding vs none."""
+"""Part ``memory``: peak memory of the training step per encoding vs none."""
 from __future__ import annotations
 
 import torch
@@ -79,7 +79,7 @@ def memory_cost(run: Run) -> list[Table]:
     for setup in (run.plan.vit, run.plan.tiny):
         peaks, held = {}, {}
         for pe, step in run.train_steps(setup).items():
-            if not step.optimizer.state:  # a first step (none if the train section ran): the optimizer state exists
+            if not step.optimizer.state:  # a first step (none if the train part ran): the optimizer state exists
                 step()
             peaks[pe] = step_peak_bytes(step, run.device)
             held[pe] = (megabytes(step.held_bytes()),)

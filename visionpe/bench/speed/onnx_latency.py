@@ -1,4 +1,4 @@
-"""Section ``onnx`` (opt-in): onnxruntime CPU latency of exported visionpe models against timm's twins holding the
+"""Part ``onnx`` (opt-in): onnxruntime CPU latency of exported visionpe models against timm's twins holding the
 same weights, each exported with a free height and width (the dynamo ONNX exporter, visionpe/export.py), at the
 training size and at twice it, batch 1.
 

@@ -1,4 +1,4 @@
-"""What is measured on which model: the setups (a model recipe and its input batch) of every section, full size or
+"""What is measured on which model: the setups (a model recipe and its input batch) of every part, full size or
 ``--quick``."""
 from __future__ import annotations
 
@@ -51,18 +51,18 @@ class Setup:
 
 @dataclass(frozen=True)
 class Plan:
-    """Model and input sizes of every section: the full ones, or tiny ones under ``--quick``."""
+    """Model and input sizes of every part: the full ones, or tiny ones under ``--quick``."""
 
     vit: Setup  # ViT-S/16 at 224 px: forward, train, memory, timm, cache
     tiny: Setup  # the small training config: forward, train, memory
-    compiled: Setup  # the compile section's per-encoding model (the small training config; quick: the quick ViT)
-    large: tuple[Setup, ...]  # the scale section's grids
+    compiled: Setup  # the compile part's per-encoding model (the small training config; quick: the quick ViT)
+    large: tuple[Setup, ...]  # the scale part's grids
     rope: tuple[int, tuple[int, int], int, tuple[int, ...]]  # heads, patch grid, head_dim, batches
     swin: dict[str, tuple[str, dict, tuple[int, int]]]  # (timm name, kwargs, input size) of Swin-T and SwinV2-T
-    alt_size: tuple[int, int]  # the cache section's second input size
+    alt_size: tuple[int, int]  # the cache part's second input size
     flex: tuple[int, int, tuple[tuple[int, int], ...]]  # heads, head_dim, (batch, grid side) of each flex table
-    flex_models: tuple[Setup, ...] = ()  # the flex-models section's ViT at each token count
-    video: tuple[Setup, ...] = ()  # the video section's tubelet video ViTs
+    flex_models: tuple[Setup, ...] = ()  # the flex-models part's ViT at each token count
+    video: tuple[Setup, ...] = ()  # the video part's tubelet video ViTs
 
 
 def tiny_recipe(batch: int | None = None) -> Setup:
@@ -87,7 +87,7 @@ def video_recipe() -> Setup:
 
 
 def flex_model_setups(quick: bool, batch: int, device_type: str) -> tuple[Setup, ...]:
-    """The flex-models section's ViT-S/16: 197 and 4097 tokens with 2 of its 12 blocks on CPU (a 4097-token training
+    """The flex-models part's ViT-S/16: 197 and 4097 tokens with 2 of its 12 blocks on CPU (a 4097-token training
     step of all 12 takes about 20 s there); 4097 and 16385 tokens with all 12 blocks on CUDA."""
     if quick:
         kw = dict(embed_dim=32, depth=2, num_heads=2, img_size=32, patch_size=8)

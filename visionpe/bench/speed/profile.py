@@ -1,4 +1,4 @@
-"""Section ``profile`` (opt-in): the training step under ``torch.profiler``: where each encoding's time over
+"""Part ``profile`` (opt-in): the training step under ``torch.profiler``: where each encoding's time over
 ``none`` goes."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Section ``rope``: RoPE apply on q and k sliced from a fused qkv vs a copy of q and k (the memory floor) and
+"""Part ``rope``: RoPE apply on q and k sliced from a fused qkv vs a copy of q and k (the memory floor) and
 timm's ``apply_rot_embed_cat``, eager and compiled."""
 from __future__ import annotations
 

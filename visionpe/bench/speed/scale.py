@@ -1,4 +1,4 @@
-"""Section ``scale``: large grids at batch 1: forward time and the position tables each encoding uses per forward."""
+"""Part ``scale``: large grids at batch 1: forward time and the position tables each encoding uses per forward."""
 from __future__ import annotations
 
 import math
@@ -104,7 +104,7 @@ def scale_cost(run: Run) -> list[Table]:
 def scale_table(run: Run, setup: Setup) -> Table:
     """One model at a time (the cached (heads, T, T) tables of several models at 4096 tokens would not fit in memory
     together): a first forward, then ``scale_repeats`` timed ones; ``none (control)`` runs last, so its gap to
-    ``none`` shows the drift over the section."""
+    ``none`` shows the drift over the part."""
     x = setup.input(run.device)
     census, times, tokens = TableCensus(), {}, 0
     for name in ["none", *run.pes, "none" + CONTROL]:

@@ -1,4 +1,4 @@
-"""Sections ``forward``, ``train``, ``compile``, ``compile-train`` and ``cache``: each encoding's model vs the same
+"""Parts ``forward``, ``train``, ``compile``, ``compile-train`` and ``cache``: each encoding's model vs the same
 model without position, eager and compiled, at fixed and alternating resolutions."""
 from __future__ import annotations
 

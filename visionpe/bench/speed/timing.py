@@ -15,7 +15,7 @@ CONTROL = " (control)"
 
 @dataclass
 class Run:
-    """What every section needs: the device, the timing settings, the sizes and the encodings to compare."""
+    """What every part needs: the device, the timing settings, the sizes and the encodings to compare."""
 
     device: torch.device
     repeats: int
@@ -64,8 +64,8 @@ class Run:
         return {name: setup.create(name.removesuffix(CONTROL), self.device) for name in names}
 
     def train_steps(self, setup: Setup) -> dict[str, TrainStep]:
-        """A :class:`TrainStep` per model of :meth:`models`, made once and shared by the train and memory sections
-        (after the train section's steps, the memory section needs no warm-up step)."""
+        """A :class:`TrainStep` per model of :meth:`models`, made once and shared by the train and memory parts
+        (after the train part's steps, the memory part needs no warm-up step)."""
         if setup.label not in self.steps:
             x, y = setup.input(self.device), setup.labels(self.device)
             self.steps[setup.label] = {pe: TrainStep(m, x, y) for pe, m in self.models(setup).items()}

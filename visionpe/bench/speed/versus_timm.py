@@ -1,4 +1,4 @@
-"""Section ``timm``: visionpe vs timm's own models holding the same weights (learned ViT, rope-vit ports, Swin,
+"""Part ``timm``: visionpe vs timm's own models holding the same weights (learned ViT, rope-vit ports, Swin,
 SwinV2)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Section ``video``: eval forward and training step of each video encoding vs the same tubelet video ViT without
+"""Part ``video``: eval forward and training step of each video encoding vs the same tubelet video ViT without
 position, at the video benchmark's recipe and at ViT-S/16 on 8 frames of 224 px."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from ...registry import check_name
 from .tables import Table, encoding_limit, ms, versus
 from .timing import Run, TrainStep
 
-VIDEO_ONLY = ("videorope", "riflex")  # encodings defined on (T, H, W) grids only: always rows of this section
+VIDEO_ONLY = ("videorope", "riflex")  # encodings defined on (T, H, W) grids only: always rows of this part
 
 
 def video_encodings(pes: list[str]) -> list[str]:
