@@ -49,8 +49,8 @@ def test_the_cosine_warning_of_a_one_step_schedule_is_not_shown(caplog):
         CosineLRScheduler(torch.optim.SGD(model.parameters(), lr=0.1), t_initial=1)  # timm warns here
         assert COSINE_WARNING in caplog.text
         caplog.clear()
-        parts, _ = optimization.build(cfg, model, updates_per_epoch=1, procs=Processes(1, 0, 0, torch.device("cpu")),
-                                amp_dtype=None)
+        parts = optimization.build(cfg, model, None, updates_per_epoch=1, procs=Processes(1, 0, 0, torch.device("cpu")),
+                                   amp_dtype=None)
         assert parts.scheduler.t_initial == 1 and COSINE_WARNING not in caplog.text
     assert logging.getLogger(optimization.COSINE_LOG).level == logging.NOTSET  # put back as it was
 

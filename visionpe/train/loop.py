@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import math
 import random
 import time
@@ -12,7 +13,9 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Subset
+from timm.utils import ModelEmaV3
 from tqdm import tqdm
 
 from .. import data as vdata
@@ -21,7 +24,7 @@ from . import distributed, parallel, rundir
 from .settings import DEFAULTS, TRANSFORM_KEYS, TrainSettings, transforms_of
 from .models import tubelet
 from .metrics import Evaluation
-from ..cli import UserError, one_line
+from ..cli import UserError, one_line, user_errors
 
 
 class NonFiniteLoss(UserError):
@@ -283,8 +286,8 @@ def fsdp_precision(settings: TrainSettings, amp_dtype: torch.dtype | None, devic
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module itself inside DistributedDataParallel and ``torch.compile`` wrappers."""
     while True:
-        inner = getattr(model, "module", None) if isinstance(model, torch.nn.parallel.DistributedDataParallel) \
-            else getattr(model, "_orig_mod", None)
+        ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        inner = getattr(model, "module" if ddp else "_orig_mod", None)
         if inner is None:
             return model
         model = inner
@@ -300,6 +303,63 @@ def channels_last_(model: torch.nn.Module) -> torch.nn.Module:
         elif isinstance(module, torch.nn.Conv3d):
             module.to(memory_format=torch.channels_last_3d)
     return model
+
+
+def trained_module(settings: TrainSettings, model: torch.nn.Module, procs,
+                   mixed_precision: torch.dtype | None = None) -> tuple[torch.nn.Module, ModelEmaV3 | None]:
+    """``model`` (its weights final; built on the meta device with ``meta_init``) made ready to train, in timm's
+    order: on this process's device (``procs``: :class:`~visionpe.train.distributed.Processes`), its EMA copy
+    (:func:`ema_of`, with ``model_ema``), then the module that trains (:func:`parallel_model`), under FSDP the EMA
+    sharded alike. Returns ``(module that trains, EMA or None)``; the optimizer comes after
+    (:func:`visionpe.train.optimization.build`). ``mixed_precision``: FSDP's parameter dtype in the blocks (None:
+    float32)."""
+    if not settings.meta_init:  # a meta-device build is materialised on the device by parallelize
+        model.to(procs.device)
+    if settings.channels_last and settings.parallel != "fsdp":  # FSDP2 shards contiguous parameters: the batches only
+        channels_last_(model)
+    ema = ema_of(settings, model, procs.device) if settings.model_ema else None
+    trained = parallel_model(settings, model, procs, mixed_precision)
+    if ema is not None and settings.parallel == "fsdp":
+        ema.module = parallel.parallelize_ema(ema.module, model, "fsdp", procs.device, mixed_precision=mixed_precision)
+    return trained, ema
+
+
+def ema_of(settings: TrainSettings, model: torch.nn.Module, device: torch.device) -> ModelEmaV3:
+    """timm's ``ModelEmaV3`` of ``model``: a copy made before the model is sharded or wrapped (FSDP modules cannot be
+    copied). Of a meta-device build (``meta_init``) it holds a meta copy, which
+    :func:`visionpe.train.parallel.parallelize_ema` materialises; the EMA itself is then made of a stand-in on
+    ``device``, as timm makes its rounding generator on the device of the module's parameters."""
+    kwargs = dict(decay=settings.model_ema_decay, use_warmup=settings.model_ema_warmup)
+    if not settings.meta_init:
+        return ModelEmaV3(model, **kwargs)
+    ema = ModelEmaV3(torch.nn.Linear(1, 1, device=device), **kwargs)
+    ema.module = copy.deepcopy(model).eval()
+    return ema
+
+
+def parallel_model(settings: TrainSettings, model: torch.nn.Module, procs,
+                   mixed_precision: torch.dtype | None) -> torch.nn.Module:
+    """The module that trains ``model``: under ``parallel: fsdp`` the model itself, sharded in place per block and at
+    the root (:func:`visionpe.train.parallel.parallelize`: activation checkpointing, compile per block, a meta-device
+    build materialised), on any number of processes; else (DDP) the model, compiled with ``compile``, in a
+    ``DistributedDataParallel`` wrapper under torchrun. With ``max_patches`` it takes lists of images of mixed sizes
+    (:class:`MixedSizes`)."""
+    if settings.parallel == "fsdp":
+        with user_errors(f"--parallel fsdp of {settings.model} pe={settings.pe}", (ValueError,)):
+            model = parallel.parallelize(model, "fsdp", procs.device, mixed_precision=mixed_precision,
+                                         grad_checkpointing=settings.grad_checkpointing, compile=settings.compile,
+                                         reshard_after_forward=settings.fsdp_reshard_after_forward)
+        return MixedSizes(model) if settings.max_patches else model
+    if settings.grad_checkpointing:
+        if not hasattr(model, "set_grad_checkpointing"):
+            raise UserError(f"--grad-checkpointing: {type(model).__name__} (--model {settings.model}) has no "
+                            "set_grad_checkpointing; run without it")
+        model.set_grad_checkpointing(True)
+    train_model = torch.compile(model) if settings.compile else model
+    net = MixedSizes(train_model) if settings.max_patches else train_model  # takes lists of images of mixed sizes
+    if procs.world == 1:
+        return net
+    return DDP(net, device_ids=[procs.local_rank] if procs.device.type == "cuda" else None)
 
 
 def to_memory_format(x: torch.Tensor, channels_last: bool) -> torch.Tensor:

@@ -1,19 +1,17 @@
 """What trains a model besides its data, built from the settings as timm's train.py builds it: the optimizer
 (``create_optimizer_v2``: position parameters without weight decay, layer decay), the schedule (per optimizer step:
 linear warmup, then cosine down to ``min_lr``), the float16 gradient scaler, mixup/cutmix, the loss and the EMA
-weights; the module that trains (the model itself, DDP, or FSDP2: :func:`parallel_model`); and where a run stands
-(:class:`Progress`), restored with them from ``state.pt`` or a sharded run's distributed checkpoint."""
+weights (the module that trains, DDP or FSDP2, comes first: :func:`visionpe.train.loop.trained_module`); and where a
+run stands (:class:`Progress`), restored with them from ``state.pt`` or a sharded run's distributed checkpoint."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 from timm.data import Mixup
 from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
@@ -66,21 +64,12 @@ class Progress:
     extended: dict | None = None  # --resume --epochs N: the history's record of the new length (extension_record)
 
 
-def build(settings: TrainSettings, model: torch.nn.Module, updates_per_epoch: int, procs, amp_dtype: torch.dtype | None,
-          mixed_precision: torch.dtype | None = None) -> tuple[Optimization, torch.nn.Module]:
-    """The optimization of ``model`` (its weights final; built on the meta device with ``meta_init``) for ``settings.epochs``
-    epochs of ``updates_per_epoch`` optimizer steps, and the module that trains (:func:`parallel_model`), in timm's
-    order: the model on this process's device (``procs``: :class:`~visionpe.train.distributed.Processes`), its EMA
-    copy, then the data-parallel model (under FSDP the EMA sharded alike), then the optimizer over its parameters
-    (FSDP's shards). ``mixed_precision``: FSDP's parameter dtype in the blocks (None: float32)."""
-    if not settings.meta_init:  # a meta-device build is materialised on the device by parallelize
-        model.to(procs.device)
-    if settings.channels_last and settings.parallel != "fsdp":  # FSDP2 shards contiguous parameters: the batches only
-        loop.channels_last_(model)
-    ema = ema_of(settings, model, procs.device) if settings.model_ema else None
-    trained = parallel_model(settings, model, procs, mixed_precision)
-    if ema is not None and settings.parallel == "fsdp":
-        ema.module = parallel.parallelize_ema(ema.module, model, "fsdp", procs.device, mixed_precision=mixed_precision)
+def build(settings: TrainSettings, model: torch.nn.Module, ema: ModelEmaV3 | None, updates_per_epoch: int, procs,
+          amp_dtype: torch.dtype | None) -> Optimization:
+    """The optimization of ``model`` (on its device, and under FSDP sharded: :func:`visionpe.train.loop.trained_module`
+    comes first, as in timm's order) for ``settings.epochs`` epochs of ``updates_per_epoch`` optimizer steps: the
+    optimizer over its parameters (FSDP's shards), the schedule, mixup/cutmix, the loss, the float16 gradient scaler
+    on ``procs.device`` (:class:`~visionpe.train.distributed.Processes`) and ``ema``, the EMA weights it holds."""
     with user_errors(f"opt={settings.opt}", (ValueError, TypeError, ImportError)):
         optimizer = create_optimizer_v2(model, opt=settings.opt, lr=settings.lr, weight_decay=settings.weight_decay,
                                         layer_decay=settings.layer_decay)  # position parameters: no weight decay
@@ -96,7 +85,7 @@ def build(settings: TrainSettings, model: torch.nn.Module, updates_per_epoch: in
                       label_smoothing=settings.label_smoothing, num_classes=settings.num_classes)
     return Optimization(optimizer, scheduler, criterion_for(settings, mixup is not None), mixup,
                   NativeScaler(device=procs.device.type) if amp_dtype == torch.float16 else None, ema,
-                  settings.epochs, saved_form(settings)), trained
+                  settings.epochs, saved_form(settings))
 
 
 COSINE_LOG = "timm.scheduler.cosine_lr"  # the logger of timm's cosine schedule
@@ -112,44 +101,6 @@ def timm_log_quiet(name: str):
         yield
     finally:
         log.setLevel(level)
-
-
-def ema_of(settings: TrainSettings, model: torch.nn.Module, device: torch.device) -> ModelEmaV3:
-    """timm's ``ModelEmaV3`` of ``model``: a copy made before the model is sharded or wrapped (FSDP modules cannot be
-    copied). Of a meta-device build (``meta_init``) it holds a meta copy, which
-    :func:`visionpe.train.parallel.parallelize_ema` materialises; the EMA itself is then made of a stand-in on
-    ``device``, as timm makes its rounding generator on the device of the module's parameters."""
-    kwargs = dict(decay=settings.model_ema_decay, use_warmup=settings.model_ema_warmup)
-    if not settings.meta_init:
-        return ModelEmaV3(model, **kwargs)
-    ema = ModelEmaV3(torch.nn.Linear(1, 1, device=device), **kwargs)
-    ema.module = copy.deepcopy(model).eval()
-    return ema
-
-
-def parallel_model(settings: TrainSettings, model: torch.nn.Module, procs,
-                   mixed_precision: torch.dtype | None) -> torch.nn.Module:
-    """The module that trains ``model``: under ``parallel: fsdp`` the model itself, sharded in place per block and at
-    the root (:func:`visionpe.train.parallel.parallelize`: activation checkpointing, compile per block, a meta-device
-    build materialised), on any number of processes; else (DDP) the model, compiled with ``compile``, in a
-    ``DistributedDataParallel`` wrapper under torchrun. With ``max_patches`` it takes lists of images of mixed sizes
-    (:class:`~visionpe.train.loop.MixedSizes`)."""
-    if settings.parallel == "fsdp":
-        with user_errors(f"--parallel fsdp of {settings.model} pe={settings.pe}", (ValueError,)):
-            model = parallel.parallelize(model, "fsdp", procs.device, mixed_precision=mixed_precision,
-                                         grad_checkpointing=settings.grad_checkpointing, compile=settings.compile,
-                                         reshard_after_forward=settings.fsdp_reshard_after_forward)
-        return loop.MixedSizes(model) if settings.max_patches else model
-    if settings.grad_checkpointing:
-        if not hasattr(model, "set_grad_checkpointing"):
-            raise UserError(f"--grad-checkpointing: {type(model).__name__} (--model {settings.model}) has no "
-                            "set_grad_checkpointing; run without it")
-        model.set_grad_checkpointing(True)
-    train_model = torch.compile(model) if settings.compile else model
-    net = loop.MixedSizes(train_model) if settings.max_patches else train_model  # takes lists of images of mixed sizes
-    if procs.world == 1:
-        return net
-    return DDP(net, device_ids=[procs.local_rank] if procs.device.type == "cuda" else None)
 
 
 def criterion_for(settings: TrainSettings, mixup: bool) -> torch.nn.Module:

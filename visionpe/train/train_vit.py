@@ -93,7 +93,8 @@ def main(argv: list[str]) -> dict:
 
     # -- optimization and parallel: the model on the device; EMA; compile and DDP, or FSDP2 (sharded in place); the
     #    optimizer (timm's order); then the last commit restored into all of them -----------------------------------
-    parts, model = optimization.build(settings, raw_model, updates_per_epoch, procs, amp_dtype, policy)
+    model, ema = loop.trained_module(settings, raw_model, procs, policy)
+    parts = optimization.build(settings, raw_model, ema, updates_per_epoch, procs, amp_dtype)
     run = optimization.resume(parts, raw_model, state, out, world, init, steps=steps_per_epoch)  # or fresh
     start_epoch = run.epoch
     extension = optimization.extension_text(run.extended, parts.scheduler) if run.extended else None  # --epochs N
