@@ -376,8 +376,8 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         if not isinstance(t, torch.Tensor) or t.ndim != 4 or not t.is_floating_point():
             raise ValueError(f"{name} must be a floating (batch, heads, tokens, head_dim) tensor, got "
                              f"{tuple(getattr(t, 'shape', ()))} {getattr(t, 'dtype', type(t).__name__)}")
-    if not q.dtype == k.dtype == v.dtype:
-        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.dtype == k.dtype == v.dtype and not is_autocast_enabled(q.device.type):
+        raise ValueError(f"q, k, v must share one dtype outside autocast, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must have the same head_dim, got {q.shape[-1]} and {k.shape[-1]}")
     if not q.shape[:2] == k.shape[:2] == v.shape[:2] or k.shape[2] != v.shape[2]:

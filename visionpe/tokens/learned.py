@@ -231,7 +231,7 @@ class Learned(TokenEncoding):
         start = [int(o) for o in offset]
         if any(o != int(o) or o < 0 for o in offset):
             raise ValueError(f"grid window offset={grid.offset} must be non-negative integers (the first table row "
-                             f"each axis reads)")
+                             f"each axis reads, inside the learned {self.grid_shape} table)")
         if self.fit != "tile" and any(s + n > m for s, n, m in zip(start, grid.shape, self.grid_shape)):
             raise ValueError(f"grid window offset={grid.offset} shape={grid.shape} must lie inside the learned "
                              f"grid {self.grid_shape} (fit='tile' repeats the table instead)")
