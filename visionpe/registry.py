@@ -5,7 +5,7 @@ from .bias import FIRE, ALiBi, BucketedBias, ContinuousPositionBias, LookHere, P
 from .encoding import Encoding, constructor_keywords
 from .rotary import (AxialRoPE, CircleRoPE, ComRoPE, DyPE, GeoPE, HARoPE, HoPE, LieRE, MixedRoPE, RegisterRoPE,
                      RIFLEx, SphericalRoPE, SpiralRoPE, StringRoPE, V2PE, VideoRoPE)
-from .tokens import PEG, Learned, SinCos
+from .tokens import PEG, Fourier, Learned, SinCos
 
 FAMILIES = ("tokens", "rotary", "bias")
 
@@ -13,6 +13,7 @@ ENCODINGS: dict[str, type[Encoding]] = {
     "sincos": SinCos,
     "learned": Learned,
     "peg": PEG,
+    "fourier": Fourier,
     "rope_axial": AxialRoPE,
     "rope_mixed": MixedRoPE,
     "videorope": VideoRoPE,

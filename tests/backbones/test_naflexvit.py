@@ -17,6 +17,11 @@ VARIANTS = [  # (timm name, extra keywords, native pe)
     (GAP, {}, "learned"),  # a joint table, bicubic with antialiasing
     ("naflexvit_base_patch16_siglip", {}, "learned"),  # bilinear, SigLIP's tower
     ("naflexvit_base_patch16_parfac_gap", dict(pos_embed_ar_preserving=False), "learned"),  # factorized per axis
+    # pos_embed_ar_preserving (the par/parfac/RADIO names): resampled to a square of the longer side, cropped
+    ("naflexvit_base_patch16_parfac_gap", {}, "learned"),  # factorized
+    ("naflexvit_base_patch16_par_gap", {}, "learned"),  # joint, bicubic
+    ("naflexvit_base_patch16_par_gap", dict(pos_embed_interp_mode="bilinear", pos_embed_antialias=False,
+                                            pos_embed_align_corners=True), "learned"),
     (GAP, dict(embed_proj_type="linear", class_token=True, reg_tokens=2, global_pool="token"), "learned"),
     (GAP, dict(rope_type="axial", pos_embed="none"), "rope_axial"),  # Eva blocks
     (GAP, dict(rope_type="axial", rope_ref_feat_shape=(6, 6)), "rope_axial+learned"),
@@ -48,16 +53,15 @@ def test_native_encoding_is_timms_at_every_size(name, extra, native):
     assert max_logit_diff(vpe.apply(ours, pe="none"), before, SIZES[1]) > 1e-3  # the position was in use
 
 
-def test_square_resample_is_refused_as_native_and_replaced():
-    """``pos_embed_ar_preserving`` (the ``par``/``parfac``/RADIO names) resamples a square table and crops it: no
-    visionpe equivalent, said; another encoding replaces it, every other weight kept."""
+def test_square_resample_is_learned_square_crop_and_replaced():
+    """``pos_embed_ar_preserving`` is ``learned(fit="square_crop")`` (the sizes above: timm's logits); another encoding
+    replaces it, every other weight kept."""
     naflex = _timm_naflex("naflexvit_base_patch16_parfac_gap")
-    with pytest.raises(ValueError, match="pos_embed_ar_preserving=True resamples"):
-        vpe.apply(copy.deepcopy(naflex), pe="native")
+    assert vpe.apply(copy.deepcopy(naflex), pe="native").pe_tokens.fit == "square_crop"
     kept = {k: v.clone() for k, v in naflex.state_dict().items() if "pos_embed" not in k}
     ours = vpe.apply(naflex, pe="rope_mixed+learned")
     state = ours.state_dict()
-    assert all(torch.equal(state[k], v) for k, v in kept.items())
+    assert ours.pe_tokens.fit == "resample" and all(torch.equal(state[k], v) for k, v in kept.items())
     with torch.no_grad():
         assert ours(torch.randn(1, 3, 40, 24)).shape == (1, 3)
 

@@ -124,6 +124,24 @@ def test_learned_factorized_resizes_each_axis(antialias):
     torch.testing.assert_close(pe.patch_table(Grid(new)), ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("table,grid", [((3, 5), (4, 6)), ((4, 4), (6, 3)), ((4, 4), (2, 3)), ((4, 6), (4, 6))])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_learned_square_crop_resamples_to_the_longer_side_and_crops(table, grid, align_corners):
+    """``fit="square_crop"``: ``F.interpolate`` to a square of the grid's longer side, then its first rows and columns
+    (timm NaFlexVit's ``pos_embed_ar_preserving``); the table itself at its own shape. The sampled positions
+    (coordinate augmentation's base) are the same."""
+    pe = Learned(4, grid_shape=table, fit="square_crop", interpolation="bilinear", antialias=False,
+                 align_corners=align_corners)
+    side = max(grid)
+    square = F.interpolate(pe.table.detach().permute(2, 0, 1)[None], size=(side, side), mode="bilinear",
+                           align_corners=align_corners)[0, :, :grid[0], :grid[1]]
+    expected = pe.table.detach() if grid == table else square.permute(1, 2, 0)
+    with torch.no_grad():
+        torch.testing.assert_close(pe.patch_table(Grid(grid)), expected.reshape(-1, 4))
+        if grid != table:
+            torch.testing.assert_close(pe._sampled_table(Grid(grid)).reshape(-1, 4), expected.reshape(-1, 4))
+
+
 def test_learned_offset_selects_window():
     pe = Learned(4, grid_shape=(3, 5))
     window = pe.patch_table(Grid((2, 3), offset=(1, 2)))

@@ -15,8 +15,8 @@ patches only) is ``learned`` with timm's resampling (its ``pos_embed_interp_mode
 ``pos_embed_align_corners``); the factorized ``pos_embed_y``/``pos_embed_x`` are ``learned(factorized=True)``, resampled
 linearly per axis without antialiasing, as timm; its RoPE (``rope_type`` ``axial``, ``mixed``, ``dinov3``, ``mrope``)
 is the Eva adapter's (:func:`~visionpe.backbones.eva.native_rope`), mixed RoPE taking over each block's frequencies.
-No native equivalent (any other encoding replaces them): ``pos_embed_ar_preserving`` (timm resamples a square table
-to the longer side and crops it).
+With ``pos_embed_ar_preserving`` (the ``par``, ``parfac`` and RADIO models: timm resamples the table to a square of the
+grid's longer side and crops it) either table is ``learned(fit="square_crop")``.
 """
 from __future__ import annotations
 
@@ -36,8 +36,6 @@ from .vit import GridTransformer, grid_block, split_layer_freqs, vit_features
 NAFLEX_INPUT = ("the visionpe NaFlexVit takes image batches (B, C, H, W); for images of different sizes and aspect "
                 "ratios in one batch use model.forward_batch(list of (C, H, W) images), each on its own grid "
                 "(timm's NaFlex dict / patch_coord inputs are not taken)")
-AR_PRESERVING = ("timm's NaFlexVit with pos_embed_ar_preserving=True resamples its table to a square of the longer "
-                 "side and crops it, which visionpe's learned table does not; use --pe timm_unpatched, or another pe")
 
 
 class NaFlexPatches:
@@ -95,7 +93,8 @@ class NaFlexVitPE(GridTransformer, NaFlexVit):
 def native_naflex(model: NaFlexVit) -> tuple[str, dict]:
     """``(pe, pe_kwargs)`` reproducing timm's position encoding of the NaFlexVit ``model``: its RoPE
     (:func:`~visionpe.backbones.eva.native_rope`) and its learned table (``learned``, joint or factorized, with timm's
-    resampling), or ``none``; a ``ValueError`` saying why for one visionpe cannot reproduce. A patched model answers
+    resampling: ``fit="square_crop"`` for ``pos_embed_ar_preserving``), or ``none``; a ``ValueError`` saying why for
+    one visionpe cannot reproduce. A patched model answers
     with what it had when it was patched."""
     recorded = recorded_native(model, "naflex_native")
     if recorded is not None:
@@ -106,13 +105,13 @@ def native_naflex(model: NaFlexVit) -> tuple[str, dict]:
         names.append(rotary)
     embeds = model.embeds
     if embeds.pos_embed_type in ("learned", "factorized"):
-        if embeds.pos_embed_ar_preserving:
-            raise ValueError(AR_PRESERVING)
         names.append("learned")
         kwargs.update(dict(factorized=True, interpolation="bilinear", antialias=False)
                       if embeds.pos_embed_type == "factorized" else
                       dict(interpolation=embeds.pos_embed_interp_mode, antialias=embeds.pos_embed_antialias,
                            align_corners=bool(embeds.pos_embed_align_corners)))
+        if embeds.pos_embed_ar_preserving:
+            kwargs["fit"] = "square_crop"
     return "+".join(names) or "none", kwargs
 
 

@@ -8,27 +8,26 @@ a bias to or to rotate, and its class attention lets the position-free class tok
 or bias encoding has no query position.
 
 The architecture's own encoding (``pe="native"``): XCiT's ``PositionalEncodingFourier`` (sines and cosines of the
-patch coordinates normalised to ``(0, 2 pi]``, projected by a learned ``1 x 1`` convolution) is no visionpe encoding
-(``sincos`` has no learned projection), so ``pe="native"`` on a model with it is refused with that reason; a model
-built with ``use_pos_embed=False`` is ``none``.
+patch coordinates normalised to ``(0, 2 pi]``, projected by a learned ``1 x 1`` convolution) is ``fourier``
+(:class:`~visionpe.tokens.Fourier`), which takes over the convolution's weights as its ``projection`` (so does any
+``fourier`` of the same sizes); a model built with ``use_pos_embed=False`` is ``none``. :func:`xcit_keys` reads timm's
+checkpoints (and the official ``pos_embeder.`` ones) into it through :func:`~visionpe.load_timm_checkpoint`.
 """
 from __future__ import annotations
 
 import torch
 from timm.models._features import feature_take_indices
-from timm.models.xcit import Xcit
+from timm.models.xcit import PositionalEncodingFourier, Xcit
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..coords import shares_draws, with_draws
 from ..encoding import ModelContext
 from ..grid import Grid
+from ..tokens import Fourier
+from ..weights.convert import LoadReport
 from .adapter import Adapter, PositionalModel, build_tokens, check_input, recorded_native, register_adapter
 from .vit import check_block_indices, vit_features
-
-FOURIER = ("timm's Xcit Fourier positional encoding (PositionalEncodingFourier: sines and cosines of the normalised "
-           "patch coordinates through a learned 1x1 convolution) is no visionpe encoding; give another pe (sincos, "
-           "learned or peg), or build the model with use_pos_embed=False")
 
 
 class XcitPE(PositionalModel, Xcit):
@@ -99,19 +98,36 @@ class XcitPE(PositionalModel, Xcit):
 
 
 def native_xcit(model: Xcit) -> tuple[str, dict]:
-    """``("none", {})`` for an XCiT without a positional encoding; a ``ValueError`` for its Fourier encoding. A patched
-    model answers with what it had when it was patched."""
+    """``("fourier", pe_kwargs)`` for XCiT's Fourier encoding (its ``hidden_dim`` and ``temperature``), ``("none", {})``
+    for an XCiT without a positional encoding. A patched model answers with what it had when it was patched."""
     recorded = recorded_native(model, "xcit_native")
     if recorded is not None:
         return recorded
-    if getattr(model, "pos_embed", None) is not None:
-        raise ValueError(FOURIER)
-    return "none", {}
+    fourier = getattr(model, "pos_embed", None)
+    if fourier is None:
+        return "none", {}
+    if not isinstance(fourier, PositionalEncodingFourier):
+        raise ValueError(f"Xcit's pos_embed is a {type(fourier).__name__}, not timm's PositionalEncodingFourier; give "
+                         "another pe (fourier, sincos, learned or peg)")
+    kwargs = dict(hidden_dim=fourier.hidden_dim, temperature=float(fourier.temperature))
+    return "fourier", kwargs if fourier.eps == 1e-6 else {**kwargs, "eps": float(fourier.eps)}
+
+
+@torch.no_grad()
+def take_over_fourier(tokens: nn.Module | None, fourier: nn.Module | None) -> None:
+    """timm's ``token_projection`` (a ``1 x 1`` convolution, weight ``(D, 2 hidden_dim, 1, 1)``) goes into a
+    ``fourier`` encoding of the same sizes as its ``projection`` (``(D, 2 hidden_dim)``)."""
+    if not isinstance(tokens, Fourier) or not isinstance(fourier, PositionalEncodingFourier):
+        return
+    conv = fourier.token_projection
+    if tokens.projection.weight.shape == conv.weight.shape[:2]:
+        tokens.projection.weight.copy_(conv.weight.flatten(1))
+        tokens.projection.bias.copy_(conv.bias)
 
 
 def apply_xcit(model: Xcit, names: dict, kwargs: dict) -> None:
-    """Put the tokens encoding of ``names`` into a timm ``Xcit`` in place: its Fourier encoding goes; every other
-    weight is kept."""
+    """Put the tokens encoding of ``names`` into a timm ``Xcit`` in place: its Fourier encoding goes (a ``fourier``
+    of its sizes takes over its projection); every other weight is kept."""
     try:  # what timm built, recorded before its module goes
         native = native_xcit(model)
     except ValueError as err:
@@ -124,9 +140,25 @@ def apply_xcit(model: Xcit, names: dict, kwargs: dict) -> None:
     context = ModelContext(grid_shape, model.embed_dim, first.num_heads, model.embed_dim // first.num_heads,
                            depth=len(model.blocks))
     model.pe_tokens = build_tokens(names, kwargs, context, previous=getattr(model, "pe_tokens", None))
+    take_over_fourier(model.pe_tokens, model.pos_embed)
     model.pos_embed, model.xcit_native = None, native
 
 
+def xcit_keys(state: dict, report: LoadReport) -> dict:
+    """timm XCiT checkpoints: ``pos_embed.token_projection.weight (D, C, 1, 1)`` and its bias (``pos_embeder.`` in the
+    official ones) -> a ``fourier`` encoding's ``pe_tokens.projection.weight (D, C)`` and bias."""
+    out = {}
+    for key, value in state.items():
+        prefix, _, name = key.partition(".token_projection.")
+        if prefix in ("pos_embed", "pos_embeder") and name in ("weight", "bias"):
+            new_key = f"pe_tokens.projection.{name}"
+            out[new_key] = value.flatten(1) if name == "weight" else value
+            report.converted.append(f"{key} -> {new_key}")
+        else:
+            out[key] = value
+    return out
+
+
 register_adapter(Adapter(Xcit, XcitPE, apply_xcit, (), timm_modules=("xcit",), native=native_xcit,
-                         families=("tokens",), feature_cfg=vit_features,
+                         families=("tokens",), feature_cfg=vit_features, checkpoint_hooks=(xcit_keys,),
                          examples=("xcit_tiny_12_p16_224", "xcit_nano_12_p8_224")))

@@ -17,7 +17,7 @@ from ._base import TokenEncoding, check_tokens
 
 
 FACTORIZATIONS = (False, True, "space_time")
-FITS = ("resample", "window", "tile")
+FITS = ("resample", "window", "tile", "square_crop")
 RMS_EPS = 1e-6  # Cosmos' eps of the per-patch RMS normalisation (rms_norm=True)
 
 
@@ -39,12 +39,16 @@ class Learned(TokenEncoding):
         align_corners: ``F.interpolate``'s flag for that resampling (bicubic, bilinear): ``False`` (default, timm
             and PyTorch) samples at half-pixel centres, ``True`` maps the end patches onto the end patches (Qwen3-VL:
             bilinear, ``align_corners=True``, no antialias).
-        fit: how a grid of another shape meets the table: ``"resample"`` (default), ``"window"`` or ``"tile"``.
+        fit: how a grid of another shape meets the table: ``"resample"`` (default), ``"window"``, ``"tile"`` or
+            ``"square_crop"``.
             ``"window"``: the table is never resampled, a grid reads the window ``[offset, offset + shape)`` of it
             (offset 0 without one), the first rows of each axis (Cosmos' per-axis tables cut to the clip); a grid
             beyond the table is a ``ValueError``. ``"tile"``: the table repeated along each axis as far as the grid
             goes, patch ``i`` reading row ``(offset + i) mod size`` (SAM 3's ``_tile_position_embeddings``); a grid
-            within the table reads the same window as ``"window"``.
+            within the table reads the same window as ``"window"``. ``"square_crop"``: each table resampled to a
+            square (a cube in 3D) of the grid's longest side, then cut to the grid, its first rows on each axis, so
+            the grid's aspect ratio is kept (timm's NaFlexVit ``pos_embed_ar_preserving``: the ``par``, ``parfac``
+            and RADIO models).
         rms_norm: each patch's position vector (the sum of the factor tables) divided by ``1e-6 + `` its root mean
             square over the ``dim`` channels, in float32 (Cosmos' ``CosmosLearnablePositionalEmbed``); prefix
             vectors are left as they are.
@@ -142,17 +146,24 @@ class Learned(TokenEncoding):
             tables = [self.table, self.time_table] if self.factorized == "space_time" else [self.table]
         return [full_tensor(t) for t in tables]
 
+    def resampled_shape(self, shape) -> tuple[int, ...]:
+        """The shape the tables are resampled to for a grid of ``shape``: ``shape`` itself, or with
+        ``fit="square_crop"`` its longest side on every axis (then cut to ``shape``)."""
+        return (max(shape),) * len(shape) if self.fit == "square_crop" else tuple(shape)
+
     def _grid_table(self, shape, interpolation: str | None = None, antialias: bool | None = None) -> torch.Tensor:
-        """The sum of the factor tables, each resampled to its axes of ``shape``: ``(*shape, dim)``."""
+        """The sum of the factor tables, each resampled to its axes of :meth:`resampled_shape` and cut to ``shape``
+        (its first rows): ``(*shape, dim)``."""
         interpolation = interpolation or self.interpolation
         antialias = self.antialias if antialias is None else antialias
+        sizes = self.resampled_shape(shape)
         total = 0
         for axes, table in zip(self.factor_axes(), self.factor_tables()):
             view = [1] * self.ndim + [self.dim]
             for a in axes:
                 view[a] = shape[a]
-            resampled = resample_grid(table, [shape[a] for a in axes], interpolation, antialias, self.align_corners)
-            total = total + resampled.reshape(view)
+            resampled = resample_grid(table, [sizes[a] for a in axes], interpolation, antialias, self.align_corners)
+            total = total + resampled[tuple(slice(shape[a]) for a in axes)].reshape(view)
         return total
 
     def patch_table(self, grid: Grid, augment: bool = False) -> torch.Tensor:
@@ -200,12 +211,12 @@ class Learned(TokenEncoding):
             return normalized_to_index(axes, self.grid_shape, coords.coords, coords.normalize_coords)
         if self._reads_window(grid):  # a window of the table (tiled: modulo its size)
             axes = [index.to(torch.float64) for index in self._window_rows(grid, device)]
-        elif self.align_corners:  # F.interpolate's source positions with align_corners=True
-            axes = [torch.arange(n, device=device, dtype=torch.float64) * ((m - 1) / max(n - 1, 1))
-                    for n, m in zip(grid.shape, self.grid_shape)]
+        elif self.align_corners:  # F.interpolate's source positions with align_corners=True (to the resampled size)
+            axes = [torch.arange(n, device=device, dtype=torch.float64) * ((m - 1) / max(r - 1, 1))
+                    for n, m, r in zip(grid.shape, self.grid_shape, self.resampled_shape(grid.shape))]
         else:  # F.interpolate's source positions (align_corners=False): j itself on the training grid
-            axes = [(torch.arange(n, device=device, dtype=torch.float64) + 0.5) * (m / n) - 0.5
-                    for n, m in zip(grid.shape, self.grid_shape)]
+            axes = [(torch.arange(n, device=device, dtype=torch.float64) + 0.5) * (m / r) - 0.5
+                    for n, m, r in zip(grid.shape, self.grid_shape, self.resampled_shape(grid.shape))]
         return axes if transform is None else [transform.on_axis(a, p) for a, p in enumerate(axes)]
 
     def _sampled_table(self, grid: Grid, transform=None) -> torch.Tensor:
@@ -224,7 +235,8 @@ class Learned(TokenEncoding):
         resampled table."""
         if self.coordinates.normalized:
             return False
-        return grid.offset is not None or (self.fit != "resample" and not same_shape(grid.shape, self.grid_shape))
+        windowed = self.fit in ("window", "tile") and not same_shape(grid.shape, self.grid_shape)
+        return grid.offset is not None or windowed
 
     def _check_window(self, grid: Grid) -> None:
         offset = grid.offset or (0.0,) * self.ndim
@@ -277,8 +289,10 @@ class Learned(TokenEncoding):
     def adaptation_label(self) -> str:
         if self.coordinates.normalized:
             return f"table sampled at {self.coordinates.label()} ({self.interpolation})"
-        if self.fit != "resample":
+        if self.fit in ("window", "tile"):
             return "window of the table" if self.fit == "window" else "table tiled"
+        if self.fit == "square_crop":
+            return f"table resampled to a square of the longer side and cropped ({self.interpolation})"
         return (f"table resampled ({self.interpolation}{', antialias' if self.antialias else ''}"
                 f"{', align_corners' if self.align_corners else ''})")
 
