@@ -1,5 +1,6 @@
 """PyTorch functions that the oldest supported release (torch 2.1) spells differently, one name each."""
 import contextlib
+import re
 
 import torch
 
@@ -85,3 +86,14 @@ def refuse_torchscript(module: torch.nn.Module):
         f"torch.jit.script does not support {type(module).__name__}: visionpe computes positions from each input's "
         f"token layout (a visionpe.Grid or Layout, a Python object TorchScript cannot carry) in encodings that are "
         f"Python modules; {TORCHSCRIPT_ROUTES}")
+
+
+def timm_release() -> tuple[int, ...]:
+    """The installed timm's release as integers (``1.0.31`` -> ``(1, 0, 31)``; a pre-release suffix dropped)."""
+    import timm
+    return tuple(int(re.match(r"\d+", part).group()) for part in timm.__version__.split(".")[:3])
+
+
+# timm releases below which an adapter is not registered: NaFlexVit's pos_embed_antialias and Xcit's forward_cls
+# arrived in timm 1.0.31 (tested there; below it the model classes are refused as not supported)
+ADAPTER_MIN_TIMM = {"NaFlexVit": (1, 0, 31), "Xcit": (1, 0, 31)}

@@ -10,6 +10,11 @@ import visionpe as vpe
 from visionpe.backbones.xcit import XcitPE
 from visionpe.tokens import Fourier
 
+from visionpe._compat import ADAPTER_MIN_TIMM, timm_release
+
+pytestmark = pytest.mark.skipif(timm_release() < ADAPTER_MIN_TIMM["Xcit"], reason="the Xcit adapter needs timm >= "
+                                "1.0.31 (what it reads of timm's model arrived there)")
+
 KW = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3, cls_attn_layers=1)
 NAME = "xcit_nano_12_p8_224"
 

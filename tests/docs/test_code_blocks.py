@@ -66,6 +66,10 @@ def test_python_block_runs_as_written(page, line, code, tmp_path, monkeypatch):
         if "onnx" in code and export.missing_onnx_packages():
             pytest.skip(f"{filename} uses {', '.join(export.missing_onnx_packages())} (the export extra: pip install "
                         "'visionpe[export]')")
+    from visionpe._compat import ADAPTER_MIN_TIMM, timm_release
+    for family, release in ADAPTER_MIN_TIMM.items():  # an adapter of a newer timm: not registered at an older one
+        if re.search(rf"\b{family.lower()}", code, re.I) and timm_release() < release:
+            pytest.skip(f"{filename} uses the {family} adapter: timm >= {'.'.join(map(str, release))}")
     try:
         exec(compile("\n" * line + code, filename, "exec"), {"__name__": "__doc_block__"})
     except ImportError as error:  # a name of a newer transformers (DINOv3 from 4.56): skipped at an older one

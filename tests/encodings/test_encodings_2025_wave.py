@@ -262,6 +262,7 @@ def test_mrope_interleave_is_qwen3_vl_language_models_rotation():
     """MRoPE-I deals the pairs of one spectrum to t, h, w in turn (Qwen3-VL's sections (24, 20, 20) of 64 pairs: h
     and w on pairs 1 and 2 mod 3 below 60, t on the rest): ``rope_axial(spectrum="mrope_interleaved")`` on a
     (t, h, w) grid is transformers' Qwen3VLTextRotaryEmbedding at those positions (here 16 pairs, (6, 5, 5))."""
+    pytest.importorskip("transformers.models.qwen3_vl", reason="Qwen3-VL's text rotary embedding: transformers >= 4.57")
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
     config = Qwen3VLTextConfig(hidden_size=64, num_attention_heads=2, head_dim=32, num_hidden_layers=1,

@@ -28,6 +28,7 @@ from torch import nn
 from ..attention import Attention
 from ..encoding import ModelContext
 from ..weights.convert import LoadReport
+from .._compat import ADAPTER_MIN_TIMM, timm_release
 from .adapter import (GLOBAL_REFUSES, Adapter, EncodingSet, build_tokens, check_input, check_model_sizes,
                       recorded_native, register_adapter)
 from .eva import EvaAttentionPE, native_rope, take_over_mixed
@@ -191,7 +192,8 @@ def any_size_naflex(timm_kwargs: dict) -> dict:
     return timm_kwargs
 
 
-register_adapter(Adapter(NaFlexVit, NaFlexVitPE, apply_naflex, (Attention, EvaAttentionPE),
-                         timm_modules=("naflexvit",), any_size=any_size_naflex, native=native_naflex,
-                         refuses=GLOBAL_REFUSES, feature_cfg=vit_features, checkpoint_hooks=(naflex_keys,),
-                         examples=("naflexvit_base_patch16_gap", "naflexvit_base_patch16_siglip")))
+if timm_release() >= ADAPTER_MIN_TIMM["NaFlexVit"]:  # older timm lacks what the adapter reads
+    register_adapter(Adapter(NaFlexVit, NaFlexVitPE, apply_naflex, (Attention, EvaAttentionPE),
+                             timm_modules=("naflexvit",), any_size=any_size_naflex, native=native_naflex,
+                             refuses=GLOBAL_REFUSES, feature_cfg=vit_features, checkpoint_hooks=(naflex_keys,),
+                             examples=("naflexvit_base_patch16_gap", "naflexvit_base_patch16_siglip")))

@@ -26,6 +26,7 @@ from ..encoding import ModelContext
 from ..grid import Grid
 from ..tokens import Fourier
 from ..weights.convert import LoadReport
+from .._compat import ADAPTER_MIN_TIMM, timm_release
 from .adapter import Adapter, PositionalModel, build_tokens, check_input, recorded_native, register_adapter
 from .vit import check_block_indices, vit_features
 
@@ -159,6 +160,7 @@ def xcit_keys(state: dict, report: LoadReport) -> dict:
     return out
 
 
-register_adapter(Adapter(Xcit, XcitPE, apply_xcit, (), timm_modules=("xcit",), native=native_xcit,
-                         families=("tokens",), feature_cfg=vit_features, checkpoint_hooks=(xcit_keys,),
-                         examples=("xcit_tiny_12_p16_224", "xcit_nano_12_p8_224")))
+if timm_release() >= ADAPTER_MIN_TIMM["Xcit"]:  # older timm lacks what the adapter reads
+    register_adapter(Adapter(Xcit, XcitPE, apply_xcit, (), timm_modules=("xcit",), native=native_xcit,
+                             families=("tokens",), feature_cfg=vit_features, checkpoint_hooks=(xcit_keys,),
+                             examples=("xcit_tiny_12_p16_224", "xcit_nano_12_p8_224")))
