@@ -55,6 +55,8 @@ class Fourier(TokenEncoding):
     Call: ``pe(x, grid)`` with ``x: (B, P + N, dim)`` -> same shape.
     """
 
+    reads_spacing = False  # each axis normalised by its own size: a grid's spacing is refused (spacing_refusal)
+
     def __init__(self, *, dim: int, ndim: int = 2, hidden_dim: int = 32, temperature: float = 10000.0,
                  eps: float = 1e-6):
         super().__init__()
