@@ -128,13 +128,19 @@ def native_eva(model: Eva) -> tuple[str, dict]:
     recorded = recorded_native(model, "eva_native")
     if recorded is not None:
         return recorded
-    names, kwargs = [], {}
-    if getattr(model, "rope", None) is not None:
-        rotary, kwargs = native_rope(model.rope)
-        names.append(rotary)
+    names, kwargs = native_rope_of(model)
     if getattr(model, "pos_embed", None) is not None:
         names.append("learned")
     return "+".join(names) or "none", kwargs
+
+
+def native_rope_of(model: nn.Module) -> tuple[list[str], dict]:
+    """``([rotary name], its keywords)`` reproducing the RoPE timm keeps in ``model.rope`` (Eva, NaFlexVit), or
+    ``([], {})`` for a model without one."""
+    if getattr(model, "rope", None) is None:
+        return [], {}
+    rotary, kwargs = native_rope(model.rope)
+    return [rotary], kwargs
 
 
 def native_rope(rope: nn.Module) -> tuple[str, dict]:

@@ -31,7 +31,7 @@ from ..weights.convert import LoadReport
 from .._compat import ADAPTER_MIN_TIMM, timm_release
 from .adapter import (GLOBAL_REFUSES, Adapter, EncodingSet, build_tokens, check_input, check_model_sizes,
                       recorded_native, register_adapter)
-from .eva import EvaAttentionPE, native_rope, take_over_mixed
+from .eva import EvaAttentionPE, native_rope_of, take_over_mixed
 from .vit import GridTransformer, grid_block, split_layer_freqs, vit_features
 
 NAFLEX_INPUT = ("the visionpe NaFlexVit takes image batches (B, C, H, W); for images of different sizes and aspect "
@@ -100,10 +100,7 @@ def native_naflex(model: NaFlexVit) -> tuple[str, dict]:
     recorded = recorded_native(model, "naflex_native")
     if recorded is not None:
         return recorded
-    names, kwargs = [], {}
-    if getattr(model, "rope", None) is not None:
-        rotary, kwargs = native_rope(model.rope)
-        names.append(rotary)
+    names, kwargs = native_rope_of(model)
     embeds = model.embeds
     if embeds.pos_embed_type in ("learned", "factorized"):
         names.append("learned")
