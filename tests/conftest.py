@@ -28,6 +28,17 @@ def build_kwargs(name: str, ndim: int) -> dict:
     return {**kw, "hidden_dim": 16} if name == "cpb" else kw
 
 
+def bias_input(pe, num_tokens: int, batch: int = 2, generator=None) -> torch.Tensor | None:
+    """What a bias that reads more than positions is called with besides the grid: random input tokens ``(batch, T,
+    dim)`` (``reads_tokens``, PaPE) or queries ``(batch, T, heads * head_dim)`` (``reads_queries``, decomposed
+    relative positions); None for any other encoding."""
+    if getattr(pe, "reads_tokens", False):
+        return torch.randn(batch, num_tokens, pe.dim, generator=generator)
+    if getattr(pe, "reads_queries", False):
+        return torch.randn(batch, num_tokens, pe.num_heads * pe.head_dim, generator=generator)
+    return None
+
+
 # every built-in image task rendered at any size on a square canvas (the aspect task draws its own canvases)
 SQUARE_TASKS = tuple(n for n in vdata.names("image", synthetic=True) if n != vdata.aspect.TASK)
 

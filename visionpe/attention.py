@@ -42,6 +42,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
             or with attention dropout take SDPA whatever the choice.
         tokens: the attention's input ``(B, T, dim)`` (the tokens q, k, v were projected from, in their order), for a
             bias that reads it (``bias.reads_tokens``: PaPE's per-query parabolas); required then, unused otherwise.
+            A bias that reads the queries (``bias.reads_queries``: decomposed relative positions) gets ``q`` itself,
+            its heads merged, ``(B, T, heads * head_dim)``, in their place.
     Returns:
         ``(B, heads, P + N, v_head_dim)``.
     """
@@ -86,8 +88,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Grid | Layou
 
 
 def _bias_tokens(bias, tokens, q: torch.Tensor) -> torch.Tensor | None:
-    """The tokens a bias that reads them gets (checked: ``(B, T, dim)`` floating, q's batch and tokens); None for any
-    other bias."""
+    """The tokens a bias that reads them gets (checked: ``(B, T, dim)`` floating, q's batch and tokens), the queries
+    ``q`` with their heads merged for a bias that reads those; None for any other bias."""
+    if getattr(bias, "reads_queries", False):
+        return merge_heads(q)
     if not getattr(bias, "reads_tokens", False):
         return None
     if tokens is None:

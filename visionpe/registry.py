@@ -1,7 +1,8 @@
 """Encodings by name: ``build(name, **kwargs)``, ``available() -> {name: family}``, ``register(name, cls)``."""
 from __future__ import annotations
 
-from .bias import FIRE, ALiBi, BucketedBias, ContinuousPositionBias, LookHere, PaPE, PaPERI, RelBias, SwinBias
+from .bias import (FIRE, ALiBi, BucketedBias, ContinuousPositionBias, DecomposedRelPos, LookHere, PaPE, PaPERI,
+                   RelBias, SwinBias)
 from .encoding import Encoding, constructor_keywords
 from .rotary import (AxialRoPE, CircleRoPE, ComRoPE, DyPE, GeoPE, HARoPE, HoPE, LieRE, MixedRoPE, RegisterRoPE,
                      RIFLEx, SphericalRoPE, SpiralRoPE, StringRoPE, V2PE, VideoRoPE)
@@ -39,6 +40,7 @@ ENCODINGS: dict[str, type[Encoding]] = {
     "fire": FIRE,
     "pape": PaPE,
     "pape_ri": PaPERI,
+    "decomposed_rel_pos": DecomposedRelPos,
 }
 
 BUILTIN: dict[str, type[Encoding]] = dict(ENCODINGS)

@@ -66,7 +66,8 @@ def test_every_fitting_bias_swaps_in(pe):
 @pytest.mark.parametrize("pe,message", [("rope_axial", "takes bias encodings.*rotary encodings"),
                                         ("learned", "takes bias encodings.*tokens encodings"),
                                         ("rel_bias", "rel_bias is a global"),
-                                        ("pape", "does not pass")])
+                                        ("pape", "does not pass"),
+                                        ("decomposed_rel_pos", "reads the attention's queries.*does not pass")])
 def test_unfitting_encodings_are_refused_with_the_allowed_ones(pe, message):
     assert set(FITS) >= {"swin_bias", "cpb", "alibi"} and pe not in FITS
     with pytest.raises(ValueError, match=message):

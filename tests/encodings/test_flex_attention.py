@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import DIM, HEAD_DIM, NUM_HEADS, SHAPES, build_kwargs, requires
+from conftest import DIM, HEAD_DIM, NUM_HEADS, SHAPES, bias_input, build_kwargs, requires
 
 import visionpe as vpe
 from visionpe import Grid, flex
@@ -57,8 +57,9 @@ def pair_matrix(score, num_tokens: int, batch: int = 1) -> torch.Tensor:
 
 
 def input_tokens(pe, layout, batch: int = 2):
-    """The attention's input tokens ``(batch, T, DIM)`` for a bias that reads them (PaPE), else None."""
-    return torch.randn(batch, layout.num_tokens, DIM) if getattr(pe, "reads_tokens", False) else None
+    """The attention's input tokens ``(batch, T, DIM)`` for a bias that reads them (PaPE), its queries ``(batch, T,
+    heads * head_dim)`` for one that reads those (decomposed_rel_pos), else None."""
+    return bias_input(pe, layout.num_tokens, batch)
 
 
 def scores_and_bias(pe, grid):

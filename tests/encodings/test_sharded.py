@@ -15,7 +15,7 @@ from visionpe.cache import TableCache
 from visionpe.registry import ENCODINGS
 from visionpe.sharding import any_sharded, is_sharded
 
-from conftest import SHAPES, build_kwargs, requires
+from conftest import SHAPES, bias_input, build_kwargs, requires
 
 CASES = [(name, ndim) for name in ENCODINGS for ndim in (2, 3) if ndim in ENCODINGS[name].ndims]
 IDS = [f"{name}-{ndim}d" for name, ndim in CASES]
@@ -39,9 +39,8 @@ def output(pe, grid: Grid) -> torch.Tensor:
     if pe.family == "rotary":
         q = torch.randn(2, pe.num_heads, grid.num_tokens, pe.head_dim, generator=g)
         return torch.cat(pe(q, q.flip(-1), grid), dim=-1)
-    if pe.reads_tokens:  # PaPE: the bias of the attention's input tokens too
-        return pe(grid, torch.randn(2, grid.num_tokens, pe.dim, generator=g))
-    return pe(grid)
+    extra = bias_input(pe, grid.num_tokens, generator=g)  # PaPE's input tokens, decomposed_rel_pos's queries
+    return pe(grid) if extra is None else pe(grid, extra)
 
 
 def buffers(module) -> dict:
@@ -142,11 +141,8 @@ def outside_forward(pe, grid: Grid) -> dict:
             pass
     else:
         reads["pair_map"] = pe.pair_map(grid)
-        if pe.reads_tokens:  # PaPE: the pair form of the attention's input tokens
-            tokens = torch.randn(2, grid.num_tokens, pe.dim, generator=torch.Generator().manual_seed(2))
-            score = pe.score_mod(grid, tokens)
-        else:
-            score = pe.score_mod(grid)
+        extra = bias_input(pe, grid.num_tokens, generator=torch.Generator().manual_seed(2))
+        score = pe.score_mod(grid) if extra is None else pe.score_mod(grid, extra)
         if score is not None:
             reads.update({f"score_mod table {i}": t for i, t in enumerate(score.tables)})
     return reads

@@ -22,9 +22,10 @@ SHAPES = {2: (3, 4), 3: (2, 3, 4)}
 RELATIVE = {"sincos", "rope_axial", "rope_mixed", "swin_bias", "rel_bias", "cpb", "alibi", "bucket_bias", "fire",
             "lookhere", "videorope", "string", "comrope", "spiral_rope", "harope", "vit5_rope", "riflex", "pape",
             "pape_ri", "v2pe", "hope", "dype",
-            "spherical_rope"}  # every map a function of offsets (query - key) alone; not liere (its generators do not
+            "spherical_rope", "decomposed_rel_pos"}  # every map a function of offsets (query - key) alone; not liere (its generators do not
 # commute), learned (a table per position), peg (borders) or circle_rope (a ring spread over the grid); harope's kernel
-# is RoPE's (a map per head cancels in it), pape's maps are the bias of one query token (zero) for every query; v2pe's
+# is RoPE's (a map per head cancels in it), pape's maps are the bias of one query token (zero) for every query,
+# decomposed_rel_pos's of one query (ones); v2pe's
 # raster index differs by dy * W + dx on a grid of width W; spherical_rope's scores are not relative, but its kernel
 # tr(Y_i^T R(dy) Y_j) / d = tr(R(dy) Y(dx)) / d is
 VIT = dict(img_size=16, patch_size=4, num_classes=3, depth=2, embed_dim=48, num_heads=2)

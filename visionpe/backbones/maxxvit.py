@@ -34,9 +34,10 @@ from ..weights.convert import LoadReport
 from .adapter import WINDOW_REFUSES, Adapter, EncodingSet, PositionalModel, recorded_native, register_adapter
 from .vit_relpos import mlp_mode, take_over
 
-TOKENS_REFUSES = {name: "reads the attention's input tokens, which timm's MaxxVit attention does not pass to its "
-                        "relative position module; use swin_bias, cpb or alibi"
-                  for name, cls in ENCODINGS.items() if getattr(cls, "reads_tokens", False)}
+READS = {"reads_tokens": "input tokens", "reads_queries": "queries"}  # what a bias reads besides positions
+TOKENS_REFUSES = {name: f"reads the attention's {what}, which timm's MaxxVit attention does not pass to its relative "
+                        "position module; use swin_bias, cpb or alibi"
+                  for name, cls in ENCODINGS.items() for flag, what in READS.items() if getattr(cls, flag, False)}
 
 
 class PartitionBias(nn.Module):

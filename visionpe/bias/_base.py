@@ -59,10 +59,15 @@ class BiasEncoding(Encoding):
     called ``pe(grid, tokens) -> (B, heads, T, T)`` with ``tokens: (B, T, dim)`` in the layout's token order (grid or
     :class:`~visionpe.grid.Layout`); :func:`visionpe.attend` passes them (``tokens=``) and ``score_mod(grid, tokens)``
     gives a ``per_sample`` :class:`PairScore`.
+
+    ``reads_queries = True``: the bias depends on the attention's queries (decomposed relative positions), and is
+    called ``pe(grid, queries) -> (B, heads, T, T)`` with ``queries: (B, T, heads * head_dim)``, q's heads merged;
+    :func:`visionpe.attend` passes q itself, in the same slot as a token-reading bias's tokens.
     """
 
     family = "bias"
     reads_tokens: bool = False
+    reads_queries: bool = False
 
     def __init_subclass__(cls, **kwargs):
         """Every bias's ``forward(grid)`` checks first that the table fits in memory (:meth:`check_table`)."""
