@@ -67,18 +67,49 @@ def test_native_absolute_table_and_rope_together():
     assert max_logit_diff(ours, sam, (16, 16)) < 1e-6
 
 
-def test_decomposed_relative_positions_are_refused_as_native_and_replaced():
-    """Every registered ``samvit_*`` has ViTDet's decomposed relative positions (a bias of the query's content):
-    ``pe="native"`` says so; any fitting encoding replaces them, every other weight kept."""
+def max_feature_diff(ours, theirs, size) -> float:
+    """Largest difference of the neck's maps ``(B, C, H, W)`` at ``size`` between ``ours`` and timm's ``theirs``."""
+    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(sum(size)))
+    with torch.no_grad():
+        return (ours.forward_features(x) - theirs.eval().forward_features(x)).abs().max().item()
+
+
+def test_native_decomposed_relative_positions_are_timms_at_every_size():
+    """Every registered ``samvit_*`` has ViTDet's decomposed relative positions: ``pe="native"`` gives each block a
+    ``decomposed_rel_pos`` holding timm's ``rel_pos_h`` and ``rel_pos_w`` as they are (the windowed block's for its
+    3x3 window, the global block's for the 4x4 grid), and the model is timm's at its size and at two others, where
+    timm resamples the global block's tables linearly (the windows keep theirs)."""
     sam = _timm_sam()
-    with pytest.raises(ValueError, match="decomposed relative positions.*query"):
-        vpe.apply(copy.deepcopy(sam), pe="native")
-    with pytest.raises(ValueError, match="decomposed relative positions"):  # the registry's default: native
-        timm.create_model("vpe_samvit_base_patch16", **KW)
+    assert sam.blocks[0].attn.rel_pos_h.shape == (5, 8) and sam.blocks[1].attn.rel_pos_h.shape == (7, 8)
+    timm_state = {k: v.clone() for k, v in sam.state_dict().items() if k != "pos_embed"}
+    ours = vpe.apply(copy.deepcopy(sam), pe="native")
+    assert ours.pe == "decomposed_rel_pos+learned"
+    state = ours.state_dict()
+    for key, value in timm_state.items():  # every weight kept: the tables moved into each attention's bias
+        assert torch.equal(state[key.replace("attn.rel_pos", "attn.bias.rel_pos")], value), key
+    assert [b.attn.bias.grid_shape for b in ours.blocks] == [(3, 3), (4, 4)]
+    for size in SIZES:
+        assert max_feature_diff(ours, sam, size) < 1e-5, size
+        assert max_logit_diff(ours, sam, size) < 1e-5, size
+
+
+def test_decomposed_relative_positions_are_replaced_by_any_fitting_encoding():
+    sam = _timm_sam()
     kept = {k: v.clone() for k, v in sam.state_dict().items() if "rel_pos" not in k and k != "pos_embed"}
     ours = vpe.apply(sam, pe="rope_axial+learned")
     assert not any("rel_pos" in k for k in ours.state_dict())
     assert_swapped_encoding_works(ours, kept, SIZES)
+
+
+def test_registry_name_is_native_and_loads_timms_decomposed_tables():
+    """``vpe_samvit_*`` builds ViTDet's own encoding; a timm SAM state dict loads into it strictly (each
+    ``attn.rel_pos_*`` into the attention's bias) and gives timm's logits at another size."""
+    sam = _timm_sam()
+    ours = timm.create_model("vpe_samvit_base_patch16", **KW).eval()
+    assert ours.pe == "decomposed_rel_pos+learned"
+    report = vpe.load_timm_checkpoint(ours, sam, strict=True)
+    assert "blocks.1.attn.rel_pos_w -> blocks.1.attn.bias.rel_pos_w" in report.converted
+    assert max_logit_diff(ours, sam, (24, 12)) < 1e-5
 
 
 FITS = vpe.backbones.adapter_for(_timm_sam()).encodings()

@@ -279,8 +279,6 @@ def test_every_registered_name_builds_and_every_excluded_one_is_unsupported():
         if timm.models.is_model_in_modules(name, ["maxxvit"]):  # two blocks in the last stages: CoAtNet's "C, T"
             return dict(embed_dim=(8, 8, 8, 8), depths=(1, 1, 2, 2), stem_width=8, transformer_dim_head=4)
         kv = dict(num_kv_heads=1) if "sapiens2" in name else {}  # its per-block tuple is for its own depth
-        if "samvit" in name:  # no native equivalent (refused with the reason: test_sam.py): decomposed rel. positions
-            kv["use_rel_pos"] = False
         return dict(depth=1, embed_dim=24, num_heads=2, **kv)  # 24: every GLU MLP ratio gives an even hidden width
 
     for name, adapter in supported_timm_names().items():

@@ -11,11 +11,12 @@ the forward (:class:`VisionTransformerSAMPE`), its neck and head are timm's othe
 The architecture's own encoding (``pe="native"``; :func:`native_sam`): the absolute ``pos_embed`` (``use_abs_pos``,
 resampled bicubically with antialiasing at other sizes, as timm's ``resample_abs_pos_embed_nhwc``) is ``learned``;
 timm's ``use_rope`` (a ``RotaryEmbeddingCat`` for the global blocks and one for the windows) is ``rope_axial`` with
-the same temperature and layout, each block with its own ``ref_feat_shape`` (``scaling="pi"``). ViTDet's decomposed
-relative positions (``use_rel_pos``, every registered ``samvit_*``) are no visionpe encoding: their bias is the query
-times a learned table per axis (``q . R_h[dh] + q . R_w[dw]``), a function of the query's content, where a visionpe
-bias is a function of positions (or of the attention's input, PaPE); ``pe="native"`` on such a model is refused with
-that reason, and any fitting encoding replaces it with every other weight kept.
+the same temperature and layout, each block with its own ``ref_feat_shape`` (``scaling="pi"``); ViTDet's decomposed
+relative positions (``use_rel_pos``, every registered ``samvit_*``: the query times a learned table per axis, ``q .
+R_h[dh] + q . R_w[dw]``) are ``decomposed_rel_pos`` (:class:`~visionpe.bias.DecomposedRelPos`, a bias that reads the
+queries), each block's ``rel_pos_h`` and ``rel_pos_w`` taken over as they are (a windowed block's for its window, a
+global block's for the patch grid, resampled linearly at other sizes as timm's ``get_rel_pos``). Any fitting encoding
+replaces them instead, every other weight kept.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..attention import Attention
+from ..bias import DecomposedRelPos
 from ..coords import shares_draws, with_draws
 from ..encoding import ModelContext
 from ..grid import Grid
@@ -35,9 +37,6 @@ from .adapter import (Adapter, EncodingSet, PositionalModel, build_tokens, check
 from .eva import native_rope
 from .vit import check_block_indices, vit_features
 
-DECOMPOSED = ("timm's VisionTransformerSAM with use_rel_pos=True (ViTDet's decomposed relative positions, every "
-              "samvit_* model): its bias is the query times a learned table per axis, a function of the query's "
-              "content, which no visionpe encoding reproduces; give another pe (e.g. rope_axial, rel_bias, learned)")
 SAM_REFUSES = {"swin_bias": "needs window attention (Swin); a VisionTransformerSAM's global blocks see the whole map "
                             "at any size: use rel_bias, cpb or alibi"}
 
@@ -117,14 +116,15 @@ class VisionTransformerSAMPE(PositionalModel, VisionTransformerSAM):
 def native_sam(model: VisionTransformerSAM) -> tuple[str, dict]:
     """``(pe, pe_kwargs)`` reproducing timm's position encoding of the SAM ``model``: its RoPE (``rope_axial`` with
     timm's conventions, :func:`~visionpe.backbones.eva.native_rope`; each block's ``ref_feat_shape`` is given per
-    block by :func:`apply_sam`) and its ``pos_embed`` (``learned``), or ``none``; a ``ValueError`` for ViTDet's
-    decomposed relative positions. A patched model answers with what it had when it was patched."""
+    block by :func:`apply_sam`), ViTDet's decomposed relative positions (``decomposed_rel_pos``; each block's tables
+    taken over by :func:`apply_sam`) and its ``pos_embed`` (``learned``), or ``none``. A patched model answers with
+    what it had when it was patched."""
     recorded = recorded_native(model, "sam_native")
     if recorded is not None:
         return recorded
-    if any(getattr(block.attn, "use_rel_pos", False) for block in model.blocks):
-        raise ValueError(DECOMPOSED)
     names, kwargs = [], {}
+    if any(getattr(block.attn, "use_rel_pos", False) for block in model.blocks):
+        names.append("decomposed_rel_pos")
     rope = getattr(model, "rope_global", None) or getattr(model, "rope_window", None)
     if rope is not None:
         rotary, kwargs = native_rope(rope)
@@ -171,9 +171,20 @@ def apply_sam(model: VisionTransformerSAM, names: dict, kwargs: dict) -> None:
         rotary = encodings.block("rotary", block_context, getattr(source, "rotary", None),
                                  **({"ref_shape": tuple(ref)} if pi and ref is not None else {}))
         bias = encodings.block("bias", block_context, getattr(source, "bias", None))
+        take_decomposed(bias, source)
         block.attn = SamAttentionPE.from_timm(source, rotary, bias)
     model.rope_global = model.rope_window = None
     model.sam_native = native
+
+
+def take_decomposed(bias: nn.Module | None, source: nn.Module) -> None:
+    """A :class:`~visionpe.bias.DecomposedRelPos` takes over timm's ``rel_pos_h`` and ``rel_pos_w`` of the attention
+    ``source`` (ViTDet's ``use_rel_pos``) where they have its tables' shapes (built for the same grid)."""
+    if not isinstance(bias, DecomposedRelPos) or not getattr(source, "use_rel_pos", False):
+        return
+    tables = {name: getattr(source, name) for name in ("rel_pos_h", "rel_pos_w")}
+    if all(bias.get_parameter(name).shape == table.shape for name, table in tables.items()):
+        bias.load_state_dict({name: table.detach() for name, table in tables.items()})
 
 
 def sam_keys(state: dict, report: LoadReport) -> dict:
@@ -187,6 +198,20 @@ def sam_keys(state: dict, report: LoadReport) -> dict:
     return {**state, "pos_embed": value.flatten(1, 2)}
 
 
+def sam_rel_pos_keys(state: dict, report: LoadReport) -> dict:
+    """timm SAM checkpoints: each attention's ``rel_pos_h`` and ``rel_pos_w`` (ViTDet's decomposed tables) -> the
+    attention's ``decomposed_rel_pos`` bias, ``attn.bias.rel_pos_h`` and ``attn.bias.rel_pos_w``, as they are."""
+    renamed = {}
+    for key, value in state.items():
+        prefix, _, name = key.rpartition(".")
+        if name in ("rel_pos_h", "rel_pos_w") and prefix.endswith(".attn"):
+            renamed[f"{prefix}.bias.{name}"] = value
+            report.converted.append(f"{key} -> {prefix}.bias.{name}")
+        else:
+            renamed[key] = value
+    return renamed
+
+
 def any_size_sam(timm_kwargs: dict) -> dict:
     """A SAM ViT runs at any size once patched (its patch embedding is not strict); ``img_size`` checked against
     ``patch_size``, the model sizes (:func:`check_model_sizes`)."""
@@ -197,5 +222,5 @@ def any_size_sam(timm_kwargs: dict) -> dict:
 
 register_adapter(Adapter(VisionTransformerSAM, VisionTransformerSAMPE, apply_sam, (SamAttentionPE,),
                          timm_modules=("vision_transformer_sam",), any_size=any_size_sam, native=native_sam,
-                         refuses=SAM_REFUSES, feature_cfg=vit_features, checkpoint_hooks=(sam_keys,),
+                         refuses=SAM_REFUSES, feature_cfg=vit_features, checkpoint_hooks=(sam_keys, sam_rel_pos_keys),
                          examples=("samvit_base_patch16", "samvit_base_patch16_224")))
