@@ -200,6 +200,21 @@ def recorded_native(model: nn.Module, attr: str) -> tuple[str, dict] | None:
     return recorded
 
 
+def native_before_patching(model: nn.Module, native: Callable[[nn.Module], tuple[str, dict]]) -> tuple[str, dict] | str:
+    """The start of an adapter's ``apply``: what timm built, recorded before the adapter's modules replace its own
+    (``native(model)``'s ``(pe, pe_kwargs)``, or the text of its ``ValueError`` where visionpe has no equivalent, which
+    :func:`recorded_native` raises again; another ``pe`` still replaces such an encoding), then a model without blocks
+    (``depth=0``) refused, before anything is changed: positions enter attention in the blocks."""
+    try:
+        recorded = native(model)
+    except ValueError as err:
+        recorded = str(err)
+    if not len(model.blocks):
+        raise ValueError(f"{type(model).__name__} has no blocks (depth=0): positions enter attention in the blocks; "
+                         "depth must be a positive integer")
+    return recorded
+
+
 def named_constructor(name: str) -> tuple[Adapter, Callable[..., nn.Module]] | None:
     """``(adapter, build)`` of a model name that an adapter constructs itself (not a timm name), else None."""
     for adapter in ADAPTERS.values():

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..bias import RelBias
 from ..grid import Layout
-from .adapter import GLOBAL_REFUSES, Adapter, recorded_native, register_adapter
+from .adapter import GLOBAL_REFUSES, Adapter, native_before_patching, recorded_native, register_adapter
 from .eva import EvaAttentionPE
 from .vit import GridTransformer, TablesFromEachGrid, any_size_checked, put_block_encodings, vit_features
 
@@ -88,10 +88,7 @@ def apply_beit(model: Beit, names: dict, kwargs: dict) -> None:
     encoding (a ``learned`` table takes it over), each block's relative table to a bias encoding (a ``rel_bias`` of
     the model's grid takes it over), its shared table goes; each block becomes :class:`GridBeitBlock` with an
     :class:`~visionpe.backbones.eva.EvaAttentionPE`; every other weight is kept."""
-    try:  # what timm built, recorded before its modules go
-        native = native_beit(model)
-    except ValueError as err:
-        native = str(err)
+    native = native_before_patching(model, native_beit)
     # what the ViT forward reads and timm's Beit does not have: no registers, pre-norm, patch dropout or
     # attention pooling; its pos_embed has the class row
     model.no_embed_class, model.reg_token, model.norm_pre = False, None, nn.Identity()

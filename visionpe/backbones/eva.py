@@ -33,7 +33,7 @@ from torch import nn
 from ..attention import attend, merge_heads, split_heads, split_qkv
 from ..rotary import MixedRoPE
 from ..weights.convert import LoadReport
-from .adapter import GLOBAL_REFUSES, Adapter, recorded_native, register_adapter
+from .adapter import GLOBAL_REFUSES, Adapter, native_before_patching, recorded_native, register_adapter
 from .vit import (GridTransformer, any_size_vit, check_not_causal, head_dim_of, put_block_encodings, split_layer_freqs,
                   vit_features)
 
@@ -241,10 +241,7 @@ def apply_eva(model: Eva, names: dict, kwargs: dict) -> None:
     give way (a ``learned`` table takes over ``pos_embed``, a ``rope_mixed`` each block's frequencies of timm's mixed
     RoPE), each attention becomes :class:`EvaAttentionPE`; every other weight is kept."""
     rope = getattr(model, "rope", None)
-    try:  # what timm built, recorded before its modules go (a RoPE visionpe cannot reproduce may still be replaced)
-        native = native_eva(model)
-    except ValueError as err:
-        native = str(err)
+    native = native_before_patching(model, native_eva)
     mixed = rope.freqs.detach() if isinstance(rope, RotaryEmbeddingMixed) else None
     layers = iter(range(len(model.blocks)))
 

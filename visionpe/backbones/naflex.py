@@ -30,7 +30,7 @@ from ..encoding import ModelContext
 from ..weights.convert import LoadReport
 from .._compat import ADAPTER_MIN_TIMM, timm_release
 from .adapter import (GLOBAL_REFUSES, Adapter, EncodingSet, build_tokens, check_input, check_model_sizes,
-                      recorded_native, register_adapter)
+                      native_before_patching, recorded_native, register_adapter)
 from .eva import EvaAttentionPE, native_rope_of, take_over_mixed
 from .vit import GridTransformer, grid_block, split_layer_freqs, vit_features
 
@@ -117,13 +117,7 @@ def apply_naflex(model: NaFlexVit, names: dict, kwargs: dict) -> None:
     """Put the encodings ``names`` (family -> name) into a timm ``NaFlexVit`` in place: ``embeds``' table gives way to
     the tokens encoding (a ``learned`` table of its form takes it over), timm's RoPE to each block's rotary encoding (a
     ``rope_mixed`` takes each block's frequencies of timm's mixed RoPE); every other weight is kept."""
-    try:  # what timm built, recorded before its modules go
-        native = native_naflex(model)
-    except ValueError as err:
-        native = str(err)
-    if not len(model.blocks):
-        raise ValueError("NaFlexVit has no blocks (depth=0): positions enter attention in the blocks; depth must be a "
-                         "positive integer")
+    native = native_before_patching(model, native_naflex)
     embeds = model.embeds
     if embeds.pos_embed_grid_size is None:
         raise ValueError("NaFlexVit built without img_size (or pos_embed_grid_size) has no training grid for the "

@@ -33,7 +33,7 @@ from ..encoding import ModelContext
 from ..grid import Grid
 from ..weights.convert import LoadReport
 from .adapter import (Adapter, EncodingSet, PositionalModel, build_tokens, check_img_size, check_model_sizes,
-                      recorded_native, register_adapter)
+                      native_before_patching, recorded_native, register_adapter)
 from .eva import native_rope
 from .vit import check_block_indices, vit_features
 
@@ -145,13 +145,7 @@ def apply_sam(model: VisionTransformerSAM, names: dict, kwargs: dict) -> None:
     gives way to the tokens encoding (a ``learned`` table takes it over), the RoPE modules and decomposed tables to
     each block's rotary and bias encodings (a ``rope_axial`` with ``scaling="pi"`` takes timm's ``ref_feat_shape`` of
     the block's kind), each attention becomes :class:`SamAttentionPE`; every other weight is kept."""
-    try:  # what timm built, recorded before its modules go
-        native = native_sam(model)
-    except ValueError as err:
-        native = str(err)
-    if not len(model.blocks):
-        raise ValueError("VisionTransformerSAM has no blocks (depth=0): positions enter attention in the blocks; "
-                         "depth must be a positive integer")
+    native = native_before_patching(model, native_sam)
     model.patch_embed.strict_img_size = False
     grid_shape = tuple(model.patch_embed.grid_size)
     first = model.blocks[0].attn

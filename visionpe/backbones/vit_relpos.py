@@ -28,7 +28,7 @@ from ..attention import Attention
 from ..bias import ContinuousPositionBias, RelBias
 from ..grid import Layout
 from ..weights.convert import LoadReport
-from .adapter import GLOBAL_REFUSES, Adapter, recorded_native, register_adapter
+from .adapter import GLOBAL_REFUSES, Adapter, native_before_patching, recorded_native, register_adapter
 from .vit import GridTransformer, TablesFromEachGrid, any_size_checked, put_block_encodings, vit_features
 
 
@@ -121,10 +121,7 @@ def apply_relpos(model: VisionTransformerRelPos, names: dict, kwargs: dict) -> N
     """Put the encodings ``names`` (family -> name) into a timm ``VisionTransformerRelPos`` in place: each block's
     relative position module gives way to the bias encoding (a matching ``cpb`` or ``rel_bias`` takes it over), the
     shared one goes; each attention becomes a :class:`visionpe.Attention`; every other weight is kept."""
-    try:  # what timm built, recorded before its modules go
-        native = native_relpos(model)
-    except ValueError as err:
-        native = str(err)
+    native = native_before_patching(model, native_relpos)
     # what the ViT forward reads and timm's model does not have: no pos_embed, registers, pre-norm, patch dropout,
     # attention pooling or position dropout
     model.pos_embed, model.no_embed_class, model.reg_token = None, False, None
