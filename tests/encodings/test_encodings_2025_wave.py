@@ -288,10 +288,55 @@ def test_qwen3_vl_preset_is_the_towers_axial_rope_not_mrope_interleave():
     assert not torch.allclose(rotary.rotations(grid), interleaved.rotations(grid), atol=1e-3)
 
 
+# -- MHRoPE (arXiv 2510.23095): whole heads dealt to the axes -----------------------------------------------------
+
+def test_mhrope_is_its_formula():
+    """The official allocation at its default, 8 heads as (2, 3, 3) over (t, h, w): head ``h`` turns all ``P`` pairs
+    by its one axis's index times the full spectrum ``theta^(-p/P)``; here also 2 heads left over, at the identity."""
+    grid, pairs, theta = Grid((2, 3, 4), prefix=1), 4, 100.0
+    pe = vpe.build("mhrope", head_dim=2 * pairs, num_heads=10, ndim=3, head_sections=(2, 3, 3), pairs="half")
+    assert vpe.build("mhrope", head_dim=8, num_heads=8, ndim=3).head_sections == (2, 3, 3)  # the default split
+    coords = grid.coords(dtype=torch.float64)  # (N, 3): t, h, w
+    spectrum = theta ** -(torch.arange(pairs, dtype=torch.float64) / pairs)
+    rotations = pe.rotations(grid).double()  # (heads, P + N, pairs, 2)
+    for head, axis in enumerate([0, 0, 1, 1, 1, 2, 2, 2, None, None]):
+        angles = torch.atan2(rotations[head, 1:, :, 1], rotations[head, 1:, :, 0])
+        expected = torch.zeros_like(angles) if axis is None else coords[:, axis, None] * spectrum
+        assert_same_turns(angles, expected)
+    assert torch.equal(rotations[:, 0], torch.tensor([1.0, 0.0]).double().expand(10, pairs, 2))  # prefix: identity
+
+
+def test_mhrope_each_head_is_relative_in_its_own_axis_only():
+    """The defining property: a head's score depends on the offset along its own axis and on nothing else (moving
+    the key along another axis leaves it unchanged); a head left over scores every pair alike."""
+    grid = Grid((4, 5))
+    pe = vpe.build("mhrope", head_dim=8, num_heads=3, head_sections=(1, 1))  # y, x, unrotated
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 3, 1, 8, generator=g).expand(-1, -1, -1, grid.num_tokens, -1).unbind(0)
+    q, k = pe(q.contiguous(), k.contiguous(), grid)
+    s = (q @ k.transpose(-1, -2))[0]  # (heads, N, N)
+    at = lambda y, x: 5 * y + x  # noqa: E731
+    for (y0, x0, y1, x1), (y2, x2, y3, x3) in [((0, 0, 2, 0), (1, 4, 3, 1)), ((3, 2, 1, 0), (2, 4, 0, 3))]:
+        torch.testing.assert_close(s[0, at(y0, x0), at(y1, x1)], s[0, at(y2, x2), at(y3, x3)])  # same dy
+    assert not torch.allclose(s[0, at(0, 0), at(1, 0)], s[0, at(0, 0), at(2, 0)])
+    torch.testing.assert_close(s[1, at(0, 1), at(3, 4)], s[1, at(2, 0), at(0, 3)])  # same dx
+    assert not torch.allclose(s[1, at(0, 0), at(0, 1)], s[1, at(0, 0), at(0, 2)])
+    torch.testing.assert_close(s[2], s[2, :1, :1].expand(grid.num_tokens, grid.num_tokens))
+
+
+def test_mhrope_refuses_what_it_does_not_define():
+    for bad, match in [({"head_sections": (2, 2)}, "may sum to at most num_heads"),
+                       ({"head_sections": (1,)}, "must be 2 integers >= 0"), ({"head_sections": (1, -1)}, ">= 0"),
+                       ({"sections": (2, 2)}, "does not take 'sections'"),
+                       ({"head_axes": ("x", "y", "")}, "does not take 'head_axes'")]:
+        with pytest.raises(ValueError, match=match):
+            vpe.build("mhrope", head_dim=8, num_heads=3, **bad)
+
+
 # -- everywhere the others go ------------------------------------------------------------------------------------------
 
-IMAGE = [("v2pe", {}), ("circle_rope", {}), ("hope", {}), ("dype", {})]
-CLIPS = [("v2pe", {}), ("hope", {}), ("dype", {})]
+IMAGE = [("v2pe", {}), ("circle_rope", {}), ("hope", {}), ("dype", {}), ("mhrope", {})]
+CLIPS = [("v2pe", {}), ("hope", {}), ("dype", {}), ("mhrope", {"head_sections": (1, 0, 1)})]
 
 
 @pytest.mark.parametrize("pe,kw", IMAGE)
