@@ -68,6 +68,52 @@ def test_v2pe_refuses_a_step_outside_zero_to_one():
     for step in (0.0, 1.5, -0.25):
         with pytest.raises(ValueError, match="step"):
             vpe.build("v2pe", head_dim=8, step=step)
+    for choices in ((), (0.5, 2.0), "1/2", 0.5):
+        with pytest.raises(ValueError, match="step_choices"):
+            vpe.build("v2pe", head_dim=8, step_choices=choices)
+
+
+def turned_unit_pairs(pe, grid, training: bool) -> torch.Tensor:
+    """The angle each pair of each patch is turned by in ``pe``'s forward (q made of unit pairs ``(1, 0)``)."""
+    q = torch.tensor([1.0, 0.0]).repeat(pe.head_dim // 2).expand(1, 1, grid.num_tokens, -1).contiguous()
+    q, _ = pe.train(training)(q, q, grid)
+    q = q[0, 0, grid.prefix:].double().unflatten(-1, (-1, 2))
+    return torch.atan2(q[..., 1], q[..., 0])
+
+
+def test_v2pe_training_draws_the_step_from_its_choices_and_evaluation_keeps_the_fixed_one():
+    """In training mode patch ``n`` sits at ``delta * n``, ``delta`` drawn from ``step_choices`` by torch's default
+    generator (the same draw written here from the same seed); in evaluation mode at ``step * n`` whatever the RNG."""
+    choices, shape = (1 / 2, 1 / 8, 1 / 64), (3, 4)
+    pe = vpe.build("v2pe", head_dim=12, step=1 / 4, step_choices=choices)
+    grid, drawn = Grid(shape, prefix=1), set()
+    for seed in range(6):
+        torch.manual_seed(seed)
+        delta = choices[torch.randint(len(choices), ()).item()]
+        drawn.add(delta)
+        torch.manual_seed(seed)
+        assert_same_turns(turned_unit_pairs(pe, grid, training=True), v2pe_angles(shape, 12, delta, 10000.0))
+        torch.manual_seed(seed)
+        assert_same_turns(turned_unit_pairs(pe, grid, training=False), v2pe_angles(shape, 12, 1 / 4, 10000.0))
+    assert len(drawn) > 1  # a draw, not one fixed value
+    fixed = vpe.build("v2pe", head_dim=12, step=1 / 4)  # no choices: the fixed step in training too
+    assert_same_turns(turned_unit_pairs(fixed, grid, training=True), v2pe_angles(shape, 12, 1 / 4, 10000.0))
+
+
+def test_v2pe_draws_one_step_per_model_forward_for_every_block():
+    """A training forward of a 2-block ViT is the evaluation forward of the same weights at the one drawn step."""
+    choices = (1.0, 1 / 4, 1 / 16)
+    torch.manual_seed(0)
+    model = vpe.create_model("vit_tiny_patch16_224", pe="v2pe", pe_kwargs={"step_choices": choices}, **VIT).train()
+    x = torch.randn(1, 3, 16, 16)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        delta = choices[torch.randint(len(choices), ()).item()]
+        fixed = vpe.create_model("vit_tiny_patch16_224", pe="v2pe", pe_kwargs={"step": delta}, **VIT).eval()
+        fixed.load_state_dict(model.state_dict())
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), fixed(x))
 
 
 # -- Circle-RoPE -------------------------------------------------------------------------------------------------------
