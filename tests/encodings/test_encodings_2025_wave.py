@@ -181,6 +181,54 @@ def test_circle_rope_refuses_what_it_does_not_define():
         vpe.build("circle_rope", head_dim=12, sections=(1, 1, 1))
 
 
+def test_circle_rope_grid_placement_is_mrope_on_the_plain_grid():
+    """AGE's other layers: ``placement="grid"`` puts patch ``(h, w)`` at ``(t', h', w') = (0, h, w)`` under the same
+    M-RoPE rotation, relative in the grid (a shifted grid keeps its scores, one pair offset scores alike)."""
+    shape, sections = (3, 4), (2, 2, 2)
+    pe = vpe.build("circle_rope", head_dim=12, sections=sections, placement="grid")
+    rows, cols = torch.meshgrid(torch.arange(3.0), torch.arange(4.0), indexing="ij")
+    points = torch.stack([torch.zeros(12), rows.flatten(), cols.flatten()], -1).double()
+    assert_same_turns(pair_angles(pe, Grid(shape, prefix=1)), mrope_angles(points, sections, 100.0))
+    base = scores(pe, Grid((4, 4)))
+    torch.testing.assert_close(base[0, 5], base[10, 15], atol=1e-5, rtol=1e-5)  # the same offset (1, 1)
+    with pytest.raises(ValueError, match="placement='ring'"):
+        vpe.build("circle_rope", head_dim=12, placement="ring")
+
+
+@pytest.mark.parametrize("pattern,expected", [("alternate", ("circle", "grid", "circle", "grid")),
+                                              ("circle_first", ("circle", "circle", "grid", "grid")),
+                                              ("grid_first", ("grid", "grid", "circle", "circle")),
+                                              (["grid", "circle", "circle", "grid"], ("grid", "circle", "circle", "grid"))])
+def test_alternate_geometry_places_each_block_as_the_official_strategies(pattern, expected):
+    """The official AGE_index_dict (strategy_4: the ring in layers 0, 2, ...; strategy_2: first half; strategy_3:
+    second half) on a 4-block ViT: each block's table is its placement's closed form, and the forward uses them."""
+    torch.manual_seed(0)
+    kw = {**VIT, "depth": 4}
+    model = vpe.create_model("vit_tiny_patch16_224", pe="circle_rope", **kw).eval()
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        ring_only = model(x)
+        assert vpe.rotary.circle_rope.alternate_geometry(model, pattern) == expected
+        mixed = model(x)
+    assert not torch.allclose(ring_only, mixed, atol=1e-6, rtol=0)  # the grid blocks rotate otherwise
+    grid, sections = Grid((4, 4), prefix=1), model.blocks[0].attn.rotary.sections
+    rows, cols = torch.meshgrid(torch.arange(4.0), torch.arange(4.0), indexing="ij")
+    plain = torch.stack([torch.zeros(16), rows.flatten(), cols.flatten()], -1).double()
+    for block, placement in zip(model.blocks, expected):
+        points = circle_points((4, 4), 10.0, 0.5) if placement == "circle" else plain
+        assert_same_turns(pair_angles(block.attn.rotary, grid), mrope_angles(points, sections, 100.0))
+    model.train()(x).sum().backward()
+
+
+def test_alternate_geometry_refuses_what_it_cannot_place():
+    model = vpe.create_model("vit_tiny_patch16_224", pe="circle_rope", **VIT)
+    for pattern in ("every_other", ["circle"], ["circle", "ring"]):
+        with pytest.raises(ValueError, match="pattern="):
+            vpe.rotary.circle_rope.alternate_geometry(model, pattern)
+    with pytest.raises(ValueError, match="needs a model patched with pe='circle_rope'"):
+        vpe.rotary.circle_rope.alternate_geometry(vpe.create_model("vit_tiny_patch16_224", pe="rope_axial", **VIT))
+
+
 # -- HoPE --------------------------------------------------------------------------------------------------------------
 
 def hope_angles(shape, head_dim: int, gamma: float = 1.0, theta: float = 10000.0) -> torch.Tensor:
