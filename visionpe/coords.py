@@ -89,6 +89,18 @@ def _open_draws() -> dict | None:
     return _TRACED["draws"] if is_compiling() else _DRAWS.get()
 
 
+def forward_draw(key, draw):
+    """``draw()`` once per model forward for ``key``: inside an open scope (:func:`coordinate_draws`, a model's
+    training forward) the first call draws and later ones (every block's) reuse it; outside any, a fresh draw per
+    call."""
+    draws = _open_draws()
+    if draws is None:
+        return draw()
+    if key not in draws:
+        draws[key] = draw()
+    return draws[key]
+
+
 def shares_draws(method):
     """Decorator of a model's forward methods: one coordinate augmentation draw per forward, shared by every block
     (:func:`coordinate_draws`). In evaluation mode nothing is drawn, so nothing is opened."""
@@ -305,13 +317,9 @@ class CoordinateSystem:
         (taken by the first block that asks)."""
         if not (training and self.augments):
             return None
-        draws = _open_draws() if self.draw_coords == "forward" else None
-        if draws is None:
+        if self.draw_coords != "forward":
             return self._draw(ndim, device)
-        key = (self, ndim, _device_key(device))
-        if key not in draws:
-            draws[key] = self._draw(ndim, device)
-        return draws[key]
+        return forward_draw((self, ndim, _device_key(device)), lambda: self._draw(ndim, device))
 
     def _draw(self, ndim: int, device=None) -> CoordTransform:
         like = dict(device=device, dtype=torch.float32)

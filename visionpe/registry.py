@@ -4,8 +4,8 @@ from __future__ import annotations
 from .bias import (FIRE, ALiBi, BucketedBias, ContinuousPositionBias, DecomposedRelPos, LookHere, PaPE, PaPERI,
                    RelBias, SwinBias)
 from .encoding import Encoding, constructor_keywords
-from .rotary import (AxialRoPE, CircleRoPE, ComRoPE, DyPE, GeoPE, HARoPE, HoPE, LieRE, MixedRoPE, RegisterRoPE,
-                     RIFLEx, SphericalRoPE, SpiralRoPE, StringRoPE, V2PE, VideoRoPE)
+from .rotary import (MHRoPE, V2PE, AxialRoPE, CircleRoPE, ComRoPE, DyPE, GeoPE, HARoPE, HoPE, LieRE, MixedRoPE,
+                     RegisterRoPE, RIFLEx, SphericalRoPE, SpiralRoPE, StringRoPE, VideoRoPE)
 from .tokens import PEG, Fourier, Learned, SinCos
 
 FAMILIES = ("tokens", "rotary", "bias")
@@ -17,6 +17,7 @@ ENCODINGS: dict[str, type[Encoding]] = {
     "fourier": Fourier,
     "rope_axial": AxialRoPE,
     "rope_mixed": MixedRoPE,
+    "mhrope": MHRoPE,
     "videorope": VideoRoPE,
     "string": StringRoPE,
     "comrope": ComRoPE,

@@ -270,6 +270,19 @@ def test_quick_video_part(one_thread):
         assert all(math.isfinite(ratio(row["vs none"])) and not row["ms"].startswith("error") for row in rows), rows
 
 
+def test_quick_forward_rows_of_the_2026_wave_and_presets(one_thread):
+    """The late-2025 / 2026 encodings and the SAM 3 and GLM-4.1V presets are rows of ``--pes`` (a preset as
+    ``preset:NAME``), each timed beside none."""
+    wave = ["fourier", "v2pe", "circle_rope", "hope", "dype", "spherical_rope", "geope", "mhrope", "preset:sam3",
+            "preset:glm4v"]
+    assert set(wave) <= set(cli.FRONTIER)
+    report = cli.main(["--quick", "--threads", "1", "--parts", "forward", "--pes", "mhrope", "preset:sam3",
+                       "preset:glm4v"])
+    for title, rows in parse_tables(report).items():
+        assert [row["pe"] for row in rows] == ["none", "none (control)", "mhrope", "preset:sam3", "preset:glm4v"]
+        assert all(math.isfinite(ratio(row["vs none"])) and not row["ms"].startswith("error") for row in rows), title
+
+
 def test_video_setups_are_the_video_benchmark_recipe_and_cover_every_3d_encoding():
     import yaml
     recipe = yaml.safe_load(plan.VIDEO_RECIPE.read_text())
@@ -281,8 +294,9 @@ def test_video_setups_are_the_video_benchmark_recipe_and_cover_every_3d_encoding
     from visionpe.bench.speed.video import video_encodings
     every = video_encodings(cli.PES + cli.FRONTIER)
     assert "lookhere" not in every and every[-2:] == ["videorope", "riflex"]
-    two_d_only = {"lookhere", "spiral_rope", "circle_rope"}  # 2D by definition (LookHere's directions, Spiral
-    # RoPE's turns, Circle-RoPE's ring)
+    two_d_only = {"lookhere", "spiral_rope", "circle_rope", "spherical_rope", "preset:sam3", "preset:glm4v"}  # 2D
+    # by definition (LookHere's directions, Spiral RoPE's turns, Circle-RoPE's ring, Spherical RoPE's two Euler
+    # angles) or by the image model a preset reproduces
     assert set(every) == (set(cli.PES + cli.FRONTIER) - two_d_only) | {"videorope", "riflex"}
 
 

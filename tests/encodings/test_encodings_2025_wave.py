@@ -68,6 +68,52 @@ def test_v2pe_refuses_a_step_outside_zero_to_one():
     for step in (0.0, 1.5, -0.25):
         with pytest.raises(ValueError, match="step"):
             vpe.build("v2pe", head_dim=8, step=step)
+    for choices in ((), (0.5, 2.0), "1/2", 0.5):
+        with pytest.raises(ValueError, match="step_choices"):
+            vpe.build("v2pe", head_dim=8, step_choices=choices)
+
+
+def turned_unit_pairs(pe, grid, training: bool) -> torch.Tensor:
+    """The angle each pair of each patch is turned by in ``pe``'s forward (q made of unit pairs ``(1, 0)``)."""
+    q = torch.tensor([1.0, 0.0]).repeat(pe.head_dim // 2).expand(1, 1, grid.num_tokens, -1).contiguous()
+    q, _ = pe.train(training)(q, q, grid)
+    q = q[0, 0, grid.prefix:].double().unflatten(-1, (-1, 2))
+    return torch.atan2(q[..., 1], q[..., 0])
+
+
+def test_v2pe_training_draws_the_step_from_its_choices_and_evaluation_keeps_the_fixed_one():
+    """In training mode patch ``n`` sits at ``delta * n``, ``delta`` drawn from ``step_choices`` by torch's default
+    generator (the same draw written here from the same seed); in evaluation mode at ``step * n`` whatever the RNG."""
+    choices, shape = (1 / 2, 1 / 8, 1 / 64), (3, 4)
+    pe = vpe.build("v2pe", head_dim=12, step=1 / 4, step_choices=choices)
+    grid, drawn = Grid(shape, prefix=1), set()
+    for seed in range(6):
+        torch.manual_seed(seed)
+        delta = choices[torch.randint(len(choices), ()).item()]
+        drawn.add(delta)
+        torch.manual_seed(seed)
+        assert_same_turns(turned_unit_pairs(pe, grid, training=True), v2pe_angles(shape, 12, delta, 10000.0))
+        torch.manual_seed(seed)
+        assert_same_turns(turned_unit_pairs(pe, grid, training=False), v2pe_angles(shape, 12, 1 / 4, 10000.0))
+    assert len(drawn) > 1  # a draw, not one fixed value
+    fixed = vpe.build("v2pe", head_dim=12, step=1 / 4)  # no choices: the fixed step in training too
+    assert_same_turns(turned_unit_pairs(fixed, grid, training=True), v2pe_angles(shape, 12, 1 / 4, 10000.0))
+
+
+def test_v2pe_draws_one_step_per_model_forward_for_every_block():
+    """A training forward of a 2-block ViT is the evaluation forward of the same weights at the one drawn step."""
+    choices = (1.0, 1 / 4, 1 / 16)
+    torch.manual_seed(0)
+    model = vpe.create_model("vit_tiny_patch16_224", pe="v2pe", pe_kwargs={"step_choices": choices}, **VIT).train()
+    x = torch.randn(1, 3, 16, 16)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        delta = choices[torch.randint(len(choices), ()).item()]
+        fixed = vpe.create_model("vit_tiny_patch16_224", pe="v2pe", pe_kwargs={"step": delta}, **VIT).eval()
+        fixed.load_state_dict(model.state_dict())
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), fixed(x))
 
 
 # -- Circle-RoPE -------------------------------------------------------------------------------------------------------
@@ -133,6 +179,54 @@ def test_circle_rope_refuses_what_it_does_not_define():
         vpe.build("circle_rope", head_dim=12, radius="big")
     with pytest.raises(ValueError, match="sections"):
         vpe.build("circle_rope", head_dim=12, sections=(1, 1, 1))
+
+
+def test_circle_rope_grid_placement_is_mrope_on_the_plain_grid():
+    """AGE's other layers: ``placement="grid"`` puts patch ``(h, w)`` at ``(t', h', w') = (0, h, w)`` under the same
+    M-RoPE rotation, relative in the grid (a shifted grid keeps its scores, one pair offset scores alike)."""
+    shape, sections = (3, 4), (2, 2, 2)
+    pe = vpe.build("circle_rope", head_dim=12, sections=sections, placement="grid")
+    rows, cols = torch.meshgrid(torch.arange(3.0), torch.arange(4.0), indexing="ij")
+    points = torch.stack([torch.zeros(12), rows.flatten(), cols.flatten()], -1).double()
+    assert_same_turns(pair_angles(pe, Grid(shape, prefix=1)), mrope_angles(points, sections, 100.0))
+    base = scores(pe, Grid((4, 4)))
+    torch.testing.assert_close(base[0, 5], base[10, 15], atol=1e-5, rtol=1e-5)  # the same offset (1, 1)
+    with pytest.raises(ValueError, match="placement='ring'"):
+        vpe.build("circle_rope", head_dim=12, placement="ring")
+
+
+@pytest.mark.parametrize("pattern,expected", [("alternate", ("circle", "grid", "circle", "grid")),
+                                              ("circle_first", ("circle", "circle", "grid", "grid")),
+                                              ("grid_first", ("grid", "grid", "circle", "circle")),
+                                              (["grid", "circle", "circle", "grid"], ("grid", "circle", "circle", "grid"))])
+def test_alternate_geometry_places_each_block_as_the_official_strategies(pattern, expected):
+    """The official AGE_index_dict (strategy_4: the ring in layers 0, 2, ...; strategy_2: first half; strategy_3:
+    second half) on a 4-block ViT: each block's table is its placement's closed form, and the forward uses them."""
+    torch.manual_seed(0)
+    kw = {**VIT, "depth": 4}
+    model = vpe.create_model("vit_tiny_patch16_224", pe="circle_rope", **kw).eval()
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        ring_only = model(x)
+        assert vpe.rotary.circle_rope.alternate_geometry(model, pattern) == expected
+        mixed = model(x)
+    assert not torch.allclose(ring_only, mixed, atol=1e-6, rtol=0)  # the grid blocks rotate otherwise
+    grid, sections = Grid((4, 4), prefix=1), model.blocks[0].attn.rotary.sections
+    rows, cols = torch.meshgrid(torch.arange(4.0), torch.arange(4.0), indexing="ij")
+    plain = torch.stack([torch.zeros(16), rows.flatten(), cols.flatten()], -1).double()
+    for block, placement in zip(model.blocks, expected):
+        points = circle_points((4, 4), 10.0, 0.5) if placement == "circle" else plain
+        assert_same_turns(pair_angles(block.attn.rotary, grid), mrope_angles(points, sections, 100.0))
+    model.train()(x).sum().backward()
+
+
+def test_alternate_geometry_refuses_what_it_cannot_place():
+    model = vpe.create_model("vit_tiny_patch16_224", pe="circle_rope", **VIT)
+    for pattern in ("every_other", ["circle"], ["circle", "ring"]):
+        with pytest.raises(ValueError, match="pattern="):
+            vpe.rotary.circle_rope.alternate_geometry(model, pattern)
+    with pytest.raises(ValueError, match="needs a model patched with pe='circle_rope'"):
+        vpe.rotary.circle_rope.alternate_geometry(vpe.create_model("vit_tiny_patch16_224", pe="rope_axial", **VIT))
 
 
 # -- HoPE --------------------------------------------------------------------------------------------------------------
@@ -288,10 +382,55 @@ def test_qwen3_vl_preset_is_the_towers_axial_rope_not_mrope_interleave():
     assert not torch.allclose(rotary.rotations(grid), interleaved.rotations(grid), atol=1e-3)
 
 
+# -- MHRoPE (arXiv 2510.23095): whole heads dealt to the axes -----------------------------------------------------
+
+def test_mhrope_is_its_formula():
+    """The official allocation at its default, 8 heads as (2, 3, 3) over (t, h, w): head ``h`` turns all ``P`` pairs
+    by its one axis's index times the full spectrum ``theta^(-p/P)``; here also 2 heads left over, at the identity."""
+    grid, pairs, theta = Grid((2, 3, 4), prefix=1), 4, 100.0
+    pe = vpe.build("mhrope", head_dim=2 * pairs, num_heads=10, ndim=3, head_sections=(2, 3, 3), pairs="half")
+    assert vpe.build("mhrope", head_dim=8, num_heads=8, ndim=3).head_sections == (2, 3, 3)  # the default split
+    coords = grid.coords(dtype=torch.float64)  # (N, 3): t, h, w
+    spectrum = theta ** -(torch.arange(pairs, dtype=torch.float64) / pairs)
+    rotations = pe.rotations(grid).double()  # (heads, P + N, pairs, 2)
+    for head, axis in enumerate([0, 0, 1, 1, 1, 2, 2, 2, None, None]):
+        angles = torch.atan2(rotations[head, 1:, :, 1], rotations[head, 1:, :, 0])
+        expected = torch.zeros_like(angles) if axis is None else coords[:, axis, None] * spectrum
+        assert_same_turns(angles, expected)
+    assert torch.equal(rotations[:, 0], torch.tensor([1.0, 0.0]).double().expand(10, pairs, 2))  # prefix: identity
+
+
+def test_mhrope_each_head_is_relative_in_its_own_axis_only():
+    """The defining property: a head's score depends on the offset along its own axis and on nothing else (moving
+    the key along another axis leaves it unchanged); a head left over scores every pair alike."""
+    grid = Grid((4, 5))
+    pe = vpe.build("mhrope", head_dim=8, num_heads=3, head_sections=(1, 1))  # y, x, unrotated
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 3, 1, 8, generator=g).expand(-1, -1, -1, grid.num_tokens, -1).unbind(0)
+    q, k = pe(q.contiguous(), k.contiguous(), grid)
+    s = (q @ k.transpose(-1, -2))[0]  # (heads, N, N)
+    at = lambda y, x: 5 * y + x  # noqa: E731
+    for (y0, x0, y1, x1), (y2, x2, y3, x3) in [((0, 0, 2, 0), (1, 4, 3, 1)), ((3, 2, 1, 0), (2, 4, 0, 3))]:
+        torch.testing.assert_close(s[0, at(y0, x0), at(y1, x1)], s[0, at(y2, x2), at(y3, x3)])  # same dy
+    assert not torch.allclose(s[0, at(0, 0), at(1, 0)], s[0, at(0, 0), at(2, 0)])
+    torch.testing.assert_close(s[1, at(0, 1), at(3, 4)], s[1, at(2, 0), at(0, 3)])  # same dx
+    assert not torch.allclose(s[1, at(0, 0), at(0, 1)], s[1, at(0, 0), at(0, 2)])
+    torch.testing.assert_close(s[2], s[2, :1, :1].expand(grid.num_tokens, grid.num_tokens))
+
+
+def test_mhrope_refuses_what_it_does_not_define():
+    for bad, match in [({"head_sections": (2, 2)}, "may sum to at most num_heads"),
+                       ({"head_sections": (1,)}, "must be 2 integers >= 0"), ({"head_sections": (1, -1)}, ">= 0"),
+                       ({"sections": (2, 2)}, "does not take 'sections'"),
+                       ({"head_axes": ("x", "y", "")}, "does not take 'head_axes'")]:
+        with pytest.raises(ValueError, match=match):
+            vpe.build("mhrope", head_dim=8, num_heads=3, **bad)
+
+
 # -- everywhere the others go ------------------------------------------------------------------------------------------
 
-IMAGE = [("v2pe", {}), ("circle_rope", {}), ("hope", {}), ("dype", {})]
-CLIPS = [("v2pe", {}), ("hope", {}), ("dype", {})]
+IMAGE = [("v2pe", {}), ("circle_rope", {}), ("hope", {}), ("dype", {}), ("mhrope", {})]
+CLIPS = [("v2pe", {}), ("hope", {}), ("dype", {}), ("mhrope", {"head_sections": (1, 0, 1)})]
 
 
 @pytest.mark.parametrize("pe,kw", IMAGE)

@@ -21,7 +21,7 @@ from explorerutil import check_layer, decode, page_data
 SHAPES = {2: (3, 4), 3: (2, 3, 4)}
 RELATIVE = {"sincos", "rope_axial", "rope_mixed", "swin_bias", "rel_bias", "cpb", "alibi", "bucket_bias", "fire",
             "lookhere", "videorope", "string", "comrope", "spiral_rope", "harope", "vit5_rope", "riflex", "pape",
-            "pape_ri", "v2pe", "hope", "dype",
+            "pape_ri", "v2pe", "hope", "dype", "mhrope",
             "spherical_rope", "decomposed_rel_pos"}  # every map a function of offsets (query - key) alone; not liere (its generators do not
 # commute), learned (a table per position), peg (borders) or circle_rope (a ring spread over the grid); harope's kernel
 # is RoPE's (a map per head cancels in it), pape's maps are the bias of one query token (zero) for every query,

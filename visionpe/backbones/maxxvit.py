@@ -1,15 +1,23 @@
 """timm ``MaxxVit`` (MaxViT, MaxxViT, CoAtNet, CoAtNeXt: ``maxvit_*``, ``maxxvit*``, ``coatnet*``) with visionpe bias
-encodings in its attention.
+and rotary encodings in its attention.
 
 timm's model is kept whole (stem, MBConv/ConvNeXt blocks, block and grid partitions, attention in both layouts, heads):
 only each attention's relative position module (``attn.rel_pos``, which timm's attention asks for its bias with
-``get_bias()``) becomes a :class:`PartitionBias` holding a visionpe bias encoding built for the attention's fixed grid:
-the partition (``window_size`` for block attention, ``grid_size`` for grid attention, as timm's own tables) or, in
-CoAtNet's transformer stages, the feature map timm built its table for. So the bias family fits (the window biases,
-as in Swin: ``swin_bias``, ``cpb``, ``alibi``, ...); the tokens and rotary families do not: MaxxVit has no token
-sequence to add a table to before its blocks (convolutions first), and timm's attention computes its logits itself in
-two layouts (channels-first and channels-last, head-first or not) with no place for a rotation of q and k.
-Biases that read the attention's input tokens (PaPE) are refused: timm's attention does not pass them.
+``get_bias()``) becomes a :class:`PartitionBias` holding a visionpe bias and rotary encoding built for the attention's
+fixed grid: the partition (``window_size`` for block attention, ``grid_size`` for grid attention, as timm's own
+tables) or, in CoAtNet's transformer stages, the feature map timm built its table for.
+
+The bias family fits as in Swin's windows (``swin_bias``, ``cpb``, ``alibi``, ...). The rotary family fits through the
+attention's ``qkv`` projection: timm computes the logits itself in two layouts (channels-last ``AttentionCl``, a
+``Linear`` on ``(B', h, w, C)``; channels-first ``Attention2d``, a 1x1 ``Conv2d`` on ``(B', C, h, w)``; heads first in
+the channels or not), but q, k and v all come out of that one projection, so its class becomes :class:`RotatedLinear`
+or :class:`RotatedConv2d` (same weights, same keys), whose output has q and k rotated by the partition's own ``h x w``
+grid, row-major as timm flattens it (:func:`rotate_packed_qkv`). The logits timm then computes are the rotated ones.
+A partition's grid is its index grid: block attention's window is a patch of neighbours, grid attention's partition
+a strided lattice over the whole map, whose index offsets are the offsets timm's own grid-attention tables read.
+The tokens family does not fit: MaxxVit has no token sequence to add a table to before its blocks (convolutions
+first). Encodings that read the attention's input tokens (PaPE) are refused: timm's attention does not pass
+them.
 
 The architecture's own encoding (``pe="native"``; :func:`native_maxxvit`): timm's ``RelPosBias`` (``rel_pos_type=
 "bias"``) and TensorFlow's ``RelPosBiasTf`` (``"bias_tf"``, the ``*.tf_*`` ports) are ``swin_bias`` taking over the
@@ -36,21 +44,23 @@ from .vit_relpos import mlp_mode, take_over
 
 READS = {"reads_tokens": "input tokens", "reads_queries": "queries"}  # what a bias reads besides positions
 TOKENS_REFUSES = {name: f"reads the attention's {what}, which timm's MaxxVit attention does not pass to its relative "
-                        "position module; use swin_bias, cpb or alibi"
+                        "position module or its qkv projection; use swin_bias, cpb or alibi (bias) or rope_axial, "
+                        "rope_mixed (rotary)"
                   for name, cls in ENCODINGS.items() for flag, what in READS.items() if getattr(cls, flag, False)}
 
 
 class PartitionBias(nn.Module):
     """Takes the place of timm's relative position module in a MaxxVit attention: ``get_bias()`` is the visionpe
     ``bias`` on the attention's fixed grid, ``(1, heads, N, N)`` (timm's fused attention adds it as the mask), and
-    ``rel_pos(attn)`` adds it to the logits ``attn: (B, heads, N, N)`` (timm's unfused attention)."""
+    ``rel_pos(attn)`` adds it to the logits ``attn: (B, heads, N, N)`` (timm's unfused attention). ``rotary`` (or
+    None) is the attention's rotary encoding, applied by its ``qkv`` projection (:class:`RotatedLinear`,
+    :class:`RotatedConv2d`); both slots are what ``encodings_of`` reads."""
 
-    rotary = None  # the attention takes no rotary encoding (encodings_of reads this slot)
     attention: str = "auto"  # set_attention's slot: timm's attention adds the materialised bias whatever it says
 
-    def __init__(self, bias: nn.Module | None, grid_shape: tuple[int, int]):
+    def __init__(self, bias: nn.Module | None, grid_shape: tuple[int, int], rotary: nn.Module | None = None):
         super().__init__()
-        self.bias, self.grid_shape = bias, tuple(grid_shape)
+        self.bias, self.grid_shape, self.rotary = bias, tuple(grid_shape), rotary
 
     def get_bias(self) -> torch.Tensor | None:
         return None if self.bias is None else self.bias(Grid(self.grid_shape))[None]
@@ -58,6 +68,72 @@ class PartitionBias(nn.Module):
     def forward(self, attn: torch.Tensor, shared_rel_pos: torch.Tensor | None = None) -> torch.Tensor:
         bias = self.get_bias()
         return attn if bias is None else attn + bias.to(attn.dtype)
+
+
+def rotate_packed_qkv(qkv: torch.Tensor, rotary: nn.Module, num_heads: int, dim_head: int, head_first: bool,
+                      channels_last: bool) -> torch.Tensor:
+    """timm's packed ``qkv`` projection with q and k rotated by ``rotary`` on the ``h x w`` grid of the input.
+
+    ``qkv``: ``(B, h, w, 3 C)`` (``channels_last``: ``AttentionCl``) or ``(B, 3 C, h, w)`` (``Attention2d``), ``C =
+    num_heads * dim_head``; its channels are ``(heads, [q, k, v], dim_head)`` with ``head_first``, else ``([q, k, v],
+    heads, dim_head)`` (how timm's two attentions split them). Tokens are the ``h x w`` positions row-major, as timm
+    flattens them. Returns the same shape and layout.
+    """
+    if channels_last:
+        batch, h, w, packed = qkv.shape
+        tokens = qkv.reshape(batch, h * w, packed)
+    else:
+        batch, packed, h, w = qkv.shape
+        tokens = qkv.reshape(batch, packed, h * w).transpose(1, 2)
+    if head_first:
+        parts = tokens.unflatten(-1, (num_heads, 3, dim_head))
+    else:
+        parts = tokens.unflatten(-1, (3, num_heads, dim_head)).transpose(2, 3)  # (B, N, heads, 3, dim_head)
+    q, k, v = parts.permute(3, 0, 2, 1, 4).unbind(0)  # each (B, heads, N, dim_head)
+    q, k = rotary(q, k, Grid((h, w)))
+    parts = torch.stack([q, k, v.to(q.dtype)]).permute(1, 3, 2, 0, 4)  # (B, N, heads, 3, dim_head)
+    tokens = (parts if head_first else parts.transpose(2, 3)).flatten(-3)
+    return tokens.reshape(batch, h, w, packed) if channels_last else tokens.transpose(1, 2).reshape(batch, packed, h, w)
+
+
+class RotatedQKV:
+    """Mixin of a MaxxVit attention's ``qkv`` projection (its class swapped in place: weights and keys unchanged):
+    the projection, then q and k rotated by the attention's ``rel_pos.rotary`` (:func:`rotate_packed_qkv`). The
+    attention's :class:`PartitionBias` is held as a plain reference (``positions``), not a submodule, so the state dict
+    keeps timm's keys."""
+
+    channels_last: bool
+
+    def rotate_with(self, positions: PartitionBias, num_heads: int, dim_head: int, head_first: bool) -> None:
+        object.__setattr__(self, "positions", positions)
+        self.num_heads, self.dim_head, self.head_first = num_heads, dim_head, head_first
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = super().forward(x)
+        rotary = self.positions.rotary
+        if rotary is None:
+            return qkv
+        return rotate_packed_qkv(qkv, rotary, self.num_heads, self.dim_head, self.head_first, self.channels_last)
+
+
+class RotatedLinear(RotatedQKV, nn.Linear):
+    """``AttentionCl``'s ``qkv`` (channels last) with q and k rotated; see :class:`RotatedQKV`."""
+
+    channels_last = True
+
+
+class RotatedConv2d(RotatedQKV, nn.Conv2d):
+    """``Attention2d``'s ``qkv`` (a 1x1 convolution, channels first) with q and k rotated; see :class:`RotatedQKV`."""
+
+    channels_last = False
+
+
+def rotate_through_qkv(attn: nn.Module, positions: PartitionBias) -> None:
+    """Swap the class of ``attn.qkv`` for its rotating subclass, reading ``positions.rotary``."""
+    qkv = attn.qkv
+    if not isinstance(qkv, RotatedQKV):
+        qkv.__class__ = RotatedLinear if isinstance(qkv, nn.Linear) else RotatedConv2d
+    qkv.rotate_with(positions, attn.num_heads, attn.dim_head, attn.head_first)
 
 
 class MaxxVitPE(PositionalModel, MaxxVit):
@@ -117,25 +193,29 @@ def take_over_table(bias: nn.Module | None, rel_pos: nn.Module | None) -> None:
 
 
 def apply_maxxvit(model: MaxxVit, names: dict, kwargs: dict) -> None:
-    """Put the bias encoding of ``names`` into every attention of a timm ``MaxxVit`` in place (:class:`PartitionBias`;
-    a matching ``swin_bias`` or ``cpb`` takes timm's table or MLP over); every other weight is kept."""
+    """Put the bias and rotary encodings of ``names`` into every attention of a timm ``MaxxVit`` in place
+    (:class:`PartitionBias`; a matching ``swin_bias`` or ``cpb`` takes timm's table or MLP over; a rotary encoding
+    turns q and k in the attention's ``qkv`` projection, :class:`RotatedQKV`); every weight is kept."""
     try:  # what timm built, recorded before its modules go
         native = native_maxxvit(model)
     except ValueError as err:
         native = str(err)
     encodings = EncodingSet(names, kwargs)
     for attn, grid_shape in attentions(model):
-        if grid_shape is None and "bias" in names:
+        if grid_shape is None and {"bias", "rotary"} & set(names):
             raise ValueError("a MaxxVit transformer block without a relative position table (rel_pos_type='') does "
                              "not record the feature map it attends over; build it with rel_pos_type='bias'")
         current = attn.rel_pos  # timm's module, or a PartitionBias on a re-apply
         ours = isinstance(current, PartitionBias)
-        bias = None
+        bias = rotary = None
         if grid_shape is not None:
             context = ModelContext(grid_shape, attn.qkv.weight.shape[1], attn.num_heads, attn.dim_head)
             bias = encodings.block("bias", context, current.bias if ours else None)
+            rotary = encodings.block("rotary", context, current.rotary if ours else None)
             take_over_table(bias, None if ours else current)
-        attn.rel_pos = PartitionBias(bias, grid_shape or (1, 1))
+        attn.rel_pos = PartitionBias(bias, grid_shape or (1, 1), rotary)
+        if rotary is not None or isinstance(attn.qkv, RotatedQKV):
+            rotate_through_qkv(attn, attn.rel_pos)
     model.maxxvit_native = native
 
 
@@ -169,6 +249,6 @@ def maxxvit_features(model: nn.Module) -> dict:
 
 
 register_adapter(Adapter(MaxxVit, MaxxVitPE, apply_maxxvit, (PartitionBias,), timm_modules=("maxxvit",),
-                         native=native_maxxvit, families=("bias",), refuses={**WINDOW_REFUSES, **TOKENS_REFUSES},
+                         native=native_maxxvit, families=("bias", "rotary"), refuses={**WINDOW_REFUSES, **TOKENS_REFUSES},
                          checkpoint_hooks=(maxxvit_keys,), feature_cfg=maxxvit_features,
                          examples=("maxvit_tiny_tf_224", "coatnet_0_rw_224", "maxxvit_rmlp_nano_rw_256")))

@@ -10,6 +10,7 @@ from .hope import HoPE
 from .layouts import GOLDEN_ANGLE
 from .learned import LearnedRotation
 from .liere import LieRE
+from .mhrope import MHRoPE
 from .registers import RegisterRoPE
 from .riflex import RIFLEx
 from .rope import AxialRoPE, MixedRoPE, RoPE, apply_rotary
@@ -22,6 +23,6 @@ from .v2pe import V2PE
 from .videorope import VideoRoPE
 
 __all__ = ["AxialRoPE", "ChannelLayout", "CircleRoPE", "ComRoPE", "DyPE", "FrequencyBands", "GOLDEN_ANGLE", "GeoPE",
-           "HARoPE", "HoPE", "LearnedRotation", "LieRE", "MixedRoPE", "RIFLEx", "RegisterRoPE", "ResolutionScaling",
+           "HARoPE", "HoPE", "LearnedRotation", "LieRE", "MHRoPE", "MixedRoPE", "RIFLEx", "RegisterRoPE", "ResolutionScaling",
            "RoPE", "RotaryEncoding", "SCALINGS", "SphericalRoPE", "SpiralRoPE", "StringRoPE", "V2PE", "VideoRoPE",
            "apply_rotary", "block_columns", "rope_kernel", "rotation_kernel", "video_sections"]

@@ -305,11 +305,16 @@ class RoPE(FlatKeywords, RotaryEncoding):
         check_grid_ndim(grid, self.ndim, type(self).__name__)
         self.check_table(grid, what="rotation table")
         device = device or self.freqs.device
-        transform = self.coordinates.draw(augment, self.ndim, device)
+        transform = self.draw_transform(augment, device)
         if transform is not None:
             return self._build(grid, device, tokens_first, transform)
         key = (grid, str(device), self.scaling, self.ref_shape, tokens_first)
         return self._cache.get(key, lambda: self._build(grid, device, tokens_first), [self.freqs])
+
+    def draw_transform(self, augment: bool, device):
+        """The train-time transform of the placed positions ``(N, components) -> (N, components)`` for one call
+        (None: none, and the table is cached): the coordinate augmentation's draw (:mod:`visionpe.coords`)."""
+        return self.coordinates.draw(augment, self.ndim, device)
 
     def _build(self, grid: Grid, device, tokens_first: bool, transform=None) -> torch.Tensor:
         wide = angle_dtype(device)  # float64 angles: exact to float32 rounding of cos/sin on any axis length

@@ -15,8 +15,12 @@ In an encoder every patch is a visual token: patch ``n`` of the row-major (raste
 tokens). The raster index reads the patches' index coordinates with the grid's offset and spacing, ``n = sum_a c_a prod_{b > a} size_b``, so a shifted
 grid moves every patch by the same amount and scores stay relative (in the raster index, not in 2D).
 
-What is not here: the training-time draw of ``delta`` (a data-side choice: build one encoding per ``delta``), and
-text tokens (the prefix tokens are not rotated, as in every encoding of the package).
+The training-time draw: with ``step_choices`` (e.g. :data:`STEPS`, the paper's set), a forward in training mode
+places the patches at ``delta' * n`` with ``delta'`` drawn uniformly from ``step_choices`` by torch's default
+generator (CPU), one draw per model forward shared by every block (per call outside a model); a batch is one
+sample's draw (the paper draws per sample: a batch of one is that). Evaluation mode uses the fixed ``step``.
+
+What is not here: text tokens (the prefix tokens are not rotated, as in every encoding of the package).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import math
 import torch
 
 from .._checks import check_number
+from ..coords import forward_draw
 from ..grid import Grid
 from .placed import PlacedRoPE
 
@@ -35,13 +40,17 @@ class V2PE(PlacedRoPE):
     """V2PE: ``pe(q, k, grid) -> (q, k)``; patch ``n`` (raster order) rotated by ``delta * n * theta^(-p/P)``.
 
     ``step``: the increment ``delta`` of one visual token, in ``(0, 1]`` (the paper's set is :data:`STEPS`; default
-    1/4, the official evaluation's stride 64 over 256 tokens). ``theta``: RoPE's base (default 10000, the official
-    rotary's). ``pairs``: ``"interleaved"`` (default) or ``"half"`` (the official ``rotate_half`` layout).
+    1/4, the official evaluation's stride 64 over 256 tokens): evaluation's, and training's without
+    ``step_choices``. ``step_choices`` (keyword-only): the increments a training forward draws from (each in
+    ``(0, 1]``; e.g. :data:`STEPS`), or None (default: the fixed ``step`` in training too). ``theta``: RoPE's base
+    (default 10000, the official rotary's). ``pairs``: ``"interleaved"`` (default) or ``"half"`` (the official
+    ``rotate_half`` layout).
     """
 
     def __init__(self, head_dim: int, num_heads: int = 1, ndim: int = 2, step: float = 0.25,
-                 theta: float = 10000.0, pairs: str = "interleaved"):
+                 theta: float = 10000.0, pairs: str = "interleaved", *, step_choices=None):
         self.step = check_number("step", step, minimum=0.0, inclusive=False, maximum=1.0)
+        self.step_choices = check_step_choices(step_choices)
         super().__init__(head_dim, num_heads, ndim, theta, pairs)
 
     def pair_components(self) -> list[int]:
@@ -53,5 +62,29 @@ class V2PE(PlacedRoPE):
                                device=coords.device)
         return (coords @ strides * self.step)[:, None]
 
+    def draw_transform(self, augment: bool, device):
+        """In training with ``step_choices``: the placed positions ``step * n`` scaled to ``delta' * n``, ``delta'``
+        drawn from ``step_choices`` (one draw per model forward); otherwise None (the fixed ``step``)."""
+        if not (augment and self.step_choices is not None):
+            return None
+        drawn = forward_draw((self, "step"), self.draw_step)
+        return lambda positions: positions * (drawn.to(positions) / self.step)
+
+    def draw_step(self) -> torch.Tensor:
+        """One increment drawn uniformly from ``step_choices`` by torch's default (CPU) generator: a 0-dim float64
+        tensor."""
+        return torch.tensor(self.step_choices, dtype=torch.float64)[torch.randint(len(self.step_choices), ())]
+
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", step={self.step}"
+        choices = "" if self.step_choices is None else f", step_choices={self.step_choices}"
+        return super().extra_repr() + f", step={self.step}{choices}"
+
+
+def check_step_choices(step_choices) -> tuple[float, ...] | None:
+    """``step_choices`` as a tuple of increments in ``(0, 1]``, or None."""
+    if step_choices is None:
+        return None
+    if isinstance(step_choices, (str, bytes)) or not hasattr(step_choices, "__len__") or len(step_choices) == 0:
+        raise ValueError(f"step_choices={step_choices!r} must be a non-empty sequence of increments in (0, 1] (the "
+                         f"paper's: {STEPS}) or None")
+    return tuple(check_number("step_choices", v, minimum=0.0, inclusive=False, maximum=1.0) for v in step_choices)

@@ -9,11 +9,24 @@ import torch
 import yaml
 
 import visionpe as vpe
+from ...backbones.adapter import parse_pe
 from ...cli.recipes import recipe_path
+from ...presets import conventions_of
+from ...registry import ENCODINGS
 
 TINY_RECIPE = recipe_path("bench_vit_tiny")
 VIDEO_RECIPE = recipe_path("bench_video_tiny")
 NUM_CLASSES = 10
+
+
+def defined_on(pe: str, ndim: int) -> bool:
+    """Whether every encoding of ``pe`` (a name, a ``+`` combination or ``preset:NAME``) is defined on ``ndim``-D
+    grids: an image-only one (Circle-RoPE, an image model's preset, whose conventions say ``ndim=2``) has no row in a
+    video table."""
+    names = parse_pe(pe)
+    words = conventions_of(names)
+    return all(ndim in ENCODINGS[name].ndims and words.get(name, {}).get("ndim", ndim) == ndim
+               for name in names.values())
 
 
 @dataclass(frozen=True)

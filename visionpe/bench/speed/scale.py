@@ -10,7 +10,7 @@ import torch
 import visionpe as vpe
 from ...cache import TableCache
 from .tables import Table, megabytes, ms, versus
-from .plan import Setup
+from .plan import Setup, defined_on
 from .timing import CONTROL, Run
 
 
@@ -107,12 +107,13 @@ def scale_table(run: Run, setup: Setup) -> Table:
     ``none`` shows the drift over the part."""
     x = setup.input(run.device)
     census, times, tokens = TableCensus(), {}, 0
-    for name in ["none", *run.pes, "none" + CONTROL]:
+    pes = [pe for pe in run.pes if defined_on(pe, len(setup.size))]  # a video grid has no row of an image-only one
+    for name in ["none", *pes, "none" + CONTROL]:
         model = setup.create(name.removesuffix(CONTROL), run.device).eval()
         tokens = setup.tokens(model)
         times[name] = scale_time(run, census, name, model, x)
         del model  # frees its cached tables before the next model
-    order = ["none", "none" + CONTROL, *run.pes]
+    order = ["none", "none" + CONTROL, *pes]
     cells = {pe: table_cells(census.forwards[pe]) for pe in order}
     return versus(f"Large grid: {setup.label}, {tokens} tokens, batch 1, inference", {pe: times[pe] for pe in order},
                   "none", "ms", ms, extra=(["encoding calls", "tables (1st / next forward)", "built (1st / next)",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...registry import check_name
+from .plan import defined_on
 from .tables import Table, encoding_limit, ms, versus
 from .timing import Run, TrainStep
 
@@ -13,7 +13,7 @@ VIDEO_ONLY = ("videorope", "riflex")  # encodings defined on (T, H, W) grids onl
 
 def video_encodings(pes: list[str]) -> list[str]:
     """The encodings of ``--pes`` that are defined on 3D grids, then the video-only ones."""
-    return [pe for pe in pes if 3 in check_name(pe).ndims] + list(VIDEO_ONLY)
+    return [pe for pe in pes if defined_on(pe, 3)] + list(VIDEO_ONLY)
 
 
 def video_cost(run: Run) -> list[Table]:
