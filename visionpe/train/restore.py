@@ -196,11 +196,12 @@ def init_weights(model: torch.nn.Module, settings: TrainSettings) -> dict:
             **report}
 
 
-def pretrained_weights(model: torch.nn.Module, settings: TrainSettings) -> dict:
-    """``--pretrained``: timm's pretrained weights of the run's model (:func:`visionpe.train.models.pretrained_source`)
-    into ``model`` through :func:`visionpe.load_timm_checkpoint`, reported as :func:`init_weights` reports. Where timm
-    gives a new classifier head (other classes, or a local file) ``model`` keeps its own new head."""
-    source_model, source = models.pretrained_source(settings)
+def pretrained_weights(model: torch.nn.Module, settings: TrainSettings, pretrained: tuple[torch.nn.Module, str]) -> dict:
+    """``--pretrained``: timm's pretrained weights of the run's model (``pretrained``: ``(timm's model, the name of
+    its source)`` as :func:`visionpe.train.models.pretrained_source` gives them) into ``model`` through
+    :func:`visionpe.load_timm_checkpoint`, reported as :func:`init_weights` reports. Where timm gives a new
+    classifier head (other classes, or a local file) ``model`` keeps its own new head."""
+    source_model, source = pretrained
     head_reset = settings.num_classes != source_model.pretrained_cfg.get("num_classes")  # timm's rule for a new head
     state = source_model.state_dict()
     grid = getattr(getattr(source_model, "patch_embed", None), "grid_size", None)  # the grid of its pos_embed

@@ -80,15 +80,17 @@ def main(argv: list[str]) -> dict:
     updates_per_epoch = math.ceil(steps_per_epoch / settings.grad_accum_steps)
 
     # -- model: its weights fresh, converted, pretrained (or resumed below, with the optimization) -------------------
+    plan = models.model_plan(settings)  # the constructor and its keywords, resolved once
     torch.manual_seed(settings.seed)
     with torch.device("meta") if settings.meta_init else contextlib.nullcontext():  # --meta-init: FSDP materialises
-        raw_model = models.build_model(settings)
+        raw_model = models.build_model(settings, plan)
+    pretrained = models.pretrained_source(settings, plan) if state is None and settings.pretrained else None
     num_params = sum(p.numel() for p in raw_model.parameters())
     init = None
     if state is None and settings.init_from:  # a new run from another model's weights (or one resumed before epoch 1)
         init = restore.init_weights(raw_model, settings)
-    elif state is None and settings.pretrained:  # from timm's pretrained weights
-        init = restore.pretrained_weights(raw_model, settings)
+    elif pretrained is not None:  # from timm's pretrained weights
+        init = restore.pretrained_weights(raw_model, settings, pretrained)
     init_note = restore.init_text(init) if init else None  # kept / converted / new / dropped
 
     # -- optimization and parallel: the model on the device; EMA; compile and DDP, or FSDP2 (sharded in place); the
