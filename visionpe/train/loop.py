@@ -179,19 +179,6 @@ def data_notes(settings: TrainSettings) -> list[str]:
     return notes
 
 
-class MixedSizes(torch.nn.Module):
-    """``model`` taking a batch either stacked (``model(x)``) or as a list of images of different sizes
-    (``model.forward_batch(images)``): the module DDP wraps for ``--max-patches`` (DDP syncs gradients of what goes
-    through its forward). Holds no parameters of its own."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x):
-        return self.model(x) if isinstance(x, torch.Tensor) else self.model.forward_batch(x)
-
-
 def unpack(batch) -> tuple:
     """A loader batch -> ``(x, y, time_spacing)``: ``time_spacing`` the clips' ``(B,)`` time steps of a batch on an
     absolute time axis (samples ``(clip, label, time_step)``: ``--tokens-per-second``), else None."""
@@ -217,7 +204,7 @@ def logits_of(model, x, time_spacing=None):
     if isinstance(x, torch.Tensor):
         return forward(model, x, time_spacing)
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    inner = inner.model if isinstance(inner, MixedSizes) else inner
+    inner = inner.model if isinstance(inner, parallel.MixedSizes) else inner
     return inner.forward_batch(x)
 
 
@@ -309,8 +296,8 @@ def trained_module(settings: TrainSettings, model: torch.nn.Module, procs,
                    mixed_precision: torch.dtype | None = None) -> tuple[torch.nn.Module, ModelEmaV3 | None]:
     """``model`` (its weights final; built on the meta device with ``meta_init``) made ready to train, in timm's
     order: on this process's device (``procs``: :class:`~visionpe.train.distributed.Processes`), its EMA copy
-    (:func:`ema_of`, with ``model_ema``), then the module that trains (:func:`parallel_model`), under FSDP the EMA
-    sharded alike. Returns ``(module that trains, EMA or None)``; the optimizer comes after
+    (:func:`ema_of`, with ``model_ema``), then the module that trains (:func:`parallel_model`: under FSDP the EMA
+    sharded alike). Returns ``(module that trains, EMA or None)``; the optimizer comes after
     (:func:`visionpe.train.optimization.build`). ``mixed_precision``: FSDP's parameter dtype in the blocks (None:
     float32)."""
     if not settings.meta_init:  # a meta-device build is materialised on the device by parallelize
@@ -318,10 +305,7 @@ def trained_module(settings: TrainSettings, model: torch.nn.Module, procs,
     if settings.channels_last and settings.parallel != "fsdp":  # FSDP2 shards contiguous parameters: the batches only
         channels_last_(model)
     ema = ema_of(settings, model, procs.device) if settings.model_ema else None
-    trained = parallel_model(settings, model, procs, mixed_precision)
-    if ema is not None and settings.parallel == "fsdp":
-        ema.module = parallel.parallelize_ema(ema.module, model, "fsdp", procs.device, mixed_precision=mixed_precision)
-    return trained, ema
+    return parallel_model(settings, model, procs, mixed_precision, ema), ema
 
 
 def ema_of(settings: TrainSettings, model: torch.nn.Module, device: torch.device) -> ModelEmaV3:
@@ -337,26 +321,30 @@ def ema_of(settings: TrainSettings, model: torch.nn.Module, device: torch.device
     return ema
 
 
-def parallel_model(settings: TrainSettings, model: torch.nn.Module, procs,
-                   mixed_precision: torch.dtype | None) -> torch.nn.Module:
+def parallel_model(settings: TrainSettings, model: torch.nn.Module, procs, mixed_precision: torch.dtype | None,
+                   ema: ModelEmaV3 | None = None) -> torch.nn.Module:
     """The module that trains ``model``: under ``parallel: fsdp`` the model itself, sharded in place per block and at
     the root (:func:`visionpe.train.parallel.parallelize`: activation checkpointing, compile per block, a meta-device
-    build materialised), on any number of processes; else (DDP) the model, compiled with ``compile``, in a
+    build materialised), on any number of processes, and ``ema``'s copy sharded alike
+    (:func:`visionpe.train.parallel.parallelize_ema`); else (DDP) the model, compiled with ``compile``, in a
     ``DistributedDataParallel`` wrapper under torchrun. With ``max_patches`` it takes lists of images of mixed sizes
-    (:class:`MixedSizes`)."""
+    (:class:`visionpe.train.parallel.MixedSizes`)."""
     if settings.parallel == "fsdp":
         with user_errors(f"--parallel fsdp of {settings.model} pe={settings.pe}", (ValueError,)):
             model = parallel.parallelize(model, "fsdp", procs.device, mixed_precision=mixed_precision,
                                          grad_checkpointing=settings.grad_checkpointing, compile=settings.compile,
                                          reshard_after_forward=settings.fsdp_reshard_after_forward)
-        return MixedSizes(model) if settings.max_patches else model
+        if ema is not None:
+            ema.module = parallel.parallelize_ema(ema.module, model, "fsdp", procs.device,
+                                                  mixed_precision=mixed_precision)
+        return parallel.MixedSizes(model) if settings.max_patches else model
     if settings.grad_checkpointing:
         if not hasattr(model, "set_grad_checkpointing"):
             raise UserError(f"--grad-checkpointing: {type(model).__name__} (--model {settings.model}) has no "
                             "set_grad_checkpointing; run without it")
         model.set_grad_checkpointing(True)
     train_model = torch.compile(model) if settings.compile else model
-    net = MixedSizes(train_model) if settings.max_patches else train_model  # takes lists of images of mixed sizes
+    net = parallel.MixedSizes(train_model) if settings.max_patches else train_model  # takes lists of images of mixed sizes
     if procs.world == 1:
         return net
     return DDP(net, device_ids=[procs.local_rank] if procs.device.type == "cuda" else None)
