@@ -205,7 +205,7 @@ def _sweep_protocol(run: Path, settings: TrainSettings, protocol: str, resolutio
 
     for label, kw in adaptations(settings.pe, scalings, interpolations, settings.pe_kwargs):
         model = models.build_model(settings.replace(pe_kwargs={**settings.pe_kwargs, **kw}))
-        restore.load_state(model, state, path)
+        rundir.load_state(model, state, path)
         model.to(device)
         # at the training grid every adaptation is the identity (scale 1), so that size is evaluated once
         measured = loop.evaluate_resolutions(model, sets, known=known, **eval_kw)

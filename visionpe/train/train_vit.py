@@ -184,7 +184,7 @@ def main(argv: list[str]) -> dict:
         if world > 1:
             dist.barrier()  # rank 0 has finished writing the weights
         path = rundir.weights_file(out, which)
-        restore.load_state(raw_model, rundir.read_weights(path, device), path)
+        rundir.load_state(raw_model, rundir.read_weights(path, device), path)
         measured = loop.evaluate_resolutions(raw_model, eval_sets, **eval_kw)  # eager: any size
         results[which] = metrics.retention_table(measured, train_key)
         run.history += [{"kind": "eval_res", "model": which, **({"res": k[1], "frames": k[0]} if video else {"res": k}),
