@@ -236,13 +236,13 @@ def ramp_folder(tmp_path):
 def test_hflip_0_flips_no_training_clip_and_the_default_flips_some(tmp_path):
     """--hflip reaches video-files (a direction-of-motion set needs 0): through the run's settings, with --hflip 0
     no training clip of any epoch is mirrored (no note calls the flag ignored); by default about half are."""
-    from visionpe.train import loop, settings
+    from visionpe.train import sampling, settings
     root = ramp_folder(tmp_path)
     base = {"data": "video-files", "data_dir": str(root), "num_frames": 2, "img_size": 16, "output": str(tmp_path)}
     kept = settings.resolve({**base, "hflip": 0.0})
-    ds = loop.dataset(kept, "train", 16)
-    assert ds.hflip == 0.0 and loop.data_notes(kept) == []
-    default = loop.dataset(settings.resolve(base), "train", 16)
+    ds = sampling.dataset(kept, "train", 16)
+    assert ds.hflip == 0.0 and sampling.data_notes(kept) == []
+    default = sampling.dataset(settings.resolve(base), "train", 16)
     assert default.hflip == 0.5
     unflipped, flipped = [], []
     for epoch in range(4):

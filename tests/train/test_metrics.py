@@ -14,7 +14,7 @@ import pytest
 from test_rundir import WITHIN, killed_and_finished
 from trainutil import TINY, train_main
 
-from visionpe.train import loop, metrics
+from visionpe.train import loop, metrics, sampling
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +64,7 @@ def assert_tensorboard_is_metrics(out):
 def test_evaluate_returns_a_named_record():
     from visionpe.train import settings
     run = settings.TrainSettings(data="shapes-position", train_samples=8, val_samples=12, seed=0, img_size=16)
-    val = loop.dataset(run, "val", 16)
+    val = sampling.dataset(run, "val", 16)
     import torch
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, val.num_classes))
     got = loop.evaluate(model, val, batch_size=5, device=torch.device("cpu"), autocast=loop.autocast_for(

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from trainutil import ROOT, run_script, train_main
 
 from visionpe.backbones.vit import VisionTransformerPE
-from visionpe.train import loop, settings
+from visionpe.train import sampling, settings
 
 SMALL = ["--epochs", "2", "--img-size", "16", "--patch-size", "4", "--embed-dim", "16", "--depth", "1",
          "--num-heads", "2", "--warmup-epochs", "0.5", "--lr", "3e-3", "--no-progress", "--threads", "1"]
@@ -138,10 +138,10 @@ def test_a_folder_run_keeps_its_class_names_and_refuses_other_ones(real_run, jpe
 
 def test_transform_settings_on_a_built_in_task_are_ignored_with_a_note():
     cfg = settings.resolve({"aa": "3a", "hflip": 0.0})
-    notes = loop.data_notes(cfg)
+    notes = sampling.data_notes(cfg)
     assert len(notes) == 1 and "--hflip --aa" in notes[0] and "built-in task" in notes[0]
-    assert loop.data_notes(settings.resolve({"data": "fashion-mnist", "aa": "3a"})) == []
-    assert loop.data_notes(settings.resolve({})) == []
+    assert sampling.data_notes(settings.resolve({"data": "fashion-mnist", "aa": "3a"})) == []
+    assert sampling.data_notes(settings.resolve({})) == []
 
 
 @pytest.mark.parametrize("protocol", [None, "resize", "native"])
@@ -150,15 +150,15 @@ def test_a_crop_fraction_without_the_crop_protocol_is_told(protocol):
     args = {"data": "fashion-mnist", "crop_pct": 0.9, **({"eval_protocol": protocol} if protocol else {})}
     if protocol == "native":
         args["max_patches"] = 16
-    notes = loop.data_notes(settings.resolve(args))
+    notes = sampling.data_notes(settings.resolve(args))
     assert len(notes) == 1 and "--crop-pct ignored" in notes[0] and (protocol or "resize") in notes[0]
-    assert loop.data_notes(settings.resolve({**args, "eval_protocol": "crop"})) == []
+    assert sampling.data_notes(settings.resolve({**args, "eval_protocol": "crop"})) == []
 
 
 def test_a_registered_set_without_transforms_is_told(monkeypatch):
     from visionpe import data
     data.register_dataset("plain-user-set", num_classes=2)(lambda split, img_size: None)
-    notes = loop.data_notes(settings.resolve({"data": "plain-user-set", "reprob": 0.5}))
+    notes = sampling.data_notes(settings.resolve({"data": "plain-user-set", "reprob": 0.5}))
     assert notes and "--reprob" in notes[0] and "takes no transforms" in notes[0]
 
 

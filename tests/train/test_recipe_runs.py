@@ -232,7 +232,7 @@ def test_pretrained_weights_from_a_local_file_convert_and_never_download(tmp_pat
     cfg = tiny_cfg(model="vit_tiny_patch16_224", pe="rope_mixed+learned", pretrained=True, pretrained_path=str(path),
                    depth=2)
     model = models.build_model(cfg)
-    record = restore.pretrained_weights(model, cfg)
+    record = restore.pretrained_weights(model, cfg, models.pretrained_source(cfg, models.model_plan(cfg)))
     weights = model.state_dict()
     assert record["source"] == f"timm:vit_tiny_patch16_224 from {path}" and record["head_reset"]
     assert "pos_embed -> pe_tokens.table" in record["converted"]

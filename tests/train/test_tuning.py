@@ -11,7 +11,7 @@ from trainutil import TINY, run_script, train_main
 from visionpe import data
 from visionpe.bias.alibi import alibi_slopes
 from visionpe.cli import UserError
-from visionpe.train import loop, models, restore, settings, tuning
+from visionpe.train import loop, models, restore, sampling, settings, tuning
 from visionpe.train.metrics import Evaluation
 
 KNOBS = {"rope_axial": "theta", "rope_mixed": "scaling", "alibi": "slope_scale", "lookhere": "global_slope",
@@ -83,7 +83,7 @@ def test_holdout_is_unseen_training_images_and_no_validation_image(alibi_run):
     images = torch.stack([held[i][0] for i in range(12)])
     torch.testing.assert_close(images, torch.stack([train_more[i][0] for i in range(n, n + 12)]))
     seen = torch.stack([train_more[i][0] for i in range(n)])  # the images the run trained on
-    val = loop.dataset(cfg, "val", 16)
+    val = sampling.dataset(cfg, "val", 16)
     val_images = torch.stack([val[i][0] for i in range(len(val))])
     for other in (seen, val_images):
         same = (images[:, None] - other[None]).flatten(2).abs().amax(-1) == 0  # (12, M)

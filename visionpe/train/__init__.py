@@ -7,13 +7,13 @@ Layers, each using only those above it in this list (and :mod:`visionpe.cli`, th
 - :mod:`~visionpe.train.settings`: every setting, defaults < YAML < command line, checks by group, resume rules;
 - :mod:`~visionpe.train.metrics`: what a run reports (evaluations, epoch records, results, the loggers of ``--log``)
   and the one reader of those files;
-- :mod:`~visionpe.train.rundir`: the run directory's files and their commit protocol;
+- :mod:`~visionpe.train.rundir`: the run directory's files and their commit protocol, weights read back into a model;
 - :mod:`~visionpe.train.restore`: a run read back (settings, model), ``--resume``, ``--init-from`` and
   ``--pretrained``;
 - :mod:`~visionpe.train.distributed`: the run's processes (torchrun) and their collectives;
 - :mod:`~visionpe.train.loop`: one epoch of training, evaluation, evaluation across resolutions;
-- :mod:`~visionpe.train.sampling`: the order of the training samples (repeated augmentation), resumable within an
-  epoch, and the loader that reads them;
+- :mod:`~visionpe.train.sampling`: the run's data sets from its settings, the order of the training samples
+  (repeated augmentation), resumable within an epoch, and the loader that reads them;
 - :mod:`~visionpe.train.optimization`: optimizer, schedule, loss, mixup, EMA and scaler as timm builds them, and where a run
   stands;
 - :mod:`~visionpe.train.train_vit`: the training story; :mod:`~visionpe.train.sweep`: ``visionpe sweep``;

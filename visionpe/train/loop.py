@@ -1,6 +1,7 @@
-"""The pieces of the training loop: data sets from settings (timm's transforms and the resolution protocol),
-batches of mixed sizes, RNG streams, one epoch of training, evaluation, and evaluation across resolutions (used by
-``train_vit.py`` and :mod:`visionpe.train.sweep`)."""
+"""The pieces of the training loop: batches of mixed sizes, RNG streams, the precision of the steps, the module that
+trains (on its device, EMA, DDP or FSDP2), one epoch of training, commits, evaluation, and evaluation across
+resolutions (used by ``train_vit.py`` and :mod:`visionpe.train.sweep`); the data sets they read are
+:mod:`visionpe.train.sampling`'s."""
 from __future__ import annotations
 
 import argparse
@@ -19,10 +20,8 @@ from timm.utils import ModelEmaV3
 from tqdm import tqdm
 
 from .. import data as vdata
-from ..data.transforms import default_protocol
 from . import distributed, parallel, rundir
-from .settings import DEFAULTS, TRANSFORM_KEYS, TrainSettings, transforms_of
-from .models import tubelet
+from .settings import TrainSettings
 from .metrics import Evaluation
 from ..cli import UserError, one_line, user_errors
 
@@ -74,64 +73,6 @@ def check_finite(model, *, epoch: int, kept_epoch: int, val_loss: float | None =
                             f"stopped without saving ({kept}); lower --lr or check the data")
 
 
-def dataset(settings: TrainSettings, split: str, img_size, num_frames: int | None = None, protocol: str | None = None):
-    """The run's data set ``split`` at ``img_size`` pixels (an image run also takes ``(height, width)``; a video
-    run's: clips of ``num_frames`` frames, default the run's ``num_frames``), through the run's transforms and
-    evaluation protocol (``protocol``: another one); missing or empty data is a :class:`UserError`."""
-    num = settings.train_samples if split == "train" else settings.val_samples
-    frames = (num_frames or settings.num_frames) if settings.num_frames else None
-    try:
-        ds = vdata.build_dataset(settings.data, split, img_size, data_dir=settings.data_dir, download=settings.download,
-                                 seed=settings.seed, num_samples=num, num_frames=frames,
-                                 frame_stride=settings.frame_stride, transforms=transforms_of(settings, protocol),
-                                 **time_options(settings))
-    except (vdata.DataMissing, ValueError) as err:
-        raise UserError(one_line(err)) from None
-    if len(ds) == 0:
-        raise UserError(f"{settings.data}: the {split} split under {settings.data_dir!r} holds no images")
-    check_classes(settings, getattr(ds, "classes", None))
-    return ds
-
-
-def check_classes(settings: TrainSettings, found) -> None:
-    """A folder's class names ``found`` (those that number its labels; None for a set without names) are the run's
-    own (``settings.classes``, recorded by :func:`datasets` when the run started): a :class:`UserError` naming the
-    classes on each side otherwise, since the run's output ``k`` means its ``k``-th class."""
-    known = settings.classes
-    if known is None or found is None or list(found) == list(known):
-        return
-    only_run, only_data = [c for c in known if c not in found], [c for c in found if c not in known]
-    shown = lambda names: ", ".join(map(str, names[:5])) + (f", ... {len(names) - 5} more" if len(names) > 5 else "")
-    what = (f"the run's only: {shown(only_run) or 'none'}; the data's only: {shown(only_data) or 'none'}"
-            if only_run or only_data else "the same names in another order")
-    raise UserError(f"{settings.data} under {settings.data_dir!r} has {len(found)} classes that are not the {len(known)} "
-                    f"the run was trained on ({what}): output k of the run is its k-th class; give the --data-dir it "
-                    f"was trained on")
-
-
-def time_options(settings: TrainSettings) -> dict:
-    """The data set options of a run on an absolute time axis (``tokens_per_second``: every sample carries its
-    clip's time step between tokens of the tubelet's frames); none for index time."""
-    if settings.tokens_per_second is None:
-        return {}
-    return {"tokens_per_second": settings.tokens_per_second, "tubelet_frames": tubelet(settings)[0]}
-
-
-def datasets(settings: TrainSettings) -> tuple:
-    """``(settings, training set, validation set)``: the run's sets at ``img_size`` (:func:`dataset`); the class
-    count of an ImageFolder run is filled into the returned settings once its folders are read, with the class names
-    that number its labels (``classes``: config.yaml and results.json keep them, and every later read of the folder
-    is checked against them); any other must agree with the data's."""
-    train_set, val_set = (dataset(settings, split, settings.img_size) for split in ("train", "val"))
-    if settings.num_classes is None:
-        classes = getattr(train_set, "classes", None)
-        settings = settings.replace(num_classes=train_set.num_classes,
-                                    classes=None if classes is None else [str(c) for c in classes])
-    elif settings.num_classes != train_set.num_classes:
-        raise UserError(f"the {settings.data} data has {train_set.num_classes} classes, the run {settings.num_classes}")
-    return settings, train_set, val_set
-
-
 def read_samples(batches):
     """The batches of a loader, in order; a sample that cannot be read (:class:`visionpe.data.DataDamaged`: a corrupt
     image or clip, found when it is read) is a :class:`UserError` of one line naming the file, also when a loader
@@ -155,41 +96,6 @@ def worker_message(err: BaseException) -> str:
         return one_line(text)
     last = [line for line in text.splitlines() if line.strip()][-1]
     return one_line(last.split(": ", 1)[1] if f"{type(err).__name__}: " in last else last)
-
-
-def data_notes(settings: TrainSettings) -> list[str]:
-    """Lines that say which transform settings the run's data set does not take (a built-in task is rendered at each
-    size, not augmented: a flip or a crop would change its labels; a set whose builder takes no ``transforms``), and
-    a crop fraction that the evaluation protocol does not use: they are ignored, not refused, so one recipe serves
-    every data set of a benchmark."""
-    spec = vdata.get_spec(settings.data)
-    notes = []
-    protocol = settings.eval_protocol or default_protocol(settings.max_patches)
-    if settings.crop_pct != DEFAULTS["crop_pct"] and protocol != "crop":
-        notes.append(f"note: --crop-pct ignored: it is the crop protocol's fraction and the evaluation protocol is "
-                     f"{protocol} (--eval-protocol crop to use it)")
-    changed = [key for key in TRANSFORM_KEYS if getattr(settings, key) != DEFAULTS[key]
-               and not (key == "hflip" and spec.video and vdata.takes_option(spec, "hflip"))]  # video-files flips
-    flags = " ".join("--" + key.replace("_", "-") for key in changed)
-    if changed and (spec.synthetic or spec.video):
-        what = "a built-in task rendered at each size" if spec.synthetic else "a video data set"
-        notes.append(f"note: {flags} ignored: {settings.data} is {what}, not images through timm's transforms")
-    elif changed and not vdata.takes_transforms(settings.data):
-        notes.append(f"note: {flags} ignored: the builder of {settings.data} takes no transforms")
-    return notes
-
-
-class MixedSizes(torch.nn.Module):
-    """``model`` taking a batch either stacked (``model(x)``) or as a list of images of different sizes
-    (``model.forward_batch(images)``): the module DDP wraps for ``--max-patches`` (DDP syncs gradients of what goes
-    through its forward). Holds no parameters of its own."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x):
-        return self.model(x) if isinstance(x, torch.Tensor) else self.model.forward_batch(x)
 
 
 def unpack(batch) -> tuple:
@@ -217,7 +123,7 @@ def logits_of(model, x, time_spacing=None):
     if isinstance(x, torch.Tensor):
         return forward(model, x, time_spacing)
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    inner = inner.model if isinstance(inner, MixedSizes) else inner
+    inner = inner.model if isinstance(inner, parallel.MixedSizes) else inner
     return inner.forward_batch(x)
 
 
@@ -309,8 +215,8 @@ def trained_module(settings: TrainSettings, model: torch.nn.Module, procs,
                    mixed_precision: torch.dtype | None = None) -> tuple[torch.nn.Module, ModelEmaV3 | None]:
     """``model`` (its weights final; built on the meta device with ``meta_init``) made ready to train, in timm's
     order: on this process's device (``procs``: :class:`~visionpe.train.distributed.Processes`), its EMA copy
-    (:func:`ema_of`, with ``model_ema``), then the module that trains (:func:`parallel_model`), under FSDP the EMA
-    sharded alike. Returns ``(module that trains, EMA or None)``; the optimizer comes after
+    (:func:`ema_of`, with ``model_ema``), then the module that trains (:func:`parallel_model`: under FSDP the EMA
+    sharded alike). Returns ``(module that trains, EMA or None)``; the optimizer comes after
     (:func:`visionpe.train.optimization.build`). ``mixed_precision``: FSDP's parameter dtype in the blocks (None:
     float32)."""
     if not settings.meta_init:  # a meta-device build is materialised on the device by parallelize
@@ -318,10 +224,7 @@ def trained_module(settings: TrainSettings, model: torch.nn.Module, procs,
     if settings.channels_last and settings.parallel != "fsdp":  # FSDP2 shards contiguous parameters: the batches only
         channels_last_(model)
     ema = ema_of(settings, model, procs.device) if settings.model_ema else None
-    trained = parallel_model(settings, model, procs, mixed_precision)
-    if ema is not None and settings.parallel == "fsdp":
-        ema.module = parallel.parallelize_ema(ema.module, model, "fsdp", procs.device, mixed_precision=mixed_precision)
-    return trained, ema
+    return parallel_model(settings, model, procs, mixed_precision, ema), ema
 
 
 def ema_of(settings: TrainSettings, model: torch.nn.Module, device: torch.device) -> ModelEmaV3:
@@ -337,26 +240,30 @@ def ema_of(settings: TrainSettings, model: torch.nn.Module, device: torch.device
     return ema
 
 
-def parallel_model(settings: TrainSettings, model: torch.nn.Module, procs,
-                   mixed_precision: torch.dtype | None) -> torch.nn.Module:
+def parallel_model(settings: TrainSettings, model: torch.nn.Module, procs, mixed_precision: torch.dtype | None,
+                   ema: ModelEmaV3 | None = None) -> torch.nn.Module:
     """The module that trains ``model``: under ``parallel: fsdp`` the model itself, sharded in place per block and at
     the root (:func:`visionpe.train.parallel.parallelize`: activation checkpointing, compile per block, a meta-device
-    build materialised), on any number of processes; else (DDP) the model, compiled with ``compile``, in a
+    build materialised), on any number of processes, and ``ema``'s copy sharded alike
+    (:func:`visionpe.train.parallel.parallelize_ema`); else (DDP) the model, compiled with ``compile``, in a
     ``DistributedDataParallel`` wrapper under torchrun. With ``max_patches`` it takes lists of images of mixed sizes
-    (:class:`MixedSizes`)."""
+    (:class:`visionpe.train.parallel.MixedSizes`)."""
     if settings.parallel == "fsdp":
         with user_errors(f"--parallel fsdp of {settings.model} pe={settings.pe}", (ValueError,)):
             model = parallel.parallelize(model, "fsdp", procs.device, mixed_precision=mixed_precision,
                                          grad_checkpointing=settings.grad_checkpointing, compile=settings.compile,
                                          reshard_after_forward=settings.fsdp_reshard_after_forward)
-        return MixedSizes(model) if settings.max_patches else model
+        if ema is not None:
+            ema.module = parallel.parallelize_ema(ema.module, model, "fsdp", procs.device,
+                                                  mixed_precision=mixed_precision)
+        return parallel.MixedSizes(model) if settings.max_patches else model
     if settings.grad_checkpointing:
         if not hasattr(model, "set_grad_checkpointing"):
             raise UserError(f"--grad-checkpointing: {type(model).__name__} (--model {settings.model}) has no "
                             "set_grad_checkpointing; run without it")
         model.set_grad_checkpointing(True)
     train_model = torch.compile(model) if settings.compile else model
-    net = MixedSizes(train_model) if settings.max_patches else train_model  # takes lists of images of mixed sizes
+    net = parallel.MixedSizes(train_model) if settings.max_patches else train_model  # takes lists of images of mixed sizes
     if procs.world == 1:
         return net
     return DDP(net, device_ids=[procs.local_rank] if procs.device.type == "cuda" else None)

@@ -6,11 +6,14 @@ Eva), or a name an adapter constructs itself (torchvision's Video Swin ``swin3d_
 ``tv_vit_*``, or a user's backbone registered through ``--import``); the help and the messages list them from the
 registered adapters (:func:`model_help`, :func:`supported_text`). A video run (``num_frames`` set) builds a tubelet
 timm ViT (:func:`visionpe.create_video_model`) or a video adapter's named model with the tubelet as its patch.
+
+``settings`` here is always a run's :class:`~visionpe.train.settings.TrainSettings`, read by field; it is named, not
+imported: settings.py is built on this module (its ``--model`` help, checks and saved form).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import timm
 import torch
@@ -20,9 +23,6 @@ from ..backbones.api import any_size_kwargs, native_timm_modules, unsupported_re
 from ..cli import UserError, user_errors
 from ..encoding import Encoding
 from ..registry import ENCODINGS
-
-if TYPE_CHECKING:  # settings.py imports this module
-    from .settings import TrainSettings
 
 # pe: timm's model as timm builds it, no visionpe module in it (its own encoding: the benchmark's control rows). Not
 # pe="native", which is a visionpe adapter replaying a model's own encoding inside visionpe's attention.
@@ -34,7 +34,7 @@ DEFAULT_MODEL = "tiny"  # the model when --model is not given: small enough to t
 DERIVED_MODEL_KWARGS = ("img_size", "patch_size", "num_classes", "in_chans", "drop_path_rate")  # set from settings
 
 
-def tubelet(settings: TrainSettings) -> tuple[int, int, int]:
+def tubelet(settings) -> tuple[int, int, int]:
     """A video run's tubelet: ``tubelet_size`` if given, else ``(1, patch, patch)`` (see the --tubelet-size help)."""
     if settings.tubelet_size:
         return tuple(int(v) for v in settings.tubelet_size)
@@ -47,15 +47,46 @@ def is_vit(name: str) -> bool:
     return timm.is_model(name) and timm.models.is_model_in_modules(name, ["vision_transformer"])
 
 
-def model_kwargs(settings: TrainSettings) -> dict:
+@dataclass(frozen=True)
+class ModelPlan:
+    """A run's model resolved once from its settings (:func:`model_plan`), handed to what builds it and to what
+    reads its pretrained source instead of asking the adapters again: ``named`` the adapter's own constructor
+    ``(adapter, build)`` of ``--model`` (None: a timm model) and ``kwargs`` its keywords (:func:`constructor_kwargs`;
+    with ``pe=timm_unpatched`` also what makes timm's own model run at any input size the way timm does it, its
+    adapter's any-size keywords: learned tables resampled bicubic and RoPE recomputed per grid for ViT/Eva,
+    ``strict_img_size=False`` for Swin)."""
+    named: tuple | None
+    kwargs: dict
+
+
+def model_plan(settings) -> ModelPlan:
+    """The :class:`ModelPlan` of a run: its constructor asked once of the adapters, its keywords computed once."""
+    named = named_constructor(settings.model)
+    kwargs = constructor_kwargs(settings, named)
+    if settings.pe == TIMM_UNPATCHED:
+        with building(settings):
+            kwargs = any_size_kwargs(settings.model, kwargs)
+    return ModelPlan(named, kwargs)
+
+
+def building(settings):
+    """The context of building a run's model: what a constructor (or its keywords' checks) refuses, in many ways (a
+    negative width: torch's RuntimeError, a failed assert), becomes a :class:`UserError` naming the model, the
+    encoding and ``--model-kwargs``."""
+    given = " ".join(f"{k}={v}" for k, v in dict(settings.model_kwargs or {}).items())
+    what = f"cannot build {settings.model} with pe={settings.pe}" + (f" and --model-kwargs {given}" if given else "")
+    return user_errors(what, (ValueError, TypeError, AssertionError, RuntimeError, ZeroDivisionError))
+
+
+def model_kwargs(settings) -> dict:
     """Everything the model's constructor needs besides the name, in timm's keyword names: the run's
     ``model_kwargs``, resolution, patch (a video adapter's named model: the tubelet), classes, channels, drop path."""
     return constructor_kwargs(settings, named_constructor(settings.model))
 
 
-def constructor_kwargs(settings: TrainSettings, named: tuple | None) -> dict:
+def constructor_kwargs(settings, named: tuple | None) -> dict:
     """:func:`model_kwargs` of a model whose adapter's named constructor is ``named`` (``(adapter, constructor)``,
-    or None for a timm model): asked once by :func:`build_model`."""
+    or None for a timm model): asked once by :func:`model_plan`."""
     kw = {k: v for k, v in dict(settings.model_kwargs or {}).items() if k != "drop_path_rate"}
     kw.update(img_size=settings.img_size, patch_size=settings.patch_size, num_classes=settings.num_classes,
               in_chans=settings.in_chans)
@@ -99,7 +130,7 @@ def model_help() -> str:
             f"window_size=[t,h,w] make a smaller one; its patch is --tubelet-size)")
 
 
-def check_model(settings: TrainSettings) -> None:
+def check_model(settings) -> None:
     """The model name and the run agree: a known name, a video model for video data and only then, ``pe=timm_unpatched`` on a
     model timm runs natively; a :class:`UserError` naming what is allowed otherwise."""
     name, video = settings.model, settings.num_frames is not None
@@ -127,24 +158,22 @@ def check_model(settings: TrainSettings) -> None:
                         f"not a ViT (vit_*, deit_*) nor a video model ({supported_text(video=True)})")
 
 
-def build_model(settings: TrainSettings) -> torch.nn.Module:
+def build_model(settings, plan: ModelPlan | None = None) -> torch.nn.Module:
     """The model of a run's settings, with its encoding: a timm model (:func:`visionpe.create_model`), an adapter's
-    named model then :func:`visionpe.apply`, a tubelet video ViT, or timm's own model (``pe=timm_unpatched``)."""
+    named model then :func:`visionpe.apply`, a tubelet video ViT, or timm's own model (``pe=timm_unpatched``).
+    ``plan``: the run's :class:`ModelPlan` where the caller holds it (else resolved here)."""
     import visionpe
-    named = named_constructor(settings.model)
-    kwargs = constructor_kwargs(settings, named)
-    given = " ".join(f"{k}={v}" for k, v in dict(settings.model_kwargs or {}).items())
-    what = f"cannot build {settings.model} with pe={settings.pe}" + (f" and --model-kwargs {given}" if given else "")
-    # a constructor refuses bad keywords in many ways (a negative width: torch's RuntimeError, a failed assert)
-    with user_errors(what, (ValueError, TypeError, AssertionError, RuntimeError, ZeroDivisionError)):
+    plan = plan or model_plan(settings)
+    named, kwargs = plan.named, dict(plan.kwargs)
+    with building(settings):
         if named is not None:
             model = visionpe.apply(named[1](**kwargs), settings.pe, **settings.pe_kwargs)
         elif settings.num_frames:
             kwargs.pop("patch_size", None)
             model = visionpe.create_video_model(settings.model, pe=settings.pe, num_frames=settings.num_frames,
                                                 tubelet_size=tubelet(settings), pe_kwargs=settings.pe_kwargs, **kwargs)
-        elif settings.pe == TIMM_UNPATCHED:
-            return timm_unpatched(settings.model, kwargs)
+        elif settings.pe == TIMM_UNPATCHED:  # timm's own model, at any input size (the plan's keywords)
+            return timm.create_model(settings.model, pretrained=False, **kwargs)
         else:
             return visionpe.create_model(settings.model, pe=settings.pe, pe_kwargs=settings.pe_kwargs, **kwargs)
     if settings.tokens_per_second is not None:
@@ -168,26 +197,16 @@ def check_time_axis(model: torch.nn.Module, pe: str) -> None:
                             f"{type(encoding).__name__} {refusal}; encodings that read it: {readers}")
 
 
-def timm_unpatched(name: str, kwargs: dict) -> torch.nn.Module:
-    """``pe=timm_unpatched``: the model exactly as timm builds it, its own position encoding included, made to run at any
-    input size the way timm does it (its adapter's any-size keywords: learned tables resampled bicubic and RoPE
-    recomputed per grid for ViT/Eva, ``strict_img_size=False`` for Swin)."""
-    return timm.create_model(name, pretrained=False, **any_size_kwargs(name, kwargs))
-
-
-def pretrained_source(settings: TrainSettings) -> tuple[torch.nn.Module, str]:
+def pretrained_source(settings, plan: ModelPlan) -> tuple[torch.nn.Module, str]:
     """``--pretrained``: timm's own model of the run (``--model``, its sizes, resolution, patch, channels and classes;
     a video run's image model) with timm's pretrained weights, and the name of their source. timm adapts them to the
     run as it does for fine-tuning (its pretrained filter resamples ``pos_embed`` and the patch embedding, the input
     convolution takes the run's channels, and the classifier head is new when the classes differ); the weights come
     from the Hugging Face hub, or from ``pretrained_path`` through ``pretrained_cfg_overlay=dict(file=...,
     num_classes=-1)`` as timm's train.py gives a local file (its head is always new). Any failure, a download
-    included, is a :class:`UserError` naming the model."""
+    included, is a :class:`UserError` naming the model. ``plan``: the run's :class:`ModelPlan` (its keywords)."""
     path = settings.pretrained_path
-    kwargs = model_kwargs(settings)
-    kwargs.pop("drop_path_rate", None)  # the source is only read
-    if settings.pe == TIMM_UNPATCHED:
-        kwargs = any_size_kwargs(settings.model, kwargs)
+    kwargs = {k: v for k, v in plan.kwargs.items() if k != "drop_path_rate"}  # the source is only read
     overlay = {}
     if path is not None:
         if not Path(path).is_file():
@@ -205,7 +224,7 @@ def pretrained_source(settings: TrainSettings) -> tuple[torch.nn.Module, str]:
                         f"({type(err).__name__}: {' '.join(str(err).split())[:300]})") from None
 
 
-def run_grid(settings: TrainSettings) -> tuple[int, ...]:
+def run_grid(settings) -> tuple[int, ...]:
     """Patch grid of a trained model: ``img_size // patch_size`` per axis (either may be an int or a list);
     a video run (``num_frames`` set) adds ``num_frames // tubelet_size[0]`` in front."""
     img = settings.img_size

@@ -19,7 +19,7 @@ from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3, NativeScaler
 
 from ..cli import UserError, one_line, user_errors
-from . import loop, parallel, restore, rundir
+from . import loop, parallel, rundir
 from .settings import TrainSettings, saved_form
 
 
@@ -135,7 +135,7 @@ def resume(optimization: Optimization, model: torch.nn.Module, state: dict | Pat
     rundir.check_resume(state, path, Path(out), optimization.config, steps=steps)
     check_length(optimization, state, path.parent)
     extended = extension_record(optimization, state)
-    restore.load_state(model, state["model"], path)
+    rundir.load_state(model, state["model"], path)
     with user_errors(f"{path} does not fit the optimizer, schedule, EMA or gradient scaler",
                      (ValueError, TypeError, RuntimeError, KeyError, IndexError)):
         parallel.load_full_optimizer_state(model, optimization.optimizer, state["optimizer"])

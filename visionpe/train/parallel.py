@@ -9,6 +9,7 @@ shard of every parameter, gradient and optimizer state), with distributed checkp
   checkpointing (the model's own, which replays coordinate draws) and ``torch.compile`` per block (DINOv3's order:
   checkpointing, compile, shard) come before sharding. A model built on the meta device is sharded first, then
   materialised on ``device`` and initialised (:func:`visionpe.reset_parameters`), so no rank ever holds it whole.
+- :class:`MixedSizes`: the module DDP wraps for batches of images of mixed sizes (``--max-patches``).
 - :func:`no_gradient_sync`: the micro-steps of gradient accumulation before the last, without gradient
   communication (DDP ``no_sync``; FSDP neither reduces nor reshards between them).
 - EMA: timm's ``ModelEmaV3`` copies the model before it is sharded (FSDP modules cannot be deep-copied);
@@ -191,6 +192,19 @@ def parallelize_ema(ema_module: nn.Module, model: nn.Module, mode: str, device, 
         for ema_value, value in zip(ema_module.state_dict().values(), unwrap(model).state_dict().values()):
             ema_value.copy_(value)
     return ema_module
+
+
+class MixedSizes(nn.Module):
+    """``model`` taking a batch either stacked (``model(x)``) or as a list of images of different sizes
+    (``model.forward_batch(images)``): the module DDP wraps for ``--max-patches`` (DDP syncs gradients of what goes
+    through its forward). Holds no parameters of its own."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x) if isinstance(x, torch.Tensor) else self.model.forward_batch(x)
 
 
 @contextmanager

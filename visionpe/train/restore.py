@@ -17,10 +17,10 @@ import torch
 
 from .. import data as vdata
 from ..weights import convert, io
-from . import models, parallel, rundir
+from . import models, rundir
 from .settings import (DEFAULTS, EXTEND_ON_RESUME, RUN_KEYS, SAFE_ON_RESUME, TrainSettings, changes, check, copied,
                        read_recipe, refused_changes, renamed, resolve)
-from ..cli import UserError, import_user_code, one_line, user_errors
+from ..cli import UserError, import_user_code, user_errors
 from .rundir import CONFIG, LAST
 
 MODEL_KEYS = ("model", "pe", "img_size", "patch_size", "num_classes")  # needed to rebuild the model
@@ -66,15 +66,6 @@ def load_run(path, require: tuple[str, ...] = ()) -> TrainSettings:
     return settings.replace(in_chans=in_chans, output=str(run))
 
 
-def load_state(model: torch.nn.Module, state: dict, source) -> None:
-    """The whole weights ``state`` (read from ``source``) into ``model``, strictly; a sharded model (FSDP) takes its
-    shards of them (:func:`visionpe.train.parallel.load_full_state`: every process calls it)."""
-    try:
-        parallel.load_full_state(model, state)
-    except RuntimeError as err:
-        raise UserError(f"{source} does not fit the model rebuilt from {CONFIG}: {one_line(err)[:300]}") from None
-
-
 def load_model(path, which: str = "best") -> tuple[torch.nn.Module, dict]:
     """Rebuild a trained model from a run directory (``which`` = ``"best"``, ``"last"`` or ``"ema"`` weights) or from
     a ``.safetensors`` file inside one; returns ``(model in eval mode, settings)``."""
@@ -86,7 +77,7 @@ def load_model(path, which: str = "best") -> tuple[torch.nn.Module, dict]:
     if not weights.is_file():
         raise UserError(f"weights file {str(weights)!r} not found")
     model = models.build_model(settings)
-    load_state(model, rundir.read_weights(weights), weights)
+    rundir.load_state(model, rundir.read_weights(weights), weights)
     return model.eval(), settings
 
 
@@ -196,11 +187,12 @@ def init_weights(model: torch.nn.Module, settings: TrainSettings) -> dict:
             **report}
 
 
-def pretrained_weights(model: torch.nn.Module, settings: TrainSettings) -> dict:
-    """``--pretrained``: timm's pretrained weights of the run's model (:func:`visionpe.train.models.pretrained_source`)
-    into ``model`` through :func:`visionpe.load_timm_checkpoint`, reported as :func:`init_weights` reports. Where timm
-    gives a new classifier head (other classes, or a local file) ``model`` keeps its own new head."""
-    source_model, source = models.pretrained_source(settings)
+def pretrained_weights(model: torch.nn.Module, settings: TrainSettings, pretrained: tuple[torch.nn.Module, str]) -> dict:
+    """``--pretrained``: timm's pretrained weights of the run's model (``pretrained``: ``(timm's model, the name of
+    its source)`` as :func:`visionpe.train.models.pretrained_source` gives them) into ``model`` through
+    :func:`visionpe.load_timm_checkpoint`, reported as :func:`init_weights` reports. Where timm gives a new
+    classifier head (other classes, or a local file) ``model`` keeps its own new head."""
+    source_model, source = pretrained
     head_reset = settings.num_classes != source_model.pretrained_cfg.get("num_classes")  # timm's rule for a new head
     state = source_model.state_dict()
     grid = getattr(getattr(source_model, "patch_embed", None), "grid_size", None)  # the grid of its pos_embed

@@ -23,8 +23,8 @@
 What these hold is :mod:`visionpe.train.metrics`'s (the records, the texts, the one reader, the loggers of
 ``--log``: TensorBoard's event files in tensorboard/, W&B's run in wandb/); this module writes them.
 
-This module owns the files and their protocol; :mod:`visionpe.train.restore` reads a run back (its settings, its
-model, ``--resume``, ``--init-from``) through it.
+This module owns the files and their protocol, and puts weights read back into a model (:func:`load_state`, strict);
+:mod:`visionpe.train.restore` reads a run back (its settings, its model, ``--resume``, ``--init-from``) through it.
 
 Checkpoint protocol (a kill at any instant leaves a run that ``--resume`` continues exactly):
 
@@ -226,6 +226,15 @@ def read_weights(path: Path, device="cpu") -> dict[str, torch.Tensor]:
 
 # -----------------------------------------------------------------------------------------------------
 # checkpoint: state.pt is the commit point, the rest are exports (see the module docstring)
+def load_state(model: torch.nn.Module, state: dict, source) -> None:
+    """The whole weights ``state`` (read from ``source``) into ``model``, strictly; a sharded model (FSDP) takes its
+    shards of them (:func:`visionpe.train.parallel.load_full_state`: every process calls it)."""
+    try:
+        parallel.load_full_state(model, state)
+    except RuntimeError as err:
+        raise UserError(f"{source} does not fit the model rebuilt from {CONFIG}: {one_line(err)[:300]}") from None
+
+
 def weights_epoch(path: Path) -> int:
     """The ``epoch`` stored in a weights file's metadata; -1 if the file is missing or unreadable."""
     try:

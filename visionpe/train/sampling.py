@@ -1,4 +1,6 @@
-"""The order of the training samples, epoch by epoch, and the loader that reads them: torch's
+"""The run's data: its training and validation sets (:func:`datasets`, :func:`dataset`: built from the settings
+through the data set registry, an image folder's classes checked against the run's; :func:`data_notes`: transform
+settings a set does not take), the order of the training samples, epoch by epoch, and the loader that reads them: torch's
 ``DistributedSampler``, or timm's ``RepeatAugSampler`` (repeated augmentation, ``--aug-repeats``), started at any
 position of an epoch (a resume from a mid-epoch checkpoint continues with the next batch, without loading the ones
 before it).
@@ -17,9 +19,93 @@ import math
 from timm.data.distributed_sampler import RepeatAugSampler as TimmRepeatAugSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from ..cli import UserError
+from .. import data as vdata
+from ..cli import UserError, one_line
 from ..data import collate_images
-from .settings import TrainSettings
+from ..data.transforms import default_protocol
+from .models import tubelet
+from .settings import DEFAULTS, TRANSFORM_KEYS, TrainSettings, transforms_of
+
+
+def dataset(settings: TrainSettings, split: str, img_size, num_frames: int | None = None, protocol: str | None = None):
+    """The run's data set ``split`` at ``img_size`` pixels (an image run also takes ``(height, width)``; a video
+    run's: clips of ``num_frames`` frames, default the run's ``num_frames``), through the run's transforms and
+    evaluation protocol (``protocol``: another one); missing or empty data is a :class:`UserError`."""
+    num = settings.train_samples if split == "train" else settings.val_samples
+    frames = (num_frames or settings.num_frames) if settings.num_frames else None
+    options = time_options(settings)
+    try:
+        ds = vdata.build_dataset(settings.data, split, img_size, data_dir=settings.data_dir, download=settings.download,
+                                 seed=settings.seed, num_samples=num, num_frames=frames,
+                                 frame_stride=settings.frame_stride, transforms=transforms_of(settings, protocol),
+                                 **options)
+    except (vdata.DataMissing, ValueError) as err:
+        raise UserError(one_line(err)) from None
+    if len(ds) == 0:
+        raise UserError(f"{settings.data}: the {split} split under {settings.data_dir!r} holds no images")
+    check_classes(settings, getattr(ds, "classes", None))
+    return ds
+
+
+def check_classes(settings: TrainSettings, found) -> None:
+    """A folder's class names ``found`` (those that number its labels; None for a set without names) are the run's
+    own (``settings.classes``, recorded by :func:`datasets` when the run started): a :class:`UserError` naming the
+    classes on each side otherwise, since the run's output ``k`` means its ``k``-th class."""
+    known = settings.classes
+    if known is None or found is None or list(found) == list(known):
+        return
+    only_run, only_data = [c for c in known if c not in found], [c for c in found if c not in known]
+    shown = lambda names: ", ".join(map(str, names[:5])) + (f", ... {len(names) - 5} more" if len(names) > 5 else "")
+    what = (f"the run's only: {shown(only_run) or 'none'}; the data's only: {shown(only_data) or 'none'}"
+            if only_run or only_data else "the same names in another order")
+    raise UserError(f"{settings.data} under {settings.data_dir!r} has {len(found)} classes that are not the {len(known)} "
+                    f"the run was trained on ({what}): output k of the run is its k-th class; give the --data-dir it "
+                    f"was trained on")
+
+
+def time_options(settings: TrainSettings) -> dict:
+    """The data set options of a run on an absolute time axis (``tokens_per_second``: every sample carries its
+    clip's time step between tokens of the tubelet's frames); none for index time."""
+    if settings.tokens_per_second is None:
+        return {}
+    return {"tokens_per_second": settings.tokens_per_second, "tubelet_frames": tubelet(settings)[0]}
+
+
+def datasets(settings: TrainSettings) -> tuple:
+    """``(settings, training set, validation set)``: the run's sets at ``img_size`` (:func:`dataset`); the class
+    count of an ImageFolder run is filled into the returned settings once its folders are read, with the class names
+    that number its labels (``classes``: config.yaml and results.json keep them, and every later read of the folder
+    is checked against them); any other must agree with the data's."""
+    train_set, val_set = (dataset(settings, split, settings.img_size) for split in ("train", "val"))
+    if settings.num_classes is None:
+        classes = getattr(train_set, "classes", None)
+        settings = settings.replace(num_classes=train_set.num_classes,
+                                    classes=None if classes is None else [str(c) for c in classes])
+    elif settings.num_classes != train_set.num_classes:
+        raise UserError(f"the {settings.data} data has {train_set.num_classes} classes, the run {settings.num_classes}")
+    return settings, train_set, val_set
+
+
+def data_notes(settings: TrainSettings) -> list[str]:
+    """Lines that say which transform settings the run's data set does not take (a built-in task is rendered at each
+    size, not augmented: a flip or a crop would change its labels; a set whose builder takes no ``transforms``), and
+    a crop fraction that the evaluation protocol does not use: they are ignored, not refused, so one recipe serves
+    every data set of a benchmark."""
+    spec = vdata.get_spec(settings.data)
+    notes = []
+    protocol = settings.eval_protocol or default_protocol(settings.max_patches)
+    if settings.crop_pct != DEFAULTS["crop_pct"] and protocol != "crop":
+        notes.append(f"note: --crop-pct ignored: it is the crop protocol's fraction and the evaluation protocol is "
+                     f"{protocol} (--eval-protocol crop to use it)")
+    changed = [key for key in TRANSFORM_KEYS if getattr(settings, key) != DEFAULTS[key]
+               and not (key == "hflip" and spec.video and vdata.takes_option(spec, "hflip"))]  # video-files flips
+    flags = " ".join("--" + key.replace("_", "-") for key in changed)
+    if changed and (spec.synthetic or spec.video):
+        what = "a built-in task rendered at each size" if spec.synthetic else "a video data set"
+        notes.append(f"note: {flags} ignored: {settings.data} is {what}, not images through timm's transforms")
+    elif changed and not vdata.takes_transforms(settings.data):
+        notes.append(f"note: {flags} ignored: the builder of {settings.data} takes no transforms")
+    return notes
 
 
 class RepeatAugSampler(TimmRepeatAugSampler):

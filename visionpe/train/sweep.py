@@ -59,7 +59,7 @@ from ..registry import ENCODINGS
 from ..resample import INTERPOLATIONS
 from ..rotary.scaling import SCALINGS
 from ..weights import write_text
-from . import loop, metrics, models, restore, rundir, tuning
+from . import loop, metrics, models, restore, rundir, sampling, tuning
 from .settings import TrainSettings, check_evaluation, check_memory, check_patches, eval_protocol
 from .metrics import key_text
 
@@ -192,8 +192,8 @@ def _sweep_protocol(run: Path, settings: TrainSettings, protocol: str, resolutio
                    autocast=loop.autocast_for(device, loop.amp_dtype("auto", device)))
     video = bool(settings.num_frames)
     keys, train_key = loop.eval_grid(settings, resolutions, frames)
-    sets = {k: loop.dataset(settings, "val", k[1], k[0], protocol=protocol) if video else
-            loop.dataset(settings, "val", k, protocol=protocol) for k in keys}
+    sets = {k: sampling.dataset(settings, "val", k[1], k[0], protocol=protocol) if video else
+            sampling.dataset(settings, "val", k, protocol=protocol) for k in keys}
     wanted = [k for k in keys if (k[1] if video else k) in resolutions]  # the training size only if asked for
     rows, known = [], {}
 
@@ -205,7 +205,7 @@ def _sweep_protocol(run: Path, settings: TrainSettings, protocol: str, resolutio
 
     for label, kw in adaptations(settings.pe, scalings, interpolations, settings.pe_kwargs):
         model = models.build_model(settings.replace(pe_kwargs={**settings.pe_kwargs, **kw}))
-        restore.load_state(model, state, path)
+        rundir.load_state(model, state, path)
         model.to(device)
         # at the training grid every adaptation is the identity (scale 1), so that size is evaluated once
         measured = loop.evaluate_resolutions(model, sets, known=known, **eval_kw)

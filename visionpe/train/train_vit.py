@@ -68,31 +68,33 @@ def main(argv: list[str]) -> dict:
         rundir.check_fresh(out, settings.overwrite)  # an existing run needs --resume or --overwrite
     state = rundir.resume_point(out) if resume else None  # state.pt's contents, or a sharded run's DCP folder
 
-    # -- data: the training and validation sets, one process's share of each batch; the precision of its steps -----
-    amp_dtype = loop.amp_dtype(settings.amp, device)  # fp16 only on CUDA (check_run)
-    policy = loop.fsdp_precision(settings, amp_dtype, device)  # FSDP2 on CUDA: bf16 parameters in place of autocast
-    autocast = loop.autocast_for(device, None if policy else amp_dtype)
-    settings, train_set, val_set = loop.datasets(settings)  # an image folder's classes, once read
-    data_notes = loop.data_notes(settings)  # transform settings the data set does not take
+    # -- data: the training and validation sets, one process's share of each batch ----------------------------------
+    settings, train_set, val_set = sampling.datasets(settings)  # an image folder's classes, once read
     loader, loader_set, sampler = sampling.training_loader(train_set, settings, world=world, rank=rank,
                                                            pin_memory=device.type == "cuda")
+    data_notes = sampling.data_notes(settings)  # transform settings the data set does not take
     steps_per_epoch = len(loader)  # loader batches; an optimizer step every grad_accum_steps of them
     updates_per_epoch = math.ceil(steps_per_epoch / settings.grad_accum_steps)
 
     # -- model: its weights fresh, converted, pretrained (or resumed below, with the optimization) -------------------
+    plan = models.model_plan(settings)  # the constructor and its keywords, resolved once
     torch.manual_seed(settings.seed)
     with torch.device("meta") if settings.meta_init else contextlib.nullcontext():  # --meta-init: FSDP materialises
-        raw_model = models.build_model(settings)
+        raw_model = models.build_model(settings, plan)
+    pretrained = models.pretrained_source(settings, plan) if state is None and settings.pretrained else None
     num_params = sum(p.numel() for p in raw_model.parameters())
     init = None
     if state is None and settings.init_from:  # a new run from another model's weights (or one resumed before epoch 1)
         init = restore.init_weights(raw_model, settings)
-    elif state is None and settings.pretrained:  # from timm's pretrained weights
-        init = restore.pretrained_weights(raw_model, settings)
+    elif pretrained is not None:  # from timm's pretrained weights
+        init = restore.pretrained_weights(raw_model, settings, pretrained)
     init_note = restore.init_text(init) if init else None  # kept / converted / new / dropped
 
-    # -- optimization and parallel: the model on the device; EMA; compile and DDP, or FSDP2 (sharded in place); the
-    #    optimizer (timm's order); then the last commit restored into all of them -----------------------------------
+    # -- optimization and parallel: the precision of the steps; the model on the device; EMA; compile and DDP, or
+    #    FSDP2 (sharded in place); the optimizer (timm's order); then the last commit restored into all of them ------
+    amp_dtype = loop.amp_dtype(settings.amp, device)  # fp16 only on CUDA (check_run)
+    policy = loop.fsdp_precision(settings, amp_dtype, device)  # FSDP2 on CUDA: bf16 parameters in place of autocast
+    autocast = loop.autocast_for(device, None if policy else amp_dtype)
     model, ema = loop.trained_module(settings, raw_model, procs, policy)
     parts = optimization.build(settings, raw_model, ema, updates_per_epoch, procs, amp_dtype)
     run = optimization.resume(parts, raw_model, state, out, world, init, steps=steps_per_epoch)  # or fresh
@@ -173,8 +175,8 @@ def main(argv: list[str]) -> dict:
     # -- resolution evaluation: last, best (and EMA) weights, same scenes at every resolution (and frame count) -----
     video = bool(settings.num_frames)  # keys (frames, res) of clips, else image sizes
     keys, train_key = loop.eval_grid(settings, settings.eval_res, settings.eval_frames)
-    eval_sets = {k: (val_set if k == train_key else
-                     loop.dataset(settings, "val", k[1], k[0]) if video else loop.dataset(settings, "val", k)) for k in keys}
+    eval_sets = {k: (val_set if k == train_key else sampling.dataset(settings, "val", k[1], k[0]) if video else
+                     sampling.dataset(settings, "val", k)) for k in keys}
     results, exported = {}, ("last", "best") + (("ema",) if parts.ema is not None else ())
     for which in exported:
         report(f"evaluating the {which} weights at {' '.join(metrics.key_text(k) for k in keys)}"
@@ -182,7 +184,7 @@ def main(argv: list[str]) -> dict:
         if world > 1:
             dist.barrier()  # rank 0 has finished writing the weights
         path = rundir.weights_file(out, which)
-        restore.load_state(raw_model, rundir.read_weights(path, device), path)
+        rundir.load_state(raw_model, rundir.read_weights(path, device), path)
         measured = loop.evaluate_resolutions(raw_model, eval_sets, **eval_kw)  # eager: any size
         results[which] = metrics.retention_table(measured, train_key)
         run.history += [{"kind": "eval_res", "model": which, **({"res": k[1], "frames": k[0]} if video else {"res": k}),

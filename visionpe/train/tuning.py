@@ -28,7 +28,7 @@ from ..backbones import encodings_of
 from ..cli import UserError
 from ..data.scenes import num_scenes
 from ..encoding import Knob, constructor_keywords
-from . import loop, metrics, models, restore
+from . import loop, metrics, models, rundir
 from .settings import TrainSettings, check_rendered, transforms_of
 
 FAMILIES = ("tokens", "rotary", "bias")  # the order in which a combination's knob is looked for
@@ -133,7 +133,7 @@ def tune_rows(run, settings: TrainSettings, protocol: str, state, path, keys, wa
     def model_with(value):
         kwargs = {} if knob is None else {knob.name: value}
         model = models.build_model(settings.replace(pe_kwargs={**settings.pe_kwargs, **kwargs}))
-        restore.load_state(model, state, path)
+        rundir.load_state(model, state, path)
         return model.to(eval_kw["device"])
 
     scores = {}  # value -> {key: Evaluation on the held-out images}
