@@ -14,7 +14,7 @@ from ... import cli, export
 from ...cli import UserError
 from ...cli.report import keep_hand_written
 from ...weights import write_text
-from ..machine import environment
+from ..machine import environment, machine_text
 from . import __doc__ as DOC
 from .loader import data_loader
 from .flex import flex_cost
@@ -54,14 +54,11 @@ def header(record: dict) -> list[str]:
     versions that measured (the GPU on CUDA, else the CPU and the threads torch used), the rounds; the parts a run
     stopped before (a record written as the run went, cut short) are named."""
     made, measured = record["made_by"], record["settings"]
-    device = made["gpu"] if made["device"] == "cuda" and made.get("gpu") else \
-        f"{made['cpu']}, {record.get('threads', '?')} threads"
-    torch_text = made["torch"] + (f" (CUDA {made['cuda']})" if made["device"] == "cuda" else "")
     done = [part["name"] for part in record["parts"]]
     left = [name for name in measured.get("parts", []) if name not in done]
+    threads = f"{made['cpu']}, {record.get('threads', '?')} threads"
     return ["# Performance", "", f"Made by `{record['command']}`.", "",
-            f"Device: {device}; {made['platform']}; python {made['python']}, torch {torch_text}, timm {made['timm']}, "
-            f"visionpe {made['visionpe']}; medians over {measured['repeats']} interleaved rounds "
+            f"Device: {machine_text(made, cpu=threads)}; medians over {measured['repeats']} interleaved rounds "
             f"({measured['slow_repeats']} for the ViT-S/16 and Swin tables at batch {record.get('vit_batch', '?')}: "
             f"eval forward, training step, timm, cache) of at least {measured['min_run_time']} s per row. Only ratios "
             f"measured side by side mean anything. Targets: time and memory of an encoding <= 1.05x none (peg <= "
