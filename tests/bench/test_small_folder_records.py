@@ -7,12 +7,14 @@ hash the benchmark asks for (computed by :mod:`visionpe.bench.accuracy.staleness
 train`` arguments), and with the classes an image-folder run reads from its folder when it starts."""
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import subprocess
 
 from trainutil import run_script
 
-from visionpe.bench.accuracy import records, small_folder, staleness
+from visionpe.bench.accuracy import jobs, records, small_folder, staleness
 from visionpe.cli.recipes import recipe_path
 from visionpe.train import settings
 
@@ -34,18 +36,18 @@ def section(folder) -> str:
     return text[text.index(f"<!-- BEGIN {PART} -->"):]
 
 
-def fabricate(folder, made_by: dict) -> None:
+def fabricate(folder, made_by: dict, recipe_file="small_folder") -> None:
     """A record for every run of ``argv(folder)`` (``made_by``: {folder kind: machine}), current for the recipe as
     it is: the settings hash of what the benchmark asks for, the 8 classes the run read from its folder."""
-    assert run_script("small_folder_benchmark", argv(folder, "--report-only")) == {}  # writes the rows' recipes
-    out, recipe = (folder / "runs").resolve(), settings.read_yaml(recipe_path("small_folder"), "recipe")
+    assert run_script("small_folder_benchmark", argv(folder, "--report-only", recipe=recipe_file)) == {}  # the rows'
+    out, recipe = (folder / "runs").resolve(), settings.read_yaml(recipe_path(str(recipe_file)), "recipe")
     sizes = [recipe["img_size"], 48]
     for kind in small_folder.FOLDERS:
         for row, acc in ACC.items():
             run = out / kind / f"{row}_s0"
             job = (run, out / "configs" / f"{row}.yaml", (folder / "folders" / kind).resolve(), 0)
             train, sweep = small_folder.commands(job, sizes)
-            classes = [f"c{i}" for i in range(8)]
+            classes = [f"c{i}" for i in range(8)]  # another folder than a real run's: only its count matters
             cfg = staleness.asked_settings(train, run).replace(num_classes=8, classes=classes)
             arguments = staleness.sweep_arguments(sweep)
             saved = {k: v for k, v in settings.saved_form(cfg).items() if k != "output"}
@@ -106,3 +108,61 @@ def test_a_run_whose_record_is_current_is_not_run_again(tmp_path, monkeypatch, c
     assert ran == [] and "6 of 6 runs have a current record" in capsys.readouterr().out
     invocation = json.loads((tmp_path / "records" / small_folder.INVOCATION).read_text())
     assert invocation["command"] in section(tmp_path) and "--report-only" not in invocation["command"]
+
+
+TINY = """model: vit_tiny_patch16_224
+model_kwargs: {embed_dim: 16, depth: 1, num_heads: 2}
+img_size: 32
+patch_size: 8
+data: imagefolder
+epochs: 1
+batch_size: 8
+warmup_epochs: 0
+scale: [0.8, 1.0]
+"""
+
+
+RUN = subprocess.run
+
+
+def in_process(cmd, stdout=None, stderr=None, **kwargs):
+    """``python -m visionpe ARGS`` (a run's train or sweep) in this process, its output to ``stdout``: the run's
+    own process saved (seconds of imports); any other command runs."""
+    if cmd[1:3] != ["-m", "visionpe"]:
+        return RUN(cmd, stdout=stdout, stderr=stderr, **kwargs)
+    from visionpe.cli.commands import main
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stdout):
+        try:
+            main(cmd[3:])  # returned: exit status 0, as the console script's
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code
+    return subprocess.CompletedProcess(cmd, code)
+
+
+def test_a_run_made_here_writes_its_record_beside_those_of_other_machines(tmp_path, capsys, monkeypatch):
+    """One real run, trained and swept on a tiny generated folder (the five others' records made elsewhere,
+    current): it writes its record, with the classes it read from the folder, and the record is current when the
+    benchmark is asked for again, so nothing runs then."""
+    monkeypatch.setattr(jobs.subprocess, "run", in_process)
+    folders = tmp_path / "folders"
+    run_script("make_image_folders", ["objects", "--out", folders / "objects", "--train-per-class", "2",
+                                      "--val-per-class", "1", "--sides", "20", "40"])
+    (folders / "photos" / "val").mkdir(parents=True)  # present, so nothing is generated
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(TINY)
+    fabricate(tmp_path, {"objects": GPU, "photos": GPU}, recipe)
+    path = tmp_path / "records" / "objects" / "small_folder_s0.json"
+    path.unlink()
+    assert len(run_script("small_folder_benchmark", argv(tmp_path, "--jobs", "1", recipe=recipe))) == 6
+    assert "5 of 6 runs have a current record" in capsys.readouterr().out
+    record = records.read_record(path)
+    classes = sorted(p.name for p in (folders / "objects" / "train").iterdir())
+    assert record["settings"]["classes"] == classes and record["num_classes"] == len(classes)
+    assert record["made_by"]["train"]["device"] == "cpu" and record["wall_s"]["train"] > 0
+    assert [e["epoch"] for e in record["epochs"]] == [1] and {r["res"] for r in record["table"]} == {"32", "48"}
+    text = section(tmp_path)
+    row = next(line for line in text.splitlines() if line.startswith("| objects | small_folder |"))
+    assert row.endswith("| M2 |") and "| M1 | NVIDIA H100 80GB HBM3" in text  # the GPU's records came first
+    assert len(run_script("small_folder_benchmark", argv(tmp_path, "--jobs", "1", recipe=recipe))) == 6
+    assert "6 of 6 runs have a current record" in capsys.readouterr().out

@@ -271,7 +271,7 @@ def main(argv) -> dict:
                      for row, seeds in plan.items() if seed in seeds]
     state = lambda job: record_state(record_path(args.records, args.out, job[0]), *commands(job, sizes), job[0])
     command = shlex.join(["visionpe", "small-folder-benchmark", *map(str, argv)])
-    invocation, t0, ok = args.records / INVOCATION, time.time(), []
+    invocation, t0, ok, written = args.records / INVOCATION, time.time(), [], 0
     if not args.report_only:
         todo = [] if args.collect_only else [job for job in jobs if not isinstance(state(job), dict)]
         if todo:
@@ -283,7 +283,7 @@ def main(argv) -> dict:
             (args.out / folder).mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(args.jobs) as pool:
             ok = list(pool.map(lambda j: job(*j, sizes), todo))
-        write_records(jobs, sizes, args.out, args.records, doc)
+        written = write_records(jobs, sizes, args.out, args.records, doc)
         write_text(invocation, json.dumps({"command": command, "wall_s": time.time() - t0}) + "\n")
     if invocation.is_file():  # this invocation's, or (--report-only) that of the one that ran last
         command = json.loads(invocation.read_text())["command"]
@@ -296,7 +296,8 @@ def main(argv) -> dict:
     table = collect(found)
     missing = [f"{run.parent.name}/{run.name}" for run, *_ in jobs if not isinstance(states[run], dict)]
     write_part(doc, PART, part(table, plan, sizes, recipe, command, missing, stale))
-    print(f"wrote the table to {doc} ({len(found)} of {len(jobs)} runs with a current record in {args.records})")
+    print(f"wrote the table to {doc} ({len(found)} of {len(jobs)} runs with a current record in {args.records}, "
+          f"{written} written now)")
     if not all(ok):
         raise UserError(f"{ok.count(False)} runs failed; their logs are in {args.out}")
     return table
