@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 
+import pytest
 from trainutil import run_script
 
 from visionpe.bench.accuracy import jobs, records, small_folder, staleness
@@ -27,8 +28,8 @@ ACC = {"timm": 40.0, "resize+flip": 50.0, "small_folder": 52.0}  # top-1 at 32 p
 
 
 def argv(folder, *extra, recipe="small_folder", folders=None):
-    return ["--recipe", str(recipe), "--folders", str(folders or folder / "folders"), "--out", str(folder / "runs"), "--doc",
-            str(folder / "doc.md"), "--records", str(folder / "records"), "--seeds", "0", *extra]
+    return ["--recipe", str(recipe), "--folders", str(folders or folder / "folders"), "--out", str(folder / "runs"),
+            "--doc", str(folder / "doc.md"), "--records", str(folder / "records"), "--seeds", "0", *extra]
 
 
 def section(folder) -> str:
@@ -166,3 +167,11 @@ def test_a_run_made_here_writes_its_record_beside_those_of_other_machines(tmp_pa
     assert row.endswith("| M2 |") and "| M1 | NVIDIA H100 80GB HBM3" in text  # the GPU's records came first
     assert len(run_script("small_folder_benchmark", argv(tmp_path, "--jobs", "1", recipe=recipe))) == 6
     assert "6 of 6 runs have a current record" in capsys.readouterr().out
+
+
+def test_collect_only_and_report_only_together_is_one_clear_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_script("small_folder_benchmark", argv(tmp_path, "--collect-only", "--report-only"))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    assert "--collect-only reads the runs, --report-only the records alone: give one of them" in err
