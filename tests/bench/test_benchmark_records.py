@@ -219,5 +219,9 @@ def test_the_rebuild_command_places_the_doc_records_and_runs_anew():
     assert name == "benchmark"
     assert argv == ["--rows", "r.yaml", "--seeds", "0", "1", "--report-only", "--doc", "D.md", "--records", "R",
                     "--out", "O", "--", "--epochs", "3", "--out-of-place"]
+    name, argv = rebuild.report_only_argv("visionpe small-folder-benchmark --seeds 0 --collect-only --out r",
+                                          Path("D.md"), Path("R"), Path("O"))
+    assert name == "small-folder-benchmark" and argv == ["--seeds", "0", "--report-only", "--doc", "D.md",
+                                                         "--records", "R", "--out", "O"]
     with pytest.raises(UserError, match="not one of visionpe benchmark, small-folder-benchmark"):
         rebuild.report_only_argv("visionpe train --epochs 1", Path("D.md"), Path("R"), Path("O"))

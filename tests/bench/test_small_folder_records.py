@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
+import shlex
 import subprocess
 
 import pytest
 from trainutil import run_script
 
+from visionpe.bench import rebuild
 from visionpe.bench.accuracy import jobs, records, small_folder, staleness
 from visionpe.cli.recipes import recipe_path
 from visionpe.train import settings
@@ -29,7 +30,12 @@ ACC = {"timm": 40.0, "resize+flip": 50.0, "small_folder": 52.0}  # top-1 at 32 p
 
 def argv(folder, *extra, recipe="small_folder", folders=None):
     return ["--recipe", str(recipe), "--folders", str(folders or folder / "folders"), "--out", str(folder / "runs"),
-            "--doc", str(folder / "doc.md"), "--records", str(folder / "records"), "--seeds", "0", *extra]
+            "--doc", str(folder / "doc.md"), "--seeds", "0", *extra]
+
+
+def records_of(folder):
+    """The default records folder of ``argv(folder)``: data/<doc's name>/<part> beside the doc."""
+    return folder / "data" / "doc" / PART
 
 
 def section(folder) -> str:
@@ -63,9 +69,9 @@ def fabricate(folder, made_by: dict, recipe_file="small_folder") -> None:
                                                                                                "sweep": 30.0},
                       "num_classes": 8, "results": {"params": 200_000, "train_img_per_s": 500.0},
                       "epochs": [{"epoch": 1, "val_acc": acc - 2}, {"epoch": 2, "val_acc": acc}], "table": table}
-            records.write_record(records.record_path((folder / "records").resolve(), out, run), record)
-    (folder / "records" / small_folder.INVOCATION).write_text(
-        json.dumps({"command": "visionpe small-folder-benchmark --seeds 0 --jobs 1", "wall_s": 540.0}))
+            records.write_record(records.record_path(records_of(folder).resolve(), out, run), record)
+    command = shlex.join(["visionpe", "small-folder-benchmark", *argv(folder, "--jobs", "1", recipe=recipe_file)])
+    (records_of(folder) / small_folder.INVOCATION).write_text(json.dumps({"command": command, "wall_s": 540.0}))
 
 
 def test_the_table_is_rebuilt_from_records_alone_each_row_naming_its_machine(tmp_path):
@@ -80,12 +86,12 @@ def test_the_table_is_rebuilt_from_records_alone_each_row_naming_its_machine(tmp
     assert "Some CPU, 2 cores" in machines["M1"] and "git aaaaaaaaaaaa" in machines["M1"]
     assert "NVIDIA H100 80GB HBM3" in machines["M2"] and "(CUDA 13.0)" in machines["M2"]
     assert "| objects | small_folder | 52.0 ± n/a | 51.0 ± n/a | 0.981 ± n/a | 0 | 15 | 1.5 | M1 |" in text
-    assert "Made by `visionpe small-folder-benchmark --seeds 0 --jobs 1`." in text  # the run's, not the rebuild's
-    again = tmp_path / "again"  # a fresh folder: the records copied, no runs, no doc (the folders' path is a setting)
-    again.mkdir()
-    shutil.copytree(tmp_path / "records", again / "records")
-    assert len(run_script("small_folder_benchmark", argv(again, "--report-only", folders=tmp_path / "folders"))) == 6
-    assert section(again) == text
+    assert "--seeds 0 --jobs 1`." in text and "--report-only" not in text  # the run's command, not the rebuild's
+    # the rebuild check: the invocation's command with --report-only on a copy of the records, no runs, the doc copied
+    (invocation,) = rebuild.invocations(tmp_path)
+    (tmp_path / "check").mkdir()
+    committed, rebuilt = rebuild.check(invocation, tmp_path / "check")
+    assert rebuilt == committed and text.startswith(committed)
 
 
 def test_a_record_of_another_recipe_is_stale_named_and_left_out(tmp_path, capsys):
@@ -107,7 +113,7 @@ def test_a_run_whose_record_is_current_is_not_run_again(tmp_path, monkeypatch, c
     monkeypatch.setattr(small_folder, "make_folders", lambda *a: ran.append(a))
     assert len(run_script("small_folder_benchmark", argv(tmp_path))) == 6
     assert ran == [] and "6 of 6 runs have a current record" in capsys.readouterr().out
-    invocation = json.loads((tmp_path / "records" / small_folder.INVOCATION).read_text())
+    invocation = json.loads((records_of(tmp_path) / small_folder.INVOCATION).read_text())
     assert invocation["command"] in section(tmp_path) and "--report-only" not in invocation["command"]
 
 
@@ -153,7 +159,7 @@ def test_a_run_made_here_writes_its_record_beside_those_of_other_machines(tmp_pa
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(TINY)
     fabricate(tmp_path, {"objects": GPU, "photos": GPU}, recipe)
-    path = tmp_path / "records" / "objects" / "small_folder_s0.json"
+    path = records_of(tmp_path) / "objects" / "small_folder_s0.json"
     path.unlink()
     assert len(run_script("small_folder_benchmark", argv(tmp_path, "--jobs", "1", recipe=recipe))) == 6
     assert "5 of 6 runs have a current record" in capsys.readouterr().out

@@ -26,6 +26,7 @@ from ..cli.report import markers
 
 INVOCATION = "invocation.json"  # a records folder's: the command and wall time of the invocation that ran last
 PLACED = ("--doc", "--records", "--out")  # where an invocation's doc, records and runs are: given anew on rebuild
+SOURCES = ("--report-only", "--collect-only")  # what an invocation read its results from: the records, on rebuild
 
 
 def commands() -> dict:
@@ -41,8 +42,9 @@ def invocations(root: Path) -> list[Path]:
 
 def report_only_argv(command: str, doc: Path, records: Path, out: Path) -> tuple[str, list[str]]:
     """``(visionpe command, its arguments)`` that rebuild the report of ``command`` (an invocation's) from its
-    records alone: the same arguments with ``--report-only``, the doc ``doc``, the records ``records`` and the runs'
-    folder ``out`` (those of the command dropped); the training arguments after ``--`` kept."""
+    records alone: the same arguments with ``--report-only`` (in place of ``--collect-only``), the doc ``doc``, the
+    records ``records`` and the runs' folder ``out`` (those of the command dropped); the training arguments after
+    ``--`` kept."""
     words = shlex.split(command)
     if words[:1] != ["visionpe"] or len(words) < 2 or words[1] not in commands():
         raise UserError(f"invocation command {command!r} is not one of visionpe {', '.join(commands())}")
@@ -54,7 +56,7 @@ def report_only_argv(command: str, doc: Path, records: Path, out: Path) -> tuple
             skip = False
         elif word in PLACED:
             skip = True
-        elif word != "--report-only" and not word.startswith(tuple(f"{flag}=" for flag in PLACED)):
+        elif word not in SOURCES and not word.startswith(tuple(f"{flag}=" for flag in PLACED)):
             kept.append(word)
     return words[1], [*kept, "--report-only", "--doc", str(doc), "--records", str(records), "--out", str(out),
                       *argv[cut:]]
