@@ -4,17 +4,21 @@
 #      bf16 policy included (test_cuda_parallel.py: torchrun on up to 2 GPUs, `visionpe train --parallel fsdp` too);
 #   2. the GPU benchmark: visionpe bench-speed --device cuda, the flex-models part first (bf16: eval, training
 #      step, memory, compiled, flex vs SDPA at 4097 and 16385 tokens), then forward, train, memory, scale and flex
-#      (what time is left, less a margin for the report), its tables also as data (bench_speed.json: the machine,
-#      the versions, the settings and each part's tables and wall time);
+#      (what time is left, less a margin for the report), its tables also as data: its record (the machine, the
+#      versions, the settings and each part's tables and wall time, written after each part) in
+#      docs/reports/data/performance/speed/, where `visionpe bench-speed --report-only RECORD` rebuilds its report;
 #   2b. the comparison's runs on the GPU (PROTOCOL_SECONDS, default 100; 0 skips it): visionpe benchmark --rows
 #      PROTOCOL_ROWS (default bench_rows_comparison) --data PROTOCOL_DATA (default clutter-relation; no download
 #      here) with docs/reports/BENCHMARK_COMPARISON.md's seeds, sizes and LookHere's protocol, -- --device cuda. A run whose
 #      record under docs/reports/data/ is current is not run again, so each check goes on where the last one (on any
-#      machine) stopped; each run it finishes writes its record there, the same records the CPU machines write;
+#      machine) stopped; each run it finishes writes its record there, the same records the CPU machines write (the
+#      settings hash leaves the device out, so a record made on CUDA is current for the CPU's report too);
 #   3. the report: the machine, the test results and the tables, written as the "### CUDA" part of
-#      docs/reports/PERFORMANCE.md's GPU section; with $OUT set, copies of everything under $OUT, the records in
-#      $OUT/records (copy them into docs/reports/data/ and commit them: `visionpe benchmark ... --report-only`
-#      then puts them in the comparison's report beside the CPU machines' runs, each machine named).
+#      docs/reports/PERFORMANCE.md's GPU section; with $OUT set, copies of everything under $OUT, and the records
+#      this check wrote in $OUT/records/data/ (the runs' and the speed record, not the invocation.json of the
+#      comparison's records folder, so the committed command stays the report's): `cp -r OUT/records/data
+#      docs/reports/`, commit them, and `python -m visionpe.bench.rebuild docs --write` puts the GPU's runs in the
+#      comparison's report beside the CPU machines' runs, each machine named.
 # It runs under the machine's own python3 (PYTHON=... to choose another) with visionpe from this working tree
 # (PYTHONPATH=.), installing nothing. On a machine without CUDA it says so in one line and exits 0.
 set -uo pipefail
@@ -41,8 +45,9 @@ tests=(tests/cuda/test_device_parity.py tests/cuda/test_device_training.py tests
        tests/cuda/test_device_subsets.py tests/cuda/test_device_concurrency.py tests/cuda/test_cuda_parallel.py
        tests/cuda/test_cuda_kernels.py tests/cuda/test_device_compile_ddp.py tests/cuda/test_cuda_recipe.py)
 tests_cmd=("$PY" -m pytest --device cuda "${tests[@]}" -q -rfE -p no:cacheprovider --junitxml="$work/cuda_tests.xml")
+speed_record="docs/reports/data/performance/speed/cuda_$(date -u +%Y%m%dT%H%M%SZ).json"
 bench_cmd=("$PY" -m visionpe bench-speed --device cuda --parts flex-models forward train memory scale flex
-           --repeats 3 --slow-repeats 3 --min-run-time 0.1 --record "$work/bench_speed.json")
+           --repeats 3 --slow-repeats 3 --min-run-time 0.1 --record "$speed_record")
 
 {
     if commit=$(git rev-parse --short HEAD 2>/dev/null); then
@@ -101,7 +106,8 @@ fi
 report_status=$?
 if [ -n "${OUT:-}" ]; then
     mkdir -p "$OUT" && cp "$work"/*.* docs/reports/PERFORMANCE.md "$OUT"/
-    [ -d docs/reports/data ] && cp -r docs/reports/data "$OUT/records"
+    # the records this check wrote (newer than its env.txt), as docs/reports/ lays them out
+    mkdir -p "$OUT/records" && [ -d docs/reports/data ] && (cd docs/reports && find data -name '*.json' ! -name invocation.json -newer "$work/env.txt" -exec cp --parents {} "$OUT/records" \;)
 fi
 echo "gpu_check: tests exit $tests_status, benchmark exit $bench_status, report exit $report_status," \
      "$((SECONDS - start)) s; docs/reports/PERFORMANCE.md '### CUDA' written${OUT:+, copies in $OUT}"

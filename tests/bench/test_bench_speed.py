@@ -92,6 +92,9 @@ def test_quick_run_writes_every_part(tmp_path, one_thread):
     assert [s["name"] for s in data["parts"]] == parts and all(s["seconds"] > 0 for s in data["parts"])
     assert all(f"**{t['title']}**" in report for s in data["parts"] for t in s["tables"])
     assert data["wall_s"] >= sum(s["seconds"] for s in data["parts"])
+    # the report is made from the record alone: --report-only rebuilds it byte for byte, measuring nothing
+    rebuilt = tmp_path / "REBUILT.md"
+    assert cli.main(["--report-only", str(record), "--out", str(rebuilt)]) == report == rebuilt.read_text()
     tables = parse_tables(report)
     for part in parts:
         check_part(tables, part)
@@ -157,6 +160,38 @@ def test_old_speed_record_is_read_with_parts(tmp_path):
     path.write_text(json.dumps({**old, "format": "something else"}))
     with pytest.raises(UserError, match=f"{path}.*not a visionpe.bench.speed.record/1 record"):
         cli.read_speed_record(path)
+
+
+def test_records_of_two_machines_rebuild_one_report_each_naming_its_machine(tmp_path, capsys):
+    """Speed records made on a CPU and on a GPU (a hand-made record: made_by says cuda) rebuild one report, each
+    under its own header naming its device and versions; a record of a run cut short names the parts it missed."""
+    table = {"title": "eval forward", "header": ["pe", "ms", "vs none"], "rows": [["none", "1.0", "1.000x"]],
+             "note": None}
+    made = {"cpu": "Some CPU", "cpu_count": 2, "gpu": None, "platform": "Linux-x", "python": "3.11.7",
+            "torch": "2.14.1", "cuda": "13.0", "timm": "1.0.31", "torchvision": "0.29.1", "visionpe": "git aaaa",
+            "device": "cpu"}
+    settings = {"parts": ["forward", "train"], "repeats": 5, "slow_repeats": 3, "min_run_time": 0.25}
+    cpu = {"format": cli.RECORD_FORMAT, "command": "visionpe bench-speed --parts forward train", "settings": settings,
+           "settings_sha256": "0" * 64, "made_by": made, "threads": 2, "vit_batch": 8,
+           "parts": [{"name": "forward", "seconds": 1.0, "tables": [table]},
+                     {"name": "train", "seconds": 1.0, "tables": [{**table, "title": "training step"}]}],
+           "wall_s": 2.0, "recorded": "2026-12-07T00:00:00Z"}
+    gpu = {**cpu, "command": "visionpe bench-speed --device cuda --parts forward train",
+           "made_by": {**made, "gpu": "NVIDIA H100 80GB HBM3", "device": "cuda", "visionpe": "git bbbb"},
+           "parts": cpu["parts"][:1]}
+    paths = [tmp_path / "cpu.json", tmp_path / "gpu.json"]
+    for path, record in zip(paths, (cpu, gpu)):
+        path.write_text(json.dumps(record))
+    report = cli.main(["--report-only", *map(str, paths)])
+    assert capsys.readouterr().out == report + "\n"
+    first, second = report.split("# Performance")[1:]
+    assert "Device: Some CPU, 2 threads; Linux-x; python 3.11.7, torch 2.14.1, timm 1.0.31, visionpe git aaaa;" in first
+    assert "medians over 5 interleaved rounds (3 for the ViT-S/16 and Swin tables at batch 8" in first
+    assert "**eval forward**" in first and "**training step**" in first and "stopped" not in first
+    assert "Made by `visionpe bench-speed --device cuda --parts forward train`." in second
+    assert "Device: NVIDIA H100 80GB HBM3; Linux-x; python 3.11.7, torch 2.14.1 (CUDA 13.0)" in second
+    assert "visionpe git bbbb" in second and "**training step**" not in second
+    assert "The run stopped before the parts train: the tables below are those it finished." in second
 
 
 def test_report_keeps_the_hand_written_reading_section(tmp_path):

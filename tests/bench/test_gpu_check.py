@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from visionpe.bench.speed import gpu
@@ -98,4 +99,36 @@ def test_the_comparison_step_writes_the_committed_reports_records():
     part = read_rows("bench_rows_comparison")["part"]
     records = re.search(r'--records "(.*?)"', step).group(1).replace("$part", part)
     assert Path(records) == default_records(Path("docs/reports/BENCHMARK_COMPARISON.md"), part)
-    assert "-- --device cuda" in step and 'cp -r docs/reports/data "$OUT/records"' in text
+    assert "-- --device cuda" in step
+
+
+def test_the_check_hands_back_the_records_it_wrote_and_no_invocation(tmp_path):
+    """$OUT/records/data/ holds the records this check wrote (newer than its env.txt), laid out as
+    docs/reports/data/, so `cp -r OUT/records/data docs/reports/` joins them to the committed ones; the committed
+    records and the comparison's invocation.json (whose command the committed report keeps) stay out."""
+    line = next(line.strip() for line in SCRIPT.read_text().splitlines() if "find data" in line)
+    data, work, out = tmp_path / "docs" / "reports" / "data", tmp_path / "work", tmp_path / "out"
+    old = [data / "benchmark_comparison" / "comparison" / "clutter-relation" / "learned" / "s0.json"]
+    new = [data / "benchmark_comparison" / "comparison" / "clutter-relation" / "rope_mixed" / "s0.json",
+           data / "performance" / "speed" / "cuda_20261207T010000Z.json"]
+    invocation = data / "benchmark_comparison" / "comparison" / "invocation.json"
+    for path in old + new + [invocation]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(path.name)
+    work.mkdir()
+    (work / "env.txt").write_text("machine")
+    for path, age in [*((p, -100) for p in old), *((p, 100) for p in [*new, invocation])]:
+        os.utime(path, (time.time() + age, time.time() + age))
+    done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=dict(os.environ, OUT=str(out), work=str(work)),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done
+    assert sorted(p.relative_to(out / "records") for p in out.rglob("*.json")) == sorted(
+        p.relative_to(tmp_path / "docs" / "reports") for p in new)
+
+
+def test_the_speed_record_goes_where_the_performance_reports_records_live():
+    from visionpe.bench.speed.cli import default_record
+
+    path = re.search(r'^speed_record="(.*?)"$', SCRIPT.read_text(), re.M).group(1)
+    assert Path(path).parent == default_record(Path("docs/reports/PERFORMANCE.md")).parent
+    assert '--record "$speed_record"' in SCRIPT.read_text()

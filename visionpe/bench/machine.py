@@ -53,3 +53,13 @@ def resolved_device(device: str) -> str:
     """``cuda`` or ``cpu``: where a ``device`` setting (``auto``, ``cpu``, ``cuda``) runs on this machine."""
     import torch
     return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def machine_text(made: dict, cpu: str | None = None) -> str:
+    """A machine of a record (``made``: :func:`environment` and the ``device`` measured) in one line for a report:
+    the GPU on CUDA, else ``cpu`` (default: the CPU model and its core count), then the platform and the versions."""
+    on_gpu = made["device"] == "cuda" and made.get("gpu")
+    device = made["gpu"] if on_gpu else cpu or f"{made['cpu']}, {made['cpu_count']} cores"
+    cuda = f" (CUDA {made['cuda']})" if on_gpu else ""
+    return (f"{device}; {made['platform']}; python {made['python']}, torch {made['torch']}{cuda}, "
+            f"timm {made['timm']}, visionpe {made['visionpe']}")

@@ -70,11 +70,12 @@ def made_by_cell(entry: dict, labels: dict) -> str:
 
 def provenance_lines(args, table: dict, runs, command: str, wall: float) -> list[str]:
     """Who made the report's numbers: the command and wall time of the invocation that ran last, the runs left out
-    (:func:`unfinished_note`), and the machines that made the runs (:func:`machines_table`)."""
+    (:func:`unfinished_note`), and the machines that made the runs (:func:`machines_table`); the same whether the
+    invocation ran the runs or rebuilt the report from their records (``--report-only``), so that a committed report
+    is its records' rebuild byte for byte."""
     lines = ["```", command, "```", "",
              f"Wall time of the invocation that ran last: {wall / 60:.1f} min ({len(runs)} runs planned)."
-             + unfinished_note(args) + (" Tables rebuilt from the records with `--report-only`."
-                                        if args.report_only else ""), ""]
+             + unfinished_note(args), ""]
     pairs = [pair for v in table.values() for pair in v.get("made_by", {}).values()]
     if not pairs:  # a table made without records
         return lines

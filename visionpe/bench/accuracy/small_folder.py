@@ -5,6 +5,7 @@ part of a document.
     visionpe small-folder-benchmark --seeds 0 1 2 --jobs 2
     visionpe small-folder-benchmark --folders /tmp/folders --out runs/small_folder --seeds 0 1 2 --jobs 2
     visionpe small-folder-benchmark --seeds 0 1 2 --collect-only    # the table from the runs finished so far
+    visionpe small-folder-benchmark --seeds 0 1 2 --doc docs/small_folder.md --report-only   # from the records alone
 
 The folders are written first when missing (FOLDERS/objects; FOLDERS/photos from --photos-src, Debian's
 mate-backgrounds nature photos by default: apt-get install mate-backgrounds). Every row trains the recipe's model,
@@ -21,13 +22,22 @@ sizes, schedule and loss; only the image augmentation differs (the recipe's tran
 Each (folder, row, seed) is one run in OUT/FOLDER/ROW_sSEED, trained and swept as the accuracy benchmark's runs are
 (``visionpe train``, then ``visionpe sweep`` at the test sizes under the run's own adaptation; --jobs at a time, one
 thread each; the log beside the run): a run finished with the settings asked for is not trained again (one of an
-edited recipe is), so an interrupted benchmark continues. The table holds the last epoch's top-1 (mean +- std over
+edited recipe is), so an interrupted benchmark continues. Each finished run writes a small record (``--records``,
+default ``data/<doc's name>/small_folder_benchmark`` beside the doc; the accuracy benchmark's records: settings and
+their hash, machine and versions, per-epoch metrics, the sweep's table, wall time; meant to be committed), and the
+table is made from the current records alone: a run whose record is current is not run again, whatever machine
+made it; a record made with other settings than asked for now (an edited recipe, another --folders) is stale,
+named and left out; ``--report-only`` rebuilds the table from the records without runs or folders. The table
+holds the last epoch's top-1 (mean +- std over
 seeds) at the training size and at --other-size, the retention between them, the epochs and the wall time of a run;
 the verdict compares the recipe with each baseline by the seed-spread rule (a gap beyond std_a + std_b).
 """
 from __future__ import annotations
 
+import json
 import shlex
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -38,11 +48,13 @@ from ...cli import UserError
 from ...cli.recipes import recipe_path
 from ...cli.report import markdown_table, markers, write_part
 from ...train import settings
+from ...weights import write_text
 from ..image_folders import FOLDER_KINDS, write_folder
+from .benchmark import default_records, record_state
 from .collect import collect, label
 from .jobs import plan_run, run_logged, sweep_command
-from .records import make_record
-from .parts import accuracy_cells
+from .records import make_record, record_path, write_record
+from .parts import accuracy_cells, machine_labels, machines_table, made_by_cell
 from .staleness import stale_settings, sweep_is_current
 from .verdicts import compare_verdict
 
@@ -67,6 +79,7 @@ CANDIDATES = {
 }
 PART = "small_folder_benchmark"
 REPORT = "small_folder.md"  # the document in --out unless --doc names one
+INVOCATION = "invocation.json"  # in the records' folder: the command and wall time of the invocation that ran last
 
 
 def row_settings(recipe: dict, row: str) -> dict:
@@ -110,17 +123,30 @@ def job(run: Path, config: Path, folder: Path, seed: int, sizes: list[int]) -> b
     return ok
 
 
-def entries(jobs: list[tuple], sizes: list[int]) -> list[tuple]:
-    """``(family, folder, row, seed, record)`` of every finished and swept job (``(run, config, folder, seed)``),
-    as :func:`.collect.collect` takes them; the record made from the run's folder (:func:`.records.make_record`)."""
-    found = []
-    for run, config, folder, seed in jobs:
-        train, sweep = train_args(run, config, folder, seed), sweep_command(run, sizes, [])
-        if sweep_is_current(run, sweep):
-            identity = {"benchmark": FAMILY, "part": PART, "family": FAMILY, "data": run.parent.name,
-                        "row": run.name.rpartition("_s")[0], "seed": seed}
-            found.append((FAMILY, run.parent.name, identity["row"], seed, make_record(run, identity, train, sweep)))
-    return found
+def commands(job: tuple, sizes: list[int]) -> tuple[list[str], list[str]]:
+    """The ``visionpe train`` arguments and the ``visionpe sweep`` command of a job (``(run, config, folder,
+    seed)``)."""
+    run, config, folder, seed = job
+    return train_args(run, config, folder, seed), sweep_command(run, sizes, [])
+
+
+def write_records(jobs: list[tuple], sizes: list[int], out: Path, records: Path, doc: Path) -> int:
+    """The record (:func:`.records.make_record`) of every job that is finished and swept with the settings asked
+    for now, written to ``records`` (the run ``OUT/FOLDER/ROW_sSEED``'s is ``RECORDS/FOLDER/ROW_sSEED.json``) unless
+    a current one is there; returns how many were written."""
+    written = 0
+    for job in jobs:
+        run, seed = job[0], job[3]
+        train, sweep = commands(job, sizes)
+        path = record_path(records, out, run)
+        if not sweep_is_current(run, sweep) or stale_settings(run, train) or \
+                isinstance(record_state(path, train, sweep, run), dict):
+            continue
+        identity = {"benchmark": doc.name, "part": PART, "family": FAMILY, "data": run.parent.name,
+                    "row": run.name.rpartition("_s")[0], "seed": seed, "run": run.relative_to(out).as_posix()}
+        write_record(path, make_record(run, identity, train, sweep))
+        written += 1
+    return written
 
 
 def keys_of(table: dict, folder: str) -> dict[str, tuple]:
@@ -133,25 +159,30 @@ def changes_text(changes: dict) -> str:
     return ", ".join(f"{k} {' '.join(map(word, v)) if isinstance(v, list) else word(v)}" for k, v in changes.items())
 
 
-def part(table: dict, plan: dict, sizes: list[int], recipe: dict, command: str, missing=()) -> str:
+def part(table: dict, plan: dict, sizes: list[int], recipe: dict, command: str, missing=(), stale=()) -> str:
     """The marked part of the document: per folder and row (``plan``: ``{row: seeds}``), top-1 at ``sizes`` and
     the retention, mean ± std over the seeds (:func:`.parts.accuracy_cells`), the seeds, epochs and wall time of a
-    run; then the recipe against each baseline per folder (:func:`.verdicts.compare_verdict`)."""
+    run and the machine that made it (``made by``, the machines listed below the table:
+    :func:`.parts.machines_table`); then the recipe against each baseline per folder
+    (:func:`.verdicts.compare_verdict`), the runs ``missing`` (``FOLDER/ROW_sSEED``) and the ``stale`` records
+    (``(run, what changed)``)."""
     train = sizes[0]
     header = ["folder", "recipe", *(f"top-1 % at {s} px" + (" (training size)" if s == train else "") for s in sizes),
-              *(f"retention at {s} px" for s in sizes if s != train), "seeds", "epochs", "wall per run (min)"]
-    rows, lines = [], []
+              *(f"retention at {s} px" for s in sizes if s != train), "seeds", "epochs", "wall per run (min)",
+              "made by"]
+    rows, lines, machines = [], [], machine_labels(table)
     for folder in FOLDERS:
         keys = keys_of(table, folder)
         for row in plan:
             entry = table[keys[row]] if row in keys else None
             epochs = row_settings(recipe, row).get("epochs", settings.DEFAULTS["epochs"])
             if entry is None:
-                rows.append([folder, row, *["-"] * (2 * len(sizes) - 1), "-", epochs, "-"])
+                rows.append([folder, row, *["-"] * (2 * len(sizes) - 1), "-", epochs, "-", "-"])
                 continue
             walls = list(entry.get("wall_s", {}).values())
             rows.append([folder, row, *accuracy_cells(entry, sizes, train), " ".join(map(str, sorted(entry["seeds"]))),
-                         epochs, f"{sum(walls) / len(walls) / 60:.1f}" if walls else "-"])
+                         epochs, f"{sum(walls) / len(walls) / 60:.1f}" if walls else "-",
+                         made_by_cell(entry, machines)])
         if "small_folder" in keys:
             labels = {row: label(*key[2:]) for row, key in keys.items()}  # the row, with its adaptation
             pairs = [[labels["small_folder"], labels[b]] for b in BASELINES if b in labels]
@@ -167,9 +198,12 @@ def part(table: dict, plan: dict, sizes: list[int], recipe: dict, command: str, 
         f"{recipe.get('patch_size')}, evaluated by `visionpe sweep` under the resize protocol (the whole image at each "
         "size) and the run's own adaptation. Wall time: one run (training and sweep) on one thread.", "",
         markdown_table(header, rows), "",
+        *([line for line in machines_table(table) if line] + [""] if machines else []),
         *(f"- {line}" for line in lines),
         *([""] + tried if tried else []), "",
         *([f"Not finished, so not in the table ({len(missing)} runs): {', '.join(missing)}.", ""] if missing else []),
+        *([f"Stale records, made with other settings than asked for now and left out ({len(stale)}): "
+           + "; ".join(f"{run} ({', '.join(reasons)})" for run, reasons in stale) + ".", ""] if stale else []),
         f"Made by `{command}`.",
         end, ""])
 
@@ -192,11 +226,17 @@ def build_parser() -> cli.Parser:
                    help="a second test size beside the training size (default 48)")
     p.add_argument("--jobs", type=int, default=2, metavar="N", help="runs at a time (default 2)")
     p.add_argument("--collect-only", action="store_true",
-                   help="train nothing: write the table from the runs that have finished (the others are named)")
+                   help="train nothing: write the records of the runs that have finished, and the table (the others "
+                        "are named)")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing, read no run: rebuild the table from the current records alone")
     p.add_argument("--out", type=Path, default=Path("runs/small_folder"), metavar="DIR",
                    help="run directories (default runs/small_folder)")
     p.add_argument("--doc", type=Path, default=None, metavar="MD",
                    help=f"the document whose marked part gets the table (default: {REPORT} in --out)")
+    p.add_argument("--records", type=Path, default=None, metavar="DIR",
+                   help=f"folder of the runs' records, one JSON file a run (default: data/<doc's name, lower "
+                        f"case>/{PART} beside --doc)")
     p.add_debug()
     return p
 
@@ -214,8 +254,9 @@ def main(argv) -> dict:
     recipe = settings.read_yaml(recipe_path(args.recipe, "--recipe"), "recipe")
     size = recipe.get("img_size", settings.DEFAULTS["img_size"])
     sizes = [size] + ([args.other_size] if args.other_size != size else [])
-    if not args.collect_only:
-        make_folders(args.folders, args.photos_src, args.data_seed)
+    if args.collect_only and args.report_only:
+        raise UserError("--collect-only reads the runs, --report-only the records alone: give one of them")
+    args.records = (args.records or default_records(doc, PART)).resolve()
     plan = {row: args.seeds for row in ROWS}
     plan.update({row: seeds for row, (_, seeds) in CANDIDATES.items()} if args.candidates else {})
     (args.out / "configs").mkdir(parents=True, exist_ok=True)
@@ -226,25 +267,37 @@ def main(argv) -> dict:
     jobs = []
     for seed in sorted({s for seeds in plan.values() for s in seeds}):
         for folder in FOLDERS:
-            (args.out / folder).mkdir(parents=True, exist_ok=True)
             jobs += [(args.out / folder / f"{row}_s{seed}", configs[row], args.folders / folder, seed)
                      for row, seeds in plan.items() if seed in seeds]
-    if args.collect_only:
-        stale = [str(run) for run, config, folder, seed in jobs if (run / "config.yaml").is_file()
-                 and stale_settings(run, train_args(run, config, folder, seed))]
-        if stale:
-            raise UserError(f"--collect-only: {len(stale)} runs were trained with other settings than the recipe's "
-                            f"now (run without --collect-only to train them again): {', '.join(stale)}")
-    else:
-        with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda j: job(*j, sizes), jobs))
-    found = entries(jobs, sizes)
-    table = collect(found)
-    done = {(folder, f"{row}_s{seed}") for _, folder, row, seed, _ in found}
-    missing = [f"{run.parent.name}/{run.name}" for run, *_ in jobs if (run.parent.name, run.name) not in done]
+    state = lambda job: record_state(record_path(args.records, args.out, job[0]), *commands(job, sizes), job[0])
     command = shlex.join(["visionpe", "small-folder-benchmark", *map(str, argv)])
-    write_part(doc, PART, part(table, plan, sizes, recipe, command, missing))
-    print(f"wrote the table to {doc} ({len(found)} of {len(jobs)} runs finished)")
-    if missing and not args.collect_only:
-        raise UserError(f"{len(missing)} runs failed; their logs are in {args.out}")
+    invocation, t0, ok, written = args.records / INVOCATION, time.time(), [], 0
+    if not args.report_only:
+        todo = [] if args.collect_only else [job for job in jobs if not isinstance(state(job), dict)]
+        if todo:
+            make_folders(args.folders, args.photos_src, args.data_seed)
+        if len(todo) < len(jobs) and not args.collect_only:
+            print(f"{len(jobs) - len(todo)} of {len(jobs)} runs have a current record in {args.records}; not run "
+                  "again", flush=True)
+        for folder in FOLDERS:
+            (args.out / folder).mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            ok = list(pool.map(lambda j: job(*j, sizes), todo))
+        written = write_records(jobs, sizes, args.out, args.records, doc)
+        write_text(invocation, json.dumps({"command": command, "wall_s": time.time() - t0}) + "\n")
+    if invocation.is_file():  # this invocation's, or (--report-only) that of the one that ran last
+        command = json.loads(invocation.read_text())["command"]
+    states = {job[0]: state(job) for job in jobs}
+    found = [(FAMILY, run.parent.name, run.name.rpartition("_s")[0], seed, states[run])
+             for run, _, _, seed in jobs if isinstance(states[run], dict)]
+    stale = [(f"{run.parent.name}/{run.name}", states[run]) for run, *_ in jobs if isinstance(states[run], list)]
+    for run, reasons in stale:
+        print(f"small-folder-benchmark: stale record of {run} (left out): {'; '.join(reasons)}", file=sys.stderr)
+    table = collect(found)
+    missing = [f"{run.parent.name}/{run.name}" for run, *_ in jobs if not isinstance(states[run], dict)]
+    write_part(doc, PART, part(table, plan, sizes, recipe, command, missing, stale))
+    print(f"wrote the table to {doc} ({len(found)} of {len(jobs)} runs with a current record in {args.records}, "
+          f"{written} written now)")
+    if not all(ok):
+        raise UserError(f"{ok.count(False)} runs failed; their logs are in {args.out}")
     return table

@@ -63,13 +63,22 @@ def stale_record(record: dict, train: list[str], sweep: list[str], run: Path) ->
     RUN``, then ``sweep``), as ``setting (old -> new)`` and ``sweep arguments (old -> new)``; empty when its settings
     hash is the one asked for (the record is current)."""
     asked, arguments = asked_settings(train, run), sweep_arguments(sweep)
+    old = {**settings.copied(settings.DEFAULTS), **record.get("settings", {})}
+    asked = read_from_data(asked, old)
     if record.get("settings_sha256") == settings_sha256(asked, arguments):
         return []
-    old = {**settings.copied(settings.DEFAULTS), **record.get("settings", {})}
     found = changed_settings(old, asked)
     if record.get("sweep") != arguments:
         found.append(f"sweep arguments ({shlex.join(record.get('sweep') or [])!r} -> {shlex.join(arguments)!r})")
     return found or ["its settings hash differs from the one asked for now"]
+
+
+def read_from_data(asked, made: dict):
+    """The settings ``asked`` for now with those a run reads from its data when it starts (:data:`READ_FROM_DATA`:
+    an image folder's classes and their count, None before) taken from the settings the run was ``made`` with, so
+    that a record of an image-folder run can be current (a built-in data set's are known before: left as asked)."""
+    known = {key: made[key] for key in READ_FROM_DATA if asked[key] is None and made.get(key) is not None}
+    return asked.replace(**known) if known else asked
 
 
 def sweep_is_current(run: Path, sweep: list[str]) -> bool:

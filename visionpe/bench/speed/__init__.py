@@ -4,6 +4,8 @@
     visionpe bench-speed [--device cpu|cuda] [--parts rope forward ...] [--pes rope_mixed ...]
                                   [--repeats 5] [--slow-repeats 5] [--min-run-time 0.25] [--scale-repeats 1]
                                   [--threads N] [--compile-pairs learned swin_bias ...] [--quick] [--out PATH]
+                                  [--record JSON]
+    visionpe bench-speed --report-only RECORD.json [RECORD.json ...] [--out PATH]
 
 Every time ratio compares timings taken in the same process, interleaved round-robin: each round times every
 function in turn for a block of calls lasting at least ``--min-run-time`` seconds, and the median of the rounds'
@@ -55,6 +57,10 @@ op: their gap to the baseline is the noise of the run. Parts (``--parts``, defau
 
 ``--quick`` swaps every model for a tiny one and times one short round: a smoke test of the script, not a
 measurement. ``--out`` rewrites the file's tables and keeps its hand-written "Reading these numbers" section.
+``--record`` (default with ``--out``: ``data/<its name>/speed/<UTC time>.json`` beside it) writes the results as
+data after each part: the command, the settings and their hash, the machine and versions, every table, the wall
+time. The report is made from that record alone, so ``--report-only RECORD ...`` rebuilds it byte for byte on any
+machine, several records (a CPU's and a GPU's) one after another, each under a header naming its machine.
 Targets (printed with each ratio): time and memory of an encoding <= 1.05x none (``peg`` <= 1.10x).
 
 Modules: :mod:`.plan` (which model, which batch), :mod:`.timing` (interleaved rounds), :mod:`.tables` (ratio

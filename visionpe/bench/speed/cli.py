@@ -3,20 +3,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import shlex
 import sys
 import time
 from pathlib import Path
 
-import timm
 import torch
 
 from ... import cli, export
 from ...cli import UserError
 from ...cli.report import keep_hand_written
 from ...weights import write_text
-from ..machine import environment
+from ..machine import environment, machine_text
 from . import __doc__ as DOC
 from .loader import data_loader
 from .flex import flex_cost
@@ -28,6 +26,7 @@ from .plan import make_plan
 from .profile import profile_cost
 from .rope import rope_apply
 from .scale import scale_cost
+from .tables import Table
 from .timing import Run, allow_recompiles
 from .video import video_cost
 from .versus_timm import versus_timm
@@ -46,20 +45,37 @@ RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "me
            "profile": profile_cost, "data": data_loader, "video": video_cost, "onnx": onnx_latency}
 READING = "## Reading these numbers"
 RECORD_FORMAT = "visionpe.bench.speed.record/1"
-NOT_SETTINGS = ("out", "record", "debug")  # where the results go, not what is measured
+NOT_SETTINGS = ("out", "record", "debug", "report_only")  # where the results go, not what is measured
 OLD_FLAGS = {"--sections": "--parts"}  # a flag's old spelling -> its name now (an error naming it)
 OLD_KEYS = {"sections": "parts"}  # a record key's old name -> its name now (records written then still read)
 
 
-def header(run: Run, argv: list[str]) -> list[str]:
-    device = torch.cuda.get_device_name() if run.device.type == "cuda" else \
-        f"{platform.processor() or 'cpu'}, {torch.get_num_threads()} threads"
-    command = " ".join(["visionpe bench-speed", *argv])
-    return ["# Performance", "", f"Made by `{command}`.", "",
-            f"Device: {device}; torch {torch.__version__}, timm {timm.__version__}; medians over {run.repeats} "
-            f"interleaved rounds ({run.slow_repeats} for the ViT-S/16 and Swin tables at batch {run.plan.vit.batch}: "
-            f"eval forward, training step, timm, cache) of at least {run.min_run_time} s per row. Only ratios measured "
-            f"side by side mean anything. Targets: time and memory of an encoding <= 1.05x none (peg <= 1.10x).", ""]
+def header(record: dict) -> list[str]:
+    """The report's first lines, from a speed record (:func:`speed_record`) alone: the command, the machine and
+    versions that measured (the GPU on CUDA, else the CPU and the threads torch used), the rounds; the parts a run
+    stopped before (a record written as the run went, cut short) are named."""
+    made, measured = record["made_by"], record["settings"]
+    done = [part["name"] for part in record["parts"]]
+    left = [name for name in measured.get("parts", []) if name not in done]
+    threads = f"{made['cpu']}, {record.get('threads', '?')} threads"
+    return ["# Performance", "", f"Made by `{record['command']}`.", "",
+            f"Device: {machine_text(made, cpu=threads)}; medians over {measured['repeats']} interleaved rounds "
+            f"({measured['slow_repeats']} for the ViT-S/16 and Swin tables at batch {record.get('vit_batch', '?')}: "
+            f"eval forward, training step, timm, cache) of at least {measured['min_run_time']} s per row. Only ratios "
+            f"measured side by side mean anything. Targets: time and memory of an encoding <= 1.05x none (peg <= "
+            f"1.10x).", "", *([f"The run stopped before the parts {', '.join(left)}: the tables below are those it "
+                               "finished.", ""] if left else [])]
+
+
+def report_text(record: dict) -> str:
+    """The report of a speed record alone (:func:`header`, then every table of every part it holds): what the run
+    that made it printed and wrote to ``--out``, rebuilt byte for byte on any machine."""
+    out = header(record)
+    for part in record["parts"]:
+        for table in part["tables"]:
+            out += [Table(table["title"], table["header"], [tuple(row) for row in table["rows"]],
+                          table["note"]).markdown(), ""]
+    return "\n".join(out)
 
 
 def build_parser() -> cli.Parser:
@@ -85,8 +101,13 @@ def build_parser() -> cli.Parser:
     p.add_argument("--quick", action="store_true", help="tiny models, one short round: a smoke test")
     p.add_argument("--out", type=Path, help="write the tables as markdown to this file")
     p.add_argument("--record", type=Path, metavar="JSON",
-                   help="also write the results as data to this file: the settings and their hash, the machine and "
-                        "versions, each part's tables and wall time")
+                   help="also write the results as data to this file, after each part (a run cut short keeps the "
+                        "parts it finished): the command, the settings and their hash, the machine and versions, "
+                        "each part's tables and wall time (default with --out: data/<--out's name, lower "
+                        "case>/speed/<UTC time>.json beside it; meant to be committed)")
+    p.add_argument("--report-only", nargs="+", type=Path, metavar="JSON",
+                   help="measure nothing: rebuild the report from these speed records alone, one after another, each "
+                        "under its own header naming its machine (to --out, or printed)")
     p.add_debug()
     return p
 
@@ -123,17 +144,24 @@ def parse_args(argv: list[str]):
     return args
 
 
-def speed_record(args, argv: list[str], parts: list[dict], seconds: float) -> dict:
+def speed_record(args, argv: list[str], parts: list[dict], seconds: float, vit_batch: int | None = None) -> dict:
     """The results of ``visionpe bench-speed ARGV`` as data: the command, the settings (the parsed arguments less
     where the results go) and their sha256, the machine and versions (:func:`visionpe.bench.machine.environment`)
-    with the device measured, every part (``{name, seconds, tables: [{title, header, rows, note}]}``) and the
-    wall time."""
+    with the device measured and the threads torch used, the batch of the ViT-S/16 tables, every part (``{name,
+    seconds, tables: [{title, header, rows, note}]}``) and the wall time."""
     measured = {k: v for k, v in sorted(vars(args).items()) if k not in NOT_SETTINGS}
     return {"format": RECORD_FORMAT, "command": " ".join(["visionpe bench-speed", shlex.join(argv)]),
-            "settings": measured,
-            "settings_sha256": hashlib.sha256(json.dumps(measured, sort_keys=True).encode()).hexdigest(),
-            "made_by": {**environment(), "device": args.device}, "parts": parts, "wall_s": seconds,
+            "settings": json.loads(json.dumps(measured, default=str)),
+            "settings_sha256": hashlib.sha256(json.dumps(measured, sort_keys=True, default=str).encode()).hexdigest(),
+            "made_by": {**environment(), "device": args.device}, "threads": torch.get_num_threads(),
+            "vit_batch": vit_batch, "parts": json.loads(json.dumps(parts, default=str)), "wall_s": seconds,
             "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def default_record(out: Path) -> Path:
+    """Where a run with ``--out DOC`` and no ``--record`` writes its record: ``data/<DOC's name, lower
+    case>/speed/<UTC time>.json`` beside DOC (one record an invocation)."""
+    return out.parent / "data" / out.stem.lower() / "speed" / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
 
 
 def read_speed_record(path: Path) -> dict:
@@ -157,10 +185,26 @@ def read_speed_record(path: Path) -> dict:
     return record
 
 
+def rebuild(paths: list[Path], out: Path | None) -> str:
+    """``--report-only``: the report of each speed record in ``paths`` (:func:`report_text`), one after another,
+    written to ``out`` (its hand-written part kept) or printed; returns it."""
+    report = "\n".join(report_text(read_speed_record(path)) for path in paths)
+    if out:
+        keep_hand_written(out, report, READING)
+    else:
+        print(report)
+    return report
+
+
 def main(argv: list[str]) -> str:
-    """``visionpe bench-speed ARGV``: run the parts, print each table as it is done, write the report to ``--out``;
-    returns the report. A user mistake is a :class:`~visionpe.cli.UserError`."""
+    """``visionpe bench-speed ARGV``: run the parts, print each table as it is done, write the record after each
+    part and the report to ``--out`` (both made from the record: :func:`report_text`); returns the report. A user
+    mistake is a :class:`~visionpe.cli.UserError`."""
     args = parse_args(argv)
+    if args.report_only:
+        return rebuild(args.report_only, args.out)
+    if args.out and not args.record:
+        args.record = default_record(args.out)
     if args.quick:
         args.repeats, args.slow_repeats, args.min_run_time, args.scale_repeats = 1, 1, 0.01, 1
     if args.threads:
@@ -169,22 +213,22 @@ def main(argv: list[str]) -> str:
     plan = make_plan(args.quick, args.batch, args.device)
     run = Run(torch.device(args.device), args.repeats, args.min_run_time, plan,
               args.pes, args.scale_repeats, tuple(args.compile_pairs), args.slow_repeats)
-    out = header(run, [a for a in argv if a != "--debug"])
+    command = [a for a in argv if a != "--debug"]
     parts, t0 = [], time.perf_counter()
+    record = speed_record(args, command, parts, 0.0, plan.vit.batch)
     for i, key in enumerate(args.parts):
         start, tables = time.perf_counter(), []
         for table in RUNNERS[key](run):
             print(table.markdown() + "\n", flush=True)
-            out += [table.markdown(), ""]
             tables.append({"title": table.title, "header": table.header, "rows": table.rows, "note": table.note})
         if not {"train", "memory"} & set(args.parts[i + 1:]):
             run.steps.clear()  # the training steps shared by train and memory: models and optimizer state
         parts.append({"name": key, "seconds": time.perf_counter() - start, "tables": tables})
         print(f"[{key}: {parts[-1]['seconds']:.0f} s]\n", file=sys.stderr, flush=True)
-    report = "\n".join(out)
+        record = speed_record(args, command, parts, time.perf_counter() - t0, plan.vit.batch)
+        if args.record:  # after each part: a run stopped by a time limit keeps what it measured
+            write_text(args.record, json.dumps(record, indent=1) + "\n")
+    report = report_text(record)
     if args.out:
         keep_hand_written(args.out, report, READING)
-    if args.record:
-        record = speed_record(args, [a for a in argv if a != "--debug"], parts, time.perf_counter() - t0)
-        write_text(args.record, json.dumps(record, indent=1, default=str) + "\n")
     return report
