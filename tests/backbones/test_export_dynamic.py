@@ -166,12 +166,13 @@ def test_export_with_dynamic_sizes_equals_eager_at_unseen_sizes(backbone, pe, tm
     check_export(*exported(backbone, pe), tmp_path, onnx=HAS_ONNX)
 
 
-@pytest.mark.parametrize("scaling", ["ntk", "yarn"])
-def test_scaled_rope_exports_with_dynamic_sizes(scaling, tmp_path):
+@pytest.mark.parametrize("pe,scaling", [("rope_axial", "ntk"), ("rope_axial", "yarn"), ("dype", "yarn")])
+def test_scaled_rope_exports_with_dynamic_sizes(pe, scaling, tmp_path):
     """RoPE scaled against the traced grid (``ref_shape`` 4x4): the unseen sizes shrink both axes (no scaling),
-    extend both, and extend one (non-square); YaRN's attention factor is computed in the graph from the size."""
-    model = vpe.create_model("vit_tiny_patch16_224", pe="rope_axial", pe_kwargs=dict(scaling=scaling, ref_shape=(4, 4)),
-                             **TINY_VIT)
+    extend both, and extend one (non-square); YaRN's attention factor is computed in the graph from the size (DyPE's
+    Dy-YaRN mid-way through sampling too)."""
+    options = dict(scaling=scaling, ref_shape=(4, 4), **({"timestep": 0.5} if pe == "dype" else {}))
+    model = vpe.create_model("vit_tiny_patch16_224", pe=pe, pe_kwargs=options, **TINY_VIT)
     check_export(model.eval(), *exported_inputs("timm_vit"), tmp_path, onnx=HAS_ONNX)
 
 
