@@ -20,6 +20,7 @@ from einops import rearrange
 
 from ._checks import check_choice
 from ._compat import same_shape
+from .cache import TableCache
 
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "area")  # resample_grid
 TABLE_RESIZES = INTERPOLATIONS + ("geometric",)  # a relative table's: torch's, or BEiT's geometric offsets
@@ -114,61 +115,85 @@ def sample_grid(table: torch.Tensor, positions, interpolation: str = "bicubic") 
 
 # -- BEiT's geometric resize of a relative position table (timm resize_rel_pos_bias_table) -------------------------
 GEOMETRIC_RATIO = (1.01, 1.5)  # the ratios the source spacing may take (BEiT's search interval)
-
-
-def geometric_offsets(src: int, dst: int) -> torch.Tensor:
-    """Where the ``src`` offsets ``-(n-1) .. n-1`` of a table (``src = 2 n - 1``) sit on the axis of a table of
-    ``dst`` offsets (BEiT, timm ``resize_rel_pos_bias_table``): the centre at 0, the ``k``-th offset either side at
-    ``1 + r + ... + r^(k-1)``, with the ratio ``r`` that puts the outermost one at ``dst // 2``, taken in
-    ``[1.01, 1.5]`` (the interval's end when the root lies outside it). ``(src,)`` float64."""
-    n = src // 2
-    if n == 0:
-        return torch.zeros(1, dtype=torch.float64)
-    target = dst // 2
-
-    def reach(r: float) -> float:  # position of the outermost source offset
-        return sum(r ** i for i in range(n))
-    low, high = GEOMETRIC_RATIO
-    if reach(low) >= target:
-        ratio = low
-    elif reach(high) <= target:
-        ratio = high
-    else:
-        for _ in range(100):  # bisection to float64 precision
-            mid = (low + high) / 2
-            low, high = (mid, high) if reach(mid) < target else (low, mid)
-        ratio = (low + high) / 2
-    side = torch.tensor([ratio ** i for i in range(n)], dtype=torch.float64).cumsum(0)
-    return torch.cat([-side.flip(0), torch.zeros(1, dtype=torch.float64), side])
-
-
-def linear_weights(points: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``(len(targets), len(points))`` piecewise-linear interpolation of values at increasing ``points`` at
-    ``targets``; a target beyond the ends takes the end value."""
-    if len(points) == 1:
-        return torch.ones(len(targets), 1, dtype=points.dtype)
-    targets = targets.clamp(points[0], points[-1])
-    right = torch.searchsorted(points, targets).clamp(1, len(points) - 1)
-    left = right - 1
-    t = (targets - points[left]) / (points[right] - points[left])
-    weights = torch.zeros(len(targets), len(points), dtype=points.dtype)
-    rows = torch.arange(len(targets))
-    weights[rows, left] += 1 - t
-    weights[rows, right] += t
-    return weights
+RATIO_POINTS, RATIO_ROUNDS = 256, 7  # the ratio's search: 256 intervals a round, 7 rounds narrow [1.01, 1.5] to
+# 0.49 / 256^7 = 7e-18, below float64's spacing there
+GEOMETRIC_WEIGHTS = TableCache(maxsize=32, max_bytes=None)  # per (source, new) shape, shared by every table
 
 
 def resample_offsets_geometric(table: torch.Tensor, new_shape) -> torch.Tensor:
     """A relative offset table ``(2 w_1 - 1, ..., 2 w_n - 1, C)`` resized to ``new_shape`` (offsets per axis, odd)
     as BEiT and timm's Swin ``set_window_size`` do: the source offsets spread geometrically over the new range
     (:func:`geometric_offsets`), values interpolated linearly per axis at the new integer offsets, computed in
-    float32 (as timm) and returned in the table's dtype."""
-    if tuple(table.shape[:-1]) == tuple(new_shape):
+    float32 (as timm) and returned in the table's dtype. ``new_shape`` may hold symbolic sizes (``torch.export``
+    with a dynamic height and width): the weights (:func:`geometric_weights`) are then computed in the graph."""
+    source = tuple(table.shape[:-1])
+    if same_shape(source, new_shape):
         return table
+    key = (source, tuple(new_shape))
     out = table.float()
-    for axis, (src, dst) in enumerate(zip(table.shape[:-1], new_shape)):
-        # every axis is resampled when any changes (an unchanged one spread at r = 1.01, as timm's)
-        half = dst // 2
-        weights = linear_weights(geometric_offsets(src, dst).float(), torch.arange(-half, half + 1).float())
+    for axis, weights in enumerate(GEOMETRIC_WEIGHTS.get(key, lambda: geometric_weights(source, new_shape))):
         out = torch.movedim(torch.tensordot(weights.to(out.device), out, dims=([1], [axis])), 0, axis)
     return out.to(table.dtype)
+
+
+def geometric_weights(source, new_shape) -> list[torch.Tensor]:
+    """Per axis, the ``(new_a, source_a)`` float32 matrix that resizes a relative offset table of ``source`` offsets
+    per axis to ``new_shape`` (:func:`resample_offsets_geometric`): linear interpolation at the new integer offsets
+    of the source offsets spread geometrically (:func:`geometric_offsets`); every axis is resampled when any changes
+    (an unchanged one spread at ``r = 1.01``, as timm's), and the identity on every axis when none does. Computed
+    from tensors only, so symbolic sizes in ``new_shape`` stay free in a traced graph."""
+    resized, identities, unchanged = [], [], []
+    for src, dst in zip(source, new_shape):
+        half = dst // 2
+        targets = torch.arange(-half, half + 1).float()  # (dst,): the new integer offsets
+        resized.append(linear_weights(geometric_offsets(src, targets[-1].double()).float(), targets))
+        identities.append((targets[:, None] == torch.arange(-(src // 2), src // 2 + 1).float()).float())
+        unchanged.append(targets[-1] == src // 2)
+    unchanged = torch.stack(unchanged).all()  # a 0-d bool: a traced graph selects at run time
+    return [torch.where(unchanged, identity, weights) for identity, weights in zip(identities, resized)]
+
+
+def geometric_reach(ratio: torch.Tensor, n: int) -> torch.Tensor:
+    """Where the outermost of ``n`` source offsets sits at ratio ``ratio > 1``: ``1 + r + ... + r^(n-1)``."""
+    return (ratio ** n - 1) / (ratio - 1)
+
+
+def geometric_ratio(n: int, target: torch.Tensor) -> torch.Tensor:
+    """The ratio ``r`` that puts the outermost of ``n`` source offsets at ``target`` (a 0-d float64 tensor,
+    :func:`geometric_reach`), taken in ``[1.01, 1.5]`` (the interval's end when the root lies outside it): 0-d
+    float64. Searched on :data:`RATIO_POINTS` intervals a round, :data:`RATIO_ROUNDS` rounds, with no branch on
+    ``target``'s value."""
+    low, high = (torch.tensor(r, dtype=torch.float64) for r in GEOMETRIC_RATIO)
+    steps = torch.linspace(0, 1, RATIO_POINTS + 1, dtype=torch.float64)
+    for _ in range(RATIO_ROUNDS):
+        ratios = low + (high - low) * steps
+        short = (geometric_reach(ratios, n) < target).sum() - 1  # the last ratio that falls short
+        index = short.clamp(0, RATIO_POINTS - 1)
+        low, high = ratios[index], ratios[index + 1]
+    return (low + high) / 2
+
+
+def geometric_offsets(src: int, target: torch.Tensor) -> torch.Tensor:
+    """Where the ``src`` offsets ``-(n-1) .. n-1`` of a table (``src = 2 n - 1``) sit on the axis of a table whose
+    outermost offset is ``target`` (``dst // 2`` of a table of ``dst`` offsets, a 0-d float64 tensor) (BEiT, timm
+    ``resize_rel_pos_bias_table``): the centre at 0, the ``k``-th offset either side at ``1 + r + ... + r^(k-1)``,
+    with the ratio ``r`` of :func:`geometric_ratio`. ``(src,)`` float64."""
+    n = src // 2
+    if n == 0:
+        return torch.zeros(1, dtype=torch.float64)
+    side = (geometric_ratio(n, target) ** torch.arange(n, dtype=torch.float64)).cumsum(0)
+    return torch.cat([-side.flip(0), torch.zeros(1, dtype=torch.float64), side])
+
+
+def linear_weights(points: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``(len(targets), len(points))`` piecewise-linear interpolation of values at increasing ``points`` at
+    ``targets``; a target beyond the ends takes the end value. Each point's weight is its hat function (1 there, 0
+    at its neighbours), evaluated densely, with no search, so ``targets`` may have a symbolic length."""
+    if len(points) == 1:
+        return torch.ones_like(targets)[:, None]
+    t = targets.clamp(points[0], points[-1])[:, None]  # (dst, 1)
+    gaps = points[1:] - points[:-1]
+    ones = torch.ones_like(t)
+    rising = torch.cat([ones, (t - points[:-1]) / gaps], 1)  # towards each point from its left neighbour
+    falling = torch.cat([(points[1:] - t) / gaps, ones], 1)  # away from it to its right neighbour
+    return torch.minimum(rising, falling).clamp(0.0, 1.0)

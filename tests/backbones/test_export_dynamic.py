@@ -36,7 +36,16 @@ def timm_eva(pe):
 
 
 def timm_beit(pe):
-    return vpe.create_model("beit_base_patch16_224", pe=pe, embed_dim=32, num_heads=2, **TINY_VIT)
+    """timm's head scaled at 1, not 0.001, so the logits (~0.2) are well above the tolerance; timm starts BEiT's
+    relative tables at zero: random ones of a few units instead, so a wrong resize shows (BEiT's ratio fixed at 1.01
+    moves the logits by 3e-5 and 8e-5 at two of the unseen sizes)."""
+    model = vpe.create_model("beit_base_patch16_224", pe=pe, embed_dim=32, num_heads=2, head_init_scale=1.0,
+                             **TINY_VIT)
+    with torch.no_grad():
+        for name, table in model.named_parameters():
+            if name.endswith("relative_position_bias_table"):
+                table.normal_(std=3.0)
+    return model
 
 
 def timm_relpos(pe):
@@ -79,7 +88,7 @@ BACKBONES = {
     "timm_vit": (timm_vit, 8, ("learned", "rope_mixed", "alibi")),
     "timm_deit_distilled": (timm_deit, 8, ("sincos", "rope_axial", "rel_bias")),
     "timm_eva": (timm_eva, 8, ("learned", "native", "fire")),
-    "timm_beit": (timm_beit, 8, ("learned", "rope_mixed", "alibi")),  # its native (geometric table resize): not yet
+    "timm_beit": (timm_beit, 8, ("learned", "rope_mixed", "native")),  # native: rel_bias, BEiT's geometric resize
     "timm_relpos": (timm_relpos, 8, ("learned", "rope_axial", "native")),  # native: cpb(mode="cr")
     "timm_swin": (timm_swin, 16, ("rope_mixed", "swin_bias", "cpb")),
     "torchvision_vit": (torchvision_vit, 8, ("learned", "rope_mixed", "alibi")),
@@ -117,11 +126,15 @@ def logits(out) -> torch.Tensor:
 
 
 def exported(backbone: str, pe: str):
-    make, patch, _ = BACKBONES[backbone]
-    model = make(pe).eval()
-    x, dims, sizes = example_and_dims(backbone, patch)
+    make = BACKBONES[backbone][0]
+    return (make(pe).eval(), *exported_inputs(backbone))
+
+
+def exported_inputs(backbone: str):
+    """The traced example, the dynamic shapes by input name and the sizes to compare at (:func:`example_and_dims`)."""
+    x, dims, sizes = example_and_dims(backbone, BACKBONES[backbone][1])
     name = "pixel_values" if backbone.startswith("hf_") else "x"
-    return model, x, {name: dims}, sizes
+    return x, {name: dims}, sizes
 
 
 def check_export(model, x, dynamic_shapes, sizes, tmp_path, onnx: bool) -> None:
@@ -151,6 +164,16 @@ def check_export(model, x, dynamic_shapes, sizes, tmp_path, onnx: bool) -> None:
 def test_export_with_dynamic_sizes_equals_eager_at_unseen_sizes(backbone, pe, tmp_path):
     """torch.export and (with the export extra) ONNX in onnxruntime."""
     check_export(*exported(backbone, pe), tmp_path, onnx=HAS_ONNX)
+
+
+@pytest.mark.parametrize("pe,scaling", [("rope_axial", "ntk"), ("rope_axial", "yarn"), ("dype", "yarn")])
+def test_scaled_rope_exports_with_dynamic_sizes(pe, scaling, tmp_path):
+    """RoPE scaled against the traced grid (``ref_shape`` 4x4): the unseen sizes shrink both axes (no scaling),
+    extend both, and extend one (non-square); YaRN's attention factor is computed in the graph from the size (DyPE's
+    Dy-YaRN mid-way through sampling too)."""
+    options = dict(scaling=scaling, ref_shape=(4, 4), **({"timestep": 0.5} if pe == "dype" else {}))
+    model = vpe.create_model("vit_tiny_patch16_224", pe=pe, pe_kwargs=options, **TINY_VIT)
+    check_export(model.eval(), *exported_inputs("timm_vit"), tmp_path, onnx=HAS_ONNX)
 
 
 @pytest.mark.parametrize("pe", FRONTIER)

@@ -2,6 +2,7 @@
 tables resized geometrically (timm ``resize_rel_pos_bias_table``), Swin-V2 CPB normalised by the new window
 unless it has a pretrained one. Oracles: timm's ``SwinTransformer`` / ``SwinTransformerV2`` after the same call."""
 import copy
+import math
 
 import pytest
 import timm
@@ -11,7 +12,7 @@ from timm.layers import resize_rel_pos_bias_table
 
 import visionpe as vpe
 from visionpe import Grid
-from visionpe.resample import resample_grid, resample_offsets_geometric
+from visionpe.resample import geometric_ratio, resample_grid, resample_offsets_geometric
 
 KW = dict(img_size=64, patch_size=4, window_size=4, embed_dim=16, depths=(2, 2), num_heads=(2, 2), num_classes=3)
 
@@ -73,6 +74,21 @@ def test_geometric_resize_is_not_bicubic():
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     bicubic = resample_grid(table, (15, 11), "bicubic").reshape(-1, 3)
     assert (bicubic - resample_offsets_geometric(table, (15, 11)).reshape(-1, 3)).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("n", [2, 5, 13, 31])
+def test_geometric_ratio_reaches_the_target_or_its_interval_end(n):
+    """BEiT's ratio ``r`` puts the outermost of ``n`` offsets at the target: ``sum_{i<n} r^i`` (summed term by term
+    here) equals it to 1e-12 where the root lies in ``[1.01, 1.5]``, else the interval's near end."""
+    low_reach, high_reach = (sum(r ** i for i in range(n)) for r in (1.01, 1.5))
+    for target in [1, n, math.ceil(low_reach), (low_reach + high_reach) / 2, math.floor(high_reach), 10 * high_reach]:
+        ratio = geometric_ratio(n, torch.tensor(float(target), dtype=torch.float64)).item()
+        if target <= low_reach:
+            assert ratio == pytest.approx(1.01, abs=1e-15), target
+        elif target >= high_reach:
+            assert ratio == pytest.approx(1.5, abs=1e-15), target
+        else:
+            assert sum(ratio ** i for i in range(n)) == pytest.approx(target, rel=1e-12), target
 
 
 def timm_cpb_bias(attn) -> torch.Tensor:

@@ -17,9 +17,7 @@ plugged into each method (Eqs. 14-17), with ``s_a`` the size ratio of axis ``a``
 
 At ``kappa = 0`` every method is the unscaled encoding (Dy-YaRN keeps its attention factor). The paper's settings
 (appendix C): ``lambda_s = lambda_t = 2``, ``alpha = 1``, ``beta = 32``. Its code is not released; the schedule and
-the three substitutions above are the paper's text. The default is Dy-NTK, one of the paper's two main variants:
-Dy-YaRN's attention factor is computed as a number from the grid's size (as ``rope_axial``'s ``scaling="yarn"``),
-which ``torch.export`` cannot trace at a dynamic size; ``scaling="yarn"`` runs everywhere else.
+the three substitutions above are the paper's text. The default is Dy-NTK, one of the paper's two main variants.
 
 The step is set on the module (``timestep``, or :func:`set_timestep` on every DyPE module of a model before each
 denoising step); a new step empties the table cache, and under ``torch.compile`` each step value is a guard (a

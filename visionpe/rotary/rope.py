@@ -331,7 +331,7 @@ class RoPE(FlatKeywords, RotaryEncoding):
                 angles = angles[..., self.channel_index.to(angles.device)]  # (N, heads or 1, pairs, 2 channels)
             magnitude = attention_factor(scales, self.scaling)
             rotations = torch.stack([angles.cos(), angles.sin()], dim=-1)
-            rotations = (rotations if magnitude == 1.0 else rotations * magnitude).float()
+            rotations = (rotations * magnitude if self.scaling == "yarn" else rotations).float()
         prefix = self.prefix_rotations(grid.prefix, device) * magnitude  # (P, 1, pairs, 2)
         if self.channel_index is not None:  # both channels of a prefix pair keep the pair's rotation
             prefix = prefix.unsqueeze(-2)  # (P, 1, pairs, 1, 2)

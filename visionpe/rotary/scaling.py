@@ -52,9 +52,11 @@ def scale_frequencies(freqs: torch.Tensor, band_fraction: torch.Tensor, scales: 
     return freqs * ((1 - keep) / s + keep)
 
 
-def attention_factor(scales: torch.Tensor, scaling: str) -> float:
-    """YaRN's factor on q and k (``sqrt`` of the logit temperature); 1 for every other scaling."""
+def attention_factor(scales: torch.Tensor, scaling: str) -> torch.Tensor | float:
+    """YaRN's factor on q and k (``sqrt`` of the logit temperature) from the per-axis ratios ``scales: (ndim,)``:
+    ``0.1 ln s + 1``, ``ln s`` the mean of the axes' ``ln max(s_a, 1)``, as a 0-d tensor in ``scales``' dtype (a
+    tensor, not a number, so ``torch.export`` computes it in the graph from a dynamic size); 1 for every other
+    scaling."""
     if scaling != "yarn":
         return 1.0
-    mean_scale = float(scales.clamp(min=1.0).log().mean().exp())
-    return 0.1 * math.log(mean_scale) + 1.0
+    return 0.1 * scales.clamp(min=1.0).log().mean() + 1.0
