@@ -152,6 +152,21 @@ def test_the_hash_ignores_where_a_run_ran_and_names_what_changed(made, tmp_path)
         "sweep arguments ('--res 16 24 --scaling none --tune --holdout 8' -> '--res 16 --scaling none')"]
 
 
+def test_a_record_made_before_a_setting_was_added_stays_current(made, tmp_path):
+    """A setting added after a record was made (absent from its settings, so its hash differs) is read at the
+    setting's default: the record stays current, so a new setting does not make every committed record stale; a
+    setting the record holds with another value still makes it stale."""
+    record = read_record(record_of(made, "learned"))
+    run, recipe = tmp_path / "run", recipe_path("bench_vit_tiny").resolve()
+    sweep = sweep_command(run, [16, 24], ["none"], tune=["--tune", "--holdout", "8"])
+    train = lambda *extra: train_command(recipe, "shapes-position", 0, run, ["--pe", "learned", *TINY, *extra])
+    older = {**record, "settings": {k: v for k, v in record["settings"].items() if k != "grayscale_prob"},
+             "settings_sha256": "0" * 64}
+    assert staleness.stale_record(older, train(), sweep, run) == []
+    assert staleness.stale_record(older, train("--grayscale-prob", "0.5"), sweep, run) == [
+        "grayscale_prob (0.0 -> 0.5)"]
+
+
 def test_a_damaged_record_is_an_error_never_taken_for_absent(tmp_path):
     path = tmp_path / "s0.json"
     assert read_record(path) is None

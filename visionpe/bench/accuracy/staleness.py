@@ -60,8 +60,10 @@ def settings_sha256(cfg: dict, sweep_arguments: list[str]) -> str:
 
 def stale_record(record: dict, train: list[str], sweep: list[str], run: Path) -> list[str]:
     """What of a run's record (:mod:`.records`) differs from the run asked for now (``visionpe train TRAIN --output
-    RUN``, then ``sweep``), as ``setting (old -> new)`` and ``sweep arguments (old -> new)``; empty when its settings
-    hash is the one asked for (the record is current)."""
+    RUN``, then ``sweep``), as ``setting (old -> new)`` and ``sweep arguments (old -> new)``; empty when the record is
+    current: its settings hash is the one asked for, or, where it is not, no setting and no sweep argument differs
+    (a record made before a setting was added holds no value for it and is read at the setting's default, what its
+    run trained with; so a new setting does not make every committed record stale)."""
     asked, arguments = asked_settings(train, run), sweep_arguments(sweep)
     old = {**settings.copied(settings.DEFAULTS), **record.get("settings", {})}
     asked = read_from_data(asked, old)
@@ -70,7 +72,7 @@ def stale_record(record: dict, train: list[str], sweep: list[str], run: Path) ->
     found = changed_settings(old, asked)
     if record.get("sweep") != arguments:
         found.append(f"sweep arguments ({shlex.join(record.get('sweep') or [])!r} -> {shlex.join(arguments)!r})")
-    return found or ["its settings hash differs from the one asked for now"]
+    return found
 
 
 def read_from_data(asked, made: dict):
