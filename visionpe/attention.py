@@ -2,6 +2,8 @@
 bias with a pair form, FlexAttention (:mod:`visionpe.flex`)."""
 from __future__ import annotations
 
+from typing import List, Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -445,6 +447,43 @@ class Attention(nn.Module):
         out = self.norm(merge_heads(out))
         if gate is not None:
             out = out * gate
+        return self.proj_drop(self.proj(out))
+
+
+class ScriptedAttention(nn.Module):
+    """TorchScript form of :class:`Attention` (what a scripted model's blocks hold): the same modules (weights
+    shared) and the TorchScript forms of its encodings (``rotary``, ``bias``: :meth:`~visionpe.Encoding.scriptable`);
+    ``forward(x, shape, prefix, attn_mask=None)`` with ``x: (B, P + N, dim)``, ``shape`` the patch grid read from
+    the input and ``prefix = P``: q and k rotated, the bias added to the logits (4-D, in q's dtype, as :func:`attend`
+    adds it) and an additive float ``attn_mask``, then ``scaled_dot_product_attention`` -> ``(B, P + N, dim)``."""
+
+    def __init__(self, attn: Attention, rotary: Optional[nn.Module], bias: Optional[nn.Module]):
+        super().__init__()
+        self.num_heads = attn.num_heads
+        for name in ("qkv", "q_norm", "k_norm", "norm", "proj", "proj_drop"):
+            setattr(self, name, getattr(attn, name))
+        self.gate = attn.gate
+        self.dropout_p = float(attn.attn_drop.p) if isinstance(attn.attn_drop, nn.Dropout) else 0.0
+        self.rotary, self.bias = rotary, bias  # the encodings' TorchScript forms, or None
+
+    def forward(self, x: torch.Tensor, shape: List[int], prefix: int,
+                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        qkv = self.qkv(x).unflatten(-1, [3, self.num_heads, -1]).permute(2, 0, 3, 1, 4)  # (3, B, heads, T, d)
+        q, k, v = self.q_norm(qkv[0]), self.k_norm(qkv[1]), qkv[2]
+        rotary = self.rotary
+        if rotary is not None:
+            q, k = rotary(q, k, shape, prefix)
+        mask = attn_mask
+        bias = self.bias
+        if bias is not None:
+            logits = bias(shape, prefix)[None].to(q.dtype)  # (1, heads, T, T)
+            mask = logits if mask is None else logits + mask
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                             dropout_p=self.dropout_p if self.training else 0.0)
+        out = self.norm(merge_heads(out))
+        gate = self.gate
+        if gate is not None:
+            out = out * gate(x).sigmoid()
         return self.proj_drop(self.proj(out))
 
 
