@@ -80,7 +80,8 @@ TORCHSCRIPT_ROUTES = ("export the model with torch.export.export or to ONNX, whi
 
 
 SCRIPTED_ENCODINGS = ("learned", "sincos", "rope_axial", "rope_mixed", "rel_bias", "alibi")
-SCRIPTED_MODELS = "timm's VisionTransformer and distilled DeiT (the vpe_ ViT, DeiT, DeiT-III and DINOv2 models)"
+SCRIPTED_MODELS = ("timm's VisionTransformer, distilled DeiT and Eva (the vpe_ ViT, DeiT, DeiT-III, DINOv2, EVA-02, "
+                   "rope-vit and DINOv3 models)")
 
 
 class TorchScriptRefusal(NotImplementedError):

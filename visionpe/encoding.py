@@ -227,6 +227,14 @@ class Encoding(nn.Module):
         has none (the default) or where a setting has none (:func:`~visionpe._compat.TorchScriptRefusal`)."""
         raise TorchScriptRefusal(type(self).__name__, "it has no TorchScript form")
 
+    def check_scriptable_class(self, *classes: type) -> None:
+        """A TorchScript form computes what the classes it was written for compute: an instance of another class (a
+        subclass, which may compute its tables otherwise) is a ``NotImplementedError`` (such a class scripts by
+        overriding :meth:`scriptable`)."""
+        if type(self) not in classes:
+            raise TorchScriptRefusal(type(self).__name__, f"it has no TorchScript form (the form of its base class "
+                                                          f"is written for {', '.join(c.__name__ for c in classes)})")
+
     def check_scriptable_coordinates(self) -> None:
         """The TorchScript forms read integer patch positions: normalised coordinates or a coordinate augmentation
         (:attr:`coordinates`) are a ``NotImplementedError`` naming the setting."""

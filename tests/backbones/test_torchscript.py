@@ -1,5 +1,5 @@
-"""TorchScript: ``torch.jit.script`` of a visionpe model of timm's ViT family compiles its TorchScript form
-(``ScriptedGridForward``: the same parameters, every encoding's table computed in the graph from the input's patch
+"""TorchScript: ``torch.jit.script`` of a visionpe model of timm's ViT family (ViT, DeiT, Eva) compiles its TorchScript
+form (``ScriptedGridForward``: the same parameters, every encoding's table computed in the graph from the input's patch
 grid), which survives ``torch.jit.save``/``torch.jit.load`` and equals the eager model at the training size and at
 sizes it was never run at; what has no TorchScript form is one ``NotImplementedError`` naming it and the routes that
 serve it (docs/deploy.md)."""
@@ -11,6 +11,7 @@ import torch
 
 import visionpe as vpe
 from visionpe._compat import SCRIPTED_ENCODINGS
+from visionpe.registry import ENCODINGS
 
 TINY = dict(img_size=32, patch_size=8, num_classes=5, depth=2, embed_dim=32, num_heads=2)
 SIZES = [(32, 32), (48, 24)]  # the training size, then one the model never saw (non-square)
@@ -19,8 +20,11 @@ CASES = [  # every encoding with a TorchScript form, and the prefix layouts of t
     ("deit_tiny_distilled_patch16_224", "sincos+rope_axial"),  # class and distillation tokens, two heads
     ("vit_small_patch14_reg4_dinov2", "rope_mixed+alibi"),  # register tokens, no_embed_class, layer scale
     ("deit3_small_patch16_224", "learned+rel_bias"),
+    ("eva02_tiny_patch14_224", "native"),  # Eva: learned + rope_axial (pi), separate q/k/v projections, SwiGLU
+    ("vit_small_patch16_rope_224", "native"),  # Eva: rope_mixed taking over timm's frequencies, q/v biases
 ]
 assert {pe for _, pes in CASES for pe in pes.split("+")} == {"native", *SCRIPTED_ENCODINGS}
+VIT_ENCODINGS = [pe for pe in vpe.available() if 2 in ENCODINGS[pe].ndims and pe != "swin_bias"]  # (Swin's windows)
 ROUTES = r".*torch.export.export or to ONNX.*torch.fx"
 
 
@@ -47,6 +51,18 @@ def test_scripted_model_equals_eager_at_any_size(name, pe):
             torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=1e-5, msg=f"{name} {pe} at {size}")
 
 
+def test_scripted_clip_model_equals_eager_at_any_length():
+    """A clip model (3D tubelets): the scripted forward reads the (T, H, W) grid, every table follows it."""
+    torch.manual_seed(0)
+    model = vpe.create_video_model("vit_tiny_patch16_224", pe="learned+rope_axial+alibi", num_frames=4, img_size=16,
+                                   tubelet_size=(2, 8, 8), num_classes=5, depth=2, embed_dim=48, num_heads=2).eval()
+    loaded = script(model)
+    with torch.no_grad():
+        for size in [(4, 16, 16), (6, 24, 16)]:
+            x = torch.randn(2, 3, *size)
+            torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=1e-5, msg=f"clip of {size}")
+
+
 def test_scripted_model_shares_the_parameters_and_leaves_the_eager_model_as_it_was():
     torch.manual_seed(0)
     model = vpe.create_model("vit_tiny_patch16_224", pe="rope_mixed+rel_bias", **TINY).eval()
@@ -60,6 +76,30 @@ def test_scripted_model_shares_the_parameters_and_leaves_the_eager_model_as_it_w
         model.blocks[0].attn.rotary.freqs.mul_(2.0)
         torch.testing.assert_close(scripted(x), model(x), rtol=0, atol=1e-5)
         assert model(x[..., :32, :], grid_offset=(1, 2)).shape == (1, 5)  # eager-only arguments still work
+
+
+def test_every_encoding_scripts_equal_to_eager_or_refuses_by_name():
+    """Over the registry (every encoding a ViT takes): the ones that script are SCRIPTED_ENCODINGS, each equal to the
+    eager model at two sizes; every other one refuses, naming its class (a subclass of a scripted class too: HARoPE,
+    Spiral RoPE, V2PE, ... place or rotate otherwise)."""
+    scripted = set()
+    for pe in VIT_ENCODINGS:
+        torch.manual_seed(0)
+        model = vpe.create_model("vit_tiny_patch16_224", pe=pe, **{**TINY, "depth": 1}).eval()
+        name = type(getattr(model.blocks[0].attn, ENCODINGS[pe].family, None) or model.pe_tokens).__name__
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                compiled = torch.jit.script(model)
+        except NotImplementedError as error:
+            assert str(error).startswith(f"torch.jit.script does not support VisionTransformerPE with {name} "), pe
+            continue
+        scripted.add(pe)
+        with torch.no_grad():
+            for size in SIZES:
+                x = torch.randn(2, 3, *size)
+                torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=1e-5, msg=f"{pe} at {size}")
+    assert scripted == set(SCRIPTED_ENCODINGS)
 
 
 @pytest.mark.parametrize("pe, what", [

@@ -86,6 +86,10 @@ class GridTransformer(PositionalModel):
         groups = super().group_matcher(coarse)
         return {**groups, "stem": groups["stem"] + "|^pe_tokens"}
 
+    def scripted_block(self, block: nn.Module, where: str) -> "ScriptedBlock":
+        """The TorchScript form of one of this model's blocks (``where``: its name, ``blocks.i``)."""
+        return ScriptedBlock(block, scripted_attention(block.attn, f"{where}.attn"), isinstance(block, GridResPostBlock))
+
     def prefix_tokens(self) -> list[torch.Tensor]:
         """The prefix token parameters ``(1, n, D)`` in sequence order: the class token, then the register tokens."""
         return [t for t in (self.cls_token, self.reg_token) if t is not None]
@@ -347,36 +351,49 @@ def scripted_encoding(pe: nn.Module | None, where: str) -> nn.Module | None:
 
 
 class ScriptedBlock(nn.Module):
-    """TorchScript form of a :class:`GridBlock` or :class:`GridResPostBlock` (its modules, weights shared; the
-    attention's :class:`~visionpe.attention.ScriptedAttention`): ``forward(x, shape, prefix)``."""
+    """TorchScript form of a block of timm's ViT family (:class:`GridBlock`, :class:`GridResPostBlock`, Eva's blocks):
+    its modules (weights shared), layer scale as a module (``ls1``, ``ls2``) or a vector (Eva's ``gamma_1``,
+    ``gamma_2``), and ``attn``, its attention's TorchScript form (:class:`~visionpe.attention.ScriptedAttention`):
+    ``forward(x, shape, prefix)``."""
 
-    def __init__(self, block: nn.Module, where: str):
+    def __init__(self, block: nn.Module, attn: ScriptedAttention, post_norm: bool):
         super().__init__()
-        self.post_norm = isinstance(block, GridResPostBlock)
+        self.post_norm = post_norm
         for name in ("norm1", "ls1", "drop_path1", "norm2", "mlp", "ls2", "drop_path2"):
             setattr(self, name, getattr(block, name, None) or nn.Identity())
-        attn = block.attn
-        self.attn = ScriptedAttention(attn, scripted_encoding(attn.rotary, f"{where}.attn.rotary"),
-                                      scripted_encoding(attn.bias, f"{where}.attn.bias"))
+        self.gamma_1, self.gamma_2 = getattr(block, "gamma_1", None), getattr(block, "gamma_2", None)
+        self.attn = attn
 
     def forward(self, x: torch.Tensor, shape: List[int], prefix: int) -> torch.Tensor:
         if self.post_norm:
             x = x + self.drop_path1(self.norm1(self.attn(x, shape, prefix)))
             return x + self.drop_path2(self.norm2(self.mlp(x)))
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), shape, prefix)))
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        x_attn = self.ls1(self.attn(self.norm1(x), shape, prefix))
+        gamma_1, gamma_2 = self.gamma_1, self.gamma_2
+        if gamma_1 is not None:
+            x_attn = gamma_1 * x_attn
+        x = x + self.drop_path1(x_attn)
+        x_mlp = self.ls2(self.mlp(self.norm2(x)))
+        if gamma_2 is not None:
+            x_mlp = gamma_2 * x_mlp
+        return x + self.drop_path2(x_mlp)
+
+
+def scripted_attention(attn: nn.Module, where: str, form: type = ScriptedAttention) -> ScriptedAttention:
+    """The TorchScript form ``form`` of the attention ``attn`` at ``where`` (``blocks.i.attn``), with its encodings'."""
+    return form(attn, scripted_encoding(attn.rotary, f"{where}.rotary"), scripted_encoding(attn.bias, f"{where}.bias"))
 
 
 class ScriptedGridForward:
     """Mixin of what ``torch.jit.script`` compiles for a :class:`GridTransformer` of timm's ViT family (a subclass of
-    the timm class: :class:`ScriptedVisionTransformer`, the distilled DeiT's): the same modules and parameters
+    the timm class: :class:`ScriptedVisionTransformer`, the distilled DeiT's, Eva's): the same modules and parameters
     (shared, not copied), its blocks as :class:`ScriptedBlock` and its encodings in their TorchScript forms
     (:meth:`~visionpe.Encoding.scriptable`), and a forward that reads the patch grid ``[H, W]`` from the patch
-    embedding's output and computes every position from it inside the graph: the scripted model serves any input
-    size, as the eager one. timm's ``forward_head`` and pooling are compiled as they are.
+    embedding's output (``[T, H, W]`` of a clip) and computes every position from it inside the graph: the scripted
+    model serves any input size, as the eager one. timm's ``forward_head`` and pooling are compiled as they are.
 
-    ``forward(x)``: ``(B, C, H, W)`` -> logits (the features without a head); ``forward_features(x)`` -> ``(B, P + N,
-    dim)``. What the eager model's forward takes besides the image (``grid_offset``, ``time_spacing``, masks, kept
+    ``forward(x)``: ``(B, C, H, W)`` (a clip: ``(B, C, T, H, W)``) -> logits (the features without a head);
+    ``forward_features(x)`` -> ``(B, P + N, dim)``. What the eager model's forward takes besides the image (``grid_offset``, ``time_spacing``, masks, kept
     patches) is not part of it, nor patch dropout or a tokens encoding after the first block (refused when
     scripting)."""
 
@@ -401,14 +418,15 @@ class ScriptedGridForward:
             self.dist_token = None  # the distillation token, after the class token (distilled DeiT only)
         try:
             self.pe_tokens = scripted_encoding(model.pe_tokens, "pe_tokens")
-            self.blocks = nn.ModuleList([ScriptedBlock(block, f"blocks.{i}") for i, block in enumerate(model.blocks)])
+            self.blocks = nn.ModuleList([model.scripted_block(block, f"blocks.{i}")
+                                         for i, block in enumerate(model.blocks)])
         except TorchScriptRefusal as error:
             raise TorchScriptRefusal(f"{name} with {error.what}", error.reason) from None
         return self
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embed(x)  # (B, H, W, C)
-        shape = [x.shape[1], x.shape[2]]
+        x = self.patch_embed(x)  # (B, *grid, C): (B, H, W, C), a clip's (B, T, H, W, C)
+        shape = x.shape[1:-1]
         x = x.flatten(1, -2)
         tokens: List[torch.Tensor] = []
         if self.cls_token is not None:

@@ -85,6 +85,7 @@ class ALiBi(BiasEncoding):
 
     def scriptable(self) -> "ScriptedALiBi":
         """The TorchScript form (:class:`ScriptedALiBi`): index coordinates, no coordinate augmentation."""
+        self.check_scriptable_class(ALiBi)
         self.check_scriptable_coordinates()
         return ScriptedALiBi(self)
 

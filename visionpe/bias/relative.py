@@ -195,6 +195,7 @@ class RelativePositionBias(BiasEncoding):
         """The TorchScript form (:class:`ScriptedRelativeBias`): a table that grows to the grid (``grow``
         ``"resample"`` or ``"fit"``) by ``F.interpolate``; ``grow="error"`` (a fixed window) and BEiT's geometric
         resampling are a ``NotImplementedError`` naming them."""
+        self.check_scriptable_class(RelativePositionBias, RelBias)
         name = type(self).__name__
         if self.grow == "error":
             raise TorchScriptRefusal(f"{name} with grow='error'",

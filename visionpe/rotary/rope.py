@@ -429,9 +429,11 @@ class RoPE(FlatKeywords, RotaryEncoding):
         return self._rotate_rows(q, rows), self._rotate_rows(k, rows)
 
     def scriptable(self) -> "ScriptedRoPE":
-        """The TorchScript form (:class:`ScriptedRoPE`): index coordinates, ``scaling`` ``"none"`` or ``"pi"``, the
-        two channels of a pair turning together, RoPE's own placement and identity prefix rotations; other settings
-        (and subclasses that move or rescale positions) are a ``NotImplementedError`` naming them."""
+        """The TorchScript form (:class:`ScriptedRoPE`) of :class:`AxialRoPE` and :class:`MixedRoPE`: index
+        coordinates, ``scaling`` ``"none"`` or ``"pi"``, the two channels of a pair turning together; other settings
+        and classes (the subclasses that place, rescale or rotate otherwise) are a ``NotImplementedError`` naming
+        them."""
+        self.check_scriptable_class(AxialRoPE, MixedRoPE)
         self.check_scriptable_coordinates()
         name = type(self).__name__
         if self.scaling not in ("none", "pi"):
@@ -440,11 +442,6 @@ class RoPE(FlatKeywords, RotaryEncoding):
         if self.channel_index is not None:
             raise TorchScriptRefusal(f"{name} with channel_frequencies='repeated'",
                                       "its TorchScript form turns both channels of a pair by one angle")
-        moved = [method for method in ("place", "prefix_rotations", "rescale")
-                 if getattr(type(self), method) is not getattr(RoPE, method)]
-        if moved:
-            raise TorchScriptRefusal(name, f"it overrides RoPE.{', RoPE.'.join(moved)}, which its TorchScript form "
-                                            "does not compute")
         if "freqs" in self._parameters and type(self).frequencies is not RoPE.frequencies:
             raise TorchScriptRefusal(name, "its learned frequencies are not RoPE's stored ones")
         return ScriptedRoPE(self)

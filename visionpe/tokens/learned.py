@@ -321,6 +321,7 @@ class Learned(TokenEncoding):
     def scriptable(self) -> "ScriptedLearned":
         """The TorchScript form (:class:`ScriptedLearned`): one joint table, ``fit="resample"``, index coordinates,
         no RMS normalisation; other settings are a ``NotImplementedError`` naming them."""
+        self.check_scriptable_class(Learned)
         self.check_scriptable_coordinates()
         settings = {"factorized": (self.factorized, False), "fit": (self.fit, "resample"),
                     "rms_norm": (self.rms_norm, False)}

@@ -120,6 +120,7 @@ class SinCos(TokenEncoding):
     def scriptable(self) -> "ScriptedSinCos":
         """The TorchScript form (:class:`ScriptedSinCos`): index coordinates without ``ref_shape``; other settings are
         a ``NotImplementedError`` naming them."""
+        self.check_scriptable_class(SinCos)
         self.check_scriptable_coordinates()
         if self.ref_shape is not None:
             raise TorchScriptRefusal(f"SinCos with ref_shape={self.ref_shape}",
