@@ -80,8 +80,7 @@ TORCHSCRIPT_ROUTES = ("export the model with torch.export.export or to ONNX, whi
 
 
 SCRIPTED_ENCODINGS = ("learned", "sincos", "rope_axial", "rope_mixed", "rel_bias", "alibi")
-SCRIPTED_MODELS = ("timm's VisionTransformer, distilled DeiT and Eva (the vpe_ ViT, DeiT, DeiT-III, DINOv2, EVA-02, "
-                   "rope-vit and DINOv3 models)")
+SCRIPTED_MODELS = "timm's token transformers (the vpe_ ViT, DeiT, DeiT-III, DINOv2, Eva, BEiT and RelPos ViT models)"
 
 
 class TorchScriptRefusal(NotImplementedError):

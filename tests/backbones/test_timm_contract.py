@@ -58,17 +58,19 @@ MARKERS = "base or cfg or torchscript or features or fxforward or fxbackward or 
 # (the contract's open items): torch.jit.script of a twin whose class or encoding has no TorchScript form raises
 # NotImplementedError naming the routes that serve it (torch.export, ONNX, FX; docs/deploy.md, "FX and TorchScript").
 TORCHSCRIPT = "test_model_forward_torchscript"
-SCRIPTED_CLASSES = {"test_vit", "deit_tiny_patch16_224", "deit_tiny_distilled_patch16_224", "deit3_small_patch16_224",
-                    "vit_small_patch14_reg4_dinov2", "eva02_tiny_patch14_224", "vit_small_patch16_rope_224",
-                    "vit_small_patch16_dinov3"}  # timm's VisionTransformer, distilled DeiT and Eva
-UNSCRIPTED_CLASS = ("visionpe's TorchScript forms cover timm's VisionTransformer, distilled DeiT and Eva only, not "
-                    "this class (BEiT, the RelPos ViT, Swin)")
+SCRIPTED_CLASSES = {name for name in MODELS if not name.startswith("swin")}  # timm's token transformers
+UNSCRIPTED_CLASS = ("visionpe's TorchScript forms cover timm's token transformers (ViT, DeiT, Eva, BEiT, the RelPos "
+                    "ViT), not Swin's windows")
 UNSCRIPTED_PE = {"peg": "PEG is added after the first block (CPVT), which the scripted forward does not do",
                  **{pe: f"{pe} has no TorchScript form (scripted: {', '.join(SCRIPTED_ENCODINGS)})"
                     for pe in ("lookhere", "fire", "cpb", "string", "comrope", "bucket_bias", "liere", "harope",
                                "spiral_rope")}}
-SCRIPTED_SETTING = {("vit_small_patch16_dinov3", "native"): "DINOv3's RoPE reads normalised coordinates "
-                    "(coords='normalized'), which the TorchScript forms do not (integer patch positions only)"}
+SCRIPTED_SETTING = {  # a native encoding in a setting without a TorchScript form
+    ("vit_small_patch16_dinov3", "native"): "DINOv3's RoPE reads normalised coordinates (coords='normalized'), which "
+                                            "the TorchScript forms do not (integer patch positions only)",
+    ("beit_base_patch16_224", "native"): "BEiT's rel_bias resizes its table geometrically (interpolation='geometric'), "
+                                         "which the TorchScript form does not (F.interpolate only)",
+    ("vit_relpos_small_patch16_224", "native"): "the RelPos ViT's own encoding is cpb, which has no TorchScript form"}
 TWIN_SKIPS_TORCHSCRIPT = {"vit_small_patch14_reg4_dinov2"}  # timm's test skips it: a fixed 518 px input > MAX_JIT_SIZE
 KNOWN = {(TORCHSCRIPT, name, pe): UNSCRIPTED_CLASS if name not in SCRIPTED_CLASSES else UNSCRIPTED_PE[pe]
          for name, (_, pes) in MODELS.items() if name not in TWIN_SKIPS_TORCHSCRIPT for pe in pes

@@ -1,8 +1,8 @@
-"""TorchScript: ``torch.jit.script`` of a visionpe model of timm's ViT family (ViT, DeiT, Eva) compiles its TorchScript
-form (``ScriptedGridForward``: the same parameters, every encoding's table computed in the graph from the input's patch
-grid), which survives ``torch.jit.save``/``torch.jit.load`` and equals the eager model at the training size and at
-sizes it was never run at; what has no TorchScript form is one ``NotImplementedError`` naming it and the routes that
-serve it (docs/deploy.md)."""
+"""TorchScript: ``torch.jit.script`` of a visionpe model of timm's token transformers (ViT, DeiT, Eva, BEiT, the RelPos
+ViT) compiles its TorchScript form (``ScriptedGridForward``: the same parameters, every encoding's table computed in
+the graph from the input's patch grid), which survives ``torch.jit.save``/``torch.jit.load`` and equals the eager
+model at the training size and at sizes it was never run at; what has no TorchScript form is one
+``NotImplementedError`` naming it and the routes that serve it (docs/deploy.md)."""
 import io
 import warnings
 
@@ -22,6 +22,8 @@ CASES = [  # every encoding with a TorchScript form, and the prefix layouts of t
     ("deit3_small_patch16_224", "learned+rel_bias"),
     ("eva02_tiny_patch14_224", "native"),  # Eva: learned + rope_axial (pi), separate q/k/v projections, SwiGLU
     ("vit_small_patch16_rope_224", "native"),  # Eva: rope_mixed taking over timm's frequencies, q/v biases
+    ("beit_base_patch16_224", "learned+rope_mixed+alibi"),  # BEiT: Eva's attention, layer-scale vectors
+    ("vit_relpos_small_patch16_224", "sincos+rope_axial+rel_bias"),
 ]
 assert {pe for _, pes in CASES for pe in pes.split("+")} == {"native", *SCRIPTED_ENCODINGS}
 VIT_ENCODINGS = [pe for pe in vpe.available() if 2 in ENCODINGS[pe].ndims and pe != "swin_bias"]  # (Swin's windows)
@@ -114,16 +116,18 @@ def test_an_encoding_without_a_torchscript_form_is_named(pe, what):
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 5)
 
 
-@pytest.mark.parametrize("pe, pe_kwargs, setting", [
-    ("sincos", {"coords": "normalized"}, r"SinCos with coords='normalized'"),
-    ("learned", {"fit": "tile"}, r"Learned with fit='tile'"),
-    ("rope_mixed", {"scaling": "yarn"}, r"MixedRoPE with scaling='yarn'"),
-    ("alibi", {"jitter_coords": 1.2}, r"ALiBi with jitter_coords=1.2"),
+@pytest.mark.parametrize("name, pe, pe_kwargs, setting", [
+    ("vit_tiny_patch16_224", "sincos", {"coords": "normalized"}, r"VisionTransformerPE with SinCos with "
+                                                                 r"coords='normalized' \(pe_tokens\)"),
+    ("vit_tiny_patch16_224", "learned", {"fit": "tile"}, r"VisionTransformerPE with Learned with fit='tile'"),
+    ("vit_tiny_patch16_224", "rope_mixed", {"scaling": "yarn"}, r"VisionTransformerPE with MixedRoPE with "
+                                                                r"scaling='yarn' \(blocks\.0\.attn\.rotary\)"),
+    ("vit_tiny_patch16_224", "alibi", {"jitter_coords": 1.2}, r"VisionTransformerPE with ALiBi with jitter_coords=1.2"),
+    ("beit_base_patch16_224", "native", {}, r"BeitPE with RelBias with interpolation='geometric'"),  # BEiT's own
 ])
-def test_a_setting_without_a_torchscript_form_is_named(pe, pe_kwargs, setting):
-    model = vpe.create_model("vit_tiny_patch16_224", pe=pe, pe_kwargs=pe_kwargs, **TINY).eval()
-    with pytest.raises(NotImplementedError, match=rf"^torch.jit.script does not support VisionTransformerPE with "
-                                                  rf"{setting}"):
+def test_a_setting_without_a_torchscript_form_is_named(name, pe, pe_kwargs, setting):
+    model = vpe.create_model(name, pe=pe, pe_kwargs=pe_kwargs, **TINY).eval()
+    with pytest.raises(NotImplementedError, match=rf"^torch.jit.script does not support {setting}"):
         torch.jit.script(model)
 
 

@@ -414,8 +414,9 @@ class ScriptedGridForward:
         self.__dict__.update(model.__dict__)
         for key in ("_parameters", "_buffers", "_modules"):  # its own containers: scripting replaces submodules
             self.__dict__[key] = dict(model.__dict__[key])
-        if not hasattr(self, "dist_token"):
-            self.dist_token = None  # the distillation token, after the class token (distilled DeiT only)
+        for token in ("dist_token", "reg_token"):  # the distillation token (distilled DeiT), register tokens
+            if not hasattr(self, token):
+                setattr(self, token, None)
         try:
             self.pe_tokens = scripted_encoding(model.pe_tokens, "pe_tokens")
             self.blocks = nn.ModuleList([model.scripted_block(block, f"blocks.{i}")
