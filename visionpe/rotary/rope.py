@@ -492,11 +492,12 @@ class ScriptedRoPE(nn.Module):
 
     def __init__(self, pe: RoPE):
         super().__init__()
-        if "freqs" in pe._parameters:
-            self.freqs = pe.freqs  # (ndim, heads or 1, pairs), learned
-        else:
+        learned = "freqs" in pe._parameters
+        if learned:
+            self.freqs = pe.freqs  # (ndim, heads or 1, pairs)
+        else:  # fixed: as RoPE.rotations reads them (masked)
             self.register_buffer("freqs", pe.frequencies(torch.float64).detach(), persistent=False)
-        self.register_buffer("freq_mask", pe.freq_mask, persistent=False)  # (ndim, heads or 1, pairs) or None
+        self.register_buffer("freq_mask", pe.freq_mask if learned else None, persistent=False)  # learned: or None
         self.offset, self.xy, self.pairs = float(pe.grid_offset), pe.axis_order == "xy", pe.pairs
         self.scaled = pe.scaling == "pi"
         self.ref = list(pe.components(pe.ref_shape)) if self.scaled else [1] * pe.ndim  # component order
