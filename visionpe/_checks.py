@@ -72,7 +72,12 @@ def check_bool(param: str, value) -> bool:
 def angle_dtype(device) -> torch.dtype:
     """float64 for position x frequency products (exact angles on long axes), float32 where the device has no
     float64 (MPS)."""
-    return torch.float32 if torch.device(device if device is not None else "cpu").type == "mps" else torch.float64
+    return device_angle_dtype(torch.device(device if device is not None else "cpu"))
+
+
+def device_angle_dtype(device: torch.device) -> torch.dtype:
+    """:func:`angle_dtype` of a ``torch.device`` (a TorchScript function: the scripted models' tables)."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def check_ndim(ndim) -> int:

@@ -79,13 +79,28 @@ TORCHSCRIPT_ROUTES = ("export the model with torch.export.export or to ONNX, whi
                       "with torch.fx (docs/deploy.md)")
 
 
+SCRIPTED_ENCODINGS = ("learned", "sincos", "rope_axial", "rope_mixed", "rel_bias", "alibi")
+SCRIPTED_MODELS = "timm's token transformers (the vpe_ ViT, DeiT, DeiT-III, DINOv2, Eva, BEiT and RelPos ViT models)"
+
+
+class TorchScriptRefusal(NotImplementedError):
+    """``torch.jit.script`` of something visionpe has no TorchScript form for: ``what`` (the model, encoding or
+    setting) and ``reason``, with the models and encodings that script and the routes that serve every one."""
+
+    def __init__(self, what: str, reason: str):
+        self.what, self.reason = what, reason
+        super().__init__(f"torch.jit.script does not support {what}: {reason}; visionpe scripts {SCRIPTED_MODELS} "
+                         f"with the encodings {', '.join(SCRIPTED_ENCODINGS)} (index coordinates, no coordinate "
+                         f"augmentation); {TORCHSCRIPT_ROUTES}")
+
+
 def refuse_torchscript(module: torch.nn.Module):
-    """``__prepare_scriptable__`` of visionpe's models and encodings: ``torch.jit.script`` calls it on every module
-    before compiling; it raises one clear error instead of TorchScript's first compile error deep in a forward."""
-    raise NotImplementedError(
-        f"torch.jit.script does not support {type(module).__name__}: visionpe computes positions from each input's "
-        f"token layout (a visionpe.Grid or Layout, a Python object TorchScript cannot carry) in encodings that are "
-        f"Python modules; {TORCHSCRIPT_ROUTES}")
+    """``__prepare_scriptable__`` of visionpe's models and encodings that have no TorchScript form: ``torch.jit.script``
+    calls it on every module before compiling; it raises one clear error instead of TorchScript's first compile error
+    deep in a forward."""
+    reason = ("an encoding scripts inside a visionpe model, not alone (its forward takes a visionpe.Grid, a Python "
+              "object)" if getattr(module, "family", None) else "this model class has no TorchScript form")
+    raise TorchScriptRefusal(type(module).__name__, reason)
 
 
 def timm_release() -> tuple[int, ...]:

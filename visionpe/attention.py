@@ -2,6 +2,8 @@
 bias with a pair form, FlexAttention (:mod:`visionpe.flex`)."""
 from __future__ import annotations
 
+from typing import List, Optional, Tuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -449,6 +451,49 @@ class Attention(nn.Module):
         out = self.norm(merge_heads(out))
         if gate is not None:
             out = out * gate
+        return self.proj_drop(self.proj(out))
+
+
+class ScriptedAttention(nn.Module):
+    """TorchScript form of :class:`Attention` (what a scripted model's blocks hold): the same modules (weights
+    shared) and the TorchScript forms of its encodings (``rotary``, ``bias``: :meth:`~visionpe.Encoding.scriptable`);
+    ``forward(x, shape, prefix, attn_mask=None)`` with ``x: (B, P + N, dim)``, ``shape`` the patch grid read from
+    the input and ``prefix = P``: q and k rotated, the bias added to the logits (4-D, in q's dtype, as :func:`attend`
+    adds it) and an additive float ``attn_mask``, then ``scaled_dot_product_attention`` -> ``(B, P + N, dim)``. A
+    subclass projects otherwise (:meth:`project`: Eva's separate biases and grouped key/value heads)."""
+
+    def __init__(self, attn: Attention, rotary: Optional[nn.Module], bias: Optional[nn.Module]):
+        super().__init__()
+        self.num_heads = attn.num_heads
+        for name in ("qkv", "q_norm", "k_norm", "norm", "proj", "proj_drop"):
+            setattr(self, name, getattr(attn, name))  # (Eva's attention without a fused qkv: None)
+        self.gate = attn.gate
+        self.dropout_p = float(attn.attn_drop.p) if isinstance(attn.attn_drop, nn.Dropout) else 0.0
+        self.rotary, self.bias = rotary, bias  # the encodings' TorchScript forms, or None
+
+    def project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x: (B, T, dim)`` -> q, k, v ``(B, heads, T, head_dim)`` before the q/k norms."""
+        qkv = self.qkv(x).unflatten(-1, [3, self.num_heads, -1]).permute(2, 0, 3, 1, 4)  # (3, B, heads, T, d)
+        return qkv[0], qkv[1], qkv[2]
+
+    def forward(self, x: torch.Tensor, shape: List[int], prefix: int,
+                attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        q, k, v = self.project(x)
+        q, k = self.q_norm(q), self.k_norm(k)
+        rotary = self.rotary
+        if rotary is not None:
+            q, k = rotary(q, k, shape, prefix)
+        mask = attn_mask
+        bias = self.bias
+        if bias is not None:
+            logits = bias(shape, prefix)[None].to(q.dtype)  # (1, heads, T, T)
+            mask = logits if mask is None else logits + mask
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                             dropout_p=self.dropout_p if self.training else 0.0)
+        out = self.norm(merge_heads(out))
+        gate = self.gate
+        if gate is not None:
+            out = out * gate(x).sigmoid()
         return self.proj_drop(self.proj(out))
 
 

@@ -22,7 +22,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ._checks import FITS_ANYWHERE, check_fits, check_vocabulary
-from ._compat import is_compiling, refuse_torchscript
+from ._compat import TorchScriptRefusal, is_compiling, refuse_torchscript
 from .grid import Grid, Layout, as_grid
 from .sharding import assign_, reset_module
 
@@ -216,6 +216,33 @@ class Encoding(nn.Module):
             return ("reads normalised coordinates, which map every axis onto [-1, 1] whatever its step (build it with "
                     "coords='index')")
         return None
+
+    # -- TorchScript -----------------------------------------------------------------------------------
+    def scriptable(self) -> nn.Module:
+        """This encoding's TorchScript form, sharing its parameters and buffers, for a scripted model
+        (``torch.jit.script`` of a visionpe ViT): the grid arrives as the patch shape ``List[int]`` and the prefix
+        count read from each input, and the tables are computed from them inside the graph (tokens:
+        ``forward(x, shape, prefix) -> x``; rotary: ``forward(q, k, shape, prefix) -> (q, k)``; bias:
+        ``forward(shape, prefix) -> (heads, P + N, P + N)``). A ``NotImplementedError`` naming the encoding where it
+        has none (the default) or where a setting has none (:func:`~visionpe._compat.TorchScriptRefusal`)."""
+        raise TorchScriptRefusal(type(self).__name__, "it has no TorchScript form")
+
+    def check_scriptable_class(self, *classes: type) -> None:
+        """A TorchScript form computes what the classes it was written for compute: an instance of another class (a
+        subclass, which may compute its tables otherwise) is a ``NotImplementedError`` (such a class scripts by
+        overriding :meth:`scriptable`)."""
+        if type(self) not in classes:
+            raise TorchScriptRefusal(type(self).__name__, f"it has no TorchScript form (the form of its base class "
+                                                          f"is written for {', '.join(c.__name__ for c in classes)})")
+
+    def check_scriptable_coordinates(self) -> None:
+        """The TorchScript forms read integer patch positions: normalised coordinates or a coordinate augmentation
+        (:attr:`coordinates`) are a ``NotImplementedError`` naming the setting."""
+        coordinates = getattr(self, "coordinates", None)
+        if coordinates is not None and (coordinates.normalized or coordinates.augments):
+            raise TorchScriptRefusal(
+                f"{type(self).__name__} with {coordinates.describe()}",
+                "its TorchScript form reads integer patch positions (coords='index', no coordinate augmentation)")
 
     # -- describing itself --------------------------------------------------------------------------
     def no_weight_decay(self) -> set[str]:

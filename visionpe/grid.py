@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import List, Optional
 
 import torch
 from einops import rearrange
@@ -100,13 +101,19 @@ class Grid:
         """
         work = dtype if dtype.is_floating_point else torch.float32
         check_exact_positions(self.shape, self.offset, self.spacing, work)
-        axes = [torch.arange(s, device=device, dtype=work) for s in self.shape]
-        coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, self.ndim)
+        coords = index_coords(list(self.shape), work, device)
         if self.spacing is not None:
             coords = coords * torch.tensor(self.steps, device=device, dtype=work)
         if self.offset is not None:
             coords = coords + torch.tensor(self.offset, device=device, dtype=work)
         return coords.to(dtype)
+
+
+def index_coords(shape: List[int], dtype: torch.dtype, device: Optional[torch.device] = None) -> torch.Tensor:
+    """Integer patch positions of a grid of ``shape``, ``(N, ndim)`` in ``dtype``, grid axis order, row-major (a
+    TorchScript function: the scripted models compute their positions with it from each input's size)."""
+    axes = [torch.arange(s, device=device, dtype=dtype) for s in shape]
+    return torch.stack(torch.meshgrid(axes, indexing="ij"), dim=-1).reshape(-1, len(shape))
 
 
 def check_exact_positions(shape, offset, spacing, dtype: torch.dtype) -> None:

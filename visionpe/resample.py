@@ -14,9 +14,10 @@ and it gives true bicubic resampling in 3D, where ``F.interpolate`` has no bicub
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 
 from ._checks import check_choice
 from ._compat import same_shape
@@ -37,14 +38,23 @@ def resample_axis(table: torch.Tensor, axis: int, size: int, interpolation: str 
     check_choice("interpolation", interpolation, INTERPOLATIONS)
     if same_shape((table.shape[axis],), (size,)):
         return table
+    return interpolate_axis(table, axis, size, interpolation, antialias, align_corners)
+
+
+def interpolate_axis(table: torch.Tensor, axis: int, size: int, interpolation: str, antialias: bool,
+                     align_corners: bool) -> torch.Tensor:
+    """:func:`resample_axis` without its checks: ``F.interpolate`` of ``table`` along ``axis`` to ``size``, in float32
+    (a TorchScript function: the scripted models resample their tables with it at each input's size)."""
     moved = table.movedim(axis, -1)
-    lead = moved.shape[:-1]
-    flat = rearrange(moved.float(), "... n -> (...) 1 1 n")
-    kwargs = {"antialias": antialias} if interpolation in ("bicubic", "bilinear") else {}
+    lead = list(moved.shape[:-1])
+    flat = moved.float().reshape(-1, 1, 1, moved.shape[-1])
+    corners: Optional[bool] = None
     if interpolation in ("bicubic", "bilinear"):
-        kwargs["align_corners"] = align_corners
-    out = F.interpolate(flat, size=(1, size), mode=interpolation, **kwargs)
-    return out.reshape(*lead, size).movedim(-1, axis).to(table.dtype)
+        corners = align_corners
+    else:
+        antialias = False
+    out = F.interpolate(flat, size=[1, size], mode=interpolation, align_corners=corners, antialias=antialias)
+    return out.reshape(lead + [size]).movedim(-1, axis).to(table.dtype)
 
 
 def resample_grid(table: torch.Tensor, new_shape, interpolation: str = "bicubic",

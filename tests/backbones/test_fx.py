@@ -53,21 +53,3 @@ def test_torchvision_feature_extractor_takes_blocks_at_any_size():
             got = extractor(x)
             torch.testing.assert_close(got["logits"], model(x), rtol=0, atol=1e-5)
             torch.testing.assert_close(got["block0"], seen["block0"], rtol=0, atol=1e-5)
-
-
-@pytest.mark.parametrize("backbone, pe", [("vit", "rope_mixed"), ("swin", "cpb")])
-def test_torchscript_refuses_a_model_naming_the_routes_that_work(backbone, pe):
-    """torch.jit.script (timm's test_model_forward_torchscript, the open item of test_timm_contract.py) stops at the
-    model with one error that names the routes this file and test_export_dynamic.py show working, not at
-    TorchScript's first compile error inside a forward; the model still runs eagerly afterwards."""
-    model = MODELS[backbone](pe).eval()
-    with pytest.raises(NotImplementedError, match=rf"^torch.jit.script does not support {type(model).__name__}: "
-                                                  r".*torch.export.export or to ONNX.*torch.fx"):
-        torch.jit.script(model)
-    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 5)
-
-
-def test_torchscript_refuses_an_encoding_in_a_model_visionpe_did_not_build():
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), vpe.build("alibi", num_heads=2))
-    with pytest.raises(NotImplementedError, match="^torch.jit.script does not support ALiBi: "):
-        torch.jit.script(model)

@@ -24,8 +24,9 @@ from torch import nn
 from ..bias import RelBias
 from ..grid import Layout
 from .adapter import GLOBAL_REFUSES, Adapter, native_before_patching, recorded_native, register_adapter
-from .eva import EvaAttentionPE
-from .vit import GridTransformer, TablesFromEachGrid, any_size_checked, put_block_encodings, vit_features
+from .eva import EvaAttentionPE, ScriptedEvaAttention
+from .vit import (GridTransformer, ScriptedBlock, ScriptedGridForward, TablesFromEachGrid, any_size_checked,
+                  put_block_encodings, scripted_attention, vit_features)
 
 
 class GridBeitBlock(Block):
@@ -45,6 +46,17 @@ class BeitPE(TablesFromEachGrid, GridTransformer, Beit):
     records the model's own encoding as timm built it (``(pe, pe_kwargs)``, or why visionpe cannot reproduce it)."""
 
     beit_native: tuple[str, dict] | str | None = None
+
+    def scripted_block(self, block: nn.Module, where: str) -> ScriptedBlock:
+        return ScriptedBlock(block, scripted_attention(block.attn, f"{where}.attn", ScriptedEvaAttention), False)
+
+    def __prepare_scriptable__(self) -> "ScriptedBeit":
+        return ScriptedBeit.of(self)
+
+
+class ScriptedBeit(ScriptedGridForward, Beit):
+    """What ``torch.jit.script`` compiles for a :class:`BeitPE` (:class:`~visionpe.backbones.vit.ScriptedGridForward`;
+    its attention :class:`~visionpe.backbones.eva.ScriptedEvaAttention`)."""
 
 
 SHARED_TABLE = ("timm's Beit with a relative position table shared by all blocks (use_shared_rel_pos_bias, BEiT "

@@ -8,7 +8,7 @@ from timm.models.deit import VisionTransformerDistilled
 
 from ..attention import Attention
 from .adapter import Adapter, register_adapter
-from .vit import VIT_RECORD, GridTransformer, apply_vit
+from .vit import VIT_RECORD, GridTransformer, ScriptedGridForward, apply_vit
 
 
 class VisionTransformerDistilledPE(GridTransformer, VisionTransformerDistilled):
@@ -18,6 +18,14 @@ class VisionTransformerDistilledPE(GridTransformer, VisionTransformerDistilled):
 
     def prefix_tokens(self) -> list[torch.Tensor]:
         return [self.cls_token, self.dist_token]
+
+    def __prepare_scriptable__(self) -> "ScriptedVisionTransformerDistilled":
+        return ScriptedVisionTransformerDistilled.of(self)
+
+
+class ScriptedVisionTransformerDistilled(ScriptedGridForward, VisionTransformerDistilled):
+    """What ``torch.jit.script`` compiles for a :class:`VisionTransformerDistilledPE` (:class:`.ScriptedGridForward`:
+    the class and distillation tokens as the prefix, timm's two heads)."""
 
 
 register_adapter(Adapter(VisionTransformerDistilled, VisionTransformerDistilledPE, apply_vit, (Attention,),

@@ -23,19 +23,20 @@ it.
 from __future__ import annotations
 
 import math
+from typing import Tuple
 
 import torch
 import torch.nn.functional as F
 from timm.layers import RotaryEmbeddingCat, RotaryEmbeddingMixed
-from timm.models.eva import Eva
+from timm.models.eva import Eva, EvaBlockPostNorm
 from torch import nn
 
-from ..attention import attend, merge_heads, split_heads, split_qkv
+from ..attention import ScriptedAttention, attend, merge_heads, split_heads, split_qkv
 from ..rotary import MixedRoPE
 from ..weights.convert import LoadReport
 from .adapter import GLOBAL_REFUSES, Adapter, native_before_patching, recorded_native, register_adapter
-from .vit import (GridTransformer, any_size_vit, check_not_causal, head_dim_of, put_block_encodings, split_layer_freqs,
-                  vit_features)
+from .vit import (GridTransformer, ScriptedBlock, ScriptedGridForward, any_size_vit, check_not_causal, head_dim_of,
+                  put_block_encodings, scripted_attention, split_layer_freqs, vit_features)
 
 # called inside a traced forward, each is one call in a torch.fx graph, run on the real tensors (positions at any size)
 torch.fx.wrap("attend")
@@ -112,13 +113,59 @@ class EvaAttentionPE(nn.Module):
         return self.proj_drop(self.proj(out))
 
 
+class ScriptedEvaAttention(ScriptedAttention):
+    """TorchScript form of :class:`EvaAttentionPE`: its projection (a fused ``qkv`` with ``q_bias``/``v_bias`` and the
+    zero ``k_bias``, or ``q_proj``/``k_proj``/``v_proj``; grouped key/value heads repeated to the query heads), then
+    :class:`~visionpe.attention.ScriptedAttention`'s encodings and attention."""
+
+    def __init__(self, attn: EvaAttentionPE, rotary: nn.Module | None, bias: nn.Module | None):
+        super().__init__(attn, rotary, bias)
+        self.head_dim, self.num_kv_heads = attn.head_dim, attn.num_kv_heads
+        self.qkv_bias_separate = attn.qkv_bias_separate
+        self.q_proj, self.k_proj, self.v_proj = attn.q_proj, attn.k_proj, attn.v_proj
+        self.q_bias, self.v_bias = attn.q_bias, attn.v_bias
+        self.register_buffer("k_bias", attn.k_bias, persistent=False)
+
+    def project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv is None:
+            q = self.q_proj(x).unflatten(-1, [-1, self.head_dim]).transpose(1, 2)
+            k = self.k_proj(x).unflatten(-1, [-1, self.head_dim]).transpose(1, 2)
+            v = self.v_proj(x).unflatten(-1, [-1, self.head_dim]).transpose(1, 2)
+        else:
+            q_bias, k_bias, v_bias = self.q_bias, self.k_bias, self.v_bias
+            if q_bias is None or k_bias is None or v_bias is None:
+                fused = self.qkv(x)
+            else:
+                bias = torch.cat((q_bias, k_bias, v_bias))
+                fused = self.qkv(x) + bias if self.qkv_bias_separate else F.linear(x, self.qkv.weight, bias)
+            split = fused.unflatten(-1, [3, self.num_heads, -1]).permute(2, 0, 3, 1, 4)
+            q, k, v = split[0], split[1], split[2]
+        if self.num_kv_heads != self.num_heads:  # grouped-query attention: head h reads key/value head h // groups
+            groups = self.num_heads // self.num_kv_heads
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return q, k, v
+
+
 class EvaPE(GridTransformer, Eva):
     """timm ``Eva`` whose position comes from visionpe encodings, at any input size (:class:`GridTransformer`:
     ``forward(x, grid_offset=None)``, ``forward_intermediates``, ``forward_masked``, ``forward_batch``). timm's
     blocks and heads are kept; ``eva_native`` records the model's own encoding as timm built it (``(pe,
-    pe_kwargs)``, or why visionpe cannot reproduce it)."""
+    pe_kwargs)``, or why visionpe cannot reproduce it). ``torch.jit.script`` compiles its TorchScript form
+    (:class:`ScriptedEva`)."""
 
     eva_native: tuple[str, dict] | str | None = None
+
+    def scripted_block(self, block: nn.Module, where: str) -> ScriptedBlock:
+        return ScriptedBlock(block, scripted_attention(block.attn, f"{where}.attn", ScriptedEvaAttention),
+                             isinstance(block, EvaBlockPostNorm))
+
+    def __prepare_scriptable__(self) -> "ScriptedEva":
+        return ScriptedEva.of(self)
+
+
+class ScriptedEva(ScriptedGridForward, Eva):
+    """What ``torch.jit.script`` compiles for an :class:`EvaPE` (:class:`~visionpe.backbones.vit.ScriptedGridForward`;
+    timm's blocks as :class:`~visionpe.backbones.vit.ScriptedBlock`, their attention :class:`ScriptedEvaAttention`)."""
 
 
 def native_eva(model: Eva) -> tuple[str, dict]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import timm
 import torch
-from einops import rearrange
 from torch import nn
 
 from .._checks import check_divisible, check_positive_int, to_shape
@@ -36,7 +35,7 @@ class TubeletEmbed(nn.Module):
         self.norm = nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(rearrange(self.proj(x), "b d t h w -> b t h w d"))
+        return self.norm(self.proj(x).permute(0, 2, 3, 4, 1))  # (B, D, T, H, W) -> (B, T, H, W, D)
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from typing import List
 
 import torch
 from timm.layers import Format, PatchDropout
@@ -25,10 +26,11 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.checkpoint import checkpoint
 
-from ..attention import Attention
+from ..attention import Attention, ScriptedAttention
 from ..coords import shares_draws, with_draws
 from ..encoding import ModelContext
 from .._checks import check_number
+from .._compat import TorchScriptRefusal
 from ..grid import Grid, Layout, MixedLayout, time_layout
 from ..weights.convert import LoadReport
 from .adapter import (GLOBAL_REFUSES, Adapter, EncodingSet, PositionalModel, build_tokens, check_img_size,
@@ -83,6 +85,10 @@ class GridTransformer(PositionalModel):
         """timm's parameter groups (layer-wise lr decay), with a tokens encoding in the stem beside ``pos_embed``."""
         groups = super().group_matcher(coarse)
         return {**groups, "stem": groups["stem"] + "|^pe_tokens"}
+
+    def scripted_block(self, block: nn.Module, where: str) -> "ScriptedBlock":
+        """The TorchScript form of one of this model's blocks (``where``: its name, ``blocks.i``)."""
+        return ScriptedBlock(block, scripted_attention(block.attn, f"{where}.attn"), isinstance(block, GridResPostBlock))
 
     def prefix_tokens(self) -> list[torch.Tensor]:
         """The prefix token parameters ``(1, n, D)`` in sequence order: the class token, then the register tokens."""
@@ -326,7 +332,125 @@ for _name in ("check_not_causal", "token_grid", "add_tokens", "kept_layout"):
 
 class VisionTransformerPE(GridTransformer, VisionTransformer):
     """timm ``VisionTransformer`` whose position comes from visionpe encodings, at any input size
-    (:class:`GridTransformer`)."""
+    (:class:`GridTransformer`). ``torch.jit.script`` compiles its TorchScript form
+    (:class:`ScriptedVisionTransformer`)."""
+
+    def __prepare_scriptable__(self) -> "ScriptedVisionTransformer":
+        return ScriptedVisionTransformer.of(self)
+
+
+def scripted_encoding(pe: nn.Module | None, where: str) -> nn.Module | None:
+    """The TorchScript form of the encoding ``pe`` (:meth:`~visionpe.Encoding.scriptable`; None for none); a refusal
+    names where it sits in the model (``where``)."""
+    if pe is None:
+        return None
+    try:
+        return pe.scriptable()
+    except TorchScriptRefusal as error:
+        raise TorchScriptRefusal(f"{error.what} ({where})", error.reason) from None
+
+
+class ScriptedBlock(nn.Module):
+    """TorchScript form of a block of timm's ViT family (:class:`GridBlock`, :class:`GridResPostBlock`, Eva's blocks):
+    its modules (weights shared), layer scale as a module (``ls1``, ``ls2``) or a vector (Eva's ``gamma_1``,
+    ``gamma_2``), and ``attn``, its attention's TorchScript form (:class:`~visionpe.attention.ScriptedAttention`):
+    ``forward(x, shape, prefix)``."""
+
+    def __init__(self, block: nn.Module, attn: ScriptedAttention, post_norm: bool):
+        super().__init__()
+        self.post_norm = post_norm
+        for name in ("norm1", "ls1", "drop_path1", "norm2", "mlp", "ls2", "drop_path2"):
+            setattr(self, name, getattr(block, name, None) or nn.Identity())
+        self.gamma_1, self.gamma_2 = getattr(block, "gamma_1", None), getattr(block, "gamma_2", None)
+        self.attn = attn
+
+    def forward(self, x: torch.Tensor, shape: List[int], prefix: int) -> torch.Tensor:
+        if self.post_norm:
+            x = x + self.drop_path1(self.norm1(self.attn(x, shape, prefix)))
+            return x + self.drop_path2(self.norm2(self.mlp(x)))
+        x_attn = self.ls1(self.attn(self.norm1(x), shape, prefix))
+        gamma_1, gamma_2 = self.gamma_1, self.gamma_2
+        if gamma_1 is not None:
+            x_attn = gamma_1 * x_attn
+        x = x + self.drop_path1(x_attn)
+        x_mlp = self.ls2(self.mlp(self.norm2(x)))
+        if gamma_2 is not None:
+            x_mlp = gamma_2 * x_mlp
+        return x + self.drop_path2(x_mlp)
+
+
+def scripted_attention(attn: nn.Module, where: str, form: type = ScriptedAttention) -> ScriptedAttention:
+    """The TorchScript form ``form`` of the attention ``attn`` at ``where`` (``blocks.i.attn``), with its encodings'."""
+    return form(attn, scripted_encoding(attn.rotary, f"{where}.rotary"), scripted_encoding(attn.bias, f"{where}.bias"))
+
+
+class ScriptedGridForward:
+    """Mixin of what ``torch.jit.script`` compiles for a :class:`GridTransformer` of timm's ViT family (a subclass of
+    the timm class: :class:`ScriptedVisionTransformer`, the distilled DeiT's, Eva's): the same modules and parameters
+    (shared, not copied), its blocks as :class:`ScriptedBlock` and its encodings in their TorchScript forms
+    (:meth:`~visionpe.Encoding.scriptable`), and a forward that reads the patch grid ``[H, W]`` from the patch
+    embedding's output (``[T, H, W]`` of a clip) and computes every position from it inside the graph: the scripted
+    model serves any input size, as the eager one. timm's ``forward_head`` and pooling are compiled as they are.
+
+    ``forward(x)``: ``(B, C, H, W)`` (a clip: ``(B, C, T, H, W)``) -> logits (the features without a head);
+    ``forward_features(x)`` -> ``(B, P + N, dim)``. What the eager model's forward takes besides the image (``grid_offset``, ``time_spacing``, masks, kept
+    patches) is not part of it, nor patch dropout or a tokens encoding after the first block (refused when
+    scripting)."""
+
+    @classmethod
+    def of(cls, model: GridTransformer) -> "ScriptedGridForward":
+        """The TorchScript form of ``model`` (a new module; ``model`` is left as it is), or a
+        ``NotImplementedError`` naming what has none."""
+        name = type(model).__name__
+        if getattr(model.patch_drop, "prob", 0.0) > 0:
+            raise TorchScriptRefusal(f"{name} with patch dropout (patch_drop_rate={model.patch_drop.prob})",
+                                      "the scripted forward keeps every patch")
+        late = model.pe_tokens is not None and model.pe_tokens.block_index > 0
+        if late:
+            raise TorchScriptRefusal(f"{name} with {type(model.pe_tokens).__name__} after block "
+                                      f"{model.pe_tokens.block_index}",
+                                      "the scripted forward adds a tokens encoding to the patch embeddings only")
+        self = cls.__new__(cls)
+        self.__dict__.update(model.__dict__)
+        for key in ("_parameters", "_buffers", "_modules"):  # its own containers: scripting replaces submodules
+            self.__dict__[key] = dict(model.__dict__[key])
+        for token in ("dist_token", "reg_token"):  # the distillation token (distilled DeiT), register tokens
+            if not hasattr(self, token):
+                setattr(self, token, None)
+        try:
+            self.pe_tokens = scripted_encoding(model.pe_tokens, "pe_tokens")
+            self.blocks = nn.ModuleList([model.scripted_block(block, f"blocks.{i}")
+                                         for i, block in enumerate(model.blocks)])
+        except TorchScriptRefusal as error:
+            raise TorchScriptRefusal(f"{name} with {error.what}", error.reason) from None
+        return self
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)  # (B, *grid, C): (B, H, W, C), a clip's (B, T, H, W, C)
+        shape = x.shape[1:-1]
+        x = x.flatten(1, -2)
+        tokens: List[torch.Tensor] = []
+        if self.cls_token is not None:
+            tokens.append(self.cls_token.expand(x.shape[0], -1, -1))
+        if self.dist_token is not None:
+            tokens.append(self.dist_token.expand(x.shape[0], -1, -1))
+        if self.reg_token is not None:
+            tokens.append(self.reg_token.expand(x.shape[0], -1, -1))
+        x = torch.cat(tokens + [x], dim=1)  # (B, P + N, C)
+        pe_tokens = self.pe_tokens
+        if pe_tokens is not None:
+            x = pe_tokens(x, shape, self.num_prefix_tokens)
+        x = self.norm_pre(self.pos_drop(x))
+        for block in self.blocks:
+            x = block(x, shape, self.num_prefix_tokens)
+        return self.norm(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+class ScriptedVisionTransformer(ScriptedGridForward, VisionTransformer):
+    """What ``torch.jit.script`` compiles for a :class:`VisionTransformerPE` (:class:`ScriptedGridForward`)."""
 
 
 def head_dim_of(attn: nn.Module) -> int:

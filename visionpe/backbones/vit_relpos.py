@@ -29,7 +29,8 @@ from ..bias import ContinuousPositionBias, RelBias
 from ..grid import Layout
 from ..weights.convert import LoadReport
 from .adapter import GLOBAL_REFUSES, Adapter, native_before_patching, recorded_native, register_adapter
-from .vit import GridTransformer, TablesFromEachGrid, any_size_checked, put_block_encodings, vit_features
+from .vit import (GridTransformer, ScriptedBlock, ScriptedGridForward, TablesFromEachGrid, any_size_checked,
+                  put_block_encodings, scripted_attention, vit_features)
 
 
 class GridRelPosBlock(RelPosBlock):
@@ -57,6 +58,18 @@ class VisionTransformerRelPosPE(TablesFromEachGrid, GridTransformer, VisionTrans
     pe_kwargs)``, or why visionpe cannot reproduce it)."""
 
     relpos_native: tuple[str, dict] | str | None = None
+
+    def scripted_block(self, block: nn.Module, where: str) -> ScriptedBlock:
+        return ScriptedBlock(block, scripted_attention(block.attn, f"{where}.attn"),
+                             isinstance(block, GridResPostRelPosBlock))
+
+    def __prepare_scriptable__(self) -> "ScriptedVisionTransformerRelPos":
+        return ScriptedVisionTransformerRelPos.of(self)
+
+
+class ScriptedVisionTransformerRelPos(ScriptedGridForward, VisionTransformerRelPos):
+    """What ``torch.jit.script`` compiles for a :class:`VisionTransformerRelPosPE`
+    (:class:`~visionpe.backbones.vit.ScriptedGridForward`)."""
 
 
 SHARED = ("timm's VisionTransformerRelPos with one relative position module shared by all blocks (shared_rel_pos=True, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -127,21 +128,22 @@ def relative_offsets(shape, device=None) -> torch.Tensor:
     return coords[:, None, :] - coords[None, :, :]
 
 
-def grid_offset_index(shape, window, device=None) -> torch.Tensor:
+def grid_offset_index(shape: List[int], window: List[int], device: Optional[torch.device] = None) -> torch.Tensor:
     """Index of each pairwise offset ``c_i - c_j`` of a grid's patches in a ``prod(2 W_a - 1)`` table, first axis
     slowest (Swin's convention: ``(dh + Wh - 1) * (2 Ww - 1) + (dw + Ww - 1)`` in 2D, Video-Swin's in 3D):
     ``(N, N)`` long. Built one axis at a time from the per-axis patch indices, so no ``(N, N, ndim)`` offsets
-    tensor is held (at 4096 tokens that would be 268 MB)."""
+    tensor is held (at 4096 tokens that would be 268 MB). A TorchScript function, as :func:`pair_index` and
+    :func:`gather_pair_bias` (the scripted models build their bias with them)."""
     axes = [torch.arange(s, device=device) for s in shape]
-    coords = [c.reshape(-1) for c in torch.meshgrid(*axes, indexing="ij")]  # per axis, (N,)
-    index = None
+    coords = [c.reshape(-1) for c in torch.meshgrid(axes, indexing="ij")]  # per axis, (N,)
+    index = torch.zeros(coords[0].shape[0], coords[0].shape[0], dtype=torch.long, device=device)
     for c, w in zip(coords, window):
-        term = c[:, None] - c[None, :] + (w - 1)
-        index = term if index is None else index.mul_(2 * w - 1).add_(term)
+        index = index.mul_(2 * w - 1).add_(c[:, None] - c[None, :] + (w - 1))
     return index
 
 
-def pair_index(shape, window, prefix: int, offset_rows: int, prefix_rows: tuple[int, int, int], device=None):
+def pair_index(shape: List[int], window: List[int], prefix: int, offset_rows: int, prefix_rows: List[int],
+               device: Optional[torch.device] = None) -> torch.Tensor:
     """Row of every token pair in a per-offset table followed by prefix rows: ``(P + N, P + N)`` long.
 
     Patch pairs read :func:`grid_offset_index`; prefix->patch, patch->prefix and prefix->prefix pairs read rows
@@ -150,12 +152,19 @@ def pair_index(shape, window, prefix: int, offset_rows: int, prefix_rows: tuple[
     patches = grid_offset_index(shape, window, device)
     if not prefix:
         return patches
-    to_patch, from_patch, between = (offset_rows + r for r in prefix_rows)
-    index = torch.full([prefix + patches.shape[0]] * 2, between, dtype=patches.dtype, device=device)
-    index[:prefix, prefix:] = to_patch
-    index[prefix:, :prefix] = from_patch
+    total = prefix + patches.shape[0]
+    index = torch.full([total, total], offset_rows + prefix_rows[2], dtype=patches.dtype, device=device)
+    index[:prefix, prefix:] = offset_rows + prefix_rows[0]
+    index[prefix:, :prefix] = offset_rows + prefix_rows[1]
     index[prefix:, prefix:] = patches
     return index
+
+
+def gather_pair_bias(table: torch.Tensor, extra: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The rows ``index: (T, T)`` of ``[table; extra]`` (``(offset rows, heads)``, then the prefix rows), one gather:
+    ``(heads, T, T)``, contiguous."""
+    by_head = torch.cat([table, extra]).t().contiguous()  # (heads, rows + 1 or 3): each head's row contiguous
+    return by_head.index_select(1, index.view(-1)).view(by_head.shape[0], index.shape[0], index.shape[1])
 
 
 def pair_bias(table: torch.Tensor, grid: Grid, window, prefix_entries: torch.Tensor | None = None) -> torch.Tensor:
@@ -171,11 +180,11 @@ def pair_bias(table: torch.Tensor, grid: Grid, window, prefix_entries: torch.Ten
     """
     rows, heads = table.shape
     extra = table.new_zeros(1, heads) if prefix_entries is None else prefix_entries.to(table.dtype)
-    prefix_rows = (0, 0, 0) if prefix_entries is None else (0, 1, 2)
-    key = (grid.shape, grid.prefix, tuple(window), rows, prefix_rows, str(table.device))
-    index = PAIR_INDEX.get(key, lambda: pair_index(grid.shape, window, grid.prefix, rows, prefix_rows, table.device))
-    by_head = torch.cat([table, extra]).t().contiguous()  # (heads, rows + 1 or 3): each head's row contiguous
-    return by_head.index_select(1, index.view(-1)).view(heads, *index.shape)
+    prefix_rows = [0, 0, 0] if prefix_entries is None else [0, 1, 2]
+    key = (grid.shape, grid.prefix, tuple(window), rows, tuple(prefix_rows), str(table.device))
+    index = PAIR_INDEX.get(key, lambda: pair_index(list(grid.shape), list(window), grid.prefix, rows, prefix_rows,
+                                                   table.device))
+    return gather_pair_bias(table, extra, index)
 
 
 def offset_codes(shape, window, prefix: int, prefix_columns: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:

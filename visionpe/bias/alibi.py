@@ -1,13 +1,16 @@
 """ALiBi on nD grids: a per-head linear penalty on the Euclidean distance between patches."""
 from __future__ import annotations
 
+from typing import List
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from .._checks import check_grid_ndim, check_ndim, check_number, check_positive_int
 from ..cache import TableCache
 from ..coords import CoordinateSystem
-from ..grid import Grid, as_grid
+from ..grid import Grid, as_grid, index_coords
 from ..encoding import Knob
 from ._base import BiasEncoding, PairScore
 
@@ -80,6 +83,12 @@ class ALiBi(BiasEncoding):
         return PairScore(_alibi_bias, (positions, self.slopes), self.num_heads,
                          {"prefix": grid.prefix, "ndim": self.ndim})
 
+    def scriptable(self) -> "ScriptedALiBi":
+        """The TorchScript form (:class:`ScriptedALiBi`): index coordinates, no coordinate augmentation."""
+        self.check_scriptable_class(ALiBi)
+        self.check_scriptable_coordinates()
+        return ScriptedALiBi(self)
+
     def adaptation_label(self) -> str:
         if self.coordinates.normalized:
             return f"distances in {self.coordinates.label()}"
@@ -89,6 +98,20 @@ class ALiBi(BiasEncoding):
         extra = self.coordinates.describe()
         scale = f", slope_scale={self.slope_scale:g}" if self.slope_scale != 1 else ""
         return f"num_heads={self.num_heads}, ndim={self.ndim}{scale}{', ' + extra if extra else ''}"
+
+
+class ScriptedALiBi(nn.Module):
+    """TorchScript form of :class:`ALiBi` (index coordinates): ``forward(shape, prefix) -> (heads, P + N, P + N)``,
+    ``-slope_h`` times the distances of the input's patch grid computed in the graph, zero prefix rows and columns."""
+
+    def __init__(self, pe: ALiBi):
+        super().__init__()
+        self.register_buffer("slopes", pe.slopes, persistent=False)  # (heads,), the encoding's
+
+    def forward(self, shape: List[int], prefix: int) -> torch.Tensor:
+        coords = index_coords(shape, torch.float32, self.slopes.device)
+        distance = (coords[:, None] - coords[None]).norm(p=2, dim=-1)  # (N, N)
+        return F.pad(-self.slopes[:, None, None] * distance, [prefix, 0, prefix, 0])
 
 
 def unshifted(grid, ndim: int) -> Grid:

@@ -2,18 +2,19 @@
 from __future__ import annotations
 
 import copy
+from typing import List
 
 import torch
 from torch import nn
 
 from .._checks import check_axes, check_bool, check_choice, check_grid_ndim, check_number, check_positive_int, to_shape
-from .._compat import same_shape
+from .._compat import TorchScriptRefusal, same_shape
 from ..cache import TableCache
 from ..encoding import constructor_keywords
 from ..grid import Grid, as_grid
-from ..resample import TABLE_RESIZES, resample_grid, resample_offsets_geometric
+from ..resample import TABLE_RESIZES, interpolate_axis, resample_grid, resample_offsets_geometric
 from ..sharding import check_unsharded, full_tensor
-from ._base import BiasEncoding, PairScore, offset_table_score, pair_bias
+from ._base import BiasEncoding, PairScore, gather_pair_bias, offset_table_score, pair_bias, pair_index
 
 
 GROWS = ("error", "resample", "fit")  # a grid larger than the window: refused, or the table resampled to it; "fit":
@@ -190,8 +191,54 @@ class RelativePositionBias(BiasEncoding):
     def adaptation_label(self) -> str:
         return f"table resampled ({self.interpolation})"
 
+    def scriptable(self) -> "ScriptedRelativeBias":
+        """The TorchScript form (:class:`ScriptedRelativeBias`): a table that grows to the grid (``grow``
+        ``"resample"`` or ``"fit"``) by ``F.interpolate``; ``grow="error"`` (a fixed window) and BEiT's geometric
+        resampling are a ``NotImplementedError`` naming them."""
+        self.check_scriptable_class(RelativePositionBias, RelBias)
+        name = type(self).__name__
+        if self.grow == "error":
+            raise TorchScriptRefusal(f"{name} with grow='error'",
+                                      "its TorchScript form grows the table to the grid (grow 'resample' or 'fit')")
+        if self.interpolation == "geometric":
+            raise TorchScriptRefusal(f"{name} with interpolation='geometric'",
+                                      "its TorchScript form resamples the table with F.interpolate")
+        return ScriptedRelativeBias(self)
+
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, window_size={self.window_size}, prefix_entries={self.prefix_entries}"
+
+
+class ScriptedRelativeBias(nn.Module):
+    """TorchScript form of :class:`RelativePositionBias` (``grow`` ``"resample"`` or ``"fit"``): ``forward(shape,
+    prefix) -> (heads, P + N, P + N)`` float32, the bias of the input's patch grid computed in the graph as
+    :meth:`RelativePositionBias.forward` computes it (the offset table, resampled to the window the grid reads,
+    gathered by :func:`~visionpe.bias._base.pair_index`)."""
+
+    def __init__(self, pe: RelativePositionBias):
+        super().__init__()
+        self.table = pe.relative_position_bias_table  # (offsets [+ 3 prefix entries], heads), the parameter
+        self.window = list(pe.window_size)
+        self.offsets, self.prefix_entries = num_offsets(pe.window_size), pe.prefix_entries
+        self.fit, self.interpolation, self.antialias = pe.grow == "fit", pe.interpolation, pe.antialias
+
+    def forward(self, shape: List[int], prefix: int) -> torch.Tensor:
+        window = shape if self.fit else [max(g, w) for g, w in zip(shape, self.window)]
+        heads = self.table.shape[1]
+        table = self.table[:self.offsets]
+        if window != self.window:
+            table = table.reshape([2 * w - 1 for w in self.window] + [heads])
+            for axis, w in enumerate(window):
+                if table.shape[axis] != 2 * w - 1:
+                    table = interpolate_axis(table, axis, 2 * w - 1, self.interpolation, self.antialias, False)
+            table = table.reshape(-1, heads)
+        table = table.float()
+        if self.prefix_entries:
+            extra, prefix_rows = self.table[-3:].float(), [0, 1, 2]
+        else:
+            extra, prefix_rows = table.new_zeros(1, heads), [0, 0, 0]
+        index = pair_index(shape, window, prefix, table.shape[0], prefix_rows, table.device)
+        return gather_pair_bias(table, extra, index)
 
 
 class SwinBias(RelativePositionBias):

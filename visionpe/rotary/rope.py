@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import List, Tuple
 
 import torch
 from einops import rearrange
 from torch import nn
 
 from .._checks import (angle_dtype, check_choice, check_divisible, check_generator, check_grid_ndim, check_ndim,
-                       check_number, check_positive_int, to_shape)
-from .._compat import autocast_off, is_compiling
+                       check_number, check_positive_int, device_angle_dtype, to_shape)
+from .._compat import TorchScriptRefusal, autocast_off, is_compiling
 from ..cache import TableCache
 from ..coords import CoordinateSystem
-from ..grid import Grid, Layout, as_grid, as_layout
+from ..grid import Grid, Layout, as_grid, as_layout, index_coords
 from ..sharding import full_tensor
 from ..encoding import Knob
 from ._base import RotaryEncoding
@@ -432,6 +433,24 @@ class RoPE(FlatKeywords, RotaryEncoding):
         rows = layout.rows(rotations)
         return self._rotate_rows(q, rows), self._rotate_rows(k, rows)
 
+    def scriptable(self) -> "ScriptedRoPE":
+        """The TorchScript form (:class:`ScriptedRoPE`) of :class:`AxialRoPE` and :class:`MixedRoPE`: index
+        coordinates, ``scaling`` ``"none"`` or ``"pi"``, the two channels of a pair turning together; other settings
+        and classes (the subclasses that place, rescale or rotate otherwise) are a ``NotImplementedError`` naming
+        them."""
+        self.check_scriptable_class(AxialRoPE, MixedRoPE)
+        self.check_scriptable_coordinates()
+        name = type(self).__name__
+        if self.scaling not in ("none", "pi"):
+            raise TorchScriptRefusal(f"{name} with scaling={self.scaling!r}",
+                                      "its TorchScript form scales positions only (scaling 'none' or 'pi')")
+        if self.channel_index is not None:
+            raise TorchScriptRefusal(f"{name} with channel_frequencies='repeated'",
+                                      "its TorchScript form turns both channels of a pair by one angle")
+        if "freqs" in self._parameters and type(self).frequencies is not RoPE.frequencies:
+            raise TorchScriptRefusal(name, "its learned frequencies are not RoPE's stored ones")
+        return ScriptedRoPE(self)
+
     @classmethod
     def model_defaults(cls, context) -> dict:
         """The model's training grid is the reference of resolution scaling (used unless ``scaling="none"``)."""
@@ -466,6 +485,51 @@ class RoPE(FlatKeywords, RotaryEncoding):
         extra = self.coordinates.describe()
         return (f"head_dim={self.head_dim}, num_heads={self.num_heads}, ndim={self.ndim}, pairs={self.pairs!r}, "
                 f"scaling={self.scaling!r}, ref_shape={self.ref_shape}{', ' + extra if extra else ''}")
+
+
+class ScriptedRoPE(nn.Module):
+    """TorchScript form of :class:`RoPE` (:meth:`RoPE.scriptable`): ``forward(q, k, shape, prefix)`` rotates ``q, k:
+    (B, heads, P + N, head_dim)`` by the rotations of the input's patch grid ``shape``, computed in the graph as
+    :meth:`RoPE.rotations` computes them (float64 angles of :func:`~visionpe.grid.index_coords` plus
+    ``grid_offset``, in component order, over the ``ref_shape`` ratios for ``scaling="pi"``; identity prefix rows),
+    applied in real arithmetic (:func:`rotate_real`). Learned frequencies are the encoding's parameter (times
+    ``freq_mask``); fixed ones its float64 :meth:`RoPE.frequencies`."""
+
+    def __init__(self, pe: RoPE):
+        super().__init__()
+        learned = "freqs" in pe._parameters
+        if learned:
+            self.freqs = pe.freqs  # (ndim, heads or 1, pairs)
+        else:  # fixed: as RoPE.rotations reads them (masked)
+            self.register_buffer("freqs", pe.frequencies(torch.float64).detach(), persistent=False)
+        self.register_buffer("freq_mask", pe.freq_mask if learned else None, persistent=False)  # learned: or None
+        self.offset, self.xy, self.pairs = float(pe.grid_offset), pe.axis_order == "xy", pe.pairs
+        self.scaled = pe.scaling == "pi"
+        self.ref = list(pe.components(pe.ref_shape)) if self.scaled else [1] * pe.ndim  # component order
+
+    def rotations(self, shape: List[int], prefix: int, device: torch.device) -> torch.Tensor:
+        """``(cos, sin)`` pairs ``(heads or 1, P + N, head_dim / 2, 2)`` float32, prefix rows the identity."""
+        wide = device_angle_dtype(device)
+        coords = index_coords(shape, wide, device) + self.offset  # (N, ndim) in grid order
+        sizes = shape
+        if self.xy:
+            coords, sizes = coords.flip(-1), shape[::-1]
+        freqs = self.freqs.to(device=device, dtype=wide)
+        mask = self.freq_mask
+        if mask is not None:
+            freqs = freqs * mask.to(device=device, dtype=wide)
+        if self.scaled:  # scale_positions(..., "pi")
+            scales = torch.tensor([float(n) / float(r) for n, r in zip(sizes, self.ref)], dtype=wide, device=device)
+            coords = coords / scales
+        angles = torch.einsum("na,ahp->nhp", coords, freqs)  # (N, heads or 1, pairs)
+        rotations = torch.stack([angles.cos(), angles.sin()], dim=-1).float()
+        identity = torch.tensor([1.0, 0.0], device=device).expand(prefix, rotations.shape[1], rotations.shape[2], 2)
+        return torch.cat([identity, rotations]).permute(1, 0, 2, 3)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, shape: List[int],
+                prefix: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        rotations = self.rotations(shape, prefix, q.device)
+        return rotate_real(q, rotations, self.pairs), rotate_real(k, rotations, self.pairs)
 
 
 def check_unscaled_placement(grid: Grid, scaling: str, ref_shape) -> None:

@@ -1,7 +1,10 @@
 """Shared contract of the tokens family: position vectors added to the patch tokens."""
 from __future__ import annotations
 
+from typing import List, Optional
+
 import torch
+from torch import nn
 
 from ..encoding import Encoding
 from ..grid import Grid, Layout, as_grid, as_layout
@@ -62,3 +65,24 @@ def check_tokens(x: torch.Tensor, layout: Grid | Layout, dim: int) -> None:
     layout.check_batch(x.shape[0], x.device)
     if x.shape[2] != dim:
         raise ValueError(f"x has width {x.shape[2]} but the encoding was built with dim={dim}")
+
+
+class ScriptedTokens(nn.Module):
+    """TorchScript form of a tokens encoding (:meth:`~visionpe.Encoding.scriptable`): ``forward(x, shape, prefix)``
+    with ``x: (B, P + N, dim)``, ``shape`` the patch grid read from the input (``[H, W]``) and ``prefix = P`` ->
+    ``x`` plus ``[prefix vectors; patch_table(shape)]`` (zero prefix vectors where the encoding owns none). A
+    subclass computes ``patch_table(shape, device) -> (N, dim)``."""
+
+    def __init__(self, prefix_table: Optional[torch.Tensor] = None):
+        super().__init__()
+        self.prefix_table = prefix_table  # (P, dim), the encoding's parameter, or None
+
+    def patch_table(self, shape: List[int], device: torch.device) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, shape: List[int], prefix: int) -> torch.Tensor:
+        table = self.patch_table(shape, x.device)
+        front = self.prefix_table
+        if front is None:
+            front = table.new_zeros(prefix, table.shape[-1])
+        return x + torch.cat([front, table], dim=0).to(x.dtype)

@@ -1,19 +1,21 @@
 """Learned absolute position tables (ViT/DeiT), joint or factorized per axis, resampled on resolution change."""
 from __future__ import annotations
 
+from typing import List
+
 import torch
 from torch import nn
 
 from .._checks import (check_bool, check_choice, check_grid_ndim, check_ndim, check_nonnegative_int, check_number,
                        check_positive_int, to_shape)
-from .._compat import same_shape
+from .._compat import TorchScriptRefusal, same_shape
 from ..cache import TableCache
 from ..coords import CoordinateSystem, normalized_to_index
 from ..encoding import Knob
 from ..grid import Grid, Layout, as_grid, as_layout
-from ..resample import INTERPOLATIONS, SAMPLING, resample_grid, sample_grid
+from ..resample import INTERPOLATIONS, SAMPLING, interpolate_axis, resample_grid, sample_grid
 from ..sharding import check_unsharded, full_tensor
-from ._base import TokenEncoding, check_tokens
+from ._base import ScriptedTokens, TokenEncoding, check_tokens
 
 
 FACTORIZATIONS = (False, True, "space_time")
@@ -316,6 +318,20 @@ class Learned(TokenEncoding):
         self._cache.clear()
         return self
 
+    def scriptable(self) -> "ScriptedLearned":
+        """The TorchScript form (:class:`ScriptedLearned`): one joint table, ``fit="resample"``, index coordinates,
+        no RMS normalisation; other settings are a ``NotImplementedError`` naming them."""
+        self.check_scriptable_class(Learned)
+        self.check_scriptable_coordinates()
+        settings = {"factorized": (self.factorized, False), "fit": (self.fit, "resample"),
+                    "rms_norm": (self.rms_norm, False)}
+        other = [f"{name}={value!r}" for name, (value, plain) in settings.items() if value != plain]
+        if other:
+            raise TorchScriptRefusal(f"Learned with {', '.join(other)}",
+                                      "its TorchScript form resamples one joint table (factorized=False, "
+                                      "fit='resample', rms_norm=False)")
+        return ScriptedLearned(self)
+
     def extra_repr(self) -> str:
         extra = self.coordinates.describe()
         return (f"dim={self.dim}, grid_shape={self.grid_shape}, num_prefix_tokens={self.num_prefix_tokens}, "
@@ -323,3 +339,20 @@ class Learned(TokenEncoding):
                 f"{', align_corners=True' if self.align_corners else ''}"
                 f"{', fit=' + repr(self.fit) if self.fit != 'resample' else ''}"
                 f"{', rms_norm=True' if self.rms_norm else ''}{', ' + extra if extra else ''}")
+
+
+class ScriptedLearned(ScriptedTokens):
+    """TorchScript form of :class:`Learned` (one joint table): the table (the encoding's parameter) resampled to the
+    input's patch grid one axis at a time, as :meth:`Learned.patch_table` resamples it."""
+
+    def __init__(self, pe: Learned):
+        super().__init__(pe.prefix)
+        self.table = pe.table  # (*grid_shape, dim)
+        self.interpolation, self.antialias, self.align_corners = pe.interpolation, pe.antialias, pe.align_corners
+
+    def patch_table(self, shape: List[int], device: torch.device) -> torch.Tensor:
+        table = self.table
+        for axis, size in enumerate(shape):
+            if table.shape[axis] != size:
+                table = interpolate_axis(table, axis, size, self.interpolation, self.antialias, self.align_corners)
+        return table.reshape(-1, table.shape[-1])

@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 import math
+from typing import List
 
 import torch
-from einops import rearrange
 
 from .._checks import angle_dtype, check_choice, check_divisible, check_grid_ndim, check_ndim, check_number, \
-    check_positive_int, to_shape
+    check_positive_int, device_angle_dtype, to_shape
+from .._compat import TorchScriptRefusal
 from ..cache import TableCache
 from ..coords import CoordinateSystem
-from ..grid import Grid, Layout, as_grid, as_layout
-from ._base import TokenEncoding, check_tokens
+from ..grid import Grid, Layout, as_grid, as_layout, index_coords
+from ._base import ScriptedTokens, TokenEncoding, check_tokens
 
 LAYOUTS = ("mae", "timm")
 
@@ -33,18 +34,26 @@ def sincos_table(coords: torch.Tensor, dim: int, temperature: float = 10000.0, l
     convention: ``w_i = 2 pi / temperature ** (i / bands)``, one full turn per unit for the first band.
     """
     check_choice("layout", layout, LAYOUTS)
+    check_divisible("dim", dim, 2 * coords.shape[-1],
+                    f"sincos needs sin and cos channels for each of {coords.shape[-1]} axes")
+    return sincos_rows(coords, dim, float(temperature), layout == "mae", per_turn)
+
+
+def sincos_rows(coords: torch.Tensor, dim: int, temperature: float, last_axis_first: bool,
+                per_turn: bool) -> torch.Tensor:
+    """:func:`sincos_table` without its checks (``last_axis_first``: ``layout="mae"``), a TorchScript function: the
+    scripted models compute the table with it at each input's size."""
     ndim = coords.shape[-1]
-    check_divisible("dim", dim, 2 * ndim, f"sincos needs sin and cos channels for each of {ndim} axes")
     bands = dim // (2 * ndim)
-    wide = angle_dtype(coords.device)
-    omega = float(temperature) ** -(torch.arange(bands, dtype=wide, device=coords.device) / bands)
+    wide = device_angle_dtype(coords.device)
+    omega = torch.pow(temperature, -(torch.arange(bands, dtype=wide, device=coords.device) / bands))
     if per_turn:
         omega = 2 * math.pi * omega
-    if layout == "mae":
+    if last_axis_first:
         coords = coords.flip(-1)
     angles = coords.to(wide)[..., None] * omega  # (N, ndim, bands)
     table = torch.stack([angles.sin(), angles.cos()], dim=-2).float()  # (N, ndim, 2, bands)
-    return rearrange(table, "n a s b -> n (a s b)")
+    return table.reshape(table.shape[0], -1)
 
 
 class SinCos(TokenEncoding):
@@ -108,6 +117,16 @@ class SinCos(TokenEncoding):
         grid = as_grid(grid)
         return self.table(grid.without_prefix()).float().cpu()
 
+    def scriptable(self) -> "ScriptedSinCos":
+        """The TorchScript form (:class:`ScriptedSinCos`): index coordinates without ``ref_shape``; other settings are
+        a ``NotImplementedError`` naming them."""
+        self.check_scriptable_class(SinCos)
+        self.check_scriptable_coordinates()
+        if self.ref_shape is not None:
+            raise TorchScriptRefusal(f"SinCos with ref_shape={self.ref_shape}",
+                                      "its TorchScript form reads integer patch positions (no ref_shape)")
+        return ScriptedSinCos(self)
+
     def adaptation_label(self) -> str:
         if self.coordinates.normalized:
             return f"recomputed on {self.coordinates.label()}"
@@ -117,3 +136,17 @@ class SinCos(TokenEncoding):
         extra = self.coordinates.describe()
         return (f"dim={self.dim}, ndim={self.ndim}, layout={self.layout!r}, temperature={self.temperature}"
                 f"{', ' + extra if extra else ''}")
+
+
+class ScriptedSinCos(ScriptedTokens):
+    """TorchScript form of :class:`SinCos` (index coordinates): the table of the input's patch grid computed in the
+    graph (:func:`sincos_rows` of :func:`~visionpe.grid.index_coords`)."""
+
+    def __init__(self, pe: SinCos):
+        super().__init__()
+        self.dim, self.temperature, self.last_axis_first = pe.dim, pe.temperature, pe.layout == "mae"
+
+    def patch_table(self, shape: List[int], device: torch.device) -> torch.Tensor:
+        wide = device_angle_dtype(device)
+        return sincos_rows(index_coords(shape, wide, device), self.dim, self.temperature, self.last_axis_first,
+                           False)
