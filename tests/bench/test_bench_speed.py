@@ -308,8 +308,8 @@ def test_quick_video_part(one_thread):
 def test_quick_forward_rows_of_the_2026_wave_and_presets(one_thread):
     """The late-2025 / 2026 encodings and the SAM 3 and GLM-4.1V presets are rows of ``--pes`` (a preset as
     ``preset:NAME``), each timed beside none."""
-    wave = ["fourier", "v2pe", "circle_rope", "hope", "dype", "spherical_rope", "geope", "mhrope", "preset:sam3",
-            "preset:glm4v"]
+    wave = ["fourier", "v2pe", "circle_rope", "hope", "dype", "spherical_rope", "geope", "mhrope",
+            "decomposed_rel_pos", "preset:sam3", "preset:glm4v"]
     assert set(wave) <= set(cli.FRONTIER)
     report = cli.main(["--quick", "--threads", "1", "--parts", "forward", "--pes", "mhrope", "preset:sam3",
                        "preset:glm4v"])

@@ -38,7 +38,8 @@ COMPILED_PAIRS = ("learned", "swin_bias", "control", "rope_axial", "rope_mixed")
 PES = ["learned", "sincos", "peg", "rope_axial", "rope_mixed", "rel_bias", "cpb", "alibi"]  # the default rows
 FRONTIER = ["string", "comrope", "liere", "lookhere", "fire",  # on request (--pes): the 2024-2026 image encodings
             "spiral_rope", "harope", "vit5_rope", "pape", "pape_ri", "v2pe", "circle_rope", "hope", "dype",
-            "fourier", "spherical_rope", "geope", "mhrope", "preset:sam3", "preset:glm4v"]  # and presets
+            "fourier", "spherical_rope", "geope", "mhrope", "decomposed_rel_pos", "preset:sam3",
+            "preset:glm4v"]  # and presets
 RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "memory": memory_cost,
            "compile": compiled_cost, "timm": versus_timm, "cache": cache_hits, "scale": scale_cost,
            "compile-train": compiled_train_cost, "flex": flex_cost, "flex-models": flex_models,
