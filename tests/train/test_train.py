@@ -178,7 +178,7 @@ def test_resolution_sweep_writes_csv_and_png(rope_run, tmp_path):
     assert {r["adaptation"] for r in table} == {"none", "pi", "yarn"}
     at = {(r["adaptation"], int(r["res"])): r for r in table}
     # at the training size every adaptation is the trained model; elsewhere they differ
-    assert len({at[(a, 16)]["loss"] for a in ("none", "pi", "yarn")}) == 1  # evaluated once: see the next test
+    assert len({at[(a, 16)]["loss"] for a in ("none", "pi", "yarn")}) == 1  # the identity there: see the next tests
     assert all(float(at[(a, 16)]["retention"]) == 1.0 for a in ("none", "pi", "yarn"))
     # elsewhere each adaptation is its own model: the rotations at 24 px differ (the tiny run is at chance and its
     # attention nearly uniform, so its losses at 24 px agree to float rounding and cannot show it)
@@ -242,6 +242,25 @@ def test_adaptations_are_the_identity_at_the_training_size(rope_run):
     for scaling in ("pi", "ntk", "yarn"):
         torch.testing.assert_close(logits[scaling][0], logits["none"][0])
         assert not torch.allclose(logits[scaling][1], logits["none"][1])
+
+
+def test_an_adaptation_that_is_not_the_trained_model_at_the_training_size_is_measured_there(tmp_path, capsys):
+    """A RoPE whose reference grid is not the training grid (a preset's fixed ref_shape, as SAM 3's 24x24) is not
+    the trained model under another scaling even at the training size: the sweep measures that size per such
+    adaptation (never reuses the trained model's number for it), names it, and every retention is against the model
+    as trained (the run's own scaling, whose training-size row reproduces the run's own evaluation)."""
+    out = tmp_path / "run"
+    run("--pe", "rope_axial", "--pe-kwargs", "ref_shape=[2,2]", "scaling=pi", out=out)
+    capsys.readouterr()
+    rows = run_script("resolution_sweep", [str(out), "--res", "16", "24", "--scaling", "none", "pi",
+                                           "--out", str(tmp_path / "sweep")])
+    at = {(r["adaptation"], r["res"]): r for r in rows}
+    last16 = next(e for e in records(out / "metrics.jsonl", "eval_res") if e["model"] == "last" and e["res"] == 16)
+    assert at[("pi", 16)]["loss"] == pytest.approx(last16["loss"], rel=1e-5) and at[("pi", 16)]["retention"] == 1.0
+    assert at[("none", 16)]["loss"] != at[("pi", 16)]["loss"]  # measured there: another model (tiny, near chance)
+    trained = at[("pi", 16)]["acc"]
+    assert at[("none", 16)]["retention"] == pytest.approx(at[("none", 16)]["acc"] / trained, abs=1e-4)
+    assert "none is not the model as trained at the training size" in capsys.readouterr().out
 
 
 def test_visualize_reads_a_real_run_directory(rope_run, tmp_path):

@@ -86,11 +86,12 @@ def key_text(key) -> str:
     return f"{key[0]}x{key[1]}" if isinstance(key, tuple) else str(key)
 
 
-def retention_table(measured: dict, train_key) -> dict:
+def retention_table(measured: dict, train_key, trained=None) -> dict:
     """``{key: {'acc', 'loss', 'retention'}}`` of ``{key: Evaluation}`` (the form of results.json, the history's
-    ``eval_res`` lines and the sweep's rows): retention = acc(key) / acc(train_key), undefined (None) when the
-    training-size accuracy is 0 (nothing to retain: 0/0 is no retention of 0)."""
-    base = measured[train_key].acc
+    ``eval_res`` lines and the sweep's rows): retention = acc(key) / acc(train_key), or against ``trained`` (an
+    Evaluation of the model as trained at the training size) when given; undefined (None) when that accuracy is 0
+    (nothing to retain: 0/0 is no retention of 0)."""
+    base = (trained or measured[train_key]).acc
     return {k: {"acc": m.acc, "loss": m.loss, "retention": m.acc / base if base > 0 else None}
             for k, m in measured.items()}
 

@@ -203,14 +203,30 @@ def _sweep_protocol(run: Path, settings: TrainSettings, protocol: str, resolutio
                 "frames": k[0] if video else "", "train_frames": settings.num_frames if video else "",
                 "protocol": protocol}
 
-    for label, kw in adaptations(settings.pe, scalings, interpolations, settings.pe_kwargs):
+    own = own_scalings(settings)
+
+    def built(kw: dict):
         model = models.build_model(settings.replace(pe_kwargs={**settings.pe_kwargs, **kw}))
         rundir.load_state(model, state, path)
-        model.to(device)
-        # at the training grid every adaptation is the identity (scale 1), so that size is evaluated once
-        measured = loop.evaluate_resolutions(model, sets, known=known, **eval_kw)
-        known = {train_key: measured[train_key]}
-        res = metrics.retention_table(measured, train_key)
+        return model.to(device)
+
+    for label, kw in adaptations(settings.pe, scalings, interpolations, settings.pe_kwargs):
+        model = built(kw)
+        # the model as trained at the training size: measured once, and every adaptation's retention is against it.
+        # An adaptation other than the run's own scaling is measured there too: it is the identity at the training
+        # grid only when its reference grid is that grid (a preset's fixed ref_shape, e.g. SAM 3's 24x24, is not)
+        as_trained = kw.get("scaling") in (None, *own)
+        measured = loop.evaluate_resolutions(model, sets, known=known if as_trained else {}, **eval_kw)
+        if as_trained:
+            known = {train_key: measured[train_key]}
+        elif not known:
+            known = loop.evaluate_resolutions(built({}), {train_key: sets[train_key]}, **eval_kw)
+        res = metrics.retention_table(measured, train_key, trained=known[train_key])
+        if not as_trained and measured[train_key].loss != known[train_key].loss:  # an identity gives the same bits
+            log(f"{run.name}: {label} is not the model as trained at the training size "
+                f"({res[train_key]['acc']:.2f} % against {known[train_key].acc:.2f} %, loss "
+                f"{measured[train_key].loss:.4f} against {known[train_key].loss:.4f}); its retention is against the "
+                "model as trained")
         for k in wanted:
             m = res[k]
             rows.append({**base_row(k), "adaptation": label, "acc": round(m["acc"], 4), "loss": m["loss"],
