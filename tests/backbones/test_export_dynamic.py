@@ -100,7 +100,8 @@ WINDOWED = ("timm_swin", "hf_swin")  # exported with a static batch (see example
 CASES = [(backbone, pe) for backbone, (_, _, pes) in BACKBONES.items() for pe in pes]
 # the frontier encodings on the timm ViT (torch.export; ONNX below where it has the ops)
 FRONTIER = ("peg", "string", "comrope", "liere", "spiral_rope", "harope", "vit5_rope", "bucket_bias", "lookhere",
-            "pape", "pape_ri", "v2pe", "circle_rope", "hope", "dype", "spherical_rope", "geope", "fourier")
+            "pape", "pape_ri", "v2pe", "circle_rope", "hope", "dype", "spherical_rope", "geope", "fourier",
+            "mhrope", "decomposed_rel_pos")
 
 
 def example_and_dims(backbone: str, patch: int):
