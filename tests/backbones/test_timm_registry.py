@@ -69,6 +69,21 @@ def test_registering_again_changes_nothing():
     assert set(names) == set(before) and timm.list_models(f"{PREFIX}*") == before
 
 
+def test_adapter_of_name_answers_the_constructor_and_the_adapter_at_once():
+    import torchvision.models.vision_transformer as tv
+    from timm.models.swin_transformer import SwinTransformer
+    from timm.models.vision_transformer import VisionTransformer
+
+    from visionpe.backbones.adapter import adapter_of_name
+    assert [(a.base, build) for a, build in map(adapter_of_name, (VIT, SWIN))] == [(VisionTransformer, None),
+                                                                                    (SwinTransformer, None)]
+    adapter, build = adapter_of_name("tv_vit_b_16")  # a name the adapter constructs itself
+    model = build(img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2)
+    assert adapter.base is tv.VisionTransformer and type(model) is tv.VisionTransformer
+    assert adapter_of_name("resnet18") == (None, None)  # timm's, but no adapter takes its module
+    assert adapter_of_name("no_such_model") == (None, None)
+
+
 @pytest.mark.parametrize("name,pe", [(VIT, "rope_mixed"), (SWIN, "rope_mixed"), (VIT, "rope_axial+alibi")])
 def test_create_model_builds_and_trains_one_step(name, pe):
     model = timm.create_model(PREFIX + name, pe=pe, **TINY[name])

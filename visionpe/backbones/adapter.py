@@ -233,6 +233,14 @@ def timm_adapter(name: str) -> Adapter | None:
                  and timm.models.is_model_in_modules(name, list(a.timm_modules))), None)
 
 
+def adapter_of_name(name: str) -> tuple[Adapter | None, Callable[..., nn.Module] | None]:
+    """``(adapter, build)`` of a model name, asked once: an adapter's own constructor of it
+    (:func:`named_constructor`), else ``(adapter, None)`` for a timm model (:func:`timm_adapter`; ``(None, None)``
+    when no adapter takes it or timm does not know it)."""
+    named = named_constructor(name)
+    return named if named is not None else (timm_adapter(name), None)
+
+
 def split_tag(name: str) -> str:
     """A timm name without its pretrained tag: ``vit_small_patch16_224.augreg_in1k`` -> ``vit_small_patch16_224``."""
     return name.partition(".")[0]

@@ -17,8 +17,6 @@ transforms and the protocol (:class:`~visionpe.data.transforms.Transforms`).
 """
 from __future__ import annotations
 
-import inspect
-
 from . import scenes, aspect, clutter, torchvision_sets, folders, clips, video_files  # noqa: F401, I001  (each registers its data sets, in this order)
 from .base import (ClipTensorDataset, ImageListDataset, ImageTensorDataset, PositionDataset, fixed_subset, image_hw,
                    resize, resize_bicubic, size_key)
@@ -50,8 +48,8 @@ def info(name: str) -> dict:
 
 def takes_transforms(name: str) -> bool:
     """Whether the builder of ``name`` takes ``transforms`` (timm's transforms and the resolution protocol): its
-    signature names the parameter."""
-    return "transforms" in inspect.signature(get_spec(name).build).parameters
+    signature names the parameter (:attr:`DatasetSpec.takes_transforms`)."""
+    return get_spec(name).takes_transforms
 
 
 def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool = False, seed: int = 0,
@@ -83,7 +81,7 @@ def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool
     if spec.video and (isinstance(img_size, bool) or not isinstance(img_size, int) or img_size < 4):
         raise ValueError(f"img_size must be an integer >= 4 for the video data set {name} (clips are square), "
                          f"got {img_size!r}")
-    image_hw(img_size)
+    size = size_key(img_size)  # a video set's: the integer itself
     if spec.video != (num_frames is not None):
         raise ValueError(f"{name} is {'a video' if spec.video else 'an image'} data set: "
                          f"{'give' if spec.video else 'do not give'} num_frames (clips of T frames)")
@@ -95,9 +93,9 @@ def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool
     if first:
         if isinstance(first, bool) or not isinstance(first, int) or first < 0 or not takes_option(spec, "first"):
             raise ValueError(f"first={first!r}: a non-negative integer, for the built-in tasks that take it "
-                             f"({', '.join(n for n in names() if takes_option(get_spec(n), 'first'))})")
+                             f"({', '.join(s.name for s in DATASETS.values() if takes_option(s, 'first'))})")
         options["first"] = first
-    if transforms is not None and takes_transforms(name):
+    if transforms is not None and spec.takes_transforms:
         options["transforms"] = transforms
     elif transforms is not None and transforms.hflip is not None and takes_option(spec, "hflip"):
         options["hflip"] = transforms.hflip  # a set that flips without timm's transforms (video-files' clips)
@@ -111,7 +109,7 @@ def build_dataset(name: str, split: str, img_size, data_dir=None, download: bool
         if not takes_option(spec, "tokens_per_second"):
             raise ValueError(f"{name} does not take tokens_per_second (its clips state no frame rate)")
         options.update(tokens_per_second=tokens_per_second, tubelet_frames=tubelet_frames)
-    dataset = call_builder(spec, split, size_key(img_size) if not spec.video else img_size, options)
+    dataset = call_builder(spec, split, size, options)
     if not isinstance(dataset, PositionDataset):
         raise TypeError(f"the builder of data set {name!r} returned {type(dataset).__name__}, not a "
                         "visionpe.data.PositionDataset")

@@ -51,6 +51,12 @@ class DatasetSpec:
     def video(self) -> bool:
         return self.kind == "video"
 
+    @property
+    def takes_transforms(self) -> bool:
+        """Whether the builder takes ``transforms`` (timm's transforms and the resolution protocol): its signature
+        names the parameter (``**kwargs`` is not enough)."""
+        return "transforms" in inspect.signature(self.build).parameters
+
 
 DATASETS: dict[str, DatasetSpec] = {}
 

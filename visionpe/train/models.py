@@ -18,8 +18,8 @@ from pathlib import Path
 import timm
 import torch
 
-from ..backbones.adapter import ADAPTERS, named_constructor, timm_adapter
-from ..backbones.api import any_size_kwargs, native_timm_modules, unsupported_reason
+from ..backbones.adapter import ADAPTERS, adapter_of_name, named_constructor
+from ..backbones.api import native_timm_modules, unsupported_reason
 from ..cli import UserError, user_errors
 from ..encoding import Encoding
 from ..registry import ENCODINGS
@@ -60,12 +60,14 @@ class ModelPlan:
 
 
 def model_plan(settings) -> ModelPlan:
-    """The :class:`ModelPlan` of a run: its constructor asked once of the adapters, its keywords computed once."""
-    named = named_constructor(settings.model)
+    """The :class:`ModelPlan` of a run: its constructor and adapter asked once of the adapters
+    (:func:`~visionpe.backbones.adapter.adapter_of_name`), its keywords computed once."""
+    adapter, build = adapter_of_name(settings.model)
+    named = (adapter, build) if build is not None else None
     kwargs = constructor_kwargs(settings, named)
-    if settings.pe == TIMM_UNPATCHED:
-        with building(settings):
-            kwargs = any_size_kwargs(settings.model, kwargs)
+    if settings.pe == TIMM_UNPATCHED and adapter is not None and adapter.any_size is not None:
+        with building(settings):  # what any_size_kwargs adds, from the adapter in hand
+            kwargs = adapter.any_size(kwargs)
     return ModelPlan(named, kwargs)
 
 
@@ -134,12 +136,11 @@ def check_model(settings) -> None:
     """The model name and the run agree: a known name, a video model for video data and only then, ``pe=timm_unpatched`` on a
     model timm runs natively; a :class:`UserError` naming what is allowed otherwise."""
     name, video = settings.model, settings.num_frames is not None
-    named = named_constructor(name)
-    if named is None and not timm.is_model(name):
+    adapter, build = adapter_of_name(name)
+    if build is None and not timm.is_model(name):
         raise UserError(f"unknown model {name!r}; try e.g. {supported_text()}, or a model registered by --import")
-    adapter = named[0] if named is not None else timm_adapter(name)
     if settings.pe == TIMM_UNPATCHED:
-        if video or named is not None or adapter is None:
+        if video or build is not None or adapter is None:
             raise UserError(f"pe=timm_unpatched trains one of timm's image models as timm builds it (modules "
                             f"{', '.join(native_timm_modules())}), got --model {name}"
                             + (" with --num-frames" if video else ""))
@@ -147,13 +148,13 @@ def check_model(settings) -> None:
     if adapter is None:
         raise UserError(f"--model {name}: visionpe has no adapter for it (supported: {supported_text()}; or a "
                         "backbone registered by --import)")
-    reason = unsupported_reason(name) if named is None else None
+    reason = unsupported_reason(name) if build is None else None
     if reason is not None:
         raise UserError(f"--model {name}: {reason}; or --pe timm_unpatched to train {name} as timm builds it")
-    if named is not None and named[0].video != video:
-        raise UserError(f"--model {name} is a video model ({named[0].name}): it needs video data and --num-frames"
-                        if named[0].video else f"--model {name} takes images, not --num-frames")
-    if video and named is None and not is_vit(name):
+    if build is not None and adapter.video != video:
+        raise UserError(f"--model {name} is a video model ({adapter.name}): it needs video data and --num-frames"
+                        if adapter.video else f"--model {name} takes images, not --num-frames")
+    if video and build is None and not is_vit(name):
         raise UserError(f"video runs (--num-frames) build a tubelet timm ViT or a video backbone: --model {name} is "
                         f"not a ViT (vit_*, deit_*) nor a video model ({supported_text(video=True)})")
 

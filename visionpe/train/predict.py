@@ -54,7 +54,7 @@ def build_parser() -> cli.Parser:
 def readable(name: str) -> bool:
     """Whether the data set ``name`` is of image files shown through timm's transforms (not rendered, not video)."""
     spec = vdata.get_spec(name)
-    return spec.kind == "image" and not spec.synthetic and vdata.takes_transforms(name)
+    return spec.kind == "image" and not spec.synthetic and spec.takes_transforms
 
 
 def check_run(run: Path, cfg: dict) -> vdata.DatasetSpec:

@@ -103,7 +103,7 @@ def data_notes(settings: TrainSettings) -> list[str]:
     if changed and (spec.synthetic or spec.video):
         what = "a built-in task rendered at each size" if spec.synthetic else "a video data set"
         notes.append(f"note: {flags} ignored: {settings.data} is {what}, not images through timm's transforms")
-    elif changed and not vdata.takes_transforms(settings.data):
+    elif changed and not spec.takes_transforms:
         notes.append(f"note: {flags} ignored: the builder of {settings.data} takes no transforms")
     return notes
 
