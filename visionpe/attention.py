@@ -470,6 +470,7 @@ class ScriptedAttention(nn.Module):
         self.gate = attn.gate
         self.dropout_p = float(attn.attn_drop.p) if isinstance(attn.attn_drop, nn.Dropout) else 0.0
         self.rotary, self.bias = rotary, bias  # the encodings' TorchScript forms, or None
+        self.training = attn.training  # the mode of the attention it stands for (an eval model's drops nothing)
 
     def project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x: (B, T, dim)`` -> q, k, v ``(B, heads, T, head_dim)`` before the q/k norms."""

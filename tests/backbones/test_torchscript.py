@@ -8,6 +8,8 @@ import warnings
 
 import pytest
 import torch
+from conftest import perturbed
+from torchvision.models.vision_transformer import VisionTransformer
 
 import visionpe as vpe
 from visionpe._compat import SCRIPTED_ENCODINGS
@@ -65,10 +67,62 @@ def test_scripted_clip_model_equals_eager_at_any_length():
             torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=1e-5, msg=f"clip of {size}")
 
 
+TV = dict(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=5)
+TV_CASES = ["sincos+rope_axial+rel_bias", "learned+rope_mixed+alibi"]  # with native: every scripted encoding
+assert {pe for pes in TV_CASES for pe in pes.split("+")} == set(SCRIPTED_ENCODINGS)
+
+
+def torchvision_vit(**kw) -> VisionTransformer:
+    """A tiny torchvision ViT with non-trivial weights (eval: its dropouts on, dropping nothing)."""
+    torch.manual_seed(0)
+    return perturbed(VisionTransformer(**{**TV, "dropout": 0.1, "attention_dropout": 0.1, **kw})).eval()
+
+
+@pytest.mark.parametrize("pe", TV_CASES)
+def test_scripted_torchvision_vit_equals_eager_at_any_size(pe):
+    """torchvision's ViT through vpe.apply: the scripted, saved and loaded model equals the eager one at the training
+    size and at a non-square size torchvision's own model refuses (native: in the next test)."""
+    model = vpe.apply(torchvision_vit(), pe=pe)
+    loaded = script(model)
+    with torch.no_grad():
+        for size in SIZES:
+            x = torch.randn(2, 3, *size)
+            torch.testing.assert_close(loaded.forward_features(x), model.forward_features(x), rtol=0, atol=1e-5,
+                                       msg=f"{pe} at {size}")
+            torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=1e-5, msg=f"{pe} at {size}")
+
+
+def test_scripted_torchvision_vit_native_equals_torchvision_scripted():
+    """The control: torchvision's own ViT scripts (its test suite checks it) and runs its one size; visionpe's
+    scripted twin with its own table (native) gives torchvision's scripted logits there and, saved and loaded, equals
+    the eager twin at a size torchvision refuses."""
+    reference = torchvision_vit(representation_size=24)
+    model = vpe.apply(torchvision_vit(representation_size=24), pe="native")
+    ours, theirs = script(model), script(reference)
+    x, other = torch.randn(2, 3, *SIZES[0]), torch.randn(2, 3, *SIZES[1])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=1e-5)
+        torch.testing.assert_close(ours(other), model(other), rtol=0, atol=1e-5)
+        with pytest.raises(torch.jit.Error, match="Wrong image height"):
+            theirs(other)
+
+
+@pytest.mark.parametrize("pe, what", [
+    ("pape", r"TorchvisionViTPE with PaPE \(encoder\.layers\.encoder_layer_0\.self_attention\.bias\): it has no "
+             r"TorchScript form"),
+    ("peg", r"TorchvisionViTPE with PEG after block 1: "),
+])
+def test_torchvision_vit_encoding_without_a_torchscript_form_is_named(pe, what):
+    model = vpe.apply(torchvision_vit(), pe=pe)
+    with pytest.raises(NotImplementedError, match=rf"^torch.jit.script does not support {what}.*{ROUTES}"):
+        torch.jit.script(model)
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 5)
+
+
 def test_scripted_model_shares_the_parameters_and_leaves_the_eager_model_as_it_was():
     torch.manual_seed(0)
-    model = vpe.create_model("vit_tiny_patch16_224", pe="rope_mixed+rel_bias", **TINY).eval()
-    with warnings.catch_warnings():
+    model = vpe.create_model("vit_tiny_patch16_224", pe="rope_mixed+rel_bias", attn_drop_rate=0.1, **TINY).eval()
+    with warnings.catch_warnings():  # (eval: the scripted attention drops nothing either)
         warnings.simplefilter("ignore", FutureWarning)
         scripted = torch.jit.script(model)
     assert type(model.blocks[0].attn).__name__ == "Attention"  # the eager model keeps its own blocks

@@ -21,20 +21,24 @@ resampled per input grid as timm does it (bicubic, ``align_corners=False``, anti
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from types import SimpleNamespace
+from typing import List
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.models.vision_transformer import EncoderBlock, VisionTransformer
+from torchvision.models.vision_transformer import Encoder, EncoderBlock, VisionTransformer
 
 from .._checks import check_positive_int, to_shape
-from ..attention import attend, merge_heads, split_qkv
+from .._compat import TorchScriptRefusal
+from ..attention import ScriptedAttention, attend, merge_heads, split_qkv
 from ..coords import shares_draws
 from ..encoding import ModelContext
 from ..grid import Grid, Layout
 from .adapter import (GLOBAL_REFUSES, Adapter, EncodingSet, PositionalModel, build_tokens, check_input,
                       register_adapter)
-from .vit import add_tokens, kept_layout, token_grid
+from .vit import ScriptedBlock, add_tokens, kept_layout, refuse_late_tokens, scripted_attention, scripted_encoding, token_grid
 
 # called inside a traced forward, each is one call in a torch.fx graph, run on the real tensors (positions at any size)
 torch.fx.wrap("attend")
@@ -120,6 +124,92 @@ class TorchvisionViTPE(PositionalModel, VisionTransformer):
 
     def forward(self, x: torch.Tensor, grid_offset=None) -> torch.Tensor:
         return self.heads(self.forward_features(x, grid_offset)[:, 0])
+
+    def __prepare_scriptable__(self) -> "ScriptedTorchvisionViT":
+        return ScriptedTorchvisionViT.of(self)
+
+
+class ScriptedMultiheadAttention(ScriptedAttention):
+    """TorchScript form of :class:`GridMultiheadAttention`: :class:`~visionpe.attention.ScriptedAttention` over
+    torchvision's weights (shared): the packed ``in_proj_weight``/``in_proj_bias`` as its ``qkv`` projection,
+    ``out_proj`` as ``proj``, ``nn.MultiheadAttention``'s attention dropout; no q/k norms, no gate."""
+
+    def __init__(self, attn: GridMultiheadAttention, rotary: nn.Module | None, bias: nn.Module | None):
+        qkv = nn.Linear(attn.embed_dim, 3 * attn.embed_dim, bias=attn.in_proj_bias is not None, device="meta")
+        qkv.weight, qkv.bias = attn.in_proj_weight, attn.in_proj_bias  # (3 * dim, dim), (3 * dim,) or None
+        timm_names = SimpleNamespace(num_heads=attn.num_heads, qkv=qkv, q_norm=nn.Identity(), k_norm=nn.Identity(),
+                                     norm=nn.Identity(), proj=attn.out_proj, proj_drop=nn.Identity(), gate=None,
+                                     attn_drop=nn.Dropout(attn.dropout), training=attn.training)
+        super().__init__(timm_names, rotary, bias)
+
+
+class ScriptedEncoder(nn.Module):
+    """TorchScript form of a patched torchvision ``Encoder`` (no ``pos_embedding``): its dropout, its blocks
+    ``layers`` (a dict of ``encoder_layer_i``, each a :class:`~visionpe.backbones.vit.ScriptedBlock`) and its final norm ``ln``:
+    ``forward(x, shape, prefix)`` with ``x: (B, 1 + N, D)`` -> ``(B, 1 + N, D)``."""
+
+    def __init__(self, encoder: Encoder, layers: nn.ModuleDict):
+        super().__init__()
+        self.dropout, self.layers, self.ln = encoder.dropout, layers, encoder.ln
+
+    def forward(self, x: torch.Tensor, shape: List[int], prefix: int) -> torch.Tensor:
+        x = self.dropout(x)
+        for layer in self.layers.values():
+            x = layer(x, shape, prefix)
+        return self.ln(x)
+
+
+def scripted_encoder_block(block: GridEncoderBlock, where: str) -> ScriptedBlock:
+    """The TorchScript form of a :class:`GridEncoderBlock` at ``where`` (``encoder.layers.encoder_layer_i``):
+    torchvision's pre-norm block in :class:`~visionpe.backbones.vit.ScriptedBlock`'s names (``ln_1`` -> ``norm1``,
+    the dropout after attention -> ``drop_path1``, ``ln_2`` -> ``norm2``), the weights shared."""
+    attn = scripted_attention(block.self_attention, f"{where}.self_attention", ScriptedMultiheadAttention)
+    timm_names = SimpleNamespace(norm1=block.ln_1, drop_path1=block.dropout, norm2=block.ln_2, mlp=block.mlp)
+    return ScriptedBlock(timm_names, attn, post_norm=False)
+
+
+class ScriptedTorchvisionViT(nn.Module):
+    """What ``torch.jit.script`` compiles for a :class:`TorchvisionViTPE`: its modules and parameters (shared, not
+    copied: ``conv_proj``, ``class_token``, ``heads``), its encoder as a :class:`ScriptedEncoder` and its encodings in
+    their TorchScript forms (:meth:`~visionpe.Encoding.scriptable`), and a forward that reads the patch grid
+    ``[h, w]`` from the patch projection's output and computes every position from it inside the graph: the scripted
+    model serves any input size, as the eager one.
+
+    ``forward(x)``: ``(B, C, H, W)``, each side a multiple of the patch -> logits ``(B, num_classes)``;
+    ``forward_features(x)`` -> normed tokens ``(B, 1 + N, D)``. The eager model's ``grid_offset`` is not part of it,
+    nor a tokens encoding after the first block (refused when scripting)."""
+
+    def __init__(self, model: TorchvisionViTPE, pe_tokens: nn.Module | None, encoder: ScriptedEncoder):
+        super().__init__()
+        self.conv_proj, self.class_token, self.heads = model.conv_proj, model.class_token, model.heads
+        self.pe_tokens, self.encoder = pe_tokens, encoder
+        self.training = model.training
+
+    @classmethod
+    def of(cls, model: TorchvisionViTPE) -> "ScriptedTorchvisionViT":
+        """The TorchScript form of ``model`` (a new module; ``model`` is left as it is), or a
+        :class:`~visionpe._compat.TorchScriptRefusal` (``NotImplementedError``) naming what has none."""
+        refuse_late_tokens(model)
+        try:
+            pe_tokens = scripted_encoding(model.pe_tokens, "pe_tokens")
+            layers = OrderedDict((name, scripted_encoder_block(block, f"encoder.layers.{name}"))
+                                 for name, block in model.encoder.layers.named_children())
+        except TorchScriptRefusal as error:
+            raise TorchScriptRefusal(f"{type(model).__name__} with {error.what}", error.reason) from None
+        return cls(model, pe_tokens, ScriptedEncoder(model.encoder, nn.ModuleDict(layers)))
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv_proj(x)  # (B, D, h, w)
+        shape = [x.shape[2], x.shape[3]]
+        x = x.flatten(2).transpose(1, 2)  # (B, N, D)
+        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
+        pe_tokens = self.pe_tokens
+        if pe_tokens is not None:
+            x = pe_tokens(x, shape, 1)
+        return self.encoder(x, shape, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.heads(self.forward_features(x)[:, 0])
 
 
 def apply_torchvision_vit(model: VisionTransformer, names: dict, kwargs: dict) -> None:

@@ -350,6 +350,16 @@ def scripted_encoding(pe: nn.Module | None, where: str) -> nn.Module | None:
         raise TorchScriptRefusal(f"{error.what} ({where})", error.reason) from None
 
 
+def refuse_late_tokens(model: nn.Module) -> None:
+    """The TorchScript forms add a tokens encoding (``model.pe_tokens``) to the patch embeddings only: one added
+    before a later block (PEG after block ``i > 0``) is refused, naming it."""
+    tokens = model.pe_tokens
+    if tokens is not None and tokens.block_index > 0:
+        raise TorchScriptRefusal(f"{type(model).__name__} with {type(tokens).__name__} after block "
+                                 f"{tokens.block_index}",
+                                 "the scripted forward adds a tokens encoding to the patch embeddings only")
+
+
 class ScriptedBlock(nn.Module):
     """TorchScript form of a block of timm's ViT family (:class:`GridBlock`, :class:`GridResPostBlock`, Eva's blocks):
     its modules (weights shared), layer scale as a module (``ls1``, ``ls2``) or a vector (Eva's ``gamma_1``,
@@ -405,11 +415,7 @@ class ScriptedGridForward:
         if getattr(model.patch_drop, "prob", 0.0) > 0:
             raise TorchScriptRefusal(f"{name} with patch dropout (patch_drop_rate={model.patch_drop.prob})",
                                       "the scripted forward keeps every patch")
-        late = model.pe_tokens is not None and model.pe_tokens.block_index > 0
-        if late:
-            raise TorchScriptRefusal(f"{name} with {type(model.pe_tokens).__name__} after block "
-                                      f"{model.pe_tokens.block_index}",
-                                      "the scripted forward adds a tokens encoding to the patch embeddings only")
+        refuse_late_tokens(model)
         self = cls.__new__(cls)
         self.__dict__.update(model.__dict__)
         for key in ("_parameters", "_buffers", "_modules"):  # its own containers: scripting replaces submodules
