@@ -80,7 +80,8 @@ TORCHSCRIPT_ROUTES = ("export the model with torch.export.export or to ONNX, whi
 
 
 SCRIPTED_ENCODINGS = ("learned", "sincos", "rope_axial", "rope_mixed", "rel_bias", "alibi")
-SCRIPTED_MODELS = "timm's token transformers (the vpe_ ViT, DeiT, DeiT-III, DINOv2, Eva, BEiT and RelPos ViT models)"
+SCRIPTED_MODELS = ("timm's token transformers (the vpe_ ViT, DeiT, DeiT-III, DINOv2, Eva, BEiT and RelPos ViT models) "
+                   "and torchvision's VisionTransformer (vit_b_16 ... vit_h_14)")
 
 
 class TorchScriptRefusal(NotImplementedError):

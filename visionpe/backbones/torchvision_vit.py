@@ -12,6 +12,7 @@ class row becomes the table's prefix vector), so the patched model gives torchvi
 The grid travels with the call: :meth:`TorchvisionViTPE.forward` builds the :class:`~visionpe.Grid` from the patch
 projection's output (``grid_offset`` shifts it) and passes it to every block; no state is shared between calls.
 torchvision asserts the image size; the patched model takes any size that is a multiple of the patch.
+``torch.jit.script`` compiles its TorchScript form (:class:`ScriptedTorchvisionViT`), which serves any size too.
 
 Resolution change: torchvision runs one size. Its ``interpolate_embeddings`` (used to load a checkpoint into a model
 of another ``image_size``, square grids) resamples bicubic with ``align_corners=True``; visionpe's learned table is
@@ -38,7 +39,8 @@ from ..encoding import ModelContext
 from ..grid import Grid, Layout
 from .adapter import (GLOBAL_REFUSES, Adapter, EncodingSet, PositionalModel, build_tokens, check_input,
                       register_adapter)
-from .vit import ScriptedBlock, add_tokens, kept_layout, refuse_late_tokens, scripted_attention, scripted_encoding, token_grid
+from .vit import (ScriptedBlock, add_tokens, kept_layout, refuse_late_tokens, scripted_attention, scripted_encoding,
+                  token_grid)
 
 # called inside a traced forward, each is one call in a torch.fx graph, run on the real tensors (positions at any size)
 torch.fx.wrap("attend")
@@ -145,10 +147,12 @@ class ScriptedMultiheadAttention(ScriptedAttention):
 
 class ScriptedEncoder(nn.Module):
     """TorchScript form of a patched torchvision ``Encoder`` (no ``pos_embedding``): its dropout, its blocks
-    ``layers`` (a dict of ``encoder_layer_i``, each a :class:`~visionpe.backbones.vit.ScriptedBlock`) and its final norm ``ln``:
-    ``forward(x, shape, prefix)`` with ``x: (B, 1 + N, D)`` -> ``(B, 1 + N, D)``."""
+    ``layers`` (a dict of ``encoder_layer_i``, each a :class:`~visionpe.backbones.vit.ScriptedBlock`; a dict, as
+    torchvision's ``nn.Sequential`` would compile a one-argument forward) and its final norm ``ln``:
+    ``forward(x, shape, prefix)`` with ``x: (B, 1 + N, D)``, ``shape`` the patch grid ``[h, w]``, ``prefix = 1``
+    -> ``(B, 1 + N, D)``."""
 
-    def __init__(self, encoder: Encoder, layers: nn.ModuleDict):
+    def __init__(self, encoder: Encoder, *, layers: nn.ModuleDict):
         super().__init__()
         self.dropout, self.layers, self.ln = encoder.dropout, layers, encoder.ln
 
@@ -179,7 +183,7 @@ class ScriptedTorchvisionViT(nn.Module):
     ``forward_features(x)`` -> normed tokens ``(B, 1 + N, D)``. The eager model's ``grid_offset`` is not part of it,
     nor a tokens encoding after the first block (refused when scripting)."""
 
-    def __init__(self, model: TorchvisionViTPE, pe_tokens: nn.Module | None, encoder: ScriptedEncoder):
+    def __init__(self, model: TorchvisionViTPE, *, pe_tokens: nn.Module | None, encoder: ScriptedEncoder):
         super().__init__()
         self.conv_proj, self.class_token, self.heads = model.conv_proj, model.class_token, model.heads
         self.pe_tokens, self.encoder = pe_tokens, encoder
@@ -196,7 +200,7 @@ class ScriptedTorchvisionViT(nn.Module):
                                  for name, block in model.encoder.layers.named_children())
         except TorchScriptRefusal as error:
             raise TorchScriptRefusal(f"{type(model).__name__} with {error.what}", error.reason) from None
-        return cls(model, pe_tokens, ScriptedEncoder(model.encoder, nn.ModuleDict(layers)))
+        return cls(model, pe_tokens=pe_tokens, encoder=ScriptedEncoder(model.encoder, layers=nn.ModuleDict(layers)))
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv_proj(x)  # (B, D, h, w)
