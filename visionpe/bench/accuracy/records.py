@@ -3,8 +3,9 @@ up to date and kept in the repository, so that a report is rebuilt from records 
 machine made each, and the next machine goes on where the last one stopped.
 
 A record holds the run's identity (benchmark, part, family, data set, row, seed), its exact settings (as
-``config.yaml`` saves them, without the run's folder; the weights it started from, ``init_from``, relative to it) and the sweep's arguments, their hash
-(:func:`.staleness.settings_sha256`: a record whose hash is not the one the rows file asks for now is stale), the
+``config.yaml`` saves them, without the run's folder; the weights it started from, ``init_from``, relative to it)
+and the sweep's arguments, their hash (:func:`.staleness.settings_sha256`: a record whose hash is not the one the
+rows file asks for now is stale), the
 machine and versions that trained and swept it (:func:`visionpe.bench.machine.environment`), their wall times, the
 per-epoch metrics, the run's results (parameters, images/s) and the sweep's table (every test size, every
 adaptation, untuned and tuned).
