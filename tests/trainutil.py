@@ -42,6 +42,25 @@ def run_script(name: str, argv):
     return main([COMMAND_OF.get(name, name.replace("_", "-")), *map(str, argv)])
 
 
+RUN = subprocess.run
+
+
+def in_process(cmd, stdout=None, stderr=None, **kwargs):
+    """``python -m visionpe ARGS`` (a benchmark run's train or sweep) in this process, its output to ``stdout``: the
+    run's own process saved (seconds of imports); any other command runs. A benchmark's test patches it in for
+    ``subprocess.run`` of :mod:`visionpe.bench.accuracy.jobs`."""
+    if cmd[1:3] != ["-m", "visionpe"]:
+        return RUN(cmd, stdout=stdout, stderr=stderr, **kwargs)
+    from visionpe.cli.commands import main
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stdout):
+        try:
+            main(cmd[3:])  # returned: exit status 0, as the console script's
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code
+    return subprocess.CompletedProcess(cmd, code)
+
+
 def parser_of(command: str):
     """The argument parser of ``visionpe COMMAND`` (its module's ``build_parser``; training's lives in settings)."""
     if command == "train":

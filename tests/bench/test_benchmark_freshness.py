@@ -120,7 +120,7 @@ def test_convert_benchmark_report_only_without_runs_leaves_the_doc(tmp_path, cap
                                          "--pretrain-epochs", "1", "--finetune-epochs", "1", "--res", "16",
                                          "--out", tmp_path / "empty", "--doc", doc, "--report-only"])
     err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "no finished runs under --out" in err and doc.read_text() == "# kept\n"
+    assert exit_info.value.code == 2 and "no current records in --records" in err and doc.read_text() == "# kept\n"
 
 
 def test_a_folders_classes_read_when_a_run_starts_are_no_difference_until_both_are_known():

@@ -7,13 +7,11 @@ hash the benchmark asks for (computed by :mod:`visionpe.bench.accuracy.staleness
 train`` arguments), and with the classes an image-folder run reads from its folder when it starts."""
 from __future__ import annotations
 
-import contextlib
 import json
 import shlex
-import subprocess
 
 import pytest
-from trainutil import run_script
+from trainutil import in_process, run_script
 
 from visionpe.bench import rebuild
 from visionpe.bench.accuracy import jobs, records, small_folder, staleness
@@ -127,24 +125,6 @@ batch_size: 8
 warmup_epochs: 0
 scale: [0.8, 1.0]
 """
-
-
-RUN = subprocess.run
-
-
-def in_process(cmd, stdout=None, stderr=None, **kwargs):
-    """``python -m visionpe ARGS`` (a run's train or sweep) in this process, its output to ``stdout``: the run's
-    own process saved (seconds of imports); any other command runs."""
-    if cmd[1:3] != ["-m", "visionpe"]:
-        return RUN(cmd, stdout=stdout, stderr=stderr, **kwargs)
-    from visionpe.cli.commands import main
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stdout):
-        try:
-            main(cmd[3:])  # returned: exit status 0, as the console script's
-            code = 0
-        except SystemExit as exit_:
-            code = exit_.code
-    return subprocess.CompletedProcess(cmd, code)
 
 
 def test_a_run_made_here_writes_its_record_beside_those_of_other_machines(tmp_path, capsys, monkeypatch):

@@ -3,7 +3,8 @@
     python -m visionpe.bench.rebuild docs            # check: rebuild each in a temporary copy, name those that differ
     python -m visionpe.bench.rebuild docs --write    # rebuild each in place (after copying in a GPU's records)
 
-A records folder of an accuracy benchmark (``visionpe benchmark``, ``visionpe small-folder-benchmark``) is
+A records folder of an accuracy benchmark (``visionpe benchmark``, ``visionpe small-folder-benchmark``,
+``visionpe convert-benchmark``) is
 ``<doc's folder>/data/<doc's name, lower case>/<part>/``; beside the runs' records it holds the ``invocation.json``
 of the invocation that ran last, whose command made the doc's part. The same command with ``--report-only``, the
 doc and the records given there and the runs' folder in a temporary place, rebuilds the part from the records
@@ -31,8 +32,8 @@ SOURCES = ("--report-only", "--collect-only")  # what an invocation read its res
 
 def commands() -> dict:
     """``{visionpe command: its main(argv)}`` of the benchmarks whose reports are made from records."""
-    from .accuracy import cli, small_folder
-    return {"benchmark": cli.main, "small-folder-benchmark": small_folder.main}
+    from .accuracy import cli, conversion, small_folder
+    return {"benchmark": cli.main, "small-folder-benchmark": small_folder.main, "convert-benchmark": conversion.main}
 
 
 def invocations(root: Path) -> list[Path]:

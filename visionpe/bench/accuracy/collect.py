@@ -4,23 +4,10 @@ LookHere's protocol (``visionpe sweep --tune``) are the adaptations ``untuned`` 
 the seeds chose."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from ...cli import UserError
 from ...train import loop, metrics
 from .records import machine_of
 
 TUNE = ("untuned", "tuned")  # the adaptations of LookHere's protocol in a sweep.csv
-
-
-def finished_runs_or_refuse(runs: list[Path], out: Path, doc: Path) -> list[Path]:
-    """The planned runs that are finished and swept; none is a :class:`UserError` that leaves ``doc`` as it is (a
-    wrong ``--out``, or every run failed): a report never replaces its tables with empty ones."""
-    done = [run for run in runs if (run / "sweep" / "sweep.csv").is_file() and (run / metrics.RESULTS).is_file()]
-    if not done:
-        raise UserError(f"no finished runs under --out {out} (of {len(runs)} planned, e.g. {runs[0]}); {doc} is left "
-                        "as it is (check --out, or the logs of the runs)")
-    return done
 
 
 def collect(runs: list[tuple[str, str, str, int, dict]]) -> dict:

@@ -14,18 +14,23 @@ Per data set and seed, with one recipe (--config; only --epochs, --pe and --init
 
 Every run is ``visionpe train ...`` in its own process (``--jobs`` at a time, one thread each), then
 ``visionpe sweep RUN --res ... --scaling ...`` on its last weights (RoPE rows once per
-scaling). Finished runs (with ``sweep/sweep.csv``) are skipped and interrupted ones resumed, so an interrupted
+scaling). Each run that is finished and swept writes a small record (``--records``, default
+``data/<doc's name, lower case>/convert_benchmark`` beside --doc; the accuracy benchmark's records,
+:mod:`.records`: settings and their hash, machine and versions, per-epoch metrics, the sweep's table, wall time;
+meant to be committed), and the report is made from the current records alone: a run whose record is current is
+not run again, whatever machine made it (a source whose record is current is trained again here only when a
+conversion of it has no current record: its weights are what the conversion starts from); a record made with other
+settings than asked for now is stale, named and left out; ``--report-only`` rebuilds the part from the records
+without any run. Finished runs in --out are not trained again and interrupted ones are resumed, so an interrupted
 benchmark continues where it stopped. The report (mean ± std over seeds per resolution, retention, the command,
-the machine and a verdict that compares every gap with the seed spread) replaces the part "Converting a
-trained APE model to RoPE" of --doc (between its markers; appended when absent).
+the machines that made each row and a verdict that compares every gap with the seed spread) replaces the part
+"Converting a trained APE model to RoPE" of --doc (between its markers; appended when absent).
 """
 from __future__ import annotations
 
-import csv
 import json
-import os
-import platform
 import shlex
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,12 +42,14 @@ from ...cli.recipes import recipe_path, shown
 from ...cli.report import markdown_table as report_table
 from ...cli.report import ONE_SEED, mean_std, spread_gap, spread_text, write_part
 from ...rotary.scaling import SCALINGS
-from ...train import metrics, restore, settings
-from .benchmark import REPORT
+from ...train import settings
+from ...weights import write_text
+from . import collect as shared
+from .benchmark import INVOCATION, REPORT, default_records, record_state
 from .cli import add_recipe_and_data
-from .collect import finished_runs_or_refuse
 from .jobs import plan_run, run_logged, sweep_command
-from .parts import accuracy_cells
+from .parts import accuracy_cells, machine_labels, made_by_cell, provenance_lines
+from .records import make_record, record_path, write_record
 
 PART = "convert_benchmark"
 BEGIN, END = f"<!-- BEGIN {PART} -->", f"<!-- END {PART} -->"
@@ -78,40 +85,47 @@ def plan(args) -> list[dict]:
     return sorted(runs, key=lambda r: (order[r["kind"]], r["seed"], args.data.index(r["data"])))
 
 
+def commands(spec: dict, args) -> tuple[list[str], list[str]]:
+    """The ``visionpe train`` arguments and the ``visionpe sweep`` command of one run (one thread, no progress bar,
+    no extra evaluation)."""
+    run = spec["run"]
+    return ([*spec["train"], "--output", str(run), "--threads", "1", "--no-progress", "--eval-res"],
+            sweep_command(run, args.res, args.scaling))
+
+
 def job(spec: dict, args, waits: dict, log_dir: Path) -> dict:
     """Train one run unless it is finished with the settings asked for now, then sweep it unless its sweep is current
-    (:func:`.jobs.plan_run`), each in its own process; a conversion waits for its source."""
+    (:func:`.jobs.plan_run`), each in its own process; a conversion waits for its source. ``ran``: whether a
+    command ran (else the run's folder was up to date)."""
     run = spec["run"]
     if spec["after"] is not None:
         source = waits[spec["after"]].result()
         if not source["ok"]:
-            return {"run": run, "ok": False, "seconds": 0.0, "log": source["log"]}
+            return {"run": run, "ok": False, "ran": False, "seconds": 0.0, "log": source["log"]}
     log = log_dir / ("__".join(run.relative_to(args.out).parts) + ".log")
-    train = [*spec["train"], "--output", str(run), "--threads", "1", "--no-progress", "--eval-res"]
     t0 = time.time()
-    commands = plan_run(run, train, sweep_command(run, args.res, args.scaling), log)
-    return {"run": run, "ok": run_logged(commands, log), "seconds": time.time() - t0, "log": log}
+    todo = plan_run(run, *commands(spec, args), log)
+    return {"run": run, "ok": run_logged(todo, log), "ran": bool(todo), "seconds": time.time() - t0, "log": log}
 
 
-def collect(runs: list[dict]) -> dict:
-    """``{(data, kind, pe, adaptation): {'acc': {res: [per seed]}, 'ret': {...}, 'train_res', 'seeds', 'train_s'}}``"""
-    table = {}
-    for spec in runs:
-        sweep = spec["run"] / "sweep" / "sweep.csv"
-        if not sweep.is_file():
-            continue
-        results = metrics.read_results(spec["run"])
-        train_s = sum(h.get("epoch_time_s", 0.0) for h in metrics.epochs(metrics.read_history(spec["run"])))
-        with open(sweep) as f:
-            for row in csv.DictReader(f):
-                key = (spec["data"], spec["kind"], spec["pe"], row["adaptation"])
-                entry = table.setdefault(key, {"acc": {}, "ret": {}, "train_res": int(row["train_res"]),
-                                               "seeds": set(), "train_s": [], "params": results["params"]})
-                entry["acc"].setdefault(int(row["res"]), []).append(float(row["acc"]))
-                entry["ret"].setdefault(int(row["res"]), []).append(metrics.read_retention(row["retention"]))
-                if spec["seed"] not in entry["seeds"]:
-                    entry["seeds"].add(spec["seed"])
-                    entry["train_s"].append(train_s)
+def identity(spec: dict, args) -> dict:
+    """A run's identity in its record (:func:`.records.make_record`): the kind (``source``, ``converted``,
+    ``scratch``) is its family, the encoding its row; a conversion names its source run."""
+    rel = lambda run: run.relative_to(args.out).as_posix()  # noqa: E731
+    return {"benchmark": args.doc.name, "part": PART, "family": spec["kind"], "data": spec["data"], "row": spec["pe"],
+            "seed": spec["seed"], "run": rel(spec["run"]),
+            **({"source": rel(spec["after"])} if spec["after"] is not None else {})}
+
+
+def collect(found: list[tuple[dict, dict]]) -> dict:
+    """``{(kind, data, pe, adaptation): entry}`` from the runs' current records (``found``: ``(run spec, record)``):
+    the shared table (:func:`.collect.collect`: 'acc', 'ret', 'train_res', 'seeds', 'num_classes', 'made_by', ...)
+    with 'train_s', per seed the training time of the run itself (its epochs' ``epoch_time_s``)."""
+    table = shared.collect([(s["kind"], s["data"], s["pe"], s["seed"], record) for s, record in found])
+    train_s = {(s["kind"], s["data"], s["pe"], s["seed"]): sum(e.get("epoch_time_s", 0.0) for e in record["epochs"])
+               for s, record in found}
+    for key, entry in table.items():
+        entry["train_s"] = [train_s[(*key[:3], seed)] for seed in sorted(entry["seeds"])]
     return table
 
 
@@ -134,15 +148,17 @@ def markdown_table(table: dict, data: str, args) -> str:
     n, m = args.pretrain_epochs, args.finetune_epochs
     rows = []
     for kind, pe in row_order(args):
-        rows += [(k, v) for k, v in table.items() if k[:3] == (data, kind, pe)]
+        rows += [(k, v) for k, v in table.items() if k[:3] == (kind, data, pe)]
     if not rows:
         return "_no finished runs_\n"
     train_res = rows[0][1]["train_res"]
     res = args.res
     head = ["model"] + [f"{r}px{' (train)' if r == train_res else ''}" for r in res]
-    head += [f"retention {r}px" for r in res if r != train_res] + ["train s", "seeds"]
+    head += [f"retention {r}px" for r in res if r != train_res] + ["train s", "seeds", "made by"]
+    machines = machine_labels(table)
     body = [[row_label(kind, pe, adaptation, n, m), *accuracy_cells(v, res, train_res),
-             f"{mean_std(v['train_s'])[0]:.0f}", str(len(v["seeds"]))] for (_, kind, pe, adaptation), v in rows]
+             f"{mean_std(v['train_s'])[0]:.0f}", str(len(v["seeds"])), made_by_cell(v, machines)]
+            for (kind, _, pe, adaptation), v in rows]
     return report_table(head, body) + "\n"
 
 
@@ -184,7 +200,7 @@ def verdicts(table: dict, data: str, args) -> str:
     """Converted vs the same encoding from scratch (per scaling); converted (best scaling: the last of --scaling)
     vs APE continued and APE from scratch; APE continued vs APE from scratch."""
     n, m = args.pretrain_epochs, args.finetune_epochs
-    get = lambda kind, pe, ad="default": table.get((data, kind, pe, ad))
+    get = lambda kind, pe, ad="default": table.get((kind, data, pe, ad))
     ape_scratch, ape_cont = get("scratch", SOURCE_PE), get("converted", SOURCE_PE)
     ape_scratch_name = f"`{SOURCE_PE}` {n + m} ep from scratch"
     ape_cont_name = f"`{SOURCE_PE}` {n} ep → +{m} ep (APE continued)"
@@ -206,7 +222,9 @@ def verdicts(table: dict, data: str, args) -> str:
 
 
 def part(args, table: dict, runs: list[dict], command: str, wall: float) -> str:
-    import torch
+    """The marked part: what was trained, the command, wall time and machines (:func:`.parts.provenance_lines`: the
+    runs left out and the stale records named), then per data set the table and the verdicts; the same whether the
+    runs were made now or the part is rebuilt from their records (``--report-only``)."""
     n, m = args.pretrain_epochs, args.finetune_epochs
     recipe = f"`{shown(args.config)}`"
     lines = [BEGIN, TITLE, "",
@@ -222,20 +240,17 @@ def part(args, table: dict, runs: list[dict], command: str, wall: float) -> str:
              "acc(res) / acc(train res) per seed, then averaged; RoPE rows are evaluated with `scaling=none` "
              "(extrapolated integer positions) and `scaling=pi` (position interpolation to the training grid) on the "
              "same weights. `train s`: training time of the run itself (the fine-tunes' on top of their source's). A "
-             "gap is called beyond the seed spread when |mean_a − mean_b| > std_a + std_b, otherwise within noise.",
-             "", "```", command, "```", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, Python "
-             f"{platform.python_version()}; {args.jobs} runs side by side, one thread each. Wall time: "
-             f"{wall / 60:.1f} min ({len(runs)} runs, each trained and swept).", ""]
+             "gap is called beyond the seed spread when |mean_a − mean_b| > std_a + std_b, otherwise within noise. "
+             f"{args.jobs} runs side by side, one thread each, each trained and swept.",
+             "", *provenance_lines(args, table, runs, command, wall)]
     if args.note:
         lines += [args.note.strip(), ""]
     for data in args.data:
         lines += [f"### {data}", ""]
-        source = table.get((data, "source", SOURCE_PE, "default"))
+        source = table.get(("source", data, SOURCE_PE, "default"))
         if source:
-            classes = restore.load_run(next(r["run"] for r in runs if r["data"] == data and r["kind"] == "source"))
             lines += [f"The {SOURCE_PE} source reaches {spread_text(source['acc'][source['train_res']])} % at its "
-                      f"training resolution after {n} epochs (chance: {100 / classes['num_classes']:.1f} %).", ""]
+                      f"training resolution after {n} epochs (chance: {100 / source['num_classes']:.1f} %).", ""]
         lines += [markdown_table(table, data, args), ""]
         v = verdicts(table, data, args)
         if v:
@@ -267,40 +282,69 @@ def check(args) -> None:
                 raise UserError(f"the recipe's warmup_epochs {cfg['warmup_epochs']} exceeds --finetune-epochs")
 
 
+def todo_of(runs: list[dict], states: dict) -> tuple[list[dict], int]:
+    """The runs to bring up to date, in ``runs``' order: those without a current record (``states``: run folder ->
+    :func:`.benchmark.record_state`), and the source of each such conversion (its weights are what the conversion
+    starts from); and how many of those sources have a current record."""
+    todo = {spec["run"] for spec in runs if not isinstance(states[spec["run"]], dict)}
+    sources = {spec["after"] for spec in runs if spec["run"] in todo and spec["after"] is not None} - todo
+    return [spec for spec in runs if spec["run"] in todo | sources], len(sources)
+
+
 def run(args, command: str) -> int:
     """Train, convert, fine-tune and sweep every run of ``args`` (the parsed ``visionpe convert-benchmark`` command
-    line, ``command`` its text) that is not finished, then rewrite the report's part; returns 0."""
+    line, ``command`` its text) that has no current record, write each one's record, then rewrite the report's part
+    from the current records; returns 0."""
     args.config, args.out = recipe_path(args.config).resolve(), args.out.resolve()
     args.doc = (args.doc or args.out / REPORT).resolve()
+    args.records = (args.records or default_records(args.doc, PART)).resolve()
     check(args)
     runs = plan(args)
+    path = lambda spec: record_path(args.records, args.out, spec["run"])  # noqa: E731
+    state = lambda spec: record_state(path(spec), *commands(spec, args), spec["run"])  # noqa: E731
+    invocation = args.records / INVOCATION  # the command and wall time of the invocation that ran last
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    if args.report_only:
-        if (args.out / "command.txt").is_file():
-            command = (args.out / "command.txt").read_text().strip()
-    else:
-        (args.out / "command.txt").write_text(command + "\n")
+    if not args.report_only:
+        states = {spec["run"]: state(spec) for spec in runs}
+        todo, again = todo_of(runs, states)
+        if len(todo) < len(runs) or again:
+            print(f"convert-benchmark: {sum(isinstance(v, dict) for v in states.values())} of {len(runs)} runs have "
+                  f"a current record in {args.records}; not run again"
+                  + (f" (but {again} source(s), for the weights of a conversion without one)" if again else ""),
+                  flush=True)
         log_dir = args.out / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(args.jobs) as pool:
             waits = {}
-            for spec in runs:  # sources are submitted first: a conversion only waits for one already started
+            for spec in todo:  # sources are submitted first: a conversion only waits for one already started
                 waits[spec["run"]] = pool.submit(job, spec, args, waits, log_dir)
-            failed = 0
-            for i, spec in enumerate(runs, 1):
+            for i, spec in enumerate(todo, 1):
                 r = waits[spec["run"]].result()
-                failed += not r["ok"]
+                if r["ok"] and (r["ran"] or not isinstance(states[spec["run"]], dict)):
+                    write_record(path(spec), make_record(spec["run"], identity(spec, args), *commands(spec, args)))
                 status = "ok" if r["ok"] else f"FAILED (see {r['log']})"
-                print(f"[{i}/{len(runs)}] {time.time() - t0:7.0f}s  {r['run'].relative_to(args.out)}  "
+                print(f"[{i}/{len(todo)}] {time.time() - t0:7.0f}s  {r['run'].relative_to(args.out)}  "
                       f"{r['seconds']:.0f}s  {status}", flush=True)
-    finished_runs_or_refuse([spec["run"] for spec in runs], args.out, args.doc)
-    wall_file = args.out / "wall.json"
-    previous = json.loads(wall_file.read_text())["wall_s"] if wall_file.is_file() else 0.0
-    wall = previous + (0.0 if args.report_only else time.time() - t0)  # summed over the invocations that ran
-    wall_file.write_text(json.dumps({"wall_s": wall}))
-    write_part(args.doc, PART, part(args, collect(runs), runs, command, wall))
-    print(f"wrote the part '{TITLE[3:]}' of {args.doc}")
+        write_text(invocation, json.dumps({"command": command, "wall_s": time.time() - t0}) + "\n")
+    wall = 0.0
+    if invocation.is_file():  # this invocation's, or (--report-only) that of the one that ran last
+        made = json.loads(invocation.read_text())
+        command, wall = made["command"], made["wall_s"]
+    states = {spec["run"]: state(spec) for spec in runs}
+    found = [(spec, states[spec["run"]]) for spec in runs if isinstance(states[spec["run"]], dict)]
+    args.unfinished = [(spec["kind"], spec["data"], spec["pe"], spec["seed"], spec["run"]) for spec in runs
+                       if not isinstance(states[spec["run"]], dict)]
+    args.stale = [(path(spec), states[spec["run"]]) for spec in runs if isinstance(states[spec["run"]], list)]
+    for where, reasons in args.stale:
+        print(f"convert-benchmark: stale record {where} (left out): {'; '.join(reasons)}", file=sys.stderr)
+    if not found:
+        raise UserError(f"no current records in --records {args.records} (of {len(runs)} planned runs, "
+                        f"{len(args.stale)} stale, e.g. {path(runs[0])}); {args.doc} is left as it is (check "
+                        "--records, or the logs of the runs under --out)")
+    write_part(args.doc, PART, part(args, collect(found), runs, command, wall))
+    print(f"wrote the part '{TITLE[3:]}' of {args.doc} ({len(found)} of {len(runs)} runs with a current record in "
+          f"{args.records})")
     return 0
 
 
@@ -328,8 +372,12 @@ def build_parser() -> cli.Parser:
     run.add_argument("--doc", type=Path, default=None, metavar="MD",
                      help="report whose part 'Converting a trained APE model to RoPE' is (re)written "
                           f"(default: {REPORT} in --out)")
+    run.add_argument("--records", type=Path, default=None, metavar="DIR",
+                     help=f"folder of the runs' records, one JSON file a run (default: data/<doc's name, lower "
+                          f"case>/{PART} beside --doc)")
     run.add_argument("--note", default="", help="free text added to the part (e.g. what shared the machine)")
-    run.add_argument("--report-only", action="store_true", help="only rebuild the part from finished runs")
+    run.add_argument("--report-only", action="store_true",
+                     help="train nothing, read no run: rebuild the part from the current records alone")
     p.add_debug(run)
     return p
 

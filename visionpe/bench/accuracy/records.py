@@ -3,8 +3,9 @@ up to date and kept in the repository, so that a report is rebuilt from records 
 machine made each, and the next machine goes on where the last one stopped.
 
 A record holds the run's identity (benchmark, part, family, data set, row, seed), its exact settings (as
-``config.yaml`` saves them, without the run's folder) and the sweep's arguments, their hash
-(:func:`.staleness.settings_sha256`: a record whose hash is not the one the rows file asks for now is stale), the
+``config.yaml`` saves them, without the run's folder; the weights it started from, ``init_from``, relative to it)
+and the sweep's arguments, their hash (:func:`.staleness.settings_sha256`: a record whose hash is not the one the
+rows file asks for now is stale), the
 machine and versions that trained and swept it (:func:`visionpe.bench.machine.environment`), their wall times, the
 per-epoch metrics, the run's results (parameters, images/s) and the sweep's table (every test size, every
 adaptation, untuned and tuned).
@@ -21,7 +22,7 @@ from ...cli import UserError
 from ...train import metrics, restore, settings
 from ...weights import write_text
 from ..machine import environment
-from .staleness import settings_sha256, sweep_arguments
+from .staleness import run_relative, settings_sha256, sweep_arguments
 
 FORMAT = "visionpe.bench.accuracy.record/1"  # what a record file is, and the version of its layout
 IDENTITY_COLUMNS = ("run", "data", "model", "pe", "seed")  # sweep.csv's columns a record holds once, elsewhere
@@ -59,7 +60,7 @@ def make_record(run: Path, identity: dict, train: list[str], sweep: list[str]) -
         table = [{k: v for k, v in row.items() if k not in IDENTITY_COLUMNS} for row in csv.DictReader(f)]
     noted = read_noted(run)
     results = metrics.read_results(run)
-    saved = {k: v for k, v in settings.saved_form(cfg).items() if k != "output"}
+    saved = {k: v for k, v in settings.saved_form(run_relative(cfg)).items() if k != "output"}
     arguments = sweep_arguments(sweep)
     made_by = {step: {**noted[step]["machine"], "device": noted[step]["device"]} if step in noted else None
                for step in ("train", "sweep")}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -28,9 +29,16 @@ def stale_settings(run: Path, train: list[str]) -> list[str]:
 
 
 def asked_settings(train: list[str], run: Path) -> dict:
-    """The settings ``visionpe train TRAIN --output RUN`` resolves now (the recipe read as it is now)."""
-    return restore.new_config({**settings.parse_args(train, prog="benchmark (a run's visionpe train arguments)"),
-                               "output": str(run)})
+    """The settings ``visionpe train TRAIN --output RUN`` resolves now (the recipe read as it is now). A run started
+    from another run's weights (``--init-from SOURCE``) whose source holds no weights here yet (trained later in the
+    same benchmark, or on another machine: its record only is here) is resolved as it will be once the source is
+    trained with the same recipe: from ``SOURCE/last.safetensors``, the recipe's model and data settings."""
+    args = {**settings.parse_args(train, prog="benchmark (a run's visionpe train arguments)"), "output": str(run)}
+    source = Path(args["init_from"]) if args.get("init_from") is not None else None
+    if source is not None and source.suffix not in restore.CHECKPOINT_SUFFIXES and \
+            not (source / rundir.LAST).is_file():
+        return settings.resolve({**args, "init_from": str(source / rundir.LAST)})
+    return restore.new_config(args)
 
 
 def changed_settings(old: dict, new: dict) -> list[str]:
@@ -44,11 +52,23 @@ def changed_settings(old: dict, new: dict) -> list[str]:
 def defining_settings(cfg: dict) -> dict:
     """What of resolved settings ``cfg`` defines a run's numbers, in JSON form: its saved settings without the run's
     folder, without :data:`settings.SAFE_ON_RESUME` (threads, device, ...) and without the ``model_kwargs`` derived
-    from the others; the part :func:`changed_settings` compares."""
-    saved = settings.saved_form(cfg)
+    from the others, ``init_from`` relative to the run's folder (:func:`run_relative`); the part
+    :func:`changed_settings` compares."""
+    saved = settings.saved_form(run_relative(cfg))
     kept = {k: v for k, v in saved.items() if k != "output" and k not in settings.SAFE_ON_RESUME}
     kept["model_kwargs"] = {k: v for k, v in saved["model_kwargs"].items() if k not in models.DERIVED_MODEL_KWARGS}
     return json.loads(json.dumps(kept))
+
+
+def run_relative(cfg):
+    """Resolved settings ``cfg`` with ``init_from`` (the weights a run started from, an absolute path once resolved)
+    relative to the run's own folder (``../../learned_e3/s0/last.safetensors``), so that a run started from another
+    run of the same benchmark is the same run in a benchmark folder moved elsewhere (another machine's); unchanged
+    without ``init_from`` or when it is relative already."""
+    init = cfg["init_from"]
+    if init is None or not Path(init).is_absolute() or not cfg["output"]:
+        return cfg
+    return cfg.replace(init_from=Path(os.path.relpath(init, Path(cfg["output"]).resolve())).as_posix())
 
 
 def settings_sha256(cfg: dict, sweep_arguments: list[str]) -> str:
@@ -66,7 +86,7 @@ def stale_record(record: dict, train: list[str], sweep: list[str], run: Path) ->
     run trained with; so a new setting does not make every committed record stale)."""
     asked, arguments = asked_settings(train, run), sweep_arguments(sweep)
     old = {**settings.copied(settings.DEFAULTS), **record.get("settings", {})}
-    asked = read_from_data(asked, old)
+    asked = run_relative(read_from_data(asked, old))  # as the record holds it (:func:`.records.make_record`)
     if record.get("settings_sha256") == settings_sha256(asked, arguments):
         return []
     found = changed_settings(old, asked)
