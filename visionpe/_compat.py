@@ -79,8 +79,9 @@ TORCHSCRIPT_ROUTES = ("export the model with torch.export.export or to ONNX, whi
                       "with torch.fx (docs/deploy.md)")
 
 
-SCRIPTED_ENCODINGS = ("learned", "sincos", "rope_axial", "rope_mixed", "rel_bias", "alibi")
-SCRIPTED_MODELS = "timm's token transformers (the vpe_ ViT, DeiT, DeiT-III, DINOv2, Eva, BEiT and RelPos ViT models)"
+SCRIPTED_ENCODINGS = ("learned", "sincos", "rope_axial", "rope_mixed", "rel_bias", "alibi", "swin_bias")
+SCRIPTED_MODELS = ("timm's token transformers (the vpe_ ViT, DeiT, DeiT-III, DINOv2, Eva, BEiT and RelPos ViT models) "
+                   "and timm's Swin and Swin-V2 (vpe_swin_*, vpe_swinv2_*)")
 
 
 class TorchScriptRefusal(NotImplementedError):
