@@ -28,7 +28,7 @@ CASES = [  # every encoding with a TorchScript form, and the prefix layouts of t
     ("beit_base_patch16_224", "learned+rope_mixed+alibi"),  # BEiT: Eva's attention, layer-scale vectors
     ("vit_relpos_small_patch16_224", "sincos+rope_axial+rel_bias"),
     ("swin_tiny_patch4_window7_224", "rope_mixed+swin_bias"),  # Swin (SWIN, SWIN_SIZES): shifted, padded windows
-    ("swinv2_tiny_window8_256", "rope_axial+swin_bias"),  # Swin-V2: cosine attention, q/v biases, post-norm
+    ("swinv2_tiny_window8_256", "rope_axial+alibi"),  # Swin-V2: cosine attention, q/v biases, post-norm
 ]
 assert {pe for _, pes in CASES for pe in pes.split("+")} == {"native", *SCRIPTED_ENCODINGS}
 VIT_ENCODINGS = [pe for pe in vpe.available() if 2 in ENCODINGS[pe].ndims and pe != "swin_bias"]  # (Swin's windows)
