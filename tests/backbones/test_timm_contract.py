@@ -55,12 +55,10 @@ SLOTS = range(max(len(pes) for _, pes in MODELS.values()))
 MARKERS = "base or cfg or torchscript or features or fxforward or fxbackward or forward or backward"
 
 # The tests timm's model passes and its vpe_ twin does not, per (test, timm model, encoding), each with its reason
-# (the contract's open items): torch.jit.script of a twin whose class or encoding has no TorchScript form raises
-# NotImplementedError naming the routes that serve it (torch.export, ONNX, FX; docs/deploy.md, "FX and TorchScript").
+# (the contract's open items): torch.jit.script of a twin whose encoding (or its setting) has no TorchScript form
+# raises NotImplementedError naming the routes that serve it (torch.export, ONNX, FX; docs/deploy.md, "FX and
+# TorchScript").
 TORCHSCRIPT = "test_model_forward_torchscript"
-SCRIPTED_CLASSES = {name for name in MODELS if not name.startswith("swin")}  # timm's token transformers
-UNSCRIPTED_CLASS = ("visionpe's TorchScript forms cover timm's token transformers (ViT, DeiT, Eva, BEiT, the RelPos "
-                    "ViT), not Swin's windows")
 UNSCRIPTED_PE = {"peg": "PEG is added after the first block (CPVT), which the scripted forward does not do",
                  **{pe: f"{pe} has no TorchScript form (scripted: {', '.join(SCRIPTED_ENCODINGS)})"
                     for pe in ("lookhere", "fire", "cpb", "string", "comrope", "bucket_bias", "liere", "harope",
@@ -70,11 +68,11 @@ SCRIPTED_SETTING = {  # a native encoding in a setting without a TorchScript for
                                             "the TorchScript forms do not (integer patch positions only)",
     ("beit_base_patch16_224", "native"): "BEiT's rel_bias resizes its table geometrically (interpolation='geometric'), "
                                          "which the TorchScript form does not (F.interpolate only)",
-    ("vit_relpos_small_patch16_224", "native"): "the RelPos ViT's own encoding is cpb, which has no TorchScript form"}
+    ("vit_relpos_small_patch16_224", "native"): "the RelPos ViT's own encoding is cpb, which has no TorchScript form",
+    ("swinv2_tiny_window8_256", "native"): "Swin-V2's own encoding is cpb, which has no TorchScript form"}
 TWIN_SKIPS_TORCHSCRIPT = {"vit_small_patch14_reg4_dinov2"}  # timm's test skips it: a fixed 518 px input > MAX_JIT_SIZE
-KNOWN = {(TORCHSCRIPT, name, pe): UNSCRIPTED_CLASS if name not in SCRIPTED_CLASSES else UNSCRIPTED_PE[pe]
-         for name, (_, pes) in MODELS.items() if name not in TWIN_SKIPS_TORCHSCRIPT for pe in pes
-         if name not in SCRIPTED_CLASSES or pe not in ("native",) + SCRIPTED_ENCODINGS}
+KNOWN = {(TORCHSCRIPT, name, pe): UNSCRIPTED_PE[pe] for name, (_, pes) in MODELS.items()
+         if name not in TWIN_SKIPS_TORCHSCRIPT for pe in pes if pe not in ("native",) + SCRIPTED_ENCODINGS}
 KNOWN.update({(TORCHSCRIPT, *case): reason for case, reason in SCRIPTED_SETTING.items()})
 
 

@@ -1,8 +1,9 @@
 """TorchScript: ``torch.jit.script`` of a visionpe model of timm's token transformers (ViT, DeiT, Eva, BEiT, the RelPos
-ViT) compiles its TorchScript form (``ScriptedGridForward``: the same parameters, every encoding's table computed in
-the graph from the input's patch grid), which survives ``torch.jit.save``/``torch.jit.load`` and equals the eager
-model at the training size and at sizes it was never run at; what has no TorchScript form is one
-``NotImplementedError`` naming it and the routes that serve it (docs/deploy.md)."""
+ViT) or of timm's Swin and Swin-V2 compiles its TorchScript form (``ScriptedGridForward``, ``ScriptedSwin``: the same
+parameters, every encoding's table computed in the graph from the input's patch grid or window), which survives
+``torch.jit.save``/``torch.jit.load`` and equals the eager model at the training size and at sizes it was never run
+at; what has no TorchScript form is one ``NotImplementedError`` naming it and the routes that serve it
+(docs/deploy.md)."""
 import io
 import warnings
 
@@ -17,6 +18,8 @@ from visionpe.registry import ENCODINGS
 
 TINY = dict(img_size=32, patch_size=8, num_classes=5, depth=2, embed_dim=32, num_heads=2)
 SIZES = [(32, 32), (48, 24)]  # the training size, then one the model never saw (non-square)
+SWIN = dict(img_size=32, patch_size=4, window_size=4, embed_dim=24, depths=(2, 2), num_heads=(2, 4), num_classes=5)
+SWIN_SIZES = [(32, 32), (56, 20)]  # 8x8 patches (a shifted first stage), then 14x5: windows padded, masks of that size
 CASES = [  # every encoding with a TorchScript form, and the prefix layouts of timm's ViT family
     ("vit_tiny_patch16_224", "native"),  # learned: timm's pos_embed, a class-token row
     ("deit_tiny_distilled_patch16_224", "sincos+rope_axial"),  # class and distillation tokens, two heads
@@ -26,6 +29,8 @@ CASES = [  # every encoding with a TorchScript form, and the prefix layouts of t
     ("vit_small_patch16_rope_224", "native"),  # Eva: rope_mixed taking over timm's frequencies, q/v biases
     ("beit_base_patch16_224", "learned+rope_mixed+alibi"),  # BEiT: Eva's attention, layer-scale vectors
     ("vit_relpos_small_patch16_224", "sincos+rope_axial+rel_bias"),
+    ("swin_tiny_patch4_window7_224", "rope_mixed+swin_bias"),  # Swin (SWIN, SWIN_SIZES): shifted, padded windows
+    ("swinv2_tiny_window8_256", "rope_axial+alibi"),  # Swin-V2: cosine attention, q/v biases, post-norm
 ]
 assert {pe for _, pes in CASES for pe in pes.split("+")} == {"native", *SCRIPTED_ENCODINGS}
 VIT_ENCODINGS = [pe for pe in vpe.available() if 2 in ENCODINGS[pe].ndims and pe != "swin_bias"]  # (Swin's windows)
@@ -45,10 +50,11 @@ def script(model: torch.nn.Module) -> torch.jit.ScriptModule:
 @pytest.mark.parametrize("name, pe", CASES)
 def test_scripted_model_equals_eager_at_any_size(name, pe):
     torch.manual_seed(0)
-    model = vpe.create_model(name, pe=pe, **TINY).eval()
+    kwargs, sizes = (SWIN, SWIN_SIZES) if name.startswith("swin") else (TINY, SIZES)
+    model = vpe.create_model(name, pe=pe, **kwargs).eval()
     loaded = script(model)
     with torch.no_grad():
-        for size in SIZES:
+        for size in sizes:
             x = torch.randn(2, 3, *size)
             torch.testing.assert_close(loaded.forward_features(x), model.forward_features(x), rtol=0, atol=1e-5,
                                        msg=f"{name} {pe} at {size}")
@@ -69,7 +75,7 @@ def test_scripted_clip_model_equals_eager_at_any_length():
 
 TV = dict(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=5)
 TV_CASES = ["sincos+rope_axial+rel_bias", "learned+rope_mixed+alibi"]  # with native: every scripted encoding
-assert {pe for pes in TV_CASES for pe in pes.split("+")} == set(SCRIPTED_ENCODINGS)
+assert {pe for pes in TV_CASES for pe in pes.split("+")} == set(SCRIPTED_ENCODINGS) - {"swin_bias"}  # (Swin's windows)
 
 
 def torchvision_vit(**kw) -> VisionTransformer:
@@ -155,7 +161,7 @@ def test_every_encoding_scripts_equal_to_eager_or_refuses_by_name():
             for size in SIZES:
                 x = torch.randn(2, 3, *size)
                 torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=1e-5, msg=f"{pe} at {size}")
-    assert scripted == set(SCRIPTED_ENCODINGS)
+    assert scripted == set(SCRIPTED_ENCODINGS) - {"swin_bias"}
 
 
 @pytest.mark.parametrize("pe, what", [
@@ -185,10 +191,36 @@ def test_a_setting_without_a_torchscript_form_is_named(name, pe, pe_kwargs, sett
         torch.jit.script(model)
 
 
+def test_a_swin_setting_without_a_torchscript_form_is_named_with_its_window_attention():
+    model = vpe.create_model("swin_tiny_patch4_window7_224", pe="rope_mixed", pe_kwargs={"scaling": "yarn"},
+                             **SWIN).eval()
+    where = r"\(layers\.0\.blocks\.0\.attn\.rotary\)"
+    with pytest.raises(NotImplementedError, match=rf"^torch.jit.script does not support SwinTransformerPE with "
+                                                  rf"MixedRoPE with scaling='yarn' {where}: "):
+        torch.jit.script(model)
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 5)
+
+
+def test_a_swin_bias_scripts_for_its_window_and_refuses_a_larger_grid_as_eager():
+    """Swin's fixed window (``grow="error"``): a grid no larger than the window reads the table as the eager bias
+    does (prefix rows zero); a larger one raises inside the graph, as the eager bias raises."""
+    torch.manual_seed(0)
+    pe = vpe.build("swin_bias", num_heads=2, window_size=(3, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        scripted = torch.jit.script(pe.scriptable())
+    for shape, prefix in [((3, 3), 0), ((2, 3), 1)]:
+        torch.testing.assert_close(scripted(list(shape), prefix), pe(vpe.Grid(shape, prefix=prefix)), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="larger than window_size"):
+        pe(vpe.Grid((4, 3)))
+    with pytest.raises(torch.jit.Error, match="larger than the bias's window_size"):
+        scripted([4, 3], 0)
+
+
 def test_a_model_class_without_a_torchscript_form_is_named():
-    model = vpe.create_model("swin_tiny_patch4_window7_224", pe="cpb", img_size=32, patch_size=4, window_size=2,
-                             embed_dim=16, depths=(2, 2), num_heads=(1, 2), num_classes=5).eval()
-    with pytest.raises(NotImplementedError, match=rf"^torch.jit.script does not support SwinTransformerPE: this "
+    model = vpe.create_model("xcit_nano_12_p16_224", pe="sincos", img_size=32, depth=2, embed_dim=32, num_heads=2,
+                             num_classes=5).eval()
+    with pytest.raises(NotImplementedError, match=rf"^torch.jit.script does not support XcitPE: this "
                                                   rf"model class has no TorchScript form{ROUTES}"):
         torch.jit.script(model)
 

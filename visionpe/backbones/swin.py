@@ -7,6 +7,7 @@ Swin-V2 ``cpb_mlp`` is taken over by ``swin_bias`` / ``cpb`` with its weights.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +22,10 @@ from ..coords import shares_draws, with_draws
 from ..encoding import ModelContext
 from ..grid import Grid
 from .._checks import to_shape
+from .._compat import TorchScriptRefusal
 from .adapter import (WINDOW_FAMILIES, WINDOW_REFUSES, Adapter, EncodingSet, PositionalModel, check_img_size,
                       check_model_sizes, register_adapter)
+from .vit import scripted_encoding
 
 # called inside a traced forward, each is one call in a torch.fx graph, run on the real tensors (positions at any size)
 torch.fx.wrap("attend")
@@ -81,7 +84,7 @@ class WindowAttention(nn.Module):
         return self.proj_drop(self.proj(merge_heads(out)))
 
 
-def per_window_mask(mask: torch.Tensor | None, num_windows: int) -> torch.Tensor | None:
+def per_window_mask(mask: Optional[torch.Tensor], num_windows: int) -> Optional[torch.Tensor]:
     """timm's shift mask ``(nW, N, N)`` (None: unshifted windows) repeated over the batch: ``(B * nW, 1, N, N)`` for
     ``num_windows = B * nW`` windows."""
     if mask is None:
@@ -90,6 +93,52 @@ def per_window_mask(mask: torch.Tensor | None, num_windows: int) -> torch.Tensor
 
 
 torch.fx.wrap("per_window_mask")  # the mask is None or not only when the graph runs (a block without a shift)
+
+
+class ScriptedWindowAttention(nn.Module):
+    """TorchScript form of :class:`WindowAttention` (what a scripted Swin's blocks hold): the same modules and
+    parameters (shared) and the TorchScript forms of its encodings (``rotary``, ``bias``:
+    :meth:`~visionpe.Encoding.scriptable`), read on the window's grid ``[Wh, Ww]`` (no prefix tokens).
+    ``forward(x, mask=None)``, as :meth:`WindowAttention.forward`: ``x: (num_windows * B, Wh * Ww, C)``, ``mask``
+    timm's shift mask ``(nW, N, N)`` or None; Swin-V2's cosine attention where the source has it; q and k rotated,
+    the bias and the mask added to the logits, ``scaled_dot_product_attention`` -> ``(num_windows * B, N, C)``."""
+
+    def __init__(self, attn: WindowAttention, rotary: Optional[nn.Module], bias: Optional[nn.Module]):
+        super().__init__()
+        self.num_heads, self.window = attn.num_heads, list(attn.window_size)
+        self.qkv, self.proj, self.proj_drop = attn.qkv, attn.proj, attn.proj_drop
+        self.dropout_p = float(attn.attn_drop.p)
+        self.logit_scale = attn.logit_scale if attn.cosine else None  # Swin-V2's cosine attention, or None
+        self.q_bias = attn.q_bias if attn.cosine else None  # Swin-V2's separate q and v biases (no k bias), or None
+        self.v_bias = attn.v_bias if attn.cosine else None
+        self.rotary, self.bias = rotary, bias  # the encodings' TorchScript forms, or None
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        q_bias, v_bias = self.q_bias, self.v_bias
+        if q_bias is not None and v_bias is not None:
+            qkv = F.linear(x, self.qkv.weight, torch.cat([q_bias, torch.zeros_like(v_bias), v_bias]))
+        else:
+            qkv = self.qkv(x)
+        qkv = qkv.unflatten(-1, [3, self.num_heads, -1]).permute(2, 0, 3, 1, 4)  # (3, B, heads, N, d)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        scale: Optional[float] = None
+        logit_scale = self.logit_scale
+        if logit_scale is not None:
+            q = F.normalize(q, dim=-1) * torch.clamp(logit_scale, max=math.log(1.0 / 0.01)).exp()
+            k, scale = F.normalize(k, dim=-1), 1.0
+        rotary = self.rotary
+        if rotary is not None:
+            q, k = rotary(q, k, self.window, 0)
+        attn_mask = per_window_mask(mask, x.shape[0])
+        if attn_mask is not None:
+            attn_mask = attn_mask.to(q.dtype)
+        bias = self.bias
+        if bias is not None:
+            logits = bias(self.window, 0)[None].to(q.dtype)  # (1, heads, N, N)
+            attn_mask = logits if attn_mask is None else logits + attn_mask
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                             dropout_p=self.dropout_p if self.training else 0.0, scale=scale)
+        return self.proj_drop(self.proj(merge_heads(out)))
 
 
 class GridStage:
@@ -115,6 +164,7 @@ class GridSwinV2Stage(GridStage, SwinTransformerV2Stage):
 
 
 GRID_STAGES = {SwinTransformerStage: GridSwinStage, SwinTransformerV2Stage: GridSwinV2Stage}
+TIMM_STAGES = {grid: timm for timm, grid in GRID_STAGES.items()}
 
 
 class GridWindowBlock:
@@ -146,11 +196,68 @@ class GridSwinV2Block(GridWindowBlock, SwinTransformerV2Block):
 
 
 GRID_BLOCKS = {SwinTransformerBlock: GridSwinBlock, SwinTransformerV2Block: GridSwinV2Block}
+TIMM_BLOCKS = {grid: timm for timm, grid in GRID_BLOCKS.items()}
+
+
+def retyped(module: nn.Module, cls: type, **modules: nn.Module) -> nn.Module:
+    """A new ``cls`` (a class ``module`` can run as) holding ``module``'s attributes, parameters and buffers (shared,
+    not copied) in containers of its own, with ``modules`` in place of its submodules of those names; ``module`` is
+    left as it is."""
+    twin = cls.__new__(cls)
+    twin.__dict__.update(module.__dict__)
+    for key in ("_parameters", "_buffers", "_modules"):
+        twin.__dict__[key] = dict(module.__dict__[key])
+    for name, child in modules.items():
+        setattr(twin, name, child)
+    return twin
+
+
+class ScriptedSwin:
+    """Mixin of what ``torch.jit.script`` compiles for a :class:`SwinTransformerPE` or :class:`SwinTransformerV2PE`
+    (a subclass of the timm class): the same modules and parameters (shared), its stages and blocks as timm's own
+    classes (which timm scripts: the window partition, padding and shift mask of the input's size computed in the
+    graph, timm's ``dynamic_mask``) and each window attention as :class:`ScriptedWindowAttention`; timm's
+    ``forward``, ``forward_features`` and ``forward_head``. It serves any input size, as the eager model; what the
+    eager model adds (input checks, coordinate augmentation draws) is not part of it."""
+
+    @classmethod
+    def of(cls, model: nn.Module) -> nn.Module:
+        """The TorchScript form of ``model`` (a new module; ``model`` is left as it is), or a
+        :class:`~visionpe._compat.TorchScriptRefusal` naming the encoding or setting that has none and where."""
+        stages = []
+        try:
+            for i, stage in enumerate(model.layers):
+                blocks = [retyped(block, TIMM_BLOCKS.get(type(block), type(block)),
+                                  attn=scripted_window_attention(block.attn, f"layers.{i}.blocks.{j}.attn"))
+                          for j, block in enumerate(stage.blocks)]
+                stages.append(retyped(stage, TIMM_STAGES.get(type(stage), type(stage)), blocks=nn.Sequential(*blocks)))
+        except TorchScriptRefusal as error:
+            raise TorchScriptRefusal(f"{type(model).__name__} with {error.what}", error.reason) from None
+        return retyped(model, cls, layers=nn.Sequential(*stages))
+
+
+def scripted_window_attention(attn: WindowAttention, where: str) -> ScriptedWindowAttention:
+    """The TorchScript form of the window attention ``attn`` at ``where`` (``layers.i.blocks.j.attn``), with its
+    encodings'."""
+    return ScriptedWindowAttention(attn, scripted_encoding(attn.rotary, f"{where}.rotary"),
+                                   scripted_encoding(attn.bias, f"{where}.bias"))
+
+
+class ScriptedSwinTransformer(ScriptedSwin, SwinTransformer):
+    """What ``torch.jit.script`` compiles for a :class:`SwinTransformerPE` (:class:`ScriptedSwin`)."""
+
+
+class ScriptedSwinTransformerV2(ScriptedSwin, SwinTransformerV2):
+    """What ``torch.jit.script`` compiles for a :class:`SwinTransformerV2PE` (:class:`ScriptedSwin`)."""
 
 
 class SwinTransformerPE(PositionalModel, SwinTransformer):
     """timm ``SwinTransformer`` with visionpe encodings inside its windows; coordinate augmentation (training) is
-    drawn once per forward, shared by every block."""
+    drawn once per forward, shared by every block. ``torch.jit.script`` compiles its TorchScript form
+    (:class:`ScriptedSwinTransformer`)."""
+
+    def __prepare_scriptable__(self) -> ScriptedSwinTransformer:
+        return ScriptedSwinTransformer.of(self)
 
     @shares_draws
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -162,7 +269,11 @@ class SwinTransformerPE(PositionalModel, SwinTransformer):
 
 class SwinTransformerV2PE(PositionalModel, SwinTransformerV2):
     """timm ``SwinTransformerV2`` with visionpe encodings inside its windows; coordinate augmentation (training) is
-    drawn once per forward, shared by every block."""
+    drawn once per forward, shared by every block. ``torch.jit.script`` compiles its TorchScript form
+    (:class:`ScriptedSwinTransformerV2`)."""
+
+    def __prepare_scriptable__(self) -> ScriptedSwinTransformerV2:
+        return ScriptedSwinTransformerV2.of(self)
 
     @shares_draws
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:

@@ -210,10 +210,11 @@ class RelativePositionBias(BiasEncoding):
 
 
 class ScriptedRelativeBias(nn.Module):
-    """TorchScript form of :class:`RelativePositionBias` (``grow`` ``"resample"`` or ``"fit"``): ``forward(shape,
-    prefix) -> (heads, P + N, P + N)`` float32, the bias of the input's patch grid computed in the graph as
-    :meth:`RelativePositionBias.forward` computes it (the offset table, resampled to the window the grid reads,
-    gathered by :func:`~visionpe.bias._base.pair_index`)."""
+    """TorchScript form of :class:`RelativePositionBias` (``grow`` ``"resample"`` or ``"fit"``; :class:`SwinBias`'s
+    fixed window, ``grow="error"``): ``forward(shape, prefix) -> (heads, P + N, P + N)`` float32, the bias of the
+    input's patch grid computed in the graph as :meth:`RelativePositionBias.forward` computes it (the offset table,
+    resampled to the window the grid reads, gathered by :func:`~visionpe.bias._base.pair_index`); a fixed window
+    raises for a grid larger than it, as the eager module does."""
 
     def __init__(self, pe: RelativePositionBias):
         super().__init__()
@@ -221,9 +222,12 @@ class ScriptedRelativeBias(nn.Module):
         self.window = list(pe.window_size)
         self.offsets, self.prefix_entries = num_offsets(pe.window_size), pe.prefix_entries
         self.fit, self.interpolation, self.antialias = pe.grow == "fit", pe.interpolation, pe.antialias
+        self.fixed = pe.grow == "error"
 
     def forward(self, shape: List[int], prefix: int) -> torch.Tensor:
         window = shape if self.fit else [max(g, w) for g, w in zip(shape, self.window)]
+        if self.fixed and window != self.window:
+            raise ValueError("the grid is larger than the bias's window_size (grow='error'): resize it first")
         heads = self.table.shape[1]
         table = self.table[:self.offsets]
         if window != self.window:
@@ -256,6 +260,12 @@ class SwinBias(RelativePositionBias):
     def model_defaults(cls, context) -> dict:
         """The model's grid (a Swin block's window) is ``window_size``."""
         return {"num_heads": context.num_heads, "window_size": tuple(context.grid_shape)}
+
+    def scriptable(self) -> "ScriptedRelativeBias":
+        """The TorchScript form (:class:`ScriptedRelativeBias`) of the fixed window: a grid no larger than it reads
+        the table as it is, whatever ``interpolation`` (its forward never resamples), a larger one raises."""
+        self.check_scriptable_class(SwinBias)
+        return ScriptedRelativeBias(self)
 
 
 class RelBias(RelativePositionBias):
