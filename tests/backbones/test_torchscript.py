@@ -24,6 +24,8 @@ CASES = [  # every encoding with a TorchScript form, and the prefix layouts of t
     ("vit_small_patch16_rope_224", "native"),  # Eva: rope_mixed taking over timm's frequencies, q/v biases
     ("beit_base_patch16_224", "learned+rope_mixed+alibi"),  # BEiT: Eva's attention, layer-scale vectors
     ("vit_relpos_small_patch16_224", "sincos+rope_axial+rel_bias"),
+    ("vit_relpos_small_patch16_224", "native"),  # cpb(mode="cr") taking over timm's RelPosMlp
+    ("vit_small_patch14_reg4_dinov2", "cpb"),  # Swin-V2's mode, prefix rows zero
 ]
 assert {pe for _, pes in CASES for pe in pes.split("+")} == {"native", *SCRIPTED_ENCODINGS}
 VIT_ENCODINGS = [pe for pe in vpe.available() if 2 in ENCODINGS[pe].ndims and pe != "swin_bias"]  # (Swin's windows)
@@ -123,6 +125,8 @@ def test_an_encoding_without_a_torchscript_form_is_named(pe, what):
     ("vit_tiny_patch16_224", "rope_mixed", {"scaling": "yarn"}, r"VisionTransformerPE with MixedRoPE with "
                                                                 r"scaling='yarn' \(blocks\.0\.attn\.rotary\)"),
     ("vit_tiny_patch16_224", "alibi", {"jitter_coords": 1.2}, r"VisionTransformerPE with ALiBi with jitter_coords=1.2"),
+    ("vit_tiny_patch16_224", "cpb", {"coords": "normalized"}, r"VisionTransformerPE with ContinuousPositionBias with "
+                                                              r"coords='normalized' \(blocks\.0\.attn\.bias\)"),
     ("beit_base_patch16_224", "native", {}, r"BeitPE with RelBias with interpolation='geometric'"),  # BEiT's own
 ])
 def test_a_setting_without_a_torchscript_form_is_named(name, pe, pe_kwargs, setting):
