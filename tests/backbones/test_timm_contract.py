@@ -67,9 +67,7 @@ UNSCRIPTED_PE = {"peg": "PEG is added after the first block (CPVT), which the sc
                                "spiral_rope")}}
 SCRIPTED_SETTING = {  # a native encoding in a setting without a TorchScript form
     ("vit_small_patch16_dinov3", "native"): "DINOv3's RoPE reads normalised coordinates (coords='normalized'), which "
-                                            "the TorchScript forms do not (integer patch positions only)",
-    ("beit_base_patch16_224", "native"): "BEiT's rel_bias resizes its table geometrically (interpolation='geometric'), "
-                                         "which the TorchScript form does not (F.interpolate only)"}
+                                            "the TorchScript forms do not (integer patch positions only)"}
 TWIN_SKIPS_TORCHSCRIPT = {"vit_small_patch14_reg4_dinov2"}  # timm's test skips it: a fixed 518 px input > MAX_JIT_SIZE
 KNOWN = {(TORCHSCRIPT, name, pe): UNSCRIPTED_CLASS if name not in SCRIPTED_CLASSES else UNSCRIPTED_PE[pe]
          for name, (_, pes) in MODELS.items() if name not in TWIN_SKIPS_TORCHSCRIPT for pe in pes

@@ -23,6 +23,7 @@ CASES = [  # every encoding with a TorchScript form, and the prefix layouts of t
     ("eva02_tiny_patch14_224", "native"),  # Eva: learned + rope_axial (pi), separate q/k/v projections, SwiGLU
     ("vit_small_patch16_rope_224", "native"),  # Eva: rope_mixed taking over timm's frequencies, q/v biases
     ("beit_base_patch16_224", "learned+rope_mixed+alibi"),  # BEiT: Eva's attention, layer-scale vectors
+    ("beit_base_patch16_224", "native"),  # rel_bias resized geometrically to each grid (grow="fit")
     ("vit_relpos_small_patch16_224", "sincos+rope_axial+rel_bias"),
     ("vit_relpos_small_patch16_224", "native"),  # cpb(mode="cr") taking over timm's RelPosMlp
     ("vit_small_patch14_reg4_dinov2", "cpb"),  # Swin-V2's mode, prefix rows zero
@@ -127,7 +128,6 @@ def test_an_encoding_without_a_torchscript_form_is_named(pe, what):
     ("vit_tiny_patch16_224", "alibi", {"jitter_coords": 1.2}, r"VisionTransformerPE with ALiBi with jitter_coords=1.2"),
     ("vit_tiny_patch16_224", "cpb", {"coords": "normalized"}, r"VisionTransformerPE with ContinuousPositionBias with "
                                                               r"coords='normalized' \(blocks\.0\.attn\.bias\)"),
-    ("beit_base_patch16_224", "native", {}, r"BeitPE with RelBias with interpolation='geometric'"),  # BEiT's own
 ])
 def test_a_setting_without_a_torchscript_form_is_named(name, pe, pe_kwargs, setting):
     model = vpe.create_model(name, pe=pe, pe_kwargs=pe_kwargs, **TINY).eval()
