@@ -28,6 +28,7 @@ CASES = [  # every encoding with a TorchScript form, and the prefix layouts of t
     ("vit_relpos_small_patch16_224", "native"),  # cpb(mode="cr") taking over timm's RelPosMlp
     ("vit_small_patch14_reg4_dinov2", "cpb"),  # Swin-V2's mode, prefix rows zero
     ("deit3_small_patch16_224", "bucket_bias"),
+    ("vit_small_patch16_rope_224", "fire"),  # Eva's attention
 ]
 assert {pe for _, pes in CASES for pe in pes.split("+")} == {"native", *SCRIPTED_ENCODINGS}
 VIT_ENCODINGS = [pe for pe in vpe.available() if 2 in ENCODINGS[pe].ndims and pe != "swin_bias"]  # (Swin's windows)
