@@ -29,6 +29,7 @@ CASES = [  # every encoding with a TorchScript form, and the prefix layouts of t
     ("vit_small_patch14_reg4_dinov2", "cpb"),  # Swin-V2's mode, prefix rows zero
     ("deit3_small_patch16_224", "bucket_bias"),
     ("vit_small_patch16_rope_224", "fire"),  # Eva's attention
+    ("vit_tiny_patch16_224", "lookhere"),  # -inf outside each head's field of view
 ]
 assert {pe for _, pes in CASES for pe in pes.split("+")} == {"native", *SCRIPTED_ENCODINGS}
 VIT_ENCODINGS = [pe for pe in vpe.available() if 2 in ENCODINGS[pe].ndims and pe != "swin_bias"]  # (Swin's windows)
@@ -110,7 +111,7 @@ def test_every_encoding_scripts_equal_to_eager_or_refuses_by_name():
 
 
 @pytest.mark.parametrize("pe, what", [
-    ("lookhere", r"VisionTransformerPE with LookHere \(blocks\.0\.attn\.bias\): it has no TorchScript form"),
+    ("pape", r"VisionTransformerPE with PaPE \(blocks\.0\.attn\.bias\): it has no TorchScript form"),
     ("comrope", r"VisionTransformerPE with ComRoPE \(blocks\.0\.attn\.rotary\): it has no TorchScript form"),
     ("peg", r"VisionTransformerPE with PEG after block 1: "),
 ])
