@@ -79,7 +79,7 @@ TORCHSCRIPT_ROUTES = ("export the model with torch.export.export or to ONNX, whi
                       "with torch.fx (docs/deploy.md)")
 
 
-SCRIPTED_ENCODINGS = ("learned", "sincos", "rope_axial", "rope_mixed", "rel_bias", "alibi", "cpb", "bucket_bias", "fire", "lookhere")
+SCRIPTED_ENCODINGS = ("learned", "sincos", "rope_axial", "rope_mixed", "rel_bias", "alibi", "cpb", "bucket_bias", "fire", "lookhere", "peg")
 SCRIPTED_MODELS = "timm's token transformers (the vpe_ ViT, DeiT, DeiT-III, DINOv2, Eva, BEiT and RelPos ViT models)"
 
 

@@ -61,9 +61,8 @@ TORCHSCRIPT = "test_model_forward_torchscript"
 SCRIPTED_CLASSES = {name for name in MODELS if not name.startswith("swin")}  # timm's token transformers
 UNSCRIPTED_CLASS = ("visionpe's TorchScript forms cover timm's token transformers (ViT, DeiT, Eva, BEiT, the RelPos "
                     "ViT), not Swin's windows")
-UNSCRIPTED_PE = {"peg": "PEG is added after the first block (CPVT), which the scripted forward does not do",
-                 **{pe: f"{pe} has no TorchScript form (scripted: {', '.join(SCRIPTED_ENCODINGS)})"
-                    for pe in ("string", "comrope", "liere", "harope", "spiral_rope")}}
+UNSCRIPTED_PE = {pe: f"{pe} has no TorchScript form (scripted: {', '.join(SCRIPTED_ENCODINGS)})"
+                 for pe in ("string", "comrope", "liere", "harope", "spiral_rope")}
 SCRIPTED_SETTING = {  # a native encoding in a setting without a TorchScript form
     ("vit_small_patch16_dinov3", "native"): "DINOv3's RoPE reads normalised coordinates (coords='normalized'), which "
                                             "the TorchScript forms do not (integer patch positions only)"}

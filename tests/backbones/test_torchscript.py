@@ -29,7 +29,7 @@ CASES = [  # every encoding with a TorchScript form, and the prefix layouts of t
     ("vit_small_patch14_reg4_dinov2", "cpb"),  # Swin-V2's mode, prefix rows zero
     ("deit3_small_patch16_224", "bucket_bias"),
     ("vit_small_patch16_rope_224", "fire"),  # Eva's attention
-    ("vit_tiny_patch16_224", "lookhere"),  # -inf outside each head's field of view
+    ("vit_tiny_patch16_224", "peg+lookhere"),  # PEG after the first block; -inf outside each head's field of view
 ]
 assert {pe for _, pes in CASES for pe in pes.split("+")} == {"native", *SCRIPTED_ENCODINGS}
 VIT_ENCODINGS = [pe for pe in vpe.available() if 2 in ENCODINGS[pe].ndims and pe != "swin_bias"]  # (Swin's windows)
@@ -86,6 +86,26 @@ def test_scripted_model_shares_the_parameters_and_leaves_the_eager_model_as_it_w
         assert model(x[..., :32, :], grid_offset=(1, 2)).shape == (1, 5)  # eager-only arguments still work
 
 
+def test_scripted_mlp_and_convolution_forms_share_the_encodings_parameters():
+    """The TorchScript forms of PEG (its convolution) and FIRE (its MLP, c, threshold multiplier) hold the
+    encodings' parameters themselves: a weight changed in place after scripting changes the scripted model too."""
+    torch.manual_seed(0)
+    model = vpe.create_model("vit_tiny_patch16_224", pe="peg+fire", **TINY).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        scripted = torch.jit.script(model)
+    x = torch.randn(1, 3, 40, 32)
+    with torch.no_grad():
+        before = scripted(x)
+        fire = model.blocks[1].attn.bias
+        fire.c.mul_(3.0)
+        fire.threshold_multiplier.mul_(0.5)
+        fire.mlp[2].weight.add_(0.5)
+        model.pe_tokens.proj.weight.add_(0.5)
+        assert (scripted(x) - before).abs().max() > 1e-2
+        torch.testing.assert_close(scripted(x), model(x), rtol=0, atol=1e-5)
+
+
 def test_every_encoding_scripts_equal_to_eager_or_refuses_by_name():
     """Over the registry (every encoding a ViT takes): the ones that script are SCRIPTED_ENCODINGS, each equal to the
     eager model at two sizes; every other one refuses, naming its class (a subclass of a scripted class too: HARoPE,
@@ -113,7 +133,6 @@ def test_every_encoding_scripts_equal_to_eager_or_refuses_by_name():
 @pytest.mark.parametrize("pe, what", [
     ("pape", r"VisionTransformerPE with PaPE \(blocks\.0\.attn\.bias\): it has no TorchScript form"),
     ("comrope", r"VisionTransformerPE with ComRoPE \(blocks\.0\.attn\.rotary\): it has no TorchScript form"),
-    ("peg", r"VisionTransformerPE with PEG after block 1: "),
 ])
 def test_an_encoding_without_a_torchscript_form_is_named(pe, what):
     model = vpe.create_model("vit_tiny_patch16_224", pe=pe, **TINY).eval()
