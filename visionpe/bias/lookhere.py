@@ -203,14 +203,11 @@ class LookHere(BiasEncoding):
     def head_tables(self, device=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each head's kind ``(heads,)`` long (0: distance, 1: ``zero``, 2: ``center``) and normals ``(heads, width,
         2)`` long, padded with ``(0, 0)`` (sees everything)."""
-        kinds = torch.tensor([1 if "zero" in e else 2 if "center" in e else 0 for e in self.head_entries],
-                             device=device)
-        width = max(1, max(len(self.normals(h)) for h in range(self.num_heads)))
-        normals = torch.zeros(self.num_heads, width, 2, dtype=torch.long, device=device)
-        for h in range(self.num_heads):
-            for j, n in enumerate(self.normals(h)):
-                normals[h, j] = torch.tensor(n)
-        return kinds, normals
+        kinds = torch.tensor([1 if "zero" in e else 2 if "center" in e else 0 for e in self.head_entries])
+        per_head = [self.normals(h) for h in range(self.num_heads)]
+        width = max(1, max(len(n) for n in per_head))
+        normals = torch.tensor([n + [(0, 0)] * (width - len(n)) for n in per_head], dtype=torch.long)
+        return kinds.to(device), normals.to(device)  # built on the host, one copy each
 
     def masks(self, shape, device=None) -> torch.Tensor:
         """``(heads, N, N)`` bool, True where head ``h``'s query (row) sees the key (column); cached per shape."""
