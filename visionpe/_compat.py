@@ -79,7 +79,8 @@ TORCHSCRIPT_ROUTES = ("export the model with torch.export.export or to ONNX, whi
                       "with torch.fx (docs/deploy.md)")
 
 
-SCRIPTED_ENCODINGS = ("learned", "sincos", "rope_axial", "rope_mixed", "rel_bias", "alibi", "swin_bias")
+SCRIPTED_ENCODINGS = ("learned", "sincos", "rope_axial", "rope_mixed", "rel_bias", "alibi", "swin_bias", "cpb", "bucket_bias",
+                      "fire", "lookhere", "peg")
 SCRIPTED_MODELS = ("timm's token transformers (the vpe_ ViT, DeiT, DeiT-III, DINOv2, Eva, BEiT and RelPos ViT models), "
                    "timm's Swin and Swin-V2 (vpe_swin_*, vpe_swinv2_*) and torchvision's VisionTransformer "
                    "(vit_b_16 ... vit_h_14)")

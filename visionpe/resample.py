@@ -14,7 +14,7 @@ and it gives true bicubic resampling in 3D, where ``F.interpolate`` has no bicub
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -140,27 +140,36 @@ def resample_offsets_geometric(table: torch.Tensor, new_shape) -> torch.Tensor:
     if same_shape(source, new_shape):
         return table
     key = (source, tuple(new_shape))
+    return apply_axis_weights(table, GEOMETRIC_WEIGHTS.get(key, lambda: geometric_weights(source, new_shape)))
+
+
+def apply_axis_weights(table: torch.Tensor, weights: List[torch.Tensor]) -> torch.Tensor:
+    """``table`` ``(s_1, ..., s_n, C)`` multiplied along each axis ``a`` by ``weights[a]`` ``(new_a, s_a)``, in
+    float32, returned in the table's dtype (a TorchScript function, as :func:`geometric_weights`: the scripted
+    models resize their tables with them at each input's size)."""
     out = table.float()
-    for axis, weights in enumerate(GEOMETRIC_WEIGHTS.get(key, lambda: geometric_weights(source, new_shape))):
-        out = torch.movedim(torch.tensordot(weights.to(out.device), out, dims=([1], [axis])), 0, axis)
+    for axis, w in enumerate(weights):
+        out = torch.movedim(torch.tensordot(w.to(out.device), out, dims=([1], [axis])), 0, axis)
     return out.to(table.dtype)
 
 
-def geometric_weights(source, new_shape) -> list[torch.Tensor]:
+def geometric_weights(source: List[int], new_shape: List[int]) -> List[torch.Tensor]:
     """Per axis, the ``(new_a, source_a)`` float32 matrix that resizes a relative offset table of ``source`` offsets
     per axis to ``new_shape`` (:func:`resample_offsets_geometric`): linear interpolation at the new integer offsets
     of the source offsets spread geometrically (:func:`geometric_offsets`); every axis is resampled when any changes
     (an unchanged one spread at ``r = 1.01``, as timm's), and the identity on every axis when none does. Computed
     from tensors only, so symbolic sizes in ``new_shape`` stay free in a traced graph."""
-    resized, identities, unchanged = [], [], []
+    resized: List[torch.Tensor] = []
+    identities: List[torch.Tensor] = []
+    unchanged: List[torch.Tensor] = []
     for src, dst in zip(source, new_shape):
         half = dst // 2
         targets = torch.arange(-half, half + 1).float()  # (dst,): the new integer offsets
         resized.append(linear_weights(geometric_offsets(src, targets[-1].double()).float(), targets))
         identities.append((targets[:, None] == torch.arange(-(src // 2), src // 2 + 1).float()).float())
         unchanged.append(targets[-1] == src // 2)
-    unchanged = torch.stack(unchanged).all()  # a 0-d bool: a traced graph selects at run time
-    return [torch.where(unchanged, identity, weights) for identity, weights in zip(identities, resized)]
+    none_changes = torch.stack(unchanged).all()  # a 0-d bool: a traced graph selects at run time
+    return [torch.where(none_changes, identity, weights) for identity, weights in zip(identities, resized)]
 
 
 def geometric_reach(ratio: torch.Tensor, n: int) -> torch.Tensor:
@@ -168,17 +177,18 @@ def geometric_reach(ratio: torch.Tensor, n: int) -> torch.Tensor:
     return (ratio ** n - 1) / (ratio - 1)
 
 
-def geometric_ratio(n: int, target: torch.Tensor) -> torch.Tensor:
+def geometric_ratio(n: int, target: torch.Tensor, interval: Tuple[float, float] = GEOMETRIC_RATIO,
+                    points: int = RATIO_POINTS, rounds: int = RATIO_ROUNDS) -> torch.Tensor:
     """The ratio ``r`` that puts the outermost of ``n`` source offsets at ``target`` (a 0-d float64 tensor,
-    :func:`geometric_reach`), taken in ``[1.01, 1.5]`` (the interval's end when the root lies outside it): 0-d
-    float64. Searched on :data:`RATIO_POINTS` intervals a round, :data:`RATIO_ROUNDS` rounds, with no branch on
-    ``target``'s value."""
-    low, high = (torch.tensor(r, dtype=torch.float64) for r in GEOMETRIC_RATIO)
-    steps = torch.linspace(0, 1, RATIO_POINTS + 1, dtype=torch.float64)
-    for _ in range(RATIO_ROUNDS):
+    :func:`geometric_reach`), taken in ``interval`` (default ``[1.01, 1.5]``; its end when the root lies outside
+    it): 0-d float64. Searched on ``points`` intervals a round, ``rounds`` rounds, with no branch on ``target``'s
+    value."""
+    low, high = torch.tensor(interval[0], dtype=torch.float64), torch.tensor(interval[1], dtype=torch.float64)
+    steps = torch.linspace(0, 1, points + 1, dtype=torch.float64)
+    for _ in range(rounds):
         ratios = low + (high - low) * steps
         short = (geometric_reach(ratios, n) < target).sum() - 1  # the last ratio that falls short
-        index = short.clamp(0, RATIO_POINTS - 1)
+        index = short.clamp(0, points - 1)
         low, high = ratios[index], ratios[index + 1]
     return (low + high) / 2
 

@@ -59,17 +59,11 @@ MARKERS = "base or cfg or torchscript or features or fxforward or fxbackward or 
 # raises NotImplementedError naming the routes that serve it (torch.export, ONNX, FX; docs/deploy.md, "FX and
 # TorchScript").
 TORCHSCRIPT = "test_model_forward_torchscript"
-UNSCRIPTED_PE = {"peg": "PEG is added after the first block (CPVT), which the scripted forward does not do",
-                 **{pe: f"{pe} has no TorchScript form (scripted: {', '.join(SCRIPTED_ENCODINGS)})"
-                    for pe in ("lookhere", "fire", "cpb", "string", "comrope", "bucket_bias", "liere", "harope",
-                               "spiral_rope")}}
+UNSCRIPTED_PE = {pe: f"{pe} has no TorchScript form (scripted: {', '.join(SCRIPTED_ENCODINGS)})"
+                 for pe in ("string", "comrope", "liere", "harope", "spiral_rope")}
 SCRIPTED_SETTING = {  # a native encoding in a setting without a TorchScript form
     ("vit_small_patch16_dinov3", "native"): "DINOv3's RoPE reads normalised coordinates (coords='normalized'), which "
-                                            "the TorchScript forms do not (integer patch positions only)",
-    ("beit_base_patch16_224", "native"): "BEiT's rel_bias resizes its table geometrically (interpolation='geometric'), "
-                                         "which the TorchScript form does not (F.interpolate only)",
-    ("vit_relpos_small_patch16_224", "native"): "the RelPos ViT's own encoding is cpb, which has no TorchScript form",
-    ("swinv2_tiny_window8_256", "native"): "Swin-V2's own encoding is cpb, which has no TorchScript form"}
+                                            "the TorchScript forms do not (integer patch positions only)"}
 TWIN_SKIPS_TORCHSCRIPT = {"vit_small_patch14_reg4_dinov2"}  # timm's test skips it: a fixed 518 px input > MAX_JIT_SIZE
 KNOWN = {(TORCHSCRIPT, name, pe): UNSCRIPTED_PE[pe] for name, (_, pes) in MODELS.items()
          if name not in TWIN_SKIPS_TORCHSCRIPT for pe in pes if pe not in ("native",) + SCRIPTED_ENCODINGS}

@@ -28,9 +28,16 @@ CASES = [  # every encoding with a TorchScript form, and the prefix layouts of t
     ("eva02_tiny_patch14_224", "native"),  # Eva: learned + rope_axial (pi), separate q/k/v projections, SwiGLU
     ("vit_small_patch16_rope_224", "native"),  # Eva: rope_mixed taking over timm's frequencies, q/v biases
     ("beit_base_patch16_224", "learned+rope_mixed+alibi"),  # BEiT: Eva's attention, layer-scale vectors
+    ("beit_base_patch16_224", "native"),  # rel_bias resized geometrically to each grid (grow="fit")
     ("vit_relpos_small_patch16_224", "sincos+rope_axial+rel_bias"),
     ("swin_tiny_patch4_window7_224", "rope_mixed+swin_bias"),  # Swin (SWIN, SWIN_SIZES): shifted, padded windows
     ("swinv2_tiny_window8_256", "rope_axial+alibi"),  # Swin-V2: cosine attention, q/v biases, post-norm
+    ("swinv2_tiny_window8_256", "native"),  # cpb on each window (Swin-V2's log-spaced offsets)
+    ("vit_relpos_small_patch16_224", "native"),  # cpb(mode="cr") taking over timm's RelPosMlp
+    ("vit_small_patch14_reg4_dinov2", "cpb"),  # Swin-V2's mode, prefix rows zero
+    ("deit3_small_patch16_224", "bucket_bias"),
+    ("vit_small_patch16_rope_224", "fire"),  # Eva's attention
+    ("vit_tiny_patch16_224", "peg+lookhere"),  # PEG after the first block; -inf outside each head's field of view
 ]
 assert {pe for _, pes in CASES for pe in pes.split("+")} == {"native", *SCRIPTED_ENCODINGS}
 VIT_ENCODINGS = [pe for pe in vpe.available() if 2 in ENCODINGS[pe].ndims and pe != "swin_bias"]  # (Swin's windows)
@@ -74,8 +81,9 @@ def test_scripted_clip_model_equals_eager_at_any_length():
 
 
 TV = dict(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=5)
-TV_CASES = ["sincos+rope_axial+rel_bias", "learned+rope_mixed+alibi"]  # with native: every scripted encoding
-assert {pe for pes in TV_CASES for pe in pes.split("+")} == set(SCRIPTED_ENCODINGS) - {"swin_bias"}  # (Swin's windows)
+TV_CASES = ["sincos+rope_axial+rel_bias", "learned+rope_mixed+alibi", "cpb", "bucket_bias", "fire", "lookhere"]
+# with native: every scripted encoding but Swin's windows' table and PEG after the first block (refused below)
+assert {pe for pes in TV_CASES for pe in pes.split("+")} == set(SCRIPTED_ENCODINGS) - {"swin_bias", "peg"}
 
 
 def torchvision_vit(**kw) -> VisionTransformer:
@@ -140,6 +148,26 @@ def test_scripted_model_shares_the_parameters_and_leaves_the_eager_model_as_it_w
         assert model(x[..., :32, :], grid_offset=(1, 2)).shape == (1, 5)  # eager-only arguments still work
 
 
+def test_scripted_mlp_and_convolution_forms_share_the_encodings_parameters():
+    """The TorchScript forms of PEG (its convolution) and FIRE (its MLP, c, threshold multiplier) hold the
+    encodings' parameters themselves: a weight changed in place after scripting changes the scripted model too."""
+    torch.manual_seed(0)
+    model = vpe.create_model("vit_tiny_patch16_224", pe="peg+fire", **TINY).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        scripted = torch.jit.script(model)
+    x = torch.randn(1, 3, 40, 32)
+    with torch.no_grad():
+        before = scripted(x)
+        fire = model.blocks[1].attn.bias
+        fire.c.mul_(3.0)
+        fire.threshold_multiplier.mul_(0.5)
+        fire.mlp[2].weight.add_(0.5)
+        model.pe_tokens.proj.weight.add_(0.5)
+        assert (scripted(x) - before).abs().max() > 1e-2
+        torch.testing.assert_close(scripted(x), model(x), rtol=0, atol=1e-5)
+
+
 def test_every_encoding_scripts_equal_to_eager_or_refuses_by_name():
     """Over the registry (every encoding a ViT takes): the ones that script are SCRIPTED_ENCODINGS, each equal to the
     eager model at two sizes; every other one refuses, naming its class (a subclass of a scripted class too: HARoPE,
@@ -165,9 +193,8 @@ def test_every_encoding_scripts_equal_to_eager_or_refuses_by_name():
 
 
 @pytest.mark.parametrize("pe, what", [
-    ("lookhere", r"VisionTransformerPE with LookHere \(blocks\.0\.attn\.bias\): it has no TorchScript form"),
+    ("pape", r"VisionTransformerPE with PaPE \(blocks\.0\.attn\.bias\): it has no TorchScript form"),
     ("comrope", r"VisionTransformerPE with ComRoPE \(blocks\.0\.attn\.rotary\): it has no TorchScript form"),
-    ("peg", r"VisionTransformerPE with PEG after block 1: "),
 ])
 def test_an_encoding_without_a_torchscript_form_is_named(pe, what):
     model = vpe.create_model("vit_tiny_patch16_224", pe=pe, **TINY).eval()
@@ -183,7 +210,8 @@ def test_an_encoding_without_a_torchscript_form_is_named(pe, what):
     ("vit_tiny_patch16_224", "rope_mixed", {"scaling": "yarn"}, r"VisionTransformerPE with MixedRoPE with "
                                                                 r"scaling='yarn' \(blocks\.0\.attn\.rotary\)"),
     ("vit_tiny_patch16_224", "alibi", {"jitter_coords": 1.2}, r"VisionTransformerPE with ALiBi with jitter_coords=1.2"),
-    ("beit_base_patch16_224", "native", {}, r"BeitPE with RelBias with interpolation='geometric'"),  # BEiT's own
+    ("vit_tiny_patch16_224", "cpb", {"coords": "normalized"}, r"VisionTransformerPE with ContinuousPositionBias with "
+                                                              r"coords='normalized' \(blocks\.0\.attn\.bias\)"),
 ])
 def test_a_setting_without_a_torchscript_form_is_named(name, pe, pe_kwargs, setting):
     model = vpe.create_model(name, pe=pe, pe_kwargs=pe_kwargs, **TINY).eval()

@@ -404,8 +404,8 @@ class ScriptedGridForward:
 
     ``forward(x)``: ``(B, C, H, W)`` (a clip: ``(B, C, T, H, W)``) -> logits (the features without a head);
     ``forward_features(x)`` -> ``(B, P + N, dim)``. What the eager model's forward takes besides the image (``grid_offset``, ``time_spacing``, masks, kept
-    patches) is not part of it, nor patch dropout or a tokens encoding after the first block (refused when
-    scripting)."""
+    patches) is not part of it, nor patch dropout (refused when scripting). A tokens encoding with ``block_index =
+    i > 0`` (PEG) is added before block ``i``, as the eager forward adds it."""
 
     @classmethod
     def of(cls, model: GridTransformer) -> "ScriptedGridForward":
@@ -415,7 +415,6 @@ class ScriptedGridForward:
         if getattr(model.patch_drop, "prob", 0.0) > 0:
             raise TorchScriptRefusal(f"{name} with patch dropout (patch_drop_rate={model.patch_drop.prob})",
                                       "the scripted forward keeps every patch")
-        refuse_late_tokens(model)
         self = cls.__new__(cls)
         self.__dict__.update(model.__dict__)
         for key in ("_parameters", "_buffers", "_modules"):  # its own containers: scripting replaces submodules
@@ -425,6 +424,7 @@ class ScriptedGridForward:
                 setattr(self, token, None)
         try:
             self.pe_tokens = scripted_encoding(model.pe_tokens, "pe_tokens")
+            self.pe_tokens_block = 0 if model.pe_tokens is None else model.pe_tokens.block_index
             self.blocks = nn.ModuleList([model.scripted_block(block, f"blocks.{i}")
                                          for i, block in enumerate(model.blocks)])
         except TorchScriptRefusal as error:
@@ -444,10 +444,12 @@ class ScriptedGridForward:
             tokens.append(self.reg_token.expand(x.shape[0], -1, -1))
         x = torch.cat(tokens + [x], dim=1)  # (B, P + N, C)
         pe_tokens = self.pe_tokens
-        if pe_tokens is not None:
+        if pe_tokens is not None and self.pe_tokens_block == 0:
             x = pe_tokens(x, shape, self.num_prefix_tokens)
         x = self.norm_pre(self.pos_drop(x))
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
+            if pe_tokens is not None and self.pe_tokens_block > 0 and i == self.pe_tokens_block:
+                x = pe_tokens(x, shape, self.num_prefix_tokens)  # a late tokens encoding (PEG after block 0)
             x = block(x, shape, self.num_prefix_tokens)
         return self.norm(x)
 

@@ -167,6 +167,14 @@ def gather_pair_bias(table: torch.Tensor, extra: torch.Tensor, index: torch.Tens
     return by_head.index_select(1, index.view(-1)).view(by_head.shape[0], index.shape[0], index.shape[1])
 
 
+def offset_pair_bias(table: torch.Tensor, shape: List[int], window: List[int], prefix: int) -> torch.Tensor:
+    """The bias of every token pair of a grid ``shape`` with ``prefix`` tokens read from a per-offset table
+    ``(prod(2 W_a - 1), heads)`` (Swin's order, window ``window``), zero prefix rows and columns: ``(heads, P + N,
+    P + N)``, uncached (:func:`pair_bias`'s values; a TorchScript function, the scripted biases' last step)."""
+    index = pair_index(shape, window, prefix, table.shape[0], [0, 0, 0], table.device)
+    return gather_pair_bias(table, table.new_zeros(1, table.shape[1]), index)
+
+
 def pair_bias(table: torch.Tensor, grid: Grid, window, prefix_entries: torch.Tensor | None = None) -> torch.Tensor:
     """The bias of every token pair of ``grid``, read in one gather from a per-offset table.
 

@@ -8,6 +8,7 @@ resampling and the bias is translation invariant by construction.
 from __future__ import annotations
 
 import math
+from typing import List, Optional
 
 import torch
 from einops import rearrange
@@ -17,7 +18,7 @@ from .._checks import check_choice, check_grid_ndim, check_ndim, check_number, c
 from ..cache import TableCache
 from ..grid import Grid, as_grid
 from ..sharding import full_tensor
-from ._base import BiasEncoding, PairScore, offset_table_score, relative_offsets
+from ._base import BiasEncoding, PairScore, offset_pair_bias, offset_table_score, relative_offsets
 
 BUCKETS = ("t5", "piecewise")
 METHODS = ("product", "cross")
@@ -48,6 +49,34 @@ def piecewise_index(offset: torch.Tensor, alpha: float = 1.9, beta: float = 3.8,
     far = torch.sign(d) * (alpha + torch.log(d.abs().clamp(min=1e-12) / alpha) / math.log(gamma / alpha)
                            * (beta - alpha)).round().clamp(max=beta)
     return torch.where(d.abs() <= alpha, d.round(), far).long()
+
+
+def axis_buckets(offsets: torch.Tensor, bucket: str, num_buckets: int, max_distance: int, alpha: float, beta: float,
+                 gamma: float) -> torch.Tensor:
+    """Bucket ``[0, per_axis)`` of each integer offset (any shape): :func:`t5_bucket` (``bucket="t5"``) or
+    :func:`piecewise_index` shifted by ``int(beta)`` (``"piecewise"``)."""
+    if bucket == "t5":
+        return t5_bucket(offsets, num_buckets, max_distance)
+    return piecewise_index(offsets, alpha, beta, gamma) + int(beta)
+
+
+def bucket_rows(buckets: torch.Tensor, per_axis: int, cross: bool) -> torch.Tensor:
+    """Table rows of per-axis buckets ``(..., ndim)``: ``(..., ndim)``, one row per axis in its own block of
+    ``per_axis`` (``cross``), or ``(..., 1)``, the joint bucket, first axis slowest (product)."""
+    ndim = buckets.shape[-1]
+    if cross:
+        return buckets + torch.arange(ndim, device=buckets.device) * per_axis
+    joint = torch.zeros(buckets.shape[:-1], dtype=torch.long, device=buckets.device)
+    for axis in range(ndim):
+        joint = joint * per_axis + buckets[..., axis]
+    return joint.unsqueeze(-1)
+
+
+def grid_offsets(shape: List[int], device: Optional[torch.device] = None) -> torch.Tensor:
+    """Every offset ``c_query - c_key`` of a grid ``shape``, ``(prod(2 s - 1), ndim)`` long, first axis slowest
+    (Swin's order, the rows :func:`~visionpe.bias._base.pair_index` reads)."""
+    axes = [torch.arange(-(s - 1), s, device=device) for s in shape]
+    return torch.stack(torch.meshgrid(axes, indexing="ij"), dim=-1).reshape(-1, len(shape))
 
 
 class BucketedBias(BiasEncoding):
@@ -97,22 +126,12 @@ class BucketedBias(BiasEncoding):
         table = self.relative_position_bias_table
         return {"relative_position_bias_table": torch.randn(table.shape, generator=generator) * self.init_std}
 
-    def axis_buckets(self, offsets: torch.Tensor) -> torch.Tensor:
-        """Bucket ``[0, per_axis)`` of each offset, any shape of integer offsets."""
-        if self.bucket == "t5":
-            return t5_bucket(offsets, self.num_buckets, self.max_distance)
-        return piecewise_index(offsets, self.alpha, self.beta, self.gamma) + int(self.beta)
-
     def rows(self, offsets: torch.Tensor) -> torch.Tensor:
         """Table rows of query - key offsets ``(..., ndim)``: ``(..., 1)`` (product) or ``(..., ndim)`` (cross, one
         row per axis)."""
-        buckets = self.axis_buckets(-offsets)  # key - query
-        if self.method == "cross":
-            return buckets + torch.arange(self.ndim, device=offsets.device) * self.per_axis
-        joint = torch.zeros(buckets.shape[:-1], dtype=torch.long, device=offsets.device)
-        for axis in range(self.ndim):
-            joint = joint * self.per_axis + buckets[..., axis]
-        return joint[..., None]
+        buckets = axis_buckets(-offsets, self.bucket, self.num_buckets, self.max_distance, self.alpha, self.beta,
+                               self.gamma)  # key - query
+        return bucket_rows(buckets, self.per_axis, self.method == "cross")
 
     def index(self, shape, device=None) -> torch.Tensor:
         """Table rows ``(N, N, 1)`` (product) or ``(N, N, ndim)`` (cross, one row per axis) for a grid ``shape``."""
@@ -132,9 +151,13 @@ class BucketedBias(BiasEncoding):
         check_grid_ndim(grid, self.ndim, "bucket_bias")
         self.check_spacing(grid)
         table = full_tensor(self.relative_position_bias_table)
-        axes = [torch.arange(-(s - 1), s, device=table.device) for s in grid.shape]
-        offsets = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, grid.ndim)  # query - key
-        return offset_table_score(table[self.rows(offsets)].sum(-2).float(), grid, grid.shape)
+        return offset_table_score(table[self.rows(grid_offsets(grid.shape, table.device))].sum(-2).float(), grid,
+                                  grid.shape)
+
+    def scriptable(self) -> "ScriptedBucketedBias":
+        """The TorchScript form (:class:`ScriptedBucketedBias`)."""
+        self.check_scriptable_class(BucketedBias)
+        return ScriptedBucketedBias(self)
 
     def adaptation_label(self) -> str:
         return "buckets on the new grid (saturate beyond the largest)"
@@ -142,3 +165,23 @@ class BucketedBias(BiasEncoding):
     def extra_repr(self) -> str:
         return (f"num_heads={self.num_heads}, ndim={self.ndim}, bucket={self.bucket!r}, method={self.method!r}, "
                 f"buckets per axis={self.per_axis}")
+
+
+class ScriptedBucketedBias(nn.Module):
+    """TorchScript form of :class:`BucketedBias`: ``forward(shape, prefix) -> (heads, P + N, P + N)`` float32, the
+    table (the encoding's parameter) read at the buckets of every offset of the input's patch grid, computed in the
+    graph, and gathered per token pair (the values of :meth:`BucketedBias.forward`), zero prefix rows and columns."""
+
+    def __init__(self, pe: BucketedBias):
+        super().__init__()
+        self.table = pe.relative_position_bias_table  # (entries, heads), the parameter
+        self.bucket, self.cross, self.per_axis = pe.bucket, pe.method == "cross", pe.per_axis
+        self.num_buckets, self.max_distance = pe.num_buckets, pe.max_distance
+        self.alpha, self.beta, self.gamma = float(pe.alpha), float(pe.beta), float(pe.gamma)
+
+    def forward(self, shape: List[int], prefix: int) -> torch.Tensor:
+        offsets = grid_offsets(shape, self.table.device)  # (offsets, ndim), query - key
+        buckets = axis_buckets(-offsets, self.bucket, self.num_buckets, self.max_distance, self.alpha, self.beta,
+                               self.gamma)  # key - query
+        table = self.table[bucket_rows(buckets, self.per_axis, self.cross)].sum(-2).float()  # (offsets, heads)
+        return offset_pair_bias(table, shape, shape, prefix)

@@ -1,7 +1,7 @@
 """Continuous position bias: an MLP on log-spaced relative coordinates (Swin-V2's, and timm's ``RelPosMlp`` modes)."""
 from __future__ import annotations
 
-import math
+from typing import List, Optional
 
 import torch
 from torch import nn
@@ -12,7 +12,7 @@ from ..cache import TableCache
 from ..coords import CoordinateSystem, axis_offsets
 from ..grid import Grid, as_grid
 from ..sharding import call_gathered
-from ._base import BiasEncoding, PairScore, offset_table_score, pair_bias
+from ._base import BiasEncoding, PairScore, offset_pair_bias, offset_table_score, pair_bias
 
 
 MODES = ("swin", "cr", "rw")  # timm RelPosMlp's modes
@@ -28,11 +28,29 @@ def log_relative_coords(shape, norm_window, device=None, offsets=None, units=Non
     default ``norm_window - 1``) measure them in another coordinate system (:mod:`visionpe.coords`).
     """
     if offsets is None:
-        offsets = [torch.arange(-(s - 1), s, device=device, dtype=torch.float32) for s in shape]
+        offsets = index_offsets(shape, device)
+    if units is None:
+        units = window_units(norm_window)
+    return log_offsets(offsets, units, mode)
+
+
+def index_offsets(shape: List[int], device: Optional[torch.device] = None) -> List[torch.Tensor]:
+    """The integer offsets ``-(s-1) .. s-1`` of each axis of a grid ``shape``, float32 ``(2 s - 1,)`` each."""
+    return [torch.arange(-(s - 1), s, device=device, dtype=torch.float32) for s in shape]
+
+
+def window_units(window) -> List[float]:
+    """Swin-V2's unit per axis of a window: ``W - 1`` (at least 1)."""
+    return [float(max(w - 1, 1)) for w in window]
+
+
+def log_offsets(offsets: List[torch.Tensor], units: List[float], mode: str) -> torch.Tensor:
+    """The MLP's inputs of every combination of the per-axis ``offsets`` (first axis slowest), ``(prod(len),
+    ndim)``: ``8 d / unit`` (swin, rw; ``d`` itself in cr) through :func:`log_map` (a TorchScript function: the
+    scripted models compute the table with it at each input's size)."""
     if mode != "cr":
-        units = [max(w - 1, 1) for w in norm_window] if units is None else units
         offsets = [o / u * 8 for o, u in zip(offsets, units)]  # per axis: no host-to-device copy of the units
-    coords = torch.stack(torch.meshgrid(*offsets, indexing="ij"), dim=-1).reshape(-1, len(shape))
+    coords = torch.stack(torch.meshgrid(offsets, indexing="ij"), dim=-1).reshape(-1, len(offsets))
     return log_map(coords, mode)
 
 
@@ -41,7 +59,8 @@ def log_map(x: torch.Tensor, mode: str) -> torch.Tensor:
     ``sign(x) ln(1 + |x|)`` (cr)."""
     if mode == "cr":
         return torch.sign(x) * torch.log(1.0 + x.abs())
-    return torch.sign(x) * torch.log2(1.0 + x.abs()) / math.log2(8 if mode == "swin" else 9)
+    # log2(8) and log2(9) written out: a TorchScript function reads no math.log2 and no global float
+    return torch.sign(x) * torch.log2(1.0 + x.abs()) / (3.0 if mode == "swin" else 3.169925001442312)
 
 
 def bias_output(raw: torch.Tensor, mode: str) -> torch.Tensor:
@@ -119,6 +138,13 @@ class ContinuousPositionBias(BiasEncoding):
             raw = call_gathered(self.cpb_mlp, coords.to(self.cpb_mlp[0].weight.dtype)).float()
             return bias_output(raw, self.mode)
 
+    def scriptable(self) -> "ScriptedContinuousPositionBias":
+        """The TorchScript form (:class:`ScriptedContinuousPositionBias`): index coordinates, no coordinate
+        augmentation."""
+        self.check_scriptable_class(ContinuousPositionBias)
+        self.check_scriptable_coordinates()
+        return ScriptedContinuousPositionBias(self)
+
     def set_window_size(self, window_size) -> None:
         """A new window (timm's ``set_window_size``): without a pretrained window, offsets are normalised by the new
         one from now on, as timm's Swin-V2; with one, nothing changes. The MLP is kept."""
@@ -161,3 +187,22 @@ class ContinuousPositionBias(BiasEncoding):
         mode = f", mode={self.mode!r}" if self.mode != "swin" else ""
         return (f"num_heads={self.num_heads}, window_size={self.window_size}, pretrained={self.pretrained_window_size}"
                 f"{mode}{', ' + extra if extra else ''}")
+
+
+class ScriptedContinuousPositionBias(nn.Module):
+    """TorchScript form of :class:`ContinuousPositionBias` (index coordinates): ``forward(shape, prefix) -> (heads,
+    P + N, P + N)`` float32, the MLP (the encoding's ``cpb_mlp``, shared) on the log-spaced offsets of the input's
+    patch grid computed in the graph, zero prefix rows and columns. ``shape`` may be a window (Swin-V2's blocks pass
+    theirs with ``prefix`` 0). The window that normalises the offsets (``pretrained_window_size``, else
+    ``window_size``) is the encoding's when scripted."""
+
+    def __init__(self, pe: ContinuousPositionBias):
+        super().__init__()
+        self.cpb_mlp, self.mode = pe.cpb_mlp, pe.mode
+        self.units = window_units(pe.pretrained_window_size or pe.window_size)
+
+    def forward(self, shape: List[int], prefix: int) -> torch.Tensor:
+        weight = self.cpb_mlp[0].weight
+        coords = log_offsets(index_offsets(shape, weight.device), self.units, self.mode)
+        table = bias_output(self.cpb_mlp(coords.to(weight.dtype)).float(), self.mode)  # (offsets, heads)
+        return offset_pair_bias(table, shape, shape, prefix)

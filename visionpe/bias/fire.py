@@ -27,6 +27,7 @@ or the paper's 512 without one. Prefix tokens (the paper has none) get zero rows
 from __future__ import annotations
 
 import math
+from typing import List
 
 import torch
 from torch import nn
@@ -38,7 +39,7 @@ from ..coords import CoordinateSystem, axis_offsets
 from ..encoding import Knob
 from ..grid import Grid, as_grid
 from ..sharding import call_gathered, full_tensor
-from ._base import BiasEncoding, PairScore, offset_table_score, pair_bias
+from ._base import BiasEncoding, PairScore, offset_pair_bias, offset_table_score, pair_bias
 
 FIRE_DISTANCES = ("axes", "euclidean")
 PAPER_THRESHOLD = 512.0
@@ -47,6 +48,25 @@ PAPER_THRESHOLD = 512.0
 def fire_log(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """``psi(x) = log(|c x| + 1)``."""
     return torch.log1p((c * x).abs())
+
+
+def fire_threshold(multiplier: torch.Tensor, threshold_init: torch.Tensor, scale: float) -> torch.Tensor:
+    """The learned threshold ``L = |m L0|`` times a fixed ``scale``, ``(1,)``."""
+    return (multiplier * threshold_init).abs() * scale
+
+
+def fire_inputs(offsets: List[torch.Tensor], c: torch.Tensor, threshold: torch.Tensor, eps: float,
+                axes: bool) -> torch.Tensor:
+    """FIRE's MLP inputs for every combination of the per-axis ``offsets`` (``c_q - c_k``, ``(2 S_a - 1,)`` each,
+    first axis slowest): ``(prod(2 S_a - 1), ndim)`` signed per-axis log distances normalised by each axis's extent
+    (``axes``), or ``(prod, 1)`` the log Euclidean distance normalised by the diagonal (module docstring)."""
+    spans = torch.stack([o.abs().max() for o in offsets])  # (ndim,) the extent per axis
+    d = torch.stack(torch.meshgrid(offsets, indexing="ij"), dim=-1).reshape(-1, len(offsets))
+    if axes:
+        scale = fire_log(torch.maximum(spans, threshold), c) + eps  # (ndim,)
+        return torch.sign(d) * fire_log(d.abs(), c) / scale
+    scale = fire_log(torch.maximum(spans.norm(), threshold), c) + eps
+    return fire_log(d.norm(p=2, dim=-1, keepdim=True), c) / scale
 
 
 class FIRE(BiasEncoding):
@@ -129,7 +149,7 @@ class FIRE(BiasEncoding):
 
     def threshold(self) -> torch.Tensor:
         """The learned threshold ``L = |m L0|``, times ``threshold_scale``."""
-        return (full_tensor(self.threshold_multiplier) * self.threshold_init).abs() * self.threshold_scale
+        return fire_threshold(full_tensor(self.threshold_multiplier), self.threshold_init, self.threshold_scale)
 
     def normalized_offsets(self, grid: Grid, device, transform=None) -> torch.Tensor:
         """The MLP's inputs for every offset of the grid, ``(prod(2 S_a - 1), ndim or 1)`` float32, offsets
@@ -138,14 +158,7 @@ class FIRE(BiasEncoding):
         if transform is not None:
             axes = [transform.on_axis(a, p) for a, p in enumerate(axes)]
         offsets = [axis_offsets(p) for p in axes]  # per axis (2 S_a - 1,)
-        spans = torch.stack([o.abs().max() for o in offsets])  # (ndim,) the extent per axis
-        d = torch.stack(torch.meshgrid(*offsets, indexing="ij"), dim=-1).reshape(-1, grid.ndim)
-        c, threshold = full_tensor(self.c), self.threshold()
-        if self.distance == "axes":
-            scale = fire_log(torch.maximum(spans, threshold), c) + self.eps  # (ndim,)
-            return torch.sign(d) * fire_log(d.abs(), c) / scale
-        scale = fire_log(torch.maximum(spans.norm(), threshold), c) + self.eps
-        return (fire_log(d.norm(dim=-1, keepdim=True), c) / scale)
+        return fire_inputs(offsets, full_tensor(self.c), self.threshold(), self.eps, self.distance == "axes")
 
     def offset_table(self, grid: Grid, device, transform=None) -> torch.Tensor:
         """The MLP on every offset of the grid, ``(prod(2 S_a - 1), heads)`` float32 (Swin's offset order)."""
@@ -171,6 +184,12 @@ class FIRE(BiasEncoding):
         transform = self.coordinates.draw(self.training, self.ndim, device)
         return offset_table_score(self.offset_table(grid, device, transform), grid, grid.shape)
 
+    def scriptable(self) -> "ScriptedFIRE":
+        """The TorchScript form (:class:`ScriptedFIRE`): index coordinates, no coordinate augmentation."""
+        self.check_scriptable_class(FIRE)
+        self.check_scriptable_coordinates()
+        return ScriptedFIRE(self)
+
     def adaptation_label(self) -> str:
         return "MLP on offsets normalised by the new grid's extent (beyond the threshold)"
 
@@ -178,3 +197,23 @@ class FIRE(BiasEncoding):
         extra = self.coordinates.describe()
         return (f"num_heads={self.num_heads}, ndim={self.ndim}, distance={self.distance!r}, "
                 f"threshold={float(self.threshold_init):g}{', ' + extra if extra else ''}")
+
+
+class ScriptedFIRE(nn.Module):
+    """TorchScript form of :class:`FIRE` (index coordinates): ``forward(shape, prefix) -> (heads, P + N, P + N)``
+    float32, the MLP on every offset of the input's patch grid (:func:`fire_inputs`) computed in the graph and
+    gathered per token pair, zero prefix rows and columns; the MLP, ``c``, the threshold multiplier and ``L0`` are
+    the encoding's."""
+
+    def __init__(self, pe: FIRE):
+        super().__init__()
+        self.mlp, self.c, self.threshold_multiplier = pe.mlp, pe.c, pe.threshold_multiplier
+        self.register_buffer("threshold_init", pe.threshold_init)
+        self.threshold_scale, self.eps, self.axes = float(pe.threshold_scale), float(pe.eps), pe.distance == "axes"
+
+    def forward(self, shape: List[int], prefix: int) -> torch.Tensor:
+        device = self.c.device
+        offsets = [axis_offsets(torch.arange(s, dtype=torch.float32, device=device)) for s in shape]
+        threshold = fire_threshold(self.threshold_multiplier, self.threshold_init, self.threshold_scale)
+        table = self.mlp(fire_inputs(offsets, self.c, threshold, self.eps, self.axes)).float()  # (offsets, heads)
+        return offset_pair_bias(table, shape, shape, prefix)

@@ -37,15 +37,17 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import List
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from .._checks import check_choice, check_grid_ndim, check_number, check_positive_int
 from ..cache import TableCache
 from ..encoding import Knob
 from ..coords import CoordinateSystem
-from ..grid import Grid, as_grid
+from ..grid import Grid, as_grid, index_coords
 from ._base import BiasEncoding, PairScore
 
 # visible iff n . (dx, dy) >= 0 for every normal n of a primitive (dx: key column - query column, dy: rows, down)
@@ -78,6 +80,7 @@ DIRECTION_SETS = {
     "zerotriangles": [("zero",) + t for t in _TRIANGLES],
 }
 DISTANCES = ("linear", "sqrt", "square")
+POWERS = {"linear": 1.0, "sqrt": 0.5, "square": 2.0}  # each distance's power of the Euclidean distance
 NONE_SLOPES = (0.25, 0.0625, 0.015625, 0.00390625)
 
 
@@ -112,6 +115,35 @@ def head_slopes(set_names: list[str]) -> list[float]:
         else:
             slopes += [2.0 ** -(1 + j // 4) for j in range(n)]
     return slopes
+
+
+def fields_of_view(shape: List[int], normals: torch.Tensor) -> torch.Tensor:
+    """``(heads, N, N)`` bool, True where head ``h``'s query (row) sees the key (column) of a 2D grid ``shape``: every
+    normal ``n = normals[h, j]`` (``(heads, width, 2)`` long ``(nx, ny)``; ``(0, 0)`` pads, seeing everything) has
+    ``n . (dx, dy) >= 0``, ``d = c_key - c_query`` on the patch lattice (a TorchScript function, as
+    :func:`lookhere_penalty`)."""
+    lattice = index_coords(shape, torch.long, normals.device)  # (N, 2) rows, columns
+    dy, dx = lattice[None, :, 0] - lattice[:, None, 0], lattice[None, :, 1] - lattice[:, None, 1]  # (N, N)
+    masks: List[torch.Tensor] = []
+    for h in range(normals.shape[0]):
+        mask = torch.ones_like(dx, dtype=torch.bool)
+        for j in range(normals.shape[1]):
+            mask = mask & (normals[h, j, 0] * dx + normals[h, j, 1] * dy >= 0)
+        masks.append(mask)
+    return torch.stack(masks)
+
+
+def lookhere_penalty(coords: torch.Tensor, kinds: torch.Tensor, slopes: torch.Tensor, power: float) -> torch.Tensor:
+    """``-slopes[h]`` times each head's value on the patches at ``coords`` ``(N, 2)``: ``(heads, N, N)``; the value
+    is the pairwise distance to the power ``power`` (``kinds[h] == 0``), none (1: ``zero`` heads), or the key's
+    plain distance from the grid centre (2: ``center`` heads, as the official code)."""
+    distance = (coords[:, None] - coords[None]).norm(p=2, dim=-1)  # (N, N), exact 0 on the diagonal
+    from_centre = (coords - coords.mean(0)).norm(p=2, dim=-1)  # (N,): the grid centre is the mean position
+    if power != 1.0:  # the official code powers pairwise distances only, not those to the centre
+        distance = distance ** power
+    kind = kinds[:, None, None]
+    value = torch.where(kind == 0, distance, torch.where(kind == 2, from_centre.expand_as(distance), 0.0))
+    return -slopes[:, None, None] * value
 
 
 class LookHere(BiasEncoding):
@@ -168,24 +200,19 @@ class LookHere(BiasEncoding):
         """The normals ``(nx, ny)`` of a head's field of view (empty: it sees everything)."""
         return [n for entry in self.head_entries[head] if entry in PRIMITIVES for n in PRIMITIVES[entry]]
 
+    def head_tables(self, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each head's kind ``(heads,)`` long (0: distance, 1: ``zero``, 2: ``center``) and normals ``(heads, width,
+        2)`` long, padded with ``(0, 0)`` (sees everything)."""
+        kinds = torch.tensor([1 if "zero" in e else 2 if "center" in e else 0 for e in self.head_entries])
+        per_head = [self.normals(h) for h in range(self.num_heads)]
+        width = max(1, max(len(n) for n in per_head))
+        normals = torch.tensor([n + [(0, 0)] * (width - len(n)) for n in per_head], dtype=torch.long)
+        return kinds.to(device), normals.to(device)  # built on the host, one copy each
+
     def masks(self, shape, device=None) -> torch.Tensor:
         """``(heads, N, N)`` bool, True where head ``h``'s query (row) sees the key (column); cached per shape."""
-        return self._masks.get((tuple(shape), str(device)), lambda: self._build_masks(tuple(shape), device))
-
-    def _build_masks(self, shape, device) -> torch.Tensor:
-        rows, cols = (c.reshape(-1) for c in torch.meshgrid(*(torch.arange(s, device=device) for s in shape),
-                                                            indexing="ij"))
-        dy, dx = rows[None, :] - rows[:, None], cols[None, :] - cols[:, None]  # key - query, (N, N)
-        sees = {n: n[0] * dx + n[1] * dy >= 0 for n in sorted({n for h in range(self.num_heads)
-                                                              for n in self.normals(h)})}
-        everything = torch.ones_like(dx, dtype=torch.bool)
-        masks = []
-        for h in range(self.num_heads):
-            mask = everything
-            for n in self.normals(h):
-                mask = mask & sees[n]
-            masks.append(mask)
-        return torch.stack(masks)
+        return self._masks.get((tuple(shape), str(device)),
+                               lambda: fields_of_view(list(shape), self.head_tables(device)[1]))
 
     def forward(self, grid: Grid) -> torch.Tensor:
         grid = as_grid(grid)
@@ -211,36 +238,18 @@ class LookHere(BiasEncoding):
                               dim=-1).reshape(-1, 2)  # (N, 2) rows, columns
         from_centre = (coords - coords.mean(0)).norm(dim=-1)
         pad = (0, 0, grid.prefix, 0)
-        kinds = torch.tensor([1 if "zero" in e else 2 if "center" in e else 0 for e in self.head_entries],
-                             device=device)
-        width = max(1, max(len(self.normals(h)) for h in range(self.num_heads)))
-        normals = torch.zeros(self.num_heads, width, 2, dtype=torch.long, device=device)  # (0, 0) sees everything
-        for h in range(self.num_heads):
-            for j, n in enumerate(self.normals(h)):
-                normals[h, j] = torch.tensor(n)
+        kinds, normals = self.head_tables(device)
         tables = (F.pad(coords, pad), F.pad(lattice, pad), F.pad(from_centre, pad[2:]), kinds, normals,
                   self.global_slope * self.slopes)
-        power = {"linear": 1.0, "sqrt": 0.5, "square": 2.0}[self.distance]
         return PairScore(_lookhere_bias, tables, self.num_heads,
-                         {"prefix": grid.prefix, "width": width, "power": power})
+                         {"prefix": grid.prefix, "width": normals.shape[1], "power": POWERS[self.distance]})
 
     def _build(self, grid: Grid, device, transform=None) -> torch.Tensor:
         coords = self.coordinates.positions(grid, device)
         if transform is not None:
             coords = transform(coords)
-        distance = (coords[:, None] - coords[None]).norm(dim=-1)  # (N, N), exact 0 on the diagonal
-        from_centre = (coords - coords.mean(0)).norm(dim=-1)  # (N,): the grid centre is the mean position
-        if self.distance != "linear":  # the official code powers pairwise distances only, not those to the centre
-            distance = distance ** (0.5 if self.distance == "sqrt" else 2.0)
-        per_head = []
-        for h, entries in enumerate(self.head_entries):
-            if "zero" in entries:
-                per_head.append(torch.zeros_like(distance))
-            elif "center" in entries:
-                per_head.append(from_centre.expand_as(distance))
-            else:
-                per_head.append(distance)
-        penalty = -(self.global_slope * self.slopes)[:, None, None] * torch.stack(per_head)
+        penalty = lookhere_penalty(coords, self.head_tables(device)[0], self.global_slope * self.slopes,
+                                   POWERS[self.distance])
         bias = penalty.masked_fill(~self.masks(grid.shape, device), float("-inf"))
         return self.pad_prefix(bias, grid)
 
@@ -260,10 +269,36 @@ class LookHere(BiasEncoding):
     def adaptation_label(self) -> str:
         return "fields of view and distances on the new grid (no adaptation)"
 
+    def scriptable(self) -> "ScriptedLookHere":
+        """The TorchScript form (:class:`ScriptedLookHere`): index coordinates, no coordinate augmentation."""
+        self.check_scriptable_class(LookHere)
+        self.check_scriptable_coordinates()
+        return ScriptedLookHere(self)
+
     def extra_repr(self) -> str:
         extra = self.coordinates.describe()
         return (f"num_heads={self.num_heads}, head_directions={self.head_directions!r}, "
                 f"global_slope={self.global_slope}, distance={self.distance!r}{', ' + extra if extra else ''}")
+
+
+class ScriptedLookHere(nn.Module):
+    """TorchScript form of :class:`LookHere` (index coordinates): ``forward(shape, prefix) -> (heads, P + N, P +
+    N)`` float32, each head's penalty (:func:`lookhere_penalty`) on the input's patch grid with ``-inf`` outside its
+    field of view (:func:`fields_of_view`), computed in the graph; zero prefix rows and columns."""
+
+    def __init__(self, pe: LookHere):
+        super().__init__()
+        kinds, normals = pe.head_tables(pe.slopes.device)
+        self.register_buffer("slopes", pe.slopes, persistent=False)  # (heads,), the encoding's
+        self.register_buffer("kinds", kinds, persistent=False)
+        self.register_buffer("normals", normals, persistent=False)
+        self.global_slope, self.power = float(pe.global_slope), POWERS[pe.distance]
+
+    def forward(self, shape: List[int], prefix: int) -> torch.Tensor:
+        coords = index_coords(shape, torch.float32, self.slopes.device)
+        penalty = lookhere_penalty(coords, self.kinds, self.global_slope * self.slopes, self.power)
+        bias = penalty.masked_fill(~fields_of_view(shape, self.normals), float("-inf"))
+        return F.pad(bias, [prefix, 0, prefix, 0])
 
 
 def _lookhere_bias(tables, head, q, k, prefix: int, width: int, power: float):

@@ -12,7 +12,8 @@ from .._compat import TorchScriptRefusal, same_shape
 from ..cache import TableCache
 from ..encoding import constructor_keywords
 from ..grid import Grid, as_grid
-from ..resample import TABLE_RESIZES, interpolate_axis, resample_grid, resample_offsets_geometric
+from ..resample import (TABLE_RESIZES, apply_axis_weights, geometric_weights, interpolate_axis, resample_grid,
+                        resample_offsets_geometric)
 from ..sharding import check_unsharded, full_tensor
 from ._base import BiasEncoding, PairScore, gather_pair_bias, offset_table_score, pair_bias, pair_index
 
@@ -193,16 +194,13 @@ class RelativePositionBias(BiasEncoding):
 
     def scriptable(self) -> "ScriptedRelativeBias":
         """The TorchScript form (:class:`ScriptedRelativeBias`): a table that grows to the grid (``grow``
-        ``"resample"`` or ``"fit"``) by ``F.interpolate``; ``grow="error"`` (a fixed window) and BEiT's geometric
-        resampling are a ``NotImplementedError`` naming them."""
+        ``"resample"`` or ``"fit"``) by ``F.interpolate`` or BEiT's geometric resampling; ``grow="error"`` (a fixed
+        window) is a ``NotImplementedError`` naming it."""
         self.check_scriptable_class(RelativePositionBias, RelBias)
         name = type(self).__name__
         if self.grow == "error":
             raise TorchScriptRefusal(f"{name} with grow='error'",
                                       "its TorchScript form grows the table to the grid (grow 'resample' or 'fit')")
-        if self.interpolation == "geometric":
-            raise TorchScriptRefusal(f"{name} with interpolation='geometric'",
-                                      "its TorchScript form resamples the table with F.interpolate")
         return ScriptedRelativeBias(self)
 
     def extra_repr(self) -> str:
@@ -213,8 +211,9 @@ class ScriptedRelativeBias(nn.Module):
     """TorchScript form of :class:`RelativePositionBias` (``grow`` ``"resample"`` or ``"fit"``; :class:`SwinBias`'s
     fixed window, ``grow="error"``): ``forward(shape, prefix) -> (heads, P + N, P + N)`` float32, the bias of the
     input's patch grid computed in the graph as :meth:`RelativePositionBias.forward` computes it (the offset table,
-    resampled to the window the grid reads, gathered by :func:`~visionpe.bias._base.pair_index`); a fixed window
-    raises for a grid larger than it, as the eager module does."""
+    resampled to the window the grid reads with ``F.interpolate`` or BEiT's geometric weights, gathered by
+    :func:`~visionpe.bias._base.pair_index`); a fixed window raises for a grid larger than it, as the eager module
+    does."""
 
     def __init__(self, pe: RelativePositionBias):
         super().__init__()
@@ -231,10 +230,14 @@ class ScriptedRelativeBias(nn.Module):
         heads = self.table.shape[1]
         table = self.table[:self.offsets]
         if window != self.window:
-            table = table.reshape([2 * w - 1 for w in self.window] + [heads])
-            for axis, w in enumerate(window):
-                if table.shape[axis] != 2 * w - 1:
-                    table = interpolate_axis(table, axis, 2 * w - 1, self.interpolation, self.antialias, False)
+            source = [2 * w - 1 for w in self.window]
+            table = table.reshape(source + [heads])
+            if self.interpolation == "geometric":  # BEiT's: every axis resampled when any changes
+                table = apply_axis_weights(table, geometric_weights(source, [2 * w - 1 for w in window]))
+            else:
+                for axis, w in enumerate(window):
+                    if table.shape[axis] != 2 * w - 1:
+                        table = interpolate_axis(table, axis, 2 * w - 1, self.interpolation, self.antialias, False)
             table = table.reshape(-1, heads)
         table = table.float()
         if self.prefix_entries:
