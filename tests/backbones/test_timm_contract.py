@@ -63,11 +63,8 @@ UNSCRIPTED_CLASS = ("visionpe's TorchScript forms cover timm's token transformer
                     "ViT), not Swin's windows")
 UNSCRIPTED_PE = {"peg": "PEG is added after the first block (CPVT), which the scripted forward does not do",
                  **{pe: f"{pe} has no TorchScript form (scripted: {', '.join(SCRIPTED_ENCODINGS)})"
-                    for pe in ("lookhere", "fire", "cpb", "string", "comrope", "bucket_bias", "liere", "harope",
-                               "spiral_rope")}}
+                    for pe in ("lookhere", "fire", "cpb", "string", "comrope", "bucket_bias", "liere")}}
 SCRIPTED_SETTING = {  # a native encoding in a setting without a TorchScript form
-    ("vit_small_patch16_dinov3", "native"): "DINOv3's RoPE reads normalised coordinates (coords='normalized'), which "
-                                            "the TorchScript forms do not (integer patch positions only)",
     ("beit_base_patch16_224", "native"): "BEiT's rel_bias resizes its table geometrically (interpolation='geometric'), "
                                          "which the TorchScript form does not (F.interpolate only)",
     ("vit_relpos_small_patch16_224", "native"): "the RelPos ViT's own encoding is cpb, which has no TorchScript form"}

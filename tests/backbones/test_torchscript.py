@@ -11,6 +11,7 @@ import torch
 
 import visionpe as vpe
 from visionpe._compat import SCRIPTED_ENCODINGS
+from visionpe.coords import COORDS, NORMALIZE_COORDS, axis_positions, patch_positions
 from visionpe.registry import ENCODINGS
 
 TINY = dict(img_size=32, patch_size=8, num_classes=5, depth=2, embed_dim=32, num_heads=2)
@@ -24,6 +25,12 @@ CASES = [  # every encoding with a TorchScript form, and the prefix layouts of t
     ("vit_small_patch16_rope_224", "native"),  # Eva: rope_mixed taking over timm's frequencies, q/v biases
     ("beit_base_patch16_224", "learned+rope_mixed+alibi"),  # BEiT: Eva's attention, layer-scale vectors
     ("vit_relpos_small_patch16_224", "sincos+rope_axial+rel_bias"),
+    ("vit_small_patch16_dinov3", "native"),  # Eva: rope_axial on normalised coordinates, rotate-half pairs
+    ("vit_small_patch16_dinov3", "harope"),  # RoPE after learned maps M and M^-T per head, register tokens
+    ("vit_small_patch16_rope_224", "spiral_rope"),  # fixed frequencies turned to four directions
+]
+VARIANTS = [  # other forms of the encodings (index coordinates: resolution scaling "pi" in a model)
+    ("rope_axial", {"coords": "pixel", "normalize_coords": "min"}),
 ]
 assert {pe for _, pes in CASES for pe in pes.split("+")} == {"native", *SCRIPTED_ENCODINGS}
 VIT_ENCODINGS = [pe for pe in vpe.available() if 2 in ENCODINGS[pe].ndims and pe != "swin_bias"]  # (Swin's windows)
@@ -40,10 +47,22 @@ def script(model: torch.nn.Module) -> torch.jit.ScriptModule:
         return torch.jit.load(buffer)
 
 
-@pytest.mark.parametrize("name, pe", CASES)
-def test_scripted_model_equals_eager_at_any_size(name, pe):
+def perturb(model: torch.nn.Module) -> torch.nn.Module:
+    """Every encoding parameter moved off its initial value (STRING's basis and HARoPE's maps start as the identity,
+    which a form that left them out would match)."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, vpe.Encoding):
+                for parameter in module.parameters(recurse=False):
+                    parameter.add_(0.1 * torch.randn_like(parameter))
+    return model
+
+
+@pytest.mark.parametrize("name, pe, pe_kwargs", [(name, pe, {}) for name, pe in CASES] +
+                         [("vit_tiny_patch16_224", pe, kwargs) for pe, kwargs in VARIANTS])
+def test_scripted_model_equals_eager_at_any_size(name, pe, pe_kwargs):
     torch.manual_seed(0)
-    model = vpe.create_model(name, pe=pe, **TINY).eval()
+    model = perturb(vpe.create_model(name, pe=pe, pe_kwargs=pe_kwargs, **TINY).eval())
     loaded = script(model)
     with torch.no_grad():
         for size in SIZES:
@@ -51,6 +70,20 @@ def test_scripted_model_equals_eager_at_any_size(name, pe):
             torch.testing.assert_close(loaded.forward_features(x), model.forward_features(x), rtol=0, atol=1e-5,
                                        msg=f"{name} {pe} at {size}")
             torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=1e-5, msg=f"{name} {pe} at {size}")
+
+
+@pytest.mark.parametrize("coords", COORDS)
+def test_scripted_positions_are_the_coordinate_systems(coords):
+    """The TorchScript function the scripted encodings read their coordinates with gives what the coordinate system
+    gives the eager encodings, for every normalisation, on grids of one, two and three axes."""
+    positions = torch.jit.script(patch_positions)
+    for normalize_coords in NORMALIZE_COORDS:
+        for shape in [(5,), (3, 7), (1, 4, 2)]:
+            got = positions(list(shape), coords, normalize_coords, torch.float64, torch.device("cpu"))
+            expected = axis_positions(shape, coords=coords, normalize_coords=normalize_coords, dtype=torch.float64)
+            assert len(got) == len(shape)
+            for axis, (a, b) in enumerate(zip(got, expected)):
+                torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"{coords} {normalize_coords} {shape} {axis}")
 
 
 def test_scripted_clip_model_equals_eager_at_any_length():
@@ -63,6 +96,21 @@ def test_scripted_clip_model_equals_eager_at_any_length():
         for size in [(4, 16, 16), (6, 24, 16)]:
             x = torch.randn(2, 3, *size)
             torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=1e-5, msg=f"clip of {size}")
+
+
+@pytest.mark.parametrize("pe", ["harope"])
+def test_a_scripted_learned_rotation_reads_its_parameters_as_they_are_now(pe):
+    """The TorchScript form holds the encoding's own parameters: a change after scripting (training) is what the
+    scripted model computes with."""
+    torch.manual_seed(0)
+    model = vpe.create_model("vit_tiny_patch16_224", pe=pe, **{**TINY, "depth": 1}).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        scripted = torch.jit.script(model)
+    perturb(model)
+    x = torch.randn(1, 3, 40, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(x), model(x), rtol=0, atol=1e-5)
 
 
 def test_scripted_model_shares_the_parameters_and_leaves_the_eager_model_as_it_was():
@@ -123,6 +171,9 @@ def test_an_encoding_without_a_torchscript_form_is_named(pe, what):
     ("vit_tiny_patch16_224", "rope_mixed", {"scaling": "yarn"}, r"VisionTransformerPE with MixedRoPE with "
                                                                 r"scaling='yarn' \(blocks\.0\.attn\.rotary\)"),
     ("vit_tiny_patch16_224", "alibi", {"jitter_coords": 1.2}, r"VisionTransformerPE with ALiBi with jitter_coords=1.2"),
+    ("vit_tiny_patch16_224", "rope_axial", {"coords": "pixel", "shift_coords": 0.5}, r"VisionTransformerPE with "
+                                                    r"AxialRoPE with coords='pixel', shift_coords=0.5 \(blocks"),
+    ("vit_tiny_patch16_224", "harope", {"scaling": "ntk"}, r"VisionTransformerPE with HARoPE with scaling='ntk'"),
     ("beit_base_patch16_224", "native", {}, r"BeitPE with RelBias with interpolation='geometric'"),  # BEiT's own
 ])
 def test_a_setting_without_a_torchscript_form_is_named(name, pe, pe_kwargs, setting):

@@ -33,11 +33,6 @@ from .rope import check_scaling
 LEARNED_SCALINGS = ("none", "pi")
 
 
-def grid_coordinates(axis_positions) -> torch.Tensor:
-    """Per-axis coordinates ``[(n_a,)]`` -> ``(N, ndim)`` for every patch, row-major, grid axis order."""
-    return torch.stack(torch.meshgrid(*axis_positions, indexing="ij"), dim=-1).reshape(-1, len(axis_positions))
-
-
 def check_block_size(head_dim: int, block_size: int) -> None:
     """``block_size`` (checked a positive integer) splits ``head_dim`` into whole skew-symmetric blocks of at least
     2 x 2 (a 1 x 1 one is 0)."""
@@ -201,3 +196,4 @@ class LearnedRotation(RotaryEncoding):
         extra = self.coordinates.describe()
         return (f"head_dim={self.head_dim}, num_heads={self.num_heads}, ndim={self.ndim}, scaling={self.scaling!r}, "
                 f"ref_shape={self.ref_shape}{', ' + extra if extra else ''}")
+

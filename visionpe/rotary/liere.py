@@ -9,9 +9,10 @@ from torch import nn
 
 from .._checks import check_generator, check_number, check_positive_int
 from ..coords import CoordinateSystem
+from ..grid import grid_coordinates
 from ..sharding import full_tensor
 from .blocks import matrix_exp, num_upper, skew_from_upper
-from .learned import LearnedRotation, check_block_size, grid_coordinates
+from .learned import LearnedRotation, check_block_size
 
 
 class LieRE(LearnedRotation):

@@ -11,10 +11,10 @@ from .._checks import check_choice, check_generator, check_number
 from .._compat import autocast_off, is_exporting
 from ..coords import CoordinateSystem
 from ..sharding import full_tensor
-from ..grid import as_grid
+from ..grid import as_grid, grid_coordinates
 from ._base import pair_blocks
 from .blocks import change_basis, num_upper, skew_from_upper
-from .learned import LearnedRotation, grid_coordinates
+from .learned import LearnedRotation
 from .rope import apply_rotary, mixed_frequencies, resolve_sections
 
 VARIANTS = ("cayley", "circulant")
