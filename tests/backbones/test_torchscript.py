@@ -26,11 +26,13 @@ CASES = [  # every encoding with a TorchScript form, and the prefix layouts of t
     ("beit_base_patch16_224", "learned+rope_mixed+alibi"),  # BEiT: Eva's attention, layer-scale vectors
     ("vit_relpos_small_patch16_224", "sincos+rope_axial+rel_bias"),
     ("vit_small_patch16_dinov3", "native"),  # Eva: rope_axial on normalised coordinates, rotate-half pairs
+    ("deit_tiny_distilled_patch16_224", "string"),  # Cayley-STRING: RoPE after a learned basis
     ("vit_small_patch16_dinov3", "harope"),  # RoPE after learned maps M and M^-T per head, register tokens
     ("vit_small_patch16_rope_224", "spiral_rope"),  # fixed frequencies turned to four directions
 ]
 VARIANTS = [  # other forms of the encodings (index coordinates: resolution scaling "pi" in a model)
     ("rope_axial", {"coords": "pixel", "normalize_coords": "min"}),
+    ("string", {"variant": "circulant"}),
 ]
 assert {pe for _, pes in CASES for pe in pes.split("+")} == {"native", *SCRIPTED_ENCODINGS}
 VIT_ENCODINGS = [pe for pe in vpe.available() if 2 in ENCODINGS[pe].ndims and pe != "swin_bias"]  # (Swin's windows)
@@ -98,7 +100,7 @@ def test_scripted_clip_model_equals_eager_at_any_length():
             torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=1e-5, msg=f"clip of {size}")
 
 
-@pytest.mark.parametrize("pe", ["harope"])
+@pytest.mark.parametrize("pe", ["string", "harope"])
 def test_a_scripted_learned_rotation_reads_its_parameters_as_they_are_now(pe):
     """The TorchScript form holds the encoding's own parameters: a change after scripting (training) is what the
     scripted model computes with."""
