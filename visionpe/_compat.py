@@ -80,7 +80,7 @@ TORCHSCRIPT_ROUTES = ("export the model with torch.export.export or to ONNX, whi
 
 
 SCRIPTED_ENCODINGS = ("learned", "sincos", "rope_axial", "rope_mixed", "rel_bias", "alibi",
-                      "string", "harope", "spiral_rope")
+                      "string", "comrope", "liere", "harope", "spiral_rope")
 SCRIPTED_MODELS = "timm's token transformers (the vpe_ ViT, DeiT, DeiT-III, DINOv2, Eva, BEiT and RelPos ViT models)"
 
 

@@ -63,7 +63,7 @@ UNSCRIPTED_CLASS = ("visionpe's TorchScript forms cover timm's token transformer
                     "ViT), not Swin's windows")
 UNSCRIPTED_PE = {"peg": "PEG is added after the first block (CPVT), which the scripted forward does not do",
                  **{pe: f"{pe} has no TorchScript form (scripted: {', '.join(SCRIPTED_ENCODINGS)})"
-                    for pe in ("lookhere", "fire", "cpb", "comrope", "bucket_bias", "liere")}}
+                    for pe in ("lookhere", "fire", "cpb", "bucket_bias")}}
 SCRIPTED_SETTING = {  # a native encoding in a setting without a TorchScript form
     ("beit_base_patch16_224", "native"): "BEiT's rel_bias resizes its table geometrically (interpolation='geometric'), "
                                          "which the TorchScript form does not (F.interpolate only)",

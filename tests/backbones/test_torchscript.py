@@ -27,12 +27,16 @@ CASES = [  # every encoding with a TorchScript form, and the prefix layouts of t
     ("vit_relpos_small_patch16_224", "sincos+rope_axial+rel_bias"),
     ("vit_small_patch16_dinov3", "native"),  # Eva: rope_axial on normalised coordinates, rotate-half pairs
     ("deit_tiny_distilled_patch16_224", "string"),  # Cayley-STRING: RoPE after a learned basis
+    ("deit3_small_patch16_224", "learned+comrope"),  # block rotations from commuting angle matrices, [-1, 1]
+    ("eva02_tiny_patch14_224", "liere"),  # a dense generator's exponential per position
     ("vit_small_patch16_dinov3", "harope"),  # RoPE after learned maps M and M^-T per head, register tokens
     ("vit_small_patch16_rope_224", "spiral_rope"),  # fixed frequencies turned to four directions
 ]
 VARIANTS = [  # other forms of the encodings (index coordinates: resolution scaling "pi" in a model)
     ("rope_axial", {"coords": "pixel", "normalize_coords": "min"}),
     ("string", {"variant": "circulant"}),
+    ("comrope", {"variant": "ap", "coords": "index"}),
+    ("liere", {"block_size": 4, "coords": "pixel", "normalize_coords": "min"}),
 ]
 assert {pe for _, pes in CASES for pe in pes.split("+")} == {"native", *SCRIPTED_ENCODINGS}
 VIT_ENCODINGS = [pe for pe in vpe.available() if 2 in ENCODINGS[pe].ndims and pe != "swin_bias"]  # (Swin's windows)
@@ -100,7 +104,7 @@ def test_scripted_clip_model_equals_eager_at_any_length():
             torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=1e-5, msg=f"clip of {size}")
 
 
-@pytest.mark.parametrize("pe", ["string", "harope"])
+@pytest.mark.parametrize("pe", ["string", "comrope", "liere", "harope"])
 def test_a_scripted_learned_rotation_reads_its_parameters_as_they_are_now(pe):
     """The TorchScript form holds the encoding's own parameters: a change after scripting (training) is what the
     scripted model computes with."""
@@ -156,7 +160,7 @@ def test_every_encoding_scripts_equal_to_eager_or_refuses_by_name():
 
 @pytest.mark.parametrize("pe, what", [
     ("lookhere", r"VisionTransformerPE with LookHere \(blocks\.0\.attn\.bias\): it has no TorchScript form"),
-    ("comrope", r"VisionTransformerPE with ComRoPE \(blocks\.0\.attn\.rotary\): it has no TorchScript form"),
+    ("geope", r"VisionTransformerPE with GeoPE \(blocks\.0\.attn\.rotary\): it has no TorchScript form"),
     ("peg", r"VisionTransformerPE with PEG after block 1: "),
 ])
 def test_an_encoding_without_a_torchscript_form_is_named(pe, what):
@@ -175,6 +179,8 @@ def test_an_encoding_without_a_torchscript_form_is_named(pe, what):
     ("vit_tiny_patch16_224", "alibi", {"jitter_coords": 1.2}, r"VisionTransformerPE with ALiBi with jitter_coords=1.2"),
     ("vit_tiny_patch16_224", "rope_axial", {"coords": "pixel", "shift_coords": 0.5}, r"VisionTransformerPE with "
                                                     r"AxialRoPE with coords='pixel', shift_coords=0.5 \(blocks"),
+    ("vit_tiny_patch16_224", "liere", {"shift_coords": 0.5}, r"VisionTransformerPE with LieRE with "
+                                                             r"coords='normalized', shift_coords=0.5 \(blocks"),
     ("vit_tiny_patch16_224", "harope", {"scaling": "ntk"}, r"VisionTransformerPE with HARoPE with scaling='ntk'"),
     ("beit_base_patch16_224", "native", {}, r"BeitPE with RelBias with interpolation='geometric'"),  # BEiT's own
 ])
