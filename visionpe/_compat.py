@@ -79,8 +79,8 @@ TORCHSCRIPT_ROUTES = ("export the model with torch.export.export or to ONNX, whi
                       "with torch.fx (docs/deploy.md)")
 
 
-SCRIPTED_ENCODINGS = ("learned", "sincos", "rope_axial", "rope_mixed", "rel_bias", "alibi", "swin_bias", "cpb", "bucket_bias",
-                      "fire", "lookhere", "peg")
+SCRIPTED_ENCODINGS = ("learned", "sincos", "rope_axial", "rope_mixed", "rel_bias", "alibi", "swin_bias", "cpb",
+                      "bucket_bias", "fire", "lookhere", "peg", "string", "comrope", "liere", "harope", "spiral_rope")
 SCRIPTED_MODELS = ("timm's token transformers (the vpe_ ViT, DeiT, DeiT-III, DINOv2, Eva, BEiT and RelPos ViT models), "
                    "timm's Swin and Swin-V2 (vpe_swin_*, vpe_swinv2_*) and torchvision's VisionTransformer "
                    "(vit_b_16 ... vit_h_14)")
@@ -93,8 +93,8 @@ class TorchScriptRefusal(NotImplementedError):
     def __init__(self, what: str, reason: str):
         self.what, self.reason = what, reason
         super().__init__(f"torch.jit.script does not support {what}: {reason}; visionpe scripts {SCRIPTED_MODELS} "
-                         f"with the encodings {', '.join(SCRIPTED_ENCODINGS)} (index coordinates, no coordinate "
-                         f"augmentation); {TORCHSCRIPT_ROUTES}")
+                         f"with the encodings {', '.join(SCRIPTED_ENCODINGS)} (no coordinate augmentation; normalised "
+                         f"coordinates on the rotary ones); {TORCHSCRIPT_ROUTES}")
 
 
 def refuse_torchscript(module: torch.nn.Module):

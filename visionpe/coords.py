@@ -45,6 +45,7 @@ import functools
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import List
 
 import torch
 
@@ -217,6 +218,25 @@ def axis_positions(shape, offset=None, coords: str = "index", normalize_coords: 
     if ref_shape is not None:
         axes = [a if step is not None else a * (r / s) for a, r, s, step in zip(axes, ref_shape, shape, spacing)]
     return axes
+
+
+def patch_positions(shape: List[int], coords: str, normalize_coords: str, dtype: torch.dtype,
+                    device: torch.device) -> List[torch.Tensor]:
+    """Per-axis coordinates ``[(size_a,)]`` of a grid of ``shape`` without offset, spacing or reference grid, in
+    ``dtype``, grid axis order: what :func:`axis_positions` gives such a grid, as a TorchScript function (the scripted
+    models' encodings compute their positions with it from each input's size)."""
+    if coords == "index":
+        return [torch.arange(s, dtype=dtype, device=device) for s in shape]
+    side = min(shape) if normalize_coords == "min" else max(shape)
+    positions: List[torch.Tensor] = []
+    for s in shape:
+        d = float(s) if normalize_coords == "separate" else float(side)
+        steps = torch.arange(s, dtype=dtype, device=device)
+        if coords == "pixel":
+            positions.append(steps * (2.0 / max(d - 1.0, 1.0)) - 1.0)
+        else:
+            positions.append((steps + 0.5) / d * 2.0 - 1.0)
+    return positions
 
 
 def axis_offsets(positions: torch.Tensor) -> torch.Tensor:

@@ -235,14 +235,15 @@ class Encoding(nn.Module):
             raise TorchScriptRefusal(type(self).__name__, f"it has no TorchScript form (the form of its base class "
                                                           f"is written for {', '.join(c.__name__ for c in classes)})")
 
-    def check_scriptable_coordinates(self) -> None:
-        """The TorchScript forms read integer patch positions: normalised coordinates or a coordinate augmentation
+    def check_scriptable_coordinates(self, normalized: bool = False) -> None:
+        """The TorchScript forms read integer patch positions (``normalized=True``: a form that reads normalised ones
+        too, :func:`~visionpe.coords.patch_positions`): other coordinates or a coordinate augmentation
         (:attr:`coordinates`) are a ``NotImplementedError`` naming the setting."""
         coordinates = getattr(self, "coordinates", None)
-        if coordinates is not None and (coordinates.normalized or coordinates.augments):
-            raise TorchScriptRefusal(
-                f"{type(self).__name__} with {coordinates.describe()}",
-                "its TorchScript form reads integer patch positions (coords='index', no coordinate augmentation)")
+        if coordinates is not None and ((coordinates.normalized and not normalized) or coordinates.augments):
+            reads = "patch positions (any coords" if normalized else "integer patch positions (coords='index'"
+            raise TorchScriptRefusal(f"{type(self).__name__} with {coordinates.describe()}",
+                                     f"its TorchScript form reads {reads}, no coordinate augmentation)")
 
     # -- describing itself --------------------------------------------------------------------------
     def no_weight_decay(self) -> set[str]:

@@ -112,8 +112,13 @@ class Grid:
 def index_coords(shape: List[int], dtype: torch.dtype, device: Optional[torch.device] = None) -> torch.Tensor:
     """Integer patch positions of a grid of ``shape``, ``(N, ndim)`` in ``dtype``, grid axis order, row-major (a
     TorchScript function: the scripted models compute their positions with it from each input's size)."""
-    axes = [torch.arange(s, device=device, dtype=dtype) for s in shape]
-    return torch.stack(torch.meshgrid(axes, indexing="ij"), dim=-1).reshape(-1, len(shape))
+    return grid_coordinates([torch.arange(s, device=device, dtype=dtype) for s in shape])
+
+
+def grid_coordinates(axis_positions: List[torch.Tensor]) -> torch.Tensor:
+    """Per-axis coordinates ``[(n_a,)]`` -> ``(N, ndim)`` for every patch, row-major, grid axis order (a TorchScript
+    function)."""
+    return torch.stack(torch.meshgrid(axis_positions, indexing="ij"), dim=-1).reshape(-1, len(axis_positions))
 
 
 def check_exact_positions(shape, offset, spacing, dtype: torch.dtype) -> None:

@@ -5,8 +5,7 @@ distilled DeiT, DeiT-III, Eva and its RoPE port, DINOv2, DINOv3, BEiT, the RelPo
 encoding (:data:`MODELS`). Every test that timm gives a model through ``timm.list_models`` (the generic ones:
 forward, backward, the cfg checks, features, forward_intermediates, FX, TorchScript), the harness
 (``timm_contract_harness.py``) gives to its ``vpe_`` twin, and whatever timm's model passes, the twin passes too,
-except the open items of :data:`KNOWN` (per test, model and encoding, each with its reason; the test fails when
-one passes again).
+TorchScript included (every encoding of :data:`MODELS` has a TorchScript form, docs/deploy.md): no open items.
 
 The selection is timm's own CI's: its markers, and ``GITHUB_ACTIONS`` set, which leaves out, as timm's CI does, the
 unmarked slow tests (``test_prune_intermediate_layers_contract``, FX then TorchScript) and the pretrained downloads;
@@ -29,7 +28,6 @@ import pytest
 from filelock import FileLock
 
 from peers import junit_outcomes, peer_sdist
-from visionpe._compat import SCRIPTED_ENCODINGS
 
 HARNESS = Path(__file__).with_name("timm_contract_harness.py")
 ROOT = HARNESS.parents[2]
@@ -53,21 +51,6 @@ MODELS = {
 }
 SLOTS = range(max(len(pes) for _, pes in MODELS.values()))
 MARKERS = "base or cfg or torchscript or features or fxforward or fxbackward or forward or backward"
-
-# The tests timm's model passes and its vpe_ twin does not, per (test, timm model, encoding), each with its reason
-# (the contract's open items): torch.jit.script of a twin whose encoding (or its setting) has no TorchScript form
-# raises NotImplementedError naming the routes that serve it (torch.export, ONNX, FX; docs/deploy.md, "FX and
-# TorchScript").
-TORCHSCRIPT = "test_model_forward_torchscript"
-UNSCRIPTED_PE = {pe: f"{pe} has no TorchScript form (scripted: {', '.join(SCRIPTED_ENCODINGS)})"
-                 for pe in ("string", "comrope", "liere", "harope", "spiral_rope")}
-SCRIPTED_SETTING = {  # a native encoding in a setting without a TorchScript form
-    ("vit_small_patch16_dinov3", "native"): "DINOv3's RoPE reads normalised coordinates (coords='normalized'), which "
-                                            "the TorchScript forms do not (integer patch positions only)"}
-TWIN_SKIPS_TORCHSCRIPT = {"vit_small_patch14_reg4_dinov2"}  # timm's test skips it: a fixed 518 px input > MAX_JIT_SIZE
-KNOWN = {(TORCHSCRIPT, name, pe): UNSCRIPTED_PE[pe] for name, (_, pes) in MODELS.items()
-         if name not in TWIN_SKIPS_TORCHSCRIPT for pe in pes if pe not in ("native",) + SCRIPTED_ENCODINGS}
-KNOWN.update({(TORCHSCRIPT, *case): reason for case, reason in SCRIPTED_SETTING.items()})
 
 
 def outcomes(report: Path) -> dict[str, tuple[str, str]]:
@@ -122,14 +105,5 @@ def test_vpe_models_pass_what_timm_models_pass(slot, twin_outcomes, tmp_path):
     assert len(ours) > 8 * len(cases), f"too few tests ran: {sorted(ours)}"
     assert set(ours) <= set(twins), f"tests the twins did not get: {sorted(set(ours) - set(twins))}"
     failing = {test for test in ours if twins[test][0] == "passed" and ours[test][0] != "passed"}
-    gaps = {test for test in ours if known_key(test, cases) in KNOWN}
-    assert gaps <= failing, f"known gaps that pass now (remove them from KNOWN): {sorted(gaps - failing)}"
-    assert failing <= gaps, "tests timm's models pass and their vpe_ twins do not:\n" + "\n".join(
-        f"{test}: {ours[test][0]} {ours[test][1]}" for test in sorted(failing - gaps))
-
-
-def known_key(test: str, cases: dict) -> tuple[str, str, str]:
-    """A test id of one slot's run -> ``(test function, timm model, encoding)``, the key of :data:`KNOWN`."""
-    names = [name for name in cases if f"-{name}" in test or f"[{name}" in test]
-    name = max(names, key=len)  # deit_tiny_patch16_224 is not deit_tiny_distilled_patch16_224
-    return test.split("[")[0], name, cases[name]["pe"]
+    assert not failing, "tests timm's models pass and their vpe_ twins do not:\n" + "\n".join(
+        f"{test}: {ours[test][0]} {ours[test][1]}" for test in sorted(failing))

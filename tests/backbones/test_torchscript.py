@@ -14,6 +14,7 @@ from torchvision.models.vision_transformer import VisionTransformer
 
 import visionpe as vpe
 from visionpe._compat import SCRIPTED_ENCODINGS
+from visionpe.coords import COORDS, NORMALIZE_COORDS, axis_positions, patch_positions
 from visionpe.registry import ENCODINGS
 
 TINY = dict(img_size=32, patch_size=8, num_classes=5, depth=2, embed_dim=32, num_heads=2)
@@ -38,8 +39,21 @@ CASES = [  # every encoding with a TorchScript form, and the prefix layouts of t
     ("deit3_small_patch16_224", "bucket_bias"),
     ("vit_small_patch16_rope_224", "fire"),  # Eva's attention
     ("vit_tiny_patch16_224", "peg+lookhere"),  # PEG after the first block; -inf outside each head's field of view
+    ("vit_small_patch16_dinov3", "native"),  # Eva: rope_axial on normalised coordinates, rotate-half pairs
+    ("deit_tiny_distilled_patch16_224", "string"),  # Cayley-STRING: RoPE after a learned basis
+    ("deit3_small_patch16_224", "learned+comrope"),  # block rotations from commuting angle matrices, [-1, 1]
+    ("eva02_tiny_patch14_224", "liere"),  # a dense generator's exponential per position
+    ("vit_small_patch16_dinov3", "harope"),  # RoPE after learned maps M and M^-T per head, register tokens
+    ("vit_small_patch16_rope_224", "spiral_rope"),  # fixed frequencies turned to four directions
+]
+VARIANTS = [  # other forms of the encodings (index coordinates: resolution scaling "pi" in a model)
+    ("rope_axial", {"coords": "pixel", "normalize_coords": "min"}),
+    ("string", {"variant": "circulant"}),
+    ("comrope", {"variant": "ap", "coords": "index"}),
+    ("liere", {"block_size": 4, "coords": "pixel", "normalize_coords": "min"}),
 ]
 assert {pe for _, pes in CASES for pe in pes.split("+")} == {"native", *SCRIPTED_ENCODINGS}
+ONE_BLOCK = {"string", "comrope", "liere", "harope", "spiral_rope"}  # a form per block: the other cases check two
 VIT_ENCODINGS = [pe for pe in vpe.available() if 2 in ENCODINGS[pe].ndims and pe != "swin_bias"]  # (Swin's windows)
 ROUTES = r".*torch.export.export or to ONNX.*torch.fx"
 
@@ -54,11 +68,23 @@ def script(model: torch.nn.Module) -> torch.jit.ScriptModule:
         return torch.jit.load(buffer)
 
 
-@pytest.mark.parametrize("name, pe", CASES)
-def test_scripted_model_equals_eager_at_any_size(name, pe):
+def perturb(model: torch.nn.Module) -> torch.nn.Module:
+    """Every encoding's parameters moved off their initial values (STRING's basis and HARoPE's maps start as the
+    identity, which a form that left them out would match)."""
+    for module in model.modules():
+        if isinstance(module, vpe.Encoding):
+            perturbed(module, std=0.1)
+    return model
+
+
+@pytest.mark.parametrize("name, pe, pe_kwargs", [(name, pe, {}) for name, pe in CASES] +
+                         [("vit_tiny_patch16_224", pe, kwargs) for pe, kwargs in VARIANTS])
+def test_scripted_model_equals_eager_at_any_size(name, pe, pe_kwargs):
     torch.manual_seed(0)
     kwargs, sizes = (SWIN, SWIN_SIZES) if name.startswith("swin") else (TINY, SIZES)
-    model = vpe.create_model(name, pe=pe, **kwargs).eval()
+    if set(pe.split("+")) & ONE_BLOCK:
+        kwargs = {**kwargs, "depth": 1}
+    model = perturb(vpe.create_model(name, pe=pe, pe_kwargs=pe_kwargs, **kwargs).eval())
     loaded = script(model)
     with torch.no_grad():
         for size in sizes:
@@ -66,6 +92,20 @@ def test_scripted_model_equals_eager_at_any_size(name, pe):
             torch.testing.assert_close(loaded.forward_features(x), model.forward_features(x), rtol=0, atol=1e-5,
                                        msg=f"{name} {pe} at {size}")
             torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=1e-5, msg=f"{name} {pe} at {size}")
+
+
+@pytest.mark.parametrize("coords", COORDS)
+def test_scripted_positions_are_the_coordinate_systems(coords):
+    """The TorchScript function the scripted encodings read their coordinates with gives what the coordinate system
+    gives the eager encodings, for every normalisation, on grids of one, two and three axes."""
+    positions = torch.jit.script(patch_positions)
+    for normalize_coords in NORMALIZE_COORDS:
+        for shape in [(5,), (3, 7), (1, 4, 2)]:
+            got = positions(list(shape), coords, normalize_coords, torch.float64, torch.device("cpu"))
+            expected = axis_positions(shape, coords=coords, normalize_coords=normalize_coords, dtype=torch.float64)
+            assert len(got) == len(shape)
+            for axis, (a, b) in enumerate(zip(got, expected)):
+                torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"{coords} {normalize_coords} {shape} {axis}")
 
 
 def test_scripted_clip_model_equals_eager_at_any_length():
@@ -81,7 +121,8 @@ def test_scripted_clip_model_equals_eager_at_any_length():
 
 
 TV = dict(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=5)
-TV_CASES = ["sincos+rope_axial+rel_bias", "learned+rope_mixed+alibi", "cpb", "bucket_bias", "fire", "lookhere"]
+TV_CASES = ["sincos+rope_axial+rel_bias", "learned+rope_mixed+alibi", "cpb", "bucket_bias", "fire", "lookhere",
+            "string", "comrope", "liere", "harope", "spiral_rope"]
 # with native: every scripted encoding but Swin's windows' table and PEG after the first block (refused below)
 assert {pe for pes in TV_CASES for pe in pes.split("+")} == set(SCRIPTED_ENCODINGS) - {"swin_bias", "peg"}
 
@@ -131,6 +172,21 @@ def test_torchvision_vit_encoding_without_a_torchscript_form_is_named(pe, what):
     with pytest.raises(NotImplementedError, match=rf"^torch.jit.script does not support {what}.*{ROUTES}"):
         torch.jit.script(model)
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 5)
+
+
+@pytest.mark.parametrize("pe", ["string", "comrope", "liere", "harope"])
+def test_a_scripted_learned_rotation_reads_its_parameters_as_they_are_now(pe):
+    """The TorchScript form holds the encoding's own parameters: a change after scripting (training) is what the
+    scripted model computes with."""
+    torch.manual_seed(0)
+    model = vpe.create_model("vit_tiny_patch16_224", pe=pe, **{**TINY, "depth": 1}).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        scripted = torch.jit.script(model)
+    perturb(model)
+    x = torch.randn(1, 3, 40, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(x), model(x), rtol=0, atol=1e-5)
 
 
 def test_scripted_model_shares_the_parameters_and_leaves_the_eager_model_as_it_was():
@@ -194,7 +250,7 @@ def test_every_encoding_scripts_equal_to_eager_or_refuses_by_name():
 
 @pytest.mark.parametrize("pe, what", [
     ("pape", r"VisionTransformerPE with PaPE \(blocks\.0\.attn\.bias\): it has no TorchScript form"),
-    ("comrope", r"VisionTransformerPE with ComRoPE \(blocks\.0\.attn\.rotary\): it has no TorchScript form"),
+    ("geope", r"VisionTransformerPE with GeoPE \(blocks\.0\.attn\.rotary\): it has no TorchScript form"),
 ])
 def test_an_encoding_without_a_torchscript_form_is_named(pe, what):
     model = vpe.create_model("vit_tiny_patch16_224", pe=pe, **TINY).eval()
@@ -212,6 +268,11 @@ def test_an_encoding_without_a_torchscript_form_is_named(pe, what):
     ("vit_tiny_patch16_224", "alibi", {"jitter_coords": 1.2}, r"VisionTransformerPE with ALiBi with jitter_coords=1.2"),
     ("vit_tiny_patch16_224", "cpb", {"coords": "normalized"}, r"VisionTransformerPE with ContinuousPositionBias with "
                                                               r"coords='normalized' \(blocks\.0\.attn\.bias\)"),
+    ("vit_tiny_patch16_224", "rope_axial", {"coords": "pixel", "shift_coords": 0.5}, r"VisionTransformerPE with "
+                                                    r"AxialRoPE with coords='pixel', shift_coords=0.5 \(blocks"),
+    ("vit_tiny_patch16_224", "liere", {"shift_coords": 0.5}, r"VisionTransformerPE with LieRE with "
+                                                             r"coords='normalized', shift_coords=0.5 \(blocks"),
+    ("vit_tiny_patch16_224", "harope", {"scaling": "ntk"}, r"VisionTransformerPE with HARoPE with scaling='ntk'"),
 ])
 def test_a_setting_without_a_torchscript_form_is_named(name, pe, pe_kwargs, setting):
     model = vpe.create_model(name, pe=pe, pe_kwargs=pe_kwargs, **TINY).eval()

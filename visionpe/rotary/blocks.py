@@ -6,6 +6,8 @@ STRING rotates 2x2 pairs after a change of basis (:func:`change_basis`).
 """
 from __future__ import annotations
 
+from typing import List, Optional
+
 import torch
 from einops import rearrange
 
@@ -24,11 +26,11 @@ def num_upper(size: int) -> int:
 
 def skew_from_upper(upper: torch.Tensor, size: int) -> torch.Tensor:
     """Skew-symmetric matrices ``(..., size, size)`` from their entries strictly above the diagonal ``(..., n)``,
-    ``n = size (size - 1) / 2`` in row-major order (``torch.triu_indices(size, size, 1)``)."""
-    rows, cols = torch.triu_indices(size, size, 1, device=upper.device)
-    flat = upper.new_zeros(*upper.shape[:-1], size * size)
+    ``n = size (size - 1) / 2`` in row-major order (``torch.triu_indices(size, size, 1)``). A TorchScript function."""
+    rows, cols = torch.triu_indices(size, size, 1, device=upper.device).unbind(0)
+    flat = upper.new_zeros(list(upper.shape[:-1]) + [size * size])
     flat = flat.index_copy(-1, rows * size + cols, upper) - flat.index_copy(-1, cols * size + rows, upper)
-    return flat.unflatten(-1, (size, size))
+    return flat.unflatten(-1, [size, size])
 
 
 EXPORT_SQUARINGS, EXPORT_TAYLOR_ORDER = 16, 12  # matrix_exp under torch.export: a / 2^16, Taylor to order 12
@@ -39,9 +41,16 @@ def matrix_exp(a: torch.Tensor) -> torch.Tensor:
     exponential) the same by scaling and squaring in float64: ``a / 2^16``, its Taylor series to order 12, squared 16
     times: the exponential of the float32 input to float32 rounding for ``||a|| <= 2^15`` (the truncation, ``0.5^13 /
     13!`` at the bound, grows ``2^16``-fold in the squarings to about 1e-9; tests/encodings/test_learned_rotations.py),
-    closer to it than float32's own ``matrix_exp``, which loses about ``||a||`` float32 steps."""
-    if not is_exporting():
+    closer to it than float32's own ``matrix_exp``, which loses about ``||a||`` float32 steps. A TorchScript
+    function (scripted, ``torch.linalg.matrix_exp``)."""
+    if torch.jit.is_scripting():
         return torch.linalg.matrix_exp(a)
+    else:
+        return torch.linalg.matrix_exp(a) if not is_exporting() else _exported_matrix_exp(a)
+
+
+def _exported_matrix_exp(a: torch.Tensor) -> torch.Tensor:
+    """:func:`matrix_exp` while exporting: scaling and squaring in float64."""
     x = a.double() / 2 ** EXPORT_SQUARINGS
     term = total = torch.eye(a.shape[-1], dtype=x.dtype, device=x.device).expand_as(x)
     for k in range(1, EXPORT_TAYLOR_ORDER + 1):
@@ -52,23 +61,25 @@ def matrix_exp(a: torch.Tensor) -> torch.Tensor:
     return total.to(a.dtype)
 
 
-def commuting_rotations(axis_positions, generators: torch.Tensor) -> torch.Tensor:
+def commuting_rotations(axis_positions: List[torch.Tensor], generators: torch.Tensor) -> torch.Tensor:
     """``R(c) = exp(sum_a c_a A_a) = prod_a exp(c_a A_a)`` for COMMUTING generators, on the grid spanned by per-axis
     coordinates: ``generators (ndim, heads, num_blocks, b, b)``, ``axis_positions[a]: (n_a,)`` -> ``(heads, N, num_blocks,
     b, b)``, positions row-major.
 
     ``sum_a n_a`` batched exponentials (one per axis coordinate, not per token), then one product per position and
-    extra axis; in the generators' dtype.
+    extra axis; in the generators' dtype. A TorchScript function.
     """
-    table = None
+    table: Optional[torch.Tensor] = None
     for axis, positions in enumerate(axis_positions):
         factor = matrix_exp(positions[:, None, None, None, None].to(generators) * generators[axis])
         table = factor if table is None else (table[:, None] @ factor[None]).flatten(0, 1)  # (N so far, h, k, b, b)
+    assert table is not None  # a grid has at least one axis
     return table.movedim(0, 1)
 
 
 def with_identity_prefix(blocks: torch.Tensor, prefix: int) -> torch.Tensor:
-    """Prepend ``prefix`` identity rows (prefix tokens are not rotated): ``(h, N, k, b, b) -> (h, P + N, k, b, b)``."""
+    """Prepend ``prefix`` identity rows (prefix tokens are not rotated): ``(h, N, k, b, b) -> (h, P + N, k, b, b)`` (a
+    TorchScript function)."""
     if prefix == 0:
         return blocks
     eye = torch.eye(blocks.shape[-1], dtype=blocks.dtype, device=blocks.device)
@@ -114,12 +125,18 @@ def apply_blocks(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """
     b = blocks.shape[-1]
     with autocast_off(x.device):
-        values = x.float()
         if blocks.ndim == x.ndim + 2:  # per sample
-            out = (blocks @ values.unflatten(-1, (-1, b))[..., None]).squeeze(-1).flatten(-2)
-        else:
-            out = _SharedBlockProduct.apply(blocks, values)
+            return multiply_blocks(x, blocks)
+        out = _SharedBlockProduct.apply(blocks, x.float())
     return out.type_as(x)
+
+
+def multiply_blocks(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """``x: (B, heads, T, head_dim)`` times the block rotations ``([B,] heads or 1, T, num_blocks, b, b)`` broadcast,
+    one ``b x b`` by ``b x 1`` product per token and block, in float32, cast back to ``x``'s dtype (a TorchScript
+    function: the scripted models' block rotations)."""
+    columns = x.float().unflatten(-1, [-1, blocks.shape[-1]])[..., None]  # (B, heads, T, k, b, 1)
+    return (blocks @ columns).squeeze(-1).flatten(-2).type_as(x)
 
 
 def _to_columns(x: torch.Tensor, b: int, shared_heads: bool) -> torch.Tensor:
@@ -169,8 +186,16 @@ class _SharedBlockProduct(torch.autograd.Function):
 
 
 def change_basis(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
-    """``x -> P x`` per head: ``x: (B, heads, T, d)``, ``basis: (heads or 1, d, d)`` orthogonal; float32, cast back."""
-    with autocast_off(x.device):
-        values = x.float()
-        out = values @ basis[0].T if basis.shape[0] == 1 else torch.einsum("nhtj,hij->nhti", values, basis)
+    """``x -> P x`` per head: ``x: (B, heads, T, d)``, ``basis: (heads or 1, d, d)``; float32 (autocast off), cast
+    back. A TorchScript function."""
+    if torch.jit.is_scripting():
+        return _change_basis(x, basis)
+    else:
+        with autocast_off(x.device):
+            return _change_basis(x, basis)
+
+
+def _change_basis(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    values = x.float()
+    out = values @ basis[0].T if basis.shape[0] == 1 else torch.einsum("nhtj,hij->nhti", values, basis)
     return out.type_as(x)

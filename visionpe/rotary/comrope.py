@@ -2,6 +2,8 @@
 Trainable Commuting Angle Matrices"): block-diagonal rotations from trainable commuting angle matrices."""
 from __future__ import annotations
 
+from typing import List
+
 import torch
 from torch import nn
 
@@ -9,7 +11,7 @@ from .._checks import check_choice, check_generator, check_number, check_positiv
 from ..coords import CoordinateSystem
 from ..sharding import full_tensor
 from .blocks import commuting_rotations, skew
-from .learned import LearnedRotation, check_block_size
+from .learned import LearnedRotation, ScriptedBlockRotation, check_block_size
 
 VARIANTS = ("ap", "ld")
 
@@ -82,10 +84,17 @@ class ComRoPE(LearnedRotation):
     def angle_matrices(self, dtype=torch.float32) -> torch.Tensor:
         """The blocks ``B_aj`` of every axis ``(ndim, heads, m, b, b)``, grid axis order."""
         weights = full_tensor(self.scales) if self.variant == "ld" else self.partition
-        return weights.to(dtype)[:, None, :, None, None] * skew(full_tensor(self.bases).to(dtype))[None]
+        return angle_matrices(weights.to(dtype), full_tensor(self.bases).to(dtype))
 
     def _patch_rotations(self, axis_positions, dtype) -> torch.Tensor:
         return commuting_rotations(axis_positions, self.angle_matrices(dtype))
+
+    def scriptable(self) -> "ScriptedComRoPE":
+        """The TorchScript form (:class:`ScriptedComRoPE`): any coordinates without augmentation, ``scaling``
+        ``"none"`` or ``"pi"``."""
+        self.check_scriptable_class(ComRoPE)
+        self.check_scriptable_coordinates(normalized=True)
+        return ScriptedComRoPE(self)
 
     @torch.no_grad()
     def frequency_vectors(self) -> torch.Tensor:
@@ -100,3 +109,26 @@ class ComRoPE(LearnedRotation):
 
     def extra_repr(self) -> str:
         return f"variant={self.variant!r}, block_size={self.block_size}, {super().extra_repr()}"
+
+
+def angle_matrices(weights: torch.Tensor, bases: torch.Tensor) -> torch.Tensor:
+    """ComRoPE's blocks ``B_aj = w_aj (P_j - P_j^T)`` of every axis ``(ndim, heads, m, b, b)`` from the weights ``(ndim,
+    m)`` (LD's ``scales`` or AP's ``partition``) and ``bases (heads, m, b, b)`` (a TorchScript function)."""
+    return weights[:, None, :, None, None] * skew(bases)[None]
+
+
+class ScriptedComRoPE(ScriptedBlockRotation):
+    """TorchScript form of :class:`ComRoPE` (:class:`~visionpe.rotary.learned.ScriptedBlockRotation`): its ``bases``
+    and LD's ``scales`` (shared; AP's ``partition``) as ``weights``; the blocks :func:`commuting_rotations` of
+    :func:`angle_matrices`."""
+
+    def __init__(self, pe: ComRoPE):
+        super().__init__(pe)
+        self.bases = pe.bases
+        if pe.variant == "ld":
+            self.weights = pe.scales
+        else:
+            self.register_buffer("weights", pe.partition, persistent=False)
+
+    def patch_rotations(self, axis_positions: List[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return commuting_rotations(axis_positions, angle_matrices(self.weights.to(dtype), self.bases.to(dtype)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..coords import CoordinateSystem
-from .learned import grid_coordinates
+from ..grid import grid_coordinates
 from .triplets import TripletRotation
 
 

@@ -20,19 +20,20 @@ Prefix tokens (the DiT has none) take the map ``M`` too and are not rotated, so 
 from __future__ import annotations
 
 import math
+from typing import Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._checks import angle_dtype, check_choice
+from .._checks import check_choice, device_angle_dtype
 from .._compat import autocast_off
 from ..cache import TableCache
 from ..coords import CoordinateSystem
 from ..grid import Grid, Layout, as_layout
 from .blocks import change_basis, matrix_exp
 from .conventions import AXIAL_CONVENTIONS, PER_HEAD_LAYOUTS, ChannelLayout, ResolutionScaling, check_records
-from .rope import AxialRoPE
+from .rope import AxialRoPE, ScriptedRoPE
 
 SIDES = ("query", "key")
 
@@ -75,16 +76,16 @@ class HARoPE(AxialRoPE):
         device = device or self.sigma.device
 
         def build():
-            work = angle_dtype(device)
             with autocast_off(device):
-                u, v = (matrix_exp(0.5 * (a - a.transpose(-1, -2)))
-                        for a in (self.A_u.to(device, work), self.A_v.to(device, work)))
-                s = F.softplus(self.sigma.to(device, work)) + 1e-6
-                query = u @ (s[..., None] * v.transpose(-1, -2))  # U diag(s) V^T
-                key = u @ (v.transpose(-1, -2) / s[..., None])  # M^-T = U diag(1/s) V^T
-            return query.float(), key.float()
+                return head_maps(self.A_u, self.A_v, self.sigma, torch.device(device))
 
         return self._maps.get(str(device), build, (self.A_u, self.A_v, self.sigma))
+
+    def scriptable(self) -> ScriptedRoPE:
+        """The TorchScript form: RoPE's (:meth:`~visionpe.rotary.rope.RoPE.scripted_rope`) after the maps, computed in
+        the graph from the shared parameters (:class:`ScriptedHeadMaps`)."""
+        self.check_scriptable_class(HARoPE)
+        return self.scripted_rope(maps=ScriptedHeadMaps(self))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, grid: Grid | Layout) -> tuple[torch.Tensor, torch.Tensor]:
         layout = as_layout(grid)
@@ -100,3 +101,30 @@ class HARoPE(AxialRoPE):
         check_choice("side", side, SIDES)
         self.check_input("x", x, as_layout(grid), self.num_heads)
         return super().rotate(change_basis(x, self.maps(x.device)[SIDES.index(side)]), grid, cis)
+
+
+def head_maps(a_u: torch.Tensor, a_v: torch.Tensor, sigma: torch.Tensor,
+              device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """HARoPE's ``(M, M^-T)`` per head, each ``(heads, head_dim, head_dim)`` float32, from ``A_u``, ``A_v`` ``(heads,
+    head_dim, head_dim)`` and ``sigma (heads, head_dim)``, computed on ``device`` in float64 (float32 on MPS): ``M = U
+    diag(s) V^T`` and ``M^-T = U diag(1/s) V^T`` (a TorchScript function)."""
+    work = device_angle_dtype(device)
+    a_u, a_v = a_u.to(device, work), a_v.to(device, work)
+    u = matrix_exp(0.5 * (a_u - a_u.transpose(-1, -2)))
+    v = matrix_exp(0.5 * (a_v - a_v.transpose(-1, -2)))
+    s = F.softplus(sigma.to(device, work)) + 1e-6
+    query = u @ (s[..., None] * v.transpose(-1, -2))  # U diag(s) V^T
+    key = u @ (v.transpose(-1, -2) / s[..., None])  # M^-T = U diag(1/s) V^T
+    return query.float(), key.float()
+
+
+class ScriptedHeadMaps(nn.Module):
+    """HARoPE's maps in a TorchScript form (:class:`~visionpe.rotary.rope.ScriptedRoPE`'s ``maps``): the encoding's
+    parameters (shared) and ``forward(device) -> (M, M^-T)`` (:func:`head_maps`)."""
+
+    def __init__(self, pe: HARoPE):
+        super().__init__()
+        self.A_u, self.A_v, self.sigma = pe.A_u, pe.A_v, pe.sigma
+
+    def forward(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        return head_maps(self.A_u, self.A_v, self.sigma, device)

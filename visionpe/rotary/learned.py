@@ -17,25 +17,22 @@ from __future__ import annotations
 
 import copy
 import inspect
+from typing import List, Tuple
 
 import torch
+from torch import nn
 
 from .._checks import (angle_dtype, check_choice, check_divisible, check_grid_ndim, check_ndim, check_positive_int,
-                       to_shape)
+                       device_angle_dtype, to_shape)
 from .._compat import autocast_off, same_shape
 from ..cache import TableCache
-from ..coords import CoordinateSystem, CoordTransform
+from ..coords import CoordinateSystem, CoordTransform, patch_positions
 from ..grid import Grid, Layout, as_grid, as_layout
 from ._base import RotaryEncoding
-from .blocks import apply_blocks, pack_blocks, packing, unpack_blocks, with_identity_prefix
+from .blocks import apply_blocks, multiply_blocks, pack_blocks, packing, unpack_blocks, with_identity_prefix
 from .rope import check_scaling
 
 LEARNED_SCALINGS = ("none", "pi")
-
-
-def grid_coordinates(axis_positions) -> torch.Tensor:
-    """Per-axis coordinates ``[(n_a,)]`` -> ``(N, ndim)`` for every patch, row-major, grid axis order."""
-    return torch.stack(torch.meshgrid(*axis_positions, indexing="ij"), dim=-1).reshape(-1, len(axis_positions))
 
 
 def check_block_size(head_dim: int, block_size: int) -> None:
@@ -201,3 +198,37 @@ class LearnedRotation(RotaryEncoding):
         extra = self.coordinates.describe()
         return (f"head_dim={self.head_dim}, num_heads={self.num_heads}, ndim={self.ndim}, scaling={self.scaling!r}, "
                 f"ref_shape={self.ref_shape}{', ' + extra if extra else ''}")
+
+
+class ScriptedBlockRotation(nn.Module):
+    """TorchScript form of a learned rotation whose rotations are ``b x b`` blocks (ComRoPE, LieRE):
+    ``forward(q, k, shape, prefix)`` rotates ``q, k: (B, heads, P + N, head_dim)`` by the blocks of the input's patch
+    grid ``shape``, computed in the graph as :meth:`LearnedRotation.rotations` computes them: the coordinates
+    (:func:`~visionpe.coords.patch_positions`, times ``ref / size`` per axis for ``scaling="pi"``) in float64 (float32
+    on MPS), the subclass's :meth:`patch_rotations` (from the encoding's parameters, shared), identity prefix rows,
+    applied in float32 (:func:`~visionpe.rotary.blocks.multiply_blocks`). Coordinate augmentation has no form here
+    (the encodings' :meth:`~visionpe.Encoding.scriptable` refuse it)."""
+
+    def __init__(self, pe: LearnedRotation):
+        super().__init__()
+        self.coords, self.normalize_coords = pe.coordinates.coords, pe.coordinates.normalize_coords
+        self.scaled = pe.scaling == "pi"
+        self.ref = list(pe.ref_shape) if self.scaled else [1] * pe.ndim  # grid order
+
+    def axis_positions(self, shape: List[int], dtype: torch.dtype, device: torch.device) -> List[torch.Tensor]:
+        """Coordinates per grid axis ``[(n_a,)]`` in ``dtype`` (:meth:`LearnedRotation.axis_positions`)."""
+        axes = patch_positions(shape, self.coords, self.normalize_coords, dtype, device)
+        if self.scaled:  # interpolated onto the reference grid (a factor 1 on an axis of its size)
+            axes = [a * (float(r) / float(s)) for a, r, s in zip(axes, self.ref, shape)]
+        return axes
+
+    def patch_rotations(self, axis_positions: List[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """The patches' blocks ``(heads or 1, N, num_blocks, b, b)`` in ``dtype`` (the subclass's)."""
+        raise NotImplementedError
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, shape: List[int],
+                prefix: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        wide = device_angle_dtype(q.device)
+        rows = self.patch_rotations(self.axis_positions(shape, wide, q.device), wide).float()
+        blocks = with_identity_prefix(rows, prefix)
+        return multiply_blocks(q, blocks), multiply_blocks(k, blocks)

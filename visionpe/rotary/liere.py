@@ -3,15 +3,17 @@ skew-symmetric generators through a matrix exponential per position."""
 from __future__ import annotations
 
 import math
+from typing import List
 
 import torch
 from torch import nn
 
 from .._checks import check_generator, check_number, check_positive_int
 from ..coords import CoordinateSystem
+from ..grid import grid_coordinates
 from ..sharding import full_tensor
 from .blocks import matrix_exp, num_upper, skew_from_upper
-from .learned import LearnedRotation, check_block_size, grid_coordinates
+from .learned import LearnedRotation, ScriptedBlockRotation, check_block_size
 
 
 class LieRE(LearnedRotation):
@@ -69,15 +71,40 @@ class LieRE(LearnedRotation):
         return skew_from_upper(full_tensor(self.generators).to(dtype), self.block_size)
 
     def _patch_rotations(self, axis_positions, dtype) -> torch.Tensor:
-        coords = grid_coordinates(axis_positions)  # (N, ndim)
-        generators = self.skew_generators(dtype)
-        # one matrix product gives the generator sums contiguous, as matrix_exp needs them (an einsum's permuted
-        # output is not, also under inductor, where .contiguous() does not help)
-        algebra = (coords @ generators.flatten(1)).view(coords.shape[0], *generators.shape[1:])  # (N, heads, m, b, b)
-        return matrix_exp(algebra.float()).movedim(0, 1)  # (heads, N, m, b, b)
+        return lie_rotations(grid_coordinates(axis_positions), self.skew_generators(dtype))
+
+    def scriptable(self) -> "ScriptedLieRE":
+        """The TorchScript form (:class:`ScriptedLieRE`): any coordinates without augmentation, ``scaling`` ``"none"``
+        or ``"pi"``."""
+        self.check_scriptable_class(LieRE)
+        self.check_scriptable_coordinates(normalized=True)
+        return ScriptedLieRE(self)
 
     def similarity_note(self) -> str:
         return "score of one isotropic q rotated to i and to j; not relative"
 
     def extra_repr(self) -> str:
         return f"block_size={self.block_size}, {super().extra_repr()}"
+
+
+def lie_rotations(coords: torch.Tensor, generators: torch.Tensor) -> torch.Tensor:
+    """LieRE's rotations ``exp(sum_a c_a L_a)`` ``(heads, N, m, b, b)`` of the positions ``coords (N, ndim)`` and
+    generators ``(ndim, heads, m, b, b)``: the sums in their dtype, the exponentials in float32 (a TorchScript
+    function)."""
+    # one matrix product gives the generator sums contiguous, as matrix_exp needs them (an einsum's permuted
+    # output is not, also under inductor, where .contiguous() does not help)
+    algebra = (coords @ generators.flatten(1)).view([coords.shape[0]] + list(generators.shape[1:]))  # (N, h, m, b, b)
+    return matrix_exp(algebra.float()).movedim(0, 1)  # (heads, N, m, b, b)
+
+
+class ScriptedLieRE(ScriptedBlockRotation):
+    """TorchScript form of :class:`LieRE` (:class:`~visionpe.rotary.learned.ScriptedBlockRotation`): its
+    ``generators`` (shared) and :func:`lie_rotations`."""
+
+    def __init__(self, pe: LieRE):
+        super().__init__(pe)
+        self.generators, self.block_size = pe.generators, pe.block_size
+
+    def patch_rotations(self, axis_positions: List[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        generators = skew_from_upper(self.generators.to(dtype), self.block_size)
+        return lie_rotations(grid_coordinates(axis_positions), generators)

@@ -23,11 +23,12 @@ from .._checks import (angle_dtype, check_choice, check_divisible, check_generat
                        check_number, check_positive_int, device_angle_dtype, to_shape)
 from .._compat import TorchScriptRefusal, autocast_off, is_compiling
 from ..cache import TableCache
-from ..coords import CoordinateSystem
-from ..grid import Grid, Layout, as_grid, as_layout, index_coords
+from ..coords import CoordinateSystem, patch_positions
+from ..grid import Grid, Layout, as_grid, as_layout, grid_coordinates
 from ..sharding import full_tensor
 from ..encoding import Knob
 from ._base import RotaryEncoding
+from .blocks import change_basis
 from .conventions import (AXIAL_CONVENTIONS, SECTION_RULES, ChannelLayout, FlatKeywords, FrequencyBands,
                           ResolutionScaling, check_records)
 from .layouts import (AXIS_LETTERS, DIRECTIONS, band_frequencies, golden_directions, head_axes_layout, parse_head_axes,
@@ -434,12 +435,17 @@ class RoPE(FlatKeywords, RotaryEncoding):
         return self._rotate_rows(q, rows), self._rotate_rows(k, rows)
 
     def scriptable(self) -> "ScriptedRoPE":
-        """The TorchScript form (:class:`ScriptedRoPE`) of :class:`AxialRoPE` and :class:`MixedRoPE`: index
-        coordinates, ``scaling`` ``"none"`` or ``"pi"``, the two channels of a pair turning together; other settings
-        and classes (the subclasses that place, rescale or rotate otherwise) are a ``NotImplementedError`` naming
-        them."""
+        """The TorchScript form (:class:`ScriptedRoPE`) of :class:`AxialRoPE` and :class:`MixedRoPE` (see
+        :meth:`scripted_rope`); other classes (the subclasses that place, rescale or rotate otherwise) are a
+        ``NotImplementedError`` naming them unless they write their own."""
         self.check_scriptable_class(AxialRoPE, MixedRoPE)
-        self.check_scriptable_coordinates()
+        return self.scripted_rope()
+
+    def scripted_rope(self, maps: nn.Module | None = None) -> "ScriptedRoPE":
+        """:class:`ScriptedRoPE` of this encoding's rotation (``maps``: a change of basis before it, see there): any
+        coordinates without augmentation, ``scaling`` ``"none"`` or ``"pi"``, the two channels of a pair turning
+        together; other settings are a ``NotImplementedError`` naming them."""
+        self.check_scriptable_coordinates(normalized=True)
         name = type(self).__name__
         if self.scaling not in ("none", "pi"):
             raise TorchScriptRefusal(f"{name} with scaling={self.scaling!r}",
@@ -447,9 +453,15 @@ class RoPE(FlatKeywords, RotaryEncoding):
         if self.channel_index is not None:
             raise TorchScriptRefusal(f"{name} with channel_frequencies='repeated'",
                                       "its TorchScript form turns both channels of a pair by one angle")
-        if "freqs" in self._parameters and type(self).frequencies is not RoPE.frequencies:
+        learned = "freqs" in self._parameters
+        if learned and type(self).frequencies is not RoPE.frequencies:
             raise TorchScriptRefusal(name, "its learned frequencies are not RoPE's stored ones")
-        return ScriptedRoPE(self)
+        # fixed frequencies as RoPE.rotations reads them (float64, masked); learned ones the parameter and its mask
+        return ScriptedRoPE(freqs=self.freqs if learned else self.frequencies(torch.float64).detach(),
+                            freq_mask=self.freq_mask if learned else None, coordinates=self.coordinates,
+                            axis_order=self.axis_order, pairs=self.pairs,
+                            ref_shape=self.ref_shape if self.scaling == "pi" else None, grid_offset=self.grid_offset,
+                            maps=maps)
 
     @classmethod
     def model_defaults(cls, context) -> dict:
@@ -488,36 +500,52 @@ class RoPE(FlatKeywords, RotaryEncoding):
 
 
 class ScriptedRoPE(nn.Module):
-    """TorchScript form of :class:`RoPE` (:meth:`RoPE.scriptable`): ``forward(q, k, shape, prefix)`` rotates ``q, k:
-    (B, heads, P + N, head_dim)`` by the rotations of the input's patch grid ``shape``, computed in the graph as
-    :meth:`RoPE.rotations` computes them (float64 angles of :func:`~visionpe.grid.index_coords` plus
-    ``grid_offset``, in component order, over the ``ref_shape`` ratios for ``scaling="pi"``; identity prefix rows),
-    applied in real arithmetic (:func:`rotate_real`). Learned frequencies are the encoding's parameter (times
-    ``freq_mask``); fixed ones its float64 :meth:`RoPE.frequencies`."""
+    """TorchScript form of RoPE (:meth:`RoPE.scripted_rope`; STRING's): ``forward(q, k, shape, prefix)`` rotates ``q,
+    k: (B, heads, P + N, head_dim)`` by the rotations of the input's patch grid ``shape``, computed in the graph as
+    :meth:`RoPE.rotations` computes them (float64 angles of the coordinates
+    :func:`~visionpe.coords.patch_positions` plus ``grid_offset``, in component order, over the ``ref_shape`` ratios
+    with ``ref_shape`` given: ``scaling="pi"``; identity prefix rows), applied in real arithmetic (:func:`rotate_real`).
 
-    def __init__(self, pe: RoPE):
+    ``freqs``: ``(ndim, heads or 1, pairs)`` in component order, an ``nn.Parameter`` (learned: the encoding's own,
+    shared, times ``freq_mask`` when one is given) or a tensor (fixed, float64). ``maps``: a module whose
+    ``forward(device)`` gives ``(query map, key map)``, each ``(heads or 1, head_dim, head_dim)``, by which q and k are
+    multiplied before the rotation (:func:`~visionpe.rotary.blocks.change_basis`: STRING's ``P``, HARoPE's ``M`` and
+    ``M^-T``), or None."""
+
+    def __init__(self, *, freqs: torch.Tensor, freq_mask: torch.Tensor | None, coordinates: CoordinateSystem,
+                 axis_order: str, pairs: str, ref_shape=None, grid_offset: float = 0.0,
+                 maps: nn.Module | None = None):
         super().__init__()
-        learned = "freqs" in pe._parameters
-        if learned:
-            self.freqs = pe.freqs  # (ndim, heads or 1, pairs)
-        else:  # fixed: as RoPE.rotations reads them (masked)
-            self.register_buffer("freqs", pe.frequencies(torch.float64).detach(), persistent=False)
-        self.register_buffer("freq_mask", pe.freq_mask if learned else None, persistent=False)  # learned: or None
-        self.offset, self.xy, self.pairs = float(pe.grid_offset), pe.axis_order == "xy", pe.pairs
-        self.scaled = pe.scaling == "pi"
-        self.ref = list(pe.components(pe.ref_shape)) if self.scaled else [1] * pe.ndim  # component order
+        if isinstance(freqs, nn.Parameter):
+            self.freqs = freqs
+        else:
+            self.register_buffer("freqs", freqs, persistent=False)
+        self.register_buffer("freq_mask", freq_mask, persistent=False)
+        self.coords, self.normalize_coords = coordinates.coords, coordinates.normalize_coords
+        self.offset, self.xy, self.pairs = float(grid_offset), axis_order == "xy", pairs
+        self.scaled = ref_shape is not None
+        ndim = freqs.shape[0]
+        ref = [1] * ndim if ref_shape is None else list(ref_shape)
+        self.ref = ref[::-1] if self.xy else ref  # component order
+        self.maps = maps
+
+    def frequencies(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The frequency vectors ``(ndim, heads or 1, pairs)`` in ``dtype`` (times ``freq_mask``)."""
+        freqs = self.freqs.to(device=device, dtype=dtype)
+        mask = self.freq_mask
+        if mask is not None:
+            freqs = freqs * mask.to(device=device, dtype=dtype)
+        return freqs
 
     def rotations(self, shape: List[int], prefix: int, device: torch.device) -> torch.Tensor:
         """``(cos, sin)`` pairs ``(heads or 1, P + N, head_dim / 2, 2)`` float32, prefix rows the identity."""
         wide = device_angle_dtype(device)
-        coords = index_coords(shape, wide, device) + self.offset  # (N, ndim) in grid order
+        axes = patch_positions(shape, self.coords, self.normalize_coords, wide, device)
+        coords = grid_coordinates(axes) + self.offset  # (N, ndim) in grid order
         sizes = shape
         if self.xy:
             coords, sizes = coords.flip(-1), shape[::-1]
-        freqs = self.freqs.to(device=device, dtype=wide)
-        mask = self.freq_mask
-        if mask is not None:
-            freqs = freqs * mask.to(device=device, dtype=wide)
+        freqs = self.frequencies(device, wide)
         if self.scaled:  # scale_positions(..., "pi")
             scales = torch.tensor([float(n) / float(r) for n, r in zip(sizes, self.ref)], dtype=wide, device=device)
             coords = coords / scales
@@ -528,6 +556,10 @@ class ScriptedRoPE(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, shape: List[int],
                 prefix: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        maps = self.maps
+        if maps is not None:
+            query, key = maps(q.device)
+            q, k = change_basis(q, query), change_basis(k, key)
         rotations = self.rotations(shape, prefix, q.device)
         return rotate_real(q, rotations, self.pairs), rotate_real(k, rotations, self.pairs)
 

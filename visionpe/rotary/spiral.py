@@ -85,5 +85,11 @@ class SpiralRoPE(AxialRoPE):
             freqs = torch.cat([freqs[..., n:], freqs[..., :n]], dim=-1).flip(0)
         return freqs * rotated_pairs([n, n], self.rotate_fraction).to(dtype)
 
+    def scriptable(self):
+        """The TorchScript form: RoPE's (:meth:`~visionpe.rotary.rope.RoPE.scripted_rope`) with the turned
+        frequencies."""
+        self.check_scriptable_class(SpiralRoPE)
+        return self.scripted_rope()
+
     def extra_repr(self) -> str:
         return super().extra_repr() + f", num_directions={self.num_directions}, max_freq={self.max_freq}"

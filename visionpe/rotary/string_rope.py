@@ -3,6 +3,7 @@ after a learned orthogonal change of basis, the most general translation-invaria
 from __future__ import annotations
 
 import math
+from typing import Tuple
 
 import torch
 from torch import nn
@@ -11,11 +12,11 @@ from .._checks import check_choice, check_generator, check_number
 from .._compat import autocast_off, is_exporting
 from ..coords import CoordinateSystem
 from ..sharding import full_tensor
-from ..grid import as_grid
+from ..grid import as_grid, grid_coordinates
 from ._base import pair_blocks
 from .blocks import change_basis, num_upper, skew_from_upper
-from .learned import LearnedRotation, grid_coordinates
-from .rope import apply_rotary, mixed_frequencies, resolve_sections
+from .learned import LearnedRotation
+from .rope import ScriptedRoPE, apply_rotary, mixed_frequencies, resolve_sections
 
 VARIANTS = ("cayley", "circulant")
 
@@ -28,9 +29,10 @@ CAYLEY_EXPORT_STEPS = 40
 def cayley(skew_matrices: torch.Tensor) -> torch.Tensor:
     """Cayley transform ``P = (I - S)(I + S)^-1 = (I + S)^-1 (I - S)`` of skew-symmetric ``S (..., d, d)``: orthogonal,
     ``det P = 1`` (``I + S`` is invertible for every skew ``S``); one linear solve, or while exporting (ONNX has no
-    solve) ``cayley_by_iteration``."""
-    if is_exporting():
-        return cayley_by_iteration(skew_matrices, steps=CAYLEY_EXPORT_STEPS)
+    solve) ``cayley_by_iteration``. A TorchScript function (scripted, the solve)."""
+    if not torch.jit.is_scripting():
+        if is_exporting():
+            return cayley_by_iteration(skew_matrices, steps=CAYLEY_EXPORT_STEPS)
     eye = torch.eye(skew_matrices.shape[-1], dtype=skew_matrices.dtype, device=skew_matrices.device)
     return torch.linalg.solve(eye + skew_matrices, eye - skew_matrices)
 
@@ -141,7 +143,7 @@ class StringRoPE(LearnedRotation):
     def frequencies(self, dtype: torch.dtype) -> torch.Tensor:
         if self.variant == "cayley":
             return full_tensor(self.freqs).to(dtype)
-        return full_tensor(self.circulant).to(dtype) @ self.spectrum.to(dtype).T
+        return circulant_frequencies(full_tensor(self.circulant).to(dtype), self.spectrum.to(dtype))
 
     def basis(self, device=None) -> torch.Tensor:
         """The orthogonal change of basis ``P (heads or 1, d, d)`` float32 (cached in evaluation)."""
@@ -151,8 +153,7 @@ class StringRoPE(LearnedRotation):
 
         def build():
             with autocast_off(device):
-                skew = skew_from_upper(full_tensor(self.skew).to(device=device, dtype=torch.float64), self.head_dim)
-                return cayley(skew).float()
+                return cayley_basis(full_tensor(self.skew), self.head_dim, device)
 
         return self._cache.get(("basis", str(device)), build, (self.skew,))
 
@@ -173,5 +174,70 @@ class StringRoPE(LearnedRotation):
         """The RoPE pairs in the basis ``P`` as 2x2 blocks ``(heads, N, head_dim/2, 2, 2)``: ``R_i = P^T blocks_i P``."""
         return pair_blocks(self.rotations(as_grid(grid).without_prefix(), device))
 
+    def scriptable(self) -> ScriptedRoPE:
+        """The TorchScript form: RoPE's (:class:`~visionpe.rotary.rope.ScriptedRoPE`) on the learned frequencies, after
+        the change of basis computed in the graph from the shared parameters (Cayley: :class:`ScriptedCayleyBasis`;
+        circulant: the fixed Fourier basis); any coordinates without augmentation, ``scaling`` ``"none"`` or
+        ``"pi"``."""
+        self.check_scriptable_class(StringRoPE)
+        self.check_scriptable_coordinates(normalized=True)
+        common = dict(freq_mask=None, coordinates=self.coordinates, axis_order="xy", pairs="interleaved",
+                      ref_shape=self.ref_shape if self.scaling == "pi" else None)
+        if self.variant == "cayley":
+            return ScriptedRoPE(freqs=self.freqs, maps=ScriptedCayleyBasis(self), **common)
+        return ScriptedCirculantRoPE(freqs=self.circulant, spectrum=self.spectrum, maps=FixedBasis(self.fourier),
+                                     **common)
+
     def extra_repr(self) -> str:
         return f"variant={self.variant!r}, {super().extra_repr()}"
+
+
+def circulant_frequencies(columns: torch.Tensor, spectrum: torch.Tensor) -> torch.Tensor:
+    """Circulant-STRING's frequency vectors ``(ndim, heads, head_dim/2)`` from the first columns ``(ndim, heads,
+    head_dim)`` and :func:`circulant_spectrum` ``(head_dim/2, head_dim)`` (a TorchScript function)."""
+    return columns @ spectrum.T
+
+
+def cayley_basis(upper: torch.Tensor, size: int, device: torch.device) -> torch.Tensor:
+    """Cayley-STRING's ``P (heads, size, size)`` float32 from the skew's upper triangles ``(heads, size (size - 1) /
+    2)``, computed on ``device`` in float64 (a TorchScript function)."""
+    return cayley(skew_from_upper(upper.to(device=device, dtype=torch.float64), size)).float()
+
+
+class ScriptedCayleyBasis(nn.Module):
+    """Cayley-STRING's basis in a TorchScript form (:class:`~visionpe.rotary.rope.ScriptedRoPE`'s ``maps``): the
+    encoding's ``skew`` (shared) and ``forward(device) -> (P, P)`` (:func:`cayley_basis`), q's and k's."""
+
+    def __init__(self, pe: StringRoPE):
+        super().__init__()
+        self.skew, self.size = pe.skew, pe.head_dim
+
+    def forward(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        basis = cayley_basis(self.skew, self.size, device)
+        return basis, basis
+
+
+class FixedBasis(nn.Module):
+    """A fixed change of basis as :class:`~visionpe.rotary.rope.ScriptedRoPE`'s ``maps``: ``forward(device) -> (P,
+    P)``, ``P (heads or 1, d, d)`` (Circulant-STRING's Fourier basis, shared)."""
+
+    def __init__(self, basis: torch.Tensor):
+        super().__init__()
+        self.register_buffer("basis", basis, persistent=False)
+
+    def forward(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        basis = self.basis.to(device)
+        return basis, basis
+
+
+class ScriptedCirculantRoPE(ScriptedRoPE):
+    """:class:`~visionpe.rotary.rope.ScriptedRoPE` whose frequencies are Circulant-STRING's, computed in the graph
+    from the learned first columns (``freqs``, shared) and the ``spectrum`` (:func:`circulant_frequencies`)."""
+
+    def __init__(self, *, spectrum: torch.Tensor, **kwargs):
+        super().__init__(**kwargs)
+        self.register_buffer("spectrum", spectrum, persistent=False)
+
+    def frequencies(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        return circulant_frequencies(self.freqs.to(device=device, dtype=dtype),
+                                     self.spectrum.to(device=device, dtype=dtype))
