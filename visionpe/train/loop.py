@@ -337,31 +337,18 @@ def step_resolution(train_res, seed: int, epoch: int, step: int) -> int | None:
     return train_res[random.Random(f"train_res/{seed}/{epoch}/{step}").randrange(len(train_res))]
 
 
-def backward_and_step(loss, optimizer, *, parameters, clip_grad: float, update: bool, scaler=None) -> None:
-    """Backward of ``loss`` (one loader batch's share of an optimizer step); with ``update``, clip the summed
-    gradients to ``clip_grad`` (0 = off) and step. ``scaler``: timm's ``NativeScaler`` (float16), which scales the
-    loss, unscales before clipping and skips a step whose gradients overflowed."""
-    if scaler is not None:
-        scaler(loss, optimizer, clip_grad=clip_grad or None, parameters=parameters, need_update=update)
-        return
-    loss.backward()
-    if update:
-        if clip_grad > 0:
-            torch.nn.utils.clip_grad_norm_(parameters, clip_grad)
-        optimizer.step()
-
-
-def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: int, epochs: int, device, autocast,
-                    mixup=None, clip_grad: float = 0.0, world: int = 1, progress: bool = False,
-                    last_finite: tuple | None = None, train_res=(), seed: int = 0, rank: int = 0,
-                    accum_steps: int = 1, ema=None, scaler=None, channels_last: bool = False,
+def train_one_epoch(model, loader, parts, *, epoch: int, epochs: int, device, autocast,
+                    clip_grad: float = 0.0, world: int = 1, progress: bool = False, last_finite: tuple | None = None,
+                    train_res=(), seed: int = 0, rank: int = 0, accum_steps: int = 1, channels_last: bool = False,
                     resume: dict | None = None, on_update=None) -> dict:
-    """One pass over ``loader``: an optimizer step every ``accum_steps`` loader batches (the last step of the epoch
-    takes what is left), the learning rate set per optimizer step (``scheduler.step_update``; ``ceil(batches /
-    accum_steps)`` steps an epoch), the loss of each batch divided by the number of batches of its step, and under
-    DDP and FSDP the gradients synchronised on a step's last batch only (``no_sync`` on the others). After each
-    optimizer step the EMA (timm ``ModelEmaV3``) is updated with the global step count and ``on_update(progress)`` is called (a
-    checkpoint may be committed there: the gradients are zero, so a resumed epoch needs only ``progress``).
+    """One pass over ``loader`` with ``parts``, the run's :class:`~visionpe.train.optimization.Optimization` (its
+    optimizer, schedule, loss, mixup/cutmix, gradient scaler and EMA): an optimizer step every ``accum_steps`` loader
+    batches (``parts.backward_and_step``; the last step of the epoch takes what is left), the learning rate set per
+    optimizer step (``scheduler.step_update``; ``ceil(batches / accum_steps)`` steps an epoch), the loss of each
+    batch divided by the number of batches of its step, and under DDP and FSDP the gradients synchronised on a step's
+    last batch only (``no_sync`` on the others). After each optimizer step the EMA (timm ``ModelEmaV3``) is updated
+    with the global step count and ``on_update(progress)`` is called (a checkpoint may be committed there: the
+    gradients are zero, so a resumed epoch needs only ``progress``).
 
     The RNG streams are reseeded from ``(seed, epoch, rank, batch)`` before each batch (:func:`seed_everything`).
     ``resume``: the ``progress`` of a mid-epoch checkpoint; ``loader`` then yields only the batches after
@@ -388,13 +375,13 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
     bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True, initial=first,
                total=steps, disable=None if progress else True)  # None: off when not a terminal
     t0 = time.perf_counter()
-    optimizer.zero_grad(set_to_none=True)
+    parts.optimizer.zero_grad(set_to_none=True)
     for step, batch in enumerate(read_samples(bar), start=first):
         seed_everything(seed, epoch, rank, step)
         x, y, time_spacing = unpack(batch)  # time_spacing: (B,) with --tokens-per-second
         x, y = to_device(x, device), y.to(device, non_blocking=True)  # x: a list of images with --max-patches
-        if mixup is not None:
-            x, y = mixup(x, y)
+        if parts.mixup is not None:
+            x, y = parts.mixup(x, y)
         size = step_resolution(train_res, seed, epoch, step)
         if size is not None and x.shape[-1] != size:
             x = vdata.resize_bicubic(x, size)
@@ -403,11 +390,11 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
         group = accum_steps if step < full else steps - full  # batches of that step
         is_update = step + 1 == steps or (step + 1) % accum_steps == 0
         if step % accum_steps == 0:
-            scheduler.step_update(epoch * updates + update)
+            parts.scheduler.step_update(epoch * updates + update)
         sync = contextlib.nullcontext() if world == 1 or is_update else parallel.no_gradient_sync(model)
         with sync:
             with autocast():
-                loss = criterion(forward(model, x, time_spacing), y)
+                loss = parts.criterion(forward(model, x, time_spacing), y)
             total = distributed.sum_over_processes(loss.detach().float().reshape(1))
             if not bool(torch.isfinite(total).all()):
                 where = f"step {step + 1}/{steps} of epoch {epoch + 1} (global step {epoch * steps + step + 1})"
@@ -417,17 +404,16 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
                 kept = f"its checkpoint of epoch {epoch} is kept" if epoch else "no epoch was saved"
                 raise NonFiniteLoss(f"non-finite training loss ({total.item() / world}) at {where}; {before_text}; the "
                                     f"run stopped without saving ({kept}); lower --lr or check the data")
-            backward_and_step(loss / group, optimizer, parameters=parameters, clip_grad=clip_grad, update=is_update,
-                              scaler=scaler)
+            parts.backward_and_step(loss / group, parameters=parameters, clip_grad=clip_grad, update=is_update)
         value = loss.item()
         last_finite = (value, epoch + 1, step + 1)
         loss_sum += value * len(x)
         seen += len(x)
         bar.set_postfix(loss=f"{value:.3f}", img_s=f"{seen * world / (before + time.perf_counter() - t0):.0f}")
         if is_update:
-            optimizer.zero_grad(set_to_none=True)
-            if ema is not None:
-                ema.update(ema_source, step=epoch * updates + update + 1)
+            parts.optimizer.zero_grad(set_to_none=True)
+            if parts.ema is not None:
+                parts.ema.update(ema_source, step=epoch * updates + update + 1)
             if on_update is not None:
                 on_update({"step": step + 1, "update": update + 1, "loss_sum": loss_sum, "seen": seen,
                            "last_finite": list(last_finite), "elapsed": before + time.perf_counter() - t0})

@@ -48,6 +48,20 @@ class Optimization:
     def lr(self) -> float:
         return max(g["lr"] for g in self.optimizer.param_groups)
 
+    def backward_and_step(self, loss: torch.Tensor, *, parameters, clip_grad: float, update: bool) -> None:
+        """Backward of ``loss`` (a scalar: one loader batch's share of an optimizer step); with ``update``, clip the
+        summed gradients of ``parameters`` to ``clip_grad`` (0 = off) and step the optimizer. With :attr:`scaler`
+        (timm's ``NativeScaler``, float16) the loss is scaled, the gradients unscaled before clipping and a step whose
+        gradients overflowed skipped."""
+        if self.scaler is not None:
+            self.scaler(loss, self.optimizer, clip_grad=clip_grad or None, parameters=parameters, need_update=update)
+            return
+        loss.backward()
+        if update:
+            if clip_grad > 0:
+                torch.nn.utils.clip_grad_norm_(parameters, clip_grad)
+            self.optimizer.step()
+
 
 @dataclass
 class Progress:

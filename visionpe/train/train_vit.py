@@ -142,12 +142,12 @@ def main(argv: list[str]) -> dict:
             resumed = {**run.within, "loss_sum": sums[0], "seen": sums[1]}
         sampler.set_epoch(epoch, skip=resumed["step"] * (settings.batch_size // world) if resumed else 0)
         loader_set.set_epoch(epoch)
-        stats = loop.train_one_epoch(model, loader, parts.optimizer, parts.scheduler, parts.criterion, epoch=epoch,
-                                     epochs=settings.epochs, device=device, autocast=autocast, mixup=parts.mixup,
-                                     clip_grad=settings.clip_grad, world=world, progress=procs.master and settings.progress,
-                                     last_finite=last_finite, train_res=settings.train_res, seed=settings.seed, rank=rank,
-                                     accum_steps=settings.grad_accum_steps, ema=parts.ema, scaler=parts.scaler,
-                                     channels_last=settings.channels_last, resume=resumed,
+        stats = loop.train_one_epoch(model, loader, parts, epoch=epoch, epochs=settings.epochs, device=device,
+                                     autocast=autocast, clip_grad=settings.clip_grad, world=world,
+                                     progress=procs.master and settings.progress, last_finite=last_finite,
+                                     train_res=settings.train_res, seed=settings.seed, rank=rank,
+                                     accum_steps=settings.grad_accum_steps, channels_last=settings.channels_last,
+                                     resume=resumed,
                                      on_update=loop.commit_within(out, raw_model, parts, run, epoch, clock,
                                                                   steps_per_epoch, procs))
         last_finite = stats["last_finite"]
