@@ -19,7 +19,7 @@ from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTarget
 from timm.utils import ModelEmaV3, NativeScaler
 
 from visionpe import data as vdata
-from visionpe.train import loop, optimization, sampling, settings
+from visionpe.train import commits, loop, optimization, sampling, settings
 
 
 def batches(count: int, size: int = 3, seed: int = 0):
@@ -193,17 +193,17 @@ def test_loss_combines_mixup_smoothing_and_bce_as_timm(mixup, smoothing, bce, th
 
 def test_checkpoint_clock_counts_steps_and_minutes(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(loop.time, "monotonic", lambda: now[0])
-    steps = loop.CheckpointClock(every_steps=3)
+    monkeypatch.setattr(commits.time, "monotonic", lambda: now[0])
+    steps = commits.CheckpointClock(every_steps=3)
     assert [u for u in range(1, 10) if steps.due(u)] == [3, 6, 9]
-    minutes = loop.CheckpointClock(every_minutes=2)
+    minutes = commits.CheckpointClock(every_minutes=2)
     now[0] += 119
     assert not minutes.due(1)
     now[0] += 2
     assert minutes.due(2)
     minutes.reset()
     assert not minutes.due(3)
-    assert not any(loop.CheckpointClock().due(u) for u in range(1, 5))
+    assert not any(commits.CheckpointClock().due(u) for u in range(1, 5))
 
 
 @pytest.mark.parametrize("world, repeats", [(1, 3), (2, 3), (3, 2), (4, 3)])
