@@ -14,7 +14,7 @@ import pytest
 from test_rundir import WITHIN, killed_and_finished
 from trainutil import TINY, train_main
 
-from visionpe.train import loop, metrics, sampling
+from visionpe.train import evaluation, loop, metrics, sampling
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +67,7 @@ def test_evaluate_returns_a_named_record():
     val = sampling.dataset(run, "val", 16)
     import torch
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, val.num_classes))
-    got = loop.evaluate(model, val, batch_size=5, device=torch.device("cpu"), autocast=loop.autocast_for(
+    got = evaluation.evaluate(model, val, batch_size=5, device=torch.device("cpu"), autocast=loop.autocast_for(
         torch.device("cpu"), None))
     assert isinstance(got, metrics.Evaluation) and got.count == 12
     with torch.no_grad():

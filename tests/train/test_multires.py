@@ -26,10 +26,10 @@ def test_train_res_feeds_each_step_its_size_and_keeps_the_schedule(tmp_path, mon
         seen.append(tuple(kwargs.get("size") or args[0]))
         return interpolate(x, *args, **kwargs)
 
-    monkeypatch.setattr(loop.F, "interpolate", spy)
+    monkeypatch.setattr(torch.nn.functional, "interpolate", spy)
     multi = train_main(TINY + ["--pe", "rope_mixed", "--train-res", "12", "16", "24", "--epochs", "1",
                                "--output", str(tmp_path / "multi")])
-    monkeypatch.setattr(loop.F, "interpolate", interpolate)
+    monkeypatch.setattr(torch.nn.functional, "interpolate", interpolate)
     single = train_main(TINY + ["--pe", "rope_mixed", "--epochs", "1", "--output", str(tmp_path / "single")])
     steps = 64 // 16
     expected = [loop.step_resolution([12, 16, 24], 0, 0, s) for s in range(steps)]

@@ -12,7 +12,7 @@ from PIL import Image
 from conftest import SQUARE_TASKS, render_task_scene
 from trainutil import TINY, run_script, train_main
 from visionpe import data
-from visionpe.train import loop, metrics, settings, sweep
+from visionpe.train import evaluation, loop, metrics, sampling, settings, sweep
 from visionpe.cli import UserError
 
 
@@ -93,9 +93,9 @@ def test_video_data_takes_square_sizes_only():
 
 # -- loop: key order and text ----------------------------------------------------------------------------------------
 def test_eval_grid_orders_mixed_sizes_by_height_then_width():
-    keys, train = loop.eval_grid(settings.TrainSettings(img_size=16), [(8, 16), 24, 8, (16, 8), (24, 8)])
+    keys, train = sampling.eval_grid(settings.TrainSettings(img_size=16), [(8, 16), 24, 8, (16, 8), (24, 8)])
     assert keys == [8, (8, 16), (16, 8), 16, (24, 8), 24] and train == 16
-    keys, train = loop.eval_grid(settings.TrainSettings(img_size=16, num_frames=4), [8], [2])
+    keys, train = sampling.eval_grid(settings.TrainSettings(img_size=16, num_frames=4), [8], [2])
     assert keys == [(2, 8), (2, 16), (4, 8), (4, 16)] and train == (4, 16)
 
 
@@ -146,13 +146,13 @@ def tiny_run(tmp_path_factory):
 
 def test_sweep_evaluates_a_non_square_size(tiny_run, tmp_path, monkeypatch, capsys):
     seen = []
-    evaluate = loop.evaluate
+    evaluate = evaluation.evaluate
 
     def spy(model, dataset, **kw):  # the images each adaptation's model is evaluated on
         seen.append(tuple(dataset[0][0].shape))
         return evaluate(model, dataset, **kw)
 
-    monkeypatch.setattr(loop, "evaluate", spy)
+    monkeypatch.setattr(evaluation, "evaluate", spy)
     rows = run_script("resolution_sweep", [str(tiny_run), "--res", "8", "16", "8x16", "--scaling", "none", "pi",
                                   "--out", str(tmp_path)])
     # every size for each adaptation: the training size too for none, which is not the run's own scaling (pi) and

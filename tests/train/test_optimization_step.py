@@ -19,7 +19,7 @@ from timm.loss import BinaryCrossEntropy, LabelSmoothingCrossEntropy, SoftTarget
 from timm.utils import ModelEmaV3, NativeScaler
 
 from visionpe import data as vdata
-from visionpe.train import loop, optimization, sampling, settings
+from visionpe.train import commits, loop, optimization, sampling, settings
 
 
 def batches(count: int, size: int = 3, seed: int = 0):
@@ -42,12 +42,12 @@ def linear(seed: int = 1) -> torch.nn.Linear:
     return torch.nn.Linear(5, 4)
 
 
-def epoch(model, data, accum, lr=0.5, epoch_index=0, **kw):
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+def epoch(model, data, accum, lr=0.5, epoch_index=0, ema=None, **kw):
     schedule = Schedule()
-    stats = loop.train_one_epoch(model, data, optimizer, schedule, torch.nn.CrossEntropyLoss(), epoch=epoch_index,
-                                 epochs=epoch_index + 1, device=torch.device("cpu"), autocast=contextlib.nullcontext,
-                                 accum_steps=accum, **kw)
+    parts = optimization.Optimization(torch.optim.SGD(model.parameters(), lr=lr), schedule,
+                                      torch.nn.CrossEntropyLoss(), ema=ema)
+    stats = loop.train_one_epoch(model, data, parts, epoch=epoch_index, epochs=epoch_index + 1,
+                                 device=torch.device("cpu"), autocast=contextlib.nullcontext, accum_steps=accum, **kw)
     return stats, schedule
 
 
@@ -133,6 +133,12 @@ def test_ddp_gradients_synchronise_only_on_the_last_batch_of_each_step(tmp_path)
     assert model.synced == [False, True, False, True, True]
 
 
+def stepping(model, scaler) -> optimization.Optimization:
+    """An optimization of ``model`` by SGD (lr 0.5) with ``scaler``, for its ``backward_and_step`` alone."""
+    return optimization.Optimization(torch.optim.SGD(model.parameters(), lr=0.5), Schedule(),
+                                     torch.nn.CrossEntropyLoss(), scaler=scaler)
+
+
 @requires_that(hasattr(torch.amp, "GradScaler"), "a CPU gradient scaler, torch.amp.GradScaler(device='cpu') (torch "
                ">= 2.3): before it timm's NativeScaler(device='cpu') takes torch.cuda.amp.GradScaler, disabled without "
                "CUDA; the recipe's fp16 is CUDA-only, checked on CUDA in tests/cuda")
@@ -141,17 +147,14 @@ def test_fp16_scaler_unscales_before_clipping_and_skips_overflowing_steps():
     x, y = batches(1)[0]
     plain, scaled = linear(), linear()
     for model, scaler in ((plain, None), (scaled, NativeScaler(device="cpu"))):
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        parts = stepping(model, scaler)
         loss = F.cross_entropy(model(x), y)
-        loop.backward_and_step(loss, optimizer, parameters=list(model.parameters()), clip_grad=0.05, update=True,
-                               scaler=scaler)
+        parts.backward_and_step(loss, parameters=list(model.parameters()), clip_grad=0.05, update=True)
     # the loss is scaled by 2^16 and unscaled before clipping: the same step (powers of two are exact)
     torch.testing.assert_close(scaled.weight, plain.weight, rtol=1e-6, atol=0)
     scaler, before = NativeScaler(device="cpu"), scaled.weight.detach().clone()
-    optimizer = torch.optim.SGD(scaled.parameters(), lr=0.5)
     loss = (scaled.weight * 1e36).sum()  # finite loss, gradients overflow once scaled
-    loop.backward_and_step(loss, optimizer, parameters=list(scaled.parameters()), clip_grad=0.0, update=True,
-                           scaler=scaler)
+    stepping(scaled, scaler).backward_and_step(loss, parameters=list(scaled.parameters()), clip_grad=0.0, update=True)
     assert torch.equal(scaled.weight, before) and scaler.state_dict()["scale"] == 2.0 ** 15  # skipped, backed off
 
 
@@ -190,17 +193,17 @@ def test_loss_combines_mixup_smoothing_and_bce_as_timm(mixup, smoothing, bce, th
 
 def test_checkpoint_clock_counts_steps_and_minutes(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(loop.time, "monotonic", lambda: now[0])
-    steps = loop.CheckpointClock(every_steps=3)
+    monkeypatch.setattr(commits.time, "monotonic", lambda: now[0])
+    steps = commits.CheckpointClock(every_steps=3)
     assert [u for u in range(1, 10) if steps.due(u)] == [3, 6, 9]
-    minutes = loop.CheckpointClock(every_minutes=2)
+    minutes = commits.CheckpointClock(every_minutes=2)
     now[0] += 119
     assert not minutes.due(1)
     now[0] += 2
     assert minutes.due(2)
     minutes.reset()
     assert not minutes.due(3)
-    assert not any(loop.CheckpointClock().due(u) for u in range(1, 5))
+    assert not any(commits.CheckpointClock().due(u) for u in range(1, 5))
 
 
 @pytest.mark.parametrize("world, repeats", [(1, 3), (2, 3), (3, 2), (4, 3)])

@@ -332,16 +332,16 @@ def test_diverged_weights_are_never_committed_nor_reported(tmp_path, capsys, epo
 
 
 def test_check_finite_names_what_diverged_and_what_is_kept(tmp_path):
-    from visionpe.train import loop
+    from visionpe.train import commits
     model = torch.nn.Linear(2, 2)
-    loop.check_finite(model, epoch=1, kept_epoch=0, val_loss=0.5)  # all finite: nothing
+    commits.check_finite(model, epoch=1, kept_epoch=0, val_loss=0.5)  # all finite: nothing
     with torch.no_grad():
         model.weight[0, 0] = float("inf")
-    with pytest.raises(loop.NonFiniteLoss, match=r"non-finite weights \(1 tensors, e.g. weight\) at step 3/5 of "
+    with pytest.raises(commits.NonFiniteLoss, match=r"non-finite weights \(1 tensors, e.g. weight\) at step 3/5 of "
                                                  r"epoch 2.*checkpoint of epoch 1 is kept"):
-        loop.check_finite(model, epoch=2, kept_epoch=1, within="at step 3/5 of")
-    with pytest.raises(loop.NonFiniteLoss, match="non-finite EMA validation loss"):
-        loop.check_finite(torch.nn.Linear(2, 2), epoch=1, kept_epoch=0, val_loss=1.0, ema_loss=float("nan"))
+        commits.check_finite(model, epoch=2, kept_epoch=1, within="at step 3/5 of")
+    with pytest.raises(commits.NonFiniteLoss, match="non-finite EMA validation loss"):
+        commits.check_finite(torch.nn.Linear(2, 2), epoch=1, kept_epoch=0, val_loss=1.0, ema_loss=float("nan"))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1)
     with pytest.raises(rundir.UserError, match="refusing to commit"):  # the last guard, in the writer itself

@@ -11,7 +11,7 @@ from trainutil import TINY, run_script, train_main
 from visionpe import data
 from visionpe.bias.alibi import alibi_slopes
 from visionpe.cli import UserError
-from visionpe.train import loop, models, restore, sampling, settings, tuning
+from visionpe.train import evaluation, models, restore, sampling, settings, tuning
 from visionpe.train.metrics import Evaluation
 
 KNOBS = {"rope_axial": "theta", "rope_mixed": "scaling", "alibi": "slope_scale", "lookhere": "global_slope",
@@ -103,7 +103,7 @@ def test_knob_is_chosen_on_the_holdout_only(alibi_run, tmp_path, monkeypatch):
             return Evaluation(90.0 if scale == 2.0 else 40.0, 1.0, len(dataset))
         return Evaluation(70.0 if scale == 0.5 else 20.0 + scale, 1.0, len(dataset))
 
-    monkeypatch.setattr(loop, "evaluate", fake_evaluate)
+    monkeypatch.setattr(evaluation, "evaluate", fake_evaluate)
     rows = run_script("resolution_sweep", [str(alibi_run), "--res", "16", "32", "--tune", "--holdout", "8",
                                            "--out", str(tmp_path)])
     with open(tmp_path / "sweep.csv") as f:

@@ -11,9 +11,12 @@ Layers, each using only those above it in this list (and :mod:`visionpe.cli`, th
 - :mod:`~visionpe.train.restore`: a run read back (settings, model), ``--resume``, ``--init-from`` and
   ``--pretrained``;
 - :mod:`~visionpe.train.distributed`: the run's processes (torchrun) and their collectives;
-- :mod:`~visionpe.train.loop`: one epoch of training, evaluation, evaluation across resolutions;
+- :mod:`~visionpe.train.commits`: when and what a run commits (its weights and losses checked finite first);
+- :mod:`~visionpe.train.loop`: the precision of the steps, the module that trains, one epoch of training;
 - :mod:`~visionpe.train.sampling`: the run's data sets from its settings, the order of the training samples
-  (repeated augmentation), resumable within an epoch, and the loader that reads them;
+  (repeated augmentation), resumable within an epoch, the loader that reads them, and the sizes a run is evaluated
+  at;
+- :mod:`~visionpe.train.evaluation`: a model evaluated on a set, and across resolutions;
 - :mod:`~visionpe.train.optimization`: optimizer, schedule, loss, mixup, EMA and scaler as timm builds them, and where a run
   stands;
 - :mod:`~visionpe.train.train_vit`: the training story; :mod:`~visionpe.train.sweep`: ``visionpe sweep``;

@@ -1,7 +1,7 @@
 """The pieces of the training loop: batches of mixed sizes, RNG streams, the precision of the steps, the module that
-trains (on its device, EMA, DDP or FSDP2), one epoch of training, commits, evaluation, and evaluation across
-resolutions (used by ``train_vit.py`` and :mod:`visionpe.train.sweep`); the data sets they read are
-:mod:`visionpe.train.sampling`'s."""
+trains (on its device, EMA, DDP or FSDP2) and one epoch of training. What an epoch ends with has modules of its own:
+:mod:`visionpe.train.evaluation` (also :mod:`visionpe.train.sweep`'s) and :mod:`visionpe.train.commits`; the data
+sets they read are :mod:`visionpe.train.sampling`'s."""
 from __future__ import annotations
 
 import argparse
@@ -13,64 +13,15 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, Subset
 from timm.utils import ModelEmaV3
 from tqdm import tqdm
 
 from .. import data as vdata
-from . import distributed, parallel, rundir
+from . import distributed, parallel
+from .commits import NonFiniteLoss
 from .settings import TrainSettings
-from .metrics import Evaluation
 from ..cli import UserError, one_line, user_errors
-
-
-class NonFiniteLoss(UserError):
-    """The training loss, the validation loss or the weights became NaN or infinite: the run stops without saving
-    (its last checkpoint stays), so a diverged model is never committed, exported or reported with an accuracy."""
-
-
-def nonfinite_counts(state: dict) -> dict[str, int]:
-    """How many NaN or infinite values each floating-point tensor of ``state`` holds, of those that hold any (name ->
-    count). A sharded tensor (FSDP's DTensor) is counted on every process, each its own shard, and the counts summed
-    (a tensor every process holds whole, on the first process alone), so every process gets the same answer: a
-    collective where any tensor is sharded (every process calls it, with the same names in the same order)."""
-    state = {name: t for name, t in state.items() if isinstance(t, torch.Tensor) and torch.is_floating_point(t)}
-    sharded = [parallel.is_sharded(t) for t in state.values()]
-    counts = [float((~torch.isfinite(t.to_local() if s else t)).sum()) for t, s in zip(state.values(), sharded)]
-    if any(sharded):
-        device = next(t.to_local().device for t, s in zip(state.values(), sharded) if s)
-        counts = distributed.all_sum([c if s or parallel.rank() == 0 else 0.0 for c, s in zip(counts, sharded)],
-                                     device)
-    return {name: int(count) for name, count in zip(state, counts) if count}
-
-
-def nonfinite_tensors(module) -> list[str]:
-    """The names of ``module``'s floating-point parameters and buffers that hold a NaN or an infinity, the same on
-    every process (:func:`nonfinite_counts`: a collective of a sharded module)."""
-    return list(nonfinite_counts(module.state_dict()))
-
-
-def check_finite(model, *, epoch: int, kept_epoch: int, val_loss: float | None = None, ema=None,
-                 ema_loss: float | None = None, within: str = "") -> None:
-    """Before a commit of ``epoch`` (1-based; ``within``: where in it, for a commit within the epoch): the model's
-    (and the EMA's) weights and validation losses are finite, else :class:`NonFiniteLoss` with one line saying what
-    diverged and what is kept (``kept_epoch``: the last committed epoch, 0 for none). Every process calls it with the
-    same weights and losses (DDP keeps them equal; FSDP's shards are checked together), so every process stops at the
-    same point."""
-    problems = []
-    for what, loss in (("validation loss", val_loss), ("EMA validation loss", ema_loss)):
-        if loss is not None and not math.isfinite(loss):
-            problems.append(f"non-finite {what} ({loss})")
-    for what, module in (("weights", model), ("EMA weights", ema)):
-        bad = nonfinite_tensors(module) if module is not None else []
-        if bad:
-            problems.append(f"non-finite {what} ({len(bad)} tensors, e.g. {bad[0]})")
-    if problems:
-        kept = f"its checkpoint of epoch {kept_epoch} is kept" if kept_epoch else "no epoch was saved"
-        raise NonFiniteLoss(f"{' and '.join(problems)} {within or 'after'} epoch {epoch}: the model diverged; the run "
-                            f"stopped without saving ({kept}); lower --lr or check the data")
 
 
 def read_samples(batches):
@@ -117,16 +68,6 @@ def to_device(x, device):
     return [t.to(device, non_blocking=True) for t in x]
 
 
-def logits_of(model, x, time_spacing=None):
-    """Logits of a batch: ``model(x)`` (with the clips' ``time_spacing``, when given) for a stacked batch, the
-    underlying model's ``forward_batch`` for a list (evaluation only: no gradient goes through a DDP wrapper here)."""
-    if isinstance(x, torch.Tensor):
-        return forward(model, x, time_spacing)
-    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    inner = inner.model if isinstance(inner, parallel.MixedSizes) else inner
-    return inner.forward_batch(x)
-
-
 def parse_size(text: str) -> int | tuple[int, int]:
     """One ``--res`` entry: ``PX`` (square) or ``HxW`` (height x width) -> ``int`` or ``(height, width)``; a square
     ``HxH`` is the integer ``H``. A malformed or non-positive size is an ``argparse.ArgumentTypeError``."""
@@ -139,23 +80,6 @@ def parse_size(text: str) -> int | tuple[int, int]:
     if len(sides) == 1 or sides[0] == sides[1]:
         return sides[0]
     return sides[0], sides[1]
-
-
-def size_order(key) -> tuple[int, int]:
-    """Sort key of an evaluation key: an image size by ``(height, width)``, an integer ``r`` counting as ``(r, r)``
-    (so square and non-square sizes mix); a video key ``(frames, res)`` sorts as itself."""
-    return (key, key) if isinstance(key, int) else (int(key[0]), int(key[1]))
-
-
-def eval_grid(settings: TrainSettings, resolutions=(), frames=()) -> tuple[list, object]:
-    """The evaluation keys of a run and its training key: image sizes (image run: integers, or ``(height, width)``
-    tuples for non-square sizes; ordered by :func:`size_order`) or ``(frames, res)`` pairs (video run: ``frames`` x
-    ``resolutions``, integer resolutions only), the training size and frame count always among them."""
-    res = sorted(set(resolutions) | {settings.img_size}, key=size_order)
-    if not settings.num_frames:
-        return res, settings.img_size
-    counts = sorted(set(frames) | {settings.num_frames})
-    return [(f, r) for f in counts for r in res], (settings.num_frames, settings.img_size)
 
 
 def seed_everything(seed: int, epoch: int, rank: int, step: int | None = None) -> None:
@@ -277,58 +201,6 @@ def to_memory_format(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last if x.ndim == 4 else torch.channels_last_3d)
 
 
-class CheckpointClock:
-    """When to commit a checkpoint within an epoch: every ``every_steps`` optimizer steps of the epoch, and when
-    ``every_minutes`` have passed since the last commit. The clock is read on rank 0 and broadcast, so every process
-    of a torchrun group commits at the same step (the commit gathers from all of them)."""
-
-    def __init__(self, every_steps: int = 0, every_minutes: float = 0.0, device="cpu"):
-        self.every_steps, self.every_seconds, self.device = every_steps, every_minutes * 60, device
-        self.last = time.monotonic()
-
-    def due(self, update: int) -> bool:
-        """Whether to commit after optimizer step ``update`` (1-based, within the epoch)."""
-        by_steps = bool(self.every_steps) and update % self.every_steps == 0
-        late = bool(self.every_seconds) and distributed.rank0_flag(time.monotonic() - self.last >= self.every_seconds,
-                                                                   self.device)
-        return by_steps or late
-
-    def reset(self) -> None:
-        """A commit happened: the minutes count from now."""
-        self.last = time.monotonic()
-
-
-def commit_within(out, model, parts, run, epoch: int, clock: CheckpointClock, steps: int, procs):
-    """``train_one_epoch``'s ``on_update`` for ``epoch``: after each optimizer step, commit ``out``'s state.pt when the
-    clock says so (not after the last of ``steps`` batches: the epoch's own commit follows), with every process's loss
-    sums of the epoch so far. ``parts``: the :class:`~visionpe.train.optimization.Optimization`, ``run`` its ``Progress``,
-    ``procs`` the :class:`~visionpe.train.distributed.Processes`."""
-    def on_update(progress: dict) -> None:
-        if progress["step"] == steps or not clock.due(progress["update"]):
-            return
-        check_finite(model, epoch=epoch + 1, kept_epoch=epoch, ema=parts.ema_module,
-                          within=f"at step {progress['step']}/{steps} of")  # never commit NaN weights
-        sums = distributed.all_gather([progress["loss_sum"], progress["seen"]], procs.device)  # by rank
-        commit(out, model, parts, run, procs, progress={"step": progress["step"], "sums": sums,
-                                                        "last_finite": progress["last_finite"],
-                                                        "elapsed": progress["elapsed"]})
-        clock.reset()
-    return on_update
-
-
-def commit(out, model, parts, run, procs, progress: dict | None = None) -> None:
-    """Commit the run in ``out`` after ``run.epoch`` epochs (with ``progress``: within the next one, see
-    :func:`commit_within`): a sharded model (FSDP) as a distributed checkpoint that every process writes
-    (:func:`visionpe.train.rundir.save_sharded`), any other as state.pt, written by rank 0
-    (:func:`visionpe.train.rundir.save_checkpoint`). ``parts``: the :class:`~visionpe.train.optimization.Optimization`."""
-    fields = dict(epoch=run.epoch, best_acc=run.best_acc, best_epoch=run.best_epoch, history=run.history,
-                  config=parts.config, ema=parts.ema_module, progress=progress)
-    if parallel.is_sharded_model(model):
-        rundir.save_sharded(out, model, parts.optimizer, parts.scheduler, **fields)
-    elif procs.master:
-        rundir.save_checkpoint(out, model, parts.optimizer, parts.scheduler, scaler=parts.scaler, **fields)
-
-
 def step_resolution(train_res, seed: int, epoch: int, step: int) -> int | None:
     """The resolution of one multi-resolution training step: drawn from ``train_res`` by ``(seed, epoch, step)``
     alone, so every process of a DDP run (and a resumed run) draws the same; None without ``train_res``."""
@@ -337,31 +209,18 @@ def step_resolution(train_res, seed: int, epoch: int, step: int) -> int | None:
     return train_res[random.Random(f"train_res/{seed}/{epoch}/{step}").randrange(len(train_res))]
 
 
-def backward_and_step(loss, optimizer, *, parameters, clip_grad: float, update: bool, scaler=None) -> None:
-    """Backward of ``loss`` (one loader batch's share of an optimizer step); with ``update``, clip the summed
-    gradients to ``clip_grad`` (0 = off) and step. ``scaler``: timm's ``NativeScaler`` (float16), which scales the
-    loss, unscales before clipping and skips a step whose gradients overflowed."""
-    if scaler is not None:
-        scaler(loss, optimizer, clip_grad=clip_grad or None, parameters=parameters, need_update=update)
-        return
-    loss.backward()
-    if update:
-        if clip_grad > 0:
-            torch.nn.utils.clip_grad_norm_(parameters, clip_grad)
-        optimizer.step()
-
-
-def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: int, epochs: int, device, autocast,
-                    mixup=None, clip_grad: float = 0.0, world: int = 1, progress: bool = False,
-                    last_finite: tuple | None = None, train_res=(), seed: int = 0, rank: int = 0,
-                    accum_steps: int = 1, ema=None, scaler=None, channels_last: bool = False,
+def train_one_epoch(model, loader, parts, *, epoch: int, epochs: int, device, autocast,
+                    clip_grad: float = 0.0, world: int = 1, progress: bool = False, last_finite: tuple | None = None,
+                    train_res=(), seed: int = 0, rank: int = 0, accum_steps: int = 1, channels_last: bool = False,
                     resume: dict | None = None, on_update=None) -> dict:
-    """One pass over ``loader``: an optimizer step every ``accum_steps`` loader batches (the last step of the epoch
-    takes what is left), the learning rate set per optimizer step (``scheduler.step_update``; ``ceil(batches /
-    accum_steps)`` steps an epoch), the loss of each batch divided by the number of batches of its step, and under
-    DDP and FSDP the gradients synchronised on a step's last batch only (``no_sync`` on the others). After each
-    optimizer step the EMA (timm ``ModelEmaV3``) is updated with the global step count and ``on_update(progress)`` is called (a
-    checkpoint may be committed there: the gradients are zero, so a resumed epoch needs only ``progress``).
+    """One pass over ``loader`` with ``parts``, the run's :class:`~visionpe.train.optimization.Optimization` (its
+    optimizer, schedule, loss, mixup/cutmix, gradient scaler and EMA): an optimizer step every ``accum_steps`` loader
+    batches (``parts.backward_and_step``; the last step of the epoch takes what is left), the learning rate set per
+    optimizer step (``scheduler.step_update``; ``ceil(batches / accum_steps)`` steps an epoch), the loss of each
+    batch divided by the number of batches of its step, and under DDP and FSDP the gradients synchronised on a step's
+    last batch only (``no_sync`` on the others). After each optimizer step the EMA (timm ``ModelEmaV3``) is updated
+    with the global step count and ``on_update(progress)`` is called (a checkpoint may be committed there: the
+    gradients are zero, so a resumed epoch needs only ``progress``).
 
     The RNG streams are reseeded from ``(seed, epoch, rank, batch)`` before each batch (:func:`seed_everything`).
     ``resume``: the ``progress`` of a mid-epoch checkpoint; ``loader`` then yields only the batches after
@@ -373,9 +232,9 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
     steps, and so the schedule, are the same as without it.
 
     Each batch's loss is summed over the processes before the backward pass, so when it is NaN or infinite on any
-    of them every process raises :class:`NonFiniteLoss` at the same batch (none waits for the others). Returns
-    ``{'train_loss', 'seen', 'elapsed', 'last_finite'}`` (``train_loss`` and ``seen`` over all processes,
-    ``last_finite`` = ``(loss, epoch, step)`` of the last finite batch, 1-based)."""
+    of them every process raises :class:`~visionpe.train.commits.NonFiniteLoss` at the same batch (none waits for
+    the others). Returns ``{'train_loss', 'seen', 'elapsed', 'last_finite'}`` (``train_loss`` and ``seen`` over all
+    processes, ``last_finite`` = ``(loss, epoch, step)`` of the last finite batch, 1-based)."""
     model.train()
     first = resume["step"] if resume else 0
     steps = first + len(loader)
@@ -388,13 +247,13 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
     bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True, initial=first,
                total=steps, disable=None if progress else True)  # None: off when not a terminal
     t0 = time.perf_counter()
-    optimizer.zero_grad(set_to_none=True)
+    parts.optimizer.zero_grad(set_to_none=True)
     for step, batch in enumerate(read_samples(bar), start=first):
         seed_everything(seed, epoch, rank, step)
         x, y, time_spacing = unpack(batch)  # time_spacing: (B,) with --tokens-per-second
         x, y = to_device(x, device), y.to(device, non_blocking=True)  # x: a list of images with --max-patches
-        if mixup is not None:
-            x, y = mixup(x, y)
+        if parts.mixup is not None:
+            x, y = parts.mixup(x, y)
         size = step_resolution(train_res, seed, epoch, step)
         if size is not None and x.shape[-1] != size:
             x = vdata.resize_bicubic(x, size)
@@ -403,11 +262,11 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
         group = accum_steps if step < full else steps - full  # batches of that step
         is_update = step + 1 == steps or (step + 1) % accum_steps == 0
         if step % accum_steps == 0:
-            scheduler.step_update(epoch * updates + update)
+            parts.scheduler.step_update(epoch * updates + update)
         sync = contextlib.nullcontext() if world == 1 or is_update else parallel.no_gradient_sync(model)
         with sync:
             with autocast():
-                loss = criterion(forward(model, x, time_spacing), y)
+                loss = parts.criterion(forward(model, x, time_spacing), y)
             total = distributed.sum_over_processes(loss.detach().float().reshape(1))
             if not bool(torch.isfinite(total).all()):
                 where = f"step {step + 1}/{steps} of epoch {epoch + 1} (global step {epoch * steps + step + 1})"
@@ -417,66 +276,19 @@ def train_one_epoch(model, loader, optimizer, scheduler, criterion, *, epoch: in
                 kept = f"its checkpoint of epoch {epoch} is kept" if epoch else "no epoch was saved"
                 raise NonFiniteLoss(f"non-finite training loss ({total.item() / world}) at {where}; {before_text}; the "
                                     f"run stopped without saving ({kept}); lower --lr or check the data")
-            backward_and_step(loss / group, optimizer, parameters=parameters, clip_grad=clip_grad, update=is_update,
-                              scaler=scaler)
+            parts.backward_and_step(loss / group, parameters=parameters, clip_grad=clip_grad, update=is_update)
         value = loss.item()
         last_finite = (value, epoch + 1, step + 1)
         loss_sum += value * len(x)
         seen += len(x)
         bar.set_postfix(loss=f"{value:.3f}", img_s=f"{seen * world / (before + time.perf_counter() - t0):.0f}")
         if is_update:
-            optimizer.zero_grad(set_to_none=True)
-            if ema is not None:
-                ema.update(ema_source, step=epoch * updates + update + 1)
+            parts.optimizer.zero_grad(set_to_none=True)
+            if parts.ema is not None:
+                parts.ema.update(ema_source, step=epoch * updates + update + 1)
             if on_update is not None:
                 on_update({"step": step + 1, "update": update + 1, "loss_sum": loss_sum, "seen": seen,
                            "last_finite": list(last_finite), "elapsed": before + time.perf_counter() - t0})
     elapsed = before + time.perf_counter() - t0
     loss_sum, seen = distributed.all_sum([loss_sum, seen], device)
     return {"train_loss": loss_sum / seen, "seen": seen, "elapsed": elapsed, "last_finite": last_finite}
-
-
-@torch.no_grad()
-def evaluate(model, dataset, *, batch_size: int, device, autocast, workers: int = 0, rank: int = 0,
-             world: int = 1) -> Evaluation:
-    """Top-1 (%), mean cross-entropy and the image count over the whole set; each process takes every world-th image.
-    Images of different sizes (the native protocol) go through the model's ``forward_batch`` as batches of mixed
-    grids. A sharded model (FSDP) gathers its parameters in every forward, on every process together: a process with
-    fewer batches than rank 0 runs as many forwards again on one of its images, uncounted."""
-    model.eval()
-    mine = range(rank, len(dataset), world)
-    loader = DataLoader(Subset(dataset, mine), batch_size=batch_size, num_workers=workers,
-                        collate_fn=vdata.collate_images)
-    correct = loss = count = 0.0
-    spare = None  # a batch for the uncounted forwards, with its clips' time steps
-    for batch in read_samples(loader):
-        x, y, time_spacing = unpack(batch)
-        x, y = to_device(x, device), y.to(device)
-        with autocast():
-            logits = logits_of(model, x, time_spacing)
-        loss += F.cross_entropy(logits.float(), y, reduction="sum").item()
-        correct += (logits.argmax(-1) == y).sum().item()
-        count += len(y)
-        spare = (x, time_spacing)
-    if parallel.is_sharded_model(model):
-        missing = math.ceil(len(range(0, len(dataset), world)) / batch_size) - math.ceil(len(mine) / batch_size)
-        for _ in range(missing):
-            if spare is None:
-                x, _, time_spacing = unpack(vdata.collate_images([dataset[0]]))
-                spare = (to_device(x, device), time_spacing)
-            with autocast():
-                logits_of(model, *spare)
-    correct, loss, count = distributed.all_sum([correct, loss, count], device)
-    return Evaluation(acc=100.0 * correct / count, loss=loss / count if count else math.nan, count=int(count))
-
-
-def evaluate_resolutions(model, sets: dict, known: dict | None = None, **eval_kwargs) -> dict:
-    """``{key: Evaluation}`` of ``model`` on every set of ``sets`` (``{key: dataset}``; an image run's keys are
-    integers or ``(height, width)`` tuples, a video run's ``(frames, res)``), in :func:`size_order`. ``known``:
-    ``{key: Evaluation}`` already measured (not evaluated again); :func:`visionpe.train.metrics.retention_table`
-    reports them against the training size. Compiled blocks (``--compile`` under FSDP) run eagerly here: one pass per
-    size would not repay compiling."""
-    known = known or {}
-    with parallel.eager():
-        return {k: known[k] if k in known else evaluate(model, sets[k], **eval_kwargs)
-                for k in sorted(sets, key=size_order)}

@@ -1,7 +1,7 @@
 """What a run reports, in one place: the records, the files that hold them, the one reader of those files, and the
 loggers.
 
-- :class:`Evaluation`: a model evaluated on a data set (:func:`visionpe.train.loop.evaluate` returns it);
+- :class:`Evaluation`: a model evaluated on a data set (:func:`visionpe.train.evaluation.evaluate` returns it);
 - :class:`EpochRecord`: one epoch, the one record behind the console line, a line of ``metrics.jsonl`` (its
   :meth:`~EpochRecord.row`), a row of ``summary.csv`` and each logger's entry;
 - :func:`summary` (``results.json``) and :func:`resolution_table` (the console's last table) of a finished run;

@@ -19,7 +19,7 @@ from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3, NativeScaler
 
 from ..cli import UserError, one_line, user_errors
-from . import loop, parallel, rundir
+from . import commits, parallel, rundir
 from .settings import TrainSettings, saved_form
 
 
@@ -47,6 +47,20 @@ class Optimization:
     @property
     def lr(self) -> float:
         return max(g["lr"] for g in self.optimizer.param_groups)
+
+    def backward_and_step(self, loss: torch.Tensor, *, parameters, clip_grad: float, update: bool) -> None:
+        """Backward of ``loss`` (a scalar: one loader batch's share of an optimizer step); with ``update``, clip the
+        summed gradients of ``parameters`` to ``clip_grad`` (0 = off) and step the optimizer. With :attr:`scaler`
+        (timm's ``NativeScaler``, float16) the loss is scaled, the gradients unscaled before clipping and a step whose
+        gradients overflowed skipped."""
+        if self.scaler is not None:
+            self.scaler(loss, self.optimizer, clip_grad=clip_grad or None, parameters=parameters, need_update=update)
+            return
+        loss.backward()
+        if update:
+            if clip_grad > 0:
+                torch.nn.utils.clip_grad_norm_(parameters, clip_grad)
+            self.optimizer.step()
 
 
 @dataclass
@@ -185,13 +199,13 @@ def check_finite_loaded(folder: Path, model: torch.nn.Module, optimizer, ema: to
     """The weights, EMA and optimizer state just loaded from the distributed checkpoint ``folder`` are finite, checked
     as state.pt's are (:func:`visionpe.train.rundir.check_finite_commit`): a NaN or inf is a damaged or edited file,
     a :class:`UserError` naming it and the tensor. Every process calls it and each counts its own shards
-    (:func:`visionpe.train.loop.nonfinite_counts`), so every process refuses together."""
+    (:func:`visionpe.train.commits.nonfinite_counts`), so every process refuses together."""
     names = {p: n for n, p in parallel.unwrap(model).named_parameters()}
     slots = {f"{names[p]}.{k}": v for p, entry in optimizer.state.items() for k, v in entry.items()}
     parts = {"model": parallel.unwrap(model).state_dict(), "ema": {} if ema is None else ema.state_dict(),
              "optimizer state": dict(sorted(slots.items()))}
     for part, state in parts.items():
-        bad = loop.nonfinite_counts(state)
+        bad = commits.nonfinite_counts(state)
         if bad:
             name, count = next(iter(bad.items()))
             raise UserError(f"{folder}'s {part} holds {count} NaN or infinite value(s) in {name!r} "

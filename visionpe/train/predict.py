@@ -24,7 +24,7 @@ from .. import cli
 from .. import data as vdata
 from ..cli import UserError
 from ..data.folders import read_image
-from . import loop, restore, settings
+from . import evaluation, loop, restore, settings
 from .metrics import key_text
 
 
@@ -98,7 +98,7 @@ def predict(model: torch.nn.Module, x: torch.Tensor, k: int) -> tuple[list[int],
     """The ``k`` most probable outputs of ``model`` for one image ``x`` ``(C, H, W)``: ``(indices, probabilities)``,
     most probable first."""
     with torch.no_grad():
-        probs = loop.logits_of(model, x[None]).float().softmax(-1)[0]
+        probs = evaluation.logits_of(model, x[None]).float().softmax(-1)[0]
     top = probs.topk(k)
     return top.indices.tolist(), top.values.tolist()
 

@@ -256,7 +256,7 @@ def save_checkpoint(out: Path, model, optimizer, scheduler, *, epoch: int, best_
     resume checks config.yaml against (:func:`check_resume`); ``ema``: the EMA module (timm ``ModelEmaV3.module``);
     ``scaler``: timm's ``NativeScaler``."""
     bad = [k for k, t in model.state_dict().items() if torch.is_floating_point(t) and not bool(torch.isfinite(t).all())]
-    if bad:  # the loop checks first (train_vit.py, visionpe.train.loop.check_finite); this is the last guard
+    if bad:  # the loop checks first (train_vit.py, visionpe.train.commits.check_finite); this is the last guard
         raise UserError(f"refusing to commit {out / STATE}: the model's weights are not finite ({len(bad)} tensors, "
                         f"e.g. {bad[0]}); the run diverged: lower --lr")
     state = {"format": 3, "epoch": epoch, "best_acc": best_acc, "best_epoch": best_epoch,
@@ -407,7 +407,7 @@ def resume_point(out: Path) -> dict | Path | None:
 
 def check_finite_commit(state: dict, path: Path) -> None:
     """Every tensor of a commit's model, EMA and optimizer state is finite: training never commits a non-finite
-    epoch (:func:`visionpe.train.loop.check_finite`), so a NaN or inf there is a damaged or edited file, a
+    epoch (:func:`visionpe.train.commits.check_finite`), so a NaN or inf there is a damaged or edited file, a
     :class:`UserError` naming it and the tensor (not a divergence blamed on the learning rate or the data)."""
     optimizer = state.get("optimizer")
     slots = optimizer.get("state", {}) if isinstance(optimizer, dict) else {}

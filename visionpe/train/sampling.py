@@ -3,7 +3,7 @@ through the data set registry, an image folder's classes checked against the run
 settings a set does not take), the order of the training samples, epoch by epoch, and the loader that reads them: torch's
 ``DistributedSampler``, or timm's ``RepeatAugSampler`` (repeated augmentation, ``--aug-repeats``), started at any
 position of an epoch (a resume from a mid-epoch checkpoint continues with the next batch, without loading the ones
-before it).
+before it); and the sizes (and frame counts) a run is evaluated at in the end (:func:`eval_grid`).
 
 Repeated augmentation shows each chosen image ``R`` times in an epoch, each time augmented anew. A visionpe data set
 augments sample ``i`` as a function of ``(seed, epoch, index)`` only (:class:`visionpe.data.PositionDataset`), so
@@ -196,3 +196,20 @@ def training_loader(dataset, settings: TrainSettings, *, world: int, rank: int, 
     if len(loader) == 0:
         raise UserError(f"batch_size {settings.batch_size} is larger than the training set ({len(dataset)} images)")
     return loader, loader_set, sampler
+
+
+def size_order(key) -> tuple[int, int]:
+    """Sort key of an evaluation key: an image size by ``(height, width)``, an integer ``r`` counting as ``(r, r)``
+    (so square and non-square sizes mix); a video key ``(frames, res)`` sorts as itself."""
+    return (key, key) if isinstance(key, int) else (int(key[0]), int(key[1]))
+
+
+def eval_grid(settings: TrainSettings, resolutions=(), frames=()) -> tuple[list, object]:
+    """The evaluation keys of a run and its training key: image sizes (image run: integers, or ``(height, width)``
+    tuples for non-square sizes; ordered by :func:`size_order`) or ``(frames, res)`` pairs (video run: ``frames`` x
+    ``resolutions``, integer resolutions only), the training size and frame count always among them."""
+    res = sorted(set(resolutions) | {settings.img_size}, key=size_order)
+    if not settings.num_frames:
+        return res, settings.img_size
+    counts = sorted(set(frames) | {settings.num_frames})
+    return [(f, r) for f in counts for r in res], (settings.num_frames, settings.img_size)

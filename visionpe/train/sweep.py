@@ -59,7 +59,7 @@ from ..registry import ENCODINGS
 from ..resample import INTERPOLATIONS
 from ..rotary.scaling import SCALINGS
 from ..weights import write_text
-from . import loop, metrics, models, restore, rundir, sampling, tuning
+from . import evaluation, loop, metrics, models, restore, rundir, sampling, tuning
 from .settings import TrainSettings, check_evaluation, check_memory, check_patches, eval_protocol
 from .metrics import key_text
 
@@ -191,7 +191,7 @@ def _sweep_protocol(run: Path, settings: TrainSettings, protocol: str, resolutio
     eval_kw = dict(batch_size=batch_size, device=device,
                    autocast=loop.autocast_for(device, loop.amp_dtype("auto", device)))
     video = bool(settings.num_frames)
-    keys, train_key = loop.eval_grid(settings, resolutions, frames)
+    keys, train_key = sampling.eval_grid(settings, resolutions, frames)
     sets = {k: sampling.dataset(settings, "val", k[1], k[0], protocol=protocol) if video else
             sampling.dataset(settings, "val", k, protocol=protocol) for k in keys}
     wanted = [k for k in keys if (k[1] if video else k) in resolutions]  # the training size only if asked for
@@ -216,11 +216,11 @@ def _sweep_protocol(run: Path, settings: TrainSettings, protocol: str, resolutio
         # An adaptation other than the run's own scaling is measured there too: it is the identity at the training
         # grid only when its reference grid is that grid (a preset's fixed ref_shape, e.g. SAM 3's 24x24, is not)
         as_trained = kw.get("scaling") in (None, *own)
-        measured = loop.evaluate_resolutions(model, sets, known=known if as_trained else {}, **eval_kw)
+        measured = evaluation.evaluate_resolutions(model, sets, known=known if as_trained else {}, **eval_kw)
         if as_trained:
             known = {train_key: measured[train_key]}
         elif not known:
-            known = loop.evaluate_resolutions(built({}), {train_key: sets[train_key]}, **eval_kw)
+            known = evaluation.evaluate_resolutions(built({}), {train_key: sets[train_key]}, **eval_kw)
         res = metrics.retention_table(measured, train_key, trained=known[train_key])
         if not as_trained and measured[train_key].loss != known[train_key].loss:  # an identity gives the same bits
             log(f"{run.name}: {label} is not the model as trained at the training size "

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import distributed, loop, metrics, models, optimization, restore, rundir, sampling
+from . import commits, distributed, evaluation, loop, metrics, models, optimization, restore, rundir, sampling
 from .settings import parse_args, run_warnings
 
 
@@ -132,7 +132,7 @@ def main(argv: list[str]) -> dict:
                    rank=rank, world=world)
 
     # -- training: an epoch, its validation, a commit of state.pt (and within the epoch, when the clock says so) ---
-    clock = loop.CheckpointClock(settings.checkpoint_every_steps, settings.checkpoint_every_minutes, device)
+    clock = commits.CheckpointClock(settings.checkpoint_every_steps, settings.checkpoint_every_minutes, device)
     last_finite = None
     for epoch in range(start_epoch, settings.epochs):
         loop.seed_everything(settings.seed, epoch, rank)
@@ -142,19 +142,19 @@ def main(argv: list[str]) -> dict:
             resumed = {**run.within, "loss_sum": sums[0], "seen": sums[1]}
         sampler.set_epoch(epoch, skip=resumed["step"] * (settings.batch_size // world) if resumed else 0)
         loader_set.set_epoch(epoch)
-        stats = loop.train_one_epoch(model, loader, parts.optimizer, parts.scheduler, parts.criterion, epoch=epoch,
-                                     epochs=settings.epochs, device=device, autocast=autocast, mixup=parts.mixup,
-                                     clip_grad=settings.clip_grad, world=world, progress=procs.master and settings.progress,
-                                     last_finite=last_finite, train_res=settings.train_res, seed=settings.seed, rank=rank,
-                                     accum_steps=settings.grad_accum_steps, ema=parts.ema, scaler=parts.scaler,
-                                     channels_last=settings.channels_last, resume=resumed,
-                                     on_update=loop.commit_within(out, raw_model, parts, run, epoch, clock,
-                                                                  steps_per_epoch, procs))
+        stats = loop.train_one_epoch(model, loader, parts, epoch=epoch, epochs=settings.epochs, device=device,
+                                     autocast=autocast, clip_grad=settings.clip_grad, world=world,
+                                     progress=procs.master and settings.progress, last_finite=last_finite,
+                                     train_res=settings.train_res, seed=settings.seed, rank=rank,
+                                     accum_steps=settings.grad_accum_steps, channels_last=settings.channels_last,
+                                     resume=resumed,
+                                     on_update=commits.commit_within(out, raw_model, parts, run, epoch, clock,
+                                                                     steps_per_epoch, procs))
         last_finite = stats["last_finite"]
-        val = loop.evaluate(model, val_set, **eval_kw)
-        ema = loop.evaluate(parts.ema_module, val_set, **eval_kw) if parts.ema is not None else None
-        loop.check_finite(raw_model, epoch=epoch + 1, kept_epoch=epoch, val_loss=val.loss, ema=parts.ema_module,
-                          ema_loss=ema.loss if ema else None)  # a diverged epoch is neither saved nor reported
+        val = evaluation.evaluate(model, val_set, **eval_kw)
+        ema = evaluation.evaluate(parts.ema_module, val_set, **eval_kw) if parts.ema is not None else None
+        commits.check_finite(raw_model, epoch=epoch + 1, kept_epoch=epoch, val_loss=val.loss, ema=parts.ema_module,
+                             ema_loss=ema.loss if ema else None)  # a diverged epoch is neither saved nor reported
         record = metrics.EpochRecord(epoch + 1, stats["train_loss"], val, parts.lr, stats["seen"] / stats["elapsed"],
                                      stats["elapsed"], ema)
         improved = val.acc > run.best_acc
@@ -162,7 +162,7 @@ def main(argv: list[str]) -> dict:
             run.best_acc, run.best_epoch = val.acc, epoch + 1
         run.history.append(record.row())
         run.epoch, run.within = epoch + 1, None
-        loop.commit(out, raw_model, parts, run, procs)  # state.pt by rank 0, or every process's shards (FSDP)
+        commits.commit(out, raw_model, parts, run, procs)  # state.pt by rank 0, or every process's shards (FSDP)
         clock.reset()
         report.epoch(record, settings.epochs, improved)  # committed first: a logger never holds an unsaved epoch
         if settings.stop_after and epoch + 1 - start_epoch >= settings.stop_after and epoch + 1 < settings.epochs:
@@ -174,7 +174,7 @@ def main(argv: list[str]) -> dict:
 
     # -- resolution evaluation: last, best (and EMA) weights, same scenes at every resolution (and frame count) -----
     video = bool(settings.num_frames)  # keys (frames, res) of clips, else image sizes
-    keys, train_key = loop.eval_grid(settings, settings.eval_res, settings.eval_frames)
+    keys, train_key = sampling.eval_grid(settings, settings.eval_res, settings.eval_frames)
     eval_sets = {k: (val_set if k == train_key else sampling.dataset(settings, "val", k[1], k[0]) if video else
                      sampling.dataset(settings, "val", k)) for k in keys}
     results, exported = {}, ("last", "best") + (("ema",) if parts.ema is not None else ())
@@ -185,7 +185,7 @@ def main(argv: list[str]) -> dict:
             dist.barrier()  # rank 0 has finished writing the weights
         path = rundir.weights_file(out, which)
         rundir.load_state(raw_model, rundir.read_weights(path, device), path)
-        measured = loop.evaluate_resolutions(raw_model, eval_sets, **eval_kw)  # eager: any size
+        measured = evaluation.evaluate_resolutions(raw_model, eval_sets, **eval_kw)  # eager: any size
         results[which] = metrics.retention_table(measured, train_key)
         run.history += [{"kind": "eval_res", "model": which, **({"res": k[1], "frames": k[0]} if video else {"res": k}),
                          **m} for k, m in results[which].items()]

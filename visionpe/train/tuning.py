@@ -25,10 +25,10 @@ from torch.utils.data import Subset
 
 from .. import data as vdata
 from ..backbones import encodings_of
-from ..cli import UserError
+from ..cli import UserError, one_line
 from ..data.scenes import num_scenes
 from ..encoding import Knob, constructor_keywords
-from . import loop, metrics, models, rundir
+from . import evaluation, metrics, models, rundir
 from .settings import TrainSettings, check_rendered, transforms_of
 
 FAMILIES = ("tokens", "rotary", "bias")  # the order in which a combination's knob is looked for
@@ -83,7 +83,7 @@ def holdout_set(settings: TrainSettings, size, protocol: str, holdout: int) -> S
                                  seed=settings.seed, num_samples=holdout if rendered else n + holdout, augment=False,
                                  transforms=transforms_of(settings, protocol), first=n if rendered else 0)
     except (vdata.DataMissing, ValueError) as err:
-        raise UserError(loop.one_line(err)) from None
+        raise UserError(one_line(err)) from None
     if rendered:
         return Subset(ds, range(holdout))
     if len(ds) < n + holdout:
@@ -138,13 +138,13 @@ def tune_rows(run, settings: TrainSettings, protocol: str, state, path, keys, wa
 
     scores = {}  # value -> {key: Evaluation on the held-out images}
     for value in values:
-        scores[value] = loop.evaluate_resolutions(model_with(value), held, **eval_kw)
+        scores[value] = evaluation.evaluate_resolutions(model_with(value), held, **eval_kw)
     chosen = {k: max(values, key=lambda v: (scores[v][k].acc, v == trained)) for k in keys}
-    measured = {"untuned": loop.evaluate_resolutions(model_with(trained), val_sets, **eval_kw), "tuned": {}}
+    measured = {"untuned": evaluation.evaluate_resolutions(model_with(trained), val_sets, **eval_kw), "tuned": {}}
     for value in dict.fromkeys(chosen.values()):
         at = [k for k in keys if chosen[k] == value]
         model = model_with(value)
-        measured["tuned"].update(loop.evaluate_resolutions(model, {k: val_sets[k] for k in at}, **eval_kw))
+        measured["tuned"].update(evaluation.evaluate_resolutions(model, {k: val_sets[k] for k in at}, **eval_kw))
     rows = []
     for label, picked in (("untuned", {k: trained for k in keys}), ("tuned", chosen)):
         table = metrics.retention_table(measured[label], train_key)

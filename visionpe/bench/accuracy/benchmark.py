@@ -13,7 +13,7 @@ from pathlib import Path
 from ...cli import UserError, import_user_code
 from ...cli.recipes import recipe_path
 from ...train import models, settings, tuning
-from ...train.loop import size_order
+from ...train.sampling import size_order
 from ...train.metrics import key_text
 from ...weights import write_text
 from .collect import collect
