@@ -14,8 +14,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported here: the 
 transformers = pytest.importorskip("transformers")
 from transformers import (AutoModelForImageClassification, DeiTConfig,  # noqa: E402
                           DeiTForImageClassificationWithTeacher, Dinov2Config, Dinov2ForImageClassification,
-                          ResNetModel, SwinConfig, SwinForImageClassification, ViTConfig, ViTForImageClassification,
-                          ViTModel)
+                          Dinov2Model, ResNetModel, SwinConfig, SwinForImageClassification, SwinModel, ViTConfig,
+                          ViTForImageClassification, ViTModel)
 
 import visionpe as vpe  # noqa: E402
 from test_hf import DINO, SWIN, VIT  # noqa: E402  (the tiny configs of the adapter's tests)
@@ -204,3 +204,26 @@ def test_a_missing_folder_is_named_as_one(tmp_path):
     for path in (tmp_path / "missing", str(tmp_path / "missing"), "./missing-run", str(tmp_path / "file.json")):
         with pytest.raises(ValueError, match=r"pretrained_model_name_or_path .*: folder (not found|is a file)"):
             vpe.from_pretrained(ViTForImageClassification, path)
+
+
+@pytest.mark.parametrize("cls,config", [(Dinov2Model, Dinov2Config(**DINO)),
+                                        (SwinModel, SwinConfig(**SWIN, use_absolute_embeddings=False))],
+                         ids=["Dinov2Model", "SwinModel"])
+def test_an_encoding_missing_from_the_checkpoint_gets_its_initialisation_not_uninitialised_memory(cls, config,
+                                                                                                  tmp_path):
+    """A stock checkpoint loaded into a patched class (its config carrying the encoding): transformers 5 builds the
+    model on the meta device and initialises what the checkpoint lacks module by module, a sub-model (Dinov2Encoder,
+    SwinEncoder: ``PreTrainedModel``s of their own) by its own ``_init_weights``, which knows no encoding; the
+    encoding's parameters are its own initialisation: RoPE-Mixed's frequency of each pair, the norm of its vector
+    over the axes, the same in every head (a closed form of its initialisation), as in a model built by __init__."""
+    torch.manual_seed(0)
+    cls(config).save_pretrained(tmp_path)  # the stock weights, no encoding
+    patched_config = vpe.apply(cls(config), "rope_mixed").config
+    loaded = vpe.from_pretrained(cls, tmp_path, config=patched_config)
+    built = type(loaded)(patched_config)
+    pairs = [(name, p, dict(built.named_parameters())[name]) for name, p in loaded.named_parameters()
+             if name.endswith("rotary.freqs")]
+    assert pairs
+    for name, ours, fresh in pairs:  # (axes, heads, pairs)
+        assert torch.isfinite(ours).all(), name
+        torch.testing.assert_close(ours.norm(dim=0), fresh.norm(dim=0), msg=name)

@@ -90,6 +90,16 @@ def no_split_patched_layers(model: nn.Module) -> None:
         module._no_split_modules = names | {name for name, bases in patched.items() if bases & names}
 
 
+def replaced_table(module: nn.Module) -> str | None:
+    """The name of the position table an encoding replaced in ``module`` (set to None: a ViT's
+    ``position_embeddings`` parameter, SigLIP 2's ``position_embedding`` module), or None."""
+    if getattr(module, "_parameters", {}).get("position_embeddings", False) is None:
+        return "position_embeddings"
+    if getattr(module, "_modules", {}).get("position_embedding", False) is None:
+        return "position_embedding"
+    return None
+
+
 class PretrainedPositionalModel(PositionalModel):
     """Mixin of the patched transformers models: their ``save_pretrained`` and ``from_pretrained`` keep the encoding.
 
@@ -101,12 +111,20 @@ class PretrainedPositionalModel(PositionalModel):
     def post_init(self) -> None:
         """transformers' ``post_init`` (the last step of every model's ``__init__``), then the config's ``visionpe``
         entry applied, once. The patched classes define no ``__init__``: they take the stock class's arguments, under
-        its signature (``use_mask_token``, ``add_pooling_layer``, ...)."""
+        its signature (``use_mask_token``, ``add_pooling_layer``, ...). The encodings, and the embeddings whose
+        position table the encoding replaced, are then initialised again as transformers initialises a module
+        (``init_weights``; nothing on the meta device), so that a model built by ``__init__`` and one that
+        ``from_pretrained`` materialises from the meta device get their values by the same route (transformers'
+        ``test_can_init_all_missing_weights``)."""
         super().post_init()
         entry = getattr(self.config, ENTRY, None)
         if entry is not None and "pe" not in vars(self):
             from .api import apply  # noqa: PLC0415  (api imports the adapters' registry, which imports this module)
             apply(self, entry["pe"], **as_keywords(entry.get("pe_kwargs") or {}))
+            for module in self.modules():  # initialised again: what the encoding put in, what lost its position table
+                if isinstance(module, Encoding) or replaced_table(module):
+                    module._is_hf_initialized = False
+            self.init_weights()
 
     def applied(self, pe: str, pe_kwargs: dict) -> None:
         """Record the encoding in the model's own copy of its config (what ``save_pretrained`` writes; the caller's
@@ -135,17 +153,27 @@ class PretrainedPositionalModel(PositionalModel):
                 with torch.no_grad():
                     module.reset_parameters()
             return
-        if getattr(module, "_parameters", {}).get("position_embeddings", False) is None:
-            name, stand_in = "position_embeddings", nn.Parameter(torch.empty(1, 0, 1))
-        elif getattr(module, "_modules", {}).get("position_embedding", False) is None:
-            name, stand_in = "position_embedding", nn.Embedding(0, 1)
-        else:
+        name = replaced_table(module)
+        if name is None:
             return super()._init_weights(module)
+        stand_in = nn.Parameter(torch.empty(1, 0, 1)) if name == "position_embeddings" else nn.Embedding(0, 1)
         setattr(module, name, stand_in)
         try:
             super()._init_weights(module)
         finally:
             setattr(module, name, None)
+
+    def initialize_weights(self) -> None:
+        """transformers 5's initialisation of every module not initialised yet, then each encoding's own by
+        :meth:`_init_weights` (unless its weights were loaded): a sub-model of the stock classes (transformers 5's
+        ``Dinov2Encoder``, ``SwinEncoder``, ...) is a ``PreTrainedModel`` that initialises the modules under it with its
+        own ``_init_weights``, which knows no encoding and would leave its parameters as the meta device's
+        materialisation left them (uninitialised memory)."""
+        super().initialize_weights()
+        for module in self.modules():
+            if isinstance(module, Encoding):
+                module._is_hf_initialized = False
+                self._initialize_weights(module)
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
