@@ -34,12 +34,7 @@ FAMILIES = {"vit": ("rope_mixed", "learned+rel_bias"), "deit": ("rope_mixed", "l
 
 # The tests the stock classes pass and the patched ones do not, each with its reason (the contract's open items); the
 # test fails when one of them passes again, so the entry goes. Nothing else is left out.
-KNOWN = {("siglip2_classifier", "test_can_init_all_missing_weights"): (
-             "in a meta-device build of the patched classifier, its tower's attention projections and MLPs (q/k/v/"
-             "out_proj, fc1, fc2) end with other values than in an __init__ build from the same seeds, though the "
-             "patched tower initialises them (cause not found); the tower alone (siglip2) and every other family "
-             "pass"),
-         ("qwen3_vl", "test_vision_axial_rope"): "it tests transformers' own axial RoPE layer class, found in the "
+KNOWN = {("qwen3_vl", "test_vision_axial_rope"): "it tests transformers' own axial RoPE layer class, found in the "
          "model; the patched tower has none (the encoding put in replaces it), and the test skips itself"}
 
 

@@ -227,3 +227,18 @@ def test_an_encoding_missing_from_the_checkpoint_gets_its_initialisation_not_uni
     for name, ours, fresh in pairs:  # (axes, heads, pairs)
         assert torch.isfinite(ours).all(), name
         torch.testing.assert_close(ours.norm(dim=0), fresh.norm(dim=0), msg=name)
+
+
+def test_a_patched_class_initialises_the_stock_weights_as_the_stock_class_does():
+    """Built from its config with the same seed, a patched SigLIP 2 classifier holds the stock class's initial
+    weights (xavier projections and MLPs: transformers 5 would skip those branches of ``_init_weights`` for a class
+    it takes for custom code), the embeddings aside (initialised again without the table the encoding replaced)."""
+    cls, config = _siglip2_classifier_config()
+    applied = vpe.apply(cls(config), "rope_mixed")
+    torch.manual_seed(0)
+    stock = cls(copy.deepcopy(config)).state_dict()
+    torch.manual_seed(0)
+    patched = type(applied)(applied.config).state_dict()
+    shared = [k for k in stock if k in patched and ".embeddings." not in k]
+    assert len(shared) > 20 and any("self_attn.q_proj" in k for k in shared) and any("mlp.fc1" in k for k in shared)
+    assert [k for k in shared if not torch.equal(stock[k], patched[k])] == []

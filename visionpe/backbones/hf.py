@@ -163,6 +163,19 @@ class GridAttention(nn.Module):
         for name in found.names.values():
             setattr(self, name, getattr(source, name))
         self.rotary, self.bias = rotary, bias
+        self.stock_class = type(source)
+        if getattr(source, "_is_hf_initialized", False):  # transformers initialised it: not again (as_stock)
+            self._is_hf_initialized = True
+
+    def as_stock(self) -> nn.Module:
+        """A stand-in of the stock attention class this module replaced, holding its projections (the same modules):
+        what transformers' ``_init_weights`` reads, whose branches test the class (SigLIP 2 initialises its
+        attention's projections with xavier)."""
+        stand_in = self.stock_class.__new__(self.stock_class)
+        nn.Module.__init__(stand_in)
+        for name in self.names.values():
+            setattr(stand_in, name, getattr(self, name))
+        return stand_in
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x: (B, T, dim)`` -> q, k, v ``(B, heads, T, head_dim)``."""

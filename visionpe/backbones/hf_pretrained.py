@@ -153,6 +153,8 @@ class PretrainedPositionalModel(PositionalModel):
                 with torch.no_grad():
                     module.reset_parameters()
             return
+        if hasattr(module, "as_stock"):  # a patched attention (hf.GridAttention): initialised as the stock one it replaced
+            return super()._init_weights(module.as_stock())
         name = replaced_table(module)
         if name is None:
             return super()._init_weights(module)
@@ -162,6 +164,13 @@ class PretrainedPositionalModel(PositionalModel):
             super()._init_weights(module)
         finally:
             setattr(module, name, None)
+
+    def _initialize_weights(self, module: nn.Module, is_custom_code: bool = False) -> None:
+        """transformers' initialisation of one module, as for the stock class. A patched class is defined in
+        visionpe, which transformers 5 takes for custom code, and then skips the stock ``_init_weights``' branches for
+        modules without parameters of their own (SigLIP 2's attention and MLP, whose projections it initialises with
+        xavier): the patched model would start otherwise than the stock one."""
+        super()._initialize_weights(module)
 
     def initialize_weights(self) -> None:
         """transformers 5's initialisation of every module not initialised yet, then each encoding's own by
