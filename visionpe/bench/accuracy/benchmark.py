@@ -101,6 +101,22 @@ def record_state(path: Path, train: list[str], sweep: list[str], run: Path) -> d
     return stale_record(record, train, sweep, run) or record
 
 
+def current_records(command: str, runs: list, states: dict, key, where, records: Path, doc: Path) -> tuple[list, list]:
+    """``runs`` sorted by their records' ``states`` (``{key(run): record_state}``): ``([(run, record)] of the current
+    ones, [(record path, reasons)] of the stale ones)``; each stale record named on stderr (``command: stale record
+    ...``) and left out; no current record at all is a :class:`UserError` (``doc`` is left as it is). ``where(run)``:
+    the run's record path."""
+    stale = [(where(r), states[key(r)]) for r in runs if isinstance(states[key(r)], list)]
+    for path, reasons in stale:
+        print(f"{command}: stale record {path} (left out): {'; '.join(reasons)}", file=sys.stderr)
+    current = [(r, states[key(r)]) for r in runs if isinstance(states[key(r)], dict)]
+    if not current:
+        raise UserError(f"no current records in --records {records} (of {len(runs)} planned runs, {len(stale)} "
+                        f"stale, e.g. {where(runs[0])}); {doc} is left as it is (check --records, or the logs of "
+                        "the runs under --out)")
+    return current, stale
+
+
 def run(args, command: str) -> int:
     """Train and sweep every run of ``args`` (the parsed ``visionpe benchmark`` command line, ``command`` its text)
     that is not finished, then write the report; returns 0."""
@@ -166,15 +182,10 @@ def run(args, command: str) -> int:
     else:
         wall = 0.0
     states = {r[4]: record_state(path(r[4]), *commands[r[4]], r[4]) for r in runs}
-    current = [(f, d, pe, s, states[run]) for f, d, pe, s, run in runs if isinstance(states[run], dict)]
+    found, args.stale = current_records("benchmark", runs, states, lambda r: r[4], lambda r: path(r[4]),
+                                        args.records, args.doc)
+    current = [(f, d, pe, s, record) for (f, d, pe, s, _), record in found]
     args.unfinished = [r for r in runs if not isinstance(states[r[4]], dict)]
-    args.stale = [(path(r[4]), states[r[4]]) for r in args.unfinished if isinstance(states[r[4]], list)]
-    for where, reasons in args.stale:
-        print(f"benchmark: stale record {where} (left out): {'; '.join(reasons)}", file=sys.stderr)
-    if not current:
-        raise UserError(f"no current records in --records {args.records} (of {len(runs)} planned runs, "
-                        f"{len(args.stale)} stale, e.g. {path(runs[0][4])}); {args.doc} is left as it is (check "
-                        "--records, or the logs of the runs under --out)")
     if args.unfinished:
         missing = [str(r[4].relative_to(args.out)) for r in args.unfinished]
         print(f"benchmark: {len(missing)} of {len(runs)} runs have no current record (the report says which): "

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -45,7 +44,7 @@ from ...rotary.scaling import SCALINGS
 from ...train import settings
 from ...weights import write_text
 from . import collect as shared
-from .benchmark import INVOCATION, REPORT, default_records, record_state
+from .benchmark import INVOCATION, REPORT, current_records, default_records, record_state
 from .cli import add_recipe_and_data
 from .jobs import plan_run, run_logged, sweep_command
 from .parts import accuracy_cells, machine_labels, made_by_cell, provenance_lines
@@ -332,16 +331,10 @@ def run(args, command: str) -> int:
         made = json.loads(invocation.read_text())
         command, wall = made["command"], made["wall_s"]
     states = {spec["run"]: state(spec) for spec in runs}
-    found = [(spec, states[spec["run"]]) for spec in runs if isinstance(states[spec["run"]], dict)]
+    found, args.stale = current_records("convert-benchmark", runs, states, lambda spec: spec["run"], path,
+                                        args.records, args.doc)
     args.unfinished = [(spec["kind"], spec["data"], spec["pe"], spec["seed"], spec["run"]) for spec in runs
                        if not isinstance(states[spec["run"]], dict)]
-    args.stale = [(path(spec), states[spec["run"]]) for spec in runs if isinstance(states[spec["run"]], list)]
-    for where, reasons in args.stale:
-        print(f"convert-benchmark: stale record {where} (left out): {'; '.join(reasons)}", file=sys.stderr)
-    if not found:
-        raise UserError(f"no current records in --records {args.records} (of {len(runs)} planned runs, "
-                        f"{len(args.stale)} stale, e.g. {path(runs[0])}); {args.doc} is left as it is (check "
-                        "--records, or the logs of the runs under --out)")
     write_part(args.doc, PART, part(args, collect(found), runs, command, wall))
     print(f"wrote the part '{TITLE[3:]}' of {args.doc} ({len(found)} of {len(runs)} runs with a current record in "
           f"{args.records})")
