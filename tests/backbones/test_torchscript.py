@@ -69,6 +69,18 @@ def script(model: torch.nn.Module) -> torch.jit.ScriptModule:
         return torch.jit.load(buffer)
 
 
+def assert_scripted_equals_eager(model: torch.nn.Module, sizes, what: str) -> None:
+    """``model`` scripted, saved and loaded equals the eager one (features and output, within 1e-5) on a batch of
+    two images at each of ``sizes``."""
+    loaded = script(model)
+    with torch.no_grad():
+        for size in sizes:
+            x = torch.randn(2, 3, *size)
+            torch.testing.assert_close(loaded.forward_features(x), model.forward_features(x), rtol=0, atol=1e-5,
+                                       msg=f"{what} at {size}")
+            torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=1e-5, msg=f"{what} at {size}")
+
+
 def perturb(model: torch.nn.Module) -> torch.nn.Module:
     """Every encoding's parameters moved off their initial values (STRING's basis and HARoPE's maps start as the
     identity, which a form that left them out would match)."""
@@ -87,13 +99,7 @@ def test_scripted_model_equals_eager_at_any_size(name, pe, pe_kwargs):
     if set(pe.split("+")) & ONE_BLOCK:
         kwargs = {**kwargs, "depth": 1}
     model = perturb(vpe.create_model(name, pe=pe, pe_kwargs=pe_kwargs, **kwargs).eval())
-    loaded = script(model)
-    with torch.no_grad():
-        for size in sizes:
-            x = torch.randn(2, 3, *size)
-            torch.testing.assert_close(loaded.forward_features(x), model.forward_features(x), rtol=0, atol=1e-5,
-                                       msg=f"{name} {pe} at {size}")
-            torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=1e-5, msg=f"{name} {pe} at {size}")
+    assert_scripted_equals_eager(model, sizes, f"{name} {pe}")
 
 
 @pytest.mark.parametrize("coords", COORDS)
@@ -140,13 +146,7 @@ def test_scripted_torchvision_vit_equals_eager_at_any_size(pe):
     """torchvision's ViT through vpe.apply: the scripted, saved and loaded model equals the eager one at the training
     size and at a non-square size torchvision's own model refuses (native: in the next test)."""
     model = vpe.apply(torchvision_vit(), pe=pe)
-    loaded = script(model)
-    with torch.no_grad():
-        for size in SIZES:
-            x = torch.randn(2, 3, *size)
-            torch.testing.assert_close(loaded.forward_features(x), model.forward_features(x), rtol=0, atol=1e-5,
-                                       msg=f"{pe} at {size}")
-            torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=1e-5, msg=f"{pe} at {size}")
+    assert_scripted_equals_eager(model, SIZES, pe)
 
 
 def test_scripted_torchvision_vit_native_equals_torchvision_scripted():
