@@ -82,9 +82,8 @@ def equal(out: Path, device, bf16: bool) -> None:
     for pe in EQUAL_PES:
         ddp, fsdp = build(pe, device), build(pe, device)
         ema_ddp, ema_fsdp = ModelEmaV3(ddp, decay=0.5), ModelEmaV3(fsdp, decay=0.5)  # before sharding, as timm's
-        ddp, fsdp = parallel.parallelize(ddp, "ddp", device), parallel.parallelize(fsdp, "fsdp", device)
-        ema_ddp.module = parallel.parallelize_ema(ema_ddp.module, ddp, "ddp", device)
-        ema_fsdp.module = parallel.parallelize_ema(ema_fsdp.module, fsdp, "fsdp", device)
+        ddp = parallel.parallelize(ddp, "ddp", device, ema=ema_ddp.module)
+        fsdp = parallel.parallelize(fsdp, "fsdp", device, ema=ema_fsdp.module)
         opts = optimizer_for(ddp, equal=True), optimizer_for(fsdp, equal=True)
         for step in range(3):
             for model, opt, ema in ((ddp, opts[0], ema_ddp), (fsdp, opts[1], ema_fsdp)):
@@ -131,8 +130,7 @@ def train(out: Path, device, steps: int, resume: Path | None, meta: bool, bf16: 
     model = build(TRAIN_PE, device, meta=meta)
     ema = ModelEmaV3(model, decay=0.9)
     precision = torch.bfloat16 if bf16 else None
-    model = parallel.parallelize(model, "fsdp", device, mixed_precision=precision)
-    ema.module = parallel.parallelize_ema(ema.module, model, "fsdp", device, mixed_precision=precision)
+    model = parallel.parallelize(model, "fsdp", device, ema=ema.module, mixed_precision=precision)
     optimizer = optimizer_for(model)
     scheduler = CosineLRScheduler(optimizer, t_initial=8, warmup_t=1, warmup_lr_init=1e-4, t_in_epochs=False)
     start, losses = 0, []

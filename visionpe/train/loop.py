@@ -154,7 +154,7 @@ def trained_module(settings: TrainSettings, model: torch.nn.Module, procs,
 def ema_of(settings: TrainSettings, model: torch.nn.Module, device: torch.device) -> ModelEmaV3:
     """timm's ``ModelEmaV3`` of ``model``: a copy made before the model is sharded or wrapped (FSDP modules cannot be
     copied). Of a meta-device build (``meta_init``) it holds a meta copy, which
-    :func:`visionpe.train.parallel.parallelize_ema` materialises; the EMA itself is then made of a stand-in on
+    :func:`visionpe.train.parallel.parallelize` materialises; the EMA itself is then made of a stand-in on
     ``device``, as timm makes its rounding generator on the device of the module's parameters."""
     kwargs = dict(decay=settings.model_ema_decay, use_warmup=settings.model_ema_warmup)
     if not settings.meta_init:
@@ -168,18 +168,15 @@ def parallel_model(settings: TrainSettings, model: torch.nn.Module, procs, mixed
                    ema: ModelEmaV3 | None = None) -> torch.nn.Module:
     """The module that trains ``model``: under ``parallel: fsdp`` the model itself, sharded in place per block and at
     the root (:func:`visionpe.train.parallel.parallelize`: activation checkpointing, compile per block, a meta-device
-    build materialised), on any number of processes, and ``ema``'s copy sharded alike
-    (:func:`visionpe.train.parallel.parallelize_ema`); else (DDP) the model, compiled with ``compile``, in a
+    build materialised), on any number of processes, and ``ema``'s copy sharded alike in the same call; else (DDP) the model, compiled with ``compile``, in a
     ``DistributedDataParallel`` wrapper under torchrun. With ``max_patches`` it takes lists of images of mixed sizes
     (:class:`visionpe.train.parallel.MixedSizes`)."""
     if settings.parallel == "fsdp":
         with user_errors(f"--parallel fsdp of {settings.model} pe={settings.pe}", (ValueError,)):
-            model = parallel.parallelize(model, "fsdp", procs.device, mixed_precision=mixed_precision,
+            model = parallel.parallelize(model, "fsdp", procs.device, ema=None if ema is None else ema.module,
+                                         mixed_precision=mixed_precision,
                                          grad_checkpointing=settings.grad_checkpointing, compile=settings.compile,
                                          reshard_after_forward=settings.fsdp_reshard_after_forward)
-        if ema is not None:
-            ema.module = parallel.parallelize_ema(ema.module, model, "fsdp", procs.device,
-                                                  mixed_precision=mixed_precision)
         return parallel.MixedSizes(model) if settings.max_patches else model
     if settings.grad_checkpointing:
         if not hasattr(model, "set_grad_checkpointing"):

@@ -13,7 +13,7 @@ shard of every parameter, gradient and optimizer state), with distributed checkp
 - :func:`no_gradient_sync`: the micro-steps of gradient accumulation before the last, without gradient
   communication (DDP ``no_sync``; FSDP neither reduces nor reshards between them).
 - EMA: timm's ``ModelEmaV3`` copies the model before it is sharded (FSDP modules cannot be deep-copied);
-  :func:`parallelize_ema` then shards that copy like the model, so each rank averages its own shards (``update`` pairs
+  :func:`parallelize` (``ema=``) then shards that copy like the model, so each rank averages its own shards (``update`` pairs
   the two state dicts' DTensors, whose layouts agree) and evaluates the EMA as an FSDP model.
   :func:`gathered_state` gives any model's whole state dict for evaluation on one rank or an export.
 - :func:`save_checkpoint` / :func:`load_checkpoint`: ``torch.distributed.checkpoint`` (DCP) folders, every rank
@@ -114,16 +114,22 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def parallelize(model: nn.Module, mode: str, device, *, mixed_precision: torch.dtype | None = None,
-                grad_checkpointing: bool = False, compile: bool | dict = False,
-                reshard_after_forward: bool = True) -> nn.Module:
-    """``model`` ready for data-parallel training on ``device`` in the current process group.
+def parallelize(model: nn.Module, mode: str, device, *, ema: nn.Module | None = None,
+                mixed_precision: torch.dtype | None = None, grad_checkpointing: bool = False,
+                compile: bool | dict = False, reshard_after_forward: bool = True) -> nn.Module:
+    """``model`` ready for data-parallel training on ``device`` in the current process group, and its EMA copy laid
+    out alike.
 
     Args:
         model: a patched model (``visionpe.create_model``, ``apply``, ``create_video_model``), on any device or on
             the meta device (FSDP: sharded, then materialised and initialised on ``device``).
         mode: ``"ddp"`` (returns a ``DistributedDataParallel`` wrapper) or ``"fsdp"`` (returns ``model`` itself, its
             parameters DTensor shards; build the optimizer after this call, from the returned model's parameters).
+        ema: the EMA copy of ``model`` (timm ``ModelEmaV3(model).module``), made before this call because FSDP
+            modules cannot be deep-copied. It is laid out in place: under FSDP sharded as ``model`` is, so each rank
+            averages its own shards (``update`` pairs the two state dicts' DTensors, whose layouts agree) and
+            evaluates it as an FSDP model; under DDP on ``device`` and unwrapped (every rank updates its full copy
+            identically). Its values are then ``model``'s (a meta-device build is initialised once, in ``model``).
         mixed_precision: FSDP's parameter dtype in the blocks (``torch.bfloat16`` on CUDA); gradients are reduced in
             float32 and the encodings' parameters stay float32. None: float32 throughout (CPU).
         grad_checkpointing: recompute each block's activations in the backward (the model's
@@ -131,67 +137,61 @@ def parallelize(model: nn.Module, mode: str, device, *, mixed_precision: torch.d
         compile: ``torch.compile`` each block in place before sharding (a dict: ``torch.compile``'s keywords, e.g.
             ``{"backend": "eager"}``).
         reshard_after_forward: FSDP frees each block's gathered parameters after its forward (ZeRO-3; False keeps
-            them until the backward: ZeRO-2, more memory, fewer all-gathers).
+            them until the backward: ZeRO-2, more memory, fewer all-gathers). The EMA, which only runs forward,
+            always reshards.
     """
     check_choice("mode", mode, MODES)
     device = torch.device(device)
     meta = any(p.is_meta for p in model.parameters())
+    modules = (model,) if ema is None else (model, ema)
+    blocks = {id(module): repeated_blocks(module) for module in modules}  # the units FSDP shards in each
     if grad_checkpointing:
         if not hasattr(model, "set_grad_checkpointing"):
             raise ValueError(f"{type(model).__name__} has no set_grad_checkpointing; run without grad_checkpointing")
         model.set_grad_checkpointing(True)
-    blocks = repeated_blocks(model)
     if compile:
         if not hasattr(nn.Module, "compile"):
             raise RuntimeError(f"compiling each block in place (nn.Module.compile) needs torch >= 2.2, this is "
                                f"{torch.__version__}")
-        for block in blocks:
+        for block in blocks[id(model)]:
             block.compile(**(compile if isinstance(compile, dict) else {}))
-    if mode == "ddp":
-        if meta:
-            reset_parameters(model.to_empty(device=device))
-        model = model.to(device)
-        return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    fully_shard, MixedPrecisionPolicy, register_forward, _ = fsdp_api()
-    from torch.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh(device.type, (world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32 if mixed_precision else None)
-    root = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=policy.reduce_dtype,
-                                output_dtype=torch.float32 if mixed_precision else None)  # float32 logits for the loss
-    position = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
-    for encoding in {id(m): m for m in model.modules() if isinstance(m, Encoding)}.values():
-        if any(True for _ in encoding.parameters()):  # shared parameter-free encodings hold buffers only
-            fully_shard(encoding, mesh=mesh, mp_policy=position, reshard_after_forward=reshard_after_forward)
-            for family, methods in ENCODING_METHODS.items():
-                for method in methods if isinstance(encoding, family) else ():
-                    register_forward(encoding, method)
-    for block in blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=root, reshard_after_forward=reshard_after_forward)
-    for method in FORWARD_METHODS:
-        if callable(getattr(model, method, None)):
-            register_forward(model, method)
+    if mode == "fsdp":  # sharded before it is materialised: no rank holds it whole
+        fully_shard, MixedPrecisionPolicy, register_forward, _ = fsdp_api()
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(device.type, (world_size(),))
+        policy = MixedPrecisionPolicy(param_dtype=mixed_precision,
+                                      reduce_dtype=torch.float32 if mixed_precision else None)
+        root = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=policy.reduce_dtype,
+                                    output_dtype=torch.float32 if mixed_precision else None)  # float32 logits
+        position = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
+                                        cast_forward_inputs=False)
+        for module in modules:  # each encoding with parameters a unit (its parameters float32), each block, the root
+            reshard = reshard_after_forward if module is model else True  # the EMA only runs forward
+            for encoding in {id(m): m for m in module.modules() if isinstance(m, Encoding)}.values():
+                if any(True for _ in encoding.parameters()):  # shared parameter-free encodings hold buffers only
+                    fully_shard(encoding, mesh=mesh, mp_policy=position, reshard_after_forward=reshard)
+                    for family, methods in ENCODING_METHODS.items():
+                        for method in methods if isinstance(encoding, family) else ():
+                            register_forward(encoding, method)
+            for block in blocks[id(module)]:
+                fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+            fully_shard(module, mesh=mesh, mp_policy=root, reshard_after_forward=reshard)
+            for method in FORWARD_METHODS:  # the root's entry points besides forward gather its parameters too
+                if callable(getattr(module, method, None)):
+                    register_forward(module, method)
     if meta:
         reset_parameters(model.to_empty(device=device))
-    return model
-
-
-def parallelize_ema(ema_module: nn.Module, model: nn.Module, mode: str, device, *,
-                    mixed_precision: torch.dtype | None = None) -> nn.Module:
-    """The EMA copy (timm ``ModelEmaV3(model).module``, made before :func:`parallelize`) laid out like ``model`` after
-    it: sharded the same way under FSDP (its values then copied from ``model``, which a meta-device build initialised
-    separately), on ``device`` and unwrapped under DDP (every rank updates its full copy identically)."""
-    check_choice("mode", mode, MODES)
+    if ema is not None and any(p.is_meta for p in ema.parameters()):
+        ema.to_empty(device=device)  # its values are model's, copied below
+    for module in modules if mode == "ddp" else ():  # FSDP shards each module on the device it is given on
+        module.to(device)
+    if ema is not None:
+        with torch.no_grad():
+            for ema_value, value in zip(ema.state_dict().values(), model.state_dict().values()):
+                ema_value.copy_(value)
     if mode == "ddp":
-        if any(p.is_meta for p in ema_module.parameters()):
-            ema_module.to_empty(device=device)
-        ema_module = ema_module.to(device)
-    else:
-        ema_module = parallelize(ema_module, "fsdp", device, mixed_precision=mixed_precision)
-    with torch.no_grad():
-        for ema_value, value in zip(ema_module.state_dict().values(), unwrap(model).state_dict().values()):
-            ema_value.copy_(value)
-    return ema_module
+        return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return model
 
 
 class MixedSizes(nn.Module):
