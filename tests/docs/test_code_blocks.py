@@ -138,12 +138,34 @@ def test_shell_blocks_name_existing_commands(page):
     assert not wrong, f"{page.relative_to(ROOT)}: " + "; ".join(wrong)
 
 
+SCRIPT_NAMES = ["train_vit", "resolution_sweep", *(name.replace("-", "_") for name in COMMANDS if name != "train")]
+CHECKOUT_PATH = re.compile(r"(?:scripts|visionpe)/[\w/]*\.py\b"  # a script, the package's source
+                           rf"|\b(?:{'|'.join(SCRIPT_NAMES)})\.py\b"  # a command's file: the root wrapper, old scripts
+                           r"|\bconfigs/\w+\.yaml\b")  # a recipe's file: --config takes its name
+
+
 @pytest.mark.parametrize("page", GUIDES, ids=[str(p.relative_to(ROOT)) for p in GUIDES])
 def test_guides_name_commands_not_checkout_paths(page):
-    """A wheel user has no checkout: a guide names ``visionpe ...`` commands and modules, never a Python file of
-    ``scripts/`` or of the package's source (``visionpe/train/sweep.py``)."""
-    text = page.read_text()
-    assert not re.findall(r"(?:scripts|visionpe)/[\w/]*\.py\b", text), page
+    """A wheel user has no checkout: a guide names ``visionpe ...`` commands, modules (``torchrun -m
+    visionpe.train``) and recipes by name (``--config shapes_tiny``), never a Python file of ``scripts/`` or of the
+    package's source (``visionpe/train/sweep.py``), the checkout's ``train_vit.py`` or a command's former script
+    (``bench_speed.py``; timm's ``train.py`` is timm's), nor a recipe's path (``configs/shapes_tiny.yaml``)."""
+    found = CHECKOUT_PATH.findall(page.read_text())
+    assert not found, f"{page.relative_to(ROOT)} names checkout paths: {found}"
+
+
+def test_checkout_paths_are_recognised():
+    """The pattern catches each kind of checkout path (what the guides said before) and passes the installed
+    commands that replace them."""
+    old = ("python train_vit.py --data shapes-position", "torchrun --nproc_per_node 2 train_vit.py --pe learned",
+           "--config configs/shapes_tiny.yaml", "`configs/deit3_small_rope_imagenet.yaml` is",
+           "(`visionpe/configs/small_folder.yaml`)", "`resolution_sweep.py --weights ema`",
+           "`make_image_folders.py fashion-mnist`", "python scripts/benchmark.py", "visionpe/train/sweep.py")
+    assert [bool(CHECKOUT_PATH.search(line)) for line in old] == [True] * len(old)
+    new = ("visionpe train --data shapes-position", "torchrun --nproc_per_node 2 -m visionpe.train --pe learned",
+           "--config shapes_tiny", "`visionpe.train.train_vit`, top to bottom", "timm's `train.py` names its folders",
+           "a run's `config.yaml`", "`visionpe sweep --weights ema`", "tests/train/test_train.py")
+    assert [bool(CHECKOUT_PATH.search(line)) for line in new] == [False] * len(new)
 
 
 def test_docs_top_holds_the_guides_and_reports_hold_the_reports():
