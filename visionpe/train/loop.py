@@ -168,9 +168,9 @@ def parallel_model(settings: TrainSettings, model: torch.nn.Module, procs, mixed
                    ema: ModelEmaV3 | None = None) -> torch.nn.Module:
     """The module that trains ``model``: under ``parallel: fsdp`` the model itself, sharded in place per block and at
     the root (:func:`visionpe.train.parallel.parallelize`: activation checkpointing, compile per block, a meta-device
-    build materialised), on any number of processes, and ``ema``'s copy sharded alike in the same call; else (DDP) the model, compiled with ``compile``, in a
-    ``DistributedDataParallel`` wrapper under torchrun. With ``max_patches`` it takes lists of images of mixed sizes
-    (:class:`visionpe.train.parallel.MixedSizes`)."""
+    build materialised), on any number of processes, and ``ema``'s copy sharded alike in the same call; else (DDP)
+    the model, compiled with ``compile``, in a ``DistributedDataParallel`` wrapper under torchrun. With
+    ``max_patches`` it takes lists of images of mixed sizes (:class:`visionpe.train.parallel.MixedSizes`)."""
     if settings.parallel == "fsdp":
         with user_errors(f"--parallel fsdp of {settings.model} pe={settings.pe}", (ValueError,)):
             model = parallel.parallelize(model, "fsdp", procs.device, ema=None if ema is None else ema.module,

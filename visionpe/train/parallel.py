@@ -13,8 +13,8 @@ shard of every parameter, gradient and optimizer state), with distributed checkp
 - :func:`no_gradient_sync`: the micro-steps of gradient accumulation before the last, without gradient
   communication (DDP ``no_sync``; FSDP neither reduces nor reshards between them).
 - EMA: timm's ``ModelEmaV3`` copies the model before it is sharded (FSDP modules cannot be deep-copied);
-  :func:`parallelize` (``ema=``) then shards that copy like the model, so each rank averages its own shards (``update`` pairs
-  the two state dicts' DTensors, whose layouts agree) and evaluates the EMA as an FSDP model.
+  :func:`parallelize` (``ema=``) then shards that copy like the model, so each rank averages its own shards
+  (``update`` pairs the two state dicts' DTensors, whose layouts agree) and evaluates the EMA as an FSDP model.
   :func:`gathered_state` gives any model's whole state dict for evaluation on one rank or an export.
 - :func:`save_checkpoint` / :func:`load_checkpoint`: ``torch.distributed.checkpoint`` (DCP) folders, every rank
   writing its own shards, committed atomically (a temporary folder renamed into place, then the ``latest`` file
@@ -144,7 +144,7 @@ def parallelize(model: nn.Module, mode: str, device, *, ema: nn.Module | None = 
     device = torch.device(device)
     meta = any(p.is_meta for p in model.parameters())
     modules = (model,) if ema is None else (model, ema)
-    blocks = {id(module): repeated_blocks(module) for module in modules}  # the units FSDP shards in each
+    blocks = [repeated_blocks(module) for module in modules]  # the units FSDP shards in each
     if grad_checkpointing:
         if not hasattr(model, "set_grad_checkpointing"):
             raise ValueError(f"{type(model).__name__} has no set_grad_checkpointing; run without grad_checkpointing")
@@ -153,7 +153,7 @@ def parallelize(model: nn.Module, mode: str, device, *, ema: nn.Module | None = 
         if not hasattr(nn.Module, "compile"):
             raise RuntimeError(f"compiling each block in place (nn.Module.compile) needs torch >= 2.2, this is "
                                f"{torch.__version__}")
-        for block in blocks[id(model)]:
+        for block in blocks[0]:  # the model's
             block.compile(**(compile if isinstance(compile, dict) else {}))
     if mode == "fsdp":  # sharded before it is materialised: no rank holds it whole
         fully_shard, MixedPrecisionPolicy, register_forward, _ = fsdp_api()
@@ -165,7 +165,8 @@ def parallelize(model: nn.Module, mode: str, device, *, ema: nn.Module | None = 
                                     output_dtype=torch.float32 if mixed_precision else None)  # float32 logits
         position = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
                                         cast_forward_inputs=False)
-        for module in modules:  # each encoding with parameters a unit (its parameters float32), each block, the root
+        # in each module: each encoding with parameters a unit (its parameters float32), each block, the root
+        for module, module_blocks in zip(modules, blocks):
             reshard = reshard_after_forward if module is model else True  # the EMA only runs forward
             for encoding in {id(m): m for m in module.modules() if isinstance(m, Encoding)}.values():
                 if any(True for _ in encoding.parameters()):  # shared parameter-free encodings hold buffers only
@@ -173,7 +174,7 @@ def parallelize(model: nn.Module, mode: str, device, *, ema: nn.Module | None = 
                     for family, methods in ENCODING_METHODS.items():
                         for method in methods if isinstance(encoding, family) else ():
                             register_forward(encoding, method)
-            for block in blocks[id(module)]:
+            for block in module_blocks:
                 fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
             fully_shard(module, mesh=mesh, mp_policy=root, reshard_after_forward=reshard)
             for method in FORWARD_METHODS:  # the root's entry points besides forward gather its parameters too
