@@ -10,9 +10,10 @@ import shutil
 import pytest
 from trainutil import run_script
 
-from visionpe.bench.accuracy import records, staleness
+from visionpe.bench.accuracy import jobs, records, staleness
 from visionpe.bench.accuracy.jobs import sweep_command, train_command
 from visionpe.bench.accuracy.records import FORMAT, read_record
+from visionpe.bench.machine import environment
 from visionpe.cli import UserError
 from visionpe.cli.recipes import recipe_path
 
@@ -165,6 +166,31 @@ def test_a_record_made_before_a_setting_was_added_stays_current(made, tmp_path):
     assert staleness.stale_record(older, train(), sweep, run) == []
     assert staleness.stale_record(older, train("--grayscale-prob", "0.5"), sweep, run) == [
         "grayscale_prob (0.0 -> 0.5)"]
+
+
+def test_a_sitting_killed_after_a_run_trained_still_names_its_training_machine(tmp_path, monkeypatch):
+    """The machine of a step is noted before the step starts: a sitting killed after a run's training wrote its
+    results but before the step returned (the next sitting only sweeps it) records who trained it, its wall time
+    unknown (None), never ``?``; a resumed training adds its seconds to the attempts' before it."""
+    run = tmp_path / "out" / "shapes-position" / "learned" / "s0"
+    train = ["train", *train_command(recipe_path("bench_vit_tiny"), "shapes-position", 0, run, []), "--overwrite"]
+
+    def killed_after_training(*args, **kwargs):
+        raise KeyboardInterrupt  # the sitting's process stopped while (or just after) the training process ran
+
+    monkeypatch.setattr(jobs.subprocess, "run", killed_after_training)
+    with pytest.raises(KeyboardInterrupt):
+        jobs.run_logged([train], tmp_path / "log")
+    noted = records.read_noted(run)["train"]
+    assert noted["machine"] == environment() and noted["device"] == "cpu" and noted["seconds"] is None
+
+    records.note_machine(run, "train", "cpu", 3.0)
+    records.note_machine(run, "train", "cpu", resumed=True)
+    assert records.read_noted(run)["train"]["seconds"] is None  # running again: unknown until it returns
+    records.note_machine(run, "train", "cpu", 2.0, resumed=True)
+    assert records.read_noted(run)["train"]["seconds"] == 5.0
+    records.note_machine(run, "train", "cpu", 4.0)  # trained anew (--overwrite): its own time only
+    assert records.read_noted(run)["train"]["seconds"] == 4.0
 
 
 def test_a_damaged_record_is_an_error_never_taken_for_absent(tmp_path):

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ...train import restore, rundir
+from ...train import rundir
 from ...train.metrics import key_text
 from ..machine import resolved_device
 from .records import note_machine
@@ -26,7 +26,7 @@ def job(cfg_path: Path, data: str, seed: int, run: Path, train_args: list[str], 
     log = log_dir / f"{run.parent.parent.name}__{run.parent.name}__{run.name}.log"
     train = train_command(cfg_path, data, seed, run, train_args)
     t0 = time.time()
-    sweep = sweep_command(run, res, scalings, frames, protocols, tune, sweep_device(train, run))
+    sweep = sweep_command(run, res, scalings, frames, protocols, tune, run_device(train, run))
     return {"run": run, "ok": run_logged(plan_run(run, train, sweep, log), log), "seconds": time.time() - t0,
             "log": log}
 
@@ -37,9 +37,9 @@ def train_command(cfg_path: Path, data: str, seed: int, run: Path, train_args: l
             "--no-progress", "--eval-res", *train_args]
 
 
-def sweep_device(train: list[str], run: Path) -> str:
-    """Where a run's sweep runs: ``cuda`` when its training does (``--device cuda``, or ``auto`` with a CUDA
-    device here), else ``cpu``."""
+def run_device(train: list[str], run: Path) -> str:
+    """Where a run trains and is swept (``visionpe train TRAIN``): ``cuda`` when it asks for it (``--device cuda``,
+    or ``auto`` with a CUDA device here), else ``cpu``."""
     return resolved_device(asked_settings(train, run)["device"])
 
 
@@ -73,21 +73,29 @@ def sweep_command(run: Path, res, scalings, frames=(), protocols=(), tune=(), de
 def run_logged(commands: list[list[str]], log: Path) -> bool:
     """Run each ``visionpe`` command (``[name, *args]``) as ``python -m visionpe name args`` with this Python, one
     thread each, appending its output to ``log``; stop at the first failure. True when all succeeded. A sweep that
-    succeeds records what it was made from; every step that succeeds notes this machine and its wall time."""
+    succeeds records what it was made from; every step notes this machine when it starts and its wall time when it
+    succeeded (:func:`.records.note_machine`)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
     with open(log, "a") as f:
         for cmd in commands:
             f.write(f"$ visionpe {shlex.join(cmd)}\n")
             f.flush()
+            run, device, resumed = step_of(cmd)
+            note_machine(run, cmd[0], device, resumed=resumed)  # first: a kill after the step's work names it
             t0 = time.time()
             if subprocess.run([sys.executable, "-m", "visionpe", *cmd], stdout=f, stderr=subprocess.STDOUT,
                               env=env).returncode:
                 return False
             if cmd[0] == "sweep":
-                run, device = Path(cmd[1]), cmd[cmd.index("--device") + 1] if "--device" in cmd else "cpu"
                 record_sweep(run, cmd)
-            else:
-                run = Path(cmd[cmd.index("--output") + 1])
-                device = resolved_device(restore.load_run(run)["device"])
-            note_machine(run, cmd[0], device, time.time() - t0, resumed="--resume" in cmd)
+            note_machine(run, cmd[0], device, time.time() - t0, resumed=resumed)
     return True
+
+
+def step_of(cmd: list[str]) -> tuple[Path, str, bool]:
+    """A ``visionpe train`` or ``sweep`` command's run folder, the device it runs on (``cpu`` or ``cuda``) and whether
+    it continues an interrupted training (``--resume``)."""
+    if cmd[0] == "sweep":
+        return Path(cmd[1]), cmd[cmd.index("--device") + 1] if "--device" in cmd else "cpu", False
+    run = Path(cmd[cmd.index("--output") + 1])
+    return run, run_device(cmd[1:], run), "--resume" in cmd

@@ -37,13 +37,17 @@ def read_noted(run: Path) -> dict:
         return {}
 
 
-def note_machine(run: Path, step: str, device: str, seconds: float, resumed: bool = False) -> None:
-    """After a successful ``step`` (``train`` or ``sweep``) of ``run`` on ``device`` (``cpu`` or ``cuda``): this
-    machine (:func:`environment`), the device and the step's wall time, in ``run/machine.json``; a resumed training
-    adds its seconds to those before."""
+def note_machine(run: Path, step: str, device: str, seconds: float | None = None, resumed: bool = False) -> None:
+    """This machine (:func:`environment`) and ``device`` (``cpu`` or ``cuda``) in ``run/machine.json`` for ``step``
+    (``train`` or ``sweep``) of ``run``: once when the step starts (``seconds`` None), so that a step whose work is
+    done but whose caller was killed before it returned (a training that wrote results.json) still names its
+    machine, its wall time unknown (None); then again with its wall time when it succeeded. A resumed training adds
+    its seconds to those of the attempts before it."""
     noted = read_noted(run)
-    before = (noted.get(step, {}).get("seconds") or 0.0) if resumed else 0.0
-    noted[step] = {"machine": environment(), "device": device, "seconds": before + seconds}
+    entry = noted.get(step, {}) if resumed else {}
+    earlier = entry["seconds"] if entry.get("seconds") is not None else entry.get("earlier", 0.0)
+    noted[step] = {"machine": environment(), "device": device,
+                   **({"seconds": None, "earlier": earlier} if seconds is None else {"seconds": earlier + seconds})}
     write_text(run / MACHINE, json.dumps(noted, indent=1) + "\n")
 
 
