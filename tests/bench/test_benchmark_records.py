@@ -266,3 +266,58 @@ def test_the_rebuild_command_places_the_doc_records_and_runs_anew():
                                                          "--records", "R", "--out", "O"]
     with pytest.raises(UserError, match="not one of visionpe benchmark, small-folder-benchmark"):
         rebuild.report_only_argv("visionpe train --epochs 1", Path("D.md"), Path("R"), Path("O"))
+
+
+VIDEO_TINY = ["--num-frames", "4", "--train-samples", "16", "--val-samples", "8", "--batch-size", "8", "--epochs",
+              "1", "--img-size", "16", "--patch-size", "4", "--embed-dim", "24", "--depth", "1", "--num-heads", "2"]
+
+
+def video_argv(folder, *extra, train=()):
+    return ["--config", "bench_video_tiny", "--data", "moving-shapes", "--pe", "rope_axial", "--scaling", "none",
+            "pi", "--seeds", "0", "--frames", "4", "8", "--res", "16", "--jobs", "1", "--out",
+            str(folder / "out" / (extra[1] if extra else "default")), "--doc", str(folder / "DOC.md"), *extra,
+            "--", *VIDEO_TINY, *train]
+
+
+def test_two_video_parts_of_one_doc_each_rebuild_from_their_own_records(tmp_path):
+    """--part: a second video benchmark (here RoPE at another base) is its own marked part of the same doc, with its
+    own heading and records folder, and each part is rebuilt alone from its records."""
+    from visionpe.bench import rebuild
+    assert run_script("benchmark", video_argv(tmp_path)) == 0
+    assert run_script("benchmark", video_argv(tmp_path, "--part", "video_theta",
+                                              train=["--pe-kwargs", "theta=10000"])) == 0
+    text = (tmp_path / "DOC.md").read_text()
+    for part, heading in (("video_benchmark", "change\n"), ("video_theta", "change (`video_theta`)\n")):
+        assert text.count(f"<!-- BEGIN {part} -->\n## Video: positional encodings under frame-count and resolution "
+                          + heading) == 1
+    made = {p.parent.name: p for p in rebuild.invocations(tmp_path)}
+    assert set(made) == {"video_benchmark", "video_theta"}
+    for name, pe_kwargs in (("video_benchmark", {}), ("video_theta", {"theta": 10000})):
+        (record,) = made[name].parent.rglob("s0.json")
+        assert read_record(record)["part"] == name and read_record(record)["settings"]["pe_kwargs"] == pe_kwargs
+    for name, invocation in made.items():
+        check = tmp_path / f"check_{name}"
+        check.mkdir()
+        committed, rebuilt = rebuild.check(invocation, check)
+        assert committed == rebuilt and committed.startswith(f"<!-- BEGIN {name} -->") and "| rope_axial [pi] |" \
+            in rebuilt
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--part", "a b"], "--part: part name must be letters, digits, '_', '.', '-', got 'a b'"),
+    (["--part", "benchmark"], "--part benchmark is the image report's own records folder"),
+])
+def test_a_bad_video_part_name_is_refused_in_one_line(tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit) as exit_info:
+        run_script("benchmark", video_argv(tmp_path, *extra))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_part_is_refused_for_an_image_benchmark(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_script("benchmark", ["--data", "shapes-position", "--pe", "learned", "--seeds", "0", "--out",
+                                 str(tmp_path / "out"), "--part", "mine", "--", *TINY])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "--part mine names a video benchmark's part" in err

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ...cli import UserError, import_user_code
 from ...cli.recipes import recipe_path
+from ...cli.report import markers
 from ...train import models, settings, tuning
 from ...train.sampling import size_order
 from ...train.metrics import key_text
@@ -82,6 +83,16 @@ def check(args) -> int | None:
         raise UserError("--tune (LookHere's protocol) is for image recipes; this is a video recipe")
     if video and args.rows:
         raise UserError("--rows is for image recipes: give an image recipe (no num_frames) with --rows")
+    if args.part is not None and not video:
+        raise UserError(f"--part {args.part} names a video benchmark's part; an image benchmark's part is its "
+                        "--rows file's (part:)")
+    if args.part == MAIN_PART:
+        raise UserError(f"--part {MAIN_PART} is the image report's own records folder: give another name")
+    if args.part is not None:
+        try:
+            markers(args.part)
+        except ValueError as e:
+            raise UserError(f"--part: {e}") from None
     return video
 
 
@@ -147,7 +158,7 @@ def run(args, command: str) -> int:
     # order: seed-major, so that an early stop leaves every encoding with the same number of seeds
     runs.sort(key=lambda r: (r[3], list(configs).index(r[0]), args.data.index(r[1])))
     tune = (["--tune"] + (["--holdout", str(args.holdout)] if args.holdout is not None else [])) if args.tune else []
-    part = spec["part"] if spec else (VIDEO_PART if video else MAIN_PART)
+    part = spec["part"] if spec else ((args.part or VIDEO_PART) if video else MAIN_PART)
     args.records = (args.records or default_records(args.doc, part)).resolve()
     commands = {r[4]: (train_command(recipe(r[0], r[1]), r[1], r[3], r[4], plan(r[2])[0]),
                        sweep_command(r[4], args.res, plan(r[2])[1], args.frames, plan(r[2])[2], tune)) for r in runs}
@@ -196,7 +207,7 @@ def run(args, command: str) -> int:
         write_rows_part(args.doc, args, spec, table, runs, command, wall)
     elif video:
         cols = [(f, r) for f in sorted(set(args.frames) | {video}) for r in sorted(args.res)]
-        write_video_part(args.doc, args, table, runs, command, wall, configs, cols)
+        write_video_part(args.doc, args, table, runs, command, wall, configs, cols, part=part)
     else:
         write_report(args.doc, args, table, runs, command, wall, configs)
     print(f"wrote {args.doc}")

@@ -53,6 +53,9 @@ are left as they are:
 
     visionpe benchmark --config bench_video_tiny --data moving-shapes \\
         --pe none sincos learned rope_axial rope_mixed --frames 4 8 16 --res 24 32 48 --scaling none pi --jobs 2
+
+``--part NAME`` gives a video benchmark's part another name, so that one doc holds several (say, a baseline trained
+with other ``--`` arguments beside the main comparison); each part has its own records folder and is rebuilt alone.
 """
 from __future__ import annotations
 
@@ -121,10 +124,14 @@ def build_parser() -> cli.Parser:
     run.add_argument("--doc", type=Path, default=None, metavar="MD",
                      help=f"report to write (default: {benchmark.REPORT} in --out)")
     run.add_argument("--note", default="", help="free text added to the report (e.g. what was left out)")
+    run.add_argument("--part", default=None, metavar="NAME",
+                     help=f"video recipes: the marked part of --doc to write, letters, digits, '_', '.', '-' "
+                          f"(default: {benchmark.VIDEO_PART}), so that one doc holds several video parts; image "
+                          "benchmarks take theirs from --rows")
     run.add_argument("--records", type=Path, default=None, metavar="DIR",
                      help="folder of the runs' records, one JSON file a run (default: data/<doc's name, "
-                          "lower case>/<part> beside --doc, the part being the rows file's, video_benchmark or "
-                          "benchmark)")
+                          "lower case>/<part> beside --doc, the part being the rows file's, --part, video_benchmark "
+                          "or benchmark)")
     run.add_argument("--report-only", action="store_true",
                      help="only rebuild the report, from the current records alone (no run, no --out needed)")
     cli.add_import(p, run)
