@@ -125,7 +125,7 @@ def build_parser() -> cli.Parser:
                      help=f"report to write (default: {benchmark.REPORT} in --out)")
     run.add_argument("--note", default="", help="free text added to the report (e.g. what was left out)")
     run.add_argument("--part", default=None, metavar="NAME",
-                     help=f"video recipes: the marked part of --doc to write, letters, digits, '_', '.', '-' "
+                     help="video recipes: the marked part of --doc to write, letters, digits, '_', '.', '-' "
                           f"(default: {benchmark.VIDEO_PART}), so that one doc holds several video parts; image "
                           "benchmarks take theirs from --rows")
     run.add_argument("--records", type=Path, default=None, metavar="DIR",
