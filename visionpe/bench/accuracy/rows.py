@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ...cli import UserError
 from ...cli.recipes import recipe_path
+from ...cli.report import markers
 from ...data import DATASETS, PROTOCOLS
 from ...rotary.scaling import SCALINGS
 from ...train import models, settings
@@ -42,8 +43,10 @@ def read_rows(path: Path) -> dict:
     for key in ("part", "title", "rows"):
         if key not in spec:
             raise UserError(f"{where}: missing {key!r} (keys: part, title, note, rows)")
-    if not re.fullmatch(r"[\w.-]+", str(spec["part"])):
-        raise UserError(f"{where}: part must be letters, digits, '_', '.', '-', got {spec['part']!r}")
+    try:
+        markers(spec["part"])  # the rule of a marked part's name, the doc's and the records folder's
+    except ValueError:
+        raise UserError(f"{where}: part must be letters, digits, '_', '.', '-', got {spec['part']!r}") from None
     if not isinstance(spec["rows"], list) or not spec["rows"]:
         raise UserError(f"{where}: rows must be a non-empty list of mappings with keys {', '.join(ROW_KEYS)}")
     rows, slugs = [], set()
