@@ -7,10 +7,12 @@ import pytest
 import yaml
 from trainutil import run_script
 
+import visionpe as vpe
 from visionpe.bench.accuracy import collect, parts, verdicts
 from visionpe.bench.accuracy.rows import read_rows, runs_on
 from visionpe.cli import UserError
 from visionpe.cli.recipes import recipe_path
+from visionpe.presets.preset import get_preset
 from visionpe.train import restore
 
 TINY = {"img_size": 16, "patch_size": 4, "batch_size": 16, "val_samples": 16, "warmup_epochs": 0,
@@ -168,6 +170,26 @@ def test_the_comparisons_second_part_shares_the_first_parts_budget_and_row():
     covered = {r["label"] for r in first["rows"] + second["rows"]}
     assert frontier <= covered
     assert all(not r["data"] for r in second["rows"])
+
+
+def test_the_comparisons_presets_part_has_every_image_preset_beside_the_first_parts_shared_rows():
+    """The presets part (issue 45) trains every image preset of ``vpe.presets()`` with the first parts' recipes, beside
+    RoPE-Mixed and timm's two reference rows with the labels, arguments and adaptations they have in the first parts
+    (the same runs, so their records are shared), on every task."""
+    first = read_rows(recipe_path("bench_rows_comparison"))
+    earlier = {r["label"]: r for part in ("bench_rows_comparison", "bench_rows_comparison_frontier")
+               for r in read_rows(recipe_path(part))["rows"]}
+    third = read_rows(recipe_path("bench_rows_comparison_presets"))
+    assert third["part"] not in {first["part"], read_rows(recipe_path("bench_rows_comparison_frontier"))["part"]}
+    assert third["recipes"] == first["recipes"] and all(not r["data"] for r in third["rows"])
+    image = {name for name in vpe.presets() if all(kw["ndim"] == 2 for _, kw in get_preset(name).encodings.values())}
+    rows = {r["label"]: r for r in third["rows"]}
+    assert {label for label in rows if label.startswith("preset ")} == {f"preset {name}" for name in image}
+    shared = set(rows) - {label for label in rows if label.startswith("preset ")}
+    assert shared == {"rope_mixed", "timm Eva RoPE-axial ref_feat_shape", "timm ViT learned APE"}
+    for label in shared:
+        assert [rows[label][k] for k in ("slug", "train", "scaling")] == \
+            [earlier[label][k] for k in ("slug", "train", "scaling")], label
 
 
 def test_the_benchmarks_files_live_apart_from_the_user_recipes_and_are_found_by_name(tmp_path):

@@ -111,6 +111,21 @@ def test_a_current_record_is_not_run_again_and_a_stale_one_is_redone(made, tmp_p
     assert "stale record" not in section(folder) and "| rope [pi] |" in section(folder)
 
 
+def test_a_row_two_parts_share_takes_its_record_from_the_other_part_on_a_machine_without_its_runs(made, tmp_path,
+                                                                                                      capsys):
+    folder = fresh(made, tmp_path)  # records only: the runs were made elsewhere
+    (folder / "rows.yaml").write_text(ROWS.replace("part: rec", "part: rec2")
+                                      .replace("--pe rope_axial", "--pe rope_axial --drop-path 0.1"))
+    assert run_script("benchmark", argv(folder)) == 0
+    assert "1 current record taken from the report's part rec (" in capsys.readouterr().out
+    assert sorted(p.name for p in (folder / "out" / "logs").iterdir()) == ["shapes-position__rope__s0.log"]
+    second = folder.joinpath("data", "doc", "rec2", "shapes-position")
+    assert (second / "learned" / "s0.json").read_bytes() == record_of(folder, "learned").read_bytes()
+    assert read_record(second / "rope" / "s0.json")["settings"]["drop_path"] == 0.1  # a changed row: trained anew
+    first = lambda text: next(line for line in text.splitlines() if line.startswith("| learned |"))
+    assert first((folder / "DOC.md").read_text()) == first(section(made))  # the same numbers in the second part
+
+
 def test_records_of_two_machines_are_both_named(made, tmp_path):
     folder = fresh(made, tmp_path)
     path = record_of(folder, "rope")

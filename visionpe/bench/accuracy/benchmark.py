@@ -112,6 +112,30 @@ def record_state(path: Path, train: list[str], sweep: list[str], run: Path) -> d
     return stale_record(record, train, sweep, run) or record
 
 
+def take_shared_records(runs: list, commands: dict, records: Path, out: Path) -> None:
+    """Copy into a rows part's ``records`` the current record of each run that has no record there but has one in
+    another part of the same report (``records``' sibling folders): rows files that share ``--out`` share the runs of
+    a row they both have (the same label, recipe, seed and sweep: the same settings hash), and so, on a machine
+    without those runs, do their records. The copy is the record as it was made, its ``part`` the part that made
+    it; a stale record here is redone, never replaced. ``commands``: ``{run: (train, sweep)}``."""
+    taken = {}
+    siblings = sorted(p for p in records.parent.iterdir() if p.is_dir() and p != records) \
+        if records.parent.is_dir() else []
+    for *_, run in runs:
+        here = record_path(records, out, run)
+        if here.exists():
+            continue
+        for other in siblings:
+            there = record_path(other, out, run)
+            if there.is_file() and isinstance(record_state(there, *commands[run], run), dict):
+                write_text(here, there.read_text())
+                taken[other.name] = taken.get(other.name, 0) + 1
+                break
+    for part, count in taken.items():
+        print(f"benchmark: {count} current record{'s' * (count != 1)} taken from the report's part {part} (the "
+              "same runs: a row both parts have)", flush=True)
+
+
 def current_records(command: str, runs: list, states: dict, key, where, records: Path, doc: Path) -> tuple[list, list]:
     """``runs`` sorted by their records' ``states`` (``{key(run): record_state}``): ``([(run, record)] of the current
     ones, [(record path, reasons)] of the stale ones)``; each stale record named on stderr (``command: stale record
@@ -168,6 +192,8 @@ def run(args, command: str) -> int:
     t0 = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
+        if spec:
+            take_shared_records(runs, commands, args.records, args.out)
         todo = [r for r in runs if not isinstance(record_state(path(r[4]), *commands[r[4]], r[4]), dict)]
         if len(todo) < len(runs):
             print(f"benchmark: {len(runs) - len(todo)} of {len(runs)} runs have a current record in {args.records}; "
