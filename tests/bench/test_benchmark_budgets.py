@@ -176,16 +176,17 @@ def test_the_comparisons_presets_part_has_every_image_preset_beside_the_first_pa
     """The presets part (issue 45) trains every image preset of ``vpe.presets()`` with the first parts' recipes, beside
     RoPE-Mixed and timm's two reference rows with the labels, arguments and adaptations they have in the first parts
     (the same runs, so their records are shared), on every task."""
-    first = read_rows(recipe_path("bench_rows_comparison"))
-    earlier = {r["label"]: r for part in ("bench_rows_comparison", "bench_rows_comparison_frontier")
-               for r in read_rows(recipe_path(part))["rows"]}
+    first, second = (read_rows(recipe_path(name))
+                     for name in ("bench_rows_comparison", "bench_rows_comparison_frontier"))
+    earlier = {r["label"]: r for r in first["rows"] + second["rows"]}
     third = read_rows(recipe_path("bench_rows_comparison_presets"))
-    assert third["part"] not in {first["part"], read_rows(recipe_path("bench_rows_comparison_frontier"))["part"]}
+    assert third["part"] not in {first["part"], second["part"]}
     assert third["recipes"] == first["recipes"] and all(not r["data"] for r in third["rows"])
     image = {name for name in vpe.presets() if all(kw["ndim"] == 2 for _, kw in get_preset(name).encodings.values())}
     rows = {r["label"]: r for r in third["rows"]}
-    assert {label for label in rows if label.startswith("preset ")} == {f"preset {name}" for name in image}
-    shared = set(rows) - {label for label in rows if label.startswith("preset ")}
+    presets = {label for label in rows if label.startswith("preset ")}
+    assert presets == {f"preset {name}" for name in image}
+    shared = set(rows) - presets
     assert shared == {"rope_mixed", "timm Eva RoPE-axial ref_feat_shape", "timm ViT learned APE"}
     for label in shared:
         assert [rows[label][k] for k in ("slug", "train", "scaling")] == \
