@@ -184,14 +184,71 @@ def test_records_of_two_machines_rebuild_one_report_each_naming_its_machine(tmp_
         path.write_text(json.dumps(record))
     report = cli.main(["--report-only", *map(str, paths)])
     assert capsys.readouterr().out == report + "\n"
-    first, second = report.split("# Performance")[1:]
+    assert report.count("# Performance") == 1 and "[cpu](" in report and "[gpu](" in report
+    first, second = report.split("\n## ")[1:]  # one section a record, under its name (neither has a reading)
+    assert first.startswith("cpu\n") and second.startswith("gpu\n")
     assert "Device: Some CPU, 2 threads; Linux-x; python 3.11.7, torch 2.14.1, timm 1.0.31, visionpe git aaaa;" in first
     assert "medians over 5 interleaved rounds (3 for the ViT-S/16 and Swin tables at batch 8" in first
     assert "**eval forward**" in first and "**training step**" in first and "stopped" not in first
-    assert "Made by `visionpe bench-speed --device cuda --parts forward train`." in second
+    assert "Made by `visionpe bench-speed --device cuda --parts forward train` in 2 s." in second
     assert "Device: NVIDIA H100 80GB HBM3; Linux-x; python 3.11.7, torch 2.14.1 (CUDA 13.0)" in second
     assert "visionpe git bbbb" in second and "**training step**" not in second
     assert "The run stopped before the parts train: the tables below are those it finished." in second
+
+
+def speed_records(folder, names) -> list:
+    """Two-table speed records named ``names`` in ``folder`` (as :func:`cli.speed_record` lays them out)."""
+    table = {"title": "eval forward", "header": ["pe", "ms", "vs none"], "rows": [["none", "1.0", "1.000x"]],
+             "note": None}
+    made = {"cpu": "Some CPU", "cpu_count": 2, "gpu": None, "platform": "Linux-x", "python": "3.11.7",
+            "torch": "2.14.1", "cuda": None, "timm": "1.0.31", "torchvision": "0.29.1", "visionpe": "git aaaa",
+            "device": "cpu"}
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, name in enumerate(names):
+        record = {"format": cli.RECORD_FORMAT, "command": f"visionpe bench-speed --parts forward --repeats {i + 1}",
+                  "settings": {"parts": ["forward"], "repeats": i + 1, "slow_repeats": 3, "min_run_time": 0.25},
+                  "settings_sha256": "0" * 64, "made_by": made, "threads": 1, "vit_batch": 8,
+                  "parts": [{"name": "forward", "seconds": 1.0, "tables": [{**table, "title": f"{name} forward"}]}],
+                  "wall_s": 1.0, "recorded": "2026-12-07T00:00:00Z"}
+        paths.append(folder / f"{name}.json")
+        paths[-1].write_text(json.dumps(record))
+    return paths
+
+
+def test_a_report_of_records_with_readings_is_rebuilt_from_them_alone(tmp_path):
+    """Records with their hand-written readings (NAME.md beside NAME.json) make one report: one section a record,
+    under its reading's heading, the reading before the tables; the links are relative to the doc, and the folder's
+    invocation.json keeps the command, so that visionpe.bench.rebuild checks the doc against the records (a changed
+    reading or record is a drift) and rebuilds it in place."""
+    from visionpe.bench import rebuild
+    folder = tmp_path / "docs" / "data" / "performance" / "speed"
+    paths = speed_records(folder, ["base", "wave"])
+    (folder / "base.md").write_text("## The default run\n\nRead it so.\n")
+    doc = tmp_path / "docs" / "PERFORMANCE.md"
+    doc.write_text(f"# Performance\n\nold\n\n{cli.READING}\n\nBy hand.\n")
+    report = cli.main(["--report-only", *map(str, paths), "--out", str(doc)])
+    assert doc.read_text() == report.rstrip("\n") + f"\n\n{cli.READING}\n\nBy hand.\n"
+    assert "[base](data/performance/speed/base.json), [wave](data/performance/speed/wave.json)" in report
+    base, wave = report.split("\n## ")[1:]
+    assert base.startswith("The default run\n\nRead it so.\n\nMade by `visionpe bench-speed --parts forward "
+                           "--repeats 1` in 1 s.") and "**base forward**" in base and "**wave forward**" not in base
+    assert wave.startswith("wave\n\nMade by `visionpe bench-speed --parts forward --repeats 2` in 1 s.")
+    invocation = folder / rebuild.INVOCATION
+    assert json.loads(invocation.read_text())["command"] == \
+        f"visionpe bench-speed --report-only {paths[0]} {paths[1]} --out {doc}"
+    assert rebuild.doc_of(invocation) == doc
+    committed, rebuilt = rebuild.check(invocation, tmp_path / "check")
+    assert rebuilt == committed == doc.read_text()
+    (folder / "base.md").write_text("## The default run\n\nRead it otherwise.\n")  # the reading changed
+    assert rebuild.check(invocation, tmp_path / "again")[1] != doc.read_text()
+    rebuild.main([str(tmp_path / "docs"), "--write"])
+    assert "Read it otherwise." in doc.read_text() and doc.read_text().endswith("By hand.\n")
+    (folder / "base.md").write_text("The default run, no heading\n")
+    with pytest.raises(UserError, match="base.md of speed record .*base.json must begin with a '## ' heading"):
+        cli.main(["--report-only", *map(str, paths)])
+    with pytest.raises(UserError, match="names no speed record after --report-only"):
+        rebuild.report_only_argv("visionpe bench-speed --report-only --out d.md", doc, folder, tmp_path)
 
 
 def test_report_keeps_the_hand_written_reading_section(tmp_path):

@@ -1,8 +1,9 @@
 """The committed benchmark reports and their committed records never drift: every report under docs/ that has a
 records folder (``docs/**/data/<doc>/<part>/`` with the ``invocation.json`` of the invocation that made it) is
 rebuilt byte for byte by ``--report-only`` from a copy of its records (:mod:`visionpe.bench.rebuild`; how the check
-tells a drift is tests/bench/test_benchmark_records.py's). A checkout with no records folder yet has nothing to
-check here."""
+tells a drift is tests/bench/test_benchmark_records.py's), the speed report (docs/reports/PERFORMANCE.md, from
+``data/performance/speed/``, the records' readings included) among them. A checkout with no records folder yet has
+nothing to check here."""
 from __future__ import annotations
 
 from pathlib import Path

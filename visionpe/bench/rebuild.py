@@ -10,7 +10,9 @@ of the invocation that ran last, whose command made the doc's part. The same com
 doc and the records given there and the runs' folder in a temporary place, rebuilds the part from the records
 alone: in a copy of the doc (the check: the part must come out byte for byte as committed) or in place
 (``--write``). The part is the doc's marked part ``<!-- BEGIN part -->`` when it has one, else the whole doc (the
-whole report of ``visionpe benchmark`` without ``--rows``).
+whole report of ``visionpe benchmark`` without ``--rows``). The speed report (``visionpe bench-speed``) keeps
+its records likewise (``docs/reports/data/performance/speed/``, each record's hand-written reading ``NAME.md``
+beside its ``NAME.json``); its invocation is the ``--report-only`` command that made the report from them.
 """
 from __future__ import annotations
 
@@ -30,10 +32,15 @@ PLACED = ("--doc", "--records", "--out")  # where an invocation's doc, records a
 SOURCES = ("--report-only", "--collect-only")  # what an invocation read its results from: the records, on rebuild
 
 
+DOC_FLAG = {"bench-speed": "--out"}  # a command's flag naming its doc, where that is not --doc
+
+
 def commands() -> dict:
     """``{visionpe command: its main(argv)}`` of the benchmarks whose reports are made from records."""
     from .accuracy import cli, conversion, small_folder
-    return {"benchmark": cli.main, "small-folder-benchmark": small_folder.main, "convert-benchmark": conversion.main}
+    from .speed import cli as speed
+    return {"benchmark": cli.main, "small-folder-benchmark": small_folder.main, "convert-benchmark": conversion.main,
+            "bench-speed": speed.main}
 
 
 def invocations(root: Path) -> list[Path]:
@@ -45,11 +52,18 @@ def report_only_argv(command: str, doc: Path, records: Path, out: Path) -> tuple
     """``(visionpe command, its arguments)`` that rebuild the report of ``command`` (an invocation's) from its
     records alone: the same arguments with ``--report-only`` (in place of ``--collect-only``), the doc ``doc``, the
     records ``records`` and the runs' folder ``out`` (those of the command dropped); the training arguments after
-    ``--`` kept."""
+    ``--`` kept. A speed report's command (``bench-speed --report-only RECORD... --out DOC``) names its records: the
+    same names in ``records``, the doc ``doc``."""
     words = shlex.split(command)
     if words[:1] != ["visionpe"] or len(words) < 2 or words[1] not in commands():
         raise UserError(f"invocation command {command!r} is not one of visionpe {', '.join(commands())}")
     argv = words[2:]
+    if words[1] == "bench-speed":
+        named = argv[argv.index("--report-only") + 1:] if "--report-only" in argv else []
+        named = named[:next((i for i, word in enumerate(named) if word.startswith("--")), len(named))]
+        if not named:
+            raise UserError(f"invocation command {command!r} names no speed record after --report-only")
+        return words[1], ["--report-only", *(str(records / Path(name).name) for name in named), "--out", str(doc)]
     cut = argv.index("--") if "--" in argv else len(argv)
     kept, skip = [], False
     for word in argv[:cut]:
@@ -64,13 +78,15 @@ def report_only_argv(command: str, doc: Path, records: Path, out: Path) -> tuple
 
 
 def doc_of(invocation: Path) -> Path:
-    """The doc a records folder belongs to: the ``--doc`` of its invocation's command, in the folder above
-    ``data/`` (``docs/reports/data/benchmark/wave/invocation.json``: ``docs/reports/BENCHMARK.md``)."""
+    """The doc a records folder belongs to: the ``--doc`` (:data:`DOC_FLAG`) of its invocation's command, in the
+    folder above ``data/`` (``docs/reports/data/benchmark/wave/invocation.json``: ``docs/reports/BENCHMARK.md``)."""
     words = shlex.split(json.loads(invocation.read_text())["command"])
-    named = [b for a, b in zip(words, words[1:]) if a == "--doc"] + \
-        [w.partition("=")[2] for w in words if w.startswith("--doc=")]
+    flag = DOC_FLAG.get(words[1] if len(words) > 1 else "", "--doc")
+    named = [b for a, b in zip(words, words[1:]) if a == flag] + \
+        [w.partition("=")[2] for w in words if w.startswith(f"{flag}=")]
     if not named:
-        raise UserError(f"{invocation}: its command gives no --doc, so no committed report is made from these records")
+        raise UserError(f"{invocation}: its command gives no {flag}, so no committed report is made from these "
+                        "records")
     return invocation.parents[3] / Path(named[-1]).name
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import sys
 import time
@@ -46,20 +47,24 @@ RUNNERS = {"rope": rope_apply, "forward": forward_cost, "train": train_cost, "me
            "profile": profile_cost, "data": data_loader, "video": video_cost, "onnx": onnx_latency}
 READING = "## Reading these numbers"
 RECORD_FORMAT = "visionpe.bench.speed.record/1"
+INVOCATION = "invocation.json"  # in the records' folder: the --report-only command that made the report
 NOT_SETTINGS = ("out", "record", "debug", "report_only")  # where the results go, not what is measured
 OLD_FLAGS = {"--sections": "--parts"}  # a flag's old spelling -> its name now (an error naming it)
 OLD_KEYS = {"sections": "parts"}  # a record key's old name -> its name now (records written then still read)
 
 
-def header(record: dict) -> list[str]:
-    """The report's first lines, from a speed record (:func:`speed_record`) alone: the command, the machine and
-    versions that measured (the GPU on CUDA, else the CPU and the threads torch used), the rounds; the parts a run
-    stopped before (a record written as the run went, cut short) are named."""
+def header(record: dict, lead: list[str] | None = None) -> list[str]:
+    """The first lines of a record's report, from a speed record (:func:`speed_record`) alone: ``lead`` (default
+    the title ``# Performance``), the command and its wall time, the machine and versions that measured (the GPU on
+    CUDA, else the CPU and the threads torch used), the rounds; the parts a run stopped before (a record written as the run went, cut
+    short) are named."""
     made, measured = record["made_by"], record["settings"]
     done = [part["name"] for part in record["parts"]]
     left = [name for name in measured.get("parts", []) if name not in done]
     threads = f"{made['cpu']}, {record.get('threads', '?')} threads"
-    return ["# Performance", "", f"Made by `{record['command']}`.", "",
+    wall = record["wall_s"]
+    took = f"{wall / 60:.1f} min" if wall >= 60 else f"{wall:.0f} s"
+    return [*(lead or ["# Performance", ""]), f"Made by `{record['command']}` in {took}.", "",
             f"Device: {machine_text(made, cpu=threads)}; medians over {measured['repeats']} interleaved rounds "
             f"({measured['slow_repeats']} for the ViT-S/16 and Swin tables at batch {record.get('vit_batch', '?')}: "
             f"eval forward, training step, timm, cache) of at least {measured['min_run_time']} s per row. Only ratios "
@@ -68,14 +73,43 @@ def header(record: dict) -> list[str]:
                                "finished.", ""] if left else [])]
 
 
-def report_text(record: dict) -> str:
-    """The report of a speed record alone (:func:`header`, then every table of every part it holds): what the run
-    that made it printed and wrote to ``--out``, rebuilt byte for byte on any machine."""
-    out = header(record)
+def report_text(record: dict, lead: list[str] | None = None) -> str:
+    """The report of a speed record alone (:func:`header` after ``lead``, then every table of every part it holds):
+    what the run that made it printed and wrote to ``--out``, rebuilt byte for byte on any machine."""
+    out = header(record, lead)
     for part in record["parts"]:
         for table in part["tables"]:
             out += [Table(table["title"], table["header"], [tuple(row) for row in table["rows"]],
                           table["note"]).markdown(), ""]
+    return "\n".join(out)
+
+
+def read_reading(path: Path) -> list[str] | None:
+    """The hand-written reading of the speed record ``path`` (``NAME.json``): the lines of ``NAME.md`` beside it,
+    a ``## `` heading first (its section's title in a report of several records), or None when it has none."""
+    reading = Path(path).with_suffix(".md")
+    if not reading.is_file():
+        return None
+    lines = reading.read_text().rstrip("\n").split("\n")
+    if not lines[0].startswith("## "):
+        raise UserError(f"the reading {reading} of speed record {path} must begin with a '## ' heading (its "
+                        f"section's title), not {lines[0]!r}")
+    return [*lines, ""]
+
+
+def sections_text(paths: list[Path], doc: Path | None) -> str:
+    """The report of several speed records (or of one with a reading): ``# Performance``, a line linking each record
+    (relative to ``doc``'s folder), then one section a record, in order: its reading (:func:`read_reading`; without
+    one, a heading naming the record), then its report (:func:`report_text`)."""
+    where = lambda path: Path(os.path.relpath(path, doc.parent)).as_posix() if doc else str(path)
+    links = ", ".join(f"[{Path(path).stem}]({where(path)})" for path in paths)
+    out = ["# Performance", "",
+           f"Rebuilt by `visionpe bench-speed --report-only` from {len(paths)} speed records alone, one section each: "
+           f"{links}. Each section names the command, the commit and the machine that measured it; how to read "
+           "them: [Reading these numbers](#reading-these-numbers).", ""]
+    for path in paths:
+        lead = read_reading(path) or [f"## {Path(path).stem}", ""]
+        out.append(report_text(read_speed_record(path), lead))
     return "\n".join(out)
 
 
@@ -186,14 +220,21 @@ def read_speed_record(path: Path) -> dict:
     return record
 
 
-def rebuild(paths: list[Path], out: Path | None) -> str:
-    """``--report-only``: the report of each speed record in ``paths`` (:func:`report_text`), one after another,
-    written to ``out`` (its hand-written part kept) or printed; returns it."""
-    report = "\n".join(report_text(read_speed_record(path)) for path in paths)
-    if out:
-        keep_hand_written(out, report, READING)
+def rebuild(paths: list[Path], out: Path | None, command: str) -> str:
+    """``--report-only``: the report of the speed records ``paths`` (:func:`report_text` of one record without a
+    reading, else :func:`sections_text`), written to ``out`` (its hand-written part kept) or printed; returns it.
+    With ``out`` and every record in one folder, that folder's ``invocation.json`` keeps ``command`` (the one that
+    made ``out``: :mod:`visionpe.bench.rebuild` checks the report against it)."""
+    if len(paths) == 1 and read_reading(paths[0]) is None:
+        report = report_text(read_speed_record(paths[0]))
     else:
+        report = sections_text(paths, out)
+    if not out:
         print(report)
+        return report
+    keep_hand_written(out, report, READING)
+    if len({Path(path).resolve().parent for path in paths}) == 1:
+        write_text(Path(paths[0]).parent / INVOCATION, json.dumps({"command": command}) + "\n")
     return report
 
 
@@ -202,8 +243,9 @@ def main(argv: list[str]) -> str:
     part and the report to ``--out`` (both made from the record: :func:`report_text`); returns the report. A user
     mistake is a :class:`~visionpe.cli.UserError`."""
     args = parse_args(argv)
+    command = [a for a in argv if a != "--debug"]
     if args.report_only:
-        return rebuild(args.report_only, args.out)
+        return rebuild(args.report_only, args.out, " ".join(["visionpe bench-speed", shlex.join(command)]))
     if args.out and not args.record:
         args.record = default_record(args.out)
     if args.quick:
@@ -214,7 +256,6 @@ def main(argv: list[str]) -> str:
     plan = make_plan(args.quick, args.batch, args.device)
     run = Run(torch.device(args.device), args.repeats, args.min_run_time, plan,
               args.pes, args.scale_repeats, tuple(args.compile_pairs), args.slow_repeats)
-    command = [a for a in argv if a != "--debug"]
     parts, t0 = [], time.perf_counter()
     record = speed_record(args, command, parts, 0.0, plan.vit.batch)
     for i, key in enumerate(args.parts):
