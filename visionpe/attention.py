@@ -14,8 +14,8 @@ from .flex import flex_attend, flex_available, pair_scores
 from .grid import Grid, Layout, MixedLayout, as_layout
 
 ATTENTIONS = ("auto", "sdpa", "flex")
-# What attention="auto" takes per device type for a bias with a pair form, by measurement (docs/reports/PERFORMANCE.md, GPU
-# section): on CPU flex was never faster than SDPA with the materialised bias, and CPU FlexAttention has no backward;
+# What attention="auto" takes per device type for a bias with a pair form, by measurement (docs/reports/PERFORMANCE.md,
+# "FlexAttention on CPU" and the GPU section): on CPU flex was never faster than SDPA with the materialised bias, and CPU FlexAttention has no backward;
 # on CUDA, SDPA until the GPU check (scripts/gpu_check.sh) has measured flex against it.
 AUTO_ATTENTION = {"cpu": "sdpa", "cuda": "sdpa"}
 
