@@ -59,8 +59,10 @@ op: their gap to the baseline is the noise of the run. Parts (``--parts``, defau
 measurement. ``--out`` rewrites the file's tables and keeps its hand-written "Reading these numbers" section.
 ``--record`` (default with ``--out``: ``data/<its name>/speed/<UTC time>.json`` beside it) writes the results as
 data after each part: the command, the settings and their hash, the machine and versions, every table, the wall
-time. The report is made from that record alone, so ``--report-only RECORD ...`` rebuilds it byte for byte on any
-machine, several records (a CPU's and a GPU's) one after another, each under a header naming its machine.
+time. The report is made from that record alone, so ``--report-only RECORD`` rebuilds it byte for byte on any
+machine; several records (a CPU's and a GPU's, or one a part), or one with a hand-written reading (``NAME.md``
+beside ``NAME.json``), make one report with a section a record, each naming its machine (docs/reports/PERFORMANCE.md
+is made so, and :mod:`visionpe.bench.rebuild` checks it against its records).
 Targets (printed with each ratio): time and memory of an encoding <= 1.05x none (``peg`` <= 1.10x).
 
 Modules: :mod:`.plan` (which model, which batch), :mod:`.timing` (interleaved rounds), :mod:`.tables` (ratio

@@ -141,8 +141,10 @@ def build_parser() -> cli.Parser:
                         "each part's tables and wall time (default with --out: data/<--out's name, lower "
                         "case>/speed/<UTC time>.json beside it; meant to be committed)")
     p.add_argument("--report-only", nargs="+", type=Path, metavar="JSON",
-                   help="measure nothing: rebuild the report from these speed records alone, one after another, each "
-                        "under its own header naming its machine (to --out, or printed)")
+                   help="measure nothing: rebuild the report from these speed records alone (to --out, or "
+                        "printed): one record, the run's own report; several, or one with a reading (NAME.md beside "
+                        "NAME.json, a '## ' heading first), a section each naming its machine, and with --out the "
+                        "command kept in the records' folder (invocation.json)")
     p.add_debug()
     return p
 
