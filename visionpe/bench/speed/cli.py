@@ -97,19 +97,18 @@ def read_reading(path: Path) -> list[str] | None:
     return [*lines, ""]
 
 
-def sections_text(paths: list[Path], doc: Path | None) -> str:
+def sections_text(paths: list[Path], readings: list[list[str] | None], doc: Path | None) -> str:
     """The report of several speed records (or of one with a reading): ``# Performance``, a line linking each record
-    (relative to ``doc``'s folder), then one section a record, in order: its reading (:func:`read_reading`; without
-    one, a heading naming the record), then its report (:func:`report_text`)."""
+    (relative to ``doc``'s folder), then one section a record, in order: its reading (``readings``, one a record, of
+    :func:`read_reading`; without one, a heading naming the record), then its report (:func:`report_text`)."""
     where = lambda path: Path(os.path.relpath(path, doc.parent)).as_posix() if doc else str(path)
     links = ", ".join(f"[{Path(path).stem}]({where(path)})" for path in paths)
     out = ["# Performance", "",
            f"Rebuilt by `visionpe bench-speed --report-only` from {len(paths)} speed records alone, one section each: "
            f"{links}. Each section names the command, the commit and the machine that measured it; how to read "
            "them: [Reading these numbers](#reading-these-numbers).", ""]
-    for path in paths:
-        lead = read_reading(path) or [f"## {Path(path).stem}", ""]
-        out.append(report_text(read_speed_record(path), lead))
+    for path, reading in zip(paths, readings):
+        out.append(report_text(read_speed_record(path), reading or [f"## {Path(path).stem}", ""]))
     return "\n".join(out)
 
 
@@ -227,10 +226,11 @@ def rebuild(paths: list[Path], out: Path | None, command: str) -> str:
     reading, else :func:`sections_text`), written to ``out`` (its hand-written part kept) or printed; returns it.
     With ``out`` and every record in one folder, that folder's ``invocation.json`` keeps ``command`` (the one that
     made ``out``: :mod:`visionpe.bench.rebuild` checks the report against it)."""
-    if len(paths) == 1 and read_reading(paths[0]) is None:
+    readings = [read_reading(path) for path in paths]
+    if readings == [None]:
         report = report_text(read_speed_record(paths[0]))
     else:
-        report = sections_text(paths, out)
+        report = sections_text(paths, readings, out)
     if not out:
         print(report)
         return report
